@@ -1,0 +1,70 @@
+# nabla -- convenience front end to CMake presets (see CMakePresets.json).
+#
+#   make / make build   install missing Debian packages, configure build/ once, build
+#   make test           build, then every ctest suite (output on failure, -j2)
+#   make run            build, then ./build/tools/nabla demo
+#   make asan           the same build in build-asan/ with ASan + UBSan
+#   make test-asan      asan, then every ctest suite there
+#   make format         clang-format -i over all C sources and headers
+#   make format-check   fail if any file is not formatted
+#   make clean          remove build/ and build-asan/
+#
+# Nothing here needs Python. JOBS=N overrides the parallelism (default 2).
+
+JOBS ?= 2
+CMAKE ?= cmake
+CTEST ?= ctest
+CLANG_FORMAT ?= clang-format
+
+# Sanitizer settings for test-asan, unless the caller set its own.
+ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1:strict_string_checks=1
+UBSAN_OPTIONS ?= print_stacktrace=1:halt_on_error=1
+
+# cmake --build runs its own make with its own -j: do not hand it this make's jobserver
+# or flags (avoids "-jN forced in submake" warnings and double parallelism).
+RUN := env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL
+
+FORMAT_DIRS := src include tests tools examples benchmarks
+FORMAT_FILES = $(shell find $(FORMAT_DIRS) -type f \( -name '*.c' -o -name '*.h' \) 2>/dev/null | sort)
+
+.DEFAULT_GOAL := build
+# Targets share build directories and apt; never run two of them at once.
+.NOTPARALLEL:
+.PHONY: build deps test run asan test-asan format format-check check-clang-format clean
+
+deps:
+	@bash scripts/deps.sh
+
+build: deps
+	@test -f build/CMakeCache.txt || $(RUN) $(CMAKE) --preset default
+	$(RUN) $(CMAKE) --build --preset default -j $(JOBS)
+
+test: build
+	$(RUN) $(CTEST) --preset default -j $(JOBS)
+
+run: build
+	./build/tools/nabla demo
+
+asan: deps
+	@test -f build-asan/CMakeCache.txt || $(RUN) $(CMAKE) --preset asan
+	$(RUN) $(CMAKE) --build --preset asan -j $(JOBS)
+
+test-asan: asan
+	ASAN_OPTIONS='$(ASAN_OPTIONS)' UBSAN_OPTIONS='$(UBSAN_OPTIONS)' \
+		$(RUN) $(CTEST) --preset asan -j $(JOBS)
+
+format: check-clang-format
+	$(CLANG_FORMAT) -i $(FORMAT_FILES)
+
+format-check: check-clang-format
+	$(CLANG_FORMAT) --dry-run --Werror $(FORMAT_FILES)
+
+# clang-format is not one of the packages scripts/deps.sh installs (the build does not
+# need it); say so plainly rather than failing with "command not found".
+check-clang-format:
+	@command -v $(CLANG_FORMAT) >/dev/null || { \
+		echo "clang-format not found: apt-get install clang-format (or set CLANG_FORMAT=...)" >&2; \
+		exit 1; }
+
+clean:
+	rm -rf build build-asan

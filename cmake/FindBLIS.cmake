@@ -1,0 +1,60 @@
+# FindBLIS.cmake -- find BLIS, the BLAS-like Library Instantiation Software framework.
+#
+# Debian ships BLIS without pkg-config or CMake files, with blis.h chosen through the
+# alternatives system (/usr/include/<multiarch>/blis.h); upstream `make install` puts it
+# in <prefix>/include/blis/blis.h and writes blis.pc. Both layouts are handled.
+#
+# Imported target
+#   BLIS::blis            the library with its include directory
+#
+# Result variables
+#   BLIS_FOUND, BLIS_VERSION (only when blis.pc or the header states it; Debian's
+#   does not), BLIS_INCLUDE_DIRS, BLIS_LIBRARIES
+#
+# Cache variables (set them, or BLIS_ROOT, to point at a non-system install)
+#   BLIS_INCLUDE_DIR      directory holding blis.h
+#   BLIS_LIBRARY          the library file
+
+find_package(PkgConfig QUIET)
+if(PKG_CONFIG_FOUND)
+    pkg_check_modules(PC_BLIS QUIET blis)
+endif()
+
+find_path(BLIS_INCLUDE_DIR
+    NAMES blis.h
+    HINTS ${PC_BLIS_INCLUDEDIR} ${PC_BLIS_INCLUDE_DIRS}
+    PATH_SUFFIXES blis)
+find_library(BLIS_LIBRARY
+    NAMES blis blis-mt
+    HINTS ${PC_BLIS_LIBDIR} ${PC_BLIS_LIBRARY_DIRS})
+mark_as_advanced(BLIS_INCLUDE_DIR BLIS_LIBRARY)
+
+unset(BLIS_VERSION)
+if(BLIS_INCLUDE_DIR AND EXISTS "${BLIS_INCLUDE_DIR}/blis.h")
+    file(STRINGS "${BLIS_INCLUDE_DIR}/blis.h" _blis_version_line
+         REGEX "^#define BLIS_VERSION_STRING +\"[^\"]*\"" LIMIT_COUNT 1)
+    if(_blis_version_line MATCHES "\"([0-9]+(\\.[0-9]+)*)")
+        set(BLIS_VERSION "${CMAKE_MATCH_1}")
+    endif()
+    unset(_blis_version_line)
+endif()
+if(NOT BLIS_VERSION AND PC_BLIS_VERSION)
+    set(BLIS_VERSION "${PC_BLIS_VERSION}")
+endif()
+
+include(FindPackageHandleStandardArgs)
+find_package_handle_standard_args(BLIS
+    REQUIRED_VARS BLIS_LIBRARY BLIS_INCLUDE_DIR
+    VERSION_VAR BLIS_VERSION
+    REASON_FAILURE_MESSAGE "On Debian/Ubuntu: apt-get install libblis-dev")
+
+if(BLIS_FOUND)
+    set(BLIS_INCLUDE_DIRS "${BLIS_INCLUDE_DIR}")
+    set(BLIS_LIBRARIES "${BLIS_LIBRARY}")
+    if(NOT TARGET BLIS::blis)
+        add_library(BLIS::blis UNKNOWN IMPORTED)
+        set_target_properties(BLIS::blis PROPERTIES
+            IMPORTED_LOCATION "${BLIS_LIBRARY}"
+            INTERFACE_INCLUDE_DIRECTORIES "${BLIS_INCLUDE_DIR}")
+    endif()
+endif()

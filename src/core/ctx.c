@@ -1,0 +1,571 @@
+/*
+ * ctx.c -- version, status strings, the context, allocation, errors, logging, the object
+ * pool, and the small string/path helpers every module uses.
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- version and status ------------------------------------------------------------- */
+
+const char *nb_version(void) {
+    return NB_VERSION_STRING;
+}
+
+int nb_version_number(void) {
+    return NB_VERSION_NUMBER;
+}
+
+const char *nb_status_string(nb_status status) {
+    switch (status) {
+#define NB_STATUS_STR_(name, value, desc)                                                          \
+    case NB_##name:                                                                                \
+        return desc;
+        NB_STATUS_LIST(NB_STATUS_STR_)
+#undef NB_STATUS_STR_
+    }
+    return "unknown status";
+}
+
+const char *nb_status_name(nb_status status) {
+    switch (status) {
+#define NB_STATUS_NAME_(name, value, desc)                                                         \
+    case NB_##name:                                                                                \
+        return #name;
+        NB_STATUS_LIST(NB_STATUS_NAME_)
+#undef NB_STATUS_NAME_
+    }
+    return "UNKNOWN";
+}
+
+/* ---- default allocator -------------------------------------------------------------- */
+
+static void *nbi_default_alloc(void *ud, size_t size, size_t align) {
+    (void)ud;
+    /* aligned_alloc wants a size that is a multiple of the alignment. */
+    size_t rounded;
+    if (nbi_add_size(size, align - 1, &rounded)) {
+        return NULL;
+    }
+    rounded = rounded / align * align;
+    return aligned_alloc(align, rounded);
+}
+
+static void nbi_default_free(void *ud, void *ptr, size_t size) {
+    (void)ud;
+    (void)size;
+    free(ptr);
+}
+
+nb_allocator nb_allocator_default(void) {
+    nb_allocator a = {.alloc = nbi_default_alloc, .free = nbi_default_free, .ud = NULL};
+    return a;
+}
+
+/* ---- the context -------------------------------------------------------------------- */
+
+#define NBI_SLAB_BLOCKS 64
+
+typedef struct nbi_slab {
+    struct nbi_slab *next;
+    size_t bytes;
+    /* blocks follow, each nbi_block_size() bytes */
+} nbi_slab;
+
+struct nb_ctx {
+    nb_ctx_opts opts;
+    int n_threads;
+    nb_status errcode;
+    uint64_t err_seq;
+    char errmsg[NBI_ERRMSG_CAP];
+    nbi_slab *slabs;
+    nbi_obj *free_head;
+    nbi_obj *free_tail;
+    int64_t live[4];
+    size_t bytes_in_use;
+    size_t bytes_peak;
+    int64_t n_allocs;
+    int64_t n_alloc_failures;
+};
+
+static size_t nbi_max3(size_t a, size_t b, size_t c) {
+    size_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+static size_t nbi_block_size(void) {
+    size_t s = nbi_max3(sizeof(struct nb_array), sizeof(struct nb_tree), sizeof(struct nb_treedef));
+    return (s + 15) / 16 * 16;
+}
+
+static size_t nbi_slab_header(void) {
+    return (sizeof(nbi_slab) + 15) / 16 * 16;
+}
+
+nb_ctx_opts nb_ctx_opts_default(void) {
+    nb_ctx_opts o;
+    memset(&o, 0, sizeof o);
+    o.allocator = nb_allocator_default();
+    o.log = NULL;
+    o.log_ud = NULL;
+    o.log_level = NB_LOG_LEVEL_WARN;
+    o.n_threads = 0;
+    return o;
+}
+
+static int nbi_cores(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1) {
+        return 1;
+    }
+    return n > 1024 ? 1024 : (int)n;
+}
+
+nb_status nb_ctx_create(const nb_ctx_opts *opts, nb_ctx **out) {
+    if (out == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    *out = NULL;
+    nb_ctx_opts o = opts ? *opts : nb_ctx_opts_default();
+    if (o.allocator.alloc == NULL || o.allocator.free == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    if (o.n_threads < 0 || (int)o.log_level < (int)NB_LOG_LEVEL_ERROR ||
+        (int)o.log_level > (int)NB_LOG_LEVEL_DEBUG) {
+        return NB_ERR_INVALID;
+    }
+    nb_ctx *ctx = o.allocator.alloc(o.allocator.ud, sizeof(nb_ctx), 64);
+    if (ctx == NULL) {
+        return NB_ERR_OOM;
+    }
+    memset(ctx, 0, sizeof *ctx);
+    ctx->opts = o;
+    ctx->n_threads = o.n_threads == 0 ? nbi_cores() : o.n_threads;
+    ctx->errcode = NB_OK;
+    ctx->errmsg[0] = '\0';
+    ctx->n_allocs = 1;
+    ctx->bytes_in_use = sizeof(nb_ctx);
+    ctx->bytes_peak = sizeof(nb_ctx);
+    *out = ctx;
+    return NB_OK;
+}
+
+void nb_ctx_destroy(nb_ctx *ctx) {
+    if (ctx == NULL) {
+        return;
+    }
+    /* Free what leaked objects own, then the slabs. Buffers are shared between arrays, so
+     * arrays drop their buffer references one by one. */
+    size_t bs = nbi_block_size();
+    for (nbi_slab *s = ctx->slabs; s != NULL; s = s->next) {
+        unsigned char *base = (unsigned char *)s + nbi_slab_header();
+        for (int i = 0; i < NBI_SLAB_BLOCKS; i++) {
+            nbi_obj *o = (nbi_obj *)(base + (size_t)i * bs);
+            switch (o->magic) {
+            case NBI_MAGIC_ARRAY:
+                nbi_array_free_owned((nb_array *)o);
+                break;
+            case NBI_MAGIC_TREE:
+                nbi_tree_free_owned((nb_tree *)o);
+                break;
+            case NBI_MAGIC_TREEDEF:
+                nbi_treedef_free_owned((nb_treedef *)o);
+                break;
+            default:
+                break;
+            }
+            o->magic = NBI_MAGIC_DEAD;
+        }
+    }
+    nbi_slab *s = ctx->slabs;
+    while (s != NULL) {
+        nbi_slab *next = s->next;
+        ctx->opts.allocator.free(ctx->opts.allocator.ud, s, s->bytes);
+        s = next;
+    }
+    nb_allocator a = ctx->opts.allocator;
+    a.free(a.ud, ctx, sizeof(nb_ctx));
+}
+
+const char *nb_ctx_errmsg(const nb_ctx *ctx) {
+    if (ctx == NULL) {
+        return "NULL context (nb_ctx_create failed or was not called)";
+    }
+    return ctx->errmsg;
+}
+
+nb_status nb_ctx_errcode(const nb_ctx *ctx) {
+    return ctx == NULL ? NB_ERR_MISUSE : ctx->errcode;
+}
+
+void nb_ctx_clear_error(nb_ctx *ctx) {
+    if (ctx != NULL) {
+        ctx->errcode = NB_OK;
+        ctx->errmsg[0] = '\0';
+    }
+}
+
+nb_status nb_ctx_stats_get(const nb_ctx *ctx, nb_ctx_stats *out) {
+    if (ctx == NULL || out == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    memset(out, 0, sizeof *out);
+    out->live_arrays = ctx->live[NBI_COUNT_ARRAY];
+    out->live_trees = ctx->live[NBI_COUNT_TREE];
+    out->live_treedefs = ctx->live[NBI_COUNT_TREEDEF];
+    out->live_buffers = ctx->live[NBI_COUNT_BUFFER];
+    out->bytes_in_use = ctx->bytes_in_use;
+    out->bytes_peak = ctx->bytes_peak;
+    out->n_allocs = ctx->n_allocs;
+    out->n_alloc_failures = ctx->n_alloc_failures;
+    return NB_OK;
+}
+
+int nb_ctx_n_threads(const nb_ctx *ctx) {
+    return ctx == NULL ? 0 : ctx->n_threads;
+}
+
+void nbi_count_add(nb_ctx *ctx, nbi_count which, int64_t delta) {
+    ctx->live[which] += delta;
+}
+
+/* ---- allocation --------------------------------------------------------------------- */
+
+void *nbi_alloc(nb_ctx *ctx, size_t size, size_t align) {
+    if (size == 0) {
+        size = 1;
+    }
+    if (align < 8) {
+        align = 8;
+    }
+    ctx->n_allocs++;
+    void *p = ctx->opts.allocator.alloc(ctx->opts.allocator.ud, size, align);
+    if (p == NULL) {
+        ctx->n_alloc_failures++;
+        return NULL;
+    }
+    ctx->bytes_in_use += size;
+    if (ctx->bytes_in_use > ctx->bytes_peak) {
+        ctx->bytes_peak = ctx->bytes_in_use;
+    }
+    return p;
+}
+
+void nbi_free(nb_ctx *ctx, void *ptr, size_t size) {
+    if (ptr == NULL) {
+        return;
+    }
+    if (size == 0) {
+        size = 1;
+    }
+    ctx->bytes_in_use -= size;
+    ctx->opts.allocator.free(ctx->opts.allocator.ud, ptr, size);
+}
+
+/* ---- errors and logging ------------------------------------------------------------- */
+
+static void nbi_log_str(nb_ctx *ctx, nb_log_level level, const char *msg) {
+    if (ctx->opts.log != NULL && (int)level <= (int)ctx->opts.log_level) {
+        ctx->opts.log(ctx->opts.log_ud, level, msg);
+    }
+}
+
+nb_status nbi_verr(nb_ctx *ctx, nb_status status, const char *fmt, va_list ap) {
+    if (ctx == NULL) {
+        return status;
+    }
+    ctx->errcode = status;
+    ctx->err_seq++;
+    int n = vsnprintf(ctx->errmsg, sizeof ctx->errmsg, fmt, ap);
+    if (n < 0) {
+        snprintf(ctx->errmsg, sizeof ctx->errmsg, "%s", nb_status_string(status));
+    } else if ((size_t)n >= sizeof ctx->errmsg) {
+        memcpy(ctx->errmsg + sizeof ctx->errmsg - 4, "...", 4);
+    }
+    nbi_log_str(ctx, NB_LOG_LEVEL_ERROR, ctx->errmsg);
+    return status;
+}
+
+nb_status nbi_err(nb_ctx *ctx, nb_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    nb_status s = nbi_verr(ctx, status, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+nb_status nbi_oom(nb_ctx *ctx, const char *fn, size_t bytes) {
+    return nbi_err(ctx, NB_ERR_OOM,
+                   "%s: out of memory allocating %zu bytes (the allocator "
+                   "returned NULL; free memory or raise the allocator's limit)",
+                   fn, bytes);
+}
+
+uint64_t nbi_ctx_err_seq(const nb_ctx *ctx) {
+    return ctx->err_seq;
+}
+
+void nbi_log(nb_ctx *ctx, nb_log_level level, const char *fmt, ...) {
+    if (ctx == NULL || ctx->opts.log == NULL || (int)level > (int)ctx->opts.log_level) {
+        return;
+    }
+    char msg[NBI_ERRMSG_CAP];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ctx->opts.log(ctx->opts.log_ud, level, msg);
+}
+
+nb_status nb_tree_map_fail(nb_ctx *ctx, nb_status status, const char *fmt, ...) {
+    if (ctx == NULL || fmt == NULL) {
+        return status;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    nb_status s = nbi_verr(ctx, status, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+/* ---- object pool -------------------------------------------------------------------- */
+
+static bool nbi_pool_grow(nb_ctx *ctx) {
+    size_t bs = nbi_block_size();
+    size_t bytes = nbi_slab_header() + bs * NBI_SLAB_BLOCKS;
+    nbi_slab *s = nbi_alloc(ctx, bytes, 64);
+    if (s == NULL) {
+        return false;
+    }
+    memset(s, 0, bytes);
+    s->bytes = bytes;
+    s->next = ctx->slabs;
+    ctx->slabs = s;
+    unsigned char *base = (unsigned char *)s + nbi_slab_header();
+    for (int i = 0; i < NBI_SLAB_BLOCKS; i++) {
+        nbi_obj *o = (nbi_obj *)(base + (size_t)i * bs);
+        o->magic = NBI_MAGIC_DEAD;
+        o->next_free = NULL;
+        if (ctx->free_tail != NULL) {
+            ctx->free_tail->next_free = o;
+        } else {
+            ctx->free_head = o;
+        }
+        ctx->free_tail = o;
+    }
+    return true;
+}
+
+void *nbi_obj_new(nb_ctx *ctx, uint32_t magic, const char *fn) {
+    if (ctx->free_head == NULL && !nbi_pool_grow(ctx)) {
+        nbi_oom(ctx, fn, nbi_slab_header() + nbi_block_size() * NBI_SLAB_BLOCKS);
+        return NULL;
+    }
+    nbi_obj *o = ctx->free_head;
+    ctx->free_head = o->next_free;
+    if (ctx->free_head == NULL) {
+        ctx->free_tail = NULL;
+    }
+    memset(o, 0, nbi_block_size());
+    o->magic = magic;
+    o->ctx = ctx;
+    o->refcount = 1;
+    return o;
+}
+
+void nbi_obj_release(nbi_obj *o) {
+    nb_ctx *ctx = o->ctx;
+    o->magic = NBI_MAGIC_DEAD;
+    o->refcount = 0;
+    o->next_free = NULL;
+    /* FIFO: the block is reused as late as possible, so stale handles stay detectable. */
+    if (ctx->free_tail != NULL) {
+        ctx->free_tail->next_free = o;
+    } else {
+        ctx->free_head = o;
+    }
+    ctx->free_tail = o;
+}
+
+void nbi_obj_double_destroy(const void *p, const char *fn) {
+    const nbi_obj *o = p;
+    if (o->ctx != NULL) {
+        nbi_err(o->ctx, NB_ERR_MISUSE,
+                "%s: handle %p was already destroyed (each reference is released once; "
+                "use the _retain function to hold more than one)",
+                fn, p);
+    }
+}
+
+/* ---- string building ---------------------------------------------------------------- */
+
+static void nbi_sbuf_append(nbi_sbuf *s, const char *str, size_t n) {
+    if (s->buf != NULL && s->cap > 0 && s->len < s->cap - 1) {
+        size_t room = s->cap - 1 - s->len;
+        size_t k = n < room ? n : room;
+        memcpy(s->buf + s->len, str, k);
+        s->buf[s->len + k] = '\0';
+    }
+    s->len += n;
+}
+
+void nbi_sbuf_printf(nbi_sbuf *s, const char *fmt, ...) {
+    char tmp[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        return;
+    }
+    if ((size_t)n < sizeof tmp) {
+        nbi_sbuf_append(s, tmp, (size_t)n);
+        return;
+    }
+    /* Longer than the scratch buffer: format straight into the destination. */
+    size_t room = (s->buf != NULL && s->cap > s->len) ? s->cap - s->len : 0;
+    if (room > 0) {
+        va_start(ap, fmt);
+        vsnprintf(s->buf + s->len, room, fmt, ap);
+        va_end(ap);
+    }
+    s->len += (size_t)n;
+}
+
+void nbi_sbuf_puts(nbi_sbuf *s, const char *str) {
+    nbi_sbuf_append(s, str, strlen(str));
+}
+
+void nbi_sbuf_putc(nbi_sbuf *s, char c) {
+    nbi_sbuf_append(s, &c, 1);
+}
+
+void nbi_sbuf_spaces(nbi_sbuf *s, size_t n) {
+    static const char sp[] = "                                ";
+    while (n > 0) {
+        size_t k = n < sizeof sp - 1 ? n : sizeof sp - 1;
+        nbi_sbuf_append(s, sp, k);
+        n -= k;
+    }
+}
+
+nb_status nbi_sbuf_finish(const nbi_sbuf *s, size_t *needed) {
+    if (needed != NULL) {
+        *needed = s->len;
+    }
+    return s->len < s->cap ? NB_OK : NB_ERR_TRUNCATED;
+}
+
+void nbi_sbuf_sig(nbi_sbuf *s, nb_dtype dtype, int rank, const int64_t *shape) {
+    nbi_sbuf_puts(s, nb_dtype_name(dtype));
+    nbi_sbuf_putc(s, '[');
+    for (int i = 0; i < rank; i++) {
+        nbi_sbuf_printf(s, i ? ",%lld" : "%lld", (long long)shape[i]);
+    }
+    nbi_sbuf_putc(s, ']');
+}
+
+const char *nbi_sig(char *buf, size_t cap, nb_dtype dtype, int rank, const int64_t *shape) {
+    nbi_sbuf s = nbi_sbuf_make(buf, cap);
+    nbi_sbuf_sig(&s, dtype, rank, shape);
+    return buf;
+}
+
+nb_status nbi_fprint_with(nb_ctx *ctx, const char *fn, nbi_format_fn format, const void *obj,
+                          FILE *f) {
+    if (f == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE, "%s: NULL FILE pointer", fn);
+    }
+    size_t need = 0;
+    nb_status st = format(obj, NULL, 0, &need);
+    if (st != NB_OK && st != NB_ERR_TRUNCATED) {
+        return st;
+    }
+    size_t cap = need + 1;
+    char *buf = nbi_alloc(ctx, cap, 8);
+    if (buf == NULL) {
+        return nbi_oom(ctx, fn, cap);
+    }
+    st = format(obj, buf, cap, &need);
+    if (st == NB_OK) {
+        fputs(buf, f);
+        fputc('\n', f);
+    }
+    nbi_free(ctx, buf, cap);
+    return st;
+}
+
+/* ---- paths -------------------------------------------------------------------------- */
+
+static bool nbi_is_identifier(const char *k) {
+    if (!((*k >= 'a' && *k <= 'z') || (*k >= 'A' && *k <= 'Z') || *k == '_')) {
+        return false;
+    }
+    for (k++; *k; k++) {
+        if (!((*k >= 'a' && *k <= 'z') || (*k >= 'A' && *k <= 'Z') || *k == '_' ||
+              (*k >= '0' && *k <= '9'))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+void nbi_sbuf_key(nbi_sbuf *s, const char *key, bool at_start) {
+    if (nbi_is_identifier(key)) {
+        if (!at_start) {
+            nbi_sbuf_putc(s, '.');
+        }
+        nbi_sbuf_puts(s, key);
+        return;
+    }
+    nbi_sbuf_puts(s, "[\"");
+    for (const char *c = key; *c; c++) {
+        if (*c == '"' || *c == '\\') {
+            nbi_sbuf_putc(s, '\\');
+        }
+        nbi_sbuf_putc(s, *c);
+    }
+    nbi_sbuf_puts(s, "\"]");
+}
+
+static void nbi_path_take(nbi_path *p, const nbi_sbuf *s) {
+    /* s was written into p->buf + p->len with the room that was left. */
+    if (s->len >= s->cap) {
+        p->cut = true;
+        p->len = sizeof p->buf - 1;
+        p->buf[p->len] = '\0';
+    } else {
+        p->len += s->len;
+    }
+}
+
+void nbi_path_push_key(nbi_path *p, const char *key) {
+    if (p->cut) {
+        return;
+    }
+    nbi_sbuf s = nbi_sbuf_make(p->buf + p->len, sizeof p->buf - p->len);
+    nbi_sbuf_key(&s, key, p->len == 0);
+    nbi_path_take(p, &s);
+}
+
+void nbi_path_push_index(nbi_path *p, int64_t i) {
+    if (p->cut) {
+        return;
+    }
+    nbi_sbuf s = nbi_sbuf_make(p->buf + p->len, sizeof p->buf - p->len);
+    nbi_sbuf_printf(&s, "[%lld]", (long long)i);
+    nbi_path_take(p, &s);
+}
+
+const char *nbi_path_str(nbi_path *p) {
+    if (p->len == 0) {
+        return "<root>";
+    }
+    if (p->cut) {
+        memcpy(p->buf + sizeof p->buf - 4, "...", 4);
+    }
+    return p->buf;
+}

@@ -1,0 +1,274 @@
+/*
+ * src/core/internal.h -- what the core modules share. Not API: nothing here is installed.
+ *
+ * Objects (arrays, tree nodes, treedefs) live in fixed-size blocks taken from per-context
+ * slabs. A destroyed object's block keeps a DEAD magic and goes to the back of a FIFO free
+ * list, so a stale handle is detected as NB_ERR_MISUSE (rather than read from freed memory)
+ * until its block is reused; the slabs are freed with the context.
+ */
+#ifndef NABLA_SRC_CORE_INTERNAL_H
+#define NABLA_SRC_CORE_INTERNAL_H
+
+#include <nabla/nabla.h>
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(__GNUC__)
+#define NBI_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#define NBI_HIDDEN __attribute__((visibility("hidden")))
+#else
+#define NBI_PRINTF(f, a)
+#define NBI_HIDDEN
+#endif
+
+/* Debug-only check of an internal invariant (never of user input). */
+#ifdef NDEBUG
+#define NBI_ASSERT(c) ((void)0)
+#else
+#include <assert.h>
+#define NBI_ASSERT(c) assert(c)
+#endif
+
+#define NBI_ERRMSG_CAP 1024
+#define NBI_ALIGN 64
+
+/* ---- objects ------------------------------------------------------------------------ */
+enum {
+    NBI_MAGIC_DEAD = 0x44454144u,   /* "DEAD" */
+    NBI_MAGIC_ARRAY = 0x41525259u,  /* "ARRY" */
+    NBI_MAGIC_TREE = 0x54524545u,   /* "TREE" */
+    NBI_MAGIC_TREEDEF = 0x54444546u /* "TDEF" */
+};
+
+typedef struct nbi_obj {
+    uint32_t magic;
+    uint32_t reserved;
+    nb_ctx *ctx;
+    int64_t refcount;
+    struct nbi_obj *next_free; /* on the free list only */
+} nbi_obj;
+
+/* A data buffer shared by an array and its reshaped views. Data starts NBI_ALIGN bytes
+ * after the header. */
+typedef struct nbi_buffer {
+    int64_t refcount;
+    size_t alloc_size;
+} nbi_buffer;
+
+struct nb_array {
+    nbi_obj hdr;
+    nb_dtype dtype;
+    int rank;
+    int64_t shape[NB_MAX_RANK];
+    int64_t size;
+    size_t nbytes;
+    nbi_buffer *buf;
+    void *data;
+};
+
+struct nb_tree {
+    nbi_obj hdr;
+    nb_tree_kind kind;
+    uint32_t flags;
+    int64_t n;          /* children of a node */
+    int64_t n_leaves;   /* dynamic leaves in this subtree */
+    int32_t depth;      /* 0 for a leaf, 1 + the deepest child for a node */
+    nb_tree **children; /* node: n entries, inside aux */
+    char **keys;        /* dict: n entries, inside aux */
+    void *aux;          /* one allocation: children, keys and key chars, or string chars */
+    size_t aux_size;
+    union {
+        nb_array *array;
+        int64_t i;
+        double f;
+        bool b;
+        char *str; /* inside aux */
+        struct {
+            nb_fnptr fn;
+            char *name; /* inside aux */
+        } fnref;
+        struct {
+            void *var;
+            uint64_t trace_id;
+        } var;
+    } u;
+};
+
+/* A treedef node, in pre-order. key is the key under which the node sits in a dict parent
+ * (or NULL). Static strings and fn names point into the treedef's char pool. */
+typedef struct nbi_tdnode {
+    nb_tree_kind kind; /* ARRAY stands for any dynamic leaf (array or var) */
+    uint32_t flags;
+    int64_t n;
+    const char *key;
+    union {
+        int64_t i;
+        double f;
+        bool b;
+        const char *str;
+        struct {
+            nb_fnptr fn;
+            const char *name;
+        } fnref;
+    } u;
+} nbi_tdnode;
+
+struct nb_treedef {
+    nbi_obj hdr;
+    int64_t n_nodes;
+    int64_t n_leaves;
+    uint64_t hash;
+    nbi_tdnode *nodes; /* inside aux */
+    void *aux;
+    size_t aux_size;
+};
+
+/* ---- context ------------------------------------------------------------------------ */
+NBI_HIDDEN void *nbi_alloc(nb_ctx *ctx, size_t size, size_t align);
+NBI_HIDDEN void nbi_free(nb_ctx *ctx, void *ptr, size_t size);
+/* Record an error (formatted into the fixed buffer, passed to the log callback) and return
+ * status, so "return nbi_err(ctx, NB_ERR_SHAPE, ...)" reads naturally. */
+NBI_HIDDEN nb_status nbi_err(nb_ctx *ctx, nb_status status, const char *fmt, ...) NBI_PRINTF(3, 4);
+NBI_HIDDEN nb_status nbi_verr(nb_ctx *ctx, nb_status status, const char *fmt, va_list ap);
+/* The standard out-of-memory error: "<fn>: out of memory allocating <n> bytes". */
+NBI_HIDDEN nb_status nbi_oom(nb_ctx *ctx, const char *fn, size_t bytes);
+/* Incremented by every recorded error: tells whether a callback recorded its own. */
+NBI_HIDDEN uint64_t nbi_ctx_err_seq(const nb_ctx *ctx);
+NBI_HIDDEN void nbi_log(nb_ctx *ctx, nb_log_level level, const char *fmt, ...) NBI_PRINTF(3, 4);
+
+/* Take a zeroed object block with the given magic and refcount 1, or NULL (OOM recorded). */
+NBI_HIDDEN void *nbi_obj_new(nb_ctx *ctx, uint32_t magic, const char *fn);
+/* Return a block to the pool (its resources already released). */
+NBI_HIDDEN void nbi_obj_release(nbi_obj *o);
+/* NB_OK if o is a live object of the given magic, else NB_ERR_MISUSE. */
+static inline bool nbi_obj_live(const void *o, uint32_t magic) {
+    return o != NULL && ((const nbi_obj *)o)->magic == magic;
+}
+/* Report a destroy of an already destroyed handle on its context. */
+NBI_HIDDEN void nbi_obj_double_destroy(const void *o, const char *fn);
+
+/* Per-kind live counters, kept on the context. */
+typedef enum nbi_count {
+    NBI_COUNT_ARRAY,
+    NBI_COUNT_TREE,
+    NBI_COUNT_TREEDEF,
+    NBI_COUNT_BUFFER
+} nbi_count;
+NBI_HIDDEN void nbi_count_add(nb_ctx *ctx, nbi_count which, int64_t delta);
+
+/* Free what a live object owns besides its block (used by nb_ctx_destroy for objects the
+ * user leaked; never releases references to other objects). */
+NBI_HIDDEN void nbi_array_free_owned(nb_array *a);
+NBI_HIDDEN void nbi_tree_free_owned(nb_tree *t);
+NBI_HIDDEN void nbi_treedef_free_owned(nb_treedef *d);
+
+/* ---- overflow-checked sizes ---------------------------------------------------------- */
+static inline bool nbi_mul_i64(int64_t a, int64_t b, int64_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+static inline bool nbi_add_size(size_t a, size_t b, size_t *out) {
+    return __builtin_add_overflow(a, b, out);
+}
+static inline bool nbi_mul_size(size_t a, size_t b, size_t *out) {
+    return __builtin_mul_overflow(a, b, out);
+}
+
+/* ---- string building (snprintf contract, never allocates) --------------------------- */
+typedef struct nbi_sbuf {
+    char *buf;
+    size_t cap;
+    size_t len; /* length the full text would have */
+} nbi_sbuf;
+
+static inline nbi_sbuf nbi_sbuf_make(char *buf, size_t cap) {
+    nbi_sbuf s = {buf, cap, 0};
+    if (buf != NULL && cap > 0) {
+        buf[0] = '\0';
+    }
+    return s;
+}
+NBI_HIDDEN void nbi_sbuf_printf(nbi_sbuf *s, const char *fmt, ...) NBI_PRINTF(2, 3);
+NBI_HIDDEN void nbi_sbuf_puts(nbi_sbuf *s, const char *str);
+NBI_HIDDEN void nbi_sbuf_putc(nbi_sbuf *s, char c);
+NBI_HIDDEN void nbi_sbuf_spaces(nbi_sbuf *s, size_t n);
+/* Set *needed and return NB_OK or NB_ERR_TRUNCATED. */
+NBI_HIDDEN nb_status nbi_sbuf_finish(const nbi_sbuf *s, size_t *needed);
+
+/* "f32[2,3]" of a dtype and shape, into s. */
+NBI_HIDDEN void nbi_sbuf_sig(nbi_sbuf *s, nb_dtype dtype, int rank, const int64_t *shape);
+/* Format a signature into a small fixed buffer (for messages); returns buf. */
+NBI_HIDDEN const char *nbi_sig(char *buf, size_t cap, nb_dtype dtype, int rank,
+                               const int64_t *shape);
+#define NBI_SIG_CAP 192
+
+/* Run a formatter that follows the snprintf contract into a temporary buffer from the
+ * context and write it to f (plus a newline). */
+typedef nb_status (*nbi_format_fn)(const void *obj, char *buf, size_t cap, size_t *needed);
+NBI_HIDDEN nb_status nbi_fprint_with(nb_ctx *ctx, const char *fn, nbi_format_fn format,
+                                     const void *obj, FILE *f);
+
+/* ---- paths -------------------------------------------------------------------------- */
+typedef struct nbi_path {
+    char buf[NB_PATH_MAX];
+    size_t len;
+    bool cut;
+} nbi_path;
+
+typedef struct nbi_path_mark {
+    size_t len;
+    bool cut;
+} nbi_path_mark;
+
+static inline void nbi_path_init(nbi_path *p) {
+    p->buf[0] = '\0';
+    p->len = 0;
+    p->cut = false;
+}
+static inline nbi_path_mark nbi_path_save(const nbi_path *p) {
+    nbi_path_mark m = {p->len, p->cut};
+    return m;
+}
+static inline void nbi_path_restore(nbi_path *p, nbi_path_mark m) {
+    p->len = m.len;
+    p->cut = m.cut;
+    p->buf[p->len] = '\0';
+}
+NBI_HIDDEN void nbi_path_push_key(nbi_path *p, const char *key);
+NBI_HIDDEN void nbi_path_push_index(nbi_path *p, int64_t i);
+/* The path for messages: "<root>" for the root, the text otherwise ("..." appended when
+ * cut). Returns a pointer into p or a static string. */
+NBI_HIDDEN const char *nbi_path_str(nbi_path *p);
+/* Append the rendering of one dict key step to s (".key" or ["key"]; no dot at start). */
+NBI_HIDDEN void nbi_sbuf_key(nbi_sbuf *s, const char *key, bool at_start);
+
+/* ---- arrays ------------------------------------------------------------------------- */
+/* Validate dtype/rank/shape and compute size and bytes. fn names the caller in messages. */
+NBI_HIDDEN nb_status nbi_shape_check(nb_ctx *ctx, const char *fn, nb_dtype dtype, int rank,
+                                     const int64_t *shape, int64_t *size, size_t *nbytes);
+/* An uninitialised array (data not zeroed). */
+NBI_HIDDEN nb_status nbi_array_new(nb_ctx *ctx, const char *fn, nb_dtype dtype, int rank,
+                                   const int64_t *shape, nb_array **out);
+/* Read element i as double / write one (no checks). */
+NBI_HIDDEN double nbi_array_load(const nb_array *a, int64_t i);
+/* Are two arrays equal per nb_array_equal; *where receives the first differing flat index
+ * (or -1). Same dtype and shape are checked first. */
+NBI_HIDDEN bool nbi_array_values_equal(const nb_array *a, const nb_array *b, int64_t *where);
+
+/* ---- trees -------------------------------------------------------------------------- */
+NBI_HIDDEN bool nbi_tree_kind_is_node(nb_tree_kind k);
+NBI_HIDDEN bool nbi_tree_kind_is_static(nb_tree_kind k);
+/* A var leaf (for the tracing module): var is opaque to the core. */
+NBI_HIDDEN nb_status nbi_tree_var(nb_ctx *ctx, void *var, uint64_t trace_id, nb_tree **out);
+/* Build a node taking ownership of the references in items (consumed on success and on
+ * failure). keys are copied. */
+NBI_HIDDEN nb_status nbi_tree_node_take(nb_ctx *ctx, const char *fn, nb_tree_kind kind, int64_t n,
+                                        const char *const *keys, nb_tree **items, nb_tree **out);
+/* Compare two static leaves (same kind required) by value. */
+NBI_HIDDEN bool nbi_static_equal(const nb_tree *a, const nb_tree *b);
+/* Describe a leaf or node briefly for messages: "null", "f32[2,3]", "int 3", "fn 'relu'",
+ * "list of 3", "dict with keys (a, b)". */
+NBI_HIDDEN void nbi_sbuf_describe(nbi_sbuf *s, const nb_tree *t);
+
+#endif /* NABLA_SRC_CORE_INTERNAL_H */

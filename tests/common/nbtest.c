@@ -1,0 +1,89 @@
+#include "nbtest.h"
+
+#include <stdlib.h>
+
+typedef struct nbt_hdr {
+    size_t size;
+    size_t pad;
+} nbt_hdr;
+
+static void *nbt_alloc_fn(void *ud, size_t size, size_t align) {
+    nbt_alloc *st = ud;
+    st->n_calls++;
+    if (st->fail_at > 0 &&
+        (st->n_calls == st->fail_at || (st->fail_all_after && st->n_calls > st->fail_at))) {
+        st->n_failed++;
+        return NULL;
+    }
+    size_t rounded = (size + align - 1) / align * align;
+    void *p = aligned_alloc(align, rounded);
+    if (p == NULL) {
+        return NULL;
+    }
+    st->n_live++;
+    st->live_bytes += size;
+    return p;
+}
+
+static void nbt_free_fn(void *ud, void *ptr, size_t size) {
+    nbt_alloc *st = ud;
+    st->n_live--;
+    st->live_bytes -= size;
+    free(ptr);
+}
+
+nb_allocator nbt_alloc_make(nbt_alloc *state) {
+    nb_allocator a = {.alloc = nbt_alloc_fn, .free = nbt_free_fn, .ud = state};
+    return a;
+}
+
+nb_ctx *nbt_ctx_with(nbt_alloc *state) {
+    nb_ctx_opts o = nb_ctx_opts_default();
+    o.allocator = nbt_alloc_make(state);
+    nb_ctx *ctx = NULL;
+    nb_status s = nb_ctx_create(&o, &ctx);
+    if (s != NB_OK) {
+        fail_msg("nb_ctx_create failed: %s", nb_status_name(s));
+    }
+    return ctx;
+}
+
+nb_ctx *nbt_ctx(void) {
+    nb_ctx *ctx = NULL;
+    nb_status s = nb_ctx_create(NULL, &ctx);
+    if (s != NB_OK) {
+        fail_msg("nb_ctx_create failed: %s", nb_status_name(s));
+    }
+    return ctx;
+}
+
+void nbt_assert_no_live(nb_ctx *ctx) {
+    nb_ctx_stats s;
+    NBT_OK(ctx, nb_ctx_stats_get(ctx, &s));
+    if (s.live_arrays || s.live_trees || s.live_treedefs || s.live_buffers) {
+        fail_msg("leak: %lld arrays, %lld trees, %lld treedefs, %lld buffers still alive",
+                 (long long)s.live_arrays, (long long)s.live_trees, (long long)s.live_treedefs,
+                 (long long)s.live_buffers);
+    }
+}
+
+nb_array *nbt_arr_f32(nb_ctx *ctx, int rank, const int64_t *shape, const float *data) {
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F32, rank, shape, data, &a));
+    return a;
+}
+
+nb_array *nbt_arr_f64(nb_ctx *ctx, int rank, const int64_t *shape, const double *data) {
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, rank, shape, data, &a));
+    return a;
+}
+
+nb_tree *nbt_leaf(nb_ctx *ctx, nb_dtype dtype, int rank, const int64_t *shape) {
+    nb_array *a = NULL;
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, dtype, rank, shape, &a));
+    NBT_OK(ctx, nb_tree_array(a, &t));
+    nb_array_destroy(a);
+    return t;
+}

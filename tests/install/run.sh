@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# test_install: install a built tree into a scratch prefix, then build and run a consumer
+# against it twice -- with find_package(nabla) (shared and static targets) and with
+# pkg-config.
+#
+#   run.sh <nabla build dir> <scratch dir> <expected version>
+#
+# Environment: CC (compiler for the consumers, default cc), NABLA_CONSUMER_CFLAGS (extra
+# compile and link flags, e.g. the sanitizers when the library was built with them).
+set -euo pipefail
+
+if [[ $# -ne 3 ]]; then
+    echo "usage: $0 <nabla build dir> <scratch dir> <expected version>" >&2
+    exit 2
+fi
+build_dir=$1
+work=$2
+want="nabla $3"
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cc=${CC:-cc}
+extra=${NABLA_CONSUMER_CFLAGS:-}
+
+step() { printf '\n== %s\n' "$*"; }
+fail() {
+    echo "test_install: FAILED: $*" >&2
+    exit 1
+}
+check_output() { # <what> <output>
+    [[ "$2" == "$want" ]] || fail "$1 printed '$2', expected '$want'"
+    echo "$1: $2"
+}
+
+rm -rf "$work"
+mkdir -p "$work"
+prefix=$work/prefix
+
+step "cmake --install $build_dir --prefix $prefix"
+cmake --install "$build_dir" --prefix "$prefix"
+
+step "consumer via find_package(nabla)"
+# shellcheck disable=SC2086
+cmake -S "$here" -B "$work/consumer" -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_C_COMPILER="$cc" -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCMAKE_C_FLAGS="$extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" \
+    -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON
+cmake --build "$work/consumer" -j 2
+check_output "consumer (nabla::nabla)" "$("$work/consumer/consumer")"
+check_output "consumer (nabla::nabla_static)" "$("$work/consumer/consumer_static")"
+if command -v ldd >/dev/null; then
+    ldd "$work/consumer/consumer" | grep -q "$prefix/.*libnabla\.so" ||
+        fail "consumer is not linked against the installed libnabla.so"
+fi
+
+step "consumer via pkg-config"
+command -v pkg-config >/dev/null || fail "pkg-config not found (scripts/deps.sh installs it)"
+pc=$(find "$prefix" -name nabla.pc -print -quit)
+[[ -n "$pc" ]] || fail "nabla.pc was not installed"
+export PKG_CONFIG_PATH="$(dirname "$pc")${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
+flags=$(pkg-config --cflags --libs nabla) || fail "pkg-config --cflags --libs nabla"
+echo "pkg-config --cflags --libs nabla: $flags"
+libdir=$(pkg-config --variable=libdir nabla)
+[[ -f "$libdir/libnabla.so" ]] || fail "libdir=$libdir from nabla.pc has no libnabla.so"
+# shellcheck disable=SC2086
+"$cc" -std=c17 -Wall -Wextra $extra "$here/main.c" -o "$work/consumer_pc" $flags
+check_output "consumer (pkg-config)" "$(LD_LIBRARY_PATH="$libdir" "$work/consumer_pc")"
+
+rm -rf "$work"
+echo "test_install: OK"
