@@ -75,7 +75,9 @@ NB_API int nb_version_number(void);
     X(ERR_NOT_FOUND, -9, "not found")                                                              \
     X(ERR_TRUNCATED, -10, "output buffer too small")                                               \
     X(ERR_KIND, -11, "wrong kind of tree node")                                                    \
-    X(ERR_INTERNAL, -12, "internal error (a bug in nabla: please report it)")
+    X(ERR_INTERNAL, -12, "internal error (a bug in nabla: please report it)")                      \
+    X(ERR_RETRACE, -13, "a function was traced more often than max_traces allows")                 \
+    X(ERR_UNSUPPORTED, -14, "operation not supported for these operands")
 
 #define NB_STATUS_ENUM_(name, value, desc) NB_##name = value,
 typedef enum nb_status { NB_STATUS_LIST(NB_STATUS_ENUM_) } nb_status;
@@ -172,6 +174,7 @@ typedef struct nb_ctx_stats {
     size_t bytes_peak;        /* the most bytes_in_use has been */
     int64_t n_allocs;         /* allocator calls made so far (successful or not) */
     int64_t n_alloc_failures; /* allocator calls that returned NULL */
+    int64_t live_fns;         /* functions (nb_fn) alive */
 } nb_ctx_stats;
 
 /* Fill *out with ctx's counters. Returns NB_OK or NB_ERR_MISUSE. Never allocates. */

@@ -14,6 +14,8 @@
  *     nabla/array.h  -- dense n-d host arrays: f32, f64, i32, i64, bool; rank 0..8
  *     nabla/tree.h   -- pytrees: lists, tuples and dicts of arrays and static values,
  *                       flatten/unflatten, map, filter/partition/combine, diff, paths
+ *     nabla/trace.h  -- symbolic values (nb_var) and the primitive ops that build the IR
+ *     nabla/fn.h     -- functions, filtered jit, the compile cache, trace accounting
  *
  * Rules that hold everywhere (details in core.h):
  *     - every fallible call returns an nb_status; results come back in out-parameters;
@@ -75,6 +77,8 @@
 
 #include "array.h"
 #include "core.h"
+#include "fn.h"
+#include "trace.h"
 #include "tree.h"
 
 #endif /* NABLA_H */

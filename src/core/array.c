@@ -497,7 +497,16 @@ nb_status nb_array_cast(const nb_array *a, nb_dtype dtype, nb_array **out) {
     bool int_src = !nb_dtype_is_float(a->dtype);
     for (int64_t i = 0; i < a->size; i++) {
         if (int_src) {
-            nbi_store_i64(dtype, c->data, i, nbi_load_i64(a, i));
+            int64_t q = nbi_load_i64(a, i);
+            if (dtype == NB_DTYPE_I32 && (q < INT32_MIN || q > INT32_MAX)) {
+                char sig[NBI_SIG_CAP];
+                nb_array_destroy(c);
+                return nbi_err(ctx, NB_ERR_INVALID,
+                               "%s: element %lld (%lld) of %s does not fit i32 (clip it first)", fn,
+                               (long long)i, (long long)q,
+                               nbi_sig(sig, sizeof sig, a->dtype, a->rank, a->shape));
+            }
+            nbi_store_i64(dtype, c->data, i, q);
             continue;
         }
         double v = nbi_array_load(a, i);
@@ -649,6 +658,9 @@ static nb_status nbi_flat_index(const nb_array *a, const char *fn, const int64_t
 }
 
 nb_status nb_array_get(const nb_array *a, const int64_t *idx, double *out) {
+    if (out != NULL) {
+        *out = 0;
+    }
     NBI_CHECK_ARRAY(a, "nb_array_get");
     if (out == NULL) {
         return nbi_err(a->hdr.ctx, NB_ERR_MISUSE, "nb_array_get: out is NULL");
@@ -678,6 +690,9 @@ nb_status nb_array_set(nb_array *a, const int64_t *idx, double value) {
 
 nb_status nb_array_get_i64(const nb_array *a, const int64_t *idx, int64_t *out) {
     static const char fn[] = "nb_array_get_i64";
+    if (out != NULL) {
+        *out = 0;
+    }
     NBI_CHECK_ARRAY(a, fn);
     if (out == NULL) {
         return nbi_err(a->hdr.ctx, NB_ERR_MISUSE, "%s: out is NULL", fn);
@@ -718,6 +733,9 @@ nb_status nb_array_set_i64(nb_array *a, const int64_t *idx, int64_t value) {
 
 nb_status nb_array_get_flat(const nb_array *a, int64_t i, double *out) {
     static const char fn[] = "nb_array_get_flat";
+    if (out != NULL) {
+        *out = 0;
+    }
     NBI_CHECK_ARRAY(a, fn);
     if (out == NULL) {
         return nbi_err(a->hdr.ctx, NB_ERR_MISUSE, "%s: out is NULL", fn);

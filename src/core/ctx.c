@@ -84,7 +84,9 @@ struct nb_ctx {
     nbi_slab *slabs;
     nbi_obj *free_head;
     nbi_obj *free_tail;
-    int64_t live[4];
+    int64_t live[NBI_COUNT_N];
+    void *jit_state;
+    void (*jit_free)(nb_ctx *ctx, void *state);
     size_t bytes_in_use;
     size_t bytes_peak;
     int64_t n_allocs;
@@ -157,6 +159,10 @@ void nb_ctx_destroy(nb_ctx *ctx) {
     if (ctx == NULL) {
         return;
     }
+    if (ctx->jit_free != NULL) {
+        ctx->jit_free(ctx, ctx->jit_state);
+        ctx->jit_state = NULL;
+    }
     /* Free what leaked objects own, then the slabs. Buffers are shared between arrays, so
      * arrays drop their buffer references one by one. */
     size_t bs = nbi_block_size();
@@ -173,6 +179,9 @@ void nb_ctx_destroy(nb_ctx *ctx) {
                 break;
             case NBI_MAGIC_TREEDEF:
                 nbi_treedef_free_owned((nb_treedef *)o);
+                break;
+            case NBI_MAGIC_FN:
+                nbi_fn_free_owned((nb_fn *)o);
                 break;
             default:
                 break;
@@ -217,6 +226,7 @@ nb_status nb_ctx_stats_get(const nb_ctx *ctx, nb_ctx_stats *out) {
     out->live_trees = ctx->live[NBI_COUNT_TREE];
     out->live_treedefs = ctx->live[NBI_COUNT_TREEDEF];
     out->live_buffers = ctx->live[NBI_COUNT_BUFFER];
+    out->live_fns = ctx->live[NBI_COUNT_FN];
     out->bytes_in_use = ctx->bytes_in_use;
     out->bytes_peak = ctx->bytes_peak;
     out->n_allocs = ctx->n_allocs;
@@ -226,6 +236,14 @@ nb_status nb_ctx_stats_get(const nb_ctx *ctx, nb_ctx_stats *out) {
 
 int nb_ctx_n_threads(const nb_ctx *ctx) {
     return ctx == NULL ? 0 : ctx->n_threads;
+}
+
+void **nbi_ctx_jit_slot(nb_ctx *ctx) {
+    return &ctx->jit_state;
+}
+
+void nbi_ctx_set_jit_free(nb_ctx *ctx, void (*fn)(nb_ctx *ctx, void *state)) {
+    ctx->jit_free = fn;
 }
 
 void nbi_count_add(nb_ctx *ctx, nbi_count which, int64_t delta) {

@@ -9,6 +9,7 @@
 #ifndef NABLA_SRC_CORE_INTERNAL_H
 #define NABLA_SRC_CORE_INTERNAL_H
 
+#include <nabla/fn.h>
 #include <nabla/nabla.h>
 
 #include <stdarg.h>
@@ -36,10 +37,11 @@
 
 /* ---- objects ------------------------------------------------------------------------ */
 enum {
-    NBI_MAGIC_DEAD = 0x44454144u,   /* "DEAD" */
-    NBI_MAGIC_ARRAY = 0x41525259u,  /* "ARRY" */
-    NBI_MAGIC_TREE = 0x54524545u,   /* "TREE" */
-    NBI_MAGIC_TREEDEF = 0x54444546u /* "TDEF" */
+    NBI_MAGIC_DEAD = 0x44454144u,    /* "DEAD" */
+    NBI_MAGIC_ARRAY = 0x41525259u,   /* "ARRY" */
+    NBI_MAGIC_TREE = 0x54524545u,    /* "TREE" */
+    NBI_MAGIC_TREEDEF = 0x54444546u, /* "TDEF" */
+    NBI_MAGIC_FN = 0x464e4354u       /* "FNCT" */
 };
 
 typedef struct nbi_obj {
@@ -115,6 +117,22 @@ typedef struct nbi_tdnode {
     } u;
 } nbi_tdnode;
 
+/* A function (nabla/fn.h). PLAIN holds a body and bound data; JIT and MAXTRACES wrap an
+ * inner function with options. */
+typedef enum nbi_fn_kind { NBI_FN_PLAIN, NBI_FN_JIT, NBI_FN_MAXTRACES } nbi_fn_kind;
+
+struct nb_fn {
+    nbi_obj hdr;
+    nbi_fn_kind kind;
+    int32_t max_traces;
+    bool inline_calls;
+    nb_fn_body body;
+    nb_tree *self; /* PLAIN: bound data (a reference), may be NULL */
+    nb_fn *inner;  /* JIT, MAXTRACES: the wrapped function (a reference) */
+    char *name;    /* copied */
+    size_t name_size;
+};
+
 struct nb_treedef {
     nbi_obj hdr;
     int64_t n_nodes;
@@ -154,7 +172,9 @@ typedef enum nbi_count {
     NBI_COUNT_ARRAY,
     NBI_COUNT_TREE,
     NBI_COUNT_TREEDEF,
-    NBI_COUNT_BUFFER
+    NBI_COUNT_BUFFER,
+    NBI_COUNT_FN,
+    NBI_COUNT_N
 } nbi_count;
 NBI_HIDDEN void nbi_count_add(nb_ctx *ctx, nbi_count which, int64_t delta);
 
@@ -163,6 +183,12 @@ NBI_HIDDEN void nbi_count_add(nb_ctx *ctx, nbi_count which, int64_t delta);
 NBI_HIDDEN void nbi_array_free_owned(nb_array *a);
 NBI_HIDDEN void nbi_tree_free_owned(nb_tree *t);
 NBI_HIDDEN void nbi_treedef_free_owned(nb_treedef *d);
+NBI_HIDDEN void nbi_fn_free_owned(nb_fn *f);
+
+/* The compile cache hangs off the context; the ad module installs a function that frees it,
+ * called first thing by nb_ctx_destroy (while every object is still alive). */
+NBI_HIDDEN void **nbi_ctx_jit_slot(nb_ctx *ctx);
+NBI_HIDDEN void nbi_ctx_set_jit_free(nb_ctx *ctx, void (*fn)(nb_ctx *ctx, void *state));
 
 /* ---- overflow-checked sizes ---------------------------------------------------------- */
 static inline bool nbi_mul_i64(int64_t a, int64_t b, int64_t *out) {
@@ -267,6 +293,11 @@ NBI_HIDDEN nb_status nbi_tree_node_take(nb_ctx *ctx, const char *fn, nb_tree_kin
                                         const char *const *keys, nb_tree **items, nb_tree **out);
 /* Compare two static leaves (same kind required) by value. */
 NBI_HIDDEN bool nbi_static_equal(const nb_tree *a, const nb_tree *b);
+/* The hash nb_treedef_hash would give t's treedef, computed without building it. */
+NBI_HIDDEN uint64_t nbi_tree_def_hash(const nb_tree *t);
+/* Does t have exactly the treedef d (same as nb_treedef_equal of t's treedef and d)? */
+NBI_HIDDEN bool nbi_tree_def_match(const nb_tree *t, const nb_treedef *d);
+
 /* Describe a leaf or node briefly for messages: "null", "f32[2,3]", "int 3", "fn 'relu'",
  * "list of 3", "dict with keys (a, b)". */
 NBI_HIDDEN void nbi_sbuf_describe(nbi_sbuf *s, const nb_tree *t);

@@ -456,6 +456,9 @@ static nb_status nbi_kind_check(const nb_tree *t, const void *out, nb_tree_kind 
 }
 
 nb_status nb_tree_get_int(const nb_tree *t, int64_t *out) {
+    if (out != NULL) {
+        *out = 0;
+    }
     nb_status st = nbi_kind_check(t, out, NB_TREE_KIND_INT, "nb_tree_get_int");
     if (st == NB_OK) {
         *out = t->u.i;
@@ -464,6 +467,9 @@ nb_status nb_tree_get_int(const nb_tree *t, int64_t *out) {
 }
 
 nb_status nb_tree_get_float(const nb_tree *t, double *out) {
+    if (out != NULL) {
+        *out = 0;
+    }
     nb_status st = nbi_kind_check(t, out, NB_TREE_KIND_FLOAT, "nb_tree_get_float");
     if (st == NB_OK) {
         *out = t->u.f;
@@ -472,6 +478,9 @@ nb_status nb_tree_get_float(const nb_tree *t, double *out) {
 }
 
 nb_status nb_tree_get_bool(const nb_tree *t, bool *out) {
+    if (out != NULL) {
+        *out = false;
+    }
     nb_status st = nbi_kind_check(t, out, NB_TREE_KIND_BOOL, "nb_tree_get_bool");
     if (st == NB_OK) {
         *out = t->u.b;
@@ -480,6 +489,9 @@ nb_status nb_tree_get_bool(const nb_tree *t, bool *out) {
 }
 
 nb_status nb_tree_get_string(const nb_tree *t, const char **out) {
+    if (out != NULL) {
+        *out = NULL;
+    }
     nb_status st = nbi_kind_check(t, out, NB_TREE_KIND_STRING, "nb_tree_get_string");
     if (st == NB_OK) {
         *out = t->u.str;
@@ -488,6 +500,12 @@ nb_status nb_tree_get_string(const nb_tree *t, const char **out) {
 }
 
 nb_status nb_tree_get_fnref(const nb_tree *t, nb_fnptr *fn, const char **name) {
+    if (fn != NULL) {
+        *fn = NULL;
+    }
+    if (name != NULL) {
+        *name = NULL;
+    }
     nb_status st = nbi_kind_check(t, fn, NB_TREE_KIND_FNREF, "nb_tree_get_fnref");
     if (st == NB_OK) {
         *fn = t->u.fnref.fn;
@@ -586,6 +604,12 @@ nb_status nb_tree_lookup(const nb_tree *t, const char *path, const nb_tree **out
             }
             span = p;
             while (*p && *p != '.' && *p != '[') {
+                if (*p == ']' || *p == '"') {
+                    return nbi_err(ctx, NB_ERR_INVALID,
+                                   "%s: unexpected '%c' at offset %zu of path \"%s\" (keys "
+                                   "that are not identifiers are written [\"key\"])",
+                                   fn, *p, (size_t)(p - path), path);
+                }
                 p++;
             }
             span_len = (size_t)(p - span);
@@ -767,6 +791,102 @@ static uint64_t nbi_td_hash(const nb_treedef *d) {
         }
     }
     return h;
+}
+
+/* The same sequence of bytes nbi_td_hash feeds, straight from the tree. */
+static uint64_t nbi_tree_hash_rec(uint64_t h, const nb_tree *t, const char *key) {
+    int32_t kind = (int32_t)(t->kind == NB_TREE_KIND_VAR ? NB_TREE_KIND_ARRAY : t->kind);
+    h = nbi_hash_bytes(h, &kind, sizeof kind);
+    h = nbi_hash_bytes(h, &t->flags, sizeof t->flags);
+    h = nbi_hash_bytes(h, &t->n, sizeof t->n);
+    if (key != NULL) {
+        h = nbi_hash_str(h, key);
+    }
+    switch (t->kind) {
+    case NB_TREE_KIND_INT:
+        h = nbi_hash_bytes(h, &t->u.i, sizeof t->u.i);
+        break;
+    case NB_TREE_KIND_FLOAT:
+        h = nbi_hash_bytes(h, &t->u.f, sizeof t->u.f);
+        break;
+    case NB_TREE_KIND_BOOL: {
+        uint8_t b = t->u.b;
+        h = nbi_hash_bytes(h, &b, 1);
+        break;
+    }
+    case NB_TREE_KIND_STRING:
+        h = nbi_hash_str(h, t->u.str);
+        break;
+    case NB_TREE_KIND_FNREF:
+        h = nbi_hash_bytes(h, &t->u.fnref.fn, sizeof t->u.fnref.fn);
+        h = nbi_hash_str(h, t->u.fnref.name);
+        break;
+    default:
+        break;
+    }
+    for (int64_t i = 0; i < t->n; i++) {
+        h = nbi_tree_hash_rec(h, t->children[i], t->kind == NB_TREE_KIND_DICT ? t->keys[i] : NULL);
+    }
+    return h;
+}
+
+uint64_t nbi_tree_def_hash(const nb_tree *t) {
+    return nbi_tree_hash_rec(14695981039346656037ull, t, NULL);
+}
+
+static bool nbi_tree_match_rec(const nb_tree *t, const char *key, const nb_treedef *d, int64_t *i) {
+    if (*i >= d->n_nodes) {
+        return false;
+    }
+    const nbi_tdnode *nd = &d->nodes[(*i)++];
+    nb_tree_kind kind = t->kind == NB_TREE_KIND_VAR ? NB_TREE_KIND_ARRAY : t->kind;
+    if (nd->kind != kind || nd->flags != t->flags || nd->n != t->n) {
+        return false;
+    }
+    if ((key == NULL) != (nd->key == NULL) || (key != NULL && strcmp(key, nd->key) != 0)) {
+        return false;
+    }
+    switch (kind) {
+    case NB_TREE_KIND_INT:
+        if (nd->u.i != t->u.i) {
+            return false;
+        }
+        break;
+    case NB_TREE_KIND_FLOAT:
+        if (memcmp(&nd->u.f, &t->u.f, sizeof t->u.f) != 0) {
+            return false;
+        }
+        break;
+    case NB_TREE_KIND_BOOL:
+        if (nd->u.b != t->u.b) {
+            return false;
+        }
+        break;
+    case NB_TREE_KIND_STRING:
+        if (strcmp(nd->u.str, t->u.str) != 0) {
+            return false;
+        }
+        break;
+    case NB_TREE_KIND_FNREF:
+        if (nd->u.fnref.fn != t->u.fnref.fn || strcmp(nd->u.fnref.name, t->u.fnref.name) != 0) {
+            return false;
+        }
+        break;
+    default:
+        break;
+    }
+    for (int64_t c = 0; c < t->n; c++) {
+        if (!nbi_tree_match_rec(t->children[c], t->kind == NB_TREE_KIND_DICT ? t->keys[c] : NULL, d,
+                                i)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+bool nbi_tree_def_match(const nb_tree *t, const nb_treedef *d) {
+    int64_t i = 0;
+    return nbi_tree_match_rec(t, NULL, d, &i) && i == d->n_nodes;
 }
 
 void nbi_treedef_free_owned(nb_treedef *d) {

@@ -58,12 +58,15 @@ nb_ctx *nbt_ctx(void) {
 }
 
 void nbt_assert_no_live(nb_ctx *ctx) {
+    /* The compile cache holds treedefs and constant arrays of its own: drop it first. */
+    nb_ctx_clear_cache(ctx);
     nb_ctx_stats s;
     NBT_OK(ctx, nb_ctx_stats_get(ctx, &s));
-    if (s.live_arrays || s.live_trees || s.live_treedefs || s.live_buffers) {
-        fail_msg("leak: %lld arrays, %lld trees, %lld treedefs, %lld buffers still alive",
+    if (s.live_arrays || s.live_trees || s.live_treedefs || s.live_buffers || s.live_fns) {
+        fail_msg("leak: %lld arrays, %lld trees, %lld treedefs, %lld buffers, %lld fns still "
+                 "alive",
                  (long long)s.live_arrays, (long long)s.live_trees, (long long)s.live_treedefs,
-                 (long long)s.live_buffers);
+                 (long long)s.live_buffers, (long long)s.live_fns);
     }
 }
 

@@ -1,0 +1,370 @@
+/*
+ * exec.c -- executables: a fixed list of kernels over one workspace.
+ *
+ * Compilation copies the graph's nodes into memory the executable owns (so the trace's
+ * arena can go), gives every value computed by a kernel a slot in one workspace, and
+ * plans the slots from value lifetimes: a value's slot returns to a free list after its
+ * last use and is handed to a later value of at most its size (best fit), so the
+ * workspace is close to the peak of live bytes rather than their sum. Parameters are read
+ * straight from the caller's arrays. Every graph output gets its own workspace value (a
+ * copy when the output is a parameter), so that outputs are written only after all
+ * kernels have run -- which is what makes donated inputs safe to overwrite.
+ * Running allocates nothing.
+ */
+#include "ad/ir.h"
+
+#include <string.h>
+
+typedef struct nbi_instr {
+    int32_t node; /* index into nodes */
+    int32_t n_in;
+    int32_t *in; /* value (node) indices of the inputs */
+} nbi_instr;
+
+struct nbi_exec {
+    nb_ctx *ctx;
+    int64_t refcount;
+    int32_t n_nodes;
+    nb_var *nodes;     /* copies; in[] point into this array */
+    int64_t *offset;   /* per node: workspace offset, or -1 for a parameter */
+    int32_t *param_of; /* per node: the input index of a PARAM node, else -1 */
+    int32_t n_instrs;
+    nbi_instr *instrs;
+    int32_t n_inputs;
+    int32_t n_outputs;
+    int32_t *outputs; /* node index of each output (always a workspace value) */
+    int32_t max_in;
+    size_t ws_bytes;    /* planned values */
+    size_t scratch_off; /* kernel scratch, after the values */
+    size_t scratch_bytes;
+    unsigned char *ws; /* ws_bytes + scratch + pointer tables, 64-byte aligned */
+    size_t ws_alloc;
+    const void **in_ptrs; /* max_in entries, inside ws */
+    const void **io_in;   /* n_inputs entries, inside ws (nbi_exec_run) */
+    void **io_out;        /* n_outputs entries, inside ws */
+    void *mem;            /* one allocation for nodes, tables, instrs */
+    size_t mem_bytes;
+};
+
+static size_t nbi_round64(size_t n) {
+    return (n + 63) / 64 * 64;
+}
+
+/* Hand out the next 64-byte aligned piece of a block sized by the same roundings. */
+static void *nbi_carve(unsigned char **p, size_t bytes) {
+    void *r = *p;
+    *p += nbi_round64(bytes);
+    return r;
+}
+
+static size_t nbi_value_bytes(const nb_var *v) {
+    return nbi_round64((size_t)v->size * nb_dtype_size(v->dtype));
+}
+
+/* ---- the memory plan ---------------------------------------------------------------- */
+
+typedef struct nbi_block {
+    size_t off, size;
+} nbi_block;
+
+typedef struct nbi_planner {
+    nbi_block *free;
+    int32_t n_free, cap_free;
+    size_t top;
+} nbi_planner;
+
+static size_t nbi_plan_take(nbi_planner *p, size_t size) {
+    int32_t best = -1;
+    for (int32_t i = 0; i < p->n_free; i++) {
+        if (p->free[i].size >= size && (best < 0 || p->free[i].size < p->free[best].size)) {
+            best = i;
+        }
+    }
+    if (best < 0) {
+        size_t off = p->top;
+        p->top += size;
+        return off;
+    }
+    nbi_block b = p->free[best];
+    if (b.size > size) {
+        p->free[best].off += size;
+        p->free[best].size -= size;
+    } else {
+        p->free[best] = p->free[--p->n_free];
+    }
+    return b.off;
+}
+
+static void nbi_plan_give(nbi_planner *p, size_t off, size_t size) {
+    /* Merge with an adjacent free block where possible; the list never holds more blocks
+     * than there are values (cap_free). */
+    for (int32_t i = 0; i < p->n_free; i++) {
+        if (p->free[i].off + p->free[i].size == off) {
+            p->free[i].size += size;
+            return;
+        }
+        if (off + size == p->free[i].off) {
+            p->free[i].off = off;
+            p->free[i].size += size;
+            return;
+        }
+    }
+    p->free[p->n_free].off = off;
+    p->free[p->n_free].size = size;
+    p->n_free++;
+}
+
+/* ---- compile ------------------------------------------------------------------------ */
+
+nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
+    static const char fn[] = "compile";
+    *out = NULL;
+    /* Outputs that are parameters get a copy node, so every output lives in the workspace.
+     * Count those extra nodes first. */
+    int32_t extra = 0;
+    for (int32_t i = 0; i < g->n_outputs; i++) {
+        if (g->outputs[i]->op == NBI_OP_PARAM) {
+            extra++;
+        }
+    }
+    int32_t n = g->n_nodes + extra;
+    int64_t total_in = 0;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        total_in += g->nodes[i]->n_in;
+    }
+    total_in += extra;
+    size_t bytes = nbi_round64(sizeof(nbi_exec)) + nbi_round64((size_t)n * sizeof(nb_var)) +
+                   nbi_round64((size_t)total_in * sizeof(nb_var *)) +
+                   nbi_round64((size_t)n * sizeof(int64_t)) +
+                   nbi_round64((size_t)n * sizeof(int32_t)) +
+                   nbi_round64((size_t)n * sizeof(nbi_instr)) +
+                   nbi_round64((size_t)total_in * sizeof(int32_t)) +
+                   nbi_round64((size_t)(g->n_outputs + 1) * sizeof(int32_t)) +
+                   nbi_round64((size_t)n * sizeof(int32_t)) /* last use */ +
+                   nbi_round64((size_t)(n + 1) * sizeof(nbi_block));
+    unsigned char *mem = nbi_alloc(ctx, bytes, 64);
+    if (mem == NULL) {
+        return nbi_oom(ctx, fn, bytes);
+    }
+    memset(mem, 0, bytes);
+    unsigned char *p = mem;
+    nbi_exec *e = nbi_carve(&p, sizeof(nbi_exec));
+    e->ctx = ctx;
+    e->refcount = 1;
+    e->mem = mem;
+    e->mem_bytes = bytes;
+    e->n_nodes = n;
+    e->nodes = nbi_carve(&p, (size_t)n * sizeof(nb_var));
+    nb_var **in_store = nbi_carve(&p, (size_t)total_in * sizeof(nb_var *));
+    e->offset = nbi_carve(&p, (size_t)n * sizeof(int64_t));
+    e->param_of = nbi_carve(&p, (size_t)n * sizeof(int32_t));
+    e->instrs = nbi_carve(&p, (size_t)n * sizeof(nbi_instr));
+    int32_t *instr_in = nbi_carve(&p, (size_t)total_in * sizeof(int32_t));
+    e->outputs = nbi_carve(&p, (size_t)(g->n_outputs + 1) * sizeof(int32_t));
+    int32_t *last_use = nbi_carve(&p, (size_t)n * sizeof(int32_t));
+    nbi_block *free_blocks = nbi_carve(&p, (size_t)(n + 1) * sizeof(nbi_block));
+
+    /* Copy the nodes, remapping inputs into the copy. */
+    int64_t k_in = 0;
+    for (int32_t i = 0; i < g->n_nodes; i++) {
+        const nb_var *src = g->nodes[i];
+        nb_var *dst = &e->nodes[i];
+        *dst = *src;
+        dst->id = i;
+        dst->tr = NULL;
+        dst->in = in_store + k_in;
+        for (int32_t j = 0; j < src->n_in; j++) {
+            dst->in[j] = &e->nodes[src->in[j]->id];
+        }
+        k_in += src->n_in;
+        e->param_of[i] = src->op == NBI_OP_PARAM ? (int32_t)src->at.ivalue : -1;
+    }
+    e->n_inputs = g->n_inputs;
+    e->n_outputs = g->n_outputs;
+    int32_t next = g->n_nodes;
+    for (int32_t i = 0; i < g->n_outputs; i++) {
+        const nb_var *o = g->outputs[i];
+        if (o->op == NBI_OP_PARAM) {
+            nb_var *copy = &e->nodes[next];
+            *copy = e->nodes[o->id];
+            copy->op = NBI_OP_STOP_GRADIENT; /* the identity kernel: a copy */
+            copy->n_in = 1;
+            copy->in = in_store + k_in++;
+            copy->in[0] = &e->nodes[o->id];
+            copy->id = next;
+            e->param_of[next] = -1;
+            e->outputs[i] = next++;
+        } else {
+            e->outputs[i] = o->id;
+        }
+    }
+    /* Constants and callees stay alive as long as the executable. */
+    for (int32_t i = 0; i < n; i++) {
+        if (e->nodes[i].op == NBI_OP_CONST) {
+            nb_array_retain(e->nodes[i].at.array);
+        } else if (e->nodes[i].op == NBI_OP_CALL) {
+            ((nbi_exec *)e->nodes[i].at.callee)->refcount++;
+        }
+    }
+
+    /* Instructions: every node with a kernel, in order. */
+    for (int32_t i = 0; i < n; i++) {
+        last_use[i] = -1;
+    }
+    int32_t n_instr = 0;
+    int64_t k_ins = 0;
+    e->max_in = 1;
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = &e->nodes[i];
+        if (v->op == NBI_OP_PARAM) {
+            continue;
+        }
+        nbi_instr *ins = &e->instrs[n_instr];
+        ins->node = i;
+        ins->n_in = v->n_in;
+        ins->in = instr_in + k_ins;
+        for (int32_t j = 0; j < v->n_in; j++) {
+            ins->in[j] = v->in[j]->id;
+            last_use[v->in[j]->id] = n_instr;
+        }
+        k_ins += v->n_in;
+        if (v->n_in > e->max_in) {
+            e->max_in = v->n_in;
+        }
+        n_instr++;
+    }
+    e->n_instrs = n_instr;
+    for (int32_t i = 0; i < g->n_outputs; i++) {
+        last_use[e->outputs[i]] = n_instr; /* live to the end */
+    }
+
+    /* Plan: allocate each value when produced, free its inputs after their last use. A
+     * value is never placed over one of its own inputs (no in-place updates yet). */
+    nbi_planner pl = {free_blocks, 0, n + 1, 0};
+    size_t scratch = 0;
+    for (int32_t i = 0; i < n; i++) {
+        e->offset[i] = -1;
+    }
+    for (int32_t t = 0; t < n_instr; t++) {
+        const nbi_instr *ins = &e->instrs[t];
+        const nb_var *v = &e->nodes[ins->node];
+        e->offset[ins->node] = (int64_t)nbi_plan_take(&pl, nbi_value_bytes(v));
+        const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
+        if (info->scratch != NULL) {
+            size_t s = nbi_round64(info->scratch(v));
+            scratch = s > scratch ? s : scratch;
+        }
+        if (last_use[ins->node] < 0) {
+            /* Computed but never read (DCE removes these; a traced graph may have them). */
+            nbi_plan_give(&pl, (size_t)e->offset[ins->node], nbi_value_bytes(v));
+        }
+        for (int32_t j = 0; j < ins->n_in; j++) {
+            int32_t src = ins->in[j];
+            bool dup = false;
+            for (int32_t q = 0; q < j; q++) {
+                dup = dup || ins->in[q] == src;
+            }
+            if (!dup && last_use[src] == t && e->offset[src] >= 0) {
+                nbi_plan_give(&pl, (size_t)e->offset[src], nbi_value_bytes(&e->nodes[src]));
+            }
+        }
+    }
+    e->ws_bytes = pl.top;
+    e->scratch_off = pl.top;
+    e->scratch_bytes = scratch;
+    size_t ptr_bytes = nbi_round64((size_t)e->max_in * sizeof(void *));
+    size_t io_in_bytes = nbi_round64((size_t)(e->n_inputs + 1) * sizeof(void *));
+    size_t io_out_bytes = nbi_round64((size_t)(e->n_outputs + 1) * sizeof(void *));
+    e->ws_alloc = e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes;
+    e->ws = nbi_alloc(ctx, e->ws_alloc, 64);
+    if (e->ws == NULL) {
+        size_t want = e->ws_alloc;
+        nbi_exec_destroy(e);
+        return nbi_oom(ctx, fn, want);
+    }
+    e->in_ptrs = (const void **)(e->ws + e->ws_bytes + scratch);
+    e->io_in = (const void **)(e->ws + e->ws_bytes + scratch + ptr_bytes);
+    e->io_out = (void **)(e->ws + e->ws_bytes + scratch + ptr_bytes + io_in_bytes);
+    *out = e;
+    return NB_OK;
+}
+
+void nbi_exec_destroy(nbi_exec *e) {
+    if (e == NULL || --e->refcount > 0) {
+        return;
+    }
+    for (int32_t i = 0; i < e->n_nodes; i++) {
+        if (e->nodes[i].op == NBI_OP_CONST) {
+            nb_array_destroy(e->nodes[i].at.array);
+        } else if (e->nodes[i].op == NBI_OP_CALL) {
+            nbi_exec_destroy(e->nodes[i].at.callee);
+        }
+    }
+    nb_ctx *ctx = e->ctx;
+    if (e->ws != NULL) {
+        nbi_free(ctx, e->ws, e->ws_alloc);
+    }
+    nbi_free(ctx, e->mem, e->mem_bytes);
+}
+
+/* ---- run ---------------------------------------------------------------------------- */
+
+void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const *outputs) {
+    unsigned char *ws = e->ws;
+    for (int32_t t = 0; t < e->n_instrs; t++) {
+        const nbi_instr *ins = &e->instrs[t];
+        const nb_var *v = &e->nodes[ins->node];
+        for (int32_t j = 0; j < ins->n_in; j++) {
+            int32_t src = ins->in[j];
+            e->in_ptrs[j] = e->param_of[src] >= 0 ? inputs[e->param_of[src]]
+                                                  : (const void *)(ws + e->offset[src]);
+        }
+        nbi_kargs k = {.node = v,
+                       .out = ws + e->offset[ins->node],
+                       .in = e->in_ptrs,
+                       .scratch = ws + e->scratch_off};
+        nbi_op_get((nbi_op)v->op)->kernel(&k);
+    }
+    for (int32_t i = 0; i < e->n_outputs; i++) {
+        const nb_var *o = &e->nodes[e->outputs[i]];
+        size_t nbytes = (size_t)o->size * nb_dtype_size(o->dtype);
+        if (nbytes > 0) {
+            memcpy(outputs[i], ws + e->offset[e->outputs[i]], nbytes);
+        }
+    }
+}
+
+void nbi_exec_run(const nbi_exec *e, nb_array *const *inputs, nb_array *const *outputs) {
+    for (int32_t i = 0; i < e->n_inputs; i++) {
+        e->io_in[i] = nb_array_data(inputs[i]);
+    }
+    for (int32_t i = 0; i < e->n_outputs; i++) {
+        e->io_out[i] = nb_array_data(outputs[i]);
+    }
+    nbi_exec_run_raw(e, e->io_in, e->io_out);
+}
+
+int32_t nbi_exec_n_inputs(const nbi_exec *e) {
+    return e->n_inputs;
+}
+
+int32_t nbi_exec_n_outputs(const nbi_exec *e) {
+    return e->n_outputs;
+}
+
+const nb_var *nbi_exec_output(const nbi_exec *e, int32_t i) {
+    return &e->nodes[e->outputs[i]];
+}
+
+size_t nbi_exec_workspace_bytes(const nbi_exec *e) {
+    return e->ws_alloc;
+}
+
+void nbi_exec_retain(nbi_exec *e) {
+    e->refcount++;
+}
+
+void nbi_run_kernel(const nb_var *node, void *out, const void *const *in, void *scratch) {
+    nbi_kargs k = {.node = node, .out = out, .in = in, .scratch = scratch};
+    nbi_op_get((nbi_op)node->op)->kernel(&k);
+}

@@ -1,0 +1,215 @@
+/*
+ * src/ad/ir.h -- the IR: nodes (vars), graphs, the op registry, arenas. Not API.
+ *
+ * A graph is a flat SSA list of nodes in topological order. Each node is one primitive op
+ * with its inputs (earlier nodes), attributes, and the dtype and shape of its one output.
+ * Graphs live in an arena freed as a whole. Every pass is graph -> graph.
+ */
+#ifndef NABLA_SRC_AD_IR_H
+#define NABLA_SRC_AD_IR_H
+
+#include "core/internal.h"
+
+#include <nabla/fn.h>
+#include <nabla/trace.h>
+
+/* ---- arenas ------------------------------------------------------------------------- */
+typedef struct nbi_arena_chunk nbi_arena_chunk;
+typedef struct nbi_arena_ref nbi_arena_ref;
+typedef struct nbi_arena {
+    nb_ctx *ctx;
+    nbi_arena_chunk *head;
+    nbi_arena_ref *refs; /* arrays and trees released with the arena */
+    size_t used_total;
+} nbi_arena;
+
+NBI_HIDDEN void nbi_arena_init(nbi_arena *a, nb_ctx *ctx);
+/* size bytes aligned to 16, zeroed; NULL on OOM (no message recorded). */
+NBI_HIDDEN void *nbi_arena_alloc(nbi_arena *a, size_t size);
+/* Hand a reference to the arena: released by nbi_arena_free_all. On OOM the reference is
+ * released at once and false returned. */
+NBI_HIDDEN bool nbi_arena_own_array(nbi_arena *a, nb_array *x);
+NBI_HIDDEN bool nbi_arena_own_tree(nbi_arena *a, nb_tree *t);
+NBI_HIDDEN void nbi_arena_free_all(nbi_arena *a);
+
+/* ---- ops ---------------------------------------------------------------------------- */
+typedef enum nbi_op {
+#define NBI_OP(NAME, name, family) NBI_OP_##NAME,
+#include "ops.def"
+#undef NBI_OP
+    NBI_OP_COUNT
+} nbi_op;
+
+/* Node flags. */
+enum {
+    NBI_NODE_WEAK = 1u << 0,   /* a weak scalar: takes the other operand's dtype */
+    NBI_NODE_POISON = 1u << 1, /* the trace's error value */
+};
+
+typedef struct nbi_attrs {
+    int32_t axes[NB_MAX_RANK]; /* reduce/squeeze axes, transpose perm */
+    int32_t n_axes;
+    int32_t axis; /* concat/stack/take/argmax/iota/expand_dims axis */
+    bool keepdims;
+    int64_t a[NB_MAX_RANK]; /* slice start, pad lo, dynamic-slice sizes */
+    int64_t b[NB_MAX_RANK]; /* slice stop, pad hi */
+    int64_t c[NB_MAX_RANK]; /* slice step */
+    double value;           /* full/pad value */
+    int64_t ivalue;         /* param index, one_hot depth, output index of a call */
+    nb_dtype to;            /* cast / one_hot dtype */
+    nb_array *array;        /* constant data (a reference held by the graph's owner) */
+    void *callee;           /* call: the sub-executable (nbi_exec *) */
+} nbi_attrs;
+
+struct nb_var {
+    uint16_t op;
+    uint8_t flags;
+    int8_t rank;
+    nb_dtype dtype;
+    int32_t id; /* position in its graph */
+    int32_t n_in;
+    nb_var **in;
+    int64_t shape[NB_MAX_RANK];
+    int64_t size;
+    nbi_attrs at;
+    nb_trace *tr; /* the trace that built it (NULL in graphs made by passes) */
+};
+
+/* A graph: nodes in topological order; inputs are the PARAM nodes in parameter order;
+ * outputs may repeat nodes and may be inputs or constants. */
+typedef struct nbi_graph {
+    nbi_arena *arena;
+    nb_var **nodes;
+    int32_t n_nodes, cap_nodes;
+    nb_var **inputs;
+    int32_t n_inputs;
+    nb_var **outputs;
+    int32_t n_outputs;
+} nbi_graph;
+
+NBI_HIDDEN nb_status nbi_graph_init(nbi_graph *g, nbi_arena *arena);
+/* Append a node (copied into the arena, inputs array included) and return the copy. */
+NBI_HIDDEN nb_var *nbi_graph_add(nbi_graph *g, const nb_var *proto);
+
+/* The kernel's view of one node at run time. */
+typedef struct nbi_kargs {
+    const nb_var *node;    /* dtype, shape, attrs of the output; node->in for inputs */
+    void *out;             /* output buffer (node->size elements) */
+    const void *const *in; /* input buffers, node->n_in of them */
+    void *scratch;         /* scratch_bytes(node) bytes, 64-byte aligned */
+} nbi_kargs;
+
+typedef void (*nbi_kernel_fn)(const nbi_kargs *k);
+/* Shape and dtype inference for a prototype node whose op, inputs and attrs are set: fill
+ * proto->dtype, rank, shape, or return an error through nbi_trace_err. */
+typedef nb_status (*nbi_infer_fn)(nb_trace *tr, nb_var *proto);
+typedef size_t (*nbi_scratch_fn)(const nb_var *node);
+
+typedef struct nbi_op_info {
+    const char *name;
+    int n_in;               /* -1: variadic */
+    nbi_infer_fn infer;     /* NULL: the builder fills the shape itself */
+    nbi_kernel_fn kernel;   /* NULL: no kernel (params, constants: handled by the executor) */
+    nbi_scratch_fn scratch; /* NULL: no scratch */
+    uint32_t nondiff;       /* bit i: input i has no gradient */
+    bool elementwise;       /* same-shape map of broadcast inputs (a fusion candidate) */
+} nbi_op_info;
+
+/* The registry: one entry per op, defined by the op's family file as nbi_opinfo_<name>. */
+NBI_HIDDEN const nbi_op_info *nbi_op_get(nbi_op op);
+NBI_HIDDEN const char *nbi_op_name(nbi_op op);
+
+#define NBI_OP(NAME, name, family) extern const nbi_op_info nbi_opinfo_##name;
+#include "ops.def"
+#undef NBI_OP
+
+/* ---- traces ------------------------------------------------------------------------- */
+struct nb_trace {
+    nb_ctx *ctx;
+    nbi_arena arena;
+    nbi_graph g;
+    nb_status status;
+    const char *fn_name; /* the function being traced (for messages) */
+    nb_var *poison;
+    uint64_t id;
+    struct nbi_jit_state *jit; /* the cache machinery driving this trace */
+    int depth;                 /* nesting of inlined calls, bounded */
+    bool quiet;                /* no trace accounting (IR printing) */
+};
+
+/* Start a trace for fn_name; the graph is empty. */
+NBI_HIDDEN nb_status nbi_trace_init(nb_trace *tr, nb_ctx *ctx, const char *fn_name);
+NBI_HIDDEN void nbi_trace_release(nb_trace *tr);
+/* Record a sticky error (first one wins; the function's name is appended). Returns the
+ * trace's poison var so builders can "return nbi_trace_err(...)". */
+NBI_HIDDEN nb_var *nbi_trace_errv(nb_trace *tr, nb_status st, const char *fmt, ...)
+    NBI_PRINTF(3, 4);
+NBI_HIDDEN nb_status nbi_trace_err(nb_trace *tr, nb_status st, const char *fmt, ...)
+    NBI_PRINTF(3, 4);
+/* Keep a tree alive until the trace ends (takes the caller's reference). */
+NBI_HIDDEN nb_status nbi_trace_own(nb_trace *tr, nb_tree *t);
+
+/* The common prologue of a builder: the trace of the first non-NULL input; NULL if every
+ * input is NULL (nothing can be recorded then). *poisoned is set if any input is poison or
+ * NULL, or if the trace already failed. */
+NBI_HIDDEN nb_trace *nbi_trace_of(int n, nb_var *const *in, bool *poisoned);
+/* Build a node: check inputs (same trace), run the op's infer function, add the node.
+ * Returns the new var or poison. proto holds op, attrs and flags; in are the inputs. */
+NBI_HIDDEN nb_var *nbi_emit(nb_trace *tr, nbi_op op, int n_in, nb_var *const *in,
+                            const nbi_attrs *at);
+/* A PARAM node for input index i (dtype/shape given). */
+NBI_HIDDEN nb_var *nbi_emit_param(nb_trace *tr, int32_t index, nb_dtype dtype, int rank,
+                                  const int64_t *shape);
+/* "f32[2,3]" of a var (into buf). */
+NBI_HIDDEN const char *nbi_var_sig(char *buf, size_t cap, const nb_var *v);
+
+/* ---- shapes ------------------------------------------------------------------------- */
+/* numpy broadcasting of two shapes into out; false if incompatible. */
+NBI_HIDDEN bool nbi_broadcast_shapes(int ra, const int64_t *sa, int rb, const int64_t *sb,
+                                     int *rout, int64_t *out);
+/* Row-major element strides of x's shape as seen from an output of rank rout/shape out
+ * (0 on broadcast dims). */
+NBI_HIDDEN void nbi_bcast_strides(int rin, const int64_t *sin, int rout, const int64_t *sout,
+                                  int64_t *strides);
+NBI_HIDDEN int64_t nbi_shape_size(int rank, const int64_t *shape);
+/* Normalise an axis (negative counts back) against rank; false if out of range. */
+NBI_HIDDEN bool nbi_norm_axis(int axis, int rank, int *out);
+
+/* ---- printing and checking ---------------------------------------------------------- */
+NBI_HIDDEN void nbi_graph_format(nbi_sbuf *s, const nbi_graph *g, const char *name);
+/* NB_OK if the graph is well formed (topological order, arities, ids, shapes consistent
+ * with re-running inference), else NB_ERR_INTERNAL with a message naming the node. */
+NBI_HIDDEN nb_status nbi_graph_verify(nb_ctx *ctx, const nbi_graph *g, const char *pass);
+
+/* ---- passes ------------------------------------------------------------------------- */
+/* Each returns a new graph in the same arena (out), verified in debug builds and tests. */
+NBI_HIDDEN nb_status nbi_pass_dce(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+NBI_HIDDEN nb_status nbi_pass_cse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+NBI_HIDDEN nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+/* The standard pipeline: fold, CSE, DCE. */
+NBI_HIDDEN nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+
+/* ---- executables -------------------------------------------------------------------- */
+typedef struct nbi_exec nbi_exec;
+/* Compile a graph (the graph and its arena may be freed afterwards). */
+NBI_HIDDEN nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out);
+NBI_HIDDEN void nbi_exec_retain(nbi_exec *e);
+/* Release a reference (executables are refcounted: calls hold their callees). */
+NBI_HIDDEN void nbi_exec_destroy(nbi_exec *e);
+/* Run on input arrays (n_inputs, matching the params' dtypes/shapes) into output arrays
+ * (n_outputs, already allocated with the outputs' dtypes/shapes; an output array may be
+ * one of the inputs when donated). Never allocates. */
+NBI_HIDDEN void nbi_exec_run(const nbi_exec *e, nb_array *const *inputs, nb_array *const *outputs);
+/* Run on raw buffers (used for calls between executables and for constant folding). */
+NBI_HIDDEN void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs,
+                                 void *const *outputs);
+NBI_HIDDEN int32_t nbi_exec_n_inputs(const nbi_exec *e);
+NBI_HIDDEN int32_t nbi_exec_n_outputs(const nbi_exec *e);
+/* dtype/shape of output i. */
+NBI_HIDDEN const nb_var *nbi_exec_output(const nbi_exec *e, int32_t i);
+NBI_HIDDEN size_t nbi_exec_workspace_bytes(const nbi_exec *e);
+
+/* Evaluate one node's kernel on concrete buffers (constant folding, reference runs). */
+NBI_HIDDEN void nbi_run_kernel(const nb_var *node, void *out, const void *const *in, void *scratch);
+
+#endif /* NABLA_SRC_AD_IR_H */

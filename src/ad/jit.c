@@ -1,0 +1,1404 @@
+/*
+ * jit.c -- functions, the compile cache, trace accounting, calls in and out of traces.
+ *
+ * The cache is keyed by value. An *identity* is a function as the cache sees it: its chain
+ * of wrappers (jit options, max_traces), its body pointer and the static part (treedef) of
+ * its bound data. Two nb_fns built separately from the same body with equal bound static
+ * data have the same identity. Each identity keeps its trace accounting and a list of
+ * *entries*, one per argument signature: the treedef of the arguments plus (dtype, shape)
+ * of every dynamic leaf of the bound data and the arguments. A lookup hashes the call's
+ * signature without allocating, then compares the whole key. Traced values are never
+ * hashed: vars enter keys only as (dtype, shape).
+ *
+ * Accounting is done where a function's body (or wrapper) is traced, not where it is
+ * called: so nb_max_traces counts the same whether it wraps a jitted function or is
+ * wrapped by one, and every retrace records the first leaf whose signature changed.
+ */
+#include "ad/ir.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#define NBI_MAX_LAYERS 16
+#define NBI_MAX_DEPTH 64
+#define NBI_SIG_FLAG 0x1u /* a leaf of a signature tree (a string holding "f32[2,3]") */
+
+typedef struct nbi_leafsig {
+    int32_t dtype;
+    int32_t rank;
+    int64_t shape[NB_MAX_RANK];
+} nbi_leafsig;
+
+typedef struct nbi_layer {
+    int32_t kind;
+    int32_t max_traces;
+    bool inline_calls;
+} nbi_layer;
+
+typedef struct nbi_entry {
+    struct nbi_entry *next;
+    uint64_t hash;
+    nb_treedef *args_def;
+    int64_t n_leaves;
+    nbi_leafsig *sigs;
+    nbi_exec *exec;
+    nb_treedef *out_def;
+    int32_t n_out;
+} nbi_entry;
+
+typedef struct nbi_ident {
+    struct nbi_ident *next;
+    uint64_t hash;
+    int n_layers;
+    nbi_layer layers[NBI_MAX_LAYERS];
+    nb_fn_body body;
+    nb_treedef *self_def; /* NULL when the function has no bound data */
+    nb_fn_stats stats;
+    char **reasons;
+    int64_t cap_reasons;
+    nb_tree *last_sig;
+    nbi_entry *entries;
+} nbi_ident;
+
+typedef struct nbi_jit_state {
+    nb_ctx *ctx;
+    nbi_ident **buckets;
+    size_t n_buckets;
+    size_t n_idents;
+    uint64_t trace_counter;
+    const nb_tree **leafbuf;
+    int64_t leafcap;
+} nbi_jit_state;
+
+/* ---- functions ---------------------------------------------------------------------- */
+
+static bool nbi_fn_live(const nb_fn *f) {
+    return nbi_obj_live(f, NBI_MAGIC_FN);
+}
+
+void nbi_fn_free_owned(nb_fn *f) {
+    nb_ctx *ctx = f->hdr.ctx;
+    if (f->name != NULL) {
+        nbi_free(ctx, f->name, f->name_size);
+        f->name = NULL;
+    }
+    nbi_count_add(ctx, NBI_COUNT_FN, -1);
+}
+
+static nb_status nbi_fn_new(nb_ctx *ctx, const char *fn_name, const char *name, nb_fn **out) {
+    nb_fn *f = nbi_obj_new(ctx, NBI_MAGIC_FN, fn_name);
+    if (f == NULL) {
+        return NB_ERR_OOM;
+    }
+    nbi_count_add(ctx, NBI_COUNT_FN, 1);
+    size_t len = strlen(name) + 1;
+    f->name = nbi_alloc(ctx, len, 8);
+    if (f->name == NULL) {
+        nbi_fn_free_owned(f);
+        nbi_obj_release(&f->hdr);
+        return nbi_oom(ctx, fn_name, len);
+    }
+    memcpy(f->name, name, len);
+    f->name_size = len;
+    *out = f;
+    return NB_OK;
+}
+
+nb_status nb_fn_create(nb_ctx *ctx, const char *name, nb_fn_body body, const nb_tree *self,
+                       nb_fn **out) {
+    static const char fn[] = "nb_fn_create";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (ctx == NULL || out == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    if (body == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE, "%s: body is NULL", fn);
+    }
+    if (self != NULL && nb_tree_check(self) != NB_OK) {
+        return nbi_err(ctx, NB_ERR_MISUSE, "%s: self is a destroyed tree", fn);
+    }
+    if (self != NULL && self->hdr.ctx != ctx) {
+        return nbi_err(ctx, NB_ERR_INVALID, "%s: self was made in another context", fn);
+    }
+    nb_fn *f = NULL;
+    nb_status st = nbi_fn_new(ctx, fn, name ? name : "fn", &f);
+    if (st != NB_OK) {
+        return st;
+    }
+    f->kind = NBI_FN_PLAIN;
+    f->body = body;
+    f->self = self ? nb_tree_retain((nb_tree *)self) : NULL;
+    *out = f;
+    return NB_OK;
+}
+
+nb_fn *nb_fn_retain(nb_fn *f) {
+    if (!nbi_fn_live(f)) {
+        return NULL;
+    }
+    f->hdr.refcount++;
+    return f;
+}
+
+void nb_fn_destroy(nb_fn *f) {
+    while (f != NULL) {
+        if (f->hdr.magic != NBI_MAGIC_FN) {
+            nbi_obj_double_destroy(f, "nb_fn_destroy");
+            return;
+        }
+        if (--f->hdr.refcount > 0) {
+            return;
+        }
+        nb_fn *inner = f->inner;
+        nb_tree_destroy(f->self);
+        nbi_fn_free_owned(f);
+        nbi_obj_release(&f->hdr);
+        f = inner;
+    }
+}
+
+const char *nb_fn_name(const nb_fn *f) {
+    return nbi_fn_live(f) ? f->name : "";
+}
+
+nb_jit_opts nb_jit_opts_default(void) {
+    nb_jit_opts o;
+    memset(&o, 0, sizeof o);
+    o.max_traces = 0;
+    o.inline_calls = true;
+    return o;
+}
+
+nb_call_opts nb_call_opts_default(void) {
+    nb_call_opts o;
+    memset(&o, 0, sizeof o);
+    return o;
+}
+
+static int nbi_fn_chain(const nb_fn *f) {
+    int n = 0;
+    for (const nb_fn *g = f; g != NULL; g = g->inner) {
+        n++;
+    }
+    return n;
+}
+
+static nb_status nbi_wrap(nb_fn *f, const char *fn_name, nbi_fn_kind kind, int max_traces,
+                          bool inline_calls, nb_fn **out) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (!nbi_fn_live(f) || out == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    nb_ctx *ctx = f->hdr.ctx;
+    if (max_traces < 0) {
+        return nbi_err(ctx, NB_ERR_INVALID, "%s: max_traces is %d; it must be >= 0", fn_name,
+                       max_traces);
+    }
+    if (nbi_fn_chain(f) >= NBI_MAX_LAYERS) {
+        return nbi_err(ctx, NB_ERR_INVALID, "%s: more than %d nested wrappers", fn_name,
+                       NBI_MAX_LAYERS - 1);
+    }
+    nb_fn *w = NULL;
+    nb_status st = nbi_fn_new(ctx, fn_name, f->name, &w);
+    if (st != NB_OK) {
+        return st;
+    }
+    w->kind = kind;
+    w->max_traces = max_traces;
+    w->inline_calls = inline_calls;
+    w->inner = nb_fn_retain(f);
+    *out = w;
+    return NB_OK;
+}
+
+nb_status nb_jit(nb_fn *f, const nb_jit_opts *opts, nb_fn **out) {
+    nb_jit_opts o = opts ? *opts : nb_jit_opts_default();
+    return nbi_wrap(f, "nb_jit", NBI_FN_JIT, o.max_traces, o.inline_calls, out);
+}
+
+nb_status nb_max_traces(nb_fn *f, int n, nb_fn **out) {
+    if (nbi_fn_live(f) && n < 1) {
+        if (out != NULL) {
+            *out = NULL;
+        }
+        return nbi_err(f->hdr.ctx, NB_ERR_INVALID, "nb_max_traces: n is %d; it must be >= 1", n);
+    }
+    return nbi_wrap(f, "nb_max_traces", NBI_FN_MAXTRACES, n, true, out);
+}
+
+static const nb_fn *nbi_fn_plain(const nb_fn *f) {
+    while (f->kind != NBI_FN_PLAIN) {
+        f = f->inner;
+    }
+    return f;
+}
+
+/* ---- the cache state ---------------------------------------------------------------- */
+
+static void nbi_entry_free(nb_ctx *ctx, nbi_entry *e) {
+    nb_treedef_destroy(e->args_def);
+    nb_treedef_destroy(e->out_def);
+    nbi_exec_destroy(e->exec);
+    if (e->sigs != NULL) {
+        nbi_free(ctx, e->sigs, (size_t)e->n_leaves * sizeof(nbi_leafsig));
+    }
+    nbi_free(ctx, e, sizeof *e);
+}
+
+static void nbi_ident_free(nb_ctx *ctx, nbi_ident *id) {
+    nbi_entry *e = id->entries;
+    while (e != NULL) {
+        nbi_entry *next = e->next;
+        nbi_entry_free(ctx, e);
+        e = next;
+    }
+    for (int64_t i = 0; i < id->stats.n_retraces; i++) {
+        nbi_free(ctx, id->reasons[i], strlen(id->reasons[i]) + 1);
+    }
+    if (id->reasons != NULL) {
+        nbi_free(ctx, id->reasons, (size_t)id->cap_reasons * sizeof(char *));
+    }
+    nb_tree_destroy(id->last_sig);
+    nb_treedef_destroy(id->self_def);
+    nbi_free(ctx, id, sizeof *id);
+}
+
+static void nbi_jit_clear(nbi_jit_state *s) {
+    for (size_t b = 0; b < s->n_buckets; b++) {
+        nbi_ident *id = s->buckets[b];
+        while (id != NULL) {
+            nbi_ident *next = id->next;
+            nbi_ident_free(s->ctx, id);
+            id = next;
+        }
+        s->buckets[b] = NULL;
+    }
+    s->n_idents = 0;
+}
+
+static void nbi_jit_free(nb_ctx *ctx, void *state) {
+    nbi_jit_state *s = state;
+    if (s == NULL) {
+        return;
+    }
+    nbi_jit_clear(s);
+    nbi_free(ctx, s->buckets, s->n_buckets * sizeof(nbi_ident *));
+    if (s->leafbuf != NULL) {
+        nbi_free(ctx, s->leafbuf, (size_t)s->leafcap * sizeof(const nb_tree *));
+    }
+    nbi_free(ctx, s, sizeof *s);
+}
+
+static nbi_jit_state *nbi_jit_get(nb_ctx *ctx, const char *fn) {
+    void **slot = nbi_ctx_jit_slot(ctx);
+    if (*slot != NULL) {
+        return *slot;
+    }
+    nbi_jit_state *s = nbi_alloc(ctx, sizeof *s, 8);
+    if (s == NULL) {
+        nbi_oom(ctx, fn, sizeof *s);
+        return NULL;
+    }
+    memset(s, 0, sizeof *s);
+    s->ctx = ctx;
+    s->n_buckets = 64;
+    s->buckets = nbi_alloc(ctx, s->n_buckets * sizeof(nbi_ident *), 8);
+    if (s->buckets == NULL) {
+        nbi_free(ctx, s, sizeof *s);
+        nbi_oom(ctx, fn, 64 * sizeof(nbi_ident *));
+        return NULL;
+    }
+    memset(s->buckets, 0, s->n_buckets * sizeof(nbi_ident *));
+    *slot = s;
+    nbi_ctx_set_jit_free(ctx, nbi_jit_free);
+    return s;
+}
+
+void nb_ctx_clear_cache(nb_ctx *ctx) {
+    if (ctx == NULL) {
+        return;
+    }
+    nbi_jit_state *s = *nbi_ctx_jit_slot(ctx);
+    if (s != NULL) {
+        nbi_jit_clear(s);
+    }
+}
+
+/* ---- identities --------------------------------------------------------------------- */
+
+static uint64_t nbi_mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h;
+}
+
+static int nbi_layers_of(const nb_fn *f, nbi_layer *layers) {
+    int n = 0;
+    for (const nb_fn *g = f; g->kind != NBI_FN_PLAIN; g = g->inner) {
+        layers[n].kind = g->kind;
+        layers[n].max_traces = g->max_traces;
+        layers[n].inline_calls = g->inline_calls;
+        n++;
+    }
+    return n;
+}
+
+static uint64_t nbi_ident_hash(const nbi_layer *layers, int n, nb_fn_body body,
+                               const nb_tree *self) {
+    uint64_t h = 0x6e61626c61ull; /* "nabla" */
+    for (int i = 0; i < n; i++) {
+        h = nbi_mix(h, (uint64_t)layers[i].kind);
+        h = nbi_mix(h, (uint64_t)layers[i].max_traces);
+        h = nbi_mix(h, (uint64_t)layers[i].inline_calls);
+    }
+    nb_fn_body b = body;
+    uint64_t bits = 0;
+    memcpy(&bits, &b, sizeof b < sizeof bits ? sizeof b : sizeof bits);
+    h = nbi_mix(h, bits);
+    h = nbi_mix(h, self ? nbi_tree_def_hash(self) : 0);
+    return h;
+}
+
+/* The identity of f, or NULL (created when create is set; NULL with an error on OOM). */
+static nbi_ident *nbi_ident_find(nbi_jit_state *s, const nb_fn *f, bool create, const char *fn) {
+    nbi_layer layers[NBI_MAX_LAYERS];
+    int n = nbi_layers_of(f, layers);
+    const nb_fn *p = nbi_fn_plain(f);
+    uint64_t h = nbi_ident_hash(layers, n, p->body, p->self);
+    size_t b = (size_t)(h % s->n_buckets);
+    for (nbi_ident *id = s->buckets[b]; id != NULL; id = id->next) {
+        if (id->hash != h || id->n_layers != n || id->body != p->body ||
+            (id->self_def == NULL) != (p->self == NULL)) {
+            continue;
+        }
+        bool same = true;
+        for (int i = 0; i < n && same; i++) {
+            same = id->layers[i].kind == layers[i].kind &&
+                   id->layers[i].max_traces == layers[i].max_traces &&
+                   id->layers[i].inline_calls == layers[i].inline_calls;
+        }
+        if (same && (p->self == NULL || nbi_tree_def_match(p->self, id->self_def))) {
+            return id;
+        }
+    }
+    if (!create) {
+        return NULL;
+    }
+    nbi_ident *id = nbi_alloc(s->ctx, sizeof *id, 8);
+    if (id == NULL) {
+        nbi_oom(s->ctx, fn, sizeof *id);
+        return NULL;
+    }
+    memset(id, 0, sizeof *id);
+    id->hash = h;
+    id->n_layers = n;
+    memcpy(id->layers, layers, sizeof layers);
+    id->body = p->body;
+    if (p->self != NULL && nb_tree_treedef(p->self, &id->self_def) != NB_OK) {
+        nbi_free(s->ctx, id, sizeof *id);
+        return NULL;
+    }
+    id->next = s->buckets[b];
+    s->buckets[b] = id;
+    s->n_idents++;
+    return id;
+}
+
+/* ---- signatures --------------------------------------------------------------------- */
+
+static void nbi_collect(const nb_tree *t, const nb_tree **out, int64_t *k) {
+    if (t->kind == NB_TREE_KIND_ARRAY || t->kind == NB_TREE_KIND_VAR) {
+        out[(*k)++] = t;
+        return;
+    }
+    for (int64_t i = 0; i < t->n; i++) {
+        nbi_collect(t->children[i], out, k);
+    }
+}
+
+static void nbi_leaf_sig(const nb_tree *leaf, nbi_leafsig *s) {
+    memset(s, 0, sizeof *s);
+    if (leaf->kind == NB_TREE_KIND_ARRAY) {
+        const nb_array *a = leaf->u.array;
+        s->dtype = (int32_t)a->dtype;
+        s->rank = a->rank;
+        memcpy(s->shape, a->shape, (size_t)a->rank * sizeof(int64_t));
+    } else {
+        const nb_var *v = leaf->u.var.var;
+        s->dtype = (int32_t)v->dtype;
+        s->rank = v->rank;
+        memcpy(s->shape, v->shape, (size_t)v->rank * sizeof(int64_t));
+    }
+}
+
+static bool nbi_leaf_sig_eq(const nb_tree *leaf, const nbi_leafsig *s) {
+    nbi_leafsig t;
+    nbi_leaf_sig(leaf, &t);
+    return t.dtype == s->dtype && t.rank == s->rank &&
+           memcmp(t.shape, s->shape, (size_t)t.rank * sizeof(int64_t)) == 0;
+}
+
+static uint64_t nbi_key_hash(const nb_tree *args, const nb_tree *const *leaves, int64_t n) {
+    uint64_t h = nbi_tree_def_hash(args);
+    for (int64_t i = 0; i < n; i++) {
+        nbi_leafsig s;
+        nbi_leaf_sig(leaves[i], &s);
+        h = nbi_mix(h, (uint64_t)s.dtype);
+        h = nbi_mix(h, (uint64_t)s.rank);
+        for (int r = 0; r < s.rank; r++) {
+            h = nbi_mix(h, (uint64_t)s.shape[r]);
+        }
+    }
+    return h;
+}
+
+static nbi_entry *nbi_entry_find(nbi_ident *id, uint64_t h, const nb_tree *args,
+                                 const nb_tree *const *leaves, int64_t n) {
+    for (nbi_entry *e = id->entries; e != NULL; e = e->next) {
+        if (e->hash != h || e->n_leaves != n || !nbi_tree_def_match(args, e->args_def)) {
+            continue;
+        }
+        bool same = true;
+        for (int64_t i = 0; i < n && same; i++) {
+            same = nbi_leaf_sig_eq(leaves[i], &e->sigs[i]);
+        }
+        if (same) {
+            return e;
+        }
+    }
+    return NULL;
+}
+
+/* A signature tree: t with every dynamic leaf replaced by a string "f32[2,3]" marked with
+ * NBI_SIG_FLAG. Used only for retrace reasons. */
+static nb_status nbi_sig_leaf_cb(void *ud, const char *path, int n, const nb_tree *const *l,
+                                 nb_tree **out) {
+    (void)ud;
+    (void)path;
+    (void)n;
+    nbi_leafsig s;
+    nbi_leaf_sig(l[0], &s);
+    char sig[NBI_SIG_CAP];
+    nbi_sig(sig, sizeof sig, (nb_dtype)s.dtype, s.rank, s.shape);
+    nb_status st = nb_tree_string(l[0]->hdr.ctx, sig, out);
+    if (st == NB_OK) {
+        (*out)->flags |= NBI_SIG_FLAG;
+    }
+    return st;
+}
+
+static void nbi_sbuf_static_value(nbi_sbuf *s, const nb_tree *t) {
+    switch (t->kind) {
+    case NB_TREE_KIND_INT:
+        nbi_sbuf_printf(s, "%lld", (long long)t->u.i);
+        break;
+    case NB_TREE_KIND_FLOAT:
+        nbi_sbuf_printf(s, "%.17g", t->u.f);
+        break;
+    case NB_TREE_KIND_BOOL:
+        nbi_sbuf_puts(s, t->u.b ? "true" : "false");
+        break;
+    case NB_TREE_KIND_STRING:
+        nbi_sbuf_printf(s, "\"%s\"", t->u.str);
+        break;
+    case NB_TREE_KIND_FNREF:
+        nbi_sbuf_printf(s, "fn '%s'", t->u.fnref.name);
+        break;
+    default:
+        nbi_sbuf_describe(s, t);
+        break;
+    }
+}
+
+static bool nbi_is_sig(const nb_tree *t) {
+    return t->kind == NB_TREE_KIND_STRING && (t->flags & NBI_SIG_FLAG);
+}
+
+static void nbi_sbuf_sigdesc(nbi_sbuf *s, const nb_tree *t) {
+    if (nbi_is_sig(t)) {
+        nbi_sbuf_puts(s, t->u.str);
+    } else if (nbi_tree_kind_is_static(t->kind)) {
+        nbi_sbuf_puts(s, "static ");
+        nbi_sbuf_static_value(s, t);
+    } else {
+        nbi_sbuf_describe(s, t);
+    }
+}
+
+/* First difference between two signature trees: "<path>: <how>". */
+static bool nbi_sig_diff(const nb_tree *a, const nb_tree *b, nbi_path *path, nbi_sbuf *s) {
+    bool an = nbi_tree_kind_is_node(a->kind), bn = nbi_tree_kind_is_node(b->kind);
+    if (an && bn && a->kind == b->kind && a->n == b->n) {
+        for (int64_t i = 0; i < a->n; i++) {
+            if (a->kind == NB_TREE_KIND_DICT && strcmp(a->keys[i], b->keys[i]) != 0) {
+                nbi_sbuf_printf(s, "%s: dict keys differ at position %lld: \"%s\" → \"%s\"",
+                                nbi_path_str(path), (long long)i, a->keys[i], b->keys[i]);
+                return true;
+            }
+        }
+        for (int64_t i = 0; i < a->n; i++) {
+            nbi_path_mark m = nbi_path_save(path);
+            if (a->kind == NB_TREE_KIND_DICT) {
+                nbi_path_push_key(path, a->keys[i]);
+            } else {
+                nbi_path_push_index(path, i);
+            }
+            bool d = nbi_sig_diff(a->children[i], b->children[i], path, s);
+            nbi_path_restore(path, m);
+            if (d) {
+                return true;
+            }
+        }
+        return false;
+    }
+    if (!an && !bn && a->kind == b->kind && nbi_is_sig(a) == nbi_is_sig(b) &&
+        (a->kind == NB_TREE_KIND_NULL || nbi_static_equal(a, b))) {
+        return false;
+    }
+    nbi_sbuf_puts(s, nbi_path_str(path));
+    nbi_sbuf_puts(s, ": ");
+    if (nbi_is_sig(a) && nbi_is_sig(b)) {
+        nbi_sbuf_printf(s, "%s → %s", a->u.str, b->u.str);
+    } else if (nbi_tree_kind_is_static(a->kind) && !nbi_is_sig(a) &&
+               nbi_tree_kind_is_static(b->kind) && !nbi_is_sig(b)) {
+        nbi_sbuf_puts(s, "static ");
+        nbi_sbuf_static_value(s, a);
+        nbi_sbuf_puts(s, " → ");
+        nbi_sbuf_static_value(s, b);
+    } else if (an && bn) {
+        nbi_sbuf_describe(s, a);
+        nbi_sbuf_puts(s, " → ");
+        nbi_sbuf_describe(s, b);
+    } else {
+        nbi_sbuf_puts(s, "was ");
+        nbi_sbuf_sigdesc(s, a);
+        nbi_sbuf_puts(s, ", now ");
+        nbi_sbuf_sigdesc(s, b);
+    }
+    return true;
+}
+
+static const char *nbi_ordinal_suffix(int64_t n) {
+    int64_t m = n % 100;
+    if (m >= 11 && m <= 13) {
+        return "th";
+    }
+    return n % 10 == 1 ? "st" : n % 10 == 2 ? "nd" : n % 10 == 3 ? "rd" : "th";
+}
+
+/* Record a trace of identity id on arguments (self, args) (vars or arrays); on a retrace,
+ * store the reason. Fails the trace when a max_traces limit of layer is exceeded. */
+static nb_status nbi_note_trace(nb_trace *tr, nbi_ident *id, const nb_fn *layer,
+                                const nb_tree *self, const nb_tree *args) {
+    nb_ctx *ctx = tr->ctx;
+    nb_tree *ss = NULL, *as = NULL, *sig = NULL;
+    nb_status st = NB_OK;
+    if (self != NULL) {
+        st = nb_tree_map(self, nbi_sig_leaf_cb, NULL, 0, &ss);
+    } else {
+        st = nb_tree_null(ctx, &ss);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_map(args, nbi_sig_leaf_cb, NULL, 0, &as);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 2, (nb_tree *[]){ss, as}, &sig);
+    }
+    nb_tree_destroy(ss);
+    nb_tree_destroy(as);
+    if (st != NB_OK) {
+        return nbi_trace_err(tr, st, "out of memory recording a trace");
+    }
+    char reason[NBI_ERRMSG_CAP / 2];
+    reason[0] = '\0';
+    if (id->last_sig != NULL) {
+        nbi_sbuf rs = nbi_sbuf_make(reason, sizeof reason);
+        nbi_path path;
+        nbi_path_init(&path);
+        nbi_path_push_key(&path, "self");
+        bool d = nbi_sig_diff(id->last_sig->children[0], sig->children[0], &path, &rs);
+        if (!d) {
+            nbi_path_init(&path);
+            if (args->kind != NB_TREE_KIND_DICT) {
+                nbi_path_push_key(&path, "args");
+            }
+            d = nbi_sig_diff(id->last_sig->children[1], sig->children[1], &path, &rs);
+        }
+        if (!d) {
+            snprintf(reason, sizeof reason,
+                     "same signature as the previous trace (a function around it was "
+                     "retraced, or its cache was cleared)");
+        }
+    }
+    /* Over the limit: fail before recording anything, so every later call fails the same
+     * way with the same reason (relative to the last trace that was allowed). */
+    if (layer->kind != NBI_FN_PLAIN && layer->max_traces > 0 &&
+        id->stats.n_traces + 1 > layer->max_traces) {
+        nb_tree_destroy(sig);
+        return nbi_trace_err(tr, NB_ERR_RETRACE,
+                             "%s: '%s' would be traced a %lld%s time, more than max_traces = %d "
+                             "allows; this retrace: %s",
+                             layer->kind == NBI_FN_JIT ? "nb_jit" : "nb_max_traces", layer->name,
+                             (long long)id->stats.n_traces + 1,
+                             nbi_ordinal_suffix(id->stats.n_traces + 1), (int)layer->max_traces,
+                             reason[0] ? reason : "(first trace)");
+    }
+    id->stats.n_traces++;
+    if (id->last_sig != NULL) {
+        if (id->stats.n_retraces == id->cap_reasons) {
+            int64_t cap = id->cap_reasons ? id->cap_reasons * 2 : 8;
+            char **r = nbi_alloc(ctx, (size_t)cap * sizeof(char *), 8);
+            if (r == NULL) {
+                nb_tree_destroy(sig);
+                return nbi_trace_err(tr, NB_ERR_OOM, "out of memory recording a retrace");
+            }
+            if (id->reasons != NULL) {
+                memcpy(r, id->reasons, (size_t)id->stats.n_retraces * sizeof(char *));
+                nbi_free(ctx, id->reasons, (size_t)id->cap_reasons * sizeof(char *));
+            }
+            id->reasons = r;
+            id->cap_reasons = cap;
+        }
+        size_t len = strlen(reason) + 1;
+        char *copy = nbi_alloc(ctx, len, 8);
+        if (copy == NULL) {
+            nb_tree_destroy(sig);
+            return nbi_trace_err(tr, NB_ERR_OOM, "out of memory recording a retrace");
+        }
+        memcpy(copy, reason, len);
+        id->reasons[id->stats.n_retraces++] = copy;
+    }
+    nb_tree_destroy(id->last_sig);
+    id->last_sig = sig;
+    return NB_OK;
+}
+
+/* ---- tracing ------------------------------------------------------------------------ */
+
+/* Trace f (through its wrappers) into tr on (self, args) whose dynamic leaves are vars. */
+static nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self,
+                              const nb_tree *args, nb_tree **out) {
+    *out = NULL;
+    if (tr->depth >= NBI_MAX_DEPTH) {
+        return nbi_trace_err(tr, NB_ERR_INVALID,
+                             "calls nest deeper than %d (does '%s' call itself?)", NBI_MAX_DEPTH,
+                             f->name);
+    }
+    if (!tr->quiet) {
+        nbi_jit_state *s = nbi_jit_get(tr->ctx, "trace");
+        nbi_ident *id = s ? nbi_ident_find(s, f, true, "trace") : NULL;
+        if (id == NULL) {
+            return nbi_trace_err(tr, NB_ERR_OOM, "out of memory in the compile cache");
+        }
+        nb_status st = nbi_note_trace(tr, id, f, self, args);
+        if (st != NB_OK) {
+            return st;
+        }
+    }
+    if (f->kind != NBI_FN_PLAIN) {
+        return nbi_trace_fn(tr, f->inner, self, args, out);
+    }
+    const char *saved = tr->fn_name;
+    tr->fn_name = f->name;
+    tr->depth++;
+    nb_status st = f->body(tr, self, args, out);
+    tr->depth--;
+    if (tr->status != NB_OK) {
+        tr->fn_name = saved;
+        nb_tree_destroy(*out);
+        *out = NULL;
+        return tr->status;
+    }
+    if (st != NB_OK || nb_tree_check(*out) != NB_OK) {
+        nb_tree_destroy(*out);
+        *out = NULL;
+        st = nbi_trace_err(tr, st != NB_OK ? st : NB_ERR_MISUSE,
+                           st != NB_OK ? "the body returned %s without recording a message "
+                                         "(use nb_trace_fail to say why)"
+                                       : "the body returned %s but no output tree",
+                           nb_status_name(st));
+    }
+    tr->fn_name = saved;
+    return st;
+}
+
+typedef struct nbi_vars_ctx {
+    nb_trace *tr;
+    bool params;  /* dynamic leaves become fresh params (else: arrays -> constants) */
+    int32_t next; /* next param index */
+} nbi_vars_ctx;
+
+static nb_status nbi_vars_cb(void *ud, const char *path, int n, const nb_tree *const *l,
+                             nb_tree **out) {
+    (void)n;
+    nbi_vars_ctx *c = ud;
+    nb_trace *tr = c->tr;
+    const nb_tree *leaf = l[0];
+    nb_var *v = NULL;
+    if (c->params) {
+        nbi_leafsig s;
+        nbi_leaf_sig(leaf, &s);
+        v = nbi_emit_param(tr, c->next++, (nb_dtype)s.dtype, s.rank, s.shape);
+    } else if (leaf->kind == NB_TREE_KIND_ARRAY) {
+        v = nb_constant(tr, leaf->u.array);
+    } else {
+        v = leaf->u.var.var;
+        if (v->tr != tr) {
+            return nbi_trace_err(tr, NB_ERR_INVALID,
+                                 "the var at '%s' belongs to another trace (an outer function's "
+                                 "var used inside a function traced on its own; pass it as an "
+                                 "argument)",
+                                 path[0] ? path : "<root>");
+        }
+    }
+    if (tr->status != NB_OK) {
+        return tr->status;
+    }
+    return nbi_tree_var(tr->ctx, v, tr->id, out) == NB_OK
+               ? NB_OK
+               : nbi_trace_err(tr, NB_ERR_OOM, "out of memory while tracing");
+}
+
+static nb_status nbi_vars_tree(nb_trace *tr, const nb_tree *t, bool params, int32_t *next,
+                               nb_tree **out) {
+    nbi_vars_ctx c = {tr, params, next ? *next : 0};
+    nb_status st = nb_tree_map(t, nbi_vars_cb, &c, 0, out);
+    if (next != NULL) {
+        *next = c.next;
+    }
+    if (st != NB_OK && tr->status == NB_OK) {
+        tr->status = st; /* the map wrote the message */
+    }
+    return st;
+}
+
+/* Trace f as a function of its own on leaves (self's then args' dynamic leaves, arrays or
+ * vars of an outer trace), compile it, and add the entry to id. */
+static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn *f,
+                                   const nb_tree *args, const nb_tree *const *leaves,
+                                   int64_t n_leaves, uint64_t hash, nbi_entry **out) {
+    nb_ctx *ctx = s->ctx;
+    const nb_fn *p = nbi_fn_plain(f);
+    *out = NULL;
+    nb_trace tr;
+    nb_status st = nbi_trace_init(&tr, ctx, f->name);
+    if (st != NB_OK) {
+        nbi_trace_release(&tr);
+        return st;
+    }
+    tr.id = ++s->trace_counter;
+    tr.jit = s;
+    nb_tree *self_v = NULL, *args_v = NULL, *res = NULL, *res_leaves = NULL;
+    nb_treedef *out_def = NULL;
+    nbi_entry *e = NULL;
+    nbi_exec *exec = NULL;
+    int32_t next = 0;
+    if (p->self != NULL) {
+        st = nbi_vars_tree(&tr, p->self, true, &next, &self_v);
+    }
+    if (st == NB_OK) {
+        st = nbi_vars_tree(&tr, args, true, &next, &args_v);
+    }
+    if (st == NB_OK) {
+        tr.g.n_inputs = next;
+        tr.g.inputs = nbi_arena_alloc(&tr.arena, (size_t)(next + 1) * sizeof(nb_var *));
+        if (tr.g.inputs == NULL) {
+            st = nbi_trace_err(&tr, NB_ERR_OOM, "out of memory while tracing");
+        }
+        for (int32_t i = 0, k = 0; st == NB_OK && i < tr.g.n_nodes; i++) {
+            if (tr.g.nodes[i]->op == NBI_OP_PARAM) {
+                tr.g.inputs[k++] = tr.g.nodes[i];
+            }
+        }
+    }
+    if (st == NB_OK) {
+        st = nbi_trace_fn(&tr, f, self_v, args_v, &res);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_flatten(res, &res_leaves, &out_def);
+    }
+    if (st == NB_OK) {
+        int32_t n_out = (int32_t)res_leaves->n;
+        tr.g.outputs = nbi_arena_alloc(&tr.arena, (size_t)(n_out + 1) * sizeof(nb_var *));
+        tr.g.n_outputs = n_out;
+        if (tr.g.outputs == NULL) {
+            st = nbi_trace_err(&tr, NB_ERR_OOM, "out of memory while tracing");
+        }
+        for (int32_t i = 0; st == NB_OK && i < n_out; i++) {
+            const nb_tree *leaf = res_leaves->children[i];
+            nb_var *v = leaf->kind == NB_TREE_KIND_ARRAY ? nb_constant(&tr, leaf->u.array)
+                                                         : leaf->u.var.var;
+            if (tr.status == NB_OK && v->tr != &tr) {
+                nbi_trace_err(&tr, NB_ERR_INVALID, "output %d of '%s' is a var of another trace",
+                              (int)i, f->name);
+            }
+            st = tr.status;
+            tr.g.outputs[i] = v;
+        }
+    }
+    nbi_graph opt;
+    if (st == NB_OK) {
+        st = nbi_optimize(ctx, &tr.g, &opt);
+    }
+    if (st == NB_OK) {
+        st = nbi_exec_compile(ctx, &opt, &exec);
+    }
+    if (st == NB_OK) {
+        e = nbi_alloc(ctx, sizeof *e, 8);
+        if (e == NULL) {
+            st = nbi_oom(ctx, "compile", sizeof *e);
+        } else {
+            memset(e, 0, sizeof *e);
+        }
+    }
+    if (st == NB_OK && n_leaves > 0) {
+        e->sigs = nbi_alloc(ctx, (size_t)n_leaves * sizeof(nbi_leafsig), 8);
+        if (e->sigs == NULL) {
+            st = nbi_oom(ctx, "compile", (size_t)n_leaves * sizeof(nbi_leafsig));
+        }
+    }
+    if (st == NB_OK) {
+        st = nb_tree_treedef(args, &e->args_def);
+    }
+    if (st == NB_OK) {
+        e->n_leaves = n_leaves;
+        for (int64_t i = 0; i < n_leaves; i++) {
+            nbi_leaf_sig(leaves[i], &e->sigs[i]);
+        }
+        e->hash = hash;
+        e->exec = exec;
+        e->out_def = out_def;
+        e->n_out = nbi_exec_n_outputs(exec);
+        e->next = id->entries;
+        id->entries = e;
+        *out = e;
+        exec = NULL;
+        out_def = NULL;
+        e = NULL;
+    }
+    if (e != NULL) {
+        e->n_leaves = n_leaves;
+        nbi_entry_free(ctx, e);
+    }
+    nbi_exec_destroy(exec);
+    nb_treedef_destroy(out_def);
+    nb_tree_destroy(res_leaves);
+    nb_tree_destroy(res);
+    nb_tree_destroy(args_v);
+    nb_tree_destroy(self_v);
+    nbi_trace_release(&tr);
+    return st;
+}
+
+/* ---- calls from outside a trace ----------------------------------------------------- */
+
+static nb_status nbi_leafbuf(nbi_jit_state *s, int64_t n) {
+    if (n <= s->leafcap) {
+        return NB_OK;
+    }
+    int64_t cap = s->leafcap ? s->leafcap : 64;
+    while (cap < n) {
+        cap *= 2;
+    }
+    const nb_tree **b = nbi_alloc(s->ctx, (size_t)cap * sizeof(const nb_tree *), 8);
+    if (b == NULL) {
+        return nbi_oom(s->ctx, "nb_fn_call", (size_t)cap * sizeof(const nb_tree *));
+    }
+    if (s->leafbuf != NULL) {
+        nbi_free(s->ctx, s->leafbuf, (size_t)s->leafcap * sizeof(const nb_tree *));
+    }
+    s->leafbuf = b;
+    s->leafcap = cap;
+    return NB_OK;
+}
+
+/* Collect self's then args' dynamic leaves into the state's buffer. */
+static nb_status nbi_gather(nbi_jit_state *s, const nb_tree *self, const nb_tree *args,
+                            int64_t *n) {
+    int64_t total = (self ? self->n_leaves : 0) + args->n_leaves;
+    nb_status st = nbi_leafbuf(s, total);
+    if (st != NB_OK) {
+        return st;
+    }
+    int64_t k = 0;
+    if (self != NULL) {
+        nbi_collect(self, s->leafbuf, &k);
+    }
+    nbi_collect(args, s->leafbuf, &k);
+    *n = k;
+    return NB_OK;
+}
+
+/* Per args leaf: donated? (spec: NULL, a bool leaf, or a tree of args' structure.) */
+static nb_status nbi_donate_walk(nb_ctx *ctx, const nb_tree *a, const nb_tree *d, bool all,
+                                 bool *flags, int64_t *k, nbi_path *path) {
+    if (a->kind == NB_TREE_KIND_ARRAY || a->kind == NB_TREE_KIND_VAR) {
+        bool on = all;
+        if (d != NULL && d->kind == NB_TREE_KIND_BOOL) {
+            on = d->u.b;
+        } else if (d != NULL && d->kind != NB_TREE_KIND_NULL && !all) {
+            return nbi_err(ctx, NB_ERR_STRUCTURE,
+                           "nb_fn_call_ex: the donate tree has %s at %s where args has an array "
+                           "(use a bool leaf)",
+                           nb_tree_kind_name(d->kind), nbi_path_str(path));
+        }
+        flags[(*k)++] = on;
+        return NB_OK;
+    }
+    bool sub_all = all || (d != NULL && d->kind == NB_TREE_KIND_BOOL && d->u.b);
+    bool d_node = d != NULL && nbi_tree_kind_is_node(d->kind);
+    if (d_node && (d->kind != a->kind || d->n != a->n)) {
+        return nbi_err(ctx, NB_ERR_STRUCTURE,
+                       "nb_fn_call_ex: the donate tree does not match args at %s (%s of %lld vs "
+                       "%s of %lld)",
+                       nbi_path_str(path), nb_tree_kind_name(d->kind), (long long)d->n,
+                       nb_tree_kind_name(a->kind), (long long)a->n);
+    }
+    for (int64_t i = 0; i < a->n; i++) {
+        nbi_path_mark m = nbi_path_save(path);
+        if (a->kind == NB_TREE_KIND_DICT) {
+            nbi_path_push_key(path, a->keys[i]);
+        } else {
+            nbi_path_push_index(path, i);
+        }
+        nb_status st = nbi_donate_walk(ctx, a->children[i], d_node ? d->children[i] : NULL, sub_all,
+                                       flags, k, path);
+        nbi_path_restore(path, m);
+        if (st != NB_OK) {
+            return st;
+        }
+    }
+    return NB_OK;
+}
+
+static nb_status nbi_run_entry(nbi_jit_state *s, const nbi_entry *e, const nb_tree *const *leaves,
+                               int64_t n_leaves, int64_t first_arg, const bool *donate,
+                               nb_tree **out) {
+    nb_ctx *ctx = s->ctx;
+    static const char fn[] = "nb_fn_call";
+    size_t tbytes = (size_t)(n_leaves + e->n_out + 1) * sizeof(nb_array *) +
+                    (size_t)(e->n_out + 1) * sizeof(nb_tree *) + (size_t)n_leaves + 1;
+    unsigned char *tmp = nbi_alloc(ctx, tbytes, 8);
+    if (tmp == NULL) {
+        return nbi_oom(ctx, fn, tbytes);
+    }
+    nb_array **ins = (nb_array **)tmp;
+    nb_array **outs = ins + n_leaves;
+    nb_tree **out_leaves = (nb_tree **)(outs + e->n_out + 1);
+    bool *used = (bool *)(out_leaves + e->n_out + 1);
+    memset(used, 0, (size_t)n_leaves + 1);
+    for (int64_t i = 0; i < n_leaves; i++) {
+        ins[i] = leaves[i]->u.array;
+    }
+    nb_status st = NB_OK;
+    int32_t made = 0;
+    for (int32_t i = 0; i < e->n_out && st == NB_OK; i++) {
+        const nb_var *o = nbi_exec_output(e->exec, i);
+        outs[i] = NULL;
+        for (int64_t j = first_arg; donate != NULL && j < n_leaves && outs[i] == NULL; j++) {
+            const nb_array *a = ins[j];
+            if (donate[j - first_arg] && !used[j] && a->dtype == o->dtype && a->rank == o->rank &&
+                memcmp(a->shape, o->shape, (size_t)o->rank * sizeof(int64_t)) == 0) {
+                used[j] = true;
+                outs[i] = nb_array_retain(ins[j]);
+            }
+        }
+        if (outs[i] == NULL) {
+            st = nbi_array_new(ctx, fn, o->dtype, o->rank, o->shape, &outs[i]);
+        }
+        if (st == NB_OK) {
+            made++;
+        }
+    }
+    if (st == NB_OK) {
+        nbi_exec_run(e->exec, ins, outs);
+    }
+    int32_t n_leaf_trees = 0;
+    for (int32_t i = 0; i < made && st == NB_OK; i++) {
+        st = nb_tree_array(outs[i], &out_leaves[i]);
+        if (st == NB_OK) {
+            n_leaf_trees++;
+        }
+    }
+    nb_tree *list = NULL;
+    if (st == NB_OK) {
+        st = nb_tree_list(ctx, e->n_out, out_leaves, &list);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_unflatten(e->out_def, list, out);
+    }
+    nb_tree_destroy(list);
+    for (int32_t i = 0; i < n_leaf_trees; i++) {
+        nb_tree_destroy(out_leaves[i]);
+    }
+    for (int32_t i = 0; i < made; i++) {
+        nb_array_destroy(outs[i]);
+    }
+    nbi_free(ctx, tmp, tbytes);
+    return st;
+}
+
+nb_status nb_fn_call_ex(nb_fn *f, const nb_tree *args, const nb_call_opts *opts, nb_tree **out) {
+    static const char fn[] = "nb_fn_call";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (!nbi_fn_live(f) || out == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    nb_ctx *ctx = f->hdr.ctx;
+    if (nb_tree_check(args) != NB_OK) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: args is a NULL or destroyed tree (pass an empty "
+                       "tuple for no arguments)",
+                       fn);
+    }
+    if (args->hdr.ctx != ctx) {
+        return nbi_err(ctx, NB_ERR_INVALID, "%s: args were made in another context", fn);
+    }
+    nbi_jit_state *s = nbi_jit_get(ctx, fn);
+    if (s == NULL) {
+        return NB_ERR_OOM;
+    }
+    nbi_ident *id = nbi_ident_find(s, f, true, fn);
+    if (id == NULL) {
+        return NB_ERR_OOM;
+    }
+    id->stats.n_calls++;
+    const nb_fn *p = nbi_fn_plain(f);
+    int64_t n = 0;
+    nb_status st = nbi_gather(s, p->self, args, &n);
+    if (st != NB_OK) {
+        return st;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (s->leafbuf[i]->kind == NB_TREE_KIND_VAR) {
+            return nbi_err(ctx, NB_ERR_INVALID,
+                           "%s: '%s' was given a traced var (leaf %lld) outside any trace; vars "
+                           "live only while their trace runs (inside a body use nb_apply)",
+                           fn, f->name, (long long)i);
+        }
+    }
+    int64_t first_arg = p->self ? p->self->n_leaves : 0;
+    uint64_t h = nbi_key_hash(args, s->leafbuf, n);
+    nbi_entry *e = nbi_entry_find(id, h, args, s->leafbuf, n);
+    if (e != NULL) {
+        id->stats.n_hits++;
+    } else {
+        /* Tracing may call back into the cache (nested calls): work on a private copy. */
+        size_t bytes = (size_t)(n + 1) * sizeof(const nb_tree *);
+        const nb_tree **mine = nbi_alloc(ctx, bytes, 8);
+        if (mine == NULL) {
+            return nbi_oom(ctx, fn, bytes);
+        }
+        if (n > 0) {
+            memcpy(mine, s->leafbuf, (size_t)n * sizeof(const nb_tree *));
+        }
+        st = nbi_compile_entry(s, id, f, args, mine, n, h, &e);
+        nbi_free(ctx, mine, bytes);
+        if (st != NB_OK) {
+            return st;
+        }
+        st = nbi_gather(s, p->self, args, &n);
+        if (st != NB_OK) {
+            return st;
+        }
+    }
+    bool *donate = NULL;
+    size_t dbytes = (size_t)(args->n_leaves + 1);
+    if (opts != NULL && opts->donate != NULL) {
+        if (nb_tree_check(opts->donate) != NB_OK) {
+            return nbi_err(ctx, NB_ERR_MISUSE, "%s: opts->donate is a destroyed tree", fn);
+        }
+        donate = nbi_alloc(ctx, dbytes, 8);
+        if (donate == NULL) {
+            return nbi_oom(ctx, fn, dbytes);
+        }
+        int64_t k = 0;
+        nbi_path path;
+        nbi_path_init(&path);
+        nbi_path_push_key(&path, "args");
+        st = nbi_donate_walk(ctx, args, opts->donate, false, donate, &k, &path);
+    }
+    if (st == NB_OK) {
+        st = nbi_run_entry(s, e, s->leafbuf, n, first_arg, donate, out);
+    }
+    if (donate != NULL) {
+        nbi_free(ctx, donate, dbytes);
+    }
+    return st;
+}
+
+nb_status nb_fn_call(nb_fn *f, const nb_tree *args, nb_tree **out) {
+    return nb_fn_call_ex(f, args, NULL, out);
+}
+
+/* ---- calls inside a trace ----------------------------------------------------------- */
+
+/* A call to f's own cached executable: operands are its self and args leaves (vars of tr,
+ * or concrete arrays that become constants). */
+static const nb_tree *nbi_apply_call(nb_trace *tr, const nb_fn *f, const nb_tree *args) {
+    nb_ctx *ctx = tr->ctx;
+    nbi_jit_state *s = nbi_jit_get(ctx, "nb_apply");
+    nbi_ident *id = s ? nbi_ident_find(s, f, true, "nb_apply") : NULL;
+    if (id == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_apply: out of memory in the compile cache");
+        return NULL;
+    }
+    id->stats.n_calls++;
+    const nb_fn *p = nbi_fn_plain(f);
+    int64_t n = (p->self ? p->self->n_leaves : 0) + args->n_leaves;
+    const nb_tree **leaves = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_tree *));
+    nb_var **ops = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_var *));
+    if (leaves == NULL || ops == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_apply: out of memory");
+        return NULL;
+    }
+    int64_t k = 0;
+    if (p->self != NULL) {
+        nbi_collect(p->self, leaves, &k);
+    }
+    nbi_collect(args, leaves, &k);
+    for (int64_t i = 0; i < n; i++) {
+        if (leaves[i]->kind == NB_TREE_KIND_VAR) {
+            ops[i] = leaves[i]->u.var.var;
+            if (ops[i]->tr != tr) {
+                nbi_trace_err(tr, NB_ERR_INVALID,
+                              "nb_apply: operand %lld of '%s' is a var of another trace",
+                              (long long)i, f->name);
+                return NULL;
+            }
+        } else {
+            ops[i] = nb_constant(tr, leaves[i]->u.array);
+        }
+    }
+    if (tr->status != NB_OK) {
+        return NULL;
+    }
+    uint64_t h = nbi_key_hash(args, leaves, n);
+    nbi_entry *e = nbi_entry_find(id, h, args, leaves, n);
+    if (e != NULL) {
+        id->stats.n_hits++;
+    } else {
+        nb_status st = nbi_compile_entry(s, id, f, args, leaves, n, h, &e);
+        if (st != NB_OK) {
+            char msg[NBI_ERRMSG_CAP];
+            snprintf(msg, sizeof msg, "%s", nb_ctx_errmsg(ctx));
+            nbi_trace_err(tr, st, "%s", msg);
+            return NULL;
+        }
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.callee = e->exec;
+    nb_var *call = nbi_emit(tr, NBI_OP_CALL, (int)n, ops, &at);
+    nb_tree **outl = nbi_arena_alloc(&tr->arena, (size_t)(e->n_out + 1) * sizeof(nb_tree *));
+    if (outl == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_apply: out of memory");
+        return NULL;
+    }
+    size_t off = 0;
+    for (int32_t i = 0; i < e->n_out; i++) {
+        const nb_var *o = nbi_exec_output(e->exec, i);
+        memset(&at, 0, sizeof at);
+        at.ivalue = i;
+        at.a[0] = (int64_t)off;
+        off += ((size_t)o->size * nb_dtype_size(o->dtype) + 63) / 64 * 64;
+        outl[i] = nb_leaf(nbi_emit(tr, NBI_OP_CALL_OUTPUT, 1, &call, &at));
+        if (outl[i] == NULL) {
+            return NULL;
+        }
+    }
+    if (tr->status != NB_OK) {
+        return NULL;
+    }
+    nb_tree *list = NULL, *res = NULL;
+    nb_status st = nb_tree_list(ctx, e->n_out, outl, &list);
+    if (st == NB_OK) {
+        st = nb_tree_unflatten(e->out_def, list, &res);
+    }
+    nb_tree_destroy(list);
+    if (st != NB_OK || nbi_trace_own(tr, res) != NB_OK) {
+        nbi_trace_err(tr, st != NB_OK ? st : NB_ERR_OOM, "nb_apply: out of memory");
+        return NULL;
+    }
+    return res;
+}
+
+const nb_tree *nb_apply(nb_trace *tr, nb_fn *f, const nb_tree *args) {
+    if (tr == NULL || tr->status != NB_OK) {
+        return NULL;
+    }
+    if (!nbi_fn_live(f)) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "nb_apply: NULL or destroyed function");
+        return NULL;
+    }
+    if (nb_tree_check(args) != NB_OK || args->hdr.ctx != tr->ctx || f->hdr.ctx != tr->ctx) {
+        nbi_trace_err(tr, NB_ERR_MISUSE,
+                      "nb_apply: args of '%s' are NULL, destroyed or from another context",
+                      f->name);
+        return NULL;
+    }
+    for (const nb_fn *g = f; g->kind != NBI_FN_PLAIN; g = g->inner) {
+        if (g->kind == NBI_FN_JIT && !g->inline_calls) {
+            return nbi_apply_call(tr, g, args);
+        }
+    }
+    /* Inline: trace the body into this trace. */
+    const nb_fn *p = nbi_fn_plain(f);
+    nb_tree *self_v = NULL, *args_v = NULL, *res = NULL;
+    nb_status st = NB_OK;
+    if (p->self != NULL) {
+        st = nbi_vars_tree(tr, p->self, false, NULL, &self_v);
+    }
+    if (st == NB_OK) {
+        st = nbi_vars_tree(tr, args, false, NULL, &args_v);
+    }
+    if (st == NB_OK) {
+        st = nbi_trace_fn(tr, f, self_v, args_v, &res);
+    }
+    nb_tree_destroy(self_v);
+    nb_tree_destroy(args_v);
+    if (st != NB_OK || nbi_trace_own(tr, res) != NB_OK) {
+        return NULL;
+    }
+    return res;
+}
+
+nb_var *nb_apply1(nb_trace *tr, nb_fn *f, nb_var *x) {
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (tr->status != NB_OK || x == NULL || (x->flags & NBI_NODE_POISON)) {
+        return tr->poison;
+    }
+    nb_tree *leaf = nb_leaf(x), *args = NULL;
+    if (leaf == NULL || nb_tree_tuple(tr->ctx, 1, &leaf, &args) != NB_OK ||
+        nbi_trace_own(tr, args) != NB_OK) {
+        return nbi_trace_errv(tr, NB_ERR_OOM, "nb_apply1: out of memory");
+    }
+    const nb_tree *res = nb_apply(tr, f, args);
+    if (res == NULL) {
+        return tr->poison;
+    }
+    if (res->kind != NB_TREE_KIND_VAR) {
+        char what[128];
+        nbi_sbuf ws = nbi_sbuf_make(what, sizeof what);
+        nbi_sbuf_describe(&ws, res);
+        return nbi_trace_errv(tr, NB_ERR_KIND,
+                              "nb_apply1: '%s' returned %s, not a single array (use nb_apply)",
+                              f->name, what);
+    }
+    return res->u.var.var;
+}
+
+/* ---- accounting and introspection --------------------------------------------------- */
+
+nb_status nb_fn_stats_get(const nb_fn *f, nb_fn_stats *out) {
+    if (!nbi_fn_live(f) || out == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    memset(out, 0, sizeof *out);
+    nbi_jit_state *s = *nbi_ctx_jit_slot(f->hdr.ctx);
+    nbi_ident *id = s ? nbi_ident_find(s, f, false, "nb_fn_stats_get") : NULL;
+    if (id != NULL) {
+        *out = id->stats;
+    }
+    return NB_OK;
+}
+
+nb_status nb_fn_retrace_reason(const nb_fn *f, int64_t i, char *buf, size_t cap, size_t *needed) {
+    if (needed != NULL) {
+        *needed = 0;
+    }
+    if (!nbi_fn_live(f) || (buf == NULL && cap > 0)) {
+        return NB_ERR_MISUSE;
+    }
+    nbi_jit_state *s = *nbi_ctx_jit_slot(f->hdr.ctx);
+    nbi_ident *id = s ? nbi_ident_find(s, f, false, "nb_fn_retrace_reason") : NULL;
+    if (id == NULL || i < 0 || i >= id->stats.n_retraces) {
+        return nbi_err(f->hdr.ctx, NB_ERR_INDEX,
+                       "nb_fn_retrace_reason: retrace %lld of '%s' does not exist (it has %lld)",
+                       (long long)i, f->name, id ? (long long)id->stats.n_retraces : 0LL);
+    }
+    nbi_sbuf sb = nbi_sbuf_make(buf, cap);
+    nbi_sbuf_puts(&sb, id->reasons[i]);
+    return nbi_sbuf_finish(&sb, needed);
+}
+
+nb_status nb_fn_format_ir(nb_fn *f, const nb_tree *args, int which, char *buf, size_t cap,
+                          size_t *needed) {
+    if (needed != NULL) {
+        *needed = 0;
+    }
+    if (!nbi_fn_live(f) || (buf == NULL && cap > 0)) {
+        return NB_ERR_MISUSE;
+    }
+    nb_ctx *ctx = f->hdr.ctx;
+    if (nb_tree_check(args) != NB_OK || args->hdr.ctx != ctx) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "nb_fn_format_ir: args is NULL, destroyed or from "
+                       "another context");
+    }
+    nb_trace tr;
+    nb_status st = nbi_trace_init(&tr, ctx, f->name);
+    tr.quiet = true;
+    const nb_fn *p = nbi_fn_plain(f);
+    nb_tree *self_v = NULL, *args_v = NULL, *res = NULL, *leaves = NULL;
+    int32_t next = 0;
+    if (st == NB_OK && p->self != NULL) {
+        st = nbi_vars_tree(&tr, p->self, true, &next, &self_v);
+    }
+    if (st == NB_OK) {
+        st = nbi_vars_tree(&tr, args, true, &next, &args_v);
+    }
+    if (st == NB_OK) {
+        tr.g.n_inputs = next;
+        tr.g.inputs = nbi_arena_alloc(&tr.arena, (size_t)(next + 1) * sizeof(nb_var *));
+        st = tr.g.inputs ? NB_OK : nbi_oom(ctx, "nb_fn_format_ir", 0);
+        for (int32_t i = 0, k = 0; st == NB_OK && i < tr.g.n_nodes; i++) {
+            if (tr.g.nodes[i]->op == NBI_OP_PARAM) {
+                tr.g.inputs[k++] = tr.g.nodes[i];
+            }
+        }
+    }
+    if (st == NB_OK) {
+        st = nbi_trace_fn(&tr, f, self_v, args_v, &res);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_flatten(res, &leaves, NULL);
+    }
+    if (st == NB_OK) {
+        tr.g.n_outputs = (int32_t)leaves->n;
+        tr.g.outputs = nbi_arena_alloc(&tr.arena, (size_t)(leaves->n + 1) * sizeof(nb_var *));
+        st = tr.g.outputs ? NB_OK : nbi_oom(ctx, "nb_fn_format_ir", 0);
+        for (int64_t i = 0; st == NB_OK && i < leaves->n; i++) {
+            const nb_tree *l = leaves->children[i];
+            tr.g.outputs[i] =
+                l->kind == NB_TREE_KIND_ARRAY ? nb_constant(&tr, l->u.array) : l->u.var.var;
+            st = tr.status;
+        }
+    }
+    nbi_graph opt;
+    const nbi_graph *show = &tr.g;
+    if (st == NB_OK && which == NB_IR_OPTIMIZED) {
+        st = nbi_optimize(ctx, &tr.g, &opt);
+        show = &opt;
+    } else if (st == NB_OK) {
+        st = nbi_graph_verify(ctx, &tr.g, "trace");
+    }
+    if (st == NB_OK) {
+        nbi_sbuf sb = nbi_sbuf_make(buf, cap);
+        nbi_graph_format(&sb, show, f->name);
+        st = nbi_sbuf_finish(&sb, needed);
+    }
+    nb_tree_destroy(leaves);
+    nb_tree_destroy(res);
+    nb_tree_destroy(args_v);
+    nb_tree_destroy(self_v);
+    nbi_trace_release(&tr);
+    return st;
+}

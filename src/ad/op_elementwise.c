@@ -1,0 +1,863 @@
+/*
+ * op_elementwise.c -- elementwise unary, binary (broadcasting), comparison, logical,
+ * select and cast ops: builders, shape/dtype inference and kernels.
+ *
+ * Accuracy: transcendental functions go through SLEEF's u10 vector functions (vmath.h):
+ * exp, expm1, log, log1p, sin, cos, tan, tanh, erf and pow, at most 1.0 ULP; sqrt and
+ * division are correctly rounded (IEEE). Composite activations (sigmoid, softplus, gelu)
+ * are evaluated in their stable forms from those.
+ * Integer arithmetic wraps (two's complement, computed in unsigned to avoid C's undefined
+ * overflow); integer division by zero gives 0.
+ */
+#include "ad/ir.h"
+#include "ad/vmath.h"
+
+#include <math.h>
+#include <string.h>
+
+#define NBI_TILE 256
+
+/* ---- dtype classes ------------------------------------------------------------------ */
+
+static bool nbi_is_numeric(nb_dtype d) {
+    return d != NB_DTYPE_BOOL;
+}
+
+/* Unary ops defined on floats only (the rest also take integers; logical_not only bool). */
+static bool nbi_unary_float_only(nbi_op op) {
+    switch (op) {
+    case NBI_OP_NEG:
+    case NBI_OP_ABS:
+    case NBI_OP_SIGN:
+    case NBI_OP_SQUARE:
+    case NBI_OP_RELU:
+    case NBI_OP_LOGICAL_NOT:
+    case NBI_OP_CAST:
+        return false;
+    default:
+        return true;
+    }
+}
+
+/* ---- inference ---------------------------------------------------------------------- */
+
+static nb_status nbi_infer_unary(nb_trace *tr, nb_var *p) {
+    const nb_var *x = p->in[0];
+    nbi_op op = (nbi_op)p->op;
+    char sig[NBI_SIG_CAP];
+    if (op == NBI_OP_LOGICAL_NOT) {
+        if (x->dtype != NB_DTYPE_BOOL) {
+            return nbi_trace_err(tr, NB_ERR_DTYPE,
+                                 "nb_logical_not: operand is %s; it must be bool (compare "
+                                 "first, e.g. nb_ne(x, nb_scalar(tr, 0)))",
+                                 nbi_var_sig(sig, sizeof sig, x));
+        }
+    } else if (op == NBI_OP_CAST) {
+        if (nb_dtype_size(p->at.to) == 0) {
+            return nbi_trace_err(tr, NB_ERR_DTYPE, "nb_cast: unknown target dtype %d",
+                                 (int)p->at.to);
+        }
+    } else if (nbi_unary_float_only(op) ? !nb_dtype_is_float(x->dtype)
+                                        : !nbi_is_numeric(x->dtype)) {
+        return nbi_trace_err(tr, NB_ERR_DTYPE, "nb_%s: operand is %s; it needs %s (use nb_cast)",
+                             nbi_op_name(op), nbi_var_sig(sig, sizeof sig, x),
+                             nbi_unary_float_only(op) ? "a float dtype (f32 or f64)"
+                                                      : "a numeric dtype (not bool)");
+    }
+    p->dtype = op == NBI_OP_CAST ? p->at.to : x->dtype;
+    p->rank = x->rank;
+    memcpy(p->shape, x->shape, sizeof p->shape);
+    if ((x->flags & NBI_NODE_WEAK) && op != NBI_OP_CAST) {
+        p->flags |= NBI_NODE_WEAK;
+    }
+    return NB_OK;
+}
+
+static bool nbi_is_compare(nbi_op op) {
+    return op == NBI_OP_EQ || op == NBI_OP_NE || op == NBI_OP_LT || op == NBI_OP_LE ||
+           op == NBI_OP_GT || op == NBI_OP_GE;
+}
+
+static nb_status nbi_bcast_or_err(nb_trace *tr, const char *name, int n, nb_var *const *in,
+                                  nb_var *p) {
+    int r = in[0]->rank;
+    int64_t shape[NB_MAX_RANK];
+    memcpy(shape, in[0]->shape, sizeof shape);
+    for (int i = 1; i < n; i++) {
+        int r2;
+        int64_t s2[NB_MAX_RANK];
+        if (!nbi_broadcast_shapes(r, shape, in[i]->rank, in[i]->shape, &r2, s2)) {
+            char sa[NBI_SIG_CAP], sb[NBI_SIG_CAP];
+            return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                 "nb_%s: shapes %s and %s do not broadcast (aligned from the "
+                                 "right, each dim pair must be equal or contain a 1; reshape "
+                                 "or nb_expand_dims one operand)",
+                                 name, nbi_var_sig(sa, sizeof sa, in[0]),
+                                 nbi_var_sig(sb, sizeof sb, in[i]));
+        }
+        r = r2;
+        memcpy(shape, s2, sizeof shape);
+    }
+    p->rank = (int8_t)r;
+    memcpy(p->shape, shape, sizeof shape);
+    return NB_OK;
+}
+
+static nb_status nbi_infer_binary(nb_trace *tr, nb_var *p) {
+    const nb_var *a = p->in[0], *b = p->in[1];
+    nbi_op op = (nbi_op)p->op;
+    const char *name = nbi_op_name(op);
+    char sa[NBI_SIG_CAP], sb[NBI_SIG_CAP];
+    if (a->dtype != b->dtype) {
+        return nbi_trace_err(tr, NB_ERR_DTYPE,
+                             "nb_%s: dtypes differ: %s and %s (convert one with nb_cast)", name,
+                             nbi_var_sig(sa, sizeof sa, a), nbi_var_sig(sb, sizeof sb, b));
+    }
+    if (op == NBI_OP_LOGICAL_AND || op == NBI_OP_LOGICAL_OR) {
+        if (a->dtype != NB_DTYPE_BOOL) {
+            return nbi_trace_err(tr, NB_ERR_DTYPE,
+                                 "nb_%s: operands are %s and %s; they must be bool", name,
+                                 nbi_var_sig(sa, sizeof sa, a), nbi_var_sig(sb, sizeof sb, b));
+        }
+    } else if (op == NBI_OP_POW) {
+        if (!nb_dtype_is_float(a->dtype)) {
+            return nbi_trace_err(tr, NB_ERR_DTYPE,
+                                 "nb_pow: operands are %s and %s; pow needs a "
+                                 "float dtype (use nb_cast, or nb_mul for small integer powers)",
+                                 nbi_var_sig(sa, sizeof sa, a), nbi_var_sig(sb, sizeof sb, b));
+        }
+    } else if (!nbi_is_compare(op) && !nbi_is_numeric(a->dtype)) {
+        return nbi_trace_err(tr, NB_ERR_DTYPE,
+                             "nb_%s: operands are %s and %s; arithmetic needs a numeric dtype "
+                             "(use nb_logical_and/or for bool, or nb_cast)",
+                             name, nbi_var_sig(sa, sizeof sa, a), nbi_var_sig(sb, sizeof sb, b));
+    }
+    nb_status st = nbi_bcast_or_err(tr, name, 2, p->in, p);
+    if (st != NB_OK) {
+        return st;
+    }
+    p->dtype = (nbi_is_compare(op) || op == NBI_OP_LOGICAL_AND || op == NBI_OP_LOGICAL_OR)
+                   ? NB_DTYPE_BOOL
+                   : a->dtype;
+    if ((a->flags & NBI_NODE_WEAK) && (b->flags & NBI_NODE_WEAK) && p->dtype != NB_DTYPE_BOOL) {
+        p->flags |= NBI_NODE_WEAK;
+    }
+    return NB_OK;
+}
+
+static nb_status nbi_infer_select(nb_trace *tr, nb_var *p) {
+    const nb_var *c = p->in[0], *a = p->in[1], *b = p->in[2];
+    char s0[NBI_SIG_CAP], s1[NBI_SIG_CAP];
+    if (c->dtype != NB_DTYPE_BOOL) {
+        return nbi_trace_err(tr, NB_ERR_DTYPE,
+                             "nb_select: the condition is %s; it must be bool (a comparison)",
+                             nbi_var_sig(s0, sizeof s0, c));
+    }
+    if (a->dtype != b->dtype) {
+        return nbi_trace_err(tr, NB_ERR_DTYPE,
+                             "nb_select: the branches differ in dtype: %s and %s (use nb_cast)",
+                             nbi_var_sig(s0, sizeof s0, a), nbi_var_sig(s1, sizeof s1, b));
+    }
+    nb_status st = nbi_bcast_or_err(tr, "select", 3, p->in, p);
+    p->dtype = a->dtype;
+    return st;
+}
+
+/* ---- builders ----------------------------------------------------------------------- */
+
+static nb_var *nbi_unary(nbi_op op, nb_var *x, const nbi_attrs *at) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace_of(1, &x, &poisoned);
+    return tr ? nbi_emit(tr, op, 1, &x, at) : NULL;
+}
+
+/* A rank-0 FULL node of dtype holding value. */
+static nb_var *nbi_full0(nb_trace *tr, nb_dtype dtype, double value) {
+    return nb_full(tr, dtype, 0, NULL, value);
+}
+
+/* Give weak operands the dtype of the first non-weak one (JAX's weak types). */
+static void nbi_unweak(nb_trace *tr, int n, nb_var **in) {
+    const nb_var *strong = NULL;
+    for (int i = 0; i < n; i++) {
+        if (!(in[i]->flags & NBI_NODE_WEAK)) {
+            strong = in[i];
+            break;
+        }
+    }
+    if (strong == NULL) {
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        if ((in[i]->flags & NBI_NODE_WEAK) && in[i]->dtype != strong->dtype) {
+            if (in[i]->op == NBI_OP_FULL && in[i]->rank == 0) {
+                in[i] = nbi_full0(tr, strong->dtype, in[i]->at.value);
+            } else {
+                in[i] = nb_cast(in[i], strong->dtype);
+            }
+        }
+    }
+}
+
+static nb_var *nbi_nary(nbi_op op, int n, nb_var **in) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace_of(n, in, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (!poisoned) {
+        nbi_unweak(tr, op == NBI_OP_SELECT ? n - 1 : n, op == NBI_OP_SELECT ? in + 1 : in);
+    }
+    return nbi_emit(tr, op, n, in, NULL);
+}
+
+static nb_var *nbi_binary(nbi_op op, nb_var *a, nb_var *b) {
+    nb_var *in[2] = {a, b};
+    return nbi_nary(op, 2, in);
+}
+
+nb_var *nb_neg(nb_var *x) {
+    return nbi_unary(NBI_OP_NEG, x, NULL);
+}
+nb_var *nb_abs(nb_var *x) {
+    return nbi_unary(NBI_OP_ABS, x, NULL);
+}
+nb_var *nb_sign(nb_var *x) {
+    return nbi_unary(NBI_OP_SIGN, x, NULL);
+}
+nb_var *nb_exp(nb_var *x) {
+    return nbi_unary(NBI_OP_EXP, x, NULL);
+}
+nb_var *nb_expm1(nb_var *x) {
+    return nbi_unary(NBI_OP_EXPM1, x, NULL);
+}
+nb_var *nb_log(nb_var *x) {
+    return nbi_unary(NBI_OP_LOG, x, NULL);
+}
+nb_var *nb_log1p(nb_var *x) {
+    return nbi_unary(NBI_OP_LOG1P, x, NULL);
+}
+nb_var *nb_sqrt(nb_var *x) {
+    return nbi_unary(NBI_OP_SQRT, x, NULL);
+}
+nb_var *nb_rsqrt(nb_var *x) {
+    return nbi_unary(NBI_OP_RSQRT, x, NULL);
+}
+nb_var *nb_square(nb_var *x) {
+    return nbi_unary(NBI_OP_SQUARE, x, NULL);
+}
+nb_var *nb_reciprocal(nb_var *x) {
+    return nbi_unary(NBI_OP_RECIPROCAL, x, NULL);
+}
+nb_var *nb_sin(nb_var *x) {
+    return nbi_unary(NBI_OP_SIN, x, NULL);
+}
+nb_var *nb_cos(nb_var *x) {
+    return nbi_unary(NBI_OP_COS, x, NULL);
+}
+nb_var *nb_tan(nb_var *x) {
+    return nbi_unary(NBI_OP_TAN, x, NULL);
+}
+nb_var *nb_tanh(nb_var *x) {
+    return nbi_unary(NBI_OP_TANH, x, NULL);
+}
+nb_var *nb_sigmoid(nb_var *x) {
+    return nbi_unary(NBI_OP_SIGMOID, x, NULL);
+}
+nb_var *nb_relu(nb_var *x) {
+    return nbi_unary(NBI_OP_RELU, x, NULL);
+}
+nb_var *nb_gelu(nb_var *x) {
+    return nbi_unary(NBI_OP_GELU, x, NULL);
+}
+nb_var *nb_softplus(nb_var *x) {
+    return nbi_unary(NBI_OP_SOFTPLUS, x, NULL);
+}
+nb_var *nb_erf(nb_var *x) {
+    return nbi_unary(NBI_OP_ERF, x, NULL);
+}
+nb_var *nb_logical_not(nb_var *x) {
+    return nbi_unary(NBI_OP_LOGICAL_NOT, x, NULL);
+}
+
+nb_var *nb_cast(nb_var *x, nb_dtype dtype) {
+    if (x != NULL && !(x->flags & NBI_NODE_POISON) && x->dtype == dtype &&
+        !(x->flags & NBI_NODE_WEAK)) {
+        return x; /* a no-op cast adds no node */
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.to = dtype;
+    return nbi_unary(NBI_OP_CAST, x, &at);
+}
+
+nb_var *nb_add(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_ADD, a, b);
+}
+nb_var *nb_sub(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_SUB, a, b);
+}
+nb_var *nb_mul(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_MUL, a, b);
+}
+nb_var *nb_div(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_DIV, a, b);
+}
+nb_var *nb_pow(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_POW, a, b);
+}
+nb_var *nb_maximum(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_MAXIMUM, a, b);
+}
+nb_var *nb_minimum(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_MINIMUM, a, b);
+}
+nb_var *nb_eq(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_EQ, a, b);
+}
+nb_var *nb_ne(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_NE, a, b);
+}
+nb_var *nb_lt(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_LT, a, b);
+}
+nb_var *nb_le(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_LE, a, b);
+}
+nb_var *nb_gt(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_GT, a, b);
+}
+nb_var *nb_ge(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_GE, a, b);
+}
+nb_var *nb_logical_and(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_LOGICAL_AND, a, b);
+}
+nb_var *nb_logical_or(nb_var *a, nb_var *b) {
+    return nbi_binary(NBI_OP_LOGICAL_OR, a, b);
+}
+
+nb_var *nb_select(nb_var *cond, nb_var *a, nb_var *b) {
+    nb_var *in[3] = {cond, a, b};
+    return nbi_nary(NBI_OP_SELECT, 3, in);
+}
+
+/* ---- unary kernels ------------------------------------------------------------------ */
+
+/* Float unary ops over n contiguous elements, for T = float/double. Tiles of NBI_TILE go
+ * through the vector-math table where an op needs a transcendental. */
+#define NBI_DEF_UNARY_FLOAT(T, SFX, VM, ABS, SQRT)                                                 \
+    static void nbi_unary_##SFX(nbi_op op, T *o, const T *x, int64_t n) {                          \
+        const nbi_vmath *vm = nbi_vmath_get();                                                     \
+        T t[NBI_TILE], u[NBI_TILE];                                                                \
+        switch (op) {                                                                              \
+        case NBI_OP_NEG:                                                                           \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = -x[i];                                                                      \
+            return;                                                                                \
+        case NBI_OP_ABS:                                                                           \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = ABS(x[i]);                                                                  \
+            return;                                                                                \
+        case NBI_OP_SIGN:                                                                          \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = x[i] > 0 ? (T)1 : x[i] < 0 ? (T)-1 : x[i];                                  \
+            return;                                                                                \
+        case NBI_OP_EXP:                                                                           \
+            vm->VM[NBI_VM_EXP](o, x, n);                                                           \
+            return;                                                                                \
+        case NBI_OP_EXPM1:                                                                         \
+            vm->VM[NBI_VM_EXPM1](o, x, n);                                                         \
+            return;                                                                                \
+        case NBI_OP_LOG:                                                                           \
+            vm->VM[NBI_VM_LOG](o, x, n);                                                           \
+            return;                                                                                \
+        case NBI_OP_LOG1P:                                                                         \
+            vm->VM[NBI_VM_LOG1P](o, x, n);                                                         \
+            return;                                                                                \
+        case NBI_OP_SIN:                                                                           \
+            vm->VM[NBI_VM_SIN](o, x, n);                                                           \
+            return;                                                                                \
+        case NBI_OP_COS:                                                                           \
+            vm->VM[NBI_VM_COS](o, x, n);                                                           \
+            return;                                                                                \
+        case NBI_OP_TAN:                                                                           \
+            vm->VM[NBI_VM_TAN](o, x, n);                                                           \
+            return;                                                                                \
+        case NBI_OP_TANH:                                                                          \
+            vm->VM[NBI_VM_TANH](o, x, n);                                                          \
+            return;                                                                                \
+        case NBI_OP_ERF:                                                                           \
+            vm->VM[NBI_VM_ERF](o, x, n);                                                           \
+            return;                                                                                \
+        case NBI_OP_SQRT:                                                                          \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = SQRT(x[i]);                                                                 \
+            return;                                                                                \
+        case NBI_OP_RSQRT:                                                                         \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = (T)1 / SQRT(x[i]);                                                          \
+            return;                                                                                \
+        case NBI_OP_SQUARE:                                                                        \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = x[i] * x[i];                                                                \
+            return;                                                                                \
+        case NBI_OP_RECIPROCAL:                                                                    \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = (T)1 / x[i];                                                                \
+            return;                                                                                \
+        case NBI_OP_RELU:                                                                          \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = (x[i] > 0 || x[i] != x[i]) ? x[i] : (T)0;                                   \
+            return;                                                                                \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
+        for (int64_t i0 = 0; i0 < n; i0 += NBI_TILE) {                                             \
+            int64_t m = n - i0 < NBI_TILE ? n - i0 : NBI_TILE;                                     \
+            const T *xs = x + i0;                                                                  \
+            T *os = o + i0;                                                                        \
+            switch (op) {                                                                          \
+            case NBI_OP_SIGMOID: /* e = exp(-|x|); x >= 0: 1/(1+e), else e/(1+e) */                \
+                for (int64_t i = 0; i < m; i++)                                                    \
+                    t[i] = -ABS(xs[i]);                                                            \
+                vm->VM[NBI_VM_EXP](u, t, m);                                                       \
+                for (int64_t i = 0; i < m; i++)                                                    \
+                    os[i] = xs[i] >= 0 ? (T)1 / ((T)1 + u[i]) : u[i] / ((T)1 + u[i]);              \
+                break;                                                                             \
+            case NBI_OP_SOFTPLUS: /* max(x,0) + log1p(exp(-|x|)) */                                \
+                for (int64_t i = 0; i < m; i++)                                                    \
+                    t[i] = -ABS(xs[i]);                                                            \
+                vm->VM[NBI_VM_EXP](u, t, m);                                                       \
+                vm->VM[NBI_VM_LOG1P](t, u, m);                                                     \
+                for (int64_t i = 0; i < m; i++)                                                    \
+                    os[i] = (xs[i] > 0 ? xs[i] : (T)0) + t[i];                                     \
+                break;                                                                             \
+            case NBI_OP_GELU: /* x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */                  \
+                for (int64_t i = 0; i < m; i++)                                                    \
+                    t[i] = (T)0.7978845608028654 * (xs[i] + (T)0.044715 * xs[i] * xs[i] * xs[i]);  \
+                vm->VM[NBI_VM_TANH](u, t, m);                                                      \
+                for (int64_t i = 0; i < m; i++)                                                    \
+                    os[i] = (T)0.5 * xs[i] * ((T)1 + u[i]);                                        \
+                break;                                                                             \
+            default:                                                                               \
+                break;                                                                             \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+NBI_DEF_UNARY_FLOAT(float, f32, f32, fabsf, sqrtf)
+NBI_DEF_UNARY_FLOAT(double, f64, f64, fabs, sqrt)
+
+/* Integer unary ops wrap: computed in the unsigned type U. */
+#define NBI_DEF_UNARY_INT(T, U, SFX)                                                               \
+    static void nbi_unary_##SFX(nbi_op op, T *o, const T *x, int64_t n) {                          \
+        switch (op) {                                                                              \
+        case NBI_OP_NEG:                                                                           \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = (T)(0u - (U)x[i]);                                                          \
+            break;                                                                                 \
+        case NBI_OP_ABS:                                                                           \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = x[i] < 0 ? (T)(0u - (U)x[i]) : x[i];                                        \
+            break;                                                                                 \
+        case NBI_OP_SIGN:                                                                          \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = (T)((x[i] > 0) - (x[i] < 0));                                               \
+            break;                                                                                 \
+        case NBI_OP_SQUARE:                                                                        \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = (T)((U)x[i] * (U)x[i]);                                                     \
+            break;                                                                                 \
+        case NBI_OP_RELU:                                                                          \
+            for (int64_t i = 0; i < n; i++)                                                        \
+                o[i] = x[i] > 0 ? x[i] : 0;                                                        \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
+    }
+
+NBI_DEF_UNARY_INT(int32_t, uint32_t, i32)
+NBI_DEF_UNARY_INT(int64_t, uint64_t, i64)
+
+/* Conversion of one value to an integer type: saturating, NaN -> 0. */
+#define NBI_SAT(T, MIN, MAX, v)                                                                    \
+    ((v) != (v) ? (T)0 : (v) <= (double)(MIN) ? (T)(MIN) : (v) >= (double)(MAX) ? (T)(MAX) : (T)(v))
+
+static void nbi_cast_kernel(const nb_var *node, void *out, const void *in) {
+    nb_dtype from = node->in[0]->dtype, to = node->dtype;
+    int64_t n = node->size;
+    for (int64_t i = 0; i < n; i++) {
+        double d = 0;
+        int64_t q = 0;
+        bool is_int = false;
+        switch (from) {
+        case NB_DTYPE_F32:
+            d = ((const float *)in)[i];
+            break;
+        case NB_DTYPE_F64:
+            d = ((const double *)in)[i];
+            break;
+        case NB_DTYPE_I32:
+            q = ((const int32_t *)in)[i];
+            is_int = true;
+            break;
+        case NB_DTYPE_I64:
+            q = ((const int64_t *)in)[i];
+            is_int = true;
+            break;
+        case NB_DTYPE_BOOL:
+            q = ((const uint8_t *)in)[i] != 0;
+            is_int = true;
+            break;
+        }
+        switch (to) {
+        case NB_DTYPE_F32:
+            ((float *)out)[i] = is_int ? (float)q : (float)d;
+            break;
+        case NB_DTYPE_F64:
+            ((double *)out)[i] = is_int ? (double)q : d;
+            break;
+        case NB_DTYPE_I32:
+            ((int32_t *)out)[i] = is_int ? (q < INT32_MIN   ? INT32_MIN
+                                            : q > INT32_MAX ? INT32_MAX
+                                                            : (int32_t)q)
+                                         : NBI_SAT(int32_t, INT32_MIN, INT32_MAX, d);
+            break;
+        case NB_DTYPE_I64:
+            /* 2^63 is exact in double; values at or above it saturate. */
+            ((int64_t *)out)[i] = is_int                        ? q
+                                  : d != d                      ? 0
+                                  : d <= -9223372036854775808.0 ? INT64_MIN
+                                  : d >= 9223372036854775808.0  ? INT64_MAX
+                                                                : (int64_t)d;
+            break;
+        case NB_DTYPE_BOOL:
+            ((uint8_t *)out)[i] = is_int ? q != 0 : d != 0;
+            break;
+        }
+    }
+}
+
+static void nbi_k_unary(const nbi_kargs *k) {
+    const nb_var *node = k->node;
+    nbi_op op = (nbi_op)node->op;
+    int64_t n = node->size;
+    if (op == NBI_OP_CAST) {
+        nbi_cast_kernel(node, k->out, k->in[0]);
+        return;
+    }
+    if (op == NBI_OP_LOGICAL_NOT) {
+        const uint8_t *x = k->in[0];
+        uint8_t *o = k->out;
+        for (int64_t i = 0; i < n; i++) {
+            o[i] = !x[i];
+        }
+        return;
+    }
+    switch (node->dtype) {
+    case NB_DTYPE_F32:
+        nbi_unary_f32(op, k->out, k->in[0], n);
+        break;
+    case NB_DTYPE_F64:
+        nbi_unary_f64(op, k->out, k->in[0], n);
+        break;
+    case NB_DTYPE_I32:
+        nbi_unary_i32(op, k->out, k->in[0], n);
+        break;
+    case NB_DTYPE_I64:
+        nbi_unary_i64(op, k->out, k->in[0], n);
+        break;
+    case NB_DTYPE_BOOL:
+        break;
+    }
+}
+
+/* ---- binary kernels ----------------------------------------------------------------- */
+
+/* o[i] = EXPR(x = a[i*sa], y = b[i*sb]) for i < n. */
+typedef void (*nbi_bin_fn)(void *o, const void *a, const void *b, int64_t n, int64_t sa,
+                           int64_t sb);
+
+#define NBI_BIN(fname, T, TO, EXPR)                                                                \
+    static void fname(void *o_, const void *a_, const void *b_, int64_t n, int64_t sa,             \
+                      int64_t sb) {                                                                \
+        TO *o = o_;                                                                                \
+        const T *a = a_, *b = b_;                                                                  \
+        if (sa == 1 && sb == 1) {                                                                  \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                T x = a[i], y = b[i];                                                              \
+                o[i] = (TO)(EXPR);                                                                 \
+            }                                                                                      \
+        } else if (sa == 0 && sb == 1) {                                                           \
+            T x = a[0];                                                                            \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                T y = b[i];                                                                        \
+                o[i] = (TO)(EXPR);                                                                 \
+            }                                                                                      \
+        } else if (sa == 1 && sb == 0) {                                                           \
+            T y = b[0];                                                                            \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                T x = a[i];                                                                        \
+                o[i] = (TO)(EXPR);                                                                 \
+            }                                                                                      \
+        } else {                                                                                   \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                T x = a[i * sa], y = b[i * sb];                                                    \
+                o[i] = (TO)(EXPR);                                                                 \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+#define NBI_FMAX(x, y) (((x) > (y) || (x) != (x)) ? (x) : (y))
+#define NBI_FMIN(x, y) (((x) < (y) || (x) != (x)) ? (x) : (y))
+#define NBI_IDIV(T, U, x, y) ((y) == 0 ? (T)0 : (y) == -1 ? (T)(0u - (U)(x)) : (T)((x) / (y)))
+
+/* Arithmetic for one numeric type: float types direct, integer types wrapping. */
+#define NBI_BIN_FLOAT(T, S)                                                                        \
+    NBI_BIN(nbi_badd_##S, T, T, x + y)                                                             \
+    NBI_BIN(nbi_bsub_##S, T, T, x - y)                                                             \
+    NBI_BIN(nbi_bmul_##S, T, T, x *y)                                                              \
+    NBI_BIN(nbi_bdiv_##S, T, T, x / y)                                                             \
+    NBI_BIN(nbi_bmax_##S, T, T, NBI_FMAX(x, y))                                                    \
+    NBI_BIN(nbi_bmin_##S, T, T, NBI_FMIN(x, y))
+#define NBI_BIN_INT(T, U, S)                                                                       \
+    NBI_BIN(nbi_badd_##S, T, T, (U)x + (U)y)                                                       \
+    NBI_BIN(nbi_bsub_##S, T, T, (U)x - (U)y)                                                       \
+    NBI_BIN(nbi_bmul_##S, T, T, (U)x *(U)y)                                                        \
+    NBI_BIN(nbi_bdiv_##S, T, T, NBI_IDIV(T, U, x, y))                                              \
+    NBI_BIN(nbi_bmax_##S, T, T, x > y ? x : y)                                                     \
+    NBI_BIN(nbi_bmin_##S, T, T, x < y ? x : y)
+#define NBI_BIN_CMP(T, S)                                                                          \
+    NBI_BIN(nbi_beq_##S, T, uint8_t, x == y)                                                       \
+    NBI_BIN(nbi_bne_##S, T, uint8_t, x != y)                                                       \
+    NBI_BIN(nbi_blt_##S, T, uint8_t, x < y)                                                        \
+    NBI_BIN(nbi_ble_##S, T, uint8_t, x <= y)                                                       \
+    NBI_BIN(nbi_bgt_##S, T, uint8_t, x > y)                                                        \
+    NBI_BIN(nbi_bge_##S, T, uint8_t, x >= y)
+
+NBI_BIN_FLOAT(float, f32)
+NBI_BIN_FLOAT(double, f64)
+NBI_BIN_INT(int32_t, uint32_t, i32)
+NBI_BIN_INT(int64_t, uint64_t, i64)
+NBI_BIN_CMP(float, f32)
+NBI_BIN_CMP(double, f64)
+NBI_BIN_CMP(int32_t, i32)
+NBI_BIN_CMP(int64_t, i64)
+NBI_BIN_CMP(uint8_t, b8)
+NBI_BIN(nbi_band_b8, uint8_t, uint8_t, x &&y)
+NBI_BIN(nbi_bor_b8, uint8_t, uint8_t, x || y)
+
+/* pow: gather each row into tiles so that every element goes through SLEEF's vector pow. */
+#define NBI_DEF_POW(T, S)                                                                          \
+    static void nbi_bpow_##S(void *o_, const void *a_, const void *b_, int64_t n, int64_t sa,      \
+                             int64_t sb) {                                                         \
+        T *o = o_;                                                                                 \
+        const T *a = a_, *b = b_;                                                                  \
+        const nbi_vmath *vm = nbi_vmath_get();                                                     \
+        if (sa == 1 && sb == 1) {                                                                  \
+            vm->pow_##S(o, a, b, n);                                                               \
+            return;                                                                                \
+        }                                                                                          \
+        T ta[NBI_TILE], tb[NBI_TILE];                                                              \
+        for (int64_t i0 = 0; i0 < n; i0 += NBI_TILE) {                                             \
+            int64_t m = n - i0 < NBI_TILE ? n - i0 : NBI_TILE;                                     \
+            for (int64_t i = 0; i < m; i++) {                                                      \
+                ta[i] = a[(i0 + i) * sa];                                                          \
+                tb[i] = b[(i0 + i) * sb];                                                          \
+            }                                                                                      \
+            vm->pow_##S(o + i0, ta, tb, m);                                                        \
+        }                                                                                          \
+    }
+NBI_DEF_POW(float, f32)
+NBI_DEF_POW(double, f64)
+
+/* [op][dtype], NULL where the combination is rejected by inference. */
+static nbi_bin_fn nbi_bin_fn_of(nbi_op op, nb_dtype d) {
+#define NBI_PICK(stem)                                                                             \
+    switch (d) {                                                                                   \
+    case NB_DTYPE_F32:                                                                             \
+        return stem##_f32;                                                                         \
+    case NB_DTYPE_F64:                                                                             \
+        return stem##_f64;                                                                         \
+    case NB_DTYPE_I32:                                                                             \
+        return stem##_i32;                                                                         \
+    case NB_DTYPE_I64:                                                                             \
+        return stem##_i64;                                                                         \
+    default:                                                                                       \
+        return NULL;                                                                               \
+    }
+#define NBI_PICK_CMP(stem)                                                                         \
+    if (d == NB_DTYPE_BOOL) {                                                                      \
+        return stem##_b8;                                                                          \
+    }                                                                                              \
+    NBI_PICK(stem)
+    switch (op) {
+    case NBI_OP_ADD:
+        NBI_PICK(nbi_badd)
+    case NBI_OP_SUB:
+        NBI_PICK(nbi_bsub)
+    case NBI_OP_MUL:
+        NBI_PICK(nbi_bmul)
+    case NBI_OP_DIV:
+        NBI_PICK(nbi_bdiv)
+    case NBI_OP_MAXIMUM:
+        NBI_PICK(nbi_bmax)
+    case NBI_OP_MINIMUM:
+        NBI_PICK(nbi_bmin)
+    case NBI_OP_EQ:
+        NBI_PICK_CMP(nbi_beq)
+    case NBI_OP_NE:
+        NBI_PICK_CMP(nbi_bne)
+    case NBI_OP_LT:
+        NBI_PICK_CMP(nbi_blt)
+    case NBI_OP_LE:
+        NBI_PICK_CMP(nbi_ble)
+    case NBI_OP_GT:
+        NBI_PICK_CMP(nbi_bgt)
+    case NBI_OP_GE:
+        NBI_PICK_CMP(nbi_bge)
+    case NBI_OP_POW:
+        return d == NB_DTYPE_F32 ? nbi_bpow_f32 : d == NB_DTYPE_F64 ? nbi_bpow_f64 : NULL;
+    case NBI_OP_LOGICAL_AND:
+        return nbi_band_b8;
+    case NBI_OP_LOGICAL_OR:
+        return nbi_bor_b8;
+    default:
+        return NULL;
+    }
+#undef NBI_PICK_CMP
+#undef NBI_PICK
+}
+
+/* Walk the output in row-major order, one innermost row at a time; inputs are addressed
+ * through broadcast strides. The traversal order is fixed, so results never depend on it. */
+static void nbi_k_binary(const nbi_kargs *k) {
+    const nb_var *node = k->node;
+    if (node->size == 0) {
+        return;
+    }
+    const nb_var *x = node->in[0], *y = node->in[1];
+    nbi_bin_fn f = nbi_bin_fn_of((nbi_op)node->op, x->dtype);
+    size_t eo = nb_dtype_size(node->dtype), ei = nb_dtype_size(x->dtype);
+    int r = node->rank;
+    if (r == 0) {
+        f(k->out, k->in[0], k->in[1], 1, 0, 0);
+        return;
+    }
+    int64_t sa[NB_MAX_RANK], sb[NB_MAX_RANK], idx[NB_MAX_RANK] = {0};
+    nbi_bcast_strides(x->rank, x->shape, r, node->shape, sa);
+    nbi_bcast_strides(y->rank, y->shape, r, node->shape, sb);
+    int64_t inner = node->shape[r - 1], rows = node->size / inner, oa = 0, ob = 0;
+    const unsigned char *a = k->in[0], *b = k->in[1];
+    unsigned char *o = k->out;
+    for (int64_t row = 0; row < rows; row++) {
+        f(o + (size_t)(row * inner) * eo, a + (size_t)oa * ei, b + (size_t)ob * ei, inner,
+          sa[r - 1], sb[r - 1]);
+        for (int d = r - 2; d >= 0; d--) {
+            oa += sa[d];
+            ob += sb[d];
+            if (++idx[d] < node->shape[d]) {
+                break;
+            }
+            oa -= sa[d] * node->shape[d];
+            ob -= sb[d] * node->shape[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+static void nbi_k_select(const nbi_kargs *k) {
+    const nb_var *node = k->node;
+    if (node->size == 0) {
+        return;
+    }
+    int r = node->rank;
+    size_t es = nb_dtype_size(node->dtype);
+    int64_t st[3][NB_MAX_RANK] = {{0}}, idx[NB_MAX_RANK] = {0}, off[3] = {0, 0, 0};
+    for (int j = 0; j < 3; j++) {
+        nbi_bcast_strides(node->in[j]->rank, node->in[j]->shape, r, node->shape, st[j]);
+    }
+    const uint8_t *c = k->in[0];
+    const unsigned char *a = k->in[1], *b = k->in[2];
+    unsigned char *o = k->out;
+    for (int64_t i = 0; i < node->size; i++) {
+        const unsigned char *src = c[off[0]] ? a + (size_t)off[1] * es : b + (size_t)off[2] * es;
+        memcpy(o + (size_t)i * es, src, es);
+        for (int d = r - 1; d >= 0; d--) {
+            for (int j = 0; j < 3; j++) {
+                off[j] += st[j][d];
+            }
+            if (++idx[d] < node->shape[d]) {
+                break;
+            }
+            for (int j = 0; j < 3; j++) {
+                off[j] -= st[j][d] * node->shape[d];
+            }
+            idx[d] = 0;
+        }
+    }
+}
+
+/* ---- registry entries --------------------------------------------------------------- */
+
+#define NBI_UNARY_INFO(lname, NDIFF)                                                               \
+    const nbi_op_info nbi_opinfo_##lname = {.name = #lname,                                        \
+                                            .n_in = 1,                                             \
+                                            .infer = nbi_infer_unary,                              \
+                                            .kernel = nbi_k_unary,                                 \
+                                            .nondiff = NDIFF,                                      \
+                                            .elementwise = true};
+#define NBI_BINARY_INFO(lname, NDIFF)                                                              \
+    const nbi_op_info nbi_opinfo_##lname = {.name = #lname,                                        \
+                                            .n_in = 2,                                             \
+                                            .infer = nbi_infer_binary,                             \
+                                            .kernel = nbi_k_binary,                                \
+                                            .nondiff = NDIFF,                                      \
+                                            .elementwise = true};
+
+NBI_UNARY_INFO(neg, 0)
+NBI_UNARY_INFO(abs, 0)
+NBI_UNARY_INFO(sign, 1)
+NBI_UNARY_INFO(exp, 0)
+NBI_UNARY_INFO(expm1, 0)
+NBI_UNARY_INFO(log, 0)
+NBI_UNARY_INFO(log1p, 0)
+NBI_UNARY_INFO(sqrt, 0)
+NBI_UNARY_INFO(rsqrt, 0)
+NBI_UNARY_INFO(square, 0)
+NBI_UNARY_INFO(reciprocal, 0)
+NBI_UNARY_INFO(sin, 0)
+NBI_UNARY_INFO(cos, 0)
+NBI_UNARY_INFO(tan, 0)
+NBI_UNARY_INFO(tanh, 0)
+NBI_UNARY_INFO(sigmoid, 0)
+NBI_UNARY_INFO(relu, 0)
+NBI_UNARY_INFO(gelu, 0)
+NBI_UNARY_INFO(softplus, 0)
+NBI_UNARY_INFO(erf, 0)
+NBI_UNARY_INFO(logical_not, 1)
+NBI_UNARY_INFO(cast, 0)
+NBI_BINARY_INFO(add, 0)
+NBI_BINARY_INFO(sub, 0)
+NBI_BINARY_INFO(mul, 0)
+NBI_BINARY_INFO(div, 0)
+NBI_BINARY_INFO(pow, 0)
+NBI_BINARY_INFO(maximum, 0)
+NBI_BINARY_INFO(minimum, 0)
+NBI_BINARY_INFO(eq, 3)
+NBI_BINARY_INFO(ne, 3)
+NBI_BINARY_INFO(lt, 3)
+NBI_BINARY_INFO(le, 3)
+NBI_BINARY_INFO(gt, 3)
+NBI_BINARY_INFO(ge, 3)
+NBI_BINARY_INFO(logical_and, 3)
+NBI_BINARY_INFO(logical_or, 3)
+
+const nbi_op_info nbi_opinfo_select = {.name = "select",
+                                       .n_in = 3,
+                                       .infer = nbi_infer_select,
+                                       .kernel = nbi_k_select,
+                                       .nondiff = 1,
+                                       .elementwise = true};

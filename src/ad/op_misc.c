@@ -1,0 +1,281 @@
+/*
+ * op_misc.c -- inputs (param), constants (constant, full, iota), stop_gradient, and calls
+ * to sub-executables (call, call_output).
+ */
+#include "ad/ir.h"
+
+#include <string.h>
+
+/* ---- inference ---------------------------------------------------------------------- */
+
+/* full and iota carry their result's dtype and shape in the attributes. */
+static nb_status nbi_infer_from_attrs(nb_trace *tr, nb_var *p) {
+    (void)tr;
+    p->dtype = p->at.to;
+    p->rank = (int8_t)p->at.n_axes;
+    for (int i = 0; i < p->rank; i++) {
+        p->shape[i] = p->at.a[i];
+    }
+    return NB_OK;
+}
+
+static nb_status nbi_infer_constant(nb_trace *tr, nb_var *p) {
+    (void)tr;
+    const nb_array *a = p->at.array;
+    p->dtype = nb_array_dtype(a);
+    p->rank = (int8_t)nb_array_rank(a);
+    memcpy(p->shape, nb_array_shape(a), (size_t)p->rank * sizeof(int64_t));
+    return NB_OK;
+}
+
+static nb_status nbi_infer_identity(nb_trace *tr, nb_var *p) {
+    (void)tr;
+    const nb_var *x = p->in[0];
+    p->dtype = x->dtype;
+    p->rank = x->rank;
+    memcpy(p->shape, x->shape, sizeof p->shape);
+    p->flags |= x->flags & NBI_NODE_WEAK;
+    return NB_OK;
+}
+
+/* ---- builders ----------------------------------------------------------------------- */
+
+static nb_status nbi_shape_attrs(nb_trace *tr, const char *fn, nb_dtype dtype, int rank,
+                                 const int64_t *shape, nbi_attrs *at) {
+    memset(at, 0, sizeof *at);
+    if (nb_dtype_size(dtype) == 0) {
+        return nbi_trace_err(tr, NB_ERR_DTYPE, "%s: unknown dtype %d", fn, (int)dtype);
+    }
+    if (rank < 0 || rank > NB_MAX_RANK || (rank > 0 && shape == NULL)) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE, "%s: rank %d with %s shape", fn, rank,
+                             shape ? "a" : "a NULL");
+    }
+    for (int i = 0; i < rank; i++) {
+        if (shape[i] < 0) {
+            return nbi_trace_err(tr, NB_ERR_SHAPE, "%s: dim %d is %lld; dims must be >= 0", fn, i,
+                                 (long long)shape[i]);
+        }
+        at->a[i] = shape[i];
+    }
+    at->n_axes = rank;
+    at->to = dtype;
+    return NB_OK;
+}
+
+nb_var *nb_full(nb_trace *tr, nb_dtype dtype, int rank, const int64_t *shape, double value) {
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (tr->status != NB_OK) {
+        return tr->poison;
+    }
+    nbi_attrs at;
+    if (nbi_shape_attrs(tr, "nb_full", dtype, rank, shape, &at) != NB_OK) {
+        return tr->poison;
+    }
+    at.value = value;
+    return nbi_emit(tr, NBI_OP_FULL, 0, NULL, &at);
+}
+
+nb_var *nb_scalar_typed(nb_trace *tr, nb_dtype dtype, double value) {
+    return nb_full(tr, dtype, 0, NULL, value);
+}
+
+nb_var *nb_scalar(nb_trace *tr, double value) {
+    nb_var *v = nb_full(tr, NB_DTYPE_F32, 0, NULL, value);
+    if (v != NULL && !(v->flags & NBI_NODE_POISON)) {
+        v->flags |= NBI_NODE_WEAK;
+    }
+    return v;
+}
+
+nb_var *nb_constant(nb_trace *tr, const nb_array *a) {
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (tr->status != NB_OK) {
+        return tr->poison;
+    }
+    nb_array *copy = NULL;
+    nb_status st = nb_array_copy(a, &copy);
+    if (st != NB_OK) {
+        return nbi_trace_errv(tr, st, "nb_constant: %s",
+                              st == NB_ERR_MISUSE ? "NULL or destroyed array"
+                                                  : "out of memory copying the array");
+    }
+    if (!nbi_arena_own_array(&tr->arena, copy)) {
+        return nbi_trace_errv(tr, NB_ERR_OOM, "nb_constant: out of memory");
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.array = copy;
+    return nbi_emit(tr, NBI_OP_CONST, 0, NULL, &at);
+}
+
+nb_var *nb_iota(nb_trace *tr, nb_dtype dtype, int rank, const int64_t *shape, int axis) {
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (tr->status != NB_OK) {
+        return tr->poison;
+    }
+    nbi_attrs at;
+    if (nbi_shape_attrs(tr, "nb_iota", dtype, rank, shape, &at) != NB_OK) {
+        return tr->poison;
+    }
+    int ax;
+    if (!nbi_norm_axis(axis, rank, &ax) || dtype == NB_DTYPE_BOOL) {
+        return nbi_trace_errv(tr, NB_ERR_INVALID,
+                              "nb_iota: axis %d is out of range for rank %d (or dtype is bool)",
+                              axis, rank);
+    }
+    at.axis = ax;
+    return nbi_emit(tr, NBI_OP_IOTA, 0, NULL, &at);
+}
+
+nb_var *nb_stop_gradient(nb_var *x) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace_of(1, &x, &poisoned);
+    return tr ? nbi_emit(tr, NBI_OP_STOP_GRADIENT, 1, &x, NULL) : NULL;
+}
+
+/* ---- kernels ------------------------------------------------------------------------ */
+
+static void nbi_store_value(nb_dtype d, void *out, int64_t i, double v) {
+    switch (d) {
+    case NB_DTYPE_F32:
+        ((float *)out)[i] = (float)v;
+        break;
+    case NB_DTYPE_F64:
+        ((double *)out)[i] = v;
+        break;
+    case NB_DTYPE_I32:
+        ((int32_t *)out)[i] = v != v               ? 0
+                              : v <= -2147483648.0 ? INT32_MIN
+                              : v >= 2147483647.0  ? INT32_MAX
+                                                   : (int32_t)v;
+        break;
+    case NB_DTYPE_I64:
+        ((int64_t *)out)[i] = v != v                        ? 0
+                              : v <= -9223372036854775808.0 ? INT64_MIN
+                              : v >= 9223372036854775808.0  ? INT64_MAX
+                                                            : (int64_t)v;
+        break;
+    case NB_DTYPE_BOOL:
+        ((uint8_t *)out)[i] = v != 0;
+        break;
+    }
+}
+
+static void nbi_k_full(const nbi_kargs *k) {
+    const nb_var *n = k->node;
+    if (n->size == 0) {
+        return;
+    }
+    nbi_store_value(n->dtype, k->out, 0, n->at.value);
+    size_t es = nb_dtype_size(n->dtype);
+    for (int64_t i = 1; i < n->size; i++) {
+        memcpy((unsigned char *)k->out + (size_t)i * es, k->out, es);
+    }
+}
+
+static void nbi_k_constant(const nbi_kargs *k) {
+    const nb_var *n = k->node;
+    if (n->size > 0) {
+        memcpy(k->out, nb_array_data(n->at.array), nb_array_nbytes(n->at.array));
+    }
+}
+
+static void nbi_k_iota(const nbi_kargs *k) {
+    const nb_var *n = k->node;
+    int64_t inner = 1;
+    for (int i = n->at.axis + 1; i < n->rank; i++) {
+        inner *= n->shape[i];
+    }
+    int64_t len = n->shape[n->at.axis];
+    for (int64_t i = 0; i < n->size; i++) {
+        nbi_store_value(n->dtype, k->out, i, (double)((i / inner) % len));
+    }
+}
+
+static void nbi_k_copy(const nbi_kargs *k) {
+    const nb_var *n = k->node;
+    if (n->size > 0) {
+        memcpy(k->out, k->in[0], (size_t)n->size * nb_dtype_size(n->dtype));
+    }
+}
+
+/* A call writes every output of the callee into its own buffer, one after another at
+ * 64-byte aligned offsets; call_output nodes copy their part out. */
+static void nbi_k_call(const nbi_kargs *k) {
+    const nb_var *n = k->node;
+    const nbi_exec *e = n->at.callee;
+    int32_t n_out = nbi_exec_n_outputs(e);
+    void **outs = k->scratch; /* n_out pointers (nbi_scratch_call) */
+    size_t off = 0;
+    for (int32_t i = 0; i < n_out; i++) {
+        outs[i] = (unsigned char *)k->out + off;
+        const nb_var *o = nbi_exec_output(e, i);
+        off += ((size_t)o->size * nb_dtype_size(o->dtype) + 63) / 64 * 64;
+    }
+    nbi_exec_run_raw(e, k->in, outs);
+}
+
+static void nbi_k_call_output(const nbi_kargs *k) {
+    const nb_var *n = k->node;
+    if (n->size > 0) {
+        memcpy(k->out, (const unsigned char *)k->in[0] + n->at.a[0],
+               (size_t)n->size * nb_dtype_size(n->dtype));
+    }
+}
+
+static size_t nbi_scratch_call(const nb_var *node) {
+    return (size_t)nbi_exec_n_outputs(node->at.callee) * sizeof(void *);
+}
+
+/* A call's own value is the byte buffer holding all the callee's outputs. */
+static nb_status nbi_infer_call(nb_trace *tr, nb_var *p) {
+    (void)tr;
+    const nbi_exec *e = p->at.callee;
+    size_t off = 0;
+    for (int32_t i = 0; i < nbi_exec_n_outputs(e); i++) {
+        const nb_var *o = nbi_exec_output(e, i);
+        off += ((size_t)o->size * nb_dtype_size(o->dtype) + 63) / 64 * 64;
+    }
+    p->dtype = NB_DTYPE_BOOL;
+    p->rank = 1;
+    p->shape[0] = (int64_t)off;
+    return NB_OK;
+}
+
+static nb_status nbi_infer_call_output(nb_trace *tr, nb_var *p) {
+    (void)tr;
+    const nb_var *o = nbi_exec_output(p->in[0]->at.callee, (int32_t)p->at.ivalue);
+    p->dtype = o->dtype;
+    p->rank = o->rank;
+    memcpy(p->shape, o->shape, sizeof p->shape);
+    return NB_OK;
+}
+
+/* ---- registry entries --------------------------------------------------------------- */
+
+const nbi_op_info nbi_opinfo_param = {.name = "param", .n_in = 0};
+const nbi_op_info nbi_opinfo_constant = {
+    .name = "constant", .n_in = 0, .infer = nbi_infer_constant, .kernel = nbi_k_constant};
+const nbi_op_info nbi_opinfo_full = {
+    .name = "full", .n_in = 0, .infer = nbi_infer_from_attrs, .kernel = nbi_k_full};
+const nbi_op_info nbi_opinfo_iota = {
+    .name = "iota", .n_in = 0, .infer = nbi_infer_from_attrs, .kernel = nbi_k_iota};
+const nbi_op_info nbi_opinfo_stop_gradient = {.name = "stop_gradient",
+                                              .n_in = 1,
+                                              .infer = nbi_infer_identity,
+                                              .kernel = nbi_k_copy,
+                                              .nondiff = 1,
+                                              .elementwise = true};
+const nbi_op_info nbi_opinfo_call = {.name = "call",
+                                     .n_in = -1,
+                                     .infer = nbi_infer_call,
+                                     .kernel = nbi_k_call,
+                                     .scratch = nbi_scratch_call};
+const nbi_op_info nbi_opinfo_call_output = {
+    .name = "call_output", .n_in = 1, .infer = nbi_infer_call_output, .kernel = nbi_k_call_output};

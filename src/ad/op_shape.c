@@ -1,0 +1,1452 @@
+/*
+ * op_shape.c -- shapes and data movement: reshape, broadcast_to, transpose, slice,
+ * concatenate, pad, take, take_along_axis, one_hot, dynamic_slice, dynamic_update_slice
+ * (builders, shape/dtype inference, kernels), and the composites expand_dims and squeeze
+ * (reshapes) and stack (expand_dims each input, then concatenate).
+ *
+ * The kernels move elements without looking at them (one_hot and pad's fill value aside),
+ * so they are dtype-agnostic: elements are copied by their byte size. Strided copies walk
+ * the output in row-major order and update the input offset incrementally; adjacent axes
+ * that are contiguous in both buffers are merged first, so the innermost run is as long as
+ * it can be (a plain memcpy when both sides are contiguous).
+ *
+ * Index semantics, fixed here because trace.h only says "clamped":
+ *   - take, take_along_axis: a negative index counts back from the end (numpy, JAX), and
+ *     whatever is still out of range is then clamped into [0, dim-1] (JAX's clip mode), so
+ *     -1 is the last element, -dim-5 the first and dim+5 the last. A kernel never reads
+ *     outside x. An empty axis with a non-empty result is a trace-time error (there is
+ *     nothing to clamp to), as numpy's IndexError.
+ *   - one_hot: an index outside [0, depth) -- negative ones included -- gives a row of
+ *     zeros, as jax.nn.one_hot.
+ *   - dynamic_slice, dynamic_update_slice: each start is clamped into [0, dim - size] (XLA's
+ *     DynamicSlice); negative starts are not counted back from the end, they clamp to 0.
+ *
+ * Builders return x itself (no node) for a reshape or broadcast_to to x's own shape, an
+ * identity transpose, a slice that selects everything, a pad of zero widths and a
+ * concatenation of one array. Shape ops on a weak scalar stay weak (as JAX's weak types
+ * through reshape, broadcast_in_dim, slice, pad, ...); concatenate and
+ * dynamic_update_slice are weak only when all their data inputs are.
+ */
+#include "ad/ir.h"
+
+#include <string.h>
+
+/* ---- helpers ------------------------------------------------------------------------ */
+
+static bool nbi_is_index_dtype(nb_dtype d) {
+    return d == NB_DTYPE_I32 || d == NB_DTYPE_I64;
+}
+
+/* "[2,-1,3]" into buf. */
+static const char *nbi_dims_str(char *buf, size_t cap, int rank, const int64_t *dims) {
+    nbi_sbuf s = nbi_sbuf_make(buf, cap);
+    nbi_sbuf_putc(&s, '[');
+    for (int i = 0; i < rank; i++) {
+        nbi_sbuf_printf(&s, i ? ",%lld" : "%lld", (long long)dims[i]);
+    }
+    nbi_sbuf_putc(&s, ']');
+    return buf;
+}
+
+/* Row-major element strides of a shape. */
+static void nbi_strides(int rank, const int64_t *shape, int64_t *st) {
+    int64_t s = 1;
+    for (int d = rank - 1; d >= 0; d--) {
+        st[d] = s;
+        s *= shape[d];
+    }
+}
+
+static void nbi_copy_shape(nb_var *p, int rank, const int64_t *shape) {
+    p->rank = (int8_t)rank;
+    memset(p->shape, 0, sizeof p->shape);
+    for (int i = 0; i < rank; i++) {
+        p->shape[i] = shape[i];
+    }
+}
+
+static bool nbi_same_shape(const nb_var *x, int rank, const int64_t *shape) {
+    if (x->rank != rank) {
+        return false;
+    }
+    for (int i = 0; i < rank; i++) {
+        if (x->shape[i] != shape[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The trace of a single-input builder; *poisoned as nbi_trace_of. */
+static nb_trace *nbi_trace1(nb_var *x, bool *poisoned) {
+    return nbi_trace_of(1, &x, poisoned);
+}
+
+/* ---- inference ---------------------------------------------------------------------- */
+
+/* Check a reshape target (at->a, at->n_axes dims) against x and resolve its -1 in place. */
+static nb_status nbi_reshape_resolve(nb_trace *tr, const nb_var *x, nbi_attrs *at) {
+    char sx[NBI_SIG_CAP], st[NBI_SIG_CAP];
+    int r = at->n_axes;
+    if (r < 0 || r > NB_MAX_RANK) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "nb_reshape: target rank %d for %s is out of range; a shape has "
+                             "0 to %d dims",
+                             r, nbi_var_sig(sx, sizeof sx, x), NB_MAX_RANK);
+    }
+    nbi_var_sig(sx, sizeof sx, x);
+    nbi_dims_str(st, sizeof st, r, at->a);
+    int infer_at = -1;
+    int64_t known = 1;
+    for (int i = 0; i < r; i++) {
+        if (at->a[i] == -1) {
+            if (infer_at >= 0) {
+                return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                     "nb_reshape: target shape %s for %s has more than one "
+                                     "-1; at most one dim can be inferred",
+                                     st, sx);
+            }
+            infer_at = i;
+        } else if (at->a[i] < 0) {
+            return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                 "nb_reshape: dim %d of the target shape %s for %s is %lld; "
+                                 "dims must be >= 0 (or -1 to infer one)",
+                                 i, st, sx, (long long)at->a[i]);
+        } else if (nbi_mul_i64(known, at->a[i], &known)) {
+            return nbi_trace_err(tr, NB_ERR_OVERFLOW,
+                                 "nb_reshape: target shape %s for %s has too many elements", st,
+                                 sx);
+        }
+    }
+    if (infer_at >= 0) {
+        if (known == 0) {
+            return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                 "nb_reshape: cannot infer the -1 in %s for %s: the other "
+                                 "dims multiply to 0 (give every dim explicitly)",
+                                 st, sx);
+        }
+        if (x->size % known != 0) {
+            return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                 "nb_reshape: cannot reshape %s (%lld elements) into %s: %lld "
+                                 "is not a multiple of %lld (the element counts must match)",
+                                 sx, (long long)x->size, st, (long long)x->size, (long long)known);
+        }
+        at->a[infer_at] = x->size / known;
+        known = x->size;
+    }
+    if (known != x->size) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "nb_reshape: cannot reshape %s (%lld elements) into %s (%lld "
+                             "elements); the element counts must match",
+                             sx, (long long)x->size, st, (long long)known);
+    }
+    return NB_OK;
+}
+
+static nb_status nbi_infer_reshape(nb_trace *tr, nb_var *p) {
+    const nb_var *x = p->in[0];
+    nb_status s = nbi_reshape_resolve(tr, x, &p->at);
+    if (s != NB_OK) {
+        return s;
+    }
+    p->dtype = x->dtype;
+    nbi_copy_shape(p, p->at.n_axes, p->at.a);
+    p->flags |= x->flags & NBI_NODE_WEAK;
+    return NB_OK;
+}
+
+static nb_status nbi_infer_broadcast(nb_trace *tr, nb_var *p) {
+    const nb_var *x = p->in[0];
+    const nbi_attrs *at = &p->at;
+    char sx[NBI_SIG_CAP], st[NBI_SIG_CAP];
+    int r = at->n_axes;
+    if (r < 0 || r > NB_MAX_RANK) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "nb_broadcast_to: target rank %d for %s is out of range; a shape "
+                             "has 0 to %d dims",
+                             r, nbi_var_sig(sx, sizeof sx, x), NB_MAX_RANK);
+    }
+    nbi_var_sig(sx, sizeof sx, x);
+    nbi_dims_str(st, sizeof st, r, at->a);
+    for (int i = 0; i < r; i++) {
+        if (at->a[i] < 0) {
+            return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                 "nb_broadcast_to: dim %d of the target shape %s is %lld; dims "
+                                 "must be >= 0",
+                                 i, st, (long long)at->a[i]);
+        }
+    }
+    if (r < x->rank) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "nb_broadcast_to: cannot broadcast %s to %s: the target has fewer "
+                             "dims than the input (remove size-1 dims with nb_squeeze or "
+                             "nb_reshape first)",
+                             sx, st);
+    }
+    for (int j = 0; j < x->rank; j++) {
+        int i = j + (r - x->rank);
+        if (x->shape[j] != at->a[i] && x->shape[j] != 1) {
+            return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                 "nb_broadcast_to: cannot broadcast %s to %s: input dim %d (%lld) "
+                                 "must be 1 or equal the target's dim %d (%lld); shapes are "
+                                 "aligned from the right",
+                                 sx, st, j, (long long)x->shape[j], i, (long long)at->a[i]);
+        }
+    }
+    p->dtype = x->dtype;
+    nbi_copy_shape(p, r, at->a);
+    p->flags |= x->flags & NBI_NODE_WEAK;
+    return NB_OK;
+}
+
+static nb_status nbi_infer_transpose(nb_trace *tr, nb_var *p) {
+    const nb_var *x = p->in[0];
+    nbi_attrs *at = &p->at;
+    char sx[NBI_SIG_CAP], sp[NBI_SIG_CAP];
+    int r = x->rank;
+    bool seen[NB_MAX_RANK] = {false};
+    bool ok = at->n_axes == r;
+    int64_t perm[NB_MAX_RANK];
+    for (int i = 0; i < at->n_axes && i < NB_MAX_RANK; i++) {
+        perm[i] = at->axes[i];
+    }
+    for (int i = 0; ok && i < r; i++) {
+        int a;
+        if (!nbi_norm_axis(at->axes[i], r, &a) || seen[a]) {
+            ok = false;
+            break;
+        }
+        seen[a] = true;
+        at->axes[i] = a;
+    }
+    if (!ok) {
+        int n = at->n_axes < 0 ? 0 : at->n_axes > NB_MAX_RANK ? NB_MAX_RANK : at->n_axes;
+        return nbi_trace_err(tr, NB_ERR_INVALID,
+                             "nb_transpose: perm %s is not a permutation of the %d axes of %s "
+                             "(list each axis once, from 0 to %d or -%d to -1)",
+                             nbi_dims_str(sp, sizeof sp, n, perm), r, nbi_var_sig(sx, sizeof sx, x),
+                             r - 1, r);
+    }
+    p->dtype = x->dtype;
+    p->rank = (int8_t)r;
+    memset(p->shape, 0, sizeof p->shape);
+    for (int i = 0; i < r; i++) {
+        p->shape[i] = x->shape[at->axes[i]];
+    }
+    p->flags |= x->flags & NBI_NODE_WEAK;
+    return NB_OK;
+}
+
+/* The length of a normalised slice: start a, stop b (both in [-1, len]), step c != 0. */
+static int64_t nbi_slice_count(int64_t a, int64_t b, int64_t c) {
+    if (c > 0) {
+        return b > a ? (int64_t)((uint64_t)(b - a - 1) / (uint64_t)c) + 1 : 0;
+    }
+    return b < a ? (int64_t)((uint64_t)(a - b - 1) / (0u - (uint64_t)c)) + 1 : 0;
+}
+
+/* The attributes hold the normalised slice (nbi_slice_norm): the kernel reads element
+ * a + i*c along each axis. */
+static nb_status nbi_infer_slice(nb_trace *tr, nb_var *p) {
+    const nb_var *x = p->in[0];
+    const nbi_attrs *at = &p->at;
+    char sx[NBI_SIG_CAP];
+    p->dtype = x->dtype;
+    p->rank = x->rank;
+    memset(p->shape, 0, sizeof p->shape);
+    for (int d = 0; d < x->rank; d++) {
+        int64_t len = x->shape[d], a = at->a[d], b = at->b[d], c = at->c[d];
+        if (c == 0) {
+            return nbi_trace_err(tr, NB_ERR_INVALID,
+                                 "nb_slice: step 0 on axis %d of %s; a step must be nonzero", d,
+                                 nbi_var_sig(sx, sizeof sx, x));
+        }
+        bool ok = a >= -1 && a <= len && b >= -1 && b <= len;
+        int64_t n = ok ? nbi_slice_count(a, b, c) : 0;
+        if (ok && n > 0) {
+            int64_t last = a + (n - 1) * c;
+            ok = a >= 0 && a < len && last >= 0 && last < len;
+        }
+        if (!ok) {
+            return nbi_trace_err(tr, NB_ERR_INTERNAL,
+                                 "nb_slice: axis %d of %s has unnormalised bounds %lld:%lld:%lld",
+                                 d, nbi_var_sig(sx, sizeof sx, x), (long long)a, (long long)b,
+                                 (long long)c);
+        }
+        p->shape[d] = n;
+    }
+    p->flags |= x->flags & NBI_NODE_WEAK;
+    return NB_OK;
+}
+
+static nb_status nbi_infer_concat(nb_trace *tr, nb_var *p) {
+    const nb_var *x0 = p->in[0];
+    char s0[NBI_SIG_CAP], si[NBI_SIG_CAP];
+    int r = x0->rank, ax;
+    if (r == 0) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "nb_concatenate: input 0 is %s (rank 0); scalars cannot be "
+                             "concatenated (use nb_stack)",
+                             nbi_var_sig(s0, sizeof s0, x0));
+    }
+    if (!nbi_norm_axis(p->at.axis, r, &ax)) {
+        return nbi_trace_err(tr, NB_ERR_INVALID,
+                             "nb_concatenate: axis %d is out of range for %s (use 0 to %d or -%d "
+                             "to -1)",
+                             (int)p->at.axis, nbi_var_sig(s0, sizeof s0, x0), r - 1, r);
+    }
+    p->at.axis = ax;
+    int64_t total = 0;
+    bool weak = true;
+    for (int32_t j = 0; j < p->n_in; j++) {
+        const nb_var *xj = p->in[j];
+        if (xj->dtype != x0->dtype) {
+            return nbi_trace_err(tr, NB_ERR_DTYPE,
+                                 "nb_concatenate: input %d is %s but input 0 is %s; all inputs "
+                                 "need one dtype (convert with nb_cast)",
+                                 (int)j, nbi_var_sig(si, sizeof si, xj),
+                                 nbi_var_sig(s0, sizeof s0, x0));
+        }
+        bool same = xj->rank == r;
+        for (int d = 0; same && d < r; d++) {
+            same = d == ax || xj->shape[d] == x0->shape[d];
+        }
+        if (!same) {
+            return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                 "nb_concatenate: input %d is %s but input 0 is %s; inputs need "
+                                 "the same rank and equal dims except on axis %d",
+                                 (int)j, nbi_var_sig(si, sizeof si, xj),
+                                 nbi_var_sig(s0, sizeof s0, x0), ax);
+        }
+        if (__builtin_add_overflow(total, xj->shape[ax], &total)) {
+            return nbi_trace_err(tr, NB_ERR_OVERFLOW,
+                                 "nb_concatenate: the result's axis %d is too long", ax);
+        }
+        weak = weak && (xj->flags & NBI_NODE_WEAK);
+    }
+    p->dtype = x0->dtype;
+    nbi_copy_shape(p, r, x0->shape);
+    p->shape[ax] = total;
+    if (weak) {
+        p->flags |= NBI_NODE_WEAK;
+    }
+    return NB_OK;
+}
+
+static nb_status nbi_infer_pad(nb_trace *tr, nb_var *p) {
+    const nb_var *x = p->in[0];
+    const nbi_attrs *at = &p->at;
+    char sx[NBI_SIG_CAP];
+    p->dtype = x->dtype;
+    p->rank = x->rank;
+    memset(p->shape, 0, sizeof p->shape);
+    for (int d = 0; d < x->rank; d++) {
+        if (at->a[d] < 0 || at->b[d] < 0) {
+            bool lo = at->a[d] < 0;
+            return nbi_trace_err(tr, NB_ERR_INVALID,
+                                 "nb_pad: %s[%d] is %lld for %s; padding must be >= 0 (crop "
+                                 "with nb_slice)",
+                                 lo ? "lo" : "hi", d, (long long)(lo ? at->a[d] : at->b[d]),
+                                 nbi_var_sig(sx, sizeof sx, x));
+        }
+        int64_t n;
+        if (__builtin_add_overflow(x->shape[d], at->a[d], &n) ||
+            __builtin_add_overflow(n, at->b[d], &n)) {
+            return nbi_trace_err(tr, NB_ERR_OVERFLOW,
+                                 "nb_pad: padding axis %d of %s makes it too long", d,
+                                 nbi_var_sig(sx, sizeof sx, x));
+        }
+        p->shape[d] = n;
+    }
+    p->flags |= x->flags & NBI_NODE_WEAK;
+    return NB_OK;
+}
+
+/* The common checks of take-like ops: integer indices and an axis of x. */
+static nb_status nbi_check_gather(nb_trace *tr, const char *fn, const nb_var *x, const nb_var *idx,
+                                  nbi_attrs *at) {
+    char sx[NBI_SIG_CAP], si[NBI_SIG_CAP];
+    if (!nbi_is_index_dtype(idx->dtype)) {
+        return nbi_trace_err(tr, NB_ERR_DTYPE,
+                             "%s: indices are %s; they must be i32 or i64 (convert with nb_cast)",
+                             fn, nbi_var_sig(si, sizeof si, idx));
+    }
+    int ax;
+    if (!nbi_norm_axis(at->axis, x->rank, &ax)) {
+        return nbi_trace_err(tr, NB_ERR_INVALID,
+                             "%s: axis %d is out of range for x %s (use 0 to %d or -%d to -1; a "
+                             "rank-0 x has no axis to index)",
+                             fn, (int)at->axis, nbi_var_sig(sx, sizeof sx, x), x->rank - 1,
+                             x->rank);
+    }
+    at->axis = ax;
+    return NB_OK;
+}
+
+/* A non-empty result cannot take from an empty axis. */
+static nb_status nbi_check_nonempty(nb_trace *tr, const char *fn, const nb_var *x,
+                                    const nb_var *p) {
+    char sx[NBI_SIG_CAP];
+    int ax = p->at.axis;
+    bool empty = false;
+    for (int d = 0; d < p->rank; d++) {
+        empty = empty || p->shape[d] == 0;
+    }
+    if (x->shape[ax] == 0 && !empty) {
+        return nbi_trace_err(tr, NB_ERR_INDEX,
+                             "%s: axis %d of x %s is empty, so there is nothing to take (numpy "
+                             "raises here too; check the shapes)",
+                             fn, ax, nbi_var_sig(sx, sizeof sx, x));
+    }
+    return NB_OK;
+}
+
+static nb_status nbi_infer_take(nb_trace *tr, nb_var *p) {
+    const nb_var *x = p->in[0], *idx = p->in[1];
+    char sx[NBI_SIG_CAP], si[NBI_SIG_CAP];
+    nb_status s = nbi_check_gather(tr, "nb_take", x, idx, &p->at);
+    if (s != NB_OK) {
+        return s;
+    }
+    int ax = p->at.axis;
+    int r = x->rank - 1 + idx->rank;
+    if (r > NB_MAX_RANK) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "nb_take: x %s with indices %s would give a rank-%d result; the "
+                             "most is %d (reshape the indices to fewer dims)",
+                             nbi_var_sig(sx, sizeof sx, x), nbi_var_sig(si, sizeof si, idx), r,
+                             NB_MAX_RANK);
+    }
+    p->dtype = x->dtype;
+    p->rank = (int8_t)r;
+    memset(p->shape, 0, sizeof p->shape);
+    int k = 0;
+    for (int d = 0; d < ax; d++) {
+        p->shape[k++] = x->shape[d];
+    }
+    for (int d = 0; d < idx->rank; d++) {
+        p->shape[k++] = idx->shape[d];
+    }
+    for (int d = ax + 1; d < x->rank; d++) {
+        p->shape[k++] = x->shape[d];
+    }
+    p->flags |= x->flags & NBI_NODE_WEAK;
+    return nbi_check_nonempty(tr, "nb_take", x, p);
+}
+
+static nb_status nbi_infer_take_along(nb_trace *tr, nb_var *p) {
+    const nb_var *x = p->in[0], *idx = p->in[1];
+    char sx[NBI_SIG_CAP], si[NBI_SIG_CAP];
+    nb_status s = nbi_check_gather(tr, "nb_take_along_axis", x, idx, &p->at);
+    if (s != NB_OK) {
+        return s;
+    }
+    int ax = p->at.axis;
+    if (idx->rank != x->rank) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "nb_take_along_axis: indices %s and x %s differ in rank; indices "
+                             "need x's rank (add size-1 dims with nb_expand_dims)",
+                             nbi_var_sig(si, sizeof si, idx), nbi_var_sig(sx, sizeof sx, x));
+    }
+    p->dtype = x->dtype;
+    p->rank = x->rank;
+    memset(p->shape, 0, sizeof p->shape);
+    for (int d = 0; d < x->rank; d++) {
+        int64_t dx = x->shape[d], di = idx->shape[d];
+        if (d == ax) {
+            p->shape[d] = di;
+        } else if (dx == di || dx == 1 || di == 1) {
+            p->shape[d] = dx == 1 ? di : dx;
+        } else {
+            return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                 "nb_take_along_axis: indices %s and x %s do not broadcast on "
+                                 "axis %d (%lld vs %lld); off the take axis %d, each dim pair "
+                                 "must be equal or contain a 1",
+                                 nbi_var_sig(si, sizeof si, idx), nbi_var_sig(sx, sizeof sx, x), d,
+                                 (long long)di, (long long)dx, ax);
+        }
+    }
+    p->flags |= x->flags & NBI_NODE_WEAK;
+    return nbi_check_nonempty(tr, "nb_take_along_axis", x, p);
+}
+
+static nb_status nbi_infer_one_hot(nb_trace *tr, nb_var *p) {
+    const nb_var *idx = p->in[0];
+    const nbi_attrs *at = &p->at;
+    char si[NBI_SIG_CAP];
+    if (!nbi_is_index_dtype(idx->dtype)) {
+        return nbi_trace_err(tr, NB_ERR_DTYPE,
+                             "nb_one_hot: indices are %s; they must be i32 or i64 (convert with "
+                             "nb_cast)",
+                             nbi_var_sig(si, sizeof si, idx));
+    }
+    if (at->ivalue < 0) {
+        return nbi_trace_err(tr, NB_ERR_INVALID,
+                             "nb_one_hot: depth %lld for indices %s; depth must be >= 0",
+                             (long long)at->ivalue, nbi_var_sig(si, sizeof si, idx));
+    }
+    if (nb_dtype_size(at->to) == 0) {
+        return nbi_trace_err(tr, NB_ERR_DTYPE,
+                             "nb_one_hot: unknown dtype %d for the result (use an NB_DTYPE_ "
+                             "value)",
+                             (int)at->to);
+    }
+    if (idx->rank >= NB_MAX_RANK) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "nb_one_hot: indices %s already have %d dims; the result would "
+                             "have %d, the most is %d",
+                             nbi_var_sig(si, sizeof si, idx), idx->rank, idx->rank + 1,
+                             NB_MAX_RANK);
+    }
+    p->dtype = at->to;
+    nbi_copy_shape(p, idx->rank, idx->shape);
+    p->shape[idx->rank] = at->ivalue;
+    p->rank = (int8_t)(idx->rank + 1);
+    return NB_OK;
+}
+
+/* Check the start vars of a dynamic slice: rank-0 integers, one per axis of x, from input
+ * first on. */
+static nb_status nbi_check_starts(nb_trace *tr, const char *fn, const nb_var *p, int first) {
+    const nb_var *x = p->in[0];
+    char sx[NBI_SIG_CAP], ss[NBI_SIG_CAP];
+    if (p->n_in != first + x->rank) {
+        return nbi_trace_err(tr, NB_ERR_INVALID,
+                             "%s: %d start vars for x %s; pass exactly one per axis (%d)", fn,
+                             (int)(p->n_in - first), nbi_var_sig(sx, sizeof sx, x), x->rank);
+    }
+    for (int d = 0; d < x->rank; d++) {
+        const nb_var *s = p->in[first + d];
+        if (s->rank != 0 || !nbi_is_index_dtype(s->dtype)) {
+            return nbi_trace_err(tr, NB_ERR_DTYPE,
+                                 "%s: start %d is %s; starts must be rank-0 i32 or i64 vars "
+                                 "(e.g. nb_scalar_typed(tr, NB_DTYPE_I64, 0))",
+                                 fn, d, nbi_var_sig(ss, sizeof ss, s));
+        }
+    }
+    return NB_OK;
+}
+
+static nb_status nbi_infer_dyn_slice(nb_trace *tr, nb_var *p) {
+    const nb_var *x = p->in[0];
+    char sx[NBI_SIG_CAP], sz[NBI_SIG_CAP];
+    nb_status s = nbi_check_starts(tr, "nb_dynamic_slice", p, 1);
+    if (s != NB_OK) {
+        return s;
+    }
+    for (int d = 0; d < x->rank; d++) {
+        if (p->at.a[d] < 0 || p->at.a[d] > x->shape[d]) {
+            return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                 "nb_dynamic_slice: sizes %s do not fit in x %s: size %lld on "
+                                 "axis %d must be between 0 and the dim (%lld)",
+                                 nbi_dims_str(sz, sizeof sz, x->rank, p->at.a),
+                                 nbi_var_sig(sx, sizeof sx, x), (long long)p->at.a[d], d,
+                                 (long long)x->shape[d]);
+        }
+    }
+    p->dtype = x->dtype;
+    nbi_copy_shape(p, x->rank, p->at.a);
+    p->flags |= x->flags & NBI_NODE_WEAK;
+    return NB_OK;
+}
+
+static nb_status nbi_infer_dyn_update(nb_trace *tr, nb_var *p) {
+    const nb_var *x = p->in[0], *u = p->in[1];
+    char sx[NBI_SIG_CAP], su[NBI_SIG_CAP];
+    if (u->dtype != x->dtype) {
+        return nbi_trace_err(tr, NB_ERR_DTYPE,
+                             "nb_dynamic_update_slice: update %s and x %s differ in dtype "
+                             "(convert the update with nb_cast)",
+                             nbi_var_sig(su, sizeof su, u), nbi_var_sig(sx, sizeof sx, x));
+    }
+    bool fits = u->rank == x->rank;
+    for (int d = 0; fits && d < x->rank; d++) {
+        fits = u->shape[d] <= x->shape[d];
+    }
+    if (!fits) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "nb_dynamic_update_slice: update %s does not fit in x %s; it needs "
+                             "x's rank and dims no larger than x's",
+                             nbi_var_sig(su, sizeof su, u), nbi_var_sig(sx, sizeof sx, x));
+    }
+    nb_status s = nbi_check_starts(tr, "nb_dynamic_update_slice", p, 2);
+    if (s != NB_OK) {
+        return s;
+    }
+    p->dtype = x->dtype;
+    nbi_copy_shape(p, x->rank, x->shape);
+    if ((x->flags & NBI_NODE_WEAK) && (u->flags & NBI_NODE_WEAK)) {
+        p->flags |= NBI_NODE_WEAK;
+    }
+    return NB_OK;
+}
+
+/* ---- builders ----------------------------------------------------------------------- */
+
+/* Copy a user shape of rank dims into at->a (n_axes = rank); records the error if rank or
+ * shape is unusable. */
+static nb_status nbi_target_attrs(nb_trace *tr, const char *fn, const nb_var *x, int rank,
+                                  const int64_t *shape, nbi_attrs *at) {
+    char sx[NBI_SIG_CAP];
+    memset(at, 0, sizeof *at);
+    if (rank < 0 || rank > NB_MAX_RANK) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "%s: target rank %d for %s is out of range; a shape has 0 to %d "
+                             "dims",
+                             fn, rank, nbi_var_sig(sx, sizeof sx, x), NB_MAX_RANK);
+    }
+    if (rank > 0 && shape == NULL) {
+        return nbi_trace_err(tr, NB_ERR_MISUSE,
+                             "%s: NULL target shape with rank %d for %s; pass %d dims", fn, rank,
+                             nbi_var_sig(sx, sizeof sx, x), rank);
+    }
+    at->n_axes = rank;
+    for (int i = 0; i < rank; i++) {
+        at->a[i] = shape[i];
+    }
+    return NB_OK;
+}
+
+nb_var *nb_reshape(nb_var *x, int rank, const int64_t *shape) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace1(x, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    nbi_attrs at;
+    if (nbi_target_attrs(tr, "nb_reshape", x, rank, shape, &at) != NB_OK ||
+        nbi_reshape_resolve(tr, x, &at) != NB_OK) {
+        return tr->poison;
+    }
+    if (nbi_same_shape(x, rank, at.a)) {
+        return x;
+    }
+    return nbi_emit(tr, NBI_OP_RESHAPE, 1, &x, &at);
+}
+
+nb_var *nb_broadcast_to(nb_var *x, int rank, const int64_t *shape) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace1(x, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    nbi_attrs at;
+    if (nbi_target_attrs(tr, "nb_broadcast_to", x, rank, shape, &at) != NB_OK) {
+        return tr->poison;
+    }
+    if (nbi_same_shape(x, rank, at.a)) {
+        return x;
+    }
+    return nbi_emit(tr, NBI_OP_BROADCAST, 1, &x, &at);
+}
+
+nb_var *nb_transpose(nb_var *x, const int *perm) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace1(x, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    int r = x->rank;
+    at.n_axes = r;
+    bool identity = true;
+    for (int i = 0; i < r; i++) {
+        at.axes[i] = perm != NULL ? perm[i] : r - 1 - i;
+        int a;
+        identity = identity && nbi_norm_axis(at.axes[i], r, &a) && a == i;
+    }
+    if (identity) {
+        return x;
+    }
+    return nbi_emit(tr, NBI_OP_TRANSPOSE, 1, &x, &at);
+}
+
+/* Python's slice.indices() for one axis of length len and a nonzero step: start and stop
+ * (NULL means omitted) counted back from the end when negative, then clamped into
+ * [-1, len]. An empty slice is stored as 0:0. */
+static int64_t nbi_slice_bound(int64_t len, const int64_t *v, int64_t step, bool is_start) {
+    if (v == NULL) {
+        return is_start ? (step > 0 ? 0 : len - 1) : (step > 0 ? len : -1);
+    }
+    int64_t s = *v;
+    if (s < 0) {
+        s += len; /* no overflow: len >= 0 */
+        return s < 0 ? (step < 0 ? -1 : 0) : s;
+    }
+    return s >= len ? (step < 0 ? len - 1 : len) : s;
+}
+
+static void nbi_slice_norm(int64_t len, const int64_t *start, const int64_t *stop, int64_t step,
+                           int64_t *a, int64_t *b) {
+    *a = nbi_slice_bound(len, start, step, true);
+    *b = nbi_slice_bound(len, stop, step, false);
+    if (nbi_slice_count(*a, *b, step) == 0) {
+        *a = *b = 0;
+    }
+}
+
+nb_var *nb_slice(nb_var *x, const int64_t *start, const int64_t *stop, const int64_t *step) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace1(x, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    bool identity = true;
+    for (int d = 0; d < x->rank; d++) {
+        int64_t c = step != NULL ? step[d] : 1;
+        if (c == 0) {
+            char sx[NBI_SIG_CAP];
+            return nbi_trace_errv(tr, NB_ERR_INVALID,
+                                  "nb_slice: step 0 on axis %d of %s; a step must be nonzero", d,
+                                  nbi_var_sig(sx, sizeof sx, x));
+        }
+        nbi_slice_norm(x->shape[d], start != NULL ? &start[d] : NULL,
+                       stop != NULL ? &stop[d] : NULL, c, &at.a[d], &at.b[d]);
+        at.c[d] = c;
+        identity = identity && at.a[d] == 0 && c == 1 && at.b[d] == x->shape[d];
+    }
+    if (identity) {
+        return x;
+    }
+    return nbi_emit(tr, NBI_OP_SLICE, 1, &x, &at);
+}
+
+/* n < 1 or a NULL xs leave no trace to record an error on: the result is NULL. */
+nb_var *nb_concatenate(int n, nb_var *const *xs, int axis) {
+    if (n < 1 || xs == NULL) {
+        return NULL;
+    }
+    bool poisoned;
+    nb_trace *tr = nbi_trace_of(n, xs, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    int ax;
+    if (!poisoned && n == 1 && nbi_norm_axis(axis, xs[0]->rank, &ax)) {
+        return xs[0];
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.axis = axis;
+    return nbi_emit(tr, NBI_OP_CONCAT, n, xs, &at);
+}
+
+nb_var *nb_pad(nb_var *x, const int64_t *lo, const int64_t *hi, double value) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace1(x, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    bool none = true;
+    for (int d = 0; d < x->rank; d++) {
+        at.a[d] = lo != NULL ? lo[d] : 0; /* NULL: no padding on that side */
+        at.b[d] = hi != NULL ? hi[d] : 0;
+        none = none && at.a[d] == 0 && at.b[d] == 0;
+    }
+    at.value = value;
+    if (none) {
+        return x;
+    }
+    return nbi_emit(tr, NBI_OP_PAD, 1, &x, &at);
+}
+
+nb_var *nb_take(nb_var *x, nb_var *indices, int axis) {
+    nb_var *in[2] = {x, indices};
+    bool poisoned;
+    nb_trace *tr = nbi_trace_of(2, in, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.axis = axis;
+    return nbi_emit(tr, NBI_OP_TAKE, 2, in, &at);
+}
+
+nb_var *nb_take_along_axis(nb_var *x, nb_var *indices, int axis) {
+    nb_var *in[2] = {x, indices};
+    bool poisoned;
+    nb_trace *tr = nbi_trace_of(2, in, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.axis = axis;
+    return nbi_emit(tr, NBI_OP_TAKE_ALONG, 2, in, &at);
+}
+
+nb_var *nb_one_hot(nb_var *indices, int64_t depth, nb_dtype dtype) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace1(indices, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.ivalue = depth;
+    at.to = dtype;
+    return nbi_emit(tr, NBI_OP_ONE_HOT, 1, &indices, &at);
+}
+
+/* in = {x, [update,] starts...}: first is 1 or 2. */
+static nb_var *nbi_dyn_emit(nbi_op op, const char *fn, nb_var *x, nb_var *update,
+                            nb_var *const *starts, const int64_t *sizes) {
+    nb_var *in[2 + NB_MAX_RANK] = {x, update};
+    int first = op == NBI_OP_DYN_UPDATE ? 2 : 1;
+    bool poisoned;
+    nb_trace *tr = nbi_trace_of(first, in, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (poisoned) {
+        return nbi_emit(tr, op, first, in, NULL); /* the NULL-input message, or poison */
+    }
+    char sx[NBI_SIG_CAP];
+    int r = x->rank;
+    if (r > 0 && (starts == NULL || (op == NBI_OP_DYN_SLICE && sizes == NULL))) {
+        return nbi_trace_errv(tr, NB_ERR_MISUSE, "%s: NULL %s for x %s; pass one %s per axis (%d)",
+                              fn, starts == NULL ? "starts" : "sizes",
+                              nbi_var_sig(sx, sizeof sx, x),
+                              starts == NULL ? "rank-0 integer start var" : "size", r);
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    for (int d = 0; d < r; d++) {
+        in[first + d] = starts[d];
+        if (op == NBI_OP_DYN_SLICE) {
+            at.a[d] = sizes[d];
+        }
+    }
+    return nbi_emit(tr, op, first + r, in, &at);
+}
+
+nb_var *nb_dynamic_slice(nb_var *x, nb_var *const *starts, const int64_t *sizes) {
+    return nbi_dyn_emit(NBI_OP_DYN_SLICE, "nb_dynamic_slice", x, NULL, starts, sizes);
+}
+
+nb_var *nb_dynamic_update_slice(nb_var *x, nb_var *update, nb_var *const *starts) {
+    return nbi_dyn_emit(NBI_OP_DYN_UPDATE, "nb_dynamic_update_slice", x, update, starts, NULL);
+}
+
+/* ---- composites --------------------------------------------------------------------- */
+
+nb_var *nb_expand_dims(nb_var *x, int axis) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace1(x, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    char sx[NBI_SIG_CAP];
+    int r = x->rank;
+    if (r >= NB_MAX_RANK) {
+        return nbi_trace_errv(tr, NB_ERR_SHAPE,
+                              "nb_expand_dims: %s already has %d dims, the most an array can "
+                              "have",
+                              nbi_var_sig(sx, sizeof sx, x), NB_MAX_RANK);
+    }
+    int a = axis < 0 ? axis + r + 1 : axis;
+    if (a < 0 || a > r) {
+        return nbi_trace_errv(tr, NB_ERR_INVALID,
+                              "nb_expand_dims: axis %d is out of range for %s (use -%d to %d)",
+                              axis, nbi_var_sig(sx, sizeof sx, x), r + 1, r);
+    }
+    int64_t shape[NB_MAX_RANK];
+    for (int i = 0, j = 0; i <= r; i++) {
+        shape[i] = i == a ? 1 : x->shape[j++];
+    }
+    return nb_reshape(x, r + 1, shape);
+}
+
+nb_var *nb_squeeze(nb_var *x, const int *axes, int n_axes) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace1(x, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    char sx[NBI_SIG_CAP];
+    int r = x->rank;
+    bool drop[NB_MAX_RANK] = {false};
+    if (axes == NULL) {
+        for (int d = 0; d < r; d++) {
+            drop[d] = x->shape[d] == 1;
+        }
+    } else {
+        if (n_axes < 0 || n_axes > r) {
+            return nbi_trace_errv(tr, NB_ERR_INVALID,
+                                  "nb_squeeze: %d axes listed for %s; list 0 to %d axes (or "
+                                  "pass NULL to remove every size-1 axis)",
+                                  n_axes, nbi_var_sig(sx, sizeof sx, x), r);
+        }
+        for (int i = 0; i < n_axes; i++) {
+            int a;
+            if (!nbi_norm_axis(axes[i], r, &a)) {
+                return nbi_trace_errv(tr, NB_ERR_INVALID,
+                                      "nb_squeeze: axis %d is out of range for %s (use 0 to %d "
+                                      "or -%d to -1)",
+                                      axes[i], nbi_var_sig(sx, sizeof sx, x), r - 1, r);
+            }
+            if (drop[a]) {
+                return nbi_trace_errv(tr, NB_ERR_INVALID,
+                                      "nb_squeeze: axis %d of %s is listed twice; list each "
+                                      "axis once",
+                                      a, nbi_var_sig(sx, sizeof sx, x));
+            }
+            if (x->shape[a] != 1) {
+                return nbi_trace_errv(tr, NB_ERR_SHAPE,
+                                      "nb_squeeze: axis %d of %s has size %lld; only size-1 axes "
+                                      "can be removed (use nb_slice or a reduction)",
+                                      a, nbi_var_sig(sx, sizeof sx, x), (long long)x->shape[a]);
+            }
+            drop[a] = true;
+        }
+    }
+    int64_t shape[NB_MAX_RANK];
+    int k = 0;
+    for (int d = 0; d < r; d++) {
+        if (!drop[d]) {
+            shape[k++] = x->shape[d];
+        }
+    }
+    return nb_reshape(x, k, shape);
+}
+
+/* n < 1 or a NULL xs leave no trace to record an error on: the result is NULL. */
+nb_var *nb_stack(int n, nb_var *const *xs, int axis) {
+    if (n < 1 || xs == NULL) {
+        return NULL;
+    }
+    bool poisoned;
+    nb_trace *tr = nbi_trace_of(n, xs, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (tr->status != NB_OK) {
+        return tr->poison;
+    }
+    char s0[NBI_SIG_CAP], si[NBI_SIG_CAP];
+    for (int i = 0; i < n; i++) {
+        if (xs[i] == NULL) {
+            return nbi_trace_errv(tr, NB_ERR_MISUSE, "nb_stack: input %d is a NULL var", i);
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (xs[i]->flags & NBI_NODE_POISON) {
+            return tr->poison;
+        }
+        if (xs[i]->tr != tr) {
+            return nbi_trace_errv(tr, NB_ERR_INVALID,
+                                  "nb_stack: input %d belongs to another trace (a var was kept "
+                                  "after its trace ended, or an outer var was used inside a "
+                                  "function without being passed as an argument)",
+                                  i);
+        }
+        if (xs[i]->dtype != xs[0]->dtype || !nbi_same_shape(xs[i], xs[0]->rank, xs[0]->shape)) {
+            return nbi_trace_errv(tr, xs[i]->dtype != xs[0]->dtype ? NB_ERR_DTYPE : NB_ERR_SHAPE,
+                                  "nb_stack: input %d is %s but input 0 is %s; stacked inputs "
+                                  "need one shape and dtype (nb_concatenate joins along an "
+                                  "existing axis)",
+                                  i, nbi_var_sig(si, sizeof si, xs[i]),
+                                  nbi_var_sig(s0, sizeof s0, xs[0]));
+        }
+    }
+    int r = xs[0]->rank;
+    if (r >= NB_MAX_RANK) {
+        return nbi_trace_errv(tr, NB_ERR_SHAPE,
+                              "nb_stack: the inputs %s already have %d dims, the most an array "
+                              "can have",
+                              nbi_var_sig(s0, sizeof s0, xs[0]), NB_MAX_RANK);
+    }
+    int a = axis < 0 ? axis + r + 1 : axis;
+    if (a < 0 || a > r) {
+        return nbi_trace_errv(tr, NB_ERR_INVALID,
+                              "nb_stack: axis %d is out of range for inputs %s (use -%d to %d)",
+                              axis, nbi_var_sig(s0, sizeof s0, xs[0]), r + 1, r);
+    }
+    nb_var **ex = nbi_arena_alloc(&tr->arena, (size_t)n * sizeof(nb_var *));
+    if (ex == NULL) {
+        return nbi_trace_errv(tr, NB_ERR_OOM, "nb_stack: out of memory while tracing");
+    }
+    for (int i = 0; i < n; i++) {
+        ex[i] = nb_expand_dims(xs[i], a);
+    }
+    return nb_concatenate(n, ex, a);
+}
+
+/* ---- kernel helpers ----------------------------------------------------------------- */
+
+/* One element of dtype d holding v converted as nb_full does (saturating; NaN -> 0 for
+ * integers; nonzero -> true). Returns the element size. */
+static size_t nbi_value_bytes(nb_dtype d, double v, unsigned char *buf) {
+    switch (d) {
+    case NB_DTYPE_F32: {
+        float f = (float)v;
+        memcpy(buf, &f, sizeof f);
+        return sizeof f;
+    }
+    case NB_DTYPE_F64:
+        memcpy(buf, &v, sizeof v);
+        return sizeof v;
+    case NB_DTYPE_I32: {
+        int32_t q = v != v               ? 0
+                    : v <= -2147483648.0 ? INT32_MIN
+                    : v >= 2147483647.0  ? INT32_MAX
+                                         : (int32_t)v;
+        memcpy(buf, &q, sizeof q);
+        return sizeof q;
+    }
+    case NB_DTYPE_I64: {
+        int64_t q = v != v                        ? 0
+                    : v <= -9223372036854775808.0 ? INT64_MIN
+                    : v >= 9223372036854775808.0  ? INT64_MAX
+                                                  : (int64_t)v;
+        memcpy(buf, &q, sizeof q);
+        return sizeof q;
+    }
+    case NB_DTYPE_BOOL:
+        buf[0] = v != 0;
+        return 1;
+    }
+    return 0;
+}
+
+/* out[0..n) = the element at elem, by doubling copies. */
+static void nbi_fill(unsigned char *out, int64_t n, const unsigned char *elem, size_t es) {
+    if (n <= 0) {
+        return;
+    }
+    memcpy(out, elem, es);
+    int64_t have = 1;
+    while (have < n) {
+        int64_t m = have < n - have ? have : n - have;
+        memcpy(out + (size_t)have * es, out, (size_t)m * es);
+        have += m;
+    }
+}
+
+static int64_t nbi_read_index(const void *p, nb_dtype d, int64_t i) {
+    return d == NB_DTYPE_I32 ? (int64_t)((const int32_t *)p)[i] : ((const int64_t *)p)[i];
+}
+
+/* numpy-style negative index, then clamped into [0, dim-1] (dim > 0). */
+static int64_t nbi_fix_index(int64_t i, int64_t dim) {
+    if (i < 0) {
+        i += dim;
+    }
+    return i < 0 ? 0 : i >= dim ? dim - 1 : i;
+}
+
+/* A block of shape[rank] elements with output and input strides (in elements; input
+ * strides may be 0 or negative), merged: size-1 axes dropped and neighbours that are
+ * contiguous in both buffers joined. Returns the merged rank, or -1 if the block is empty. */
+static int nbi_merge_axes(int rank, const int64_t *shape, const int64_t *ost, const int64_t *ist,
+                          int64_t *n, int64_t *so, int64_t *si) {
+    int r = 0;
+    for (int d = 0; d < rank; d++) {
+        if (shape[d] == 0) {
+            return -1;
+        }
+        if (shape[d] == 1) {
+            continue;
+        }
+        if (r > 0 && so[r - 1] == ost[d] * shape[d] && si[r - 1] == ist[d] * shape[d]) {
+            n[r - 1] *= shape[d];
+            so[r - 1] = ost[d];
+            si[r - 1] = ist[d];
+            continue;
+        }
+        n[r] = shape[d];
+        so[r] = ost[d];
+        si[r] = ist[d];
+        r++;
+    }
+    return r;
+}
+
+/* o[k*so] = i[k*si] for k < n, elements of es bytes (offsets from the given pointers). */
+static void nbi_copy_row(unsigned char *o, int64_t so, const unsigned char *i, int64_t si,
+                         int64_t n, size_t es) {
+    if (so == 1 && si == 1) {
+        memcpy(o, i, (size_t)n * es);
+        return;
+    }
+    ptrdiff_t bo = (ptrdiff_t)so * (ptrdiff_t)es, bi = (ptrdiff_t)si * (ptrdiff_t)es;
+    switch (es) {
+    case 1:
+        for (int64_t k = 0; k < n; k++) {
+            o[k * bo] = i[k * bi];
+        }
+        break;
+    case 4:
+        for (int64_t k = 0; k < n; k++) {
+            memcpy(o + k * bo, i + k * bi, 4);
+        }
+        break;
+    case 8:
+        for (int64_t k = 0; k < n; k++) {
+            memcpy(o + k * bo, i + k * bi, 8);
+        }
+        break;
+    default:
+        for (int64_t k = 0; k < n; k++) {
+            memcpy(o + k * bo, i + k * bi, es);
+        }
+        break;
+    }
+}
+
+/* Copy a merged block (nbi_merge_axes) row by row; oo/io are element offsets of the
+ * block's first element. Every element touched is inside the buffers. */
+static void nbi_copy_merged(unsigned char *out, int64_t oo, const unsigned char *in, int64_t io,
+                            int r, const int64_t *n, const int64_t *so, const int64_t *si,
+                            size_t es) {
+    if (r < 0) {
+        return;
+    }
+    if (r == 0) {
+        memcpy(out + (size_t)oo * es, in + (size_t)io * es, es);
+        return;
+    }
+    int64_t idx[NB_MAX_RANK] = {0}, inner = n[r - 1], rows = 1;
+    for (int d = 0; d < r - 1; d++) {
+        rows *= n[d];
+    }
+    for (int64_t row = 0; row < rows; row++) {
+        nbi_copy_row(out + (size_t)oo * es, so[r - 1], in + (size_t)io * es, si[r - 1], inner, es);
+        for (int d = r - 2; d >= 0; d--) {
+            oo += so[d];
+            io += si[d];
+            if (++idx[d] < n[d]) {
+                break;
+            }
+            oo -= so[d] * n[d];
+            io -= si[d] * n[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/* Copy a block of shape[rank] elements: the element at multi-index i goes from
+ * in[io + sum i[d]*ist[d]] to out[oo + sum i[d]*ost[d]]. */
+static void nbi_copy_block(void *out, int64_t oo, const int64_t *ost, const void *in, int64_t io,
+                           const int64_t *ist, int rank, const int64_t *shape, size_t es) {
+    int64_t n[NB_MAX_RANK], so[NB_MAX_RANK], si[NB_MAX_RANK];
+    int r = nbi_merge_axes(rank, shape, ost, ist, n, so, si);
+    nbi_copy_merged(out, oo, in, io, r, n, so, si, es);
+}
+
+/* ---- kernels ------------------------------------------------------------------------ */
+
+static void nbi_k_reshape(const nbi_kargs *k) {
+    const nb_var *node = k->node;
+    if (node->size > 0 && k->out != k->in[0]) {
+        memcpy(k->out, k->in[0], (size_t)node->size * nb_dtype_size(node->dtype));
+    }
+}
+
+static void nbi_k_broadcast(const nbi_kargs *k) {
+    const nb_var *node = k->node, *x = node->in[0];
+    int64_t ost[NB_MAX_RANK], ist[NB_MAX_RANK];
+    nbi_strides(node->rank, node->shape, ost);
+    nbi_bcast_strides(x->rank, x->shape, node->rank, node->shape, ist);
+    nbi_copy_block(k->out, 0, ost, k->in[0], 0, ist, node->rank, node->shape,
+                   nb_dtype_size(node->dtype));
+}
+
+#define NBI_TR_TILE 32
+
+/* One tile of a transpose for elements of ES bytes (a constant, so memcpy is one move). */
+#define NBI_TR_TILE_LOOP(ES)                                                                       \
+    for (int64_t r = r0; r < r1; r++) {                                                            \
+        for (int64_t c = c0; c < c1; c++) {                                                        \
+            memcpy(o + (size_t)(r * cols + c) * (ES), in + (size_t)(c * rows + r) * (ES), (ES));   \
+        }                                                                                          \
+    }
+
+/* out (rows x cols) = the transpose of in (cols x rows), in 32x32 tiles so that both sides
+ * stay in cache. */
+static void nbi_transpose2d(unsigned char *o, const unsigned char *in, int64_t rows, int64_t cols,
+                            size_t es) {
+    for (int64_t r0 = 0; r0 < rows; r0 += NBI_TR_TILE) {
+        int64_t r1 = r0 + NBI_TR_TILE < rows ? r0 + NBI_TR_TILE : rows;
+        for (int64_t c0 = 0; c0 < cols; c0 += NBI_TR_TILE) {
+            int64_t c1 = c0 + NBI_TR_TILE < cols ? c0 + NBI_TR_TILE : cols;
+            switch (es) {
+            case 1:
+                NBI_TR_TILE_LOOP(1)
+                break;
+            case 4:
+                NBI_TR_TILE_LOOP(4)
+                break;
+            case 8:
+                NBI_TR_TILE_LOOP(8)
+                break;
+            default:
+                NBI_TR_TILE_LOOP(es)
+                break;
+            }
+        }
+    }
+}
+
+#undef NBI_TR_TILE_LOOP
+
+static void nbi_k_transpose(const nbi_kargs *k) {
+    const nb_var *node = k->node, *x = node->in[0];
+    size_t es = nb_dtype_size(node->dtype);
+    int64_t ost[NB_MAX_RANK], xst[NB_MAX_RANK], ist[NB_MAX_RANK];
+    nbi_strides(node->rank, node->shape, ost);
+    nbi_strides(x->rank, x->shape, xst);
+    for (int i = 0; i < node->rank; i++) {
+        ist[i] = xst[node->at.axes[i]];
+    }
+    int64_t n[NB_MAX_RANK], so[NB_MAX_RANK], si[NB_MAX_RANK];
+    int r = nbi_merge_axes(node->rank, node->shape, ost, ist, n, so, si);
+    /* A (batch of) 2-D transpose(s) after merging: tiles. */
+    if (r == 2 && si[0] == 1 && si[1] == n[0]) {
+        nbi_transpose2d(k->out, k->in[0], n[0], n[1], es);
+        return;
+    }
+    if (r == 3 && si[0] == n[1] * n[2] && si[1] == 1 && si[2] == n[1]) {
+        size_t mat = (size_t)(n[1] * n[2]) * es;
+        for (int64_t b = 0; b < n[0]; b++) {
+            nbi_transpose2d((unsigned char *)k->out + (size_t)b * mat,
+                            (const unsigned char *)k->in[0] + (size_t)b * mat, n[1], n[2], es);
+        }
+        return;
+    }
+    nbi_copy_merged(k->out, 0, k->in[0], 0, r, n, so, si, es);
+}
+
+static void nbi_k_slice(const nbi_kargs *k) {
+    const nb_var *node = k->node, *x = node->in[0];
+    int64_t ost[NB_MAX_RANK], xst[NB_MAX_RANK], ist[NB_MAX_RANK], io = 0;
+    nbi_strides(node->rank, node->shape, ost);
+    nbi_strides(x->rank, x->shape, xst);
+    for (int d = 0; d < node->rank; d++) {
+        /* A single element needs no stride (and a huge step times a stride could overflow). */
+        ist[d] = node->shape[d] > 1 ? xst[d] * node->at.c[d] : 0;
+        io += node->shape[d] > 0 ? node->at.a[d] * xst[d] : 0;
+    }
+    nbi_copy_block(k->out, 0, ost, k->in[0], io, ist, node->rank, node->shape,
+                   nb_dtype_size(node->dtype));
+}
+
+static void nbi_k_concat(const nbi_kargs *k) {
+    const nb_var *node = k->node;
+    if (node->size == 0) {
+        return;
+    }
+    size_t es = nb_dtype_size(node->dtype);
+    int ax = node->at.axis;
+    int64_t outer = nbi_shape_size(ax, node->shape);
+    int64_t inner = nbi_shape_size(node->rank - ax - 1, node->shape + ax + 1);
+    unsigned char *o = k->out;
+    for (int64_t i = 0; i < outer; i++) {
+        for (int32_t j = 0; j < node->n_in; j++) {
+            size_t bytes = (size_t)(node->in[j]->shape[ax] * inner) * es;
+            if (bytes > 0) {
+                memcpy(o, (const unsigned char *)k->in[j] + (size_t)i * bytes, bytes);
+                o += bytes;
+            }
+        }
+    }
+}
+
+static void nbi_k_pad(const nbi_kargs *k) {
+    const nb_var *node = k->node, *x = node->in[0];
+    unsigned char v[8];
+    size_t es = nbi_value_bytes(node->dtype, node->at.value, v);
+    nbi_fill(k->out, node->size, v, es);
+    int64_t ost[NB_MAX_RANK], oo = 0;
+    nbi_strides(node->rank, node->shape, ost);
+    for (int d = 0; d < node->rank; d++) {
+        oo += node->at.a[d] * ost[d];
+    }
+    if (x->size > 0) {
+        nbi_copy_block(k->out, oo, ost, k->in[0], 0, ost, x->rank, x->shape, es);
+    }
+}
+
+/* out[o, j, i] = x[o, fix(idx[j]), i] with x viewed as [outer, dim, inner]. */
+static void nbi_k_take(const nbi_kargs *k) {
+    const nb_var *node = k->node, *x = node->in[0], *ix = node->in[1];
+    if (node->size == 0) {
+        return;
+    }
+    size_t es = nb_dtype_size(node->dtype);
+    int ax = node->at.axis;
+    int64_t outer = nbi_shape_size(ax, x->shape), dim = x->shape[ax];
+    int64_t inner = nbi_shape_size(x->rank - ax - 1, x->shape + ax + 1);
+    size_t row = (size_t)inner * es;
+    const unsigned char *in = k->in[0];
+    unsigned char *o = k->out;
+    for (int64_t i = 0; i < outer; i++) {
+        for (int64_t j = 0; j < ix->size; j++) {
+            int64_t q = nbi_fix_index(nbi_read_index(k->in[1], ix->dtype, j), dim);
+            memcpy(o, in + (size_t)(i * dim + q) * row, row);
+            o += row;
+        }
+    }
+}
+
+/* Walk the output; x and the indices are addressed through broadcast strides, and x's
+ * position along the axis comes from the index. */
+static void nbi_k_take_along(const nbi_kargs *k) {
+    const nb_var *node = k->node, *x = node->in[0], *ix = node->in[1];
+    if (node->size == 0) {
+        return;
+    }
+    size_t es = nb_dtype_size(node->dtype);
+    int r = node->rank, ax = node->at.axis;
+    int64_t xst[NB_MAX_RANK], sx[NB_MAX_RANK], sj[NB_MAX_RANK], idx[NB_MAX_RANK] = {0};
+    nbi_strides(x->rank, x->shape, xst);
+    for (int d = 0; d < r; d++) {
+        sx[d] = (d == ax || x->shape[d] == 1) ? 0 : xst[d];
+    }
+    nbi_bcast_strides(ix->rank, ix->shape, r, node->shape, sj);
+    const unsigned char *in = k->in[0];
+    unsigned char *o = k->out;
+    int64_t dim = x->shape[ax], ox = 0, oj = 0;
+    for (int64_t i = 0; i < node->size; i++) {
+        int64_t q = nbi_fix_index(nbi_read_index(k->in[1], ix->dtype, oj), dim);
+        memcpy(o + (size_t)i * es, in + (size_t)(ox + q * xst[ax]) * es, es);
+        for (int d = r - 1; d >= 0; d--) {
+            ox += sx[d];
+            oj += sj[d];
+            if (++idx[d] < node->shape[d]) {
+                break;
+            }
+            ox -= sx[d] * node->shape[d];
+            oj -= sj[d] * node->shape[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+static void nbi_k_one_hot(const nbi_kargs *k) {
+    const nb_var *node = k->node, *ix = node->in[0];
+    size_t es = nb_dtype_size(node->dtype);
+    if (node->size == 0) {
+        return;
+    }
+    memset(k->out, 0, (size_t)node->size * es); /* all-zero bytes are 0 in every dtype */
+    unsigned char one[8];
+    nbi_value_bytes(node->dtype, 1.0, one);
+    int64_t depth = node->at.ivalue;
+    unsigned char *o = k->out;
+    for (int64_t i = 0; i < ix->size; i++) {
+        int64_t q = nbi_read_index(k->in[0], ix->dtype, i);
+        if (q >= 0 && q < depth) {
+            memcpy(o + (size_t)(i * depth + q) * es, one, es);
+        }
+    }
+}
+
+/* The element offset of a block of sizes[] at the clamped run-time starts (inputs from
+ * first on) in x. */
+static int64_t nbi_dyn_offset(const nbi_kargs *k, int first, const int64_t *sizes,
+                              const int64_t *xst) {
+    const nb_var *node = k->node, *x = node->in[0];
+    int64_t off = 0;
+    for (int d = 0; d < x->rank; d++) {
+        int64_t s = nbi_read_index(k->in[first + d], node->in[first + d]->dtype, 0);
+        int64_t hi = x->shape[d] - sizes[d];
+        s = s < 0 ? 0 : s > hi ? hi : s;
+        off += s * xst[d];
+    }
+    return off;
+}
+
+static void nbi_k_dyn_slice(const nbi_kargs *k) {
+    const nb_var *node = k->node, *x = node->in[0];
+    if (node->size == 0) {
+        return;
+    }
+    int64_t ost[NB_MAX_RANK], xst[NB_MAX_RANK];
+    nbi_strides(node->rank, node->shape, ost);
+    nbi_strides(x->rank, x->shape, xst);
+    int64_t io = nbi_dyn_offset(k, 1, node->shape, xst);
+    nbi_copy_block(k->out, 0, ost, k->in[0], io, xst, node->rank, node->shape,
+                   nb_dtype_size(node->dtype));
+}
+
+static void nbi_k_dyn_update(const nbi_kargs *k) {
+    const nb_var *node = k->node, *u = node->in[1];
+    size_t es = nb_dtype_size(node->dtype);
+    if (node->size > 0 && k->out != k->in[0]) {
+        memcpy(k->out, k->in[0], (size_t)node->size * es);
+    }
+    if (u->size == 0) {
+        return;
+    }
+    int64_t xst[NB_MAX_RANK], ust[NB_MAX_RANK];
+    nbi_strides(node->rank, node->shape, xst);
+    nbi_strides(u->rank, u->shape, ust);
+    int64_t oo = nbi_dyn_offset(k, 2, u->shape, xst);
+    nbi_copy_block(k->out, oo, xst, k->in[1], 0, ust, u->rank, u->shape, es);
+}
+
+/* ---- registry entries --------------------------------------------------------------- */
+
+const nbi_op_info nbi_opinfo_reshape = {
+    .name = "reshape", .n_in = 1, .infer = nbi_infer_reshape, .kernel = nbi_k_reshape};
+const nbi_op_info nbi_opinfo_broadcast_to = {
+    .name = "broadcast_to", .n_in = 1, .infer = nbi_infer_broadcast, .kernel = nbi_k_broadcast};
+const nbi_op_info nbi_opinfo_transpose = {
+    .name = "transpose", .n_in = 1, .infer = nbi_infer_transpose, .kernel = nbi_k_transpose};
+const nbi_op_info nbi_opinfo_slice = {
+    .name = "slice", .n_in = 1, .infer = nbi_infer_slice, .kernel = nbi_k_slice};
+const nbi_op_info nbi_opinfo_concatenate = {
+    .name = "concatenate", .n_in = -1, .infer = nbi_infer_concat, .kernel = nbi_k_concat};
+const nbi_op_info nbi_opinfo_pad = {
+    .name = "pad", .n_in = 1, .infer = nbi_infer_pad, .kernel = nbi_k_pad};
+const nbi_op_info nbi_opinfo_take = {
+    .name = "take", .n_in = 2, .infer = nbi_infer_take, .kernel = nbi_k_take, .nondiff = 1u << 1};
+const nbi_op_info nbi_opinfo_take_along_axis = {.name = "take_along_axis",
+                                                .n_in = 2,
+                                                .infer = nbi_infer_take_along,
+                                                .kernel = nbi_k_take_along,
+                                                .nondiff = 1u << 1};
+const nbi_op_info nbi_opinfo_one_hot = {.name = "one_hot",
+                                        .n_in = 1,
+                                        .infer = nbi_infer_one_hot,
+                                        .kernel = nbi_k_one_hot,
+                                        .nondiff = 1};
+/* Every start index (inputs 1.. / 2..) has no gradient. */
+const nbi_op_info nbi_opinfo_dynamic_slice = {.name = "dynamic_slice",
+                                              .n_in = -1,
+                                              .infer = nbi_infer_dyn_slice,
+                                              .kernel = nbi_k_dyn_slice,
+                                              .nondiff = ~1u};
+const nbi_op_info nbi_opinfo_dynamic_update_slice = {.name = "dynamic_update_slice",
+                                                     .n_in = -1,
+                                                     .infer = nbi_infer_dyn_update,
+                                                     .kernel = nbi_k_dyn_update,
+                                                     .nondiff = ~3u};

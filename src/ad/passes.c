@@ -1,0 +1,338 @@
+/*
+ * passes.c -- graph -> graph passes: constant folding, common-subexpression elimination,
+ * dead-code elimination. Each builds a new graph in the input's arena and is followed by
+ * the verifier (always: it costs microseconds next to a compile).
+ */
+#include "ad/ir.h"
+
+#include <string.h>
+
+/* Copy node v into out with its inputs remapped through map (old id -> new node). */
+static nb_var *nbi_copy_node(nbi_graph *out, const nb_var *v, nb_var *const *map) {
+    nb_var proto = *v;
+    nb_var *ins[64];
+    nb_var **in = ins;
+    if (v->n_in > 64) {
+        in = nbi_arena_alloc(out->arena, (size_t)v->n_in * sizeof(nb_var *));
+        if (in == NULL) {
+            return NULL;
+        }
+    }
+    for (int32_t j = 0; j < v->n_in; j++) {
+        in[j] = map[v->in[j]->id];
+    }
+    proto.in = in;
+    return nbi_graph_add(out, &proto);
+}
+
+/* Start out with in's arena; allocate the id map. */
+static nb_status nbi_pass_begin(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out, nb_var ***map,
+                                const char *pass) {
+    nbi_graph_init(out, in->arena);
+    *map = nbi_arena_alloc(in->arena, (size_t)(in->n_nodes + 1) * sizeof(nb_var *));
+    out->inputs = nbi_arena_alloc(in->arena, (size_t)(in->n_inputs + 1) * sizeof(nb_var *));
+    out->outputs = nbi_arena_alloc(in->arena, (size_t)(in->n_outputs + 1) * sizeof(nb_var *));
+    if (*map == NULL || out->inputs == NULL || out->outputs == NULL) {
+        return nbi_err(ctx, NB_ERR_OOM, "%s: out of memory", pass);
+    }
+    out->n_inputs = in->n_inputs;
+    out->n_outputs = in->n_outputs;
+    return NB_OK;
+}
+
+static nb_status nbi_pass_end(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out, nb_var **map,
+                              const char *pass) {
+    for (int32_t i = 0; i < in->n_outputs; i++) {
+        out->outputs[i] = map[in->outputs[i]->id];
+    }
+    return nbi_graph_verify(ctx, out, pass);
+}
+
+/* Keep a node when it is a param (inputs never change) or reaches an output. */
+nb_status nbi_pass_dce(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
+    nb_var **map = NULL;
+    nb_status st = nbi_pass_begin(ctx, in, out, &map, "dce");
+    if (st != NB_OK) {
+        return st;
+    }
+    bool *live = nbi_arena_alloc(in->arena, (size_t)(in->n_nodes + 1));
+    if (live == NULL) {
+        return nbi_err(ctx, NB_ERR_OOM, "dce: out of memory");
+    }
+    for (int32_t i = 0; i < in->n_outputs; i++) {
+        live[in->outputs[i]->id] = true;
+    }
+    for (int32_t i = in->n_nodes - 1; i >= 0; i--) {
+        const nb_var *v = in->nodes[i];
+        if (v->op == NBI_OP_PARAM) {
+            live[i] = true;
+        }
+        if (live[i]) {
+            for (int32_t j = 0; j < v->n_in; j++) {
+                live[v->in[j]->id] = true;
+            }
+        }
+    }
+    int32_t k = 0;
+    for (int32_t i = 0; i < in->n_nodes; i++) {
+        if (!live[i]) {
+            continue;
+        }
+        map[i] = nbi_copy_node(out, in->nodes[i], map);
+        if (map[i] == NULL) {
+            return nbi_err(ctx, NB_ERR_OOM, "dce: out of memory");
+        }
+        if (map[i]->op == NBI_OP_PARAM) {
+            out->inputs[k++] = map[i];
+        }
+    }
+    return nbi_pass_end(ctx, in, out, map, "dce");
+}
+
+/* ---- CSE ---------------------------------------------------------------------------- */
+
+static uint64_t nbi_mix(uint64_t h, uint64_t v) {
+    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    return h;
+}
+
+static uint64_t nbi_bits(double d) {
+    uint64_t u;
+    memcpy(&u, &d, sizeof u);
+    return u;
+}
+
+/* Attributes compared field by field (never by memcmp: padding is not ours to trust). */
+static bool nbi_attrs_equal(const nbi_attrs *a, const nbi_attrs *b) {
+    if (a->n_axes != b->n_axes || a->axis != b->axis || a->keepdims != b->keepdims ||
+        nbi_bits(a->value) != nbi_bits(b->value) || a->ivalue != b->ivalue || a->to != b->to ||
+        a->array != b->array || a->callee != b->callee) {
+        return false;
+    }
+    for (int i = 0; i < NB_MAX_RANK; i++) {
+        if (a->axes[i] != b->axes[i] || a->a[i] != b->a[i] || a->b[i] != b->b[i] ||
+            a->c[i] != b->c[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static uint64_t nbi_node_hash(const nb_var *v) {
+    uint64_t h = nbi_mix(0, v->op);
+    h = nbi_mix(h, (uint64_t)v->dtype);
+    h = nbi_mix(h, (uint64_t)(int64_t)v->rank);
+    for (int i = 0; i < v->rank; i++) {
+        h = nbi_mix(h, (uint64_t)v->shape[i]);
+    }
+    for (int32_t j = 0; j < v->n_in; j++) {
+        h = nbi_mix(h, (uint64_t)v->in[j]->id);
+    }
+    h = nbi_mix(h, nbi_bits(v->at.value));
+    h = nbi_mix(h, (uint64_t)v->at.ivalue);
+    h = nbi_mix(h, (uint64_t)(uintptr_t)v->at.array);
+    for (int i = 0; i < NB_MAX_RANK; i++) {
+        h = nbi_mix(h, (uint64_t)v->at.a[i] ^ ((uint64_t)v->at.axes[i] << 32));
+    }
+    return h;
+}
+
+static bool nbi_node_same(const nb_var *a, const nb_var *b) {
+    if (a->op != b->op || a->dtype != b->dtype || a->rank != b->rank || a->n_in != b->n_in ||
+        (a->flags & NBI_NODE_WEAK) != (b->flags & NBI_NODE_WEAK)) {
+        return false;
+    }
+    for (int i = 0; i < a->rank; i++) {
+        if (a->shape[i] != b->shape[i]) {
+            return false;
+        }
+    }
+    for (int32_t j = 0; j < a->n_in; j++) {
+        if (a->in[j] != b->in[j]) {
+            return false;
+        }
+    }
+    return nbi_attrs_equal(&a->at, &b->at);
+}
+
+nb_status nbi_pass_cse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
+    nb_var **map = NULL;
+    nb_status st = nbi_pass_begin(ctx, in, out, &map, "cse");
+    if (st != NB_OK) {
+        return st;
+    }
+    size_t cap = 16;
+    while (cap < (size_t)in->n_nodes * 2) {
+        cap *= 2;
+    }
+    nb_var **table = nbi_arena_alloc(in->arena, cap * sizeof(nb_var *));
+    if (table == NULL) {
+        return nbi_err(ctx, NB_ERR_OOM, "cse: out of memory");
+    }
+    int32_t k = 0;
+    for (int32_t i = 0; i < in->n_nodes; i++) {
+        const nb_var *v = in->nodes[i];
+        if (v->op == NBI_OP_PARAM) {
+            map[i] = nbi_copy_node(out, v, map);
+            if (map[i] == NULL) {
+                return nbi_err(ctx, NB_ERR_OOM, "cse: out of memory");
+            }
+            out->inputs[k++] = map[i];
+            continue;
+        }
+        /* Look the remapped node up before adding it. */
+        nb_var probe = *v;
+        nb_var *ins[64];
+        nb_var **pin = ins;
+        if (v->n_in > 64) {
+            pin = nbi_arena_alloc(in->arena, (size_t)v->n_in * sizeof(nb_var *));
+            if (pin == NULL) {
+                return nbi_err(ctx, NB_ERR_OOM, "cse: out of memory");
+            }
+        }
+        for (int32_t j = 0; j < v->n_in; j++) {
+            pin[j] = map[v->in[j]->id];
+        }
+        probe.in = pin;
+        uint64_t h = nbi_node_hash(&probe);
+        size_t slot = (size_t)h & (cap - 1);
+        nb_var *found = NULL;
+        while (table[slot] != NULL) {
+            if (nbi_node_same(table[slot], &probe)) {
+                found = table[slot];
+                break;
+            }
+            slot = (slot + 1) & (cap - 1);
+        }
+        if (found != NULL) {
+            map[i] = found;
+            continue;
+        }
+        map[i] = nbi_graph_add(out, &probe);
+        if (map[i] == NULL) {
+            return nbi_err(ctx, NB_ERR_OOM, "cse: out of memory");
+        }
+        table[slot] = map[i];
+    }
+    return nbi_pass_end(ctx, in, out, map, "cse");
+}
+
+/* ---- constant folding --------------------------------------------------------------- */
+
+#define NBI_FOLD_MAX_ELEMS (1 << 16)
+
+static bool nbi_is_const_source(const nb_var *v) {
+    return v->op == NBI_OP_CONST || v->op == NBI_OP_FULL || v->op == NBI_OP_IOTA;
+}
+
+/* The data of a constant node of the new graph, materialised into an array the arena
+ * owns (FULL and IOTA are run through their kernels). */
+static nb_status nbi_const_data(nb_ctx *ctx, nbi_arena *arena, nb_var *v, const void **data) {
+    if (v->op == NBI_OP_CONST) {
+        *data = nb_array_data(v->at.array);
+        return NB_OK;
+    }
+    nb_array *a = NULL;
+    nb_status st = nbi_array_new(ctx, "fold", v->dtype, v->rank, v->shape, &a);
+    if (st != NB_OK) {
+        return st;
+    }
+    if (!nbi_arena_own_array(arena, a)) {
+        return nbi_err(ctx, NB_ERR_OOM, "fold: out of memory");
+    }
+    nbi_run_kernel(v, nb_array_data(a), NULL, NULL);
+    *data = nb_array_data(a);
+    return NB_OK;
+}
+
+nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
+    nb_var **map = NULL;
+    nb_status st = nbi_pass_begin(ctx, in, out, &map, "fold");
+    if (st != NB_OK) {
+        return st;
+    }
+    int32_t k = 0;
+    for (int32_t i = 0; i < in->n_nodes; i++) {
+        const nb_var *v = in->nodes[i];
+        bool foldable = !nbi_is_const_source(v) && v->op != NBI_OP_PARAM && v->op != NBI_OP_CALL &&
+                        v->op != NBI_OP_CALL_OUTPUT && v->n_in > 0 && v->size <= NBI_FOLD_MAX_ELEMS;
+        for (int32_t j = 0; foldable && j < v->n_in; j++) {
+            foldable = nbi_is_const_source(map[v->in[j]->id]) &&
+                       map[v->in[j]->id]->size <= NBI_FOLD_MAX_ELEMS;
+        }
+        if (!foldable) {
+            map[i] = nbi_copy_node(out, v, map);
+            if (map[i] == NULL) {
+                return nbi_err(ctx, NB_ERR_OOM, "fold: out of memory");
+            }
+            if (v->op == NBI_OP_PARAM) {
+                out->inputs[k++] = map[i];
+            }
+            continue;
+        }
+        /* Evaluate the node now, on its constant inputs, with the executor's own kernel. */
+        const void *ins[64];
+        if (v->n_in > 64) {
+            map[i] = nbi_copy_node(out, v, map);
+            if (map[i] == NULL) {
+                return nbi_err(ctx, NB_ERR_OOM, "fold: out of memory");
+            }
+            continue;
+        }
+        for (int32_t j = 0; j < v->n_in; j++) {
+            st = nbi_const_data(ctx, in->arena, map[v->in[j]->id], &ins[j]);
+            if (st != NB_OK) {
+                return st;
+            }
+        }
+        nb_array *res = NULL;
+        st = nbi_array_new(ctx, "fold", v->dtype, v->rank, v->shape, &res);
+        if (st != NB_OK) {
+            return st;
+        }
+        if (!nbi_arena_own_array(in->arena, res)) {
+            return nbi_err(ctx, NB_ERR_OOM, "fold: out of memory");
+        }
+        const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
+        size_t sbytes = info->scratch ? info->scratch(v) : 0;
+        void *scratch = NULL;
+        if (sbytes > 0) {
+            scratch = nbi_arena_alloc(in->arena, sbytes + 64);
+            if (scratch == NULL) {
+                return nbi_err(ctx, NB_ERR_OOM, "fold: out of memory");
+            }
+            scratch = (void *)(((uintptr_t)scratch + 63) & ~(uintptr_t)63);
+        }
+        /* The kernel sees the original node (its inputs' shapes are unchanged). */
+        nbi_run_kernel(v, nb_array_data(res), ins, scratch);
+        nb_var proto;
+        memset(&proto, 0, sizeof proto);
+        proto.op = NBI_OP_CONST;
+        proto.dtype = v->dtype;
+        proto.rank = v->rank;
+        memcpy(proto.shape, v->shape, sizeof proto.shape);
+        proto.size = v->size;
+        proto.at.array = res;
+        proto.flags = v->flags & NBI_NODE_WEAK;
+        map[i] = nbi_graph_add(out, &proto);
+        if (map[i] == NULL) {
+            return nbi_err(ctx, NB_ERR_OOM, "fold: out of memory");
+        }
+    }
+    return nbi_pass_end(ctx, in, out, map, "fold");
+}
+
+nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
+    nbi_graph a, b;
+    nb_status st = nbi_graph_verify(ctx, in, "trace");
+    if (st == NB_OK) {
+        st = nbi_pass_fold(ctx, in, &a);
+    }
+    if (st == NB_OK) {
+        st = nbi_pass_cse(ctx, &a, &b);
+    }
+    if (st == NB_OK) {
+        st = nbi_pass_dce(ctx, &b, out);
+    }
+    return st;
+}

@@ -1,0 +1,17 @@
+/* vmath_avx2.c -- the AVX2+FMA table (this file is compiled with -mavx2 -mfma). */
+#include "ad/vmath.h"
+
+#include <immintrin.h>
+
+#include <sleef.h>
+
+#define NBI_ISA_NAME avx2
+#define NBI_ISA_STRING "avx2"
+#define NBI_WF 8
+#define NBI_WD 4
+#define NBI_LOAD_F(p) _mm256_loadu_ps(p)
+#define NBI_STORE_F(p, v) _mm256_storeu_ps((p), (v))
+#define NBI_LOAD_D(p) _mm256_loadu_pd(p)
+#define NBI_STORE_D(p, v) _mm256_storeu_pd((p), (v))
+
+#include "vmath.inc"

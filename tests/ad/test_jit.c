@@ -1,0 +1,776 @@
+/*
+ * test_jit.c -- filtered jit: the cache, outputs, nested calls, trace accounting,
+ * max_traces in both orders, donation, errors and allocation-failure injection.
+ * The seeds' failures 1-3 are tests a, b and c here.
+ */
+#include "nbtest.h"
+
+#include <nabla/fn.h>
+#include <nabla/trace.h>
+
+/* ---- helpers ------------------------------------------------------------------------ */
+
+static nb_tree *arr_leaf(nb_ctx *ctx, int64_t n, float start) {
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_arange(ctx, NB_DTYPE_F32, start, start + (double)n, 1, &a));
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_array(a, &t));
+    nb_array_destroy(a);
+    return t;
+}
+
+static nb_tree *tuple1(nb_ctx *ctx, nb_tree *a) {
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 1, &a, &t));
+    return t;
+}
+
+static nb_tree *tuple2(nb_ctx *ctx, nb_tree *a, nb_tree *b) {
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){a, b}, &t));
+    return t;
+}
+
+static float out_f32(const nb_tree *out, const char *path, int64_t i) {
+    const nb_tree *leaf = NULL;
+    nb_status st = nb_tree_lookup(out, path, &leaf);
+    if (st != NB_OK || nb_tree_get_array(leaf) == NULL) {
+        fail_msg("no array at '%s'", path);
+    }
+    double v = 0;
+    NBT_OK(nb_tree_ctx(out), nb_array_get_flat(nb_tree_get_array(leaf), i, &v));
+    return (float)v;
+}
+
+static nb_fn_stats stats_of(const nb_fn *f) {
+    nb_fn_stats s;
+    NBT_OK(NULL, nb_fn_stats_get(f, &s));
+    return s;
+}
+
+/* ---- bodies ------------------------------------------------------------------------- */
+
+static nb_status body_bar(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_add(nb_get(tr, args, "[0]"), nb_scalar(tr, 3.0)), out);
+}
+
+/* foo(x) = bar(x) * 2, with bar called through whatever function self["bar"] names. */
+typedef struct foo_cfg {
+    nb_fn *bar;
+} foo_cfg;
+
+static nb_status body_foo(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    const nb_tree *cfgt = NULL;
+    nb_fnptr p = NULL;
+    const char *name = NULL;
+    /* The callee travels as a static fn leaf holding a foo_cfg pointer in its name slot's
+     * place: here simply a static pointer through a fnref whose target we cast back. */
+    if (nb_tree_lookup(args, "[1]", &cfgt) != NB_OK ||
+        nb_tree_get_fnref(cfgt, &p, &name) != NB_OK) {
+        return nb_trace_fail(tr, NB_ERR_INVALID, "foo: args[1] must be the callee");
+    }
+    nb_fn *bar = ((foo_cfg * (*)(void)) p)()->bar;
+    nb_var *y = nb_apply1(tr, bar, nb_get(tr, args, "[0]"));
+    return nb_return(nb_mul(y, nb_scalar(tr, 2.0)), out);
+}
+
+static foo_cfg g_cfg;
+static foo_cfg *cfg_get(void) {
+    return &g_cfg;
+}
+
+/* Outputs: a constant-folded value, an input passed through, a static value. */
+static nb_status body_consts(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *x = nb_get(tr, args, "x");
+    nb_var *c = nb_add(nb_full(tr, NB_DTYPE_I32, 2, (int64_t[]){2, 3}, 4),
+                       nb_scalar_typed(tr, NB_DTYPE_I32, 1));
+    nb_var *f = nb_exp(nb_scalar_typed(tr, NB_DTYPE_F64, 0.0));
+    nb_tree *tag = NULL;
+    nb_status st = nb_tree_string(ctx, "tag-7", &tag);
+    if (st == NB_OK) {
+        st = nb_tree_dict(ctx, 4, (const char *[]){"folded", "one", "same", "tag"},
+                          (nb_tree *[]){nb_leaf(c), nb_leaf(f), nb_leaf(x), tag}, out);
+    }
+    nb_tree_destroy(tag);
+    return st;
+}
+
+static nb_status body_sum2(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_add(nb_get(tr, args, "[0]"), nb_get(tr, args, "[1]")), out);
+}
+
+/* y = x * self.scale (array) + self.offset (static int). */
+static nb_status body_scaled(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    const nb_tree *off = NULL;
+    int64_t k = 0;
+    if (nb_tree_lookup(self, "offset", &off) != NB_OK || nb_tree_get_int(off, &k) != NB_OK) {
+        return nb_trace_fail(tr, NB_ERR_INVALID, "scaled: self.offset must be an int");
+    }
+    nb_var *y = nb_mul(nb_get(tr, args, "[0]"), nb_get(tr, self, "scale"));
+    return nb_return(nb_add(y, nb_scalar(tr, (double)k)), out);
+}
+
+static nb_fn *make_scaled(nb_ctx *ctx, float scale, int64_t offset) {
+    nb_array *s = NULL;
+    NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 0, NULL, scale, &s));
+    nb_tree *ls = NULL, *lo = NULL, *self = NULL;
+    NBT_OK(ctx, nb_tree_array(s, &ls));
+    NBT_OK(ctx, nb_tree_int(ctx, offset, &lo));
+    NBT_OK(ctx,
+           nb_tree_dict(ctx, 2, (const char *[]){"scale", "offset"}, (nb_tree *[]){ls, lo}, &self));
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "scaled", body_scaled, self, &f));
+    nb_tree_destroy(self);
+    nb_tree_destroy(lo);
+    nb_tree_destroy(ls);
+    nb_array_destroy(s);
+    return f;
+}
+
+/* A shape error three calls deep. */
+static nb_status body_inner_bad(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]");
+    nb_var *w = nb_full(tr, NB_DTYPE_F32, 1, (int64_t[]){5}, 1.0);
+    return nb_return(nb_mul(x, w), out);
+}
+
+static nb_status body_outer_bad(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                nb_tree **out) {
+    (void)self;
+    nb_fn *inner = NULL;
+    nb_status st = nb_fn_create(nb_trace_ctx(tr), "inner_layer", body_inner_bad, NULL, &inner);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_var *y = nb_apply1(tr, inner, nb_tanh(nb_get(tr, args, "[0]")));
+    nb_fn_destroy(inner);
+    y = nb_exp(y); /* ops after the error pass poison through */
+    return nb_return(y, out);
+}
+
+/* ---- a: outputs are arrays, always ------------------------------------------------- */
+
+static void test_a_nested_inline_and_folded_outputs(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *bar = NULL, *jbar = NULL, *foo = NULL, *jfoo = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "bar", body_bar, NULL, &bar));
+    NBT_OK(ctx, nb_jit(bar, NULL, &jbar));
+    NBT_OK(ctx, nb_fn_create(ctx, "foo", body_foo, NULL, &foo));
+    NBT_OK(ctx, nb_jit(foo, NULL, &jfoo));
+    g_cfg.bar = jbar;
+    nb_tree *x = arr_leaf(ctx, 4, 1.0f), *callee = NULL;
+    NBT_OK(ctx, nb_tree_fnref(ctx, (nb_fnptr)cfg_get, "cfg", &callee));
+    nb_tree *args = tuple2(ctx, x, callee), *out = NULL;
+    NBT_OK(ctx, nb_fn_call(jfoo, args, &out));
+    for (int i = 0; i < 4; i++) {
+        NBT_EQ_F64(out_f32(out, "", i), ((float)(i + 1) + 3.0f) * 2.0f);
+    }
+    nb_tree_destroy(out);
+
+    /* Folded constants and a passed-through input come back as new arrays. */
+    nb_fn *consts = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "consts", body_consts, NULL, &consts));
+    nb_tree *xin = arr_leaf(ctx, 3, 0.0f), *dargs = NULL;
+    NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"x"}, &xin, &dargs));
+    NBT_OK(ctx, nb_fn_call(consts, dargs, &out));
+    const nb_tree *folded = nb_tree_get(out, "folded");
+    nb_array *fa = nb_tree_get_array(folded);
+    NBT_TRUE(fa != NULL);
+    NBT_EQ_I64(nb_array_dtype(fa), NB_DTYPE_I32);
+    NBT_EQ_I64(nb_array_rank(fa), 2);
+    NBT_EQ_I64(nb_array_dim(fa, 0), 2);
+    NBT_EQ_I64(nb_array_dim(fa, 1), 3);
+    int64_t v = 0;
+    NBT_OK(ctx, nb_array_get_i64(fa, (int64_t[]){1, 2}, &v));
+    NBT_EQ_I64(v, 5);
+    nb_array *one = nb_tree_get_array(nb_tree_get(out, "one"));
+    NBT_EQ_I64(nb_array_dtype(one), NB_DTYPE_F64);
+    NBT_EQ_I64(nb_array_rank(one), 0);
+    double d = 0;
+    NBT_OK(ctx, nb_array_get(one, NULL, &d));
+    NBT_EQ_F64(d, 1.0);
+    nb_array *same = nb_tree_get_array(nb_tree_get(out, "same"));
+    nb_array *orig = nb_tree_get_array(xin);
+    NBT_TRUE(same != orig); /* the caller's own copy */
+    bool eq = false;
+    NBT_OK(ctx, nb_array_identical(same, orig, &eq));
+    NBT_TRUE(eq);
+    NBT_OK(ctx, nb_array_set(same, (int64_t[]){0}, 99.0));
+    NBT_OK(ctx, nb_array_get(orig, (int64_t[]){0}, &d));
+    NBT_EQ_F64(d, 0.0);
+    const char *tag = NULL;
+    NBT_OK(ctx, nb_tree_get_string(nb_tree_get(out, "tag"), &tag));
+    NBT_STREQ(tag, "tag-7");
+    /* Again from the cache: a fresh array each time, the same values. */
+    nb_tree *out2 = NULL;
+    NBT_OK(ctx, nb_fn_call(consts, dargs, &out2));
+    NBT_TRUE(nb_tree_get_array(nb_tree_get(out2, "folded")) != fa);
+    NBT_OK(ctx, nb_tree_equal(nb_tree_get(out2, "folded"), folded, &eq));
+    NBT_TRUE(eq);
+    NBT_EQ_I64(stats_of(consts).n_traces, 1);
+    NBT_EQ_I64(stats_of(consts).n_hits, 1);
+
+    nb_tree_destroy(out2);
+    nb_tree_destroy(out);
+    nb_tree_destroy(dargs);
+    nb_tree_destroy(xin);
+    nb_fn_destroy(consts);
+    nb_tree_destroy(args);
+    nb_tree_destroy(callee);
+    nb_tree_destroy(x);
+    nb_fn_destroy(jfoo);
+    nb_fn_destroy(foo);
+    nb_fn_destroy(jbar);
+    nb_fn_destroy(bar);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* inline_calls = false: a call to bar's own executable, the same numbers, one compile. */
+static void test_call_not_inlined(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *bar = NULL, *jbar = NULL, *foo = NULL;
+    nb_jit_opts o = nb_jit_opts_default();
+    o.inline_calls = false;
+    NBT_OK(ctx, nb_fn_create(ctx, "bar", body_bar, NULL, &bar));
+    NBT_OK(ctx, nb_jit(bar, &o, &jbar));
+    NBT_OK(ctx, nb_fn_create(ctx, "foo", body_foo, NULL, &foo));
+    g_cfg.bar = jbar;
+    nb_tree *x = arr_leaf(ctx, 5, -2.0f), *callee = NULL, *out = NULL;
+    NBT_OK(ctx, nb_tree_fnref(ctx, (nb_fnptr)cfg_get, "cfg", &callee));
+    nb_tree *args = tuple2(ctx, x, callee);
+    char ir[4096];
+    NBT_OK(ctx, nb_fn_format_ir(foo, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+    NBT_TRUE(strstr(ir, "= call ") != NULL);
+    NBT_TRUE(strstr(ir, "= call_output ") != NULL);
+    NBT_OK(ctx, nb_fn_call(foo, args, &out));
+    for (int i = 0; i < 5; i++) {
+        NBT_EQ_F64(out_f32(out, "", i), ((float)(i - 2) + 3.0f) * 2.0f);
+    }
+    nb_tree_destroy(out);
+    /* Traced once for the first call and once by format_ir? No: format_ir does not count. */
+    NBT_EQ_I64(stats_of(jbar).n_traces, 1);
+    /* A second caller reuses bar's executable. */
+    nb_fn *foo2 = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "foo2", body_foo, NULL, &foo2));
+    nb_fn *jfoo2 = NULL;
+    NBT_OK(ctx, nb_jit(foo2, NULL, &jfoo2));
+    NBT_OK(ctx, nb_fn_call(jfoo2, args, &out));
+    NBT_EQ_F64(out_f32(out, "", 0), 2.0f);
+    NBT_EQ_I64(stats_of(jbar).n_traces, 1);
+    NBT_TRUE(stats_of(jbar).n_hits >= 1);
+    nb_tree_destroy(out);
+    nb_fn_destroy(jfoo2);
+    nb_fn_destroy(foo2);
+    nb_tree_destroy(args);
+    nb_tree_destroy(callee);
+    nb_tree_destroy(x);
+    nb_fn_destroy(foo);
+    nb_fn_destroy(jbar);
+    nb_fn_destroy(bar);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- b: max_traces on either side of jit -------------------------------------------- */
+
+static void run_max_traces(nb_fn *f, nb_ctx *ctx, const char *order) {
+    int64_t lens[3] = {2, 3, 4};
+    for (int k = 0; k < 3; k++) {
+        for (int rep = 0; rep < 3; rep++) {
+            /* new data each time, same shape: never a retrace */
+            nb_tree *a = arr_leaf(ctx, lens[k], (float)(rep * 10)), *b = arr_leaf(ctx, lens[k], 1);
+            nb_tree *args = tuple2(ctx, a, b), *out = NULL;
+            nb_status st = nb_fn_call(f, args, &out);
+            if (k < 2) {
+                if (st != NB_OK) {
+                    fail_msg("%s: call %d/%d failed: %s", order, k, rep, nb_ctx_errmsg(ctx));
+                }
+                NBT_EQ_F64(out_f32(out, "", 1), (float)(rep * 10 + 1) + 2.0f);
+            } else {
+                if (st != NB_ERR_RETRACE) {
+                    fail_msg("%s: the third shape gave %s, not ERR_RETRACE: %s", order,
+                             nb_status_name(st), nb_ctx_errmsg(ctx));
+                }
+                NBT_TRUE(out == NULL);
+                NBT_ERRMSG_HAS(ctx, "max_traces = 2");
+                NBT_ERRMSG_HAS(ctx, "args[0]: f32[3] → f32[4]");
+            }
+            nb_tree_destroy(out);
+            nb_tree_destroy(args);
+            nb_tree_destroy(b);
+            nb_tree_destroy(a);
+        }
+    }
+}
+
+static void test_b_max_traces_both_orders(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL, *j = NULL, *mj = NULL, *m = NULL, *jm = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "sum2", body_sum2, NULL, &f));
+    /* max_traces outside jit */
+    NBT_OK(ctx, nb_jit(f, NULL, &j));
+    NBT_OK(ctx, nb_max_traces(j, 2, &mj));
+    run_max_traces(mj, ctx, "max_traces(jit(f))");
+    NBT_EQ_I64(stats_of(mj).n_traces, 2); /* the refused third trace never happened */
+    /* max_traces inside jit */
+    nb_ctx_clear_cache(ctx);
+    NBT_OK(ctx, nb_max_traces(f, 2, &m));
+    NBT_OK(ctx, nb_jit(m, NULL, &jm));
+    run_max_traces(jm, ctx, "jit(max_traces(f))");
+    NBT_EQ_I64(stats_of(m).n_traces, 2);
+    /* and as a jit option */
+    nb_ctx_clear_cache(ctx);
+    nb_jit_opts o = nb_jit_opts_default();
+    o.max_traces = 2;
+    nb_fn *jo = NULL;
+    NBT_OK(ctx, nb_jit(f, &o, &jo));
+    run_max_traces(jo, ctx, "jit(f, max_traces=2)");
+    nb_fn_destroy(jo);
+    nb_fn_destroy(jm);
+    nb_fn_destroy(m);
+    nb_fn_destroy(mj);
+    nb_fn_destroy(j);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- c: equal functions share the cache; reasons name the leaf ---------------------- */
+
+static void test_c_equal_functions_share_entries(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_tree *x = arr_leaf(ctx, 3, 1.0f);
+    nb_tree *args = tuple1(ctx, x), *out = NULL;
+    nb_fn *f1 = make_scaled(ctx, 2.0f, 1);
+    NBT_OK(ctx, nb_fn_call(f1, args, &out));
+    NBT_EQ_F64(out_f32(out, "", 2), 3.0f * 2.0f + 1.0f);
+    nb_tree_destroy(out);
+    nb_fn_destroy(f1);
+    /* Re-created from scratch with equal static data (and different array data): a hit. */
+    nb_fn *f2 = make_scaled(ctx, 5.0f, 1);
+    NBT_OK(ctx, nb_fn_call(f2, args, &out));
+    NBT_EQ_F64(out_f32(out, "", 2), 3.0f * 5.0f + 1.0f);
+    nb_tree_destroy(out);
+    nb_fn_stats s = stats_of(f2);
+    NBT_EQ_I64(s.n_traces, 1);
+    NBT_EQ_I64(s.n_hits, 1);
+    NBT_EQ_I64(s.n_calls, 2);
+    /* A different static value is another identity: its first trace. */
+    nb_fn *f3 = make_scaled(ctx, 5.0f, 2);
+    NBT_OK(ctx, nb_fn_call(f3, args, &out));
+    NBT_EQ_F64(out_f32(out, "", 0), 1.0f * 5.0f + 2.0f);
+    nb_tree_destroy(out);
+    NBT_EQ_I64(stats_of(f3).n_traces, 1);
+    NBT_EQ_I64(stats_of(f2).n_traces, 1);
+    nb_fn_destroy(f3);
+    nb_fn_destroy(f2);
+    nb_tree_destroy(args);
+    nb_tree_destroy(x);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* Retrace reasons: a static value, a null slot gaining an array, a dict path, a bound array. */
+static nb_status body_opt(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    const nb_tree *w1 = nb_tree_get(nb_tree_get(nb_tree_get(args, "opt_state"), "mu"), "w1");
+    nb_var *x = nb_get(tr, args, "batch.x");
+    if (w1 != NULL && nb_tree_kind_of(w1) != NB_TREE_KIND_NULL) {
+        x = nb_add(x, nb_sum(nb_var_of(tr, w1), NULL, 0, false));
+    }
+    return nb_return(x, out);
+}
+
+static nb_tree *opt_args(nb_ctx *ctx, int64_t batch, bool with_mu, int64_t step) {
+    nb_tree *x = arr_leaf(ctx, batch, 0), *bx = NULL, *mu = NULL, *w1 = NULL, *os = NULL,
+            *st = NULL, *a = NULL;
+    NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"x"}, &x, &bx));
+    if (with_mu) {
+        w1 = arr_leaf(ctx, 4, 0);
+    } else {
+        NBT_OK(ctx, nb_tree_null(ctx, &w1));
+    }
+    NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"w1"}, &w1, &mu));
+    NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"mu"}, &mu, &os));
+    NBT_OK(ctx, nb_tree_int(ctx, step, &st));
+    NBT_OK(ctx, nb_tree_dict(ctx, 3, (const char *[]){"batch", "opt_state", "step"},
+                             (nb_tree *[]){bx, os, st}, &a));
+    nb_tree_destroy(x);
+    nb_tree_destroy(bx);
+    nb_tree_destroy(w1);
+    nb_tree_destroy(mu);
+    nb_tree_destroy(os);
+    nb_tree_destroy(st);
+    return a;
+}
+
+static void test_retrace_reasons(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "step", body_opt, NULL, &f));
+    struct {
+        int64_t batch;
+        bool mu;
+        int64_t step;
+        const char *reason;
+    } calls[] = {
+        {8, false, 0, NULL},
+        {8, true, 0, "opt_state.mu.w1: was null, now f32[4]"},
+        {6, true, 0, "batch.x: f32[8] → f32[6]"},
+        {6, true, 3, "step: static 0 → 3"},
+        {6, true, 3, NULL}, /* a hit */
+    };
+    int64_t retraces = 0;
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+        nb_tree *a = opt_args(ctx, calls[i].batch, calls[i].mu, calls[i].step), *out = NULL;
+        if (nb_fn_call(f, a, &out) != NB_OK) {
+            if (strstr(nb_ctx_errmsg(ctx), "nb_sum") == NULL) {
+                fail_msg("call %zu failed: %s", i, nb_ctx_errmsg(ctx));
+            }
+        }
+        nb_tree_destroy(out);
+        nb_tree_destroy(a);
+        if (calls[i].reason != NULL) {
+            char buf[512];
+            NBT_OK(ctx, nb_fn_retrace_reason(f, retraces++, buf, sizeof buf, NULL));
+            NBT_STREQ(buf, calls[i].reason);
+        }
+    }
+    nb_fn_stats s = stats_of(f);
+    NBT_EQ_I64(s.n_retraces, 3);
+    NBT_EQ_I64(s.n_traces, 4);
+    NBT_EQ_I64(s.n_hits, 1);
+    char buf[64];
+    NBT_STATUS(ctx, NB_ERR_INDEX, nb_fn_retrace_reason(f, 3, buf, sizeof buf, NULL));
+    /* A bound array changing shape is named under self. */
+    nb_fn *g1 = make_scaled(ctx, 1.0f, 0);
+    nb_tree *x = arr_leaf(ctx, 2, 0), *args = tuple1(ctx, x), *out = NULL;
+    NBT_OK(ctx, nb_fn_call(g1, args, &out));
+    nb_tree_destroy(out);
+    nb_array *s2 = NULL;
+    NBT_OK(ctx, nb_array_ones(ctx, NB_DTYPE_F32, 1, (int64_t[]){2}, &s2));
+    nb_tree *ls = NULL, *lo = NULL, *self = NULL;
+    NBT_OK(ctx, nb_tree_array(s2, &ls));
+    NBT_OK(ctx, nb_tree_int(ctx, 0, &lo));
+    NBT_OK(ctx,
+           nb_tree_dict(ctx, 2, (const char *[]){"scale", "offset"}, (nb_tree *[]){ls, lo}, &self));
+    nb_fn *g2 = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "scaled", body_scaled, self, &g2));
+    NBT_OK(ctx, nb_fn_call(g2, args, &out));
+    NBT_OK(ctx, nb_fn_retrace_reason(g2, 0, buf, sizeof buf, NULL));
+    NBT_STREQ(buf, "self.scale: f32[] → f32[2]");
+    nb_tree_destroy(out);
+    nb_fn_destroy(g2);
+    nb_tree_destroy(self);
+    nb_tree_destroy(lo);
+    nb_tree_destroy(ls);
+    nb_array_destroy(s2);
+    nb_tree_destroy(args);
+    nb_tree_destroy(x);
+    nb_fn_destroy(g1);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- errors ------------------------------------------------------------------------- */
+
+static void test_error_deep_in_user_code(void **state) {
+    (void)state;
+    nbt_alloc al = {0};
+    nb_ctx *ctx = nbt_ctx_with(&al);
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "mlp_loss", body_outer_bad, NULL, &f));
+    nb_tree *x = arr_leaf(ctx, 3, 0), *args = tuple1(ctx, x), *out = NULL;
+    NBT_STATUS(ctx, NB_ERR_SHAPE, nb_fn_call(f, args, &out));
+    NBT_TRUE(out == NULL);
+    const char *m = nb_ctx_errmsg(ctx);
+    NBT_TRUE(strstr(m, "nb_mul") == m); /* one message, starting with the op */
+    NBT_ERRMSG_HAS(ctx, "f32[3] and f32[5]");
+    NBT_ERRMSG_HAS(ctx, "(in 'inner_layer')");
+    if (strstr(m, "nb_exp:") != NULL) {
+        fail_msg("a later op added to the message: %s", m);
+    }
+    /* The error is not cached: fixing the input shape works. */
+    nb_tree *x5 = arr_leaf(ctx, 5, 0), *args5 = tuple1(ctx, x5);
+    NBT_OK(ctx, nb_fn_call(f, args5, &out));
+    nb_tree_destroy(out);
+    nb_tree_destroy(args5);
+    nb_tree_destroy(x5);
+    nb_tree_destroy(args);
+    nb_tree_destroy(x);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+    NBT_EQ_I64(al.n_live, 0);
+}
+
+static nb_status body_no_msg(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)tr;
+    (void)self;
+    (void)args;
+    (void)out;
+    return NB_ERR_INVALID;
+}
+
+static void test_misuse(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL;
+    nb_tree *out = NULL;
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_fn_create(ctx, "x", NULL, NULL, &f));
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_fn_create(NULL, "x", body_bar, NULL, &f));
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_fn_call(NULL, NULL, &out));
+    NBT_OK(ctx, nb_fn_create(ctx, "nomsg", body_no_msg, NULL, &f));
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_fn_call(f, NULL, &out));
+    NBT_ERRMSG_HAS(ctx, "args is a NULL");
+    nb_tree *empty = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 0, NULL, &empty));
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_fn_call(f, empty, &out));
+    NBT_ERRMSG_HAS(ctx, "without recording a message");
+    NBT_ERRMSG_HAS(ctx, "(in 'nomsg')");
+    nb_fn *w = NULL;
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_max_traces(f, 0, &w));
+    NBT_TRUE(w == NULL);
+    nb_fn_destroy(f);
+    nb_fn_destroy(f); /* destroyed twice: recorded, not a crash */
+    NBT_EQ_I64(nb_ctx_errcode(ctx), NB_ERR_MISUSE);
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_fn_call(f, empty, &out));
+    nb_tree_destroy(empty);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- donation ----------------------------------------------------------------------- */
+
+static nb_status body_update(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)self;
+    nb_var *p = nb_get(tr, args, "params"), *g = nb_get(tr, args, "grads");
+    return nb_return(nb_sub(p, nb_mul(g, nb_scalar(tr, 0.5))), out);
+}
+
+static void test_donate(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "update", body_update, NULL, &f));
+    nb_tree *p = arr_leaf(ctx, 4, 10.0f), *g = arr_leaf(ctx, 4, 2.0f), *args = NULL;
+    NBT_OK(ctx,
+           nb_tree_dict(ctx, 2, (const char *[]){"params", "grads"}, (nb_tree *[]){p, g}, &args));
+    nb_tree *yes = NULL, *no = NULL, *spec = NULL, *out = NULL;
+    NBT_OK(ctx, nb_tree_bool(ctx, true, &yes));
+    NBT_OK(ctx, nb_tree_bool(ctx, false, &no));
+    NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"params", "grads"}, (nb_tree *[]){yes, no},
+                             &spec));
+    nb_call_opts o = nb_call_opts_default();
+    o.donate = spec;
+    for (int step = 0; step < 3; step++) {
+        NBT_OK(ctx, nb_fn_call_ex(f, args, &o, &out));
+        /* the output is the donated params array itself, updated in place */
+        NBT_TRUE(nb_tree_get_array(out) == nb_tree_get_array(p));
+        nb_tree_destroy(out);
+    }
+    double v = 0;
+    NBT_OK(ctx, nb_array_get(nb_tree_get_array(p), (int64_t[]){1}, &v));
+    NBT_EQ_F64(v, 11.0 - 3 * 0.5 * 3.0);
+    NBT_OK(ctx, nb_array_get(nb_tree_get_array(g), (int64_t[]){1}, &v));
+    NBT_EQ_F64(v, 3.0);
+    /* Without donation the inputs are untouched. */
+    NBT_OK(ctx, nb_fn_call(f, args, &out));
+    NBT_TRUE(nb_tree_get_array(out) != nb_tree_get_array(p));
+    nb_tree_destroy(out);
+    /* A donate tree that does not match args. */
+    nb_tree *bad = NULL;
+    NBT_OK(ctx, nb_tree_list(ctx, 1, &yes, &bad));
+    o.donate = bad;
+    NBT_STATUS(ctx, NB_ERR_STRUCTURE, nb_fn_call_ex(f, args, &o, &out));
+    NBT_ERRMSG_HAS(ctx, "donate");
+    nb_tree_destroy(bad);
+    nb_tree_destroy(spec);
+    nb_tree_destroy(no);
+    nb_tree_destroy(yes);
+    nb_tree_destroy(args);
+    nb_tree_destroy(g);
+    nb_tree_destroy(p);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- weak scalars ------------------------------------------------------------------- */
+
+static nb_status body_weak(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *i = nb_get(tr, args, "[0]");
+    nb_var *d = nb_get(tr, args, "[1]");
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    return nb_tree_tuple(ctx, 2,
+                         (nb_tree *[]){nb_leaf(nb_add(i, nb_scalar(tr, 3.0))),
+                                       nb_leaf(nb_mul(nb_scalar(tr, 0.1), d))},
+                         out);
+}
+
+static void test_weak_scalars(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_array *ia = NULL, *da = NULL;
+    NBT_OK(ctx, nb_array_arange(ctx, NB_DTYPE_I32, 0, 3, 1, &ia));
+    NBT_OK(ctx, nb_array_ones(ctx, NB_DTYPE_F64, 1, (int64_t[]){2}, &da));
+    nb_tree *li = NULL, *ld = NULL, *out = NULL;
+    NBT_OK(ctx, nb_tree_array(ia, &li));
+    NBT_OK(ctx, nb_tree_array(da, &ld));
+    nb_tree *args = tuple2(ctx, li, ld);
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "weak", body_weak, NULL, &f));
+    NBT_OK(ctx, nb_fn_call(f, args, &out));
+    nb_array *a0 = nb_tree_get_array(nb_tree_child(out, 0));
+    nb_array *a1 = nb_tree_get_array(nb_tree_child(out, 1));
+    NBT_EQ_I64(nb_array_dtype(a0), NB_DTYPE_I32);
+    NBT_EQ_I64(nb_array_dtype(a1), NB_DTYPE_F64);
+    int64_t iv = 0;
+    NBT_OK(ctx, nb_array_get_i64(a0, (int64_t[]){2}, &iv));
+    NBT_EQ_I64(iv, 5);
+    double dv = 0;
+    NBT_OK(ctx, nb_array_get(a1, (int64_t[]){0}, &dv));
+    NBT_EQ_F64(dv, 0.1); /* the weak scalar kept its double value */
+    nb_tree_destroy(out);
+    nb_fn_destroy(f);
+    nb_tree_destroy(args);
+    nb_tree_destroy(ld);
+    nb_tree_destroy(li);
+    nb_array_destroy(da);
+    nb_array_destroy(ia);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- fault injection over whole jit calls ------------------------------------------- */
+
+static nb_status scenario_jit(nb_ctx *ctx) {
+    nb_status st;
+    nb_fn *bar = NULL, *jbar = NULL, *foo = NULL, *f = NULL;
+    nb_tree *x = NULL, *callee = NULL, *args = NULL, *out = NULL, *out2 = NULL;
+    nb_array *a = NULL;
+    nb_jit_opts o = nb_jit_opts_default();
+    o.inline_calls = false;
+    st = nb_fn_create(ctx, "bar", body_bar, NULL, &bar);
+    if (st == NB_OK) {
+        st = nb_jit(bar, &o, &jbar);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "foo", body_foo, NULL, &foo);
+    }
+    if (st == NB_OK) {
+        st = nb_jit(foo, NULL, &f);
+    }
+    if (st == NB_OK) {
+        st = nb_array_arange(ctx, NB_DTYPE_F32, 0, 7, 1, &a);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_array(a, &x);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_fnref(ctx, (nb_fnptr)cfg_get, "cfg", &callee);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 2, (nb_tree *[]){x, callee}, &args);
+    }
+    g_cfg.bar = jbar;
+    if (st == NB_OK) {
+        st = nb_fn_call(f, args, &out); /* trace, compile (with a sub-executable), run */
+    }
+    if (st == NB_OK) {
+        st = nb_fn_call(f, args, &out2); /* a cache hit */
+    }
+    if (st == NB_OK) {
+        double v = 0;
+        nb_array_get_flat(nb_tree_get_array(out2), 6, &v);
+        if (v != 18.0) {
+            st = NB_ERR_INTERNAL;
+        }
+    }
+    nb_tree_destroy(out2);
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+    nb_tree_destroy(callee);
+    nb_tree_destroy(x);
+    nb_array_destroy(a);
+    nb_fn_destroy(f);
+    nb_fn_destroy(foo);
+    nb_fn_destroy(jbar);
+    nb_fn_destroy(bar);
+    nb_ctx_clear_cache(ctx);
+    return st;
+}
+
+static void test_fault_jit_call(void **state) {
+    (void)state;
+    for (int mode = 0; mode < 2; mode++) {
+        int points = 0;
+        for (int64_t k = 1;; k++) {
+            nbt_alloc al = {0};
+            nb_ctx *ctx = nbt_ctx_with(&al);
+            al.fail_at = al.n_calls + k;
+            al.fail_all_after = mode == 1;
+            nb_status st = scenario_jit(ctx);
+            bool injected = al.n_failed > 0;
+            al.fail_at = 0;
+            if (!injected) {
+                NBT_OK(ctx, st);
+                nbt_assert_no_live(ctx);
+                nb_ctx_destroy(ctx);
+                NBT_EQ_I64(al.n_live, 0);
+                break;
+            }
+            points++;
+            if (st != NB_ERR_OOM) {
+                fail_msg("allocation %lld failed (mode %d) but the call returned %s: %s",
+                         (long long)k, mode, nb_status_name(st), nb_ctx_errmsg(ctx));
+            }
+            NBT_ERRMSG_HAS(ctx, "out of memory");
+            nbt_assert_no_live(ctx);
+            NBT_OK(ctx, scenario_jit(ctx)); /* the context still works */
+            nbt_assert_no_live(ctx);
+            nb_ctx_destroy(ctx);
+            NBT_EQ_I64(al.n_live, 0);
+            if (k > 20000) {
+                fail_msg("scenario never completed");
+            }
+        }
+        print_message("jit scenario: %d allocation failure points (mode %d)\n", points, mode);
+        NBT_TRUE(points > 40);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_a_nested_inline_and_folded_outputs),
+        cmocka_unit_test(test_call_not_inlined),
+        cmocka_unit_test(test_b_max_traces_both_orders),
+        cmocka_unit_test(test_c_equal_functions_share_entries),
+        cmocka_unit_test(test_retrace_reasons),
+        cmocka_unit_test(test_error_deep_in_user_code),
+        cmocka_unit_test(test_misuse),
+        cmocka_unit_test(test_donate),
+        cmocka_unit_test(test_weak_scalars),
+        cmocka_unit_test(test_fault_jit_call),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,719 @@
+/*
+ * test_ops_linalg.c -- matmul and dot: shape and dtype inference, error messages, and the
+ * kernel against a double-precision triple loop (numpy.matmul semantics: rank-1 promotion,
+ * broadcast batch dims), for every numeric dtype, empty dims, and bit-for-bit determinism.
+ *
+ * Nodes are built directly on a trace (params) and the kernel is run through the registry
+ * on buffers the test owns, as the executor would.
+ */
+#include "nbtest.h"
+
+#include "ad/ir.h"
+
+#include <blis.h>
+#include <float.h>
+#include <stdlib.h>
+
+/* ---- helpers ------------------------------------------------------------------------ */
+
+typedef struct lt_env {
+    nb_ctx *ctx;
+    nb_trace tr;
+} lt_env;
+
+static void lt_begin(lt_env *e) {
+    e->ctx = nbt_ctx();
+    NBT_OK(e->ctx, nbi_trace_init(&e->tr, e->ctx, "test"));
+}
+
+static void lt_end(lt_env *e) {
+    nbi_trace_release(&e->tr);
+    nbt_assert_no_live(e->ctx);
+    nb_ctx_destroy(e->ctx);
+}
+
+static nb_var *lt_param(lt_env *e, int32_t index, nb_dtype dtype, int rank, const int64_t *shape) {
+    nb_var *v = nbi_emit_param(&e->tr, index, dtype, rank, shape);
+    NBT_TRUE(!nb_var_is_poison(v));
+    return v;
+}
+
+/* A 64-byte aligned buffer of at least one cache line (as the executor's workspace). */
+static void *lt_alloc(size_t bytes) {
+    size_t n = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, n ? n : 64);
+    NBT_TRUE(p != NULL);
+    return p;
+}
+
+/* Deterministic test data: floats in [-1, 1), integers in [-8, 8]. */
+static uint64_t lt_next(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 33;
+}
+
+static void lt_fill(nb_dtype dtype, void *buf, int64_t n, uint64_t seed) {
+    uint64_t s = seed;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t r = lt_next(&s);
+        double f = (double)(r % 2000001) / 1000000.0 - 1.0;
+        int64_t q = (int64_t)(r % 17) - 8;
+        switch (dtype) {
+        case NB_DTYPE_F32:
+            ((float *)buf)[i] = (float)f;
+            break;
+        case NB_DTYPE_F64:
+            ((double *)buf)[i] = f;
+            break;
+        case NB_DTYPE_I32:
+            ((int32_t *)buf)[i] = (int32_t)q;
+            break;
+        case NB_DTYPE_I64:
+            ((int64_t *)buf)[i] = q;
+            break;
+        case NB_DTYPE_BOOL:
+            ((uint8_t *)buf)[i] = (uint8_t)(r & 1);
+            break;
+        }
+    }
+}
+
+/* Fill with a value the kernel must overwrite: NaN for floats, a pattern for integers. */
+static void lt_poison_fill(nb_dtype dtype, void *buf, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        switch (dtype) {
+        case NB_DTYPE_F32:
+            ((float *)buf)[i] = NAN;
+            break;
+        case NB_DTYPE_F64:
+            ((double *)buf)[i] = NAN;
+            break;
+        case NB_DTYPE_I32:
+            ((int32_t *)buf)[i] = 0x5a5a5a5a;
+            break;
+        case NB_DTYPE_I64:
+            ((int64_t *)buf)[i] = 0x5a5a5a5a5a5a5a5a;
+            break;
+        case NB_DTYPE_BOOL:
+            ((uint8_t *)buf)[i] = 0x5a;
+            break;
+        }
+    }
+}
+
+static double lt_get_f(nb_dtype dtype, const void *buf, int64_t i) {
+    return dtype == NB_DTYPE_F32 ? (double)((const float *)buf)[i] : ((const double *)buf)[i];
+}
+
+static uint64_t lt_get_u(nb_dtype dtype, const void *buf, int64_t i) {
+    return dtype == NB_DTYPE_I32 ? (uint64_t)(int64_t)((const int32_t *)buf)[i]
+                                 : (uint64_t)((const int64_t *)buf)[i];
+}
+
+static void lt_run(const nb_var *v, void *out, const void *a, const void *b) {
+    const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
+    NBT_TRUE(info != NULL && info->kernel != NULL);
+    nbi_kargs k = {.node = v, .out = out, .in = (const void *const[]){a, b}, .scratch = NULL};
+    info->kernel(&k);
+}
+
+/* The matrix of operand x (shape sx, rank rx) that output batch index ob[] reads, numpy
+ * rules: batch dims aligned from the right, a size-1 dim repeats. Returns its offset in
+ * elements. */
+static int64_t lt_batch_offset(int rx, const int64_t *sx, int rbat, const int64_t *ob) {
+    int rxb = rx > 2 ? rx - 2 : 0;
+    int64_t mat = rx >= 2 ? sx[rx - 2] * sx[rx - 1] : sx[0];
+    int64_t off = 0;
+    for (int i = 0; i < rxb; i++) {
+        int64_t idx = sx[i] == 1 ? 0 : ob[i + (rbat - rxb)];
+        off = off * sx[i] + idx;
+    }
+    return off * mat;
+}
+
+/* Check v = a @ b against a triple loop in double (floats) or in wrapping 64-bit integers
+ * reduced to the dtype (integers). Floats: |got - ref| <= rel * k * max_p |a_ip b_pj|, with
+ * rel = 1e-5 (f32) or 1e-12 (f64); integers exact. */
+static void lt_check(const nb_var *v, const void *out, const void *a, const void *b) {
+    const nb_var *x = v->in[0], *y = v->in[1];
+    nb_dtype dt = v->dtype;
+    int ra = x->rank, rb = y->rank;
+    int64_t m = ra >= 2 ? x->shape[ra - 2] : 1, kk = x->shape[ra - 1];
+    int64_t n = rb >= 2 ? y->shape[rb - 1] : 1;
+    int rbat = v->rank - (ra >= 2) - (rb >= 2);
+    int64_t nbatch = 1;
+    for (int i = 0; i < rbat; i++) {
+        nbatch *= v->shape[i];
+    }
+    NBT_EQ_I64(v->size, nbatch * m * n);
+    double rel = dt == NB_DTYPE_F32 ? 1e-5 : 1e-12;
+    int64_t ob[NB_MAX_RANK] = {0};
+    for (int64_t t = 0; t < nbatch; t++) {
+        int64_t rem = t;
+        for (int i = rbat - 1; i >= 0; i--) {
+            ob[i] = rem % v->shape[i];
+            rem /= v->shape[i];
+        }
+        int64_t oa = lt_batch_offset(ra, x->shape, rbat, ob);
+        int64_t obb = lt_batch_offset(rb, y->shape, rbat, ob);
+        for (int64_t i = 0; i < m; i++) {
+            for (int64_t j = 0; j < n; j++) {
+                int64_t o = (t * m + i) * n + j;
+                if (nb_dtype_is_float(dt)) {
+                    double s = 0, mx = 0;
+                    for (int64_t p = 0; p < kk; p++) {
+                        double term =
+                            lt_get_f(dt, a, oa + i * kk + p) * lt_get_f(dt, b, obb + p * n + j);
+                        s += term;
+                        mx = fabs(term) > mx ? fabs(term) : mx;
+                    }
+                    double got = lt_get_f(dt, out, o);
+                    double tol = rel * (double)kk * mx;
+                    if (!(fabs(got - s) <= tol)) {
+                        fail_msg("element %lld (batch %lld, row %lld, col %lld): got %.17g, "
+                                 "want %.17g (tol %g)",
+                                 (long long)o, (long long)t, (long long)i, (long long)j, got, s,
+                                 tol);
+                    }
+                } else {
+                    uint64_t s = 0;
+                    for (int64_t p = 0; p < kk; p++) {
+                        s += lt_get_u(dt, a, oa + i * kk + p) * lt_get_u(dt, b, obb + p * n + j);
+                    }
+                    uint64_t got = lt_get_u(dt, out, o);
+                    uint64_t want =
+                        dt == NB_DTYPE_I32 ? (uint64_t)(int64_t)(int32_t)(uint32_t)s : s;
+                    if (got != want) {
+                        fail_msg("element %lld: got %lld, want %lld", (long long)o, (long long)got,
+                                 (long long)want);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Build a @ b from params of the given shapes, check the inferred shape against want, run
+ * the kernel twice on NaN-filled outputs, check against the reference, and check that the
+ * two runs agree bit for bit. */
+static void lt_case(nb_dtype dt, int ra, const int64_t *sa, int rb, const int64_t *sb,
+                    int want_rank, const int64_t *want_shape, bool use_dot) {
+    lt_env e;
+    lt_begin(&e);
+    nb_var *a = lt_param(&e, 0, dt, ra, sa);
+    nb_var *b = lt_param(&e, 1, dt, rb, sb);
+    nb_var *v = use_dot ? nb_dot(a, b) : nb_matmul(a, b);
+    NBT_OK(e.ctx, nb_trace_status(&e.tr));
+    NBT_TRUE(!nb_var_is_poison(v));
+    NBT_EQ_I64(v->op, NBI_OP_MATMUL);
+    NBT_EQ_I64(v->n_in, 2);
+    NBT_TRUE(v->in[0] == a && v->in[1] == b);
+    NBT_EQ_I64(nb_var_dtype(v), dt);
+    NBT_EQ_I64(nb_var_rank(v), want_rank);
+    for (int i = 0; i < want_rank; i++) {
+        NBT_EQ_I64(nb_var_shape(v)[i], want_shape[i]);
+    }
+    size_t es = nb_dtype_size(dt);
+    void *abuf = lt_alloc((size_t)a->size * es), *bbuf = lt_alloc((size_t)b->size * es);
+    void *o1 = lt_alloc((size_t)v->size * es), *o2 = lt_alloc((size_t)v->size * es);
+    lt_fill(dt, abuf, a->size, 1 + (uint64_t)a->size);
+    lt_fill(dt, bbuf, b->size, 7 + (uint64_t)b->size);
+    lt_poison_fill(dt, o1, v->size);
+    lt_poison_fill(dt, o2, v->size);
+    lt_run(v, o1, abuf, bbuf);
+    lt_check(v, o1, abuf, bbuf);
+    lt_run(v, o2, abuf, bbuf);
+    NBT_TRUE(memcmp(o1, o2, (size_t)v->size * es) == 0);
+    free(abuf);
+    free(bbuf);
+    free(o1);
+    free(o2);
+    lt_end(&e);
+}
+
+static const nb_dtype lt_numeric[] = {NB_DTYPE_F32, NB_DTYPE_F64, NB_DTYPE_I32, NB_DTYPE_I64};
+#define LT_N_NUMERIC ((int)(sizeof lt_numeric / sizeof lt_numeric[0]))
+
+/* A builder that must fail: status want, message exactly msg (if given) or containing sub. */
+static void lt_expect_error(nb_dtype da, int ra, const int64_t *sa, nb_dtype db, int rb,
+                            const int64_t *sb, bool use_dot, nb_status want, const char *msg,
+                            const char *sub) {
+    lt_env e;
+    lt_begin(&e);
+    nb_var *a = lt_param(&e, 0, da, ra, sa);
+    nb_var *b = lt_param(&e, 1, db, rb, sb);
+    int32_t n_nodes = e.tr.g.n_nodes;
+    nb_var *v = use_dot ? nb_dot(a, b) : nb_matmul(a, b);
+    NBT_TRUE(nb_var_is_poison(v));
+    NBT_TRUE(v == e.tr.poison);
+    NBT_EQ_I64(nb_var_rank(v), -1);
+    NBT_STATUS(e.ctx, want, nb_trace_status(&e.tr));
+    NBT_EQ_I64(e.tr.g.n_nodes, n_nodes); /* nothing was added */
+    if (msg != NULL) {
+        NBT_STREQ(nb_ctx_errmsg(e.ctx), msg);
+    }
+    if (sub != NULL) {
+        NBT_ERRMSG_HAS(e.ctx, sub);
+    }
+    lt_end(&e);
+}
+
+/* ---- registry ----------------------------------------------------------------------- */
+
+static void test_registry_entry(void **state) {
+    (void)state;
+    const nbi_op_info *info = nbi_op_get(NBI_OP_MATMUL);
+    NBT_TRUE(info == &nbi_opinfo_matmul);
+    NBT_STREQ(info->name, "matmul");
+    NBT_STREQ(nbi_op_name(NBI_OP_MATMUL), "matmul");
+    NBT_EQ_I64(info->n_in, 2);
+    NBT_TRUE(info->infer != NULL);
+    NBT_TRUE(info->kernel != NULL);
+    NBT_TRUE(info->scratch == NULL);
+    NBT_EQ_I64(info->nondiff, 0);
+    NBT_TRUE(!info->elementwise);
+}
+
+/* ---- shapes and values -------------------------------------------------------------- */
+
+static void test_matmul_2d_2d(void **state) {
+    (void)state;
+    for (int d = 0; d < LT_N_NUMERIC; d++) {
+        lt_case(lt_numeric[d], 2, (int64_t[]){3, 4}, 2, (int64_t[]){4, 5}, 2, (int64_t[]){3, 5},
+                false);
+        lt_case(lt_numeric[d], 2, (int64_t[]){1, 1}, 2, (int64_t[]){1, 1}, 2, (int64_t[]){1, 1},
+                false);
+        /* non-square, thin and wide, k = 1 */
+        lt_case(lt_numeric[d], 2, (int64_t[]){7, 1}, 2, (int64_t[]){1, 9}, 2, (int64_t[]){7, 9},
+                false);
+        lt_case(lt_numeric[d], 2, (int64_t[]){1, 13}, 2, (int64_t[]){13, 1}, 2, (int64_t[]){1, 1},
+                false);
+        lt_case(lt_numeric[d], 2, (int64_t[]){17, 3}, 2, (int64_t[]){3, 2}, 2, (int64_t[]){17, 2},
+                false);
+        lt_case(lt_numeric[d], 2, (int64_t[]){2, 37}, 2, (int64_t[]){37, 29}, 2, (int64_t[]){2, 29},
+                false);
+    }
+}
+
+/* Sizes that take BLIS's large-matrix (packed) path as well as the small-matrix one. */
+static void test_matmul_large(void **state) {
+    (void)state;
+    lt_case(NB_DTYPE_F32, 2, (int64_t[]){128, 784}, 2, (int64_t[]){784, 64}, 2,
+            (int64_t[]){128, 64}, false);
+    lt_case(NB_DTYPE_F64, 2, (int64_t[]){130, 300}, 2, (int64_t[]){300, 70}, 2,
+            (int64_t[]){130, 70}, false);
+    lt_case(NB_DTYPE_F32, 2, (int64_t[]){301, 257}, 2, (int64_t[]){257, 259}, 2,
+            (int64_t[]){301, 259}, false);
+    lt_case(NB_DTYPE_I32, 2, (int64_t[]){65, 100}, 2, (int64_t[]){100, 33}, 2, (int64_t[]){65, 33},
+            false);
+}
+
+static void test_matmul_1d_2d(void **state) {
+    (void)state;
+    for (int d = 0; d < LT_N_NUMERIC; d++) {
+        lt_case(lt_numeric[d], 1, (int64_t[]){4}, 2, (int64_t[]){4, 5}, 1, (int64_t[]){5}, false);
+        lt_case(lt_numeric[d], 1, (int64_t[]){1}, 2, (int64_t[]){1, 3}, 1, (int64_t[]){3}, false);
+        lt_case(lt_numeric[d], 1, (int64_t[]){40}, 2, (int64_t[]){40, 1}, 1, (int64_t[]){1}, false);
+    }
+}
+
+static void test_matmul_2d_1d(void **state) {
+    (void)state;
+    for (int d = 0; d < LT_N_NUMERIC; d++) {
+        lt_case(lt_numeric[d], 2, (int64_t[]){3, 4}, 1, (int64_t[]){4}, 1, (int64_t[]){3}, false);
+        lt_case(lt_numeric[d], 2, (int64_t[]){1, 6}, 1, (int64_t[]){6}, 1, (int64_t[]){1}, false);
+        lt_case(lt_numeric[d], 2, (int64_t[]){50, 1}, 1, (int64_t[]){1}, 1, (int64_t[]){50}, false);
+    }
+}
+
+static void test_matmul_1d_1d_and_dot(void **state) {
+    (void)state;
+    for (int d = 0; d < LT_N_NUMERIC; d++) {
+        lt_case(lt_numeric[d], 1, (int64_t[]){7}, 1, (int64_t[]){7}, 0, NULL, true);
+        lt_case(lt_numeric[d], 1, (int64_t[]){7}, 1, (int64_t[]){7}, 0, NULL, false);
+        lt_case(lt_numeric[d], 1, (int64_t[]){1}, 1, (int64_t[]){1}, 0, NULL, true);
+        lt_case(lt_numeric[d], 1, (int64_t[]){1000}, 1, (int64_t[]){1000}, 0, NULL, true);
+    }
+}
+
+static void test_matmul_batched(void **state) {
+    (void)state;
+    for (int d = 0; d < LT_N_NUMERIC; d++) {
+        lt_case(lt_numeric[d], 3, (int64_t[]){3, 2, 4}, 3, (int64_t[]){3, 4, 5}, 3,
+                (int64_t[]){3, 2, 5}, false);
+        lt_case(lt_numeric[d], 4, (int64_t[]){2, 3, 5, 4}, 4, (int64_t[]){2, 3, 4, 6}, 4,
+                (int64_t[]){2, 3, 5, 6}, false);
+    }
+}
+
+static void test_matmul_batch_broadcast(void **state) {
+    (void)state;
+    for (int d = 0; d < LT_N_NUMERIC; d++) {
+        nb_dtype dt = lt_numeric[d];
+        /* [2,1,3,4] @ [5,4,2] -> [2,5,3,2] */
+        lt_case(dt, 4, (int64_t[]){2, 1, 3, 4}, 3, (int64_t[]){5, 4, 2}, 4, (int64_t[]){2, 5, 3, 2},
+                false);
+        /* a batch against a plain matrix, both ways */
+        lt_case(dt, 3, (int64_t[]){4, 3, 5}, 2, (int64_t[]){5, 2}, 3, (int64_t[]){4, 3, 2}, false);
+        lt_case(dt, 2, (int64_t[]){3, 5}, 3, (int64_t[]){4, 5, 2}, 3, (int64_t[]){4, 3, 2}, false);
+        /* size-1 batch dims on both sides */
+        lt_case(dt, 3, (int64_t[]){1, 3, 4}, 4, (int64_t[]){2, 3, 4, 2}, 4, (int64_t[]){2, 3, 3, 2},
+                false);
+        lt_case(dt, 4, (int64_t[]){3, 1, 2, 4}, 4, (int64_t[]){1, 5, 4, 3}, 4,
+                (int64_t[]){3, 5, 2, 3}, false);
+        /* rank-1 operands against batches */
+        lt_case(dt, 1, (int64_t[]){4}, 3, (int64_t[]){2, 4, 5}, 2, (int64_t[]){2, 5}, false);
+        lt_case(dt, 3, (int64_t[]){2, 3, 4}, 1, (int64_t[]){4}, 2, (int64_t[]){2, 3}, false);
+    }
+}
+
+/* k = 0: every output is a zero sum, whatever was in the output buffer before. */
+static void test_matmul_k_zero(void **state) {
+    (void)state;
+    for (int d = 0; d < LT_N_NUMERIC; d++) {
+        nb_dtype dt = lt_numeric[d];
+        lt_case(dt, 2, (int64_t[]){3, 0}, 2, (int64_t[]){0, 4}, 2, (int64_t[]){3, 4}, false);
+        lt_case(dt, 3, (int64_t[]){2, 3, 0}, 2, (int64_t[]){0, 4}, 3, (int64_t[]){2, 3, 4}, false);
+        lt_case(dt, 1, (int64_t[]){0}, 1, (int64_t[]){0}, 0, NULL, true);
+        lt_case(dt, 1, (int64_t[]){0}, 2, (int64_t[]){0, 5}, 1, (int64_t[]){5}, false);
+    }
+    /* explicitly: zeros (+0.0) even though the output held NaN, and no input is read (the
+     * input buffers are NULL here, as an executor may give for empty values) */
+    lt_env e;
+    lt_begin(&e);
+    nb_var *a = lt_param(&e, 0, NB_DTYPE_F32, 2, (int64_t[]){2, 0});
+    nb_var *b = lt_param(&e, 1, NB_DTYPE_F32, 2, (int64_t[]){0, 3});
+    nb_var *v = nb_matmul(a, b);
+    NBT_OK(e.ctx, nb_trace_status(&e.tr));
+    float out[6];
+    lt_poison_fill(NB_DTYPE_F32, out, 6);
+    lt_run(v, out, NULL, NULL);
+    for (int i = 0; i < 6; i++) {
+        NBT_TRUE(out[i] == 0.0f && !signbit(out[i]));
+    }
+    lt_end(&e);
+}
+
+/* m = 0, n = 0 or an empty batch: an empty result, and the kernel writes nothing. */
+static void test_matmul_empty_result(void **state) {
+    (void)state;
+    struct {
+        int ra, rb, rv;
+        int64_t sa[3], sb[3], sv[3];
+    } cases[] = {
+        {2, 2, 2, {0, 4}, {4, 5}, {0, 5}},
+        {2, 2, 2, {3, 4}, {4, 0}, {3, 0}},
+        {2, 2, 2, {0, 0}, {0, 0}, {0, 0}},
+        {3, 2, 3, {0, 2, 4}, {4, 5}, {0, 2, 5}},
+        {3, 3, 3, {1, 2, 4}, {0, 4, 5}, {0, 2, 5}},
+        {1, 2, 1, {4}, {4, 0}, {0}},
+        {2, 1, 1, {0, 4}, {4}, {0}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int d = 0; d < LT_N_NUMERIC; d++) {
+            nb_dtype dt = lt_numeric[d];
+            lt_env e;
+            lt_begin(&e);
+            nb_var *a = lt_param(&e, 0, dt, cases[c].ra, cases[c].sa);
+            nb_var *b = lt_param(&e, 1, dt, cases[c].rb, cases[c].sb);
+            nb_var *v = nb_matmul(a, b);
+            NBT_OK(e.ctx, nb_trace_status(&e.tr));
+            NBT_EQ_I64(nb_var_rank(v), cases[c].rv);
+            for (int i = 0; i < cases[c].rv; i++) {
+                NBT_EQ_I64(nb_var_shape(v)[i], cases[c].sv[i]);
+            }
+            NBT_EQ_I64(nb_var_size(v), 0);
+            size_t es = nb_dtype_size(dt);
+            void *abuf = lt_alloc((size_t)a->size * es), *bbuf = lt_alloc((size_t)b->size * es);
+            lt_fill(dt, abuf, a->size, 3);
+            lt_fill(dt, bbuf, b->size, 5);
+            unsigned char canary[64];
+            memset(canary, 0xA5, sizeof canary);
+            lt_run(v, canary, abuf, bbuf);
+            for (size_t i = 0; i < sizeof canary; i++) {
+                NBT_EQ_I64(canary[i], 0xA5);
+            }
+            free(abuf);
+            free(bbuf);
+            lt_end(&e);
+        }
+    }
+}
+
+/* Integer products wrap (two's complement), with no undefined overflow (UBSan watches). */
+static void test_matmul_int_wraps(void **state) {
+    (void)state;
+    lt_env e;
+    lt_begin(&e);
+    nb_var *a = lt_param(&e, 0, NB_DTYPE_I32, 2, (int64_t[]){1, 2});
+    nb_var *b = lt_param(&e, 1, NB_DTYPE_I32, 2, (int64_t[]){2, 2});
+    nb_var *v = nb_matmul(a, b);
+    int32_t av[2] = {INT32_MAX, INT32_MIN};
+    int32_t bv[4] = {2, -1, 3, INT32_MIN};
+    int32_t out[2];
+    lt_run(v, out, av, bv);
+    /* mod 2^32: 2*MAX + 3*MIN = -2 + MIN = MAX - 1; -MAX + MIN*MIN = -MAX + 0 = MIN + 1 */
+    NBT_EQ_I64(out[0], INT32_MAX - 1);
+    NBT_EQ_I64(out[1], INT32_MIN + 1);
+    lt_check(v, out, av, bv);
+
+    nb_var *a64 = lt_param(&e, 2, NB_DTYPE_I64, 1, (int64_t[]){2});
+    nb_var *b64 = lt_param(&e, 3, NB_DTYPE_I64, 1, (int64_t[]){2});
+    nb_var *d = nb_dot(a64, b64);
+    NBT_OK(e.ctx, nb_trace_status(&e.tr));
+    int64_t x[2] = {INT64_MAX, 3}, y[2] = {INT64_MAX, INT64_MIN};
+    int64_t r;
+    lt_run(d, &r, x, y);
+    /* MAX*MAX = 1 (mod 2^64); 3*MIN = MIN (mod 2^64) */
+    NBT_EQ_I64(r, INT64_MIN + 1);
+    lt_end(&e);
+}
+
+/* The output buffer is uninitialised: NaN or Inf left in it must not reach the result
+ * (BLIS with beta = 0 overwrites C without reading it). */
+static void test_matmul_ignores_output_contents(void **state) {
+    (void)state;
+    lt_env e;
+    lt_begin(&e);
+    nb_var *a = lt_param(&e, 0, NB_DTYPE_F64, 2, (int64_t[]){64, 48});
+    nb_var *b = lt_param(&e, 1, NB_DTYPE_F64, 2, (int64_t[]){48, 40});
+    nb_var *v = nb_matmul(a, b);
+    double *abuf = lt_alloc(64 * 48 * 8), *bbuf = lt_alloc(48 * 40 * 8);
+    double *o1 = lt_alloc(64 * 40 * 8), *o2 = lt_alloc(64 * 40 * 8);
+    lt_fill(NB_DTYPE_F64, abuf, 64 * 48, 11);
+    lt_fill(NB_DTYPE_F64, bbuf, 48 * 40, 12);
+    for (int i = 0; i < 64 * 40; i++) {
+        o1[i] = NAN;
+        o2[i] = i % 2 ? INFINITY : -INFINITY;
+    }
+    lt_run(v, o1, abuf, bbuf);
+    lt_run(v, o2, abuf, bbuf);
+    lt_check(v, o1, abuf, bbuf);
+    NBT_TRUE(memcmp(o1, o2, 64 * 40 * 8) == 0);
+    free(abuf);
+    free(bbuf);
+    free(o1);
+    free(o2);
+    lt_end(&e);
+}
+
+/* Same inputs -> the same bits: twice in a row, through different (broadcast) batch
+ * strides, and after BLIS's global thread count is raised (the kernel pins one thread). */
+static void test_matmul_deterministic(void **state) {
+    (void)state;
+    lt_env e;
+    lt_begin(&e);
+    nb_var *a = lt_param(&e, 0, NB_DTYPE_F32, 3, (int64_t[]){3, 200, 96});
+    nb_var *b = lt_param(&e, 1, NB_DTYPE_F32, 2, (int64_t[]){96, 150});
+    nb_var *v = nb_matmul(a, b);
+    NBT_OK(e.ctx, nb_trace_status(&e.tr));
+    size_t asz = 3 * 200 * 96, bsz = 96 * 150, osz = 3 * 200 * 150;
+    float *abuf = lt_alloc(asz * 4), *bbuf = lt_alloc(bsz * 4);
+    float *o1 = lt_alloc(osz * 4), *o2 = lt_alloc(osz * 4), *o3 = lt_alloc(osz * 4);
+    lt_fill(NB_DTYPE_F32, abuf, (int64_t)asz, 21);
+    /* the same matrix in every batch element: every batch result must be identical too */
+    for (size_t t = 1; t < 3; t++) {
+        memcpy(abuf + t * 200 * 96, abuf, 200 * 96 * 4);
+    }
+    lt_fill(NB_DTYPE_F32, bbuf, (int64_t)bsz, 22);
+    lt_run(v, o1, abuf, bbuf);
+    lt_run(v, o2, abuf, bbuf);
+    NBT_TRUE(memcmp(o1, o2, osz * 4) == 0);
+    NBT_TRUE(memcmp(o1, o1 + 200 * 150, 200 * 150 * 4) == 0);
+    NBT_TRUE(memcmp(o1, o1 + 2 * 200 * 150, 200 * 150 * 4) == 0);
+    dim_t saved = bli_thread_get_num_threads();
+    bli_thread_set_num_threads(4);
+    lt_run(v, o3, abuf, bbuf);
+    bli_thread_set_num_threads(saved > 0 ? saved : 1);
+    NBT_TRUE(memcmp(o1, o3, osz * 4) == 0);
+    lt_check(v, o1, abuf, bbuf);
+    free(abuf);
+    free(bbuf);
+    free(o1);
+    free(o2);
+    free(o3);
+    lt_end(&e);
+}
+
+/* nb_matmul(x, x): both inputs are one buffer. */
+static void test_matmul_same_operand(void **state) {
+    (void)state;
+    lt_env e;
+    lt_begin(&e);
+    nb_var *x = lt_param(&e, 0, NB_DTYPE_F64, 2, (int64_t[]){5, 5});
+    nb_var *v = nb_matmul(x, x);
+    NBT_OK(e.ctx, nb_trace_status(&e.tr));
+    double xb[25], out[25];
+    lt_fill(NB_DTYPE_F64, xb, 25, 9);
+    lt_run(v, out, xb, xb);
+    lt_check(v, out, xb, xb);
+    lt_end(&e);
+}
+
+/* ---- errors ------------------------------------------------------------------------- */
+
+static void test_matmul_bool_rejected(void **state) {
+    (void)state;
+    lt_expect_error(NB_DTYPE_BOOL, 2, (int64_t[]){2, 3}, NB_DTYPE_BOOL, 2, (int64_t[]){3, 4}, false,
+                    NB_ERR_DTYPE,
+                    "nb_matmul: operands are bool[2,3] and bool[3,4]; a matrix product needs a "
+                    "numeric dtype (f32, f64, i32 or i64; use nb_cast) (in 'test')",
+                    NULL);
+    lt_expect_error(NB_DTYPE_BOOL, 1, (int64_t[]){3}, NB_DTYPE_BOOL, 1, (int64_t[]){3}, true,
+                    NB_ERR_DTYPE, NULL, "nb_dot: operands are bool[3] and bool[3]");
+}
+
+static void test_matmul_dtype_mismatch(void **state) {
+    (void)state;
+    lt_expect_error(NB_DTYPE_F32, 2, (int64_t[]){2, 3}, NB_DTYPE_F64, 2, (int64_t[]){3, 4}, false,
+                    NB_ERR_DTYPE,
+                    "nb_matmul: dtypes differ: f32[2,3] and f64[3,4] (convert one with nb_cast) "
+                    "(in 'test')",
+                    NULL);
+    lt_expect_error(NB_DTYPE_I32, 2, (int64_t[]){2, 3}, NB_DTYPE_I64, 2, (int64_t[]){3, 4}, false,
+                    NB_ERR_DTYPE, NULL, "dtypes differ: i32[2,3] and i64[3,4]");
+    lt_expect_error(NB_DTYPE_F32, 1, (int64_t[]){3}, NB_DTYPE_F64, 1, (int64_t[]){3}, true,
+                    NB_ERR_DTYPE, NULL, "nb_dot: dtypes differ: f32[3] and f64[3]");
+}
+
+static void test_matmul_inner_dim_message(void **state) {
+    (void)state;
+    /* the house-style example, word for word */
+    lt_expect_error(NB_DTYPE_F32, 2, (int64_t[]){128, 784}, NB_DTYPE_F32, 2, (int64_t[]){256, 784},
+                    false, NB_ERR_SHAPE,
+                    "nb_matmul: f32[128,784] @ f32[256,784]: inner dims 784 != 256 (did you mean "
+                    "to transpose the second operand?) (in 'test')",
+                    NULL);
+    lt_expect_error(NB_DTYPE_F32, 2, (int64_t[]){784, 128}, NB_DTYPE_F32, 2, (int64_t[]){784, 256},
+                    false, NB_ERR_SHAPE,
+                    "nb_matmul: f32[784,128] @ f32[784,256]: inner dims 128 != 784 (did you mean "
+                    "to transpose the first operand?) (in 'test')",
+                    NULL);
+    lt_expect_error(NB_DTYPE_F64, 2, (int64_t[]){2, 3}, NB_DTYPE_F64, 2, (int64_t[]){4, 5}, false,
+                    NB_ERR_SHAPE,
+                    "nb_matmul: f64[2,3] @ f64[4,5]: inner dims 3 != 4 (the last dim of the "
+                    "first operand must equal the second-to-last dim of the second) (in 'test')",
+                    NULL);
+    lt_expect_error(NB_DTYPE_F64, 2, (int64_t[]){2, 3}, NB_DTYPE_F64, 1, (int64_t[]){4}, false,
+                    NB_ERR_SHAPE, NULL, "f64[2,3] @ f64[4]: inner dims 3 != 4");
+    lt_expect_error(NB_DTYPE_I32, 1, (int64_t[]){3}, NB_DTYPE_I32, 2, (int64_t[]){4, 3}, false,
+                    NB_ERR_SHAPE, NULL,
+                    "i32[3] @ i32[4,3]: inner dims 3 != 4 (did you mean to transpose the "
+                    "second operand?)");
+    lt_expect_error(NB_DTYPE_F32, 3, (int64_t[]){5, 2, 3}, NB_DTYPE_F32, 3, (int64_t[]){5, 2, 3},
+                    false, NB_ERR_SHAPE, NULL, "f32[5,2,3] @ f32[5,2,3]: inner dims 3 != 2");
+    lt_expect_error(NB_DTYPE_F32, 1, (int64_t[]){3}, NB_DTYPE_F32, 1, (int64_t[]){4}, true,
+                    NB_ERR_SHAPE, "nb_dot: f32[3] and f32[4]: lengths 3 != 4 (in 'test')", NULL);
+}
+
+static void test_matmul_rank0_error(void **state) {
+    (void)state;
+    lt_expect_error(NB_DTYPE_F32, 0, NULL, NB_DTYPE_F32, 2, (int64_t[]){3, 4}, false, NB_ERR_SHAPE,
+                    "nb_matmul: f32[] @ f32[3,4]: the first operand is rank 0; matmul needs "
+                    "rank >= 1 (to scale by a scalar use nb_mul) (in 'test')",
+                    NULL);
+    lt_expect_error(NB_DTYPE_F64, 1, (int64_t[]){3}, NB_DTYPE_F64, 0, NULL, false, NB_ERR_SHAPE,
+                    NULL, "the second operand is rank 0");
+    lt_expect_error(NB_DTYPE_F64, 0, NULL, NB_DTYPE_F64, 0, NULL, false, NB_ERR_SHAPE, NULL,
+                    "rank 0");
+    /* nb_dot wants rank 1 exactly */
+    lt_expect_error(NB_DTYPE_F32, 0, NULL, NB_DTYPE_F32, 1, (int64_t[]){3}, true, NB_ERR_SHAPE,
+                    NULL, "nb_dot: f32[] and f32[3]: both operands must be rank 1");
+    lt_expect_error(NB_DTYPE_F32, 2, (int64_t[]){2, 3}, NB_DTYPE_F32, 1, (int64_t[]){3}, true,
+                    NB_ERR_SHAPE, NULL,
+                    "nb_dot: f32[2,3] and f32[3]: both operands must be rank 1");
+}
+
+static void test_matmul_batch_mismatch(void **state) {
+    (void)state;
+    lt_expect_error(NB_DTYPE_F32, 3, (int64_t[]){2, 3, 4}, NB_DTYPE_F32, 3, (int64_t[]){5, 4, 6},
+                    false, NB_ERR_SHAPE,
+                    "nb_matmul: f32[2,3,4] @ f32[5,4,6]: batch dims [2] and [5] do not broadcast "
+                    "(aligned from the right, each pair must be equal or contain a 1; reshape or "
+                    "nb_expand_dims one operand) (in 'test')",
+                    NULL);
+    lt_expect_error(NB_DTYPE_F32, 4, (int64_t[]){7, 2, 3, 4}, NB_DTYPE_F32, 4,
+                    (int64_t[]){7, 3, 4, 6}, false, NB_ERR_SHAPE, NULL,
+                    "batch dims [7,2] and [7,3] do not broadcast");
+}
+
+/* Errors are sticky: after one, matmul returns poison without a new message; NULL inputs
+ * are recorded as misuse; a trace-less call returns NULL. */
+static void test_matmul_poison_and_null(void **state) {
+    (void)state;
+    lt_env e;
+    lt_begin(&e);
+    nb_var *a = lt_param(&e, 0, NB_DTYPE_F32, 2, (int64_t[]){2, 3});
+    nb_var *b = lt_param(&e, 1, NB_DTYPE_F32, 2, (int64_t[]){4, 5});
+    nb_var *bad = nb_matmul(a, b);
+    NBT_TRUE(nb_var_is_poison(bad));
+    char first[512];
+    snprintf(first, sizeof first, "%s", nb_ctx_errmsg(e.ctx));
+    NBT_TRUE(strstr(first, "inner dims 3 != 4") != NULL);
+    nb_var *c = lt_param(&e, 2, NB_DTYPE_F32, 2, (int64_t[]){3, 2});
+    NBT_TRUE(nb_matmul(bad, c) == e.tr.poison);
+    NBT_TRUE(nb_matmul(a, c) == e.tr.poison); /* the trace already failed */
+    NBT_TRUE(nb_dot(bad, bad) == e.tr.poison);
+    NBT_STREQ(nb_ctx_errmsg(e.ctx), first);
+    NBT_STATUS(e.ctx, NB_ERR_SHAPE, nb_trace_status(&e.tr));
+    lt_end(&e);
+
+    lt_begin(&e);
+    a = lt_param(&e, 0, NB_DTYPE_F32, 2, (int64_t[]){2, 3});
+    NBT_TRUE(nb_matmul(a, NULL) == e.tr.poison);
+    NBT_STATUS(e.ctx, NB_ERR_MISUSE, nb_trace_status(&e.tr));
+    NBT_ERRMSG_HAS(e.ctx, "nb_matmul: input 1 is a NULL var");
+    lt_end(&e);
+
+    lt_begin(&e);
+    a = lt_param(&e, 0, NB_DTYPE_F32, 1, (int64_t[]){3});
+    NBT_TRUE(nb_dot(NULL, a) == e.tr.poison);
+    NBT_STATUS(e.ctx, NB_ERR_MISUSE, nb_trace_status(&e.tr));
+    lt_end(&e);
+
+    NBT_TRUE(nb_matmul(NULL, NULL) == NULL);
+    NBT_TRUE(nb_dot(NULL, NULL) == NULL);
+}
+
+/* Vars of two different traces cannot be multiplied. */
+static void test_matmul_foreign_trace(void **state) {
+    (void)state;
+    lt_env e1, e2;
+    lt_begin(&e1);
+    lt_begin(&e2);
+    nb_var *a = lt_param(&e1, 0, NB_DTYPE_F32, 1, (int64_t[]){3});
+    nb_var *b = lt_param(&e2, 0, NB_DTYPE_F32, 1, (int64_t[]){3});
+    NBT_TRUE(nb_dot(a, b) == e1.tr.poison);
+    NBT_STATUS(e1.ctx, NB_ERR_INVALID, nb_trace_status(&e1.tr));
+    NBT_ERRMSG_HAS(e1.ctx, "belongs to another trace");
+    NBT_OK(e2.ctx, nb_trace_status(&e2.tr));
+    lt_end(&e2);
+    lt_end(&e1);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_registry_entry),
+        cmocka_unit_test(test_matmul_2d_2d),
+        cmocka_unit_test(test_matmul_large),
+        cmocka_unit_test(test_matmul_1d_2d),
+        cmocka_unit_test(test_matmul_2d_1d),
+        cmocka_unit_test(test_matmul_1d_1d_and_dot),
+        cmocka_unit_test(test_matmul_batched),
+        cmocka_unit_test(test_matmul_batch_broadcast),
+        cmocka_unit_test(test_matmul_k_zero),
+        cmocka_unit_test(test_matmul_empty_result),
+        cmocka_unit_test(test_matmul_int_wraps),
+        cmocka_unit_test(test_matmul_ignores_output_contents),
+        cmocka_unit_test(test_matmul_deterministic),
+        cmocka_unit_test(test_matmul_same_operand),
+        cmocka_unit_test(test_matmul_bool_rejected),
+        cmocka_unit_test(test_matmul_dtype_mismatch),
+        cmocka_unit_test(test_matmul_inner_dim_message),
+        cmocka_unit_test(test_matmul_rank0_error),
+        cmocka_unit_test(test_matmul_batch_mismatch),
+        cmocka_unit_test(test_matmul_poison_and_null),
+        cmocka_unit_test(test_matmul_foreign_trace),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
