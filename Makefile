@@ -3,6 +3,7 @@
 #   make / make build   install missing Debian packages, configure build/ once, build
 #   make test           build, then every ctest suite (output on failure, -j2)
 #   make run            build, then ./build/tools/nabla demo
+#   make bench          build, then run every program in build/benchmarks/
 #   make asan           the same build in build-asan/ with ASan + UBSan
 #   make test-asan      asan, then every ctest suite there
 #   make format         clang-format -i over all C sources and headers
@@ -30,7 +31,7 @@ FORMAT_FILES = $(shell find $(FORMAT_DIRS) -type f \( -name '*.c' -o -name '*.h'
 .DEFAULT_GOAL := build
 # Targets share build directories and apt; never run two of them at once.
 .NOTPARALLEL:
-.PHONY: build deps test run asan test-asan format format-check check-clang-format clean
+.PHONY: build deps test run bench asan test-asan format format-check check-clang-format clean
 
 deps:
 	@bash scripts/deps.sh
@@ -44,6 +45,11 @@ test: build
 
 run: build
 	./build/tools/nabla demo
+
+# Every benchmark, each printing its own table (peers in benchmarks/peers/ run when their
+# virtualenv exists: see benchmarks/README.md).
+bench: build
+	@for b in build/benchmarks/*; do [ -x "$$b" ] && [ -f "$$b" ] && { echo "== $$b"; "$$b" || exit 1; }; done
 
 asan: deps
 	@test -f build-asan/CMakeCache.txt || $(RUN) $(CMAKE) --preset asan

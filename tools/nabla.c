@@ -1,7 +1,8 @@
 /*
  * nabla -- the command-line tool.
  *
- *     nabla demo       a tour of arrays and pytrees (what `make run` shows)
+ *     nabla demo       a tour of arrays and pytrees, then an MLP forward traced, compiled
+ *                      and run on the digits data (what `make run` shows)
  *     nabla version    the library version
  *
  * Later issues add `train` and `bench`.
@@ -10,6 +11,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define CHECK(ctx, expr)                                                                           \
@@ -75,15 +77,8 @@ static nb_status scale_leaf(void *ud, const char *path, int n, const nb_tree *co
     return st;
 }
 
-static int cmd_demo(void) {
-    nb_ctx *ctx = NULL;
-    if (nb_ctx_create(NULL, &ctx) != NB_OK) {
-        fprintf(stderr, "nabla: cannot create a context\n");
-        return 1;
-    }
-    char info[256];
-    CHECK(ctx, nb_build_info(info, sizeof info, NULL));
-    printf("%s\n-- a tour of arrays and pytrees\n\n", info);
+static int demo_tour(nb_ctx *ctx) {
+    printf("== 1. arrays and pytrees\n\n");
 
     /* Arrays. */
     nb_array *r = NULL, *m = NULL, *lin = NULL, *eye = NULL, *ints = NULL;
@@ -165,18 +160,167 @@ static int cmd_demo(void) {
     nb_array_destroy(lin);
     nb_array_destroy(m);
     nb_array_destroy(r);
+    return 0;
+}
+
+/* ---- 2. trace, compile and run an MLP forward on the digits data ---------------------- */
+
+/* The model's body: self = {layers: [{w, b}, ...]}, args = (x,). Returns log-probabilities
+ * and the predicted classes. */
+static nb_status mlp_forward(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    nb_var *h = nb_get(tr, args, "[0]");
+    int64_t n_layers = nb_tree_len(nb_tree_get(self, "layers"));
+    for (int64_t i = 0; i < n_layers; i++) {
+        nb_var *w = nb_get(tr, self, "layers[%lld].w", (long long)i);
+        nb_var *b = nb_get(tr, self, "layers[%lld].b", (long long)i);
+        h = nb_add(nb_matmul(h, w), b);
+        if (i + 1 < n_layers) {
+            h = nb_tanh(h);
+        }
+    }
+    nb_var *logp = nb_log_softmax(h, -1);
+    nb_var *pred = nb_argmax(logp, -1, false);
+    return nb_tree_dict(nb_trace_ctx(tr), 2, (const char *[]){"log_probs", "pred"},
+                        (nb_tree *[]){nb_leaf(logp), nb_leaf(pred)}, out);
+}
+
+/* Layers of sizes[0] -> sizes[1] -> ...; weights from a fixed formula scaled by
+ * 1/sqrt(fan_in) (no training yet: the optimizer issue brings that). */
+static nb_tree *mlp_params(nb_ctx *ctx, int n, const int64_t *sizes) {
+    nb_tree *layers[8] = {0}, *list = NULL, *model = NULL;
+    for (int i = 0; i + 1 < n; i++) {
+        nb_array *w = NULL, *b = NULL;
+        if (nb_array_zeros(ctx, NB_DTYPE_F32, 2, (int64_t[]){sizes[i], sizes[i + 1]}, &w) !=
+                NB_OK ||
+            nb_array_zeros(ctx, NB_DTYPE_F32, 1, &sizes[i + 1], &b) != NB_OK) {
+            nb_array_destroy(w);
+            return NULL;
+        }
+        float *p = nb_array_data(w);
+        for (int64_t k = 0; k < sizes[i] * sizes[i + 1]; k++) {
+            p[k] = (float)(sin((double)(k * 7 + i + 1) * 0.37) * 1.7 / sqrt((double)sizes[i]));
+        }
+        nb_tree *lw = leaf_take(ctx, w), *lb = leaf_take(ctx, b);
+        nb_tree_dict(ctx, 2, (const char *[]){"w", "b"}, (nb_tree *[]){lw, lb}, &layers[i]);
+        nb_tree_destroy(lw);
+        nb_tree_destroy(lb);
+    }
+    nb_tree_list(ctx, n - 1, layers, &list);
+    nb_tree_dict(ctx, 1, (const char *[]){"layers"}, &list, &model);
+    for (int i = 0; i + 1 < n; i++) {
+        nb_tree_destroy(layers[i]);
+    }
+    nb_tree_destroy(list);
+    return model;
+}
+
+static nb_tree *rows_arg(nb_ctx *ctx, nb_array *x, int64_t n) {
+    int64_t cols = nb_array_dim(x, 1);
+    nb_array *part = NULL;
+    nb_tree *leaf = NULL, *args = NULL;
+    if (nb_array_from_data(ctx, NB_DTYPE_F32, 2, (int64_t[]){n, cols}, nb_array_data(x), &part) ==
+        NB_OK) {
+        leaf = leaf_take(ctx, part);
+        nb_tree_tuple(ctx, 1, &leaf, &args);
+        nb_tree_destroy(leaf);
+    }
+    return args;
+}
+
+static int demo_mlp(nb_ctx *ctx, const char *data_dir) {
+    printf("\n== 2. an MLP forward on UCI digits: trace, compile, run\n\n");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/digits.csv.gz", data_dir);
+    nb_array *x = NULL, *y = NULL;
+    CHECK(ctx, nb_csv_load(ctx, path, NULL, &x, &y));
+    float *px = nb_array_data(x);
+    for (int64_t i = 0; i < nb_array_size(x); i++) {
+        px[i] /= 16.0f; /* pixels 0..16 -> 0..1 */
+    }
+    printf("loaded %s: x f32[%lld,%lld], labels i32[%lld]\n", path, (long long)nb_array_dim(x, 0),
+           (long long)nb_array_dim(x, 1), (long long)nb_array_dim(y, 0));
+
+    nb_tree *params = mlp_params(ctx, 4, (int64_t[]){64, 32, 32, 10});
+    nb_fn *mlp = NULL, *jmlp = NULL;
+    CHECK(ctx, params ? NB_OK : NB_ERR_OOM);
+    CHECK(ctx, nb_fn_create(ctx, "mlp", mlp_forward, params, &mlp));
+    CHECK(ctx, nb_jit(mlp, NULL, &jmlp));
+    nb_tree *batch = rows_arg(ctx, x, 8), *all = rows_arg(ctx, x, nb_array_dim(x, 0));
+    CHECK(ctx, batch && all ? NB_OK : NB_ERR_OOM);
+
+    size_t need = 0;
+    nb_fn_format_ir(jmlp, batch, NB_IR_OPTIMIZED, NULL, 0, &need);
+    char *ir = malloc(need + 1);
+    CHECK(ctx, ir ? nb_fn_format_ir(jmlp, batch, NB_IR_OPTIMIZED, ir, need + 1, NULL) : NB_ERR_OOM);
+    printf("\nthe compiled IR (after constant folding, CSE and DCE):\n%s", ir);
+    free(ir);
+
+    nb_tree *out = NULL;
+    CHECK(ctx, nb_fn_call(jmlp, batch, &out));
+    printf("\nlog-probabilities of the first 8 samples (untrained weights):\n");
+    CHECK(ctx, nb_array_fprint(nb_tree_get_array(nb_tree_get(out, "log_probs")), stdout));
+    printf("predicted: ");
+    CHECK(ctx, nb_array_fprint(nb_tree_get_array(nb_tree_get(out, "pred")), stdout));
+    nb_tree_destroy(out);
+
+    /* The same function on every sample: a new shape, so one retrace, with its reason. */
+    CHECK(ctx, nb_fn_call(jmlp, all, &out));
+    const int64_t *pred = nb_array_data(nb_tree_get_array(nb_tree_get(out, "pred")));
+    const int32_t *lab = nb_array_data(y);
+    int64_t n = nb_array_dim(y, 0), hit = 0;
+    for (int64_t i = 0; i < n; i++) {
+        hit += pred[i] == lab[i];
+    }
+    printf("\nall %lld samples: accuracy %.1f%% (chance is 10%%: nothing is trained yet)\n",
+           (long long)n, 100.0 * (double)hit / (double)n);
+    nb_tree_destroy(out);
+    CHECK(ctx, nb_fn_call(jmlp, batch, &out)); /* back to 8 rows: a cache hit */
+    nb_tree_destroy(out);
+    nb_fn_stats st;
+    CHECK(ctx, nb_fn_stats_get(jmlp, &st));
+    char reason[256];
+    CHECK(ctx, nb_fn_retrace_reason(jmlp, 0, reason, sizeof reason, NULL));
+    printf("jit accounting: %lld calls, %lld traces, %lld cache hits; retrace 1: %s\n",
+           (long long)st.n_calls, (long long)st.n_traces, (long long)st.n_hits, reason);
+
+    nb_tree_destroy(all);
+    nb_tree_destroy(batch);
+    nb_fn_destroy(jmlp);
+    nb_fn_destroy(mlp);
+    nb_tree_destroy(params);
+    nb_array_destroy(y);
+    nb_array_destroy(x);
+    return 0;
+}
+
+static int cmd_demo(const char *data_dir) {
+    nb_ctx *ctx = NULL;
+    if (nb_ctx_create(NULL, &ctx) != NB_OK) {
+        fprintf(stderr, "nabla: cannot create a context\n");
+        return 1;
+    }
+    char info[256];
+    nb_build_info(info, sizeof info, NULL);
+    printf("%s\n\n", info);
+    int rc = demo_tour(ctx);
+    if (rc == 0) {
+        rc = demo_mlp(ctx, data_dir);
+    }
+    nb_ctx_clear_cache(ctx);
     nb_ctx_stats stats;
-    CHECK(ctx, nb_ctx_stats_get(ctx, &stats));
+    nb_ctx_stats_get(ctx, &stats);
     printf("\nlive objects at the end: %lld arrays, %lld trees (peak %zu bytes allocated)\n",
            (long long)stats.live_arrays, (long long)stats.live_trees, stats.bytes_peak);
     nb_ctx_destroy(ctx);
-    return 0;
+    return rc;
 }
 
 static void usage(FILE *f) {
     fprintf(f, "usage: nabla <command>\n\n"
                "commands:\n"
-               "  demo      a tour of arrays and pytrees\n"
+               "  demo [--data DIR]   a tour of arrays and pytrees, then an MLP forward on\n"
+               "                      DIR/digits.csv.gz (default DIR: data)\n"
                "  version   print the library version\n");
 }
 
@@ -186,7 +330,11 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     if (strcmp(argv[1], "demo") == 0) {
-        return cmd_demo();
+        const char *data_dir = "data";
+        if (argc >= 4 && strcmp(argv[2], "--data") == 0) {
+            data_dir = argv[3];
+        }
+        return cmd_demo(data_dir);
     }
     if (strcmp(argv[1], "version") == 0) {
         char info[256];

@@ -77,7 +77,9 @@ NB_API int nb_version_number(void);
     X(ERR_KIND, -11, "wrong kind of tree node")                                                    \
     X(ERR_INTERNAL, -12, "internal error (a bug in nabla: please report it)")                      \
     X(ERR_RETRACE, -13, "a function was traced more often than max_traces allows")                 \
-    X(ERR_UNSUPPORTED, -14, "operation not supported for these operands")
+    X(ERR_UNSUPPORTED, -14, "operation not supported for these operands")                          \
+    X(ERR_IO, -15, "a file could not be opened, read or written")                                  \
+    X(ERR_FORMAT, -16, "malformed file contents")
 
 #define NB_STATUS_ENUM_(name, value, desc) NB_##name = value,
 typedef enum nb_status { NB_STATUS_LIST(NB_STATUS_ENUM_) } nb_status;

@@ -16,6 +16,7 @@
  *                       flatten/unflatten, map, filter/partition/combine, diff, paths
  *     nabla/trace.h  -- symbolic values (nb_var) and the primitive ops that build the IR
  *     nabla/fn.h     -- functions, filtered jit, the compile cache, trace accounting
+ *     nabla/data.h   -- loading data sets (CSV, plain or gzip)
  *
  * Rules that hold everywhere (details in core.h):
  *     - every fallible call returns an nb_status; results come back in out-parameters;
@@ -77,6 +78,7 @@
 
 #include "array.h"
 #include "core.h"
+#include "data.h"
 #include "fn.h"
 #include "trace.h"
 #include "tree.h"

@@ -12,9 +12,9 @@
  *    first element, in the dtype (f32 sums stay f32, like numpy); the block sums
  *    b_0..b_{n-1} are then combined by the fixed tree T(b_0..b_{n-1}) = T(b_0..b_{p-1}) +
  *    T(b_p..b_{n-1}), with p the largest power of two below n (T of one block is that
- *    block). The error bound grows with log2(n/128) rather than n (Higham, "The accuracy of
- *    floating point summation", SIAM J. Sci. Comput. 14(4), 1993), and a split of the work
- *    on power-of-two block boundaries reproduces the same tree exactly;
+ *    block). The error bound is about (128 + log2(n/128)) ulps instead of n ulps (Higham,
+ *    "The accuracy of floating point summation", SIAM J. Sci. Comput. 14(4), 1993), and a
+ *    split of the work on power-of-two block boundaries reproduces the same tree exactly;
  *  - integer sums and products wrap (computed in unsigned), so they are exact modulo 2^bits
  *    and the order cannot matter;
  *  - float products and max/min go left to right. max/min keep the first of equal values and
@@ -32,8 +32,8 @@
 #include <string.h>
 
 #define NBI_RBLOCK 128 /* elements per block of a pairwise float sum */
-#define NBI_RILP 8     /* blocks summed side by side (independent chains) on long runs */
-#define NBI_RCOLS 256  /* outputs per chunk in the column-wise kernels */
+#define NBI_RILP 8     /* blocks summed side by side on long runs (8 named chains) */
+#define NBI_RCOLS 4096 /* outputs per chunk in the column-wise kernels (rows stream in order) */
 #define NBI_RSTACK 64  /* pending block sums: at most 2 + log2(2^63 / 128) */
 
 /* ---- axes --------------------------------------------------------------------------- */
@@ -327,8 +327,9 @@ nb_var *nb_logsumexp(nb_var *x, const int *axes, int n_axes, bool keepdims) {
     at.keepdims = keepdims;
     nb_var *s = nbi_emit(tr, NBI_OP_SUM, 1, &e, &at);
     if (!keepdims) {
-        /* Drop m's kept size-1 dims: a max over one element is that element, exactly. */
-        m = nbi_emit(tr, NBI_OP_MAX, 1, &m, &at);
+        int64_t shape[NB_MAX_RANK];
+        int r = nbi_reduced_shape(x, &at, shape);
+        m = nb_reshape(m, r, shape); /* drop m's kept size-1 dims */
     }
     return nb_add(m, nb_log(s));
 }
@@ -545,16 +546,25 @@ static int nbi_psum_levels(int64_t nred) {
     static void nbi_psum_feed_##S(nbi_psum_##S *s, const T *restrict x, int64_t n) {               \
         while (n > 0) {                                                                            \
             if (s->pos == 0 && n >= NBI_RILP * NBI_RBLOCK) {                                       \
-                /* NBI_RILP whole blocks as independent chains: the same sums, faster. */          \
-                T c[NBI_RILP];                                                                     \
-                for (int j = 0; j < NBI_RILP; j++) {                                               \
-                    c[j] = x[j * NBI_RBLOCK];                                                      \
-                }                                                                                  \
+                /* NBI_RILP (8) whole blocks as independent chains, kept in registers: the         \
+                 * same sums as one block at a time, without waiting on each add. */               \
+                const T *x0 = x, *x1 = x + NBI_RBLOCK, *x2 = x + 2 * NBI_RBLOCK;                   \
+                const T *x3 = x + 3 * NBI_RBLOCK, *x4 = x + 4 * NBI_RBLOCK;                        \
+                const T *x5 = x + 5 * NBI_RBLOCK, *x6 = x + 6 * NBI_RBLOCK;                        \
+                const T *x7 = x + 7 * NBI_RBLOCK;                                                  \
+                T c0 = x0[0], c1 = x1[0], c2 = x2[0], c3 = x3[0];                                  \
+                T c4 = x4[0], c5 = x5[0], c6 = x6[0], c7 = x7[0];                                  \
                 for (int i = 1; i < NBI_RBLOCK; i++) {                                             \
-                    for (int j = 0; j < NBI_RILP; j++) {                                           \
-                        c[j] = c[j] + x[j * NBI_RBLOCK + i];                                       \
-                    }                                                                              \
+                    c0 = c0 + x0[i];                                                               \
+                    c1 = c1 + x1[i];                                                               \
+                    c2 = c2 + x2[i];                                                               \
+                    c3 = c3 + x3[i];                                                               \
+                    c4 = c4 + x4[i];                                                               \
+                    c5 = c5 + x5[i];                                                               \
+                    c6 = c6 + x6[i];                                                               \
+                    c7 = c7 + x7[i];                                                               \
                 }                                                                                  \
+                const T c[NBI_RILP] = {c0, c1, c2, c3, c4, c5, c6, c7};                            \
                 for (int j = 0; j < NBI_RILP; j++) {                                               \
                     s->cur = c[j];                                                                 \
                     nbi_psum_push_##S(s);                                                          \

@@ -21,6 +21,9 @@
  *   - dynamic_slice, dynamic_update_slice: each start is clamped into [0, dim - size] (XLA's
  *     DynamicSlice); negative starts are not counted back from the end, they clamp to 0.
  *
+ * NULL arrays: nb_slice's start or stop NULL means omitted on every axis (Python's x[::k]),
+ * nb_pad's lo or hi NULL means no padding on that side; rank-0 x needs no arrays at all.
+ *
  * Builders return x itself (no node) for a reshape or broadcast_to to x's own shape, an
  * identity transpose, a slice that selects everything, a pad of zero widths and a
  * concatenation of one array. Shape ops on a weak scalar stay weak (as JAX's weak types
@@ -245,8 +248,8 @@ static int64_t nbi_slice_count(int64_t a, int64_t b, int64_t c) {
     return b < a ? (int64_t)((uint64_t)(a - b - 1) / (0u - (uint64_t)c)) + 1 : 0;
 }
 
-/* The attributes hold the normalised slice (nbi_slice_norm): the kernel reads element
- * a + i*c along each axis. */
+/* The attributes hold the canonical slice (nbi_slice_norm): the kernel reads element
+ * a + i*c along each axis. Inference checks that every element read is inside x. */
 static nb_status nbi_infer_slice(nb_trace *tr, nb_var *p) {
     const nb_var *x = p->in[0];
     const nbi_attrs *at = &p->at;
@@ -371,13 +374,17 @@ static nb_status nbi_check_gather(nb_trace *tr, const char *fn, const nb_var *x,
                              "%s: indices are %s; they must be i32 or i64 (convert with nb_cast)",
                              fn, nbi_var_sig(si, sizeof si, idx));
     }
+    if (x->rank == 0) {
+        return nbi_trace_err(tr, NB_ERR_INVALID,
+                             "%s: x %s is rank 0 and has no axis to take along (reshape it to "
+                             "rank 1 first)",
+                             fn, nbi_var_sig(sx, sizeof sx, x));
+    }
     int ax;
     if (!nbi_norm_axis(at->axis, x->rank, &ax)) {
         return nbi_trace_err(tr, NB_ERR_INVALID,
-                             "%s: axis %d is out of range for x %s (use 0 to %d or -%d to -1; a "
-                             "rank-0 x has no axis to index)",
-                             fn, (int)at->axis, nbi_var_sig(sx, sizeof sx, x), x->rank - 1,
-                             x->rank);
+                             "%s: axis %d is out of range for x %s (use 0 to %d or -%d to -1)", fn,
+                             (int)at->axis, nbi_var_sig(sx, sizeof sx, x), x->rank - 1, x->rank);
     }
     at->axis = ax;
     return NB_OK;
@@ -673,7 +680,7 @@ nb_var *nb_transpose(nb_var *x, const int *perm) {
 
 /* Python's slice.indices() for one axis of length len and a nonzero step: start and stop
  * (NULL means omitted) counted back from the end when negative, then clamped into
- * [-1, len]. An empty slice is stored as 0:0. */
+ * [-1, len]. */
 static int64_t nbi_slice_bound(int64_t len, const int64_t *v, int64_t step, bool is_start) {
     if (v == NULL) {
         return is_start ? (step > 0 ? 0 : len - 1) : (step > 0 ? len : -1);
@@ -686,13 +693,23 @@ static int64_t nbi_slice_bound(int64_t len, const int64_t *v, int64_t step, bool
     return s >= len ? (step < 0 ? len - 1 : len) : s;
 }
 
+/* The canonical form stored in the attributes, so that equal slices have equal attributes
+ * (CSE): a is the first index, b one step-direction past the last (last + 1 or last - 1,
+ * always in [-1, len]), c the step; an axis of 0 or 1 elements has step 1, and an empty
+ * one is 0:0:1. */
 static void nbi_slice_norm(int64_t len, const int64_t *start, const int64_t *stop, int64_t step,
-                           int64_t *a, int64_t *b) {
-    *a = nbi_slice_bound(len, start, step, true);
-    *b = nbi_slice_bound(len, stop, step, false);
-    if (nbi_slice_count(*a, *b, step) == 0) {
-        *a = *b = 0;
+                           int64_t *a, int64_t *b, int64_t *c) {
+    int64_t first = nbi_slice_bound(len, start, step, true);
+    int64_t n = nbi_slice_count(first, nbi_slice_bound(len, stop, step, false), step);
+    if (n <= 1) {
+        *a = n == 0 ? 0 : first;
+        *b = *a + n;
+        *c = 1;
+        return;
     }
+    *a = first;
+    *b = first + (n - 1) * step + (step > 0 ? 1 : -1); /* the last index is inside x */
+    *c = step;
 }
 
 nb_var *nb_slice(nb_var *x, const int64_t *start, const int64_t *stop, const int64_t *step) {
@@ -716,9 +733,8 @@ nb_var *nb_slice(nb_var *x, const int64_t *start, const int64_t *stop, const int
                                   nbi_var_sig(sx, sizeof sx, x));
         }
         nbi_slice_norm(x->shape[d], start != NULL ? &start[d] : NULL,
-                       stop != NULL ? &stop[d] : NULL, c, &at.a[d], &at.b[d]);
-        at.c[d] = c;
-        identity = identity && at.a[d] == 0 && c == 1 && at.b[d] == x->shape[d];
+                       stop != NULL ? &stop[d] : NULL, c, &at.a[d], &at.b[d], &at.c[d]);
+        identity = identity && at.a[d] == 0 && at.c[d] == 1 && at.b[d] == x->shape[d];
     }
     if (identity) {
         return x;
@@ -1181,42 +1197,51 @@ static void nbi_k_broadcast(const nbi_kargs *k) {
 
 #define NBI_TR_TILE 32
 
-/* One tile of a transpose for elements of ES bytes (a constant, so memcpy is one move). */
-#define NBI_TR_TILE_LOOP(ES)                                                                       \
-    for (int64_t r = r0; r < r1; r++) {                                                            \
-        for (int64_t c = c0; c < c1; c++) {                                                        \
-            memcpy(o + (size_t)(r * cols + c) * (ES), in + (size_t)(c * rows + r) * (ES), (ES));   \
+/* The scatter half of a tile for elements of ES bytes (a constant, so memcpy is one move):
+ * tile row c holds input elements r0.., written to output row r at column c0 + c. */
+#define NBI_TR_SCATTER(ES)                                                                         \
+    for (int64_t r = 0; r < nr; r++) {                                                             \
+        unsigned char *orow = o + (size_t)((r0 + r) * ors + c0) * (ES);                            \
+        for (int64_t c = 0; c < nc; c++) {                                                         \
+            memcpy(orow + (size_t)c * (ES), tile + (size_t)(c * NBI_TR_TILE + r) * (ES), (ES));    \
         }                                                                                          \
     }
 
-/* out (rows x cols) = the transpose of in (cols x rows), in 32x32 tiles so that both sides
- * stay in cache. */
-static void nbi_transpose2d(unsigned char *o, const unsigned char *in, int64_t rows, int64_t cols,
-                            size_t es) {
+/* out[r*ors + c] = in[r + c*ics] for r < rows, c < cols (element offsets): a 2-D transpose
+ * with row strides. Done in 32x32 tiles staged in a local buffer, so that both the reads
+ * and the writes run along contiguous memory (reading a tile straight across rows would hit
+ * the same cache set again and again when the strides are powers of two). */
+static void nbi_transpose_tiles(unsigned char *o, int64_t ors, const unsigned char *in, int64_t ics,
+                                int64_t rows, int64_t cols, size_t es) {
+    unsigned char tile[NBI_TR_TILE * NBI_TR_TILE * 8]; /* es <= 8 */
     for (int64_t r0 = 0; r0 < rows; r0 += NBI_TR_TILE) {
-        int64_t r1 = r0 + NBI_TR_TILE < rows ? r0 + NBI_TR_TILE : rows;
+        int64_t nr = rows - r0 < NBI_TR_TILE ? rows - r0 : NBI_TR_TILE;
         for (int64_t c0 = 0; c0 < cols; c0 += NBI_TR_TILE) {
-            int64_t c1 = c0 + NBI_TR_TILE < cols ? c0 + NBI_TR_TILE : cols;
+            int64_t nc = cols - c0 < NBI_TR_TILE ? cols - c0 : NBI_TR_TILE;
+            for (int64_t c = 0; c < nc; c++) {
+                memcpy(tile + (size_t)(c * NBI_TR_TILE) * es,
+                       in + (size_t)((c0 + c) * ics + r0) * es, (size_t)nr * es);
+            }
             switch (es) {
             case 1:
-                NBI_TR_TILE_LOOP(1)
+                NBI_TR_SCATTER(1)
                 break;
             case 4:
-                NBI_TR_TILE_LOOP(4)
-                break;
-            case 8:
-                NBI_TR_TILE_LOOP(8)
+                NBI_TR_SCATTER(4)
                 break;
             default:
-                NBI_TR_TILE_LOOP(es)
+                NBI_TR_SCATTER(8)
                 break;
             }
         }
     }
 }
 
-#undef NBI_TR_TILE_LOOP
+#undef NBI_TR_SCATTER
 
+/* Output axes merged where possible; when the input's contiguous axis p is not the output's
+ * last axis, every (p, last) plane is a strided 2-D transpose done in tiles (rank 2 is one
+ * plane, a batched matrix transpose one plane per matrix); otherwise a strided copy. */
 static void nbi_k_transpose(const nbi_kargs *k) {
     const nb_var *node = k->node, *x = node->in[0];
     size_t es = nb_dtype_size(node->dtype);
@@ -1228,20 +1253,46 @@ static void nbi_k_transpose(const nbi_kargs *k) {
     }
     int64_t n[NB_MAX_RANK], so[NB_MAX_RANK], si[NB_MAX_RANK];
     int r = nbi_merge_axes(node->rank, node->shape, ost, ist, n, so, si);
-    /* A (batch of) 2-D transpose(s) after merging: tiles. */
-    if (r == 2 && si[0] == 1 && si[1] == n[0]) {
-        nbi_transpose2d(k->out, k->in[0], n[0], n[1], es);
-        return;
-    }
-    if (r == 3 && si[0] == n[1] * n[2] && si[1] == 1 && si[2] == n[1]) {
-        size_t mat = (size_t)(n[1] * n[2]) * es;
-        for (int64_t b = 0; b < n[0]; b++) {
-            nbi_transpose2d((unsigned char *)k->out + (size_t)b * mat,
-                            (const unsigned char *)k->in[0] + (size_t)b * mat, n[1], n[2], es);
+    int p = -1;
+    for (int d = 0; d < r - 1; d++) {
+        if (si[d] == 1) {
+            p = d;
         }
+    }
+    if (p < 0 || es > 8) {
+        nbi_copy_merged(k->out, 0, k->in[0], 0, r, n, so, si, es);
         return;
     }
-    nbi_copy_merged(k->out, 0, k->in[0], 0, r, n, so, si, es);
+    /* The other axes, walked row-major; so[r-1] is 1 (the output is dense). */
+    int64_t bn[NB_MAX_RANK], bo[NB_MAX_RANK], bi[NB_MAX_RANK], idx[NB_MAX_RANK] = {0};
+    int nb = 0;
+    int64_t planes = 1;
+    for (int d = 0; d < r - 1; d++) {
+        if (d != p) {
+            bn[nb] = n[d];
+            bo[nb] = so[d];
+            bi[nb] = si[d];
+            planes *= n[d];
+            nb++;
+        }
+    }
+    unsigned char *out = k->out;
+    const unsigned char *in = k->in[0];
+    int64_t oo = 0, io = 0;
+    for (int64_t b = 0; b < planes; b++) {
+        nbi_transpose_tiles(out + (size_t)oo * es, so[p], in + (size_t)io * es, si[r - 1], n[p],
+                            n[r - 1], es);
+        for (int d = nb - 1; d >= 0; d--) {
+            oo += bo[d];
+            io += bi[d];
+            if (++idx[d] < bn[d]) {
+                break;
+            }
+            oo -= bo[d] * bn[d];
+            io -= bi[d] * bn[d];
+            idx[d] = 0;
+        }
+    }
 }
 
 static void nbi_k_slice(const nbi_kargs *k) {
@@ -1284,13 +1335,14 @@ static void nbi_k_pad(const nbi_kargs *k) {
     unsigned char v[8];
     size_t es = nbi_value_bytes(node->dtype, node->at.value, v);
     nbi_fill(k->out, node->size, v, es);
-    int64_t ost[NB_MAX_RANK], oo = 0;
+    int64_t ost[NB_MAX_RANK], xst[NB_MAX_RANK], oo = 0;
     nbi_strides(node->rank, node->shape, ost);
+    nbi_strides(x->rank, x->shape, xst);
     for (int d = 0; d < node->rank; d++) {
         oo += node->at.a[d] * ost[d];
     }
     if (x->size > 0) {
-        nbi_copy_block(k->out, oo, ost, k->in[0], 0, ost, x->rank, x->shape, es);
+        nbi_copy_block(k->out, oo, ost, k->in[0], 0, xst, x->rank, x->shape, es);
     }
 }
 
