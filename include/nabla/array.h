@@ -65,8 +65,10 @@ NB_API nb_status nb_array_scalar(nb_ctx *ctx, nb_dtype dtype, double value, nb_a
  * be NULL only when that size is 0). data is borrowed and need not be aligned. */
 NB_API nb_status nb_array_from_data(nb_ctx *ctx, nb_dtype dtype, int rank, const int64_t *shape,
                                     const void *data, nb_array **out);
-/* numpy.arange: the rank-1 array start, start+step, ... while < stop (> stop for a
- * negative step); length ceil((stop-start)/step). step == 0 or a non-finite argument is
+/* numpy.arange: the rank-1 array start, start+step, start+2*step, ... of length
+ * ceil((stop-start)/step) (0 if that is negative), which is numpy's rule: the values stop
+ * before stop, except that rounding can make the last one equal or pass it (numpy's
+ * arange(1, 1.3, 0.1) has 4 elements). step == 0 or a non-finite argument is
  * NB_ERR_INVALID. Element i is computed as start + i*step in double, then converted. */
 NB_API nb_status nb_array_arange(nb_ctx *ctx, nb_dtype dtype, double start, double stop,
                                  double step, nb_array **out);

@@ -186,7 +186,10 @@ NBI_HIDDEN nb_status nbi_graph_verify(nb_ctx *ctx, const nbi_graph *g, const cha
 NBI_HIDDEN nb_status nbi_pass_dce(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 NBI_HIDDEN nb_status nbi_pass_cse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 NBI_HIDDEN nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
-/* The standard pipeline: fold, CSE, DCE. */
+/* Matmul operands that are transposes of their last two axes are read through swapped
+ * strides instead (the transpose then usually dies in DCE). */
+NBI_HIDDEN nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+/* The standard pipeline: fold, transpose-matmul, CSE, DCE. */
 NBI_HIDDEN nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 
 /* ---- executables -------------------------------------------------------------------- */

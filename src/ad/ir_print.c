@@ -102,6 +102,12 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
         nbi_print_ints64(s, "sizes", a->a, v->rank);
         nbi_sbuf_putc(s, '}');
         break;
+    case NBI_OP_MATMUL:
+        if (a->axes[0] || a->axes[1]) {
+            nbi_sbuf_printf(s, " {transposed=[%s%s%s]}", a->axes[0] ? "a" : "",
+                            a->axes[0] && a->axes[1] ? "," : "", a->axes[1] ? "b" : "");
+        }
+        break;
     case NBI_OP_CALL_OUTPUT:
         nbi_sbuf_printf(s, " {index=%lld}", (long long)a->ivalue);
         break;

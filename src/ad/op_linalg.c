@@ -32,22 +32,42 @@
 
 /* ---- geometry ----------------------------------------------------------------------- */
 
-/* One matmul as a batch of [m, k] @ [k, n] products over a broadcast batch shape. */
+/* One matmul as a batch of [m, k] @ [k, n] products over a broadcast batch shape.
+ *
+ * Transposed operands. The attributes at.axes[0] and at.axes[1] mark the first and second
+ * operand as stored transposed (their last two dims swapped): the matmul then multiplies
+ * by the transpose of what it is given. Builders never set them; the optimizer's
+ * transpose-folding pass does (passes.c), so that matmul(transpose(w), x) hands w to BLIS
+ * with swapped strides instead of copying it. */
 typedef struct nbi_mm_geom {
     int64_t m, n, k;
-    int ra_bat, rb_bat; /* batch ranks of a and b (leading dims of their shapes) */
-    int rbat;           /* rank of the broadcast batch shape */
+    int64_t a_rs, a_cs, b_rs, b_cs; /* element strides of one matrix of a and of b */
+    int ra_bat, rb_bat;             /* batch ranks of a and b (leading dims of their shapes) */
+    int rbat;                       /* rank of the broadcast batch shape */
     int64_t bat[NB_MAX_RANK];
 } nbi_mm_geom;
 
-/* The geometry of a @ b (both of rank >= 1); false if the batch dims do not broadcast. */
-static bool nbi_mm_geometry(const nb_var *a, const nb_var *b, nbi_mm_geom *g) {
+static bool nbi_mm_trans(const nb_var *node, int operand) {
+    return node->at.axes[operand] != 0 && node->in[operand]->rank >= 2;
+}
+
+/* The geometry of node = a @ b (both of rank >= 1); false if the batch dims do not
+ * broadcast. */
+static bool nbi_mm_geometry(const nb_var *node, nbi_mm_geom *g) {
+    const nb_var *a = node->in[0], *b = node->in[1];
+    bool ta = nbi_mm_trans(node, 0), tb = nbi_mm_trans(node, 1);
     memset(g, 0, sizeof *g);
-    g->m = a->rank >= 2 ? a->shape[a->rank - 2] : 1;
-    g->k = a->shape[a->rank - 1];
-    g->n = b->rank >= 2 ? b->shape[b->rank - 1] : 1;
-    g->ra_bat = a->rank > 2 ? a->rank - 2 : 0;
-    g->rb_bat = b->rank > 2 ? b->rank - 2 : 0;
+    int ra = a->rank, rb = b->rank;
+    g->m = ra >= 2 ? a->shape[ra - (ta ? 1 : 2)] : 1;
+    g->k = a->shape[ra - (ta ? 2 : 1)];
+    g->n = rb >= 2 ? b->shape[rb - (tb ? 2 : 1)] : 1;
+    /* row-major storage: [m,k] has strides (k,1); stored as [k,m] it has (1,m) */
+    g->a_rs = ta ? 1 : g->k;
+    g->a_cs = ta ? g->m : 1;
+    g->b_rs = tb ? 1 : g->n;
+    g->b_cs = tb ? g->k : 1;
+    g->ra_bat = ra > 2 ? ra - 2 : 0;
+    g->rb_bat = rb > 2 ? rb - 2 : 0;
     return nbi_broadcast_shapes(g->ra_bat, a->shape, g->rb_bat, b->shape, &g->rbat, g->bat);
 }
 
@@ -96,8 +116,9 @@ static nb_status nbi_infer_matmul(nb_trace *tr, nb_var *p) {
                              nbi_var_sig(sa, sizeof sa, a), nbi_var_sig(sb, sizeof sb, b),
                              a->rank == 0 ? "first" : "second");
     }
-    int64_t ka = a->shape[a->rank - 1];
-    int64_t kb = b->rank >= 2 ? b->shape[b->rank - 2] : b->shape[0];
+    bool ta = nbi_mm_trans(p, 0), tb = nbi_mm_trans(p, 1);
+    int64_t ka = a->shape[a->rank - (ta ? 2 : 1)];
+    int64_t kb = b->rank >= 2 ? b->shape[b->rank - (tb ? 1 : 2)] : b->shape[0];
     if (ka != kb) {
         const char *hint;
         if (b->rank >= 2 && b->shape[b->rank - 1] == ka) {
@@ -115,7 +136,7 @@ static nb_status nbi_infer_matmul(nb_trace *tr, nb_var *p) {
                              (long long)ka, (long long)kb, hint);
     }
     nbi_mm_geom g;
-    if (!nbi_mm_geometry(a, b, &g)) {
+    if (!nbi_mm_geometry(p, &g)) {
         char da[NBI_SIG_CAP], db[NBI_SIG_CAP];
         return nbi_trace_err(tr, NB_ERR_SHAPE,
                              "nb_matmul: %s @ %s: batch dims %s and %s do not broadcast "
@@ -179,7 +200,8 @@ nb_var *nb_dot(nb_var *a, nb_var *b) {
 
 /* ---- kernels ------------------------------------------------------------------------ */
 
-/* One [m, k] @ [k, n] product of row-major matrices into a row-major c (m, n, k > 0). */
+/* One [m, k] @ [k, n] product (operands addressed through the geometry's strides) into a
+ * row-major c (m, n, k > 0). */
 typedef void (*nbi_mm_fn)(const nbi_mm_geom *g, const void *a, const void *b, void *c);
 
 /* BLIS runs with exactly one thread, set on a local runtime object rather than taken from
@@ -193,16 +215,16 @@ static void nbi_mm_f32(const nbi_mm_geom *g, const void *a, const void *b, void 
     bli_rntm_set_num_threads(1, &rntm);
     float one = 1.0f, zero = 0.0f;
     /* BLIS's typed API takes non-const pointers; it only reads a and b. */
-    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, g->m, g->n, g->k, &one, (float *)a, g->k, 1,
-                 (float *)b, g->n, 1, &zero, c, g->n, 1, NULL, &rntm);
+    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, g->m, g->n, g->k, &one, (float *)a, g->a_rs,
+                 g->a_cs, (float *)b, g->b_rs, g->b_cs, &zero, c, g->n, 1, NULL, &rntm);
 }
 
 static void nbi_mm_f64(const nbi_mm_geom *g, const void *a, const void *b, void *c) {
     rntm_t rntm = BLIS_RNTM_INITIALIZER;
     bli_rntm_set_num_threads(1, &rntm);
     double one = 1.0, zero = 0.0;
-    bli_dgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, g->m, g->n, g->k, &one, (double *)a, g->k, 1,
-                 (double *)b, g->n, 1, &zero, c, g->n, 1, NULL, &rntm);
+    bli_dgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, g->m, g->n, g->k, &one, (double *)a, g->a_rs,
+                 g->a_cs, (double *)b, g->b_rs, g->b_cs, &zero, c, g->n, 1, NULL, &rntm);
 }
 
 /* Integers: row i of c accumulates a[i, p] * b[p, :] for p = 0, 1, ..., k-1, in the unsigned
@@ -216,10 +238,10 @@ static void nbi_mm_i32(const nbi_mm_geom *g, const void *a_, const void *b_, voi
             ci[j] = 0;
         }
         for (int64_t p = 0; p < g->k; p++) {
-            uint32_t x = (uint32_t)a[i * g->k + p];
-            const int32_t *restrict bp = b + p * g->n;
+            uint32_t x = (uint32_t)a[i * g->a_rs + p * g->a_cs];
+            const int32_t *restrict bp = b + p * g->b_rs;
             for (int64_t j = 0; j < g->n; j++) {
-                ci[j] += x * (uint32_t)bp[j];
+                ci[j] += x * (uint32_t)bp[j * g->b_cs];
             }
         }
     }
@@ -234,10 +256,10 @@ static void nbi_mm_i64(const nbi_mm_geom *g, const void *a_, const void *b_, voi
             ci[j] = 0;
         }
         for (int64_t p = 0; p < g->k; p++) {
-            uint64_t x = (uint64_t)a[i * g->k + p];
-            const int64_t *restrict bp = b + p * g->n;
+            uint64_t x = (uint64_t)a[i * g->a_rs + p * g->a_cs];
+            const int64_t *restrict bp = b + p * g->b_rs;
             for (int64_t j = 0; j < g->n; j++) {
-                ci[j] += x * (uint64_t)bp[j];
+                ci[j] += x * (uint64_t)bp[j * g->b_cs];
             }
         }
     }
@@ -267,7 +289,7 @@ static void nbi_k_matmul(const nbi_kargs *k) {
     }
     const nb_var *x = node->in[0], *y = node->in[1];
     nbi_mm_geom g;
-    (void)nbi_mm_geometry(x, y, &g); /* checked by inference */
+    (void)nbi_mm_geometry(node, &g); /* checked by inference */
     size_t es = nb_dtype_size(node->dtype);
     if (g.k == 0) {
         memset(k->out, 0, (size_t)node->size * es); /* all-bits-zero is 0 / +0.0 */

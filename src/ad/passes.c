@@ -322,17 +322,73 @@ nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     return nbi_pass_end(ctx, in, out, map, "fold");
 }
 
+/* ---- transposes into matmul strides ------------------------------------------------- */
+
+/* A transpose that swaps only the last two axes. */
+static bool nbi_is_matrix_transpose(const nb_var *v) {
+    if (v->op != NBI_OP_TRANSPOSE || v->rank < 2) {
+        return false;
+    }
+    int r = v->rank;
+    for (int i = 0; i < r - 2; i++) {
+        if (v->at.axes[i] != i) {
+            return false;
+        }
+    }
+    return v->at.axes[r - 2] == r - 1 && v->at.axes[r - 1] == r - 2;
+}
+
+nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
+    nb_var **map = NULL;
+    nb_status st = nbi_pass_begin(ctx, in, out, &map, "transpose-matmul");
+    if (st != NB_OK) {
+        return st;
+    }
+    int32_t k = 0;
+    for (int32_t i = 0; i < in->n_nodes; i++) {
+        const nb_var *v = in->nodes[i];
+        nb_var proto = *v;
+        nb_var *ins[2];
+        if (v->op == NBI_OP_MATMUL) {
+            for (int j = 0; j < 2; j++) {
+                nb_var *src = map[v->in[j]->id];
+                /* matmul(transpose(w)) = matmul(w) with w read through swapped strides */
+                if (nbi_is_matrix_transpose(src)) {
+                    ins[j] = src->in[0];
+                    proto.at.axes[j] = !proto.at.axes[j];
+                } else {
+                    ins[j] = src;
+                }
+            }
+            proto.in = ins;
+            map[i] = nbi_graph_add(out, &proto);
+        } else {
+            map[i] = nbi_copy_node(out, v, map);
+        }
+        if (map[i] == NULL) {
+            return nbi_err(ctx, NB_ERR_OOM, "transpose-matmul: out of memory");
+        }
+        if (v->op == NBI_OP_PARAM) {
+            out->inputs[k++] = map[i];
+        }
+    }
+    return nbi_pass_end(ctx, in, out, map, "transpose-matmul");
+}
+
 nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
-    nbi_graph a, b;
+    nbi_graph a, b, c;
     nb_status st = nbi_graph_verify(ctx, in, "trace");
     if (st == NB_OK) {
         st = nbi_pass_fold(ctx, in, &a);
     }
     if (st == NB_OK) {
-        st = nbi_pass_cse(ctx, &a, &b);
+        st = nbi_pass_transpose_matmul(ctx, &a, &b);
     }
     if (st == NB_OK) {
-        st = nbi_pass_dce(ctx, &b, out);
+        st = nbi_pass_cse(ctx, &b, &c);
+    }
+    if (st == NB_OK) {
+        st = nbi_pass_dce(ctx, &c, out);
     }
     return st;
 }

@@ -224,6 +224,9 @@ nb_var *nbi_emit(nb_trace *tr, nbi_op op, int n_in, nb_var *const *in, const nbi
             return tr->poison;
         }
     }
+    for (int i = proto.rank; i < NB_MAX_RANK; i++) {
+        proto.shape[i] = 0; /* entries past the rank are never junk (hashing, printing) */
+    }
     int64_t size = 1;
     for (int i = 0; i < proto.rank; i++) {
         if (proto.shape[i] < 0 || nbi_mul_i64(size, proto.shape[i], &size)) {

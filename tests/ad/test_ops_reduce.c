@@ -148,7 +148,7 @@ static void **run_graph(const nb_trace *tr, const void *const *inputs) {
             NBT_EQ_I64(info->infer((nb_trace *)tr, &probe), NB_OK);
             NBT_EQ_I64(probe.dtype, v->dtype);
             NBT_EQ_I64(probe.rank, v->rank);
-            NBT_TRUE(memcmp(probe.shape, v->shape, sizeof probe.shape) == 0);
+            NBT_TRUE(memcmp(probe.shape, v->shape, (size_t)v->rank * sizeof(int64_t)) == 0);
         }
         bufs[i] = buf_alloc((size_t)v->size * nb_dtype_size(v->dtype));
         const void *in[8] = {NULL};

@@ -1,0 +1,136 @@
+/*
+ * test_passes.c -- optimizer passes observed through compiled functions: transposes folded
+ * into matmul strides (same numbers as a plain reference, no transpose left in the IR).
+ */
+#include "nbtest.h"
+
+/* args: (a, b, mode): mode 0: a^T @ b; 1: a @ b^T; 2: a^T @ b^T. Batched when rank 3. */
+static nb_status body_tmm(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *a = nb_get(tr, args, "[0]"), *b = nb_get(tr, args, "[1]");
+    const nb_tree *m = NULL;
+    int64_t mode = 0;
+    nb_tree_lookup(args, "[2]", &m);
+    nb_tree_get_int(m, &mode);
+    int r = nb_var_rank(a);
+    int perm[3] = {0, 1, 2};
+    perm[r - 2] = r - 1;
+    perm[r - 1] = r - 2;
+    if (mode == 0 || mode == 2) {
+        a = nb_transpose(a, perm);
+    }
+    if (mode == 1 || mode == 2) {
+        b = nb_transpose(b, perm);
+    }
+    return nb_return(nb_matmul(a, b), out);
+}
+
+static nb_tree *rand_leaf(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape,
+                          uint64_t *seed) {
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, dt, rank, shape, &a));
+    for (int64_t i = 0; i < nb_array_size(a); i++) {
+        *seed ^= *seed << 13;
+        *seed ^= *seed >> 7;
+        *seed ^= *seed << 17;
+        int v = (int)(*seed % 11) - 5;
+        double dv = dt == NB_DTYPE_I32 ? (double)v : (double)v * 0.25 + 0.125;
+        switch (dt) {
+        case NB_DTYPE_F32:
+            ((float *)nb_array_data(a))[i] = (float)dv;
+            break;
+        case NB_DTYPE_F64:
+            ((double *)nb_array_data(a))[i] = dv;
+            break;
+        default:
+            ((int32_t *)nb_array_data(a))[i] = v;
+            break;
+        }
+    }
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_array(a, &t));
+    nb_array_destroy(a);
+    return t;
+}
+
+static double at3(const nb_array *a, int64_t b, int64_t i, int64_t j) {
+    int r = nb_array_rank(a);
+    int64_t rows = nb_array_dim(a, -2), cols = nb_array_dim(a, -1);
+    int64_t off = (r == 3 ? b * rows * cols : 0) + i * cols + j;
+    double v = 0;
+    nb_array_get_flat(a, off, &v);
+    return v;
+}
+
+static void test_transpose_into_matmul(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "tmm", body_tmm, NULL, &f));
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
+    nb_dtype dts[3] = {NB_DTYPE_F32, NB_DTYPE_F64, NB_DTYPE_I32};
+    for (int d = 0; d < 3; d++) {
+        for (int batched = 0; batched < 2; batched++) {
+            for (int mode = 0; mode < 3; mode++) {
+                int64_t M = 5, K = 7, N = 3, B = 2;
+                /* stored shapes: a is [M,K] or [K,M] when transposed; b likewise */
+                int64_t sa[3], sb[3];
+                int r = batched ? 3 : 2, o = batched ? 1 : 0;
+                sa[0] = sb[0] = B;
+                sa[o] = (mode == 0 || mode == 2) ? K : M;
+                sa[o + 1] = (mode == 0 || mode == 2) ? M : K;
+                sb[o] = (mode == 1 || mode == 2) ? N : K;
+                sb[o + 1] = (mode == 1 || mode == 2) ? K : N;
+                nb_tree *la = rand_leaf(ctx, dts[d], r, sa, &seed);
+                nb_tree *lb = rand_leaf(ctx, dts[d], r, sb, &seed);
+                nb_tree *lm = NULL, *args = NULL, *out = NULL;
+                NBT_OK(ctx, nb_tree_int(ctx, mode, &lm));
+                NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){la, lb, lm}, &args));
+                char ir[4096];
+                NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+                if (strstr(ir, "= transpose") != NULL || strstr(ir, "transposed=[") == NULL) {
+                    fail_msg("the transpose was not folded into the matmul:\n%s", ir);
+                }
+                NBT_OK(ctx, nb_fn_call(f, args, &out));
+                nb_array *c = nb_tree_get_array(out);
+                const nb_array *A = nb_tree_get_array(la), *Bm = nb_tree_get_array(lb);
+                for (int64_t bb = 0; bb < (batched ? B : 1); bb++) {
+                    for (int64_t i = 0; i < M; i++) {
+                        for (int64_t j = 0; j < N; j++) {
+                            double want = 0;
+                            for (int64_t p = 0; p < K; p++) {
+                                double x =
+                                    (mode == 0 || mode == 2) ? at3(A, bb, p, i) : at3(A, bb, i, p);
+                                double y = (mode == 1 || mode == 2) ? at3(Bm, bb, j, p)
+                                                                    : at3(Bm, bb, p, j);
+                                want += x * y;
+                            }
+                            double got = at3(c, bb, i, j);
+                            /* inputs are multiples of 1/8 and small: every sum is exact */
+                            if (got != want) {
+                                fail_msg("%s mode %d batched %d: c[%lld,%lld,%lld] = %g, want %g",
+                                         nb_dtype_name(dts[d]), mode, batched, (long long)bb,
+                                         (long long)i, (long long)j, got, want);
+                            }
+                        }
+                    }
+                }
+                nb_tree_destroy(out);
+                nb_tree_destroy(args);
+                nb_tree_destroy(lm);
+                nb_tree_destroy(lb);
+                nb_tree_destroy(la);
+            }
+        }
+    }
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_transpose_into_matmul),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
