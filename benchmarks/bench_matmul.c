@@ -98,8 +98,8 @@ static int bm_one(nb_ctx *ctx, nb_dtype dt, bm_shape s, int samples) {
     if (nbi_trace_init(&tr, ctx, "bench") != NB_OK) {
         return 1;
     }
-    nb_var *a = nbi_emit_param(&tr, 0, dt, 2, (int64_t[]){s.m, s.k});
-    nb_var *b = nbi_emit_param(&tr, 1, dt, 2, (int64_t[]){s.k, s.n});
+    nb_var *a = nbi_emit_param(&tr, 0, dt, 2, (int64_t[]){s.m, s.k}, NULL);
+    nb_var *b = nbi_emit_param(&tr, 1, dt, 2, (int64_t[]){s.k, s.n}, NULL);
     nb_var *v = nb_matmul(a, b);
     if (nb_trace_status(&tr) != NB_OK) {
         fprintf(stderr, "bench_matmul: %s\n", nb_ctx_errmsg(ctx));

@@ -72,7 +72,8 @@ struct nb_var {
     int64_t shape[NB_MAX_RANK];
     int64_t size;
     nbi_attrs at;
-    nb_trace *tr; /* the trace that built it (NULL in graphs made by passes) */
+    nb_trace *tr;     /* the trace that built it (NULL in graphs made by passes) */
+    const char *path; /* a param's leaf path ("args[0]", "self.layers[1].w"), or NULL */
 };
 
 /* A graph: nodes in topological order; inputs are the PARAM nodes in parameter order;
@@ -157,9 +158,10 @@ NBI_HIDDEN nb_trace *nbi_trace_of(int n, nb_var *const *in, bool *poisoned);
  * Returns the new var or poison. proto holds op, attrs and flags; in are the inputs. */
 NBI_HIDDEN nb_var *nbi_emit(nb_trace *tr, nbi_op op, int n_in, nb_var *const *in,
                             const nbi_attrs *at);
-/* A PARAM node for input index i (dtype/shape given). */
+/* A PARAM node for input index i (dtype/shape given); path (copied, may be NULL) is the
+ * leaf path it came from, for messages. */
 NBI_HIDDEN nb_var *nbi_emit_param(nb_trace *tr, int32_t index, nb_dtype dtype, int rank,
-                                  const int64_t *shape);
+                                  const int64_t *shape, const char *path);
 /* "f32[2,3]" of a var (into buf). */
 NBI_HIDDEN const char *nbi_var_sig(char *buf, size_t cap, const nb_var *v);
 

@@ -727,8 +727,9 @@ static nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self,
 
 typedef struct nbi_vars_ctx {
     nb_trace *tr;
-    bool params;  /* dynamic leaves become fresh params (else: arrays -> constants) */
-    int32_t next; /* next param index */
+    bool params;        /* dynamic leaves become fresh params (else: arrays -> constants) */
+    int32_t next;       /* next param index */
+    const char *prefix; /* "self", "args" or "" (args given as a dict) */
 } nbi_vars_ctx;
 
 static nb_status nbi_vars_cb(void *ud, const char *path, int n, const nb_tree *const *l,
@@ -741,7 +742,11 @@ static nb_status nbi_vars_cb(void *ud, const char *path, int n, const nb_tree *c
     if (c->params) {
         nbi_leafsig s;
         nbi_leaf_sig(leaf, &s);
-        v = nbi_emit_param(tr, c->next++, (nb_dtype)s.dtype, s.rank, s.shape);
+        char full[NB_PATH_MAX];
+        snprintf(full, sizeof full, "%s%s%s", c->prefix,
+                 (c->prefix[0] && path[0] && path[0] != '[') ? "." : "", path);
+        v = nbi_emit_param(tr, c->next++, (nb_dtype)s.dtype, s.rank, s.shape,
+                           full[0] ? full : "args");
     } else if (leaf->kind == NB_TREE_KIND_ARRAY) {
         v = nb_constant(tr, leaf->u.array);
     } else {
@@ -763,8 +768,8 @@ static nb_status nbi_vars_cb(void *ud, const char *path, int n, const nb_tree *c
 }
 
 static nb_status nbi_vars_tree(nb_trace *tr, const nb_tree *t, bool params, int32_t *next,
-                               nb_tree **out) {
-    nbi_vars_ctx c = {tr, params, next ? *next : 0};
+                               const char *prefix, nb_tree **out) {
+    nbi_vars_ctx c = {tr, params, next ? *next : 0, prefix};
     nb_status st = nb_tree_map(t, nbi_vars_cb, &c, 0, out);
     if (next != NULL) {
         *next = c.next;
@@ -797,10 +802,11 @@ static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn 
     nbi_exec *exec = NULL;
     int32_t next = 0;
     if (p->self != NULL) {
-        st = nbi_vars_tree(&tr, p->self, true, &next, &self_v);
+        st = nbi_vars_tree(&tr, p->self, true, &next, "self", &self_v);
     }
     if (st == NB_OK) {
-        st = nbi_vars_tree(&tr, args, true, &next, &args_v);
+        st = nbi_vars_tree(&tr, args, true, &next, args->kind == NB_TREE_KIND_DICT ? "" : "args",
+                           &args_v);
     }
     if (st == NB_OK) {
         tr.g.n_inputs = next;
@@ -1252,10 +1258,10 @@ const nb_tree *nb_apply(nb_trace *tr, nb_fn *f, const nb_tree *args) {
     nb_tree *self_v = NULL, *args_v = NULL, *res = NULL;
     nb_status st = NB_OK;
     if (p->self != NULL) {
-        st = nbi_vars_tree(tr, p->self, false, NULL, &self_v);
+        st = nbi_vars_tree(tr, p->self, false, NULL, "self", &self_v);
     }
     if (st == NB_OK) {
-        st = nbi_vars_tree(tr, args, false, NULL, &args_v);
+        st = nbi_vars_tree(tr, args, false, NULL, "args", &args_v);
     }
     if (st == NB_OK) {
         st = nbi_trace_fn(tr, f, self_v, args_v, &res);
@@ -1350,10 +1356,11 @@ nb_status nb_fn_format_ir(nb_fn *f, const nb_tree *args, int which, char *buf, s
     nb_tree *self_v = NULL, *args_v = NULL, *res = NULL, *leaves = NULL;
     int32_t next = 0;
     if (st == NB_OK && p->self != NULL) {
-        st = nbi_vars_tree(&tr, p->self, true, &next, &self_v);
+        st = nbi_vars_tree(&tr, p->self, true, &next, "self", &self_v);
     }
     if (st == NB_OK) {
-        st = nbi_vars_tree(&tr, args, true, &next, &args_v);
+        st = nbi_vars_tree(&tr, args, true, &next, args->kind == NB_TREE_KIND_DICT ? "" : "args",
+                           &args_v);
     }
     if (st == NB_OK) {
         tr.g.n_inputs = next;

@@ -188,6 +188,22 @@ nb_trace *nbi_trace_of(int n, nb_var *const *in, bool *poisoned) {
     return tr;
 }
 
+/* After a failed inference: name the operands that are function inputs by their leaf paths
+ * ("; operands: args[0], self.layers[1].weight"), so the user finds the leaf. */
+static void nbi_note_operand_paths(nb_trace *tr, int n_in, nb_var *const *in) {
+    bool any = false;
+    for (int i = 0; i < n_in; i++) {
+        any = any || in[i]->path != NULL;
+    }
+    if (!any) {
+        return;
+    }
+    nbi_err_append(tr->ctx, "; operands:");
+    for (int i = 0; i < n_in; i++) {
+        nbi_err_append(tr->ctx, "%s %s", i ? "," : "", in[i]->path ? in[i]->path : "(computed)");
+    }
+}
+
 nb_var *nbi_emit(nb_trace *tr, nbi_op op, int n_in, nb_var *const *in, const nbi_attrs *at) {
     const nbi_op_info *info = nbi_op_get(op);
     if (tr->status != NB_OK) {
@@ -221,6 +237,7 @@ nb_var *nbi_emit(nb_trace *tr, nbi_op op, int n_in, nb_var *const *in, const nbi
     if (info->infer != NULL) {
         nb_status st = info->infer(tr, &proto);
         if (st != NB_OK) {
+            nbi_note_operand_paths(tr, n_in, in);
             return tr->poison;
         }
     }
@@ -250,8 +267,8 @@ nb_var *nbi_emit(nb_trace *tr, nbi_op op, int n_in, nb_var *const *in, const nbi
     return v;
 }
 
-nb_var *nbi_emit_param(nb_trace *tr, int32_t index, nb_dtype dtype, int rank,
-                       const int64_t *shape) {
+nb_var *nbi_emit_param(nb_trace *tr, int32_t index, nb_dtype dtype, int rank, const int64_t *shape,
+                       const char *path) {
     nbi_attrs at;
     memset(&at, 0, sizeof at);
     at.ivalue = index;
@@ -266,6 +283,15 @@ nb_var *nbi_emit_param(nb_trace *tr, int32_t index, nb_dtype dtype, int rank,
     proto.size = nbi_shape_size(rank, shape);
     proto.at = at;
     proto.tr = tr;
+    if (path != NULL) {
+        size_t len = strlen(path) + 1;
+        char *copy = nbi_arena_alloc(&tr->arena, len);
+        if (copy == NULL) {
+            return nbi_trace_errv(tr, NB_ERR_OOM, "out of memory while tracing the inputs");
+        }
+        memcpy(copy, path, len);
+        proto.path = copy;
+    }
     nb_var *v = nbi_graph_add(&tr->g, &proto);
     if (v == NULL) {
         return nbi_trace_errv(tr, NB_ERR_OOM, "out of memory while tracing the inputs");

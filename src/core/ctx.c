@@ -315,6 +315,23 @@ nb_status nbi_err(nb_ctx *ctx, nb_status status, const char *fmt, ...) {
     return s;
 }
 
+void nbi_err_append(nb_ctx *ctx, const char *fmt, ...) {
+    if (ctx == NULL) {
+        return;
+    }
+    size_t len = strlen(ctx->errmsg);
+    if (len + 4 >= sizeof ctx->errmsg) {
+        return;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(ctx->errmsg + len, sizeof ctx->errmsg - len, fmt, ap);
+    va_end(ap);
+    if (n > 0 && (size_t)n >= sizeof ctx->errmsg - len) {
+        memcpy(ctx->errmsg + sizeof ctx->errmsg - 4, "...", 4);
+    }
+}
+
 nb_status nbi_oom(nb_ctx *ctx, const char *fn, size_t bytes) {
     return nbi_err(ctx, NB_ERR_OOM,
                    "%s: out of memory allocating %zu bytes (the allocator "

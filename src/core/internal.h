@@ -150,6 +150,8 @@ NBI_HIDDEN void nbi_free(nb_ctx *ctx, void *ptr, size_t size);
  * status, so "return nbi_err(ctx, NB_ERR_SHAPE, ...)" reads naturally. */
 NBI_HIDDEN nb_status nbi_err(nb_ctx *ctx, nb_status status, const char *fmt, ...) NBI_PRINTF(3, 4);
 NBI_HIDDEN nb_status nbi_verr(nb_ctx *ctx, nb_status status, const char *fmt, va_list ap);
+/* Append formatted text to the last error message (cut to the fixed buffer). */
+NBI_HIDDEN void nbi_err_append(nb_ctx *ctx, const char *fmt, ...) NBI_PRINTF(2, 3);
 /* The standard out-of-memory error: "<fn>: out of memory allocating <n> bytes". */
 NBI_HIDDEN nb_status nbi_oom(nb_ctx *ctx, const char *fn, size_t bytes);
 /* Incremented by every recorded error: tells whether a callback recorded its own. */

@@ -520,6 +520,43 @@ static void test_error_deep_in_user_code(void **state) {
     NBT_EQ_I64(al.n_live, 0);
 }
 
+/* The style guide's example message, with the leaf paths of the operands. */
+static nb_status body_mm_paths(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    nb_var *x = nb_get(tr, args, "batch.x");
+    nb_var *w = nb_get(tr, self, "layers[1].weight");
+    return nb_return(nb_matmul(x, w), out);
+}
+
+static void test_error_names_leaf_paths(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_tree *x = nbt_leaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){128, 784});
+    nb_tree *w = nbt_leaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){256, 784});
+    nb_tree *bx = NULL, *args = NULL, *l0 = NULL, *l1 = NULL, *layers = NULL, *self = NULL;
+    NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"x"}, &x, &bx));
+    NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"batch"}, &bx, &args));
+    NBT_OK(ctx, nb_tree_null(ctx, &l0));
+    NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"weight"}, &w, &l1));
+    NBT_OK(ctx, nb_tree_list(ctx, 2, (nb_tree *[]){l0, l1}, &layers));
+    NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"layers"}, &layers, &self));
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "mlp_loss", body_mm_paths, self, &f));
+    nb_tree *out = NULL;
+    NBT_STATUS(ctx, NB_ERR_SHAPE, nb_fn_call(f, args, &out));
+    NBT_STREQ(nb_ctx_errmsg(ctx),
+              "nb_matmul: f32[128,784] @ f32[256,784]: inner dims 784 != 256 (did you mean to "
+              "transpose the second operand?) (in 'mlp_loss'); operands: batch.x, "
+              "self.layers[1].weight");
+    nb_fn_destroy(f);
+    nb_tree *trees[] = {self, layers, l1, l0, args, bx, w, x};
+    for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
+        nb_tree_destroy(trees[i]);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 static nb_status body_no_msg(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                              nb_tree **out) {
     (void)tr;
@@ -767,6 +804,7 @@ int main(void) {
         cmocka_unit_test(test_c_equal_functions_share_entries),
         cmocka_unit_test(test_retrace_reasons),
         cmocka_unit_test(test_error_deep_in_user_code),
+        cmocka_unit_test(test_error_names_leaf_paths),
         cmocka_unit_test(test_misuse),
         cmocka_unit_test(test_donate),
         cmocka_unit_test(test_weak_scalars),

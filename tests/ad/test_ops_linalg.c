@@ -33,7 +33,7 @@ static void lt_end(lt_env *e) {
 }
 
 static nb_var *lt_param(lt_env *e, int32_t index, nb_dtype dtype, int rank, const int64_t *shape) {
-    nb_var *v = nbi_emit_param(&e->tr, index, dtype, rank, shape);
+    nb_var *v = nbi_emit_param(&e->tr, index, dtype, rank, shape, NULL);
     NBT_TRUE(!nb_var_is_poison(v));
     return v;
 }

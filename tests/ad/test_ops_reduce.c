@@ -36,7 +36,7 @@ static void fx_close(fx *f) {
 }
 
 static nb_var *param(fx *f, int i, nb_dtype dt, int rank, const int64_t *shape) {
-    nb_var *v = nbi_emit_param(&f->tr, i, dt, rank, shape);
+    nb_var *v = nbi_emit_param(&f->tr, i, dt, rank, shape, NULL);
     assert_non_null(v);
     return v;
 }
@@ -737,7 +737,7 @@ static void expect_err(err_body body, nb_status want, const char *sub_a, const c
 }
 
 static nb_var *x23(nb_trace *tr, nb_dtype dt) {
-    return nbi_emit_param(tr, 0, dt, 2, (int64_t[]){2, 3});
+    return nbi_emit_param(tr, 0, dt, 2, (int64_t[]){2, 3}, NULL);
 }
 
 static nb_var *e_sum_bool(nb_trace *tr) {
@@ -768,11 +768,11 @@ static nb_var *e_rank0_axis(nb_trace *tr) {
     return nb_sum(nb_scalar_typed(tr, NB_DTYPE_F32, 1.0), (const int[]){0}, 1, false);
 }
 static nb_var *e_max_empty(nb_trace *tr) {
-    return nb_max(nbi_emit_param(tr, 0, NB_DTYPE_F32, 2, (int64_t[]){2, 0}), (const int[]){1}, 1,
-                  false);
+    return nb_max(nbi_emit_param(tr, 0, NB_DTYPE_F32, 2, (int64_t[]){2, 0}, NULL), (const int[]){1},
+                  1, false);
 }
 static nb_var *e_min_empty_all(nb_trace *tr) {
-    return nb_min(nbi_emit_param(tr, 0, NB_DTYPE_I64, 2, (int64_t[]){2, 0}), NULL, 0, false);
+    return nb_min(nbi_emit_param(tr, 0, NB_DTYPE_I64, 2, (int64_t[]){2, 0}, NULL), NULL, 0, false);
 }
 static nb_var *e_argmax_rank0(nb_trace *tr) {
     return nb_argmax(nb_scalar(tr, 1.0), 0, false);
@@ -781,7 +781,7 @@ static nb_var *e_argmin_axis(nb_trace *tr) {
     return nb_argmin(x23(tr, NB_DTYPE_I64), -3, false);
 }
 static nb_var *e_argmax_empty(nb_trace *tr) {
-    return nb_argmax(nbi_emit_param(tr, 0, NB_DTYPE_F32, 2, (int64_t[]){3, 0}), 1, true);
+    return nb_argmax(nbi_emit_param(tr, 0, NB_DTYPE_F32, 2, (int64_t[]){3, 0}, NULL), 1, true);
 }
 static nb_var *e_mean_int(nb_trace *tr) {
     return nb_mean(x23(tr, NB_DTYPE_I32), NULL, 0, false);

@@ -33,7 +33,7 @@ static void begin(nb_trace *tr, nb_ctx *ctx) {
 }
 
 static nb_var *param(nb_trace *tr, int index, nb_dtype dt, int rank, const int64_t *shape) {
-    nb_var *v = nbi_emit_param(tr, index, dt, rank, shape);
+    nb_var *v = nbi_emit_param(tr, index, dt, rank, shape, NULL);
     assert_non_null(v);
     assert_false(nb_var_is_poison(v));
     return v;
