@@ -106,6 +106,13 @@ NB_API nb_status nb_fn_call(nb_fn *f, const nb_tree *args, nb_tree **out);
 NB_API nb_status nb_fn_call_ex(nb_fn *f, const nb_tree *args, const nb_call_opts *opts,
                                nb_tree **out);
 
+/* Eager use in one call: the same as nb_fn_create(ctx, "eval", body, self) + nb_fn_call +
+ * nb_fn_destroy. Tracing and compiling go through the cache (keyed by body and the static
+ * parts, as always), so calling again on arguments of the same signature only runs the
+ * cached executable. Statuses as nb_fn_call. */
+NB_API nb_status nb_eval(nb_ctx *ctx, nb_fn_body body, const nb_tree *self, const nb_tree *args,
+                         nb_tree **out);
+
 /* Call f inside a body being traced: args hold vars (and static leaves); returns the
  * output tree (owned by the trace, freed with it), or NULL after a sticky error. */
 NB_API const nb_tree *nb_apply(nb_trace *tr, nb_fn *f, const nb_tree *args);

@@ -1142,6 +1142,23 @@ nb_status nb_fn_call(nb_fn *f, const nb_tree *args, nb_tree **out) {
     return nb_fn_call_ex(f, args, NULL, out);
 }
 
+nb_status nb_eval(nb_ctx *ctx, nb_fn_body body, const nb_tree *self, const nb_tree *args,
+                  nb_tree **out) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (ctx == NULL || out == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    nb_fn *f = NULL;
+    nb_status st = nb_fn_create(ctx, "eval", body, self, &f);
+    if (st == NB_OK) {
+        st = nb_fn_call(f, args, out);
+    }
+    nb_fn_destroy(f);
+    return st;
+}
+
 /* ---- calls inside a trace ----------------------------------------------------------- */
 
 /* A call to f's own cached executable: operands are its self and args leaves (vars of tr,

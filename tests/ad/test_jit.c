@@ -651,6 +651,32 @@ static void test_donate(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- eager use ---------------------------------------------------------------------- */
+
+static void test_eval_goes_through_the_cache(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_tree *a = arr_leaf(ctx, 3, 1.0f), *b = arr_leaf(ctx, 3, 10.0f);
+    nb_tree *args = tuple2(ctx, a, b), *out = NULL;
+    for (int i = 0; i < 3; i++) {
+        NBT_OK(ctx, nb_eval(ctx, body_sum2, NULL, args, &out));
+        NBT_EQ_F64(out_f32(out, "", 2), 3.0f + 12.0f);
+        nb_tree_destroy(out);
+    }
+    nb_fn *same = NULL; /* the identity nb_eval used: same body, no bound data */
+    NBT_OK(ctx, nb_fn_create(ctx, "other name", body_sum2, NULL, &same));
+    nb_fn_stats s = stats_of(same);
+    NBT_EQ_I64(s.n_traces, 1);
+    NBT_EQ_I64(s.n_hits, 2);
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_eval(ctx, NULL, NULL, args, &out));
+    nb_fn_destroy(same);
+    nb_tree_destroy(args);
+    nb_tree_destroy(b);
+    nb_tree_destroy(a);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- weak scalars ------------------------------------------------------------------- */
 
 static nb_status body_weak(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
@@ -807,6 +833,7 @@ int main(void) {
         cmocka_unit_test(test_error_names_leaf_paths),
         cmocka_unit_test(test_misuse),
         cmocka_unit_test(test_donate),
+        cmocka_unit_test(test_eval_goes_through_the_cache),
         cmocka_unit_test(test_weak_scalars),
         cmocka_unit_test(test_fault_jit_call),
     };
