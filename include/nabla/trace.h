@@ -105,9 +105,11 @@ NB_API nb_var *nb_sin(nb_var *x);
 NB_API nb_var *nb_cos(nb_var *x);
 NB_API nb_var *nb_tan(nb_var *x);
 NB_API nb_var *nb_tanh(nb_var *x);
-NB_API nb_var *nb_sigmoid(nb_var *x);  /* 1 / (1 + exp(-x)), stable for large |x| */
-NB_API nb_var *nb_relu(nb_var *x);     /* any numeric dtype; max(x, 0) */
-NB_API nb_var *nb_gelu(nb_var *x);     /* tanh form: x/2 (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))) */
+NB_API nb_var *nb_sigmoid(nb_var *x); /* 1 / (1 + exp(-x)), stable for large |x| */
+NB_API nb_var *nb_relu(nb_var *x);    /* any numeric dtype; max(x, 0) */
+/* gelu, tanh form: x/2 (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))), computed as
+ * x sigmoid(2 sqrt(2/pi)(x + 0.044715 x^3)) (the same function, without cancellation) */
+NB_API nb_var *nb_gelu(nb_var *x);
 NB_API nb_var *nb_softplus(nb_var *x); /* log(1 + exp(x)), stable for large |x| */
 NB_API nb_var *nb_erf(nb_var *x);
 

@@ -5,7 +5,10 @@
  * Accuracy: transcendental functions go through SLEEF's u10 vector functions (vmath.h):
  * exp, expm1, log, log1p, sin, cos, tan, tanh, erf and pow, at most 1.0 ULP; sqrt and
  * division are correctly rounded (IEEE). Composite activations (sigmoid, softplus, gelu)
- * are evaluated in their stable forms from those.
+ * are evaluated in their stable forms from those: sigmoid as 1/(1+e) or e/(1+e) with
+ * e = exp(-|x|), softplus as max(x,0) + log1p(exp(-|x|)), and gelu's tanh form through the
+ * identity (1 + tanh(u))/2 = sigmoid(2u), which avoids the cancellation the textbook form
+ * suffers where tanh(u) is near -1 (there it loses ~80 ulp in f32).
  * Integer arithmetic wraps (two's complement, computed in unsigned to avoid C's undefined
  * overflow); integer division by zero gives 0.
  */
@@ -433,12 +436,16 @@ nb_var *nb_select(nb_var *cond, nb_var *a, nb_var *b) {
                 for (int64_t i = 0; i < m; i++)                                                    \
                     os[i] = (xs[i] > 0 ? xs[i] : (T)0) + t[i];                                     \
                 break;                                                                             \
-            case NBI_OP_GELU: /* x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */                  \
+            case NBI_OP_GELU: /* x/2 (1 + tanh(u)) = x sigmoid(2u), u = sqrt(2/pi)(x +             \
+                                 0.044715 x^3): no cancellation where tanh(u) -> -1 */             \
                 for (int64_t i = 0; i < m; i++)                                                    \
-                    t[i] = (T)0.7978845608028654 * (xs[i] + (T)0.044715 * xs[i] * xs[i] * xs[i]);  \
-                vm->VM[NBI_VM_TANH](u, t, m);                                                      \
-                for (int64_t i = 0; i < m; i++)                                                    \
-                    os[i] = (T)0.5 * xs[i] * ((T)1 + u[i]);                                        \
+                    t[i] = -ABS((T)1.5957691216057308 *                                            \
+                                (xs[i] + (T)0.044715 * xs[i] * xs[i] * xs[i]));                    \
+                vm->VM[NBI_VM_EXP](u, t, m);                                                       \
+                for (int64_t i = 0; i < m; i++) {                                                  \
+                    T z = xs[i] + (T)0.044715 * xs[i] * xs[i] * xs[i];                             \
+                    os[i] = xs[i] * (z >= 0 ? (T)1 / ((T)1 + u[i]) : u[i] / ((T)1 + u[i]));        \
+                }                                                                                  \
                 break;                                                                             \
             default:                                                                               \
                 break;                                                                             \
