@@ -780,13 +780,76 @@ static nb_status nbi_vars_tree(nb_trace *tr, const nb_tree *t, bool params, int3
     return st;
 }
 
+/* Trace f as a function of its own into tr's graph: its bound data's then args' dynamic
+ * leaves become params (in that order), the body's output leaves become the graph's
+ * outputs (concrete arrays as constants). *out_def (may be NULL) gets the output treedef. */
+static nb_status nbi_trace_graph(nb_trace *tr, const nb_fn *f, const nb_tree *args,
+                                 nb_treedef **out_def) {
+    const nb_fn *p = nbi_fn_plain(f);
+    nb_tree *self_v = NULL, *args_v = NULL, *res = NULL, *res_leaves = NULL;
+    nb_status st = NB_OK;
+    int32_t next = 0;
+    if (p->self != NULL) {
+        st = nbi_vars_tree(tr, p->self, true, &next, "self", &self_v);
+    }
+    if (st == NB_OK) {
+        st = nbi_vars_tree(tr, args, true, &next, args->kind == NB_TREE_KIND_DICT ? "" : "args",
+                           &args_v);
+    }
+    if (st == NB_OK) {
+        tr->g.n_inputs = next;
+        tr->g.inputs = nbi_arena_alloc(&tr->arena, (size_t)(next + 1) * sizeof(nb_var *));
+        if (tr->g.inputs == NULL) {
+            st = nbi_trace_err(tr, NB_ERR_OOM, "out of memory while tracing");
+        }
+        for (int32_t i = 0, k = 0; st == NB_OK && i < tr->g.n_nodes; i++) {
+            if (tr->g.nodes[i]->op == NBI_OP_PARAM) {
+                tr->g.inputs[k++] = tr->g.nodes[i];
+            }
+        }
+    }
+    if (st == NB_OK) {
+        st = nbi_trace_fn(tr, f, self_v, args_v, &res);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_flatten(res, &res_leaves, out_def);
+    }
+    if (st == NB_OK) {
+        int32_t n_out = (int32_t)res_leaves->n;
+        tr->g.outputs = nbi_arena_alloc(&tr->arena, (size_t)(n_out + 1) * sizeof(nb_var *));
+        tr->g.n_outputs = n_out;
+        if (tr->g.outputs == NULL) {
+            st = nbi_trace_err(tr, NB_ERR_OOM, "out of memory while tracing");
+        }
+        for (int32_t i = 0; st == NB_OK && i < n_out; i++) {
+            const nb_tree *leaf = res_leaves->children[i];
+            nb_var *v =
+                leaf->kind == NB_TREE_KIND_ARRAY ? nb_constant(tr, leaf->u.array) : leaf->u.var.var;
+            if (tr->status == NB_OK && v->tr != tr) {
+                nbi_trace_err(tr, NB_ERR_INVALID, "output %d of '%s' is a var of another trace",
+                              (int)i, f->name);
+            }
+            st = tr->status;
+            tr->g.outputs[i] = v;
+        }
+    }
+    if (st != NB_OK && out_def != NULL) {
+        nb_treedef_destroy(*out_def);
+        *out_def = NULL;
+    }
+    nb_tree_destroy(res_leaves);
+    nb_tree_destroy(res);
+    nb_tree_destroy(args_v);
+    nb_tree_destroy(self_v);
+    return st;
+}
+
 /* Trace f as a function of its own on leaves (self's then args' dynamic leaves, arrays or
  * vars of an outer trace), compile it, and add the entry to id. */
 static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn *f,
                                    const nb_tree *args, const nb_tree *const *leaves,
                                    int64_t n_leaves, uint64_t hash, nbi_entry **out) {
     nb_ctx *ctx = s->ctx;
-    const nb_fn *p = nbi_fn_plain(f);
     *out = NULL;
     nb_trace tr;
     nb_status st = nbi_trace_init(&tr, ctx, f->name);
@@ -796,55 +859,10 @@ static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn 
     }
     tr.id = ++s->trace_counter;
     tr.jit = s;
-    nb_tree *self_v = NULL, *args_v = NULL, *res = NULL, *res_leaves = NULL;
     nb_treedef *out_def = NULL;
     nbi_entry *e = NULL;
     nbi_exec *exec = NULL;
-    int32_t next = 0;
-    if (p->self != NULL) {
-        st = nbi_vars_tree(&tr, p->self, true, &next, "self", &self_v);
-    }
-    if (st == NB_OK) {
-        st = nbi_vars_tree(&tr, args, true, &next, args->kind == NB_TREE_KIND_DICT ? "" : "args",
-                           &args_v);
-    }
-    if (st == NB_OK) {
-        tr.g.n_inputs = next;
-        tr.g.inputs = nbi_arena_alloc(&tr.arena, (size_t)(next + 1) * sizeof(nb_var *));
-        if (tr.g.inputs == NULL) {
-            st = nbi_trace_err(&tr, NB_ERR_OOM, "out of memory while tracing");
-        }
-        for (int32_t i = 0, k = 0; st == NB_OK && i < tr.g.n_nodes; i++) {
-            if (tr.g.nodes[i]->op == NBI_OP_PARAM) {
-                tr.g.inputs[k++] = tr.g.nodes[i];
-            }
-        }
-    }
-    if (st == NB_OK) {
-        st = nbi_trace_fn(&tr, f, self_v, args_v, &res);
-    }
-    if (st == NB_OK) {
-        st = nb_tree_flatten(res, &res_leaves, &out_def);
-    }
-    if (st == NB_OK) {
-        int32_t n_out = (int32_t)res_leaves->n;
-        tr.g.outputs = nbi_arena_alloc(&tr.arena, (size_t)(n_out + 1) * sizeof(nb_var *));
-        tr.g.n_outputs = n_out;
-        if (tr.g.outputs == NULL) {
-            st = nbi_trace_err(&tr, NB_ERR_OOM, "out of memory while tracing");
-        }
-        for (int32_t i = 0; st == NB_OK && i < n_out; i++) {
-            const nb_tree *leaf = res_leaves->children[i];
-            nb_var *v = leaf->kind == NB_TREE_KIND_ARRAY ? nb_constant(&tr, leaf->u.array)
-                                                         : leaf->u.var.var;
-            if (tr.status == NB_OK && v->tr != &tr) {
-                nbi_trace_err(&tr, NB_ERR_INVALID, "output %d of '%s' is a var of another trace",
-                              (int)i, f->name);
-            }
-            st = tr.status;
-            tr.g.outputs[i] = v;
-        }
-    }
+    st = nbi_trace_graph(&tr, f, args, &out_def);
     nbi_graph opt;
     if (st == NB_OK) {
         st = nbi_optimize(ctx, &tr.g, &opt);
@@ -891,10 +909,6 @@ static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn 
     }
     nbi_exec_destroy(exec);
     nb_treedef_destroy(out_def);
-    nb_tree_destroy(res_leaves);
-    nb_tree_destroy(res);
-    nb_tree_destroy(args_v);
-    nb_tree_destroy(self_v);
     nbi_trace_release(&tr);
     return st;
 }
@@ -1369,42 +1383,8 @@ nb_status nb_fn_format_ir(nb_fn *f, const nb_tree *args, int which, char *buf, s
     nb_trace tr;
     nb_status st = nbi_trace_init(&tr, ctx, f->name);
     tr.quiet = true;
-    const nb_fn *p = nbi_fn_plain(f);
-    nb_tree *self_v = NULL, *args_v = NULL, *res = NULL, *leaves = NULL;
-    int32_t next = 0;
-    if (st == NB_OK && p->self != NULL) {
-        st = nbi_vars_tree(&tr, p->self, true, &next, "self", &self_v);
-    }
     if (st == NB_OK) {
-        st = nbi_vars_tree(&tr, args, true, &next, args->kind == NB_TREE_KIND_DICT ? "" : "args",
-                           &args_v);
-    }
-    if (st == NB_OK) {
-        tr.g.n_inputs = next;
-        tr.g.inputs = nbi_arena_alloc(&tr.arena, (size_t)(next + 1) * sizeof(nb_var *));
-        st = tr.g.inputs ? NB_OK : nbi_oom(ctx, "nb_fn_format_ir", 0);
-        for (int32_t i = 0, k = 0; st == NB_OK && i < tr.g.n_nodes; i++) {
-            if (tr.g.nodes[i]->op == NBI_OP_PARAM) {
-                tr.g.inputs[k++] = tr.g.nodes[i];
-            }
-        }
-    }
-    if (st == NB_OK) {
-        st = nbi_trace_fn(&tr, f, self_v, args_v, &res);
-    }
-    if (st == NB_OK) {
-        st = nb_tree_flatten(res, &leaves, NULL);
-    }
-    if (st == NB_OK) {
-        tr.g.n_outputs = (int32_t)leaves->n;
-        tr.g.outputs = nbi_arena_alloc(&tr.arena, (size_t)(leaves->n + 1) * sizeof(nb_var *));
-        st = tr.g.outputs ? NB_OK : nbi_oom(ctx, "nb_fn_format_ir", 0);
-        for (int64_t i = 0; st == NB_OK && i < leaves->n; i++) {
-            const nb_tree *l = leaves->children[i];
-            tr.g.outputs[i] =
-                l->kind == NB_TREE_KIND_ARRAY ? nb_constant(&tr, l->u.array) : l->u.var.var;
-            st = tr.status;
-        }
+        st = nbi_trace_graph(&tr, f, args, NULL);
     }
     nbi_graph opt;
     const nbi_graph *show = &tr.g;
@@ -1419,10 +1399,6 @@ nb_status nb_fn_format_ir(nb_fn *f, const nb_tree *args, int which, char *buf, s
         nbi_graph_format(&sb, show, f->name);
         st = nbi_sbuf_finish(&sb, needed);
     }
-    nb_tree_destroy(leaves);
-    nb_tree_destroy(res);
-    nb_tree_destroy(args_v);
-    nb_tree_destroy(self_v);
     nbi_trace_release(&tr);
     return st;
 }

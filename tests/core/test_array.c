@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 static const nb_dtype k_dtypes[NB_DTYPE_COUNT] = {NB_DTYPE_F32, NB_DTYPE_F64, NB_DTYPE_I32,
-                                                   NB_DTYPE_I64, NB_DTYPE_BOOL};
+                                                  NB_DTYPE_I64, NB_DTYPE_BOOL};
 
 /* ---- helpers ------------------------------------------------------------------------ */
 
@@ -58,8 +58,7 @@ static void *typed_buf(nb_dtype dt, int64_t n, const double *vals) {
 }
 
 /* An array of dt/shape from doubles (through nb_array_from_data). */
-static nb_array *mk(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape,
-                    const double *vals) {
+static nb_array *mk(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape, const double *vals) {
     int64_t n = 1;
     for (int i = 0; i < rank; i++) {
         n *= shape[i];
@@ -119,8 +118,8 @@ static const char *fmt(nb_ctx *ctx, const nb_array *a) {
     return g_buf;
 }
 
-static void check_fmt(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape,
-                      const double *vals, const char *want) {
+static void check_fmt(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape, const double *vals,
+                      const char *want) {
     nb_array *a = mk(ctx, dt, rank, shape, vals);
     NBT_STREQ(fmt(ctx, a), want);
     nb_array_destroy(a);
@@ -329,8 +328,7 @@ static void test_full_conversions(void **state) {
     NBT_STATUS(ctx, NB_ERR_INVALID, nb_array_full(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, NAN, &a));
     assert_null(a);
     a = k_sentinel_arr;
-    NBT_STATUS(ctx, NB_ERR_INVALID,
-               nb_array_full(ctx, NB_DTYPE_I64, 1, (int64_t[]){2}, 1e30, &a));
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_array_full(ctx, NB_DTYPE_I64, 1, (int64_t[]){2}, 1e30, &a));
     assert_null(a);
     a = k_sentinel_arr;
     NBT_STATUS(ctx, NB_ERR_INVALID,
@@ -932,8 +930,8 @@ static void test_cast_every_pair(void **state) {
 static void test_cast_semantics(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
-    nb_array *a = mk(ctx, NB_DTYPE_F64, 1, (int64_t[]){6},
-                     (double[]){-2.7, -0.5, 0.5, 2.7, -0.0, 0.0});
+    nb_array *a =
+        mk(ctx, NB_DTYPE_F64, 1, (int64_t[]){6}, (double[]){-2.7, -0.5, 0.5, 2.7, -0.0, 0.0});
     nb_array *b = NULL;
     NBT_OK(ctx, nb_array_cast(a, NB_DTYPE_I32, &b));
     expect_values(ctx, b, 6, (double[]){-2, 0, 0, 2, 0, 0});
@@ -1194,8 +1192,7 @@ static bool ident(nb_ctx *ctx, const nb_array *a, const nb_array *b) {
     return out;
 }
 
-static bool close_(nb_ctx *ctx, const nb_array *a, const nb_array *b, double rtol,
-                   double atol) {
+static bool close_(nb_ctx *ctx, const nb_array *a, const nb_array *b, double rtol, double atol) {
     bool out = false, out2 = true;
     NBT_OK(ctx, nb_array_allclose(a, b, rtol, atol, &out));
     NBT_OK(ctx, nb_array_allclose(a, b, rtol, atol, &out2));
@@ -1347,7 +1344,7 @@ static void test_allclose(void **state) {
     NBT_TRUE(!close_(ctx, a, b, 0.08, 0));
     NBT_TRUE(close_(ctx, a, b, 0, 0.11));
     NBT_TRUE(!close_(ctx, a, b, 0, 0.09));
-    NBT_TRUE(close_(ctx, a, b, 0.05, 0.05)); /* 0.1 <= 0.05 + 0.055 */
+    NBT_TRUE(close_(ctx, a, b, 0.05, 0.05));  /* 0.1 <= 0.05 + 0.055 */
     NBT_TRUE(!close_(ctx, a, b, 0.02, 0.05)); /* 0.1 > 0.05 + 0.022 */
     nb_array_destroy(b);
     nb_array_destroy(a);
@@ -1422,15 +1419,13 @@ static void test_format_pinned(void **state) {
     check_fmt(ctx, NB_DTYPE_F32, 1, (int64_t[]){3}, (double[]){1, 2, 3},
               "array([1., 2., 3.], dtype=float32)");
     check_fmt(ctx, NB_DTYPE_F64, 1, (int64_t[]){2}, (double[]){1, 2}, "array([1., 2.])");
-    check_fmt(ctx, NB_DTYPE_F64, 1, (int64_t[]){2}, (double[]){0.5, 0.25},
-              "array([0.5 , 0.25])");
+    check_fmt(ctx, NB_DTYPE_F64, 1, (int64_t[]){2}, (double[]){0.5, 0.25}, "array([0.5 , 0.25])");
     check_fmt(ctx, NB_DTYPE_F64, 1, (int64_t[]){2}, (double[]){1.5, 2.0}, "array([1.5, 2. ])");
     check_fmt(ctx, NB_DTYPE_F64, 1, (int64_t[]){2}, (double[]){-1, 2}, "array([-1.,  2.])");
     check_fmt(ctx, NB_DTYPE_F32, 1, (int64_t[]){2}, (double[]){0.1, 0.2},
               "array([0.1, 0.2], dtype=float32)");
     /* 1-D int */
-    check_fmt(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, (double[]){1, 2},
-              "array([1, 2], dtype=int32)");
+    check_fmt(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, (double[]){1, 2}, "array([1, 2], dtype=int32)");
     check_fmt(ctx, NB_DTYPE_I64, 1, (int64_t[]){3}, (double[]){1, 2, 3}, "array([1, 2, 3])");
     check_fmt(ctx, NB_DTYPE_I32, 1, (int64_t[]){3}, (double[]){1, 10, 100},
               "array([  1,  10, 100], dtype=int32)");
@@ -1596,8 +1591,7 @@ static void test_fprint(void **state) {
     nb_ctx_destroy(ctx);
 }
 
-static void check_sig(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape,
-                      const char *want) {
+static void check_sig(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape, const char *want) {
     nb_array *a = NULL;
     NBT_OK(ctx, nb_array_zeros(ctx, dt, rank, shape, &a));
     char buf[128];
@@ -1681,8 +1675,7 @@ static void test_shape_errors(void **state) {
     assert_null(a);
     a = k_sentinel_arr;
     NBT_STATUS(ctx, NB_ERR_OVERFLOW,
-               nb_array_ones(ctx, NB_DTYPE_I64, 4,
-                             (int64_t[]){65536, 65536, 65536, 65536}, &a));
+               nb_array_ones(ctx, NB_DTYPE_I64, 4, (int64_t[]){65536, 65536, 65536, 65536}, &a));
     assert_null(a);
     NBT_ERRMSG_HAS(ctx, "nb_array_ones");
     /* element count fits, bytes do not */

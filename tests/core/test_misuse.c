@@ -881,7 +881,8 @@ static void test_bad_shapes(void **state) {
     assert_null(a);
     NBT_ERRMSG_HAS(ctx, "nb_array_reshape");
     a = k_sa;
-    NBT_STATUS(ctx, NB_ERR_SHAPE, nb_array_reshape(good, 9, (int64_t[]){1, 1, 1, 1, 1, 1, 1, 1, 6}, &a));
+    NBT_STATUS(ctx, NB_ERR_SHAPE,
+               nb_array_reshape(good, 9, (int64_t[]){1, 1, 1, 1, 1, 1, 1, 1, 6}, &a));
     assert_null(a);
     a = k_sa;
     nb_status s = nb_array_reshape(good, 2, (int64_t[]){INT64_MAX, 2}, &a);
@@ -961,7 +962,7 @@ static void test_ctx_destroy_frees_everything(void **state) {
     NBT_TRUE(st.bytes_in_use > 0);
     NBT_TRUE(st.bytes_in_use <= al.live_bytes);
     NBT_TRUE(st.bytes_in_use >= 48); /* at least the 48 data bytes */
-    nb_ctx_destroy(ctx); /* everything still alive goes with it */
+    nb_ctx_destroy(ctx);             /* everything still alive goes with it */
     NBT_EQ_I64(al.n_live, 0);
     NBT_EQ_I64(al.live_bytes, 0);
 }

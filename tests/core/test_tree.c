@@ -62,8 +62,8 @@ static nb_array *mkarr(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape,
 }
 
 /* An array leaf; *keep (if not NULL) receives the array, borrowed from the leaf. */
-static nb_tree *aleaf(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape,
-                      const double *vals, nb_array **keep) {
+static nb_tree *aleaf(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape, const double *vals,
+                      nb_array **keep) {
     nb_array *a = mkarr(ctx, dt, rank, shape, vals);
     nb_tree *t = NULL;
     NBT_OK(ctx, nb_tree_array(a, &t));
@@ -538,30 +538,41 @@ typedef struct path_tree {
  *        mu: { "w-1": arr, "1st": arr, _x: arr }, s: "hi" }                              */
 static path_tree build_path_tree(nb_ctx *ctx) {
     path_tree p;
-    nb_tree *l0 = odict(ctx, 2, (const char *[]){"weight", "bias"},
-                        (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){2, 2}, NULL, &p.arr[0]),
-                                      aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){2}, NULL, &p.arr[1])});
-    nb_tree *l1 = odict(ctx, 2, (const char *[]){"weight", "bias"},
-                        (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){3, 2}, NULL, &p.arr[2]),
-                                      aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){3}, NULL, &p.arr[3])});
+    nb_tree *l0 =
+        odict(ctx, 2, (const char *[]){"weight", "bias"},
+              (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){2, 2}, NULL, &p.arr[0]),
+                            aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){2}, NULL, &p.arr[1])});
+    nb_tree *l1 =
+        odict(ctx, 2, (const char *[]){"weight", "bias"},
+              (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){3, 2}, NULL, &p.arr[2]),
+                            aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){3}, NULL, &p.arr[3])});
     nb_tree *layers = olist(ctx, 2, (nb_tree *[]){l0, l1});
     nb_tree *w1 = aleaf(ctx, NB_DTYPE_F64, 0, NULL, NULL, &p.arr[4]);
-    nb_tree *t = otuple(ctx, 4,
-                        (nb_tree *[]){aleaf(ctx, NB_DTYPE_I32, 1, (int64_t[]){1}, NULL, &p.arr[5]),
-                                      tnull(ctx), tint(ctx, 3),
-                                      aleaf(ctx, NB_DTYPE_BOOL, 1, (int64_t[]){2}, NULL, &p.arr[6])});
-    nb_tree *mu = odict(ctx, 3, (const char *[]){"w-1", "1st", "_x"},
-                        (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){1}, NULL, &p.arr[7]),
-                                      aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){1}, NULL, &p.arr[8]),
-                                      aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){1}, NULL, &p.arr[9])});
+    nb_tree *t = otuple(
+        ctx, 4,
+        (nb_tree *[]){aleaf(ctx, NB_DTYPE_I32, 1, (int64_t[]){1}, NULL, &p.arr[5]), tnull(ctx),
+                      tint(ctx, 3), aleaf(ctx, NB_DTYPE_BOOL, 1, (int64_t[]){2}, NULL, &p.arr[6])});
+    nb_tree *mu =
+        odict(ctx, 3, (const char *[]){"w-1", "1st", "_x"},
+              (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){1}, NULL, &p.arr[7]),
+                            aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){1}, NULL, &p.arr[8]),
+                            aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){1}, NULL, &p.arr[9])});
     p.root = odict(ctx, 5, (const char *[]){"layers", "w-1", "t", "mu", "s"},
                    (nb_tree *[]){layers, w1, t, mu, tstr(ctx, "hi")});
     return p;
 }
 
 static const char *const k_paths[10] = {
-    "layers[0].weight", "layers[0].bias", "layers[1].weight", "layers[1].bias", "[\"w-1\"]",
-    "t[0]",             "t[3]",           "mu[\"w-1\"]",      "mu[\"1st\"]",    "mu._x",
+    "layers[0].weight",
+    "layers[0].bias",
+    "layers[1].weight",
+    "layers[1].bias",
+    "[\"w-1\"]",
+    "t[0]",
+    "t[3]",
+    "mu[\"w-1\"]",
+    "mu[\"1st\"]",
+    "mu._x",
 };
 
 static void test_leaf_paths(void **state) {
@@ -590,9 +601,12 @@ static void test_leaf_paths(void **state) {
     nb_tree_destroy(r);
 
     /* nested lists */
-    nb_tree *nl = olist(ctx, 2, (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 0, NULL, NULL, NULL),
-                                               olist(ctx, 2, (nb_tree *[]){tnull(ctx),
-                                                     aleaf(ctx, NB_DTYPE_F32, 0, NULL, NULL, NULL)})});
+    nb_tree *nl =
+        olist(ctx, 2,
+              (nb_tree *[]){
+                  aleaf(ctx, NB_DTYPE_F32, 0, NULL, NULL, NULL),
+                  olist(ctx, 2,
+                        (nb_tree *[]){tnull(ctx), aleaf(ctx, NB_DTYPE_F32, 0, NULL, NULL, NULL)})});
     NBT_EQ_I64(nb_tree_num_leaves(nl), 2);
     NBT_STREQ(leaf_path(ctx, nl, 0), "[0]");
     NBT_STREQ(leaf_path(ctx, nl, 1), "[1][1]");
@@ -649,8 +663,8 @@ static void test_lookup(void **state) {
     expect_kind(at(ctx, p.root, "mu"), NB_TREE_KIND_DICT);
 
     /* not found */
-    const char *missing[] = {"layers[2]", "layers[0].nope", "nope", "t[4]", "t[0].x",
-                             "mu[\"w-2\"]", "layers.weight", "[0]"};
+    const char *missing[] = {"layers[2]", "layers[0].nope", "nope",          "t[4]",
+                             "t[0].x",    "mu[\"w-2\"]",    "layers.weight", "[0]"};
     for (size_t i = 0; i < sizeof missing / sizeof missing[0]; i++) {
         const nb_tree *out = (const nb_tree *)k_sentinel_tree;
         nb_status s = nb_tree_lookup(p.root, missing[i], &out);
@@ -674,8 +688,8 @@ static void test_lookup(void **state) {
     NBT_ERRMSG_HAS(ctx, "list");
 
     /* malformed */
-    const char *bad[] = {"layers[", "layers[1", "layers[x]", "layers[1]..weight", "layers[1].",
-                         "[\"w-1", "layers[]"};
+    const char *bad[] = {"layers[",    "layers[1", "layers[x]", "layers[1]..weight",
+                         "layers[1].", "[\"w-1",   "layers[]"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         out = (const nb_tree *)k_sentinel_tree;
         nb_status s = nb_tree_lookup(p.root, bad[i], &out);
@@ -719,18 +733,20 @@ typedef struct full_tree {
  * and every node kind including empty ones. 7 dynamic leaves. */
 static full_tree build_full_tree(nb_ctx *ctx) {
     full_tree f;
-    nb_tree *nodes = olist(
-        ctx, 4,
-        (nb_tree *[]){olist(ctx, 0, NULL), odict(ctx, 0, NULL, NULL),
-                      otuple(ctx, 2, (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){1},
-                                                         (double[]){4}, &f.arr[5]),
-                                                   tnull(ctx)}),
-                      otuple(ctx, 0, NULL)});
+    nb_tree *nodes =
+        olist(ctx, 4,
+              (nb_tree *[]){olist(ctx, 0, NULL), odict(ctx, 0, NULL, NULL),
+                            otuple(ctx, 2,
+                                   (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){1},
+                                                       (double[]){4}, &f.arr[5]),
+                                                 tnull(ctx)}),
+                            otuple(ctx, 0, NULL)});
     nb_tree *nested = otuple(
         ctx, 1,
-        (nb_tree *[]){odict1(ctx, "deep",
-                             olist(ctx, 1, (nb_tree *[]){aleaf(ctx, NB_DTYPE_F64, 1, (int64_t[]){0},
-                                                               NULL, &f.arr[6])}))});
+        (nb_tree *[]){odict1(
+            ctx, "deep",
+            olist(ctx, 1,
+                  (nb_tree *[]){aleaf(ctx, NB_DTYPE_F64, 1, (int64_t[]){0}, NULL, &f.arr[6])}))});
     f.root = odict(
         ctx, 13,
         (const char *[]){"n", "f32", "f64", "i32", "i64", "b8", "i", "f", "b", "s", "fn", "nodes",
@@ -747,8 +763,8 @@ static full_tree build_full_tree(nb_ctx *ctx) {
     return f;
 }
 
-static const char *const k_full_paths[7] = {"f32", "f64", "i32", "i64", "b8", "nodes[2][0]",
-                                            "nested[0].deep[0]"};
+static const char *const k_full_paths[7] = {
+    "f32", "f64", "i32", "i64", "b8", "nodes[2][0]", "nested[0].deep[0]"};
 
 static void check_full_statics(nb_ctx *ctx, const nb_tree *t) {
     int64_t iv = 0;
@@ -974,7 +990,8 @@ static void test_unflatten_any_leaves(void **state) {
                                      aleaf(ctx, NB_DTYPE_F32, 0, NULL, NULL, NULL)});
     nb_treedef *def = NULL;
     NBT_OK(ctx, nb_tree_flatten(t, NULL, &def));
-    nb_tree *repl = olist(ctx, 2, (nb_tree *[]){tint(ctx, 1), olist(ctx, 1, (nb_tree *[]){tfloat(ctx, 2)})});
+    nb_tree *repl =
+        olist(ctx, 2, (nb_tree *[]){tint(ctx, 1), olist(ctx, 1, (nb_tree *[]){tfloat(ctx, 2)})});
     nb_tree *out = NULL;
     NBT_OK(ctx, nb_tree_unflatten(def, repl, &out));
     int64_t iv = 0;
@@ -1021,15 +1038,18 @@ static nb_tree *build_model(nb_ctx *ctx, int variant, int64_t wlen, double lr) {
     strcpy(tag, variant == V_TAG ? "adamw" : "adam");
     strcpy(kw, "w");
     strcpy(kact, "act");
-    nb_tree *w = aleaf(ctx, wlen % 2 ? NB_DTYPE_F64 : NB_DTYPE_F32, 1, (int64_t[]){wlen}, NULL, NULL);
+    nb_tree *w =
+        aleaf(ctx, wlen % 2 ? NB_DTYPE_F64 : NB_DTYPE_F32, 1, (int64_t[]){wlen}, NULL, NULL);
     nb_tree *act = tfn(ctx, variant == V_FN_PTR ? FN_TANH : FN_RELU, fname);
     nb_tree *lrt = tfloat(ctx, variant == V_LR ? 0.2 : lr);
     nb_tree *tagt = tstr(ctx, tag);
-    nb_tree *n = variant == V_FLOAT_NOT_INT ? tfloat(ctx, 3.0) : tint(ctx, variant == V_INT4 ? 4 : 3);
-    nb_tree *b = variant == V_ARRAY_NOT_NULL ? aleaf(ctx, NB_DTYPE_F32, 0, NULL, NULL, NULL)
-                                              : tnull(ctx);
+    nb_tree *n =
+        variant == V_FLOAT_NOT_INT ? tfloat(ctx, 3.0) : tint(ctx, variant == V_INT4 ? 4 : 3);
+    nb_tree *b =
+        variant == V_ARRAY_NOT_NULL ? aleaf(ctx, NB_DTYPE_F32, 0, NULL, NULL, NULL) : tnull(ctx);
     nb_tree *cfg_items[2] = {tbool(ctx, variant != V_BOOL), olist(ctx, 0, NULL)};
-    nb_tree *cfg = variant == V_LIST_NOT_TUPLE ? olist(ctx, 2, cfg_items) : otuple(ctx, 2, cfg_items);
+    nb_tree *cfg =
+        variant == V_LIST_NOT_TUPLE ? olist(ctx, 2, cfg_items) : otuple(ctx, 2, cfg_items);
     if (variant == V_EXTRA) {
         cfg = olist(ctx, 2, (nb_tree *[]){cfg, tnull(ctx)});
     }
@@ -1163,9 +1183,10 @@ static void test_treedef_format(void **state) {
     nb_tree_destroy(t);
 
     /* lists, tuples and the other statics show up */
-    t = olist(ctx, 3, (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 0, NULL, NULL, NULL),
-                                     otuple(ctx, 2, (nb_tree *[]){tstr(ctx, "adam"), tfloat(ctx, 0.5)}),
-                                     tbool(ctx, true)});
+    t = olist(ctx, 3,
+              (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 0, NULL, NULL, NULL),
+                            otuple(ctx, 2, (nb_tree *[]){tstr(ctx, "adam"), tfloat(ctx, 0.5)}),
+                            tbool(ctx, true)});
     d = def_of(ctx, t);
     NBT_OK(ctx, nb_treedef_format(d, buf, sizeof buf, NULL));
     NBT_TRUE(strstr(buf, "list") != NULL);
@@ -1189,7 +1210,7 @@ typedef struct map_rec {
     char paths[MAX_CALLS][64];
     int n[MAX_CALLS];
     nb_tree_kind kinds[MAX_CALLS][4];
-    int fail_at;       /* 1-based call that fails; 0 never */
+    int fail_at;        /* 1-based call that fails; 0 never */
     bool fail_with_msg; /* use nb_tree_map_fail */
 } map_rec;
 
@@ -1318,9 +1339,10 @@ static nb_tree *build_map_tree(nb_ctx *ctx) {
         ctx, 5, (const char *[]){"a", "b", "c", "d", "e"},
         (nb_tree *[]){
             aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){2}, (double[]){1, 2}, NULL),
-            olist(ctx, 3, (nb_tree *[]){aleaf(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, (double[]){3, 4}, NULL),
-                                        tnull(ctx),
-                                        aleaf(ctx, NB_DTYPE_F64, 1, (int64_t[]){1}, (double[]){5}, NULL)}),
+            olist(ctx, 3,
+                  (nb_tree *[]){aleaf(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, (double[]){3, 4}, NULL),
+                                tnull(ctx),
+                                aleaf(ctx, NB_DTYPE_F64, 1, (int64_t[]){1}, (double[]){5}, NULL)}),
             tint(ctx, 1), tnull(ctx),
             otuple(ctx, 1, (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 0, NULL, (double[]){6}, NULL)})});
 }
@@ -1650,14 +1672,16 @@ static void test_map_n_structure_mismatch(void **state) {
 
 /* dict{ a: f32[2], b: i32[2], c: int 5, d: null, e: f64[], f: "s", g: [], h: (f32[1], true) } */
 static nb_tree *build_filter_tree(nb_ctx *ctx) {
-    return odict(ctx, 8, (const char *[]){"a", "b", "c", "d", "e", "f", "g", "h"},
-                 (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){2}, (double[]){1, 2}, NULL),
-                               aleaf(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, (double[]){3, 4}, NULL),
-                               tint(ctx, 5), tnull(ctx), aleaf(ctx, NB_DTYPE_F64, 0, NULL, (double[]){6}, NULL),
-                               tstr(ctx, "s"), olist(ctx, 0, NULL),
-                               otuple(ctx, 2, (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){1},
-                                                                  (double[]){7}, NULL),
-                                                            tbool(ctx, true)})});
+    return odict(
+        ctx, 8, (const char *[]){"a", "b", "c", "d", "e", "f", "g", "h"},
+        (nb_tree *[]){
+            aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){2}, (double[]){1, 2}, NULL),
+            aleaf(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, (double[]){3, 4}, NULL), tint(ctx, 5),
+            tnull(ctx), aleaf(ctx, NB_DTYPE_F64, 0, NULL, (double[]){6}, NULL), tstr(ctx, "s"),
+            olist(ctx, 0, NULL),
+            otuple(ctx, 2,
+                   (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){1}, (double[]){7}, NULL),
+                                 tbool(ctx, true)})});
 }
 
 typedef struct pred_rec {
@@ -1692,8 +1716,7 @@ static void test_filter(void **state) {
     assert_ptr_equal(nb_tree_get_array(at(ctx, fa, "a")), nb_tree_get_array(at(ctx, t, "a")));
     assert_ptr_equal(nb_tree_get_array(at(ctx, fa, "b")), nb_tree_get_array(at(ctx, t, "b")));
     assert_ptr_equal(nb_tree_get_array(at(ctx, fa, "e")), nb_tree_get_array(at(ctx, t, "e")));
-    assert_ptr_equal(nb_tree_get_array(at(ctx, fa, "h[0]")),
-                     nb_tree_get_array(at(ctx, t, "h[0]")));
+    assert_ptr_equal(nb_tree_get_array(at(ctx, fa, "h[0]")), nb_tree_get_array(at(ctx, t, "h[0]")));
     expect_kind(at(ctx, fa, "c"), NB_TREE_KIND_NULL);
     expect_kind(at(ctx, fa, "d"), NB_TREE_KIND_NULL);
     expect_kind(at(ctx, fa, "f"), NB_TREE_KIND_NULL);
@@ -1808,12 +1831,14 @@ static void test_structure_equal_vs_equal(void **state) {
     nb_tree *a = odict(ctx, 2, k, (nb_tree *[]){f32v(ctx, 2, (double[]){1, 2}), tint(ctx, 1)});
     nb_tree *a2 = odict(ctx, 2, k, (nb_tree *[]){f32v(ctx, 2, (double[]){1, 2}), tint(ctx, 1)});
     nb_tree *bv = odict(ctx, 2, k, (nb_tree *[]){f32v(ctx, 2, (double[]){1, 3}), tint(ctx, 1)});
-    nb_tree *bd = odict(ctx, 2, k,
-                        (nb_tree *[]){aleaf(ctx, NB_DTYPE_F64, 1, (int64_t[]){2}, (double[]){1, 2}, NULL),
-                                      tint(ctx, 1)});
-    nb_tree *bs = odict(ctx, 2, k,
-                        (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){1, 2}, (double[]){1, 2}, NULL),
-                                      tint(ctx, 1)});
+    nb_tree *bd =
+        odict(ctx, 2, k,
+              (nb_tree *[]){aleaf(ctx, NB_DTYPE_F64, 1, (int64_t[]){2}, (double[]){1, 2}, NULL),
+                            tint(ctx, 1)});
+    nb_tree *bs =
+        odict(ctx, 2, k,
+              (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){1, 2}, (double[]){1, 2}, NULL),
+                            tint(ctx, 1)});
     nb_tree *bn = odict(ctx, 2, k, (nb_tree *[]){f32v(ctx, 2, (double[]){1, 2}), tint(ctx, 2)});
     nb_tree *nan = odict(ctx, 2, k, (nb_tree *[]){f32v(ctx, 2, (double[]){NAN, 2}), tint(ctx, 1)});
 
@@ -1858,8 +1883,8 @@ static const char *diff(nb_ctx *ctx, const nb_tree *a, const nb_tree *b, nb_tree
     return g_diff;
 }
 
-static void expect_diff_has(nb_ctx *ctx, const nb_tree *a, const nb_tree *b,
-                            nb_tree_diff_level lv, const char *sub) {
+static void expect_diff_has(nb_ctx *ctx, const nb_tree *a, const nb_tree *b, nb_tree_diff_level lv,
+                            const char *sub) {
     const char *m = diff(ctx, a, b, lv, true);
     if (strstr(m, sub) == NULL) {
         fail_msg("diff at level %d: \"%s\" does not contain \"%s\"", (int)lv, m, sub);
@@ -1867,8 +1892,8 @@ static void expect_diff_has(nb_ctx *ctx, const nb_tree *a, const nb_tree *b,
 }
 
 static nb_tree *opt_state(nb_ctx *ctx, bool with_array) {
-    nb_tree *w1 = with_array ? aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){256, 784}, NULL, NULL)
-                             : tnull(ctx);
+    nb_tree *w1 =
+        with_array ? aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){256, 784}, NULL, NULL) : tnull(ctx);
     return odict1(ctx, "opt_state", odict1(ctx, "mu", odict1(ctx, "w1", w1)));
 }
 
@@ -1943,8 +1968,12 @@ static void test_diff_other_differences(void **state) {
     nb_tree_destroy(b);
 
     /* shape */
-    a = odict1(ctx, "y", olist(ctx, 1, (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){2, 3}, NULL, NULL)}));
-    b = odict1(ctx, "y", olist(ctx, 1, (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){3, 2}, NULL, NULL)}));
+    a = odict1(
+        ctx, "y",
+        olist(ctx, 1, (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){2, 3}, NULL, NULL)}));
+    b = odict1(
+        ctx, "y",
+        olist(ctx, 1, (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){3, 2}, NULL, NULL)}));
     NBT_STREQ(diff(ctx, a, b, NB_TREE_DIFF_STRUCTURE, false), "");
     expect_diff_has(ctx, a, b, NB_TREE_DIFF_SIGNATURE, "f32[2,3] vs f32[3,2]");
     expect_diff_has(ctx, a, b, NB_TREE_DIFF_SIGNATURE, "y[0]");
@@ -1970,8 +1999,10 @@ static void test_diff_other_differences(void **state) {
     nb_tree_destroy(b);
 
     /* the first difference depth-first is reported */
-    a = olist(ctx, 2, (nb_tree *[]){odict1(ctx, "p", tint(ctx, 1)), odict1(ctx, "q", tint(ctx, 1))});
-    b = olist(ctx, 2, (nb_tree *[]){odict1(ctx, "p", tint(ctx, 2)), odict1(ctx, "q", tint(ctx, 2))});
+    a = olist(ctx, 2,
+              (nb_tree *[]){odict1(ctx, "p", tint(ctx, 1)), odict1(ctx, "q", tint(ctx, 1))});
+    b = olist(ctx, 2,
+              (nb_tree *[]){odict1(ctx, "p", tint(ctx, 2)), odict1(ctx, "q", tint(ctx, 2))});
     m = diff(ctx, a, b, NB_TREE_DIFF_STRUCTURE, true);
     NBT_TRUE(strncmp(m, "[0].p: ", 7) == 0);
     nb_tree_destroy(a);
@@ -2021,15 +2052,17 @@ static void test_diff_snprintf(void **state) {
 /* ---- printing ----------------------------------------------------------------------- */
 
 static nb_tree *build_print_tree(nb_ctx *ctx) {
-    nb_tree *layer = odict(ctx, 2, (const char *[]){"weight", "bias"},
-                           (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){32, 2}, NULL, NULL),
-                                         aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){32}, NULL, NULL)});
-    nb_tree *layer2 = odict(ctx, 2, (const char *[]){"weight", "bias"},
-                            (nb_tree *[]){aleaf(ctx, NB_DTYPE_F64, 2, (int64_t[]){1, 32}, NULL, NULL),
-                                          tnull(ctx)});
+    nb_tree *layer =
+        odict(ctx, 2, (const char *[]){"weight", "bias"},
+              (nb_tree *[]){aleaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){32, 2}, NULL, NULL),
+                            aleaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){32}, NULL, NULL)});
+    nb_tree *layer2 = odict(
+        ctx, 2, (const char *[]){"weight", "bias"},
+        (nb_tree *[]){aleaf(ctx, NB_DTYPE_F64, 2, (int64_t[]){1, 32}, NULL, NULL), tnull(ctx)});
     return odict(ctx, 4, (const char *[]){"layers", "act", "n", "w-1"},
-                 (nb_tree *[]){olist(ctx, 2, (nb_tree *[]){layer, layer2}), tfn(ctx, FN_RELU, "relu"),
-                               tint(ctx, 3), aleaf(ctx, NB_DTYPE_I32, 0, NULL, NULL, NULL)});
+                 (nb_tree *[]){olist(ctx, 2, (nb_tree *[]){layer, layer2}),
+                               tfn(ctx, FN_RELU, "relu"), tint(ctx, 3),
+                               aleaf(ctx, NB_DTYPE_I32, 0, NULL, NULL, NULL)});
 }
 
 static void test_format_and_fprint(void **state) {
@@ -2040,8 +2073,9 @@ static void test_format_and_fprint(void **state) {
     size_t need = 0;
     NBT_OK(ctx, nb_tree_format(t, buf, sizeof buf, &need));
     NBT_EQ_I64(need, strlen(buf));
-    const char *subs[] = {"dict", "list", "layers", "weight", "f32[32,2]", "bias", "f32[32]",
-                          "f64[1,32]", "null", "relu", "act", "i32[]", "w-1", "[0]", "[1]"};
+    const char *subs[] = {"dict", "list",    "layers",    "weight", "f32[32,2]",
+                          "bias", "f32[32]", "f64[1,32]", "null",   "relu",
+                          "act",  "i32[]",   "w-1",       "[0]",    "[1]"};
     for (size_t i = 0; i < sizeof subs / sizeof subs[0]; i++) {
         if (strstr(buf, subs[i]) == NULL) {
             fail_msg("nb_tree_format output lacks \"%s\":\n%s", subs[i], buf);
