@@ -49,7 +49,9 @@ run: build
 # Every benchmark, each printing its own table (peers in benchmarks/peers/ run when their
 # virtualenv exists: see benchmarks/README.md).
 bench: build
-	@for b in build/benchmarks/*; do [ -x "$$b" ] && [ -f "$$b" ] && { echo "== $$b"; "$$b" || exit 1; }; done
+	@for b in build/benchmarks/*; do \
+		if [ -f "$$b" ] && [ -x "$$b" ]; then echo "== $$b"; "$$b" || exit 1; fi; \
+	done
 
 asan: deps
 	@test -f build-asan/CMakeCache.txt || $(RUN) $(CMAKE) --preset asan
