@@ -16,6 +16,7 @@
  *                       flatten/unflatten, map, filter/partition/combine, diff, paths
  *     nabla/trace.h  -- symbolic values (nb_var) and the primitive ops that build the IR
  *     nabla/fn.h     -- functions, filtered jit, the compile cache, trace accounting
+ *     nabla/ad.h     -- grad, value_and_grad, vjp, jvp (filtered: null slots)
  *     nabla/data.h   -- loading data sets (CSV, plain or gzip)
  *
  * Rules that hold everywhere (details in core.h):
@@ -76,6 +77,7 @@
 #ifndef NABLA_H
 #define NABLA_H
 
+#include "ad.h"
 #include "array.h"
 #include "core.h"
 #include "data.h"

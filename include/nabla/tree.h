@@ -105,6 +105,14 @@ NB_API nb_tree *nb_tree_retain(nb_tree *t);
  * no-op. Destroying a destroyed handle records NB_ERR_MISUSE on the context. */
 NB_API void nb_tree_destroy(nb_tree *t);
 
+/* A copy of leaf marked frozen: gradients (nabla/ad.h) give null there, as for a
+ * non-float leaf. The mark is static -- part of the treedef -- so freezing or unfreezing a
+ * parameter retraces, and the retrace reason names it. Any leaf kind may be marked (the
+ * mark matters only on float arrays). Returns a new reference; NB_ERR_KIND for a node. */
+NB_API nb_status nb_tree_freeze(const nb_tree *leaf, nb_tree **out);
+/* Is t a leaf marked by nb_tree_freeze? */
+NB_API bool nb_tree_is_frozen(const nb_tree *t);
+
 /* ---- accessors ---------------------------------------------------------------------- */
 NB_API nb_status nb_tree_check(const nb_tree *t); /* NB_OK, or NB_ERR_MISUSE if NULL/dead */
 NB_API nb_ctx *nb_tree_ctx(const nb_tree *t);     /* [NULL] for NULL/destroyed */

@@ -101,6 +101,16 @@ typedef struct nbi_kargs {
 } nbi_kargs;
 
 typedef void (*nbi_kernel_fn)(const nbi_kargs *k);
+
+/* Reverse mode: given node and ct, the cotangent of its output (same dtype and shape),
+ * set in_ct[i] to the cotangent contribution of input i (as more IR, built with the public
+ * builders), or leave it NULL where input i gets none (non-differentiable inputs, inputs
+ * whose contribution is zero). in_ct has node->n_in entries, all NULL on entry. Rules undo
+ * broadcasting (nbi_unbroadcast). */
+typedef void (*nbi_vjp_fn)(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct);
+/* Forward mode: given the tangents of node's inputs (NULL: zero or not differentiable),
+ * return the tangent of its output, or NULL for zero. */
+typedef nb_var *(*nbi_jvp_fn)(nb_trace *tr, nb_var *node, nb_var *const *tan);
 /* Shape and dtype inference for a prototype node whose op, inputs and attrs are set: fill
  * proto->dtype, rank, shape, or return an error through nbi_trace_err. */
 typedef nb_status (*nbi_infer_fn)(nb_trace *tr, nb_var *proto);
@@ -114,6 +124,8 @@ typedef struct nbi_op_info {
     nbi_scratch_fn scratch; /* NULL: no scratch */
     uint32_t nondiff;       /* bit i: input i has no gradient */
     bool elementwise;       /* same-shape map of broadcast inputs (a fusion candidate) */
+    nbi_vjp_fn vjp;         /* NULL: the op has no gradient (integer/bool output, markers) */
+    nbi_jvp_fn jvp;         /* NULL likewise */
 } nbi_op_info;
 
 /* The registry: one entry per op, defined by the op's family file as nbi_opinfo_<name>. */
@@ -136,6 +148,7 @@ struct nb_trace {
     struct nbi_jit_state *jit; /* the cache machinery driving this trace */
     int depth;                 /* nesting of inlined calls, bounded */
     bool quiet;                /* no trace accounting (IR printing) */
+    int ad_depth;              /* > 0 while tracing under grad/vjp/jvp: calls are inlined */
 };
 
 /* Start a trace for fn_name; the graph is empty. */
@@ -165,6 +178,18 @@ NBI_HIDDEN nb_var *nbi_emit_param(nb_trace *tr, int32_t index, nb_dtype dtype, i
 /* "f32[2,3]" of a var (into buf). */
 NBI_HIDDEN const char *nbi_var_sig(char *buf, size_t cap, const nb_var *v);
 
+/* ---- functions (jit.c, transforms.c) ------------------------------------------------ */
+/* Trace f (through its wrappers and transforms) into tr on (self, args) whose dynamic
+ * leaves are vars of tr; *out is the output tree (a new reference). */
+NBI_HIDDEN nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self,
+                                  const nb_tree *args, nb_tree **out);
+/* The body of a GRAD, VJP or JVP layer. */
+NBI_HIDDEN nb_status nbi_trace_transform(nb_trace *tr, const nb_fn *f, const nb_tree *self,
+                                         const nb_tree *args, nb_tree **out);
+/* A new function wrapping f (retained) as a layer of the given kind. */
+NBI_HIDDEN nb_status nbi_fn_wrap(nb_fn *f, const char *fn_name, nbi_fn_kind kind, int max_traces,
+                                 bool inline_calls, nb_fn **out);
+
 /* ---- shapes ------------------------------------------------------------------------- */
 /* numpy broadcasting of two shapes into out; false if incompatible. */
 NBI_HIDDEN bool nbi_broadcast_shapes(int ra, const int64_t *sa, int rb, const int64_t *sb,
@@ -176,6 +201,25 @@ NBI_HIDDEN void nbi_bcast_strides(int rin, const int64_t *sin, int rout, const i
 NBI_HIDDEN int64_t nbi_shape_size(int rank, const int64_t *shape);
 /* Normalise an axis (negative counts back) against rank; false if out of range. */
 NBI_HIDDEN bool nbi_norm_axis(int axis, int rank, int *out);
+
+/* ---- autodiff helpers (src/ad/autodiff.c) ------------------------------------------- */
+/* Sum ct (shaped like a broadcast result) back to an input of rank/shape: over the leading
+ * dims the input lacks and, keeping dims, over those where the input has 1. */
+NBI_HIDDEN nb_var *nbi_unbroadcast(nb_var *ct, int rank, const int64_t *shape);
+/* A tangent or cotangent that may be NULL (zero) turned into a real zero var like v. */
+NBI_HIDDEN nb_var *nbi_zeros_like(nb_trace *tr, const nb_var *v);
+/* Is v differentiable: a float dtype (gradients of integer and bool values are null)? */
+NBI_HIDDEN bool nbi_is_float_var(const nb_var *v);
+/* Reverse mode over the nodes with ids in [begin, end): outs[i] gets cotangent out_ct[i];
+ * wrt_ct[k] receives the total cotangent of wrt[k] (zeros when it has none). */
+NBI_HIDDEN nb_status nbi_vjp_region(nb_trace *tr, int32_t begin, int32_t end, int n_out,
+                                    nb_var *const *outs, nb_var *const *out_ct, int n_wrt,
+                                    nb_var *const *wrt, nb_var **wrt_ct);
+/* Forward mode over [begin, end): ins[i] have tangents in_tan[i] (NULL: zero); out_tan[i]
+ * receives the tangent of outs[i] (zeros when it has none). */
+NBI_HIDDEN nb_status nbi_jvp_region(nb_trace *tr, int32_t begin, int32_t end, int n_in,
+                                    nb_var *const *ins, nb_var *const *in_tan, int n_out,
+                                    nb_var *const *outs, nb_var **out_tan);
 
 /* ---- printing and checking ---------------------------------------------------------- */
 NBI_HIDDEN void nbi_graph_format(nbi_sbuf *s, const nbi_graph *g, const char *name);

@@ -21,7 +21,7 @@
 
 #define NBI_MAX_LAYERS 16
 #define NBI_MAX_DEPTH 64
-#define NBI_SIG_FLAG 0x1u /* a leaf of a signature tree (a string holding "f32[2,3]") */
+#define NBI_SIG_FLAG NBI_TREE_FLAG_SIG /* a signature-tree leaf: a string "f32[2,3]" */
 
 typedef struct nbi_leafsig {
     int32_t dtype;
@@ -33,6 +33,10 @@ typedef struct nbi_layer {
     int32_t kind;
     int32_t max_traces;
     bool inline_calls;
+    bool has_aux;
+    bool with_value;
+    nb_treedef *spec_def; /* the filter spec's value (owned by the identity), or NULL */
+    const nb_tree *spec;  /* while looking up: the function's own spec tree */
 } nbi_layer;
 
 typedef struct nbi_entry {
@@ -153,10 +157,15 @@ void nb_fn_destroy(nb_fn *f) {
         }
         nb_fn *inner = f->inner;
         nb_tree_destroy(f->self);
+        nb_tree_destroy(f->spec);
         nbi_fn_free_owned(f);
         nbi_obj_release(&f->hdr);
         f = inner;
     }
+}
+
+nb_status nb_fn_check(const nb_fn *f) {
+    return nbi_fn_live(f) ? NB_OK : NB_ERR_MISUSE;
 }
 
 const char *nb_fn_name(const nb_fn *f) {
@@ -185,8 +194,8 @@ static int nbi_fn_chain(const nb_fn *f) {
     return n;
 }
 
-static nb_status nbi_wrap(nb_fn *f, const char *fn_name, nbi_fn_kind kind, int max_traces,
-                          bool inline_calls, nb_fn **out) {
+nb_status nbi_fn_wrap(nb_fn *f, const char *fn_name, nbi_fn_kind kind, int max_traces,
+                      bool inline_calls, nb_fn **out) {
     if (out != NULL) {
         *out = NULL;
     }
@@ -217,7 +226,7 @@ static nb_status nbi_wrap(nb_fn *f, const char *fn_name, nbi_fn_kind kind, int m
 
 nb_status nb_jit(nb_fn *f, const nb_jit_opts *opts, nb_fn **out) {
     nb_jit_opts o = opts ? *opts : nb_jit_opts_default();
-    return nbi_wrap(f, "nb_jit", NBI_FN_JIT, o.max_traces, o.inline_calls, out);
+    return nbi_fn_wrap(f, "nb_jit", NBI_FN_JIT, o.max_traces, o.inline_calls, out);
 }
 
 nb_status nb_max_traces(nb_fn *f, int n, nb_fn **out) {
@@ -227,7 +236,7 @@ nb_status nb_max_traces(nb_fn *f, int n, nb_fn **out) {
         }
         return nbi_err(f->hdr.ctx, NB_ERR_INVALID, "nb_max_traces: n is %d; it must be >= 1", n);
     }
-    return nbi_wrap(f, "nb_max_traces", NBI_FN_MAXTRACES, n, true, out);
+    return nbi_fn_wrap(f, "nb_max_traces", NBI_FN_MAXTRACES, n, true, out);
 }
 
 static const nb_fn *nbi_fn_plain(const nb_fn *f) {
@@ -264,6 +273,9 @@ static void nbi_ident_free(nb_ctx *ctx, nbi_ident *id) {
     }
     nb_tree_destroy(id->last_sig);
     nb_treedef_destroy(id->self_def);
+    for (int i = 0; i < id->n_layers; i++) {
+        nb_treedef_destroy(id->layers[i].spec_def);
+    }
     nbi_free(ctx, id, sizeof *id);
 }
 
@@ -338,9 +350,13 @@ static uint64_t nbi_mix(uint64_t h, uint64_t v) {
 static int nbi_layers_of(const nb_fn *f, nbi_layer *layers) {
     int n = 0;
     for (const nb_fn *g = f; g->kind != NBI_FN_PLAIN; g = g->inner) {
+        memset(&layers[n], 0, sizeof layers[n]);
         layers[n].kind = g->kind;
         layers[n].max_traces = g->max_traces;
         layers[n].inline_calls = g->inline_calls;
+        layers[n].has_aux = g->has_aux;
+        layers[n].with_value = g->with_value;
+        layers[n].spec = g->spec;
         n++;
     }
     return n;
@@ -353,6 +369,8 @@ static uint64_t nbi_ident_hash(const nbi_layer *layers, int n, nb_fn_body body,
         h = nbi_mix(h, (uint64_t)layers[i].kind);
         h = nbi_mix(h, (uint64_t)layers[i].max_traces);
         h = nbi_mix(h, (uint64_t)layers[i].inline_calls);
+        h = nbi_mix(h, (uint64_t)layers[i].has_aux * 2 + (uint64_t)layers[i].with_value);
+        h = nbi_mix(h, layers[i].spec ? nbi_tree_def_hash(layers[i].spec) : 0);
     }
     nb_fn_body b = body;
     uint64_t bits = 0;
@@ -378,7 +396,12 @@ static nbi_ident *nbi_ident_find(nbi_jit_state *s, const nb_fn *f, bool create, 
         for (int i = 0; i < n && same; i++) {
             same = id->layers[i].kind == layers[i].kind &&
                    id->layers[i].max_traces == layers[i].max_traces &&
-                   id->layers[i].inline_calls == layers[i].inline_calls;
+                   id->layers[i].inline_calls == layers[i].inline_calls &&
+                   id->layers[i].has_aux == layers[i].has_aux &&
+                   id->layers[i].with_value == layers[i].with_value &&
+                   (id->layers[i].spec_def == NULL) == (layers[i].spec == NULL) &&
+                   (layers[i].spec == NULL ||
+                    nbi_tree_def_match(layers[i].spec, id->layers[i].spec_def));
         }
         if (same && (p->self == NULL || nbi_tree_def_match(p->self, id->self_def))) {
             return id;
@@ -396,8 +419,22 @@ static nbi_ident *nbi_ident_find(nbi_jit_state *s, const nb_fn *f, bool create, 
     id->hash = h;
     id->n_layers = n;
     memcpy(id->layers, layers, sizeof layers);
+    for (int i = 0; i < n; i++) {
+        id->layers[i].spec = NULL; /* the function's tree is not kept; its value is */
+        if (layers[i].spec != NULL &&
+            nb_tree_treedef(layers[i].spec, &id->layers[i].spec_def) != NB_OK) {
+            for (int j = 0; j < i; j++) {
+                nb_treedef_destroy(id->layers[j].spec_def);
+            }
+            nbi_free(s->ctx, id, sizeof *id);
+            return NULL;
+        }
+    }
     id->body = p->body;
     if (p->self != NULL && nb_tree_treedef(p->self, &id->self_def) != NB_OK) {
+        for (int i = 0; i < n; i++) {
+            nb_treedef_destroy(id->layers[i].spec_def);
+        }
         nbi_free(s->ctx, id, sizeof *id);
         return NULL;
     }
@@ -641,8 +678,8 @@ static nb_status nbi_note_trace(nb_trace *tr, nbi_ident *id, const nb_fn *layer,
         return nbi_trace_err(tr, NB_ERR_RETRACE,
                              "%s: '%s' would be traced a %lld%s time, more than max_traces = %d "
                              "allows; this retrace: %s",
-                             layer->kind == NBI_FN_JIT ? "nb_jit" : "nb_max_traces", layer->name,
-                             (long long)id->stats.n_traces + 1,
+                             layer->kind == NBI_FN_MAXTRACES ? "nb_max_traces" : "nb_jit",
+                             layer->name, (long long)id->stats.n_traces + 1,
                              nbi_ordinal_suffix(id->stats.n_traces + 1), (int)layer->max_traces,
                              reason[0] ? reason : "(first trace)");
     }
@@ -679,8 +716,8 @@ static nb_status nbi_note_trace(nb_trace *tr, nbi_ident *id, const nb_fn *layer,
 /* ---- tracing ------------------------------------------------------------------------ */
 
 /* Trace f (through its wrappers) into tr on (self, args) whose dynamic leaves are vars. */
-static nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self,
-                              const nb_tree *args, nb_tree **out) {
+nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self, const nb_tree *args,
+                       nb_tree **out) {
     *out = NULL;
     if (tr->depth >= NBI_MAX_DEPTH) {
         return nbi_trace_err(tr, NB_ERR_INVALID,
@@ -697,6 +734,9 @@ static nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self,
         if (st != NB_OK) {
             return st;
         }
+    }
+    if (f->kind == NBI_FN_GRAD || f->kind == NBI_FN_VJP || f->kind == NBI_FN_JVP) {
+        return nbi_trace_transform(tr, f, self, args, out);
     }
     if (f->kind != NBI_FN_PLAIN) {
         return nbi_trace_fn(tr, f->inner, self, args, out);
@@ -762,9 +802,11 @@ static nb_status nbi_vars_cb(void *ud, const char *path, int n, const nb_tree *c
     if (tr->status != NB_OK) {
         return tr->status;
     }
-    return nbi_tree_var(tr->ctx, v, tr->id, out) == NB_OK
-               ? NB_OK
-               : nbi_trace_err(tr, NB_ERR_OOM, "out of memory while tracing");
+    if (nbi_tree_var(tr->ctx, v, tr->id, out) != NB_OK) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "out of memory while tracing");
+    }
+    (*out)->flags = leaf->flags; /* a frozen mark survives into the trace */
+    return NB_OK;
 }
 
 static nb_status nbi_vars_tree(nb_trace *tr, const nb_tree *t, bool params, int32_t *next,
@@ -1279,7 +1321,11 @@ const nb_tree *nb_apply(nb_trace *tr, nb_fn *f, const nb_tree *args) {
                       f->name);
         return NULL;
     }
-    for (const nb_fn *g = f; g->kind != NBI_FN_PLAIN; g = g->inner) {
+    /* Under a gradient transform every call is inlined, so that it is differentiated. */
+    for (const nb_fn *g = f; tr->ad_depth == 0 && g->kind != NBI_FN_PLAIN; g = g->inner) {
+        if (g->kind == NBI_FN_GRAD || g->kind == NBI_FN_VJP || g->kind == NBI_FN_JVP) {
+            break; /* the transform's own body is traced inline */
+        }
         if (g->kind == NBI_FN_JIT && !g->inline_calls) {
             return nbi_apply_call(tr, g, args);
         }

@@ -809,62 +809,276 @@ static void nbi_k_select(const nbi_kargs *k) {
 
 /* ---- registry entries --------------------------------------------------------------- */
 
-#define NBI_UNARY_INFO(lname, NDIFF)                                                               \
+/* ---- VJP and JVP rules ---------------------------------------------------------------
+ *
+ * Written with the public builders, so they are more IR. x is the (first) input, y the
+ * op's own output (reused where the derivative is a function of it: exp, tanh, sigmoid,
+ * sqrt, reciprocal), g the output cotangent, t an input tangent (NULL: zero). Binary rules
+ * undo broadcasting with nbi_unbroadcast. Kinks follow JAX: relu'(0) = 0, abs'(0) = 0, and
+ * maximum/minimum split the gradient equally between tied operands. */
+
+#define NBI_X(v) ((v)->in[0])
+#define NBI_S(tr, c) nb_scalar((tr), (c))
+
+/* derivative factor d(y)/d(x) of a unary op, as IR (NULL: no gradient) */
+static nb_var *nbi_unary_deriv(nb_trace *tr, nb_var *node) {
+    nb_var *x = NBI_X(node), *y = node;
+    switch ((nbi_op)node->op) {
+    case NBI_OP_NEG:
+        return nb_full(tr, x->dtype, 0, NULL, -1.0);
+    case NBI_OP_ABS:
+        return nb_sign(x);
+    case NBI_OP_EXP:
+        return y;
+    case NBI_OP_EXPM1:
+        return nb_add(y, NBI_S(tr, 1.0));
+    case NBI_OP_LOG:
+        return nb_reciprocal(x);
+    case NBI_OP_LOG1P:
+        return nb_reciprocal(nb_add(x, NBI_S(tr, 1.0)));
+    case NBI_OP_SQRT:
+        return nb_div(NBI_S(tr, 0.5), y);
+    case NBI_OP_RSQRT: /* -1/2 x^(-3/2) = -1/2 y / x */
+        return nb_mul(NBI_S(tr, -0.5), nb_div(y, x));
+    case NBI_OP_SQUARE:
+        return nb_mul(NBI_S(tr, 2.0), x);
+    case NBI_OP_RECIPROCAL:
+        return nb_neg(nb_square(y));
+    case NBI_OP_SIN:
+        return nb_cos(x);
+    case NBI_OP_COS:
+        return nb_neg(nb_sin(x));
+    case NBI_OP_TAN:
+        return nb_add(NBI_S(tr, 1.0), nb_square(y));
+    case NBI_OP_TANH:
+        return nb_sub(NBI_S(tr, 1.0), nb_square(y));
+    case NBI_OP_SIGMOID:
+        return nb_mul(y, nb_sub(NBI_S(tr, 1.0), y));
+    case NBI_OP_RELU: /* 1 where x > 0, else 0 (also at 0) */
+        return nb_cast(nb_gt(x, NBI_S(tr, 0.0)), x->dtype);
+    case NBI_OP_SOFTPLUS:
+        return nb_sigmoid(x);
+    case NBI_OP_ERF: /* 2/sqrt(pi) exp(-x^2) */
+        return nb_mul(NBI_S(tr, 1.1283791670955126), nb_exp(nb_neg(nb_square(x))));
+    case NBI_OP_GELU: {
+        /* gelu = x s, s = sigmoid(2u), u = c (x + k x^3): gelu' = s + x s (1 - s) 2 u' */
+        nb_var *x3 = nb_mul(nb_square(x), x);
+        nb_var *u2 =
+            nb_mul(NBI_S(tr, 1.5957691216057308), nb_add(x, nb_mul(NBI_S(tr, 0.044715), x3)));
+        nb_var *sg = nb_sigmoid(u2);
+        nb_var *du2 = nb_mul(NBI_S(tr, 1.5957691216057308),
+                             nb_add(NBI_S(tr, 1.0), nb_mul(NBI_S(tr, 0.134145), nb_square(x))));
+        return nb_add(sg, nb_mul(nb_mul(x, nb_mul(sg, nb_sub(NBI_S(tr, 1.0), sg))), du2));
+    }
+    case NBI_OP_IDENTITY:
+        return NULL; /* handled by the caller: the cotangent itself */
+    default:
+        return NULL;
+    }
+}
+
+static void nbi_vjp_unary(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    if (node->op == NBI_OP_NEG) {
+        in_ct[0] = nb_neg(g);
+        return;
+    }
+    if (node->op == NBI_OP_CAST) {
+        in_ct[0] = nbi_is_float_var(NBI_X(node)) ? nb_cast(g, NBI_X(node)->dtype) : NULL;
+        return;
+    }
+    nb_var *d = nbi_unary_deriv(tr, node);
+    in_ct[0] = d != NULL ? nb_mul(g, d) : NULL;
+}
+
+static nb_var *nbi_jvp_unary(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    if (t[0] == NULL) {
+        return NULL;
+    }
+    if (node->op == NBI_OP_NEG) {
+        return nb_neg(t[0]);
+    }
+    if (node->op == NBI_OP_CAST) {
+        return nb_cast(t[0], node->dtype);
+    }
+    nb_var *d = nbi_unary_deriv(tr, node);
+    return d != NULL ? nb_mul(t[0], d) : NULL;
+}
+
+/* t (an input's tangent, shaped like that input) seen at the node's full shape */
+static nb_var *nbi_bcast_to_node(nb_var *t, const nb_var *node) {
+    if (t == NULL) {
+        return NULL;
+    }
+    return nb_broadcast_to(t, node->rank, node->shape);
+}
+
+/* maximum/minimum: the share of the gradient each operand gets (1, 1/2 on ties, 0) */
+static nb_var *nbi_minmax_share(nb_trace *tr, nb_var *node, int which) {
+    nb_var *a = node->in[which], *b = node->in[1 - which];
+    nb_var *wins = node->op == NBI_OP_MAXIMUM ? nb_gt(a, b) : nb_lt(a, b);
+    nb_var *one = nb_scalar_typed(tr, node->dtype, 1.0), *half = NBI_S(tr, 0.5);
+    return nb_select(wins, one, nb_select(nb_eq(a, b), half, NBI_S(tr, 0.0)));
+}
+
+static void nbi_vjp_binary(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    nb_var *a = node->in[0], *b = node->in[1], *y = node;
+    nb_var *ga = NULL, *gb = NULL;
+    switch ((nbi_op)node->op) {
+    case NBI_OP_ADD:
+        ga = g;
+        gb = g;
+        break;
+    case NBI_OP_SUB:
+        ga = g;
+        gb = nb_neg(g);
+        break;
+    case NBI_OP_MUL:
+        ga = nb_mul(g, b);
+        gb = nb_mul(g, a);
+        break;
+    case NBI_OP_DIV:
+        ga = nb_div(g, b);
+        gb = nb_neg(nb_mul(g, nb_div(y, b)));
+        break;
+    case NBI_OP_POW: {
+        /* d/da = b a^(b-1); d/db = y log(a), with log taken of 1 where a == 0 (as JAX) */
+        ga = nb_mul(g, nb_mul(b, nb_pow(a, nb_sub(b, NBI_S(tr, 1.0)))));
+        nb_var *safe = nb_select(nb_eq(a, NBI_S(tr, 0.0)), nb_scalar_typed(tr, a->dtype, 1.0), a);
+        gb = nb_mul(g, nb_mul(y, nb_log(safe)));
+        break;
+    }
+    case NBI_OP_MAXIMUM:
+    case NBI_OP_MINIMUM:
+        ga = nb_mul(g, nbi_minmax_share(tr, node, 0));
+        gb = nb_mul(g, nbi_minmax_share(tr, node, 1));
+        break;
+    default:
+        return;
+    }
+    in_ct[0] = nbi_unbroadcast(ga, a->rank, a->shape);
+    in_ct[1] = nbi_unbroadcast(gb, b->rank, b->shape);
+}
+
+static nb_var *nbi_jvp_binary(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    nb_var *a = node->in[0], *b = node->in[1], *y = node;
+    nb_var *ta = t[0], *tb = t[1], *r = NULL;
+    switch ((nbi_op)node->op) {
+    case NBI_OP_ADD:
+        r = ta && tb ? nb_add(ta, tb) : ta ? ta : tb;
+        break;
+    case NBI_OP_SUB:
+        r = ta && tb ? nb_sub(ta, tb) : ta ? ta : nb_neg(tb);
+        break;
+    case NBI_OP_MUL: {
+        nb_var *p = ta ? nb_mul(ta, b) : NULL, *q = tb ? nb_mul(a, tb) : NULL;
+        r = p && q ? nb_add(p, q) : p ? p : q;
+        break;
+    }
+    case NBI_OP_DIV: {
+        nb_var *p = ta ? nb_div(ta, b) : NULL, *q = tb ? nb_neg(nb_mul(tb, nb_div(y, b))) : NULL;
+        r = p && q ? nb_add(p, q) : p ? p : q;
+        break;
+    }
+    case NBI_OP_POW: {
+        nb_var *p = ta ? nb_mul(ta, nb_mul(b, nb_pow(a, nb_sub(b, NBI_S(tr, 1.0))))) : NULL;
+        nb_var *q = NULL;
+        if (tb) {
+            nb_var *safe =
+                nb_select(nb_eq(a, NBI_S(tr, 0.0)), nb_scalar_typed(tr, a->dtype, 1.0), a);
+            q = nb_mul(tb, nb_mul(y, nb_log(safe)));
+        }
+        r = p && q ? nb_add(p, q) : p ? p : q;
+        break;
+    }
+    case NBI_OP_MAXIMUM:
+    case NBI_OP_MINIMUM: {
+        nb_var *p = ta ? nb_mul(ta, nbi_minmax_share(tr, node, 0)) : NULL;
+        nb_var *q = tb ? nb_mul(tb, nbi_minmax_share(tr, node, 1)) : NULL;
+        r = p && q ? nb_add(p, q) : p ? p : q;
+        break;
+    }
+    default:
+        return NULL;
+    }
+    return nbi_bcast_to_node(r, node);
+}
+
+static void nbi_vjp_select(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    nb_var *c = node->in[0], *a = node->in[1], *b = node->in[2];
+    nb_var *zero = NBI_S(tr, 0.0);
+    in_ct[1] = nbi_unbroadcast(nb_select(c, g, zero), a->rank, a->shape);
+    in_ct[2] = nbi_unbroadcast(nb_select(c, zero, g), b->rank, b->shape);
+}
+
+static nb_var *nbi_jvp_select(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    nb_var *zero = NBI_S(tr, 0.0);
+    return nbi_bcast_to_node(nb_select(node->in[0], t[1] ? t[1] : zero, t[2] ? t[2] : zero), node);
+}
+
+/* ---- registry entries --------------------------------------------------------------- */
+
+#define NBI_UNARY_INFO(lname, NDIFF, VJP, JVP)                                                     \
     const nbi_op_info nbi_opinfo_##lname = {.name = #lname,                                        \
                                             .n_in = 1,                                             \
                                             .infer = nbi_infer_unary,                              \
                                             .kernel = nbi_k_unary,                                 \
                                             .nondiff = NDIFF,                                      \
-                                            .elementwise = true};
-#define NBI_BINARY_INFO(lname, NDIFF)                                                              \
+                                            .elementwise = true,                                   \
+                                            .vjp = VJP,                                            \
+                                            .jvp = JVP};
+#define NBI_BINARY_INFO(lname, NDIFF, VJP, JVP)                                                    \
     const nbi_op_info nbi_opinfo_##lname = {.name = #lname,                                        \
                                             .n_in = 2,                                             \
                                             .infer = nbi_infer_binary,                             \
                                             .kernel = nbi_k_binary,                                \
                                             .nondiff = NDIFF,                                      \
-                                            .elementwise = true};
+                                            .elementwise = true,                                   \
+                                            .vjp = VJP,                                            \
+                                            .jvp = JVP};
 
-NBI_UNARY_INFO(neg, 0)
-NBI_UNARY_INFO(abs, 0)
-NBI_UNARY_INFO(sign, 1)
-NBI_UNARY_INFO(exp, 0)
-NBI_UNARY_INFO(expm1, 0)
-NBI_UNARY_INFO(log, 0)
-NBI_UNARY_INFO(log1p, 0)
-NBI_UNARY_INFO(sqrt, 0)
-NBI_UNARY_INFO(rsqrt, 0)
-NBI_UNARY_INFO(square, 0)
-NBI_UNARY_INFO(reciprocal, 0)
-NBI_UNARY_INFO(sin, 0)
-NBI_UNARY_INFO(cos, 0)
-NBI_UNARY_INFO(tan, 0)
-NBI_UNARY_INFO(tanh, 0)
-NBI_UNARY_INFO(sigmoid, 0)
-NBI_UNARY_INFO(relu, 0)
-NBI_UNARY_INFO(gelu, 0)
-NBI_UNARY_INFO(softplus, 0)
-NBI_UNARY_INFO(erf, 0)
-NBI_UNARY_INFO(logical_not, 1)
-NBI_UNARY_INFO(cast, 0)
-NBI_BINARY_INFO(add, 0)
-NBI_BINARY_INFO(sub, 0)
-NBI_BINARY_INFO(mul, 0)
-NBI_BINARY_INFO(div, 0)
-NBI_BINARY_INFO(pow, 0)
-NBI_BINARY_INFO(maximum, 0)
-NBI_BINARY_INFO(minimum, 0)
-NBI_BINARY_INFO(eq, 3)
-NBI_BINARY_INFO(ne, 3)
-NBI_BINARY_INFO(lt, 3)
-NBI_BINARY_INFO(le, 3)
-NBI_BINARY_INFO(gt, 3)
-NBI_BINARY_INFO(ge, 3)
-NBI_BINARY_INFO(logical_and, 3)
-NBI_BINARY_INFO(logical_or, 3)
+NBI_UNARY_INFO(neg, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(abs, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(sign, 1, NULL, NULL)
+NBI_UNARY_INFO(exp, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(expm1, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(log, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(log1p, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(sqrt, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(rsqrt, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(square, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(reciprocal, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(sin, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(cos, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(tan, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(tanh, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(sigmoid, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(relu, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(gelu, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(softplus, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(erf, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_UNARY_INFO(logical_not, 1, NULL, NULL)
+NBI_UNARY_INFO(cast, 0, nbi_vjp_unary, nbi_jvp_unary)
+NBI_BINARY_INFO(add, 0, nbi_vjp_binary, nbi_jvp_binary)
+NBI_BINARY_INFO(sub, 0, nbi_vjp_binary, nbi_jvp_binary)
+NBI_BINARY_INFO(mul, 0, nbi_vjp_binary, nbi_jvp_binary)
+NBI_BINARY_INFO(div, 0, nbi_vjp_binary, nbi_jvp_binary)
+NBI_BINARY_INFO(pow, 0, nbi_vjp_binary, nbi_jvp_binary)
+NBI_BINARY_INFO(maximum, 0, nbi_vjp_binary, nbi_jvp_binary)
+NBI_BINARY_INFO(minimum, 0, nbi_vjp_binary, nbi_jvp_binary)
+NBI_BINARY_INFO(eq, 3, NULL, NULL)
+NBI_BINARY_INFO(ne, 3, NULL, NULL)
+NBI_BINARY_INFO(lt, 3, NULL, NULL)
+NBI_BINARY_INFO(le, 3, NULL, NULL)
+NBI_BINARY_INFO(gt, 3, NULL, NULL)
+NBI_BINARY_INFO(ge, 3, NULL, NULL)
+NBI_BINARY_INFO(logical_and, 3, NULL, NULL)
+NBI_BINARY_INFO(logical_or, 3, NULL, NULL)
 
 const nbi_op_info nbi_opinfo_select = {.name = "select",
                                        .n_in = 3,
                                        .infer = nbi_infer_select,
                                        .kernel = nbi_k_select,
                                        .nondiff = 1,
-                                       .elementwise = true};
+                                       .elementwise = true,
+                                       .vjp = nbi_vjp_select,
+                                       .jvp = nbi_jvp_select};

@@ -272,6 +272,28 @@ const nbi_op_info nbi_opinfo_stop_gradient = {.name = "stop_gradient",
                                               .kernel = nbi_k_copy,
                                               .nondiff = 1,
                                               .elementwise = true};
+static void nbi_vjp_identity(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) {
+    (void)tr;
+    (void)node;
+    in_ct[0] = ct;
+}
+
+static nb_var *nbi_jvp_identity(nb_trace *tr, nb_var *node, nb_var *const *tan) {
+    (void)tr;
+    (void)node;
+    return tan[0];
+}
+
+/* identity: a distinct node for the same value (what gradient transforms differentiate
+ * with respect to); the simplify pass removes it before compiling. */
+const nbi_op_info nbi_opinfo_identity = {.name = "identity",
+                                         .n_in = 1,
+                                         .infer = nbi_infer_identity,
+                                         .kernel = nbi_k_copy,
+                                         .elementwise = true,
+                                         .vjp = nbi_vjp_identity,
+                                         .jvp = nbi_jvp_identity};
+
 const nbi_op_info nbi_opinfo_call = {.name = "call",
                                      .n_in = -1,
                                      .infer = nbi_infer_call,

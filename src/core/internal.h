@@ -119,7 +119,20 @@ typedef struct nbi_tdnode {
 
 /* A function (nabla/fn.h). PLAIN holds a body and bound data; JIT and MAXTRACES wrap an
  * inner function with options. */
-typedef enum nbi_fn_kind { NBI_FN_PLAIN, NBI_FN_JIT, NBI_FN_MAXTRACES } nbi_fn_kind;
+typedef enum nbi_fn_kind {
+    NBI_FN_PLAIN,
+    NBI_FN_JIT,
+    NBI_FN_MAXTRACES,
+    NBI_FN_GRAD, /* grad or value_and_grad (with_value) */
+    NBI_FN_VJP,
+    NBI_FN_JVP
+} nbi_fn_kind;
+
+/* Tree node flags (static: part of the treedef). */
+enum {
+    NBI_TREE_FLAG_SIG = 1u << 0,   /* a signature-tree leaf (jit.c, internal) */
+    NBI_TREE_FLAG_FROZEN = 1u << 1 /* nb_tree_freeze: no gradient for this leaf */
+};
 
 struct nb_fn {
     nbi_obj hdr;
@@ -127,9 +140,12 @@ struct nb_fn {
     int32_t max_traces;
     bool inline_calls;
     nb_fn_body body;
-    nb_tree *self; /* PLAIN: bound data (a reference), may be NULL */
-    nb_fn *inner;  /* JIT, MAXTRACES: the wrapped function (a reference) */
-    char *name;    /* copied */
+    nb_tree *self;   /* PLAIN: bound data (a reference), may be NULL */
+    nb_fn *inner;    /* wrappers and transforms: the wrapped function (a reference) */
+    bool has_aux;    /* GRAD: f returns (loss, aux) */
+    bool with_value; /* GRAD: value_and_grad */
+    nb_tree *spec;   /* GRAD: filter spec (a reference) or NULL */
+    char *name;      /* copied */
     size_t name_size;
 };
 

@@ -380,6 +380,60 @@ nb_status nb_tree_dict(nb_ctx *ctx, int64_t n, const char *const *keys, nb_tree 
     return nbi_tree_node(ctx, "nb_tree_dict", NB_TREE_KIND_DICT, n, keys, items, out);
 }
 
+nb_status nb_tree_freeze(const nb_tree *leaf, nb_tree **out) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (!nbi_tree_live(leaf) || out == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    nb_ctx *ctx = leaf->hdr.ctx;
+    if (nbi_tree_kind_is_node(leaf->kind)) {
+        return nbi_err(ctx, NB_ERR_KIND,
+                       "nb_tree_freeze: the tree is a %s; freeze its leaves (nb_tree_map) or "
+                       "leave them out with a filter spec",
+                       nb_tree_kind_name(leaf->kind));
+    }
+    nb_tree *t = NULL;
+    nb_status st;
+    switch (leaf->kind) {
+    case NB_TREE_KIND_ARRAY:
+        st = nb_tree_array(leaf->u.array, &t);
+        break;
+    case NB_TREE_KIND_VAR:
+        st = nbi_tree_var(ctx, leaf->u.var.var, leaf->u.var.trace_id, &t);
+        break;
+    case NB_TREE_KIND_INT:
+        st = nb_tree_int(ctx, leaf->u.i, &t);
+        break;
+    case NB_TREE_KIND_FLOAT:
+        st = nb_tree_float(ctx, leaf->u.f, &t);
+        break;
+    case NB_TREE_KIND_BOOL:
+        st = nb_tree_bool(ctx, leaf->u.b, &t);
+        break;
+    case NB_TREE_KIND_STRING:
+        st = nb_tree_string(ctx, leaf->u.str, &t);
+        break;
+    case NB_TREE_KIND_FNREF:
+        st = nb_tree_fnref(ctx, leaf->u.fnref.fn, leaf->u.fnref.name, &t);
+        break;
+    default:
+        st = nb_tree_null(ctx, &t);
+        break;
+    }
+    if (st != NB_OK) {
+        return st;
+    }
+    t->flags = leaf->flags | NBI_TREE_FLAG_FROZEN;
+    *out = t;
+    return NB_OK;
+}
+
+bool nb_tree_is_frozen(const nb_tree *t) {
+    return nbi_tree_live(t) && (t->flags & NBI_TREE_FLAG_FROZEN);
+}
+
 /* ---- accessors ---------------------------------------------------------------------- */
 
 nb_status nb_tree_check(const nb_tree *t) {

@@ -1,0 +1,78 @@
+/*
+ * nabla/ad.h -- automatic differentiation: grad, value_and_grad, vjp, jvp.
+ *
+ * Each is a function transform: it takes an nb_fn and returns a new nb_fn, which can be
+ * called (nb_fn_call), jitted (nb_jit), called inside other functions (nb_apply) and
+ * transformed again -- jit(grad(f)), grad(grad(f)) and jvp(grad(f)) (Hessian-vector
+ * products) all work and compile into one executable. Differentiation happens on the
+ * traced IR: every primitive op has a VJP and a JVP rule written as more IR next to its
+ * forward rule (src/ad/op_*.c), checked against central finite differences by
+ * tests/ad/test_grad_conformance.c.
+ *
+ * Filtered gradients (Equinox's filter_grad). grad(f) differentiates with respect to the
+ * FIRST argument -- args must be a tuple or list, and args[0] any pytree -- and returns a
+ * gradient tree of exactly args[0]'s structure: a float array at every differentiable
+ * float array leaf, and null everywhere else: integer and bool arrays, static leaves,
+ * null leaves, leaves marked with nb_tree_freeze, and leaves a filter spec excludes. The
+ * gradient's treedef therefore depends only on args[0]'s treedef (and the spec), which is
+ * what optimizer states are built from (nb_grad_template).
+ *
+ * Conventions at kinks (as JAX): relu'(0) = 0; abs'(0) = 0 (sign(0)); maximum and minimum
+ * split the gradient equally between tied operands; sqrt'(0) = inf; argmax/argmin, sign,
+ * comparisons and integer ops have no gradient.
+ *
+ * Calls inside a differentiated function are always inlined (a non-inlined jit gives the
+ * same numbers, traced into the gradient).
+ */
+#ifndef NABLA_AD_H
+#define NABLA_AD_H
+
+#include "core.h"
+#include "fn.h"
+#include "tree.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct nb_grad_opts {
+    /* f returns (loss, aux): the gradient is of loss; aux is returned untouched. */
+    bool has_aux;
+    /* NULL, or a tree of bools shaped like args[0] (or a prefix of it: a bool at a node
+     * applies to its whole subtree); false excludes a leaf from differentiation (its
+     * gradient is null). Borrowed and retained by the new function; compared by value. */
+    const nb_tree *filter_spec;
+} nb_grad_opts;
+
+NB_API nb_grad_opts nb_grad_opts_default(void);
+
+/* g = grad(f): g(args) is the gradient of f(args) -- which must be a rank-0 float array
+ * (the loss) -- with respect to args[0], as described above; with has_aux, g returns the
+ * tuple (grads, aux). f is borrowed and retained. Returns a new reference. Errors at call
+ * time: NB_ERR_STRUCTURE when args is not a tuple/list, NB_ERR_SHAPE when the loss is not
+ * a scalar, NB_ERR_DTYPE when it is not float; with the usual message. */
+NB_API nb_status nb_grad(nb_fn *f, const nb_grad_opts *opts, nb_fn **out);
+/* g = value_and_grad(f): g(args) = (value, grads), or ((value, aux), grads) with has_aux. */
+NB_API nb_status nb_value_and_grad(nb_fn *f, const nb_grad_opts *opts, nb_fn **out);
+
+/* g = vjp(f): g((primals, ct)) = (f(primals), ct_primals): primals is f's argument tree,
+ * ct has the structure of f's output (a float array for every float array output, null
+ * elsewhere), and ct_primals has the structure of primals with null at non-differentiable
+ * leaves. */
+NB_API nb_status nb_vjp(nb_fn *f, nb_fn **out);
+/* g = jvp(f): g((primals, tangents)) = (f(primals), tangents_out): tangents has the
+ * structure of primals (an array of the same dtype and shape at each float array leaf,
+ * null where no tangent is given); tangents_out has the structure of f's output (null at
+ * non-float leaves). */
+NB_API nb_status nb_jvp(nb_fn *f, nb_fn **out);
+
+/* The tree grad would return for params (with filter_spec, which may be NULL), holding
+ * zero arrays: a zero array of the leaf's dtype and shape at every differentiable leaf,
+ * null elsewhere. Optimizer states are built from it (so their structure matches the
+ * gradients from the first step on). Allocates; returns a new reference. */
+NB_API nb_status nb_grad_template(const nb_tree *params, const nb_tree *filter_spec, nb_tree **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NABLA_AD_H */

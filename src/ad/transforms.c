@@ -1,0 +1,548 @@
+/*
+ * transforms.c -- grad, value_and_grad, vjp and jvp as function transforms (nabla/ad.h).
+ *
+ * Each is an nb_fn layer. Tracing it traces the inner function into the same trace (its
+ * region of nodes), then runs reverse or forward mode over that region (autodiff.c). The
+ * differentiated inputs first go through an identity node each, so that two leaves that
+ * hold the same var still get their own gradients, and so that the region's inputs are
+ * distinct nodes.
+ */
+#include "ad/ir.h"
+
+#include <string.h>
+
+/* ---- building the transforms -------------------------------------------------------- */
+
+nb_grad_opts nb_grad_opts_default(void) {
+    nb_grad_opts o;
+    memset(&o, 0, sizeof o);
+    return o;
+}
+
+static nb_status nbi_transform(nb_fn *f, const char *fn_name, nbi_fn_kind kind,
+                               const nb_grad_opts *opts, bool with_value, nb_fn **out) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (nb_fn_check(f) != NB_OK || out == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    nb_grad_opts o = opts ? *opts : nb_grad_opts_default();
+    if (o.filter_spec != NULL && nb_tree_check(o.filter_spec) != NB_OK) {
+        return nbi_err(nb_tree_ctx(o.filter_spec), NB_ERR_MISUSE,
+                       "%s: filter_spec is a destroyed tree", fn_name);
+    }
+    nb_fn *g = NULL;
+    nb_status st = nbi_fn_wrap(f, fn_name, kind, 0, true, &g);
+    if (st != NB_OK) {
+        return st;
+    }
+    g->has_aux = o.has_aux;
+    g->with_value = with_value;
+    g->spec = o.filter_spec ? nb_tree_retain((nb_tree *)o.filter_spec) : NULL;
+    *out = g;
+    return NB_OK;
+}
+
+nb_status nb_grad(nb_fn *f, const nb_grad_opts *opts, nb_fn **out) {
+    return nbi_transform(f, "nb_grad", NBI_FN_GRAD, opts, false, out);
+}
+
+nb_status nb_value_and_grad(nb_fn *f, const nb_grad_opts *opts, nb_fn **out) {
+    return nbi_transform(f, "nb_value_and_grad", NBI_FN_GRAD, opts, true, out);
+}
+
+nb_status nb_vjp(nb_fn *f, nb_fn **out) {
+    return nbi_transform(f, "nb_vjp", NBI_FN_VJP, NULL, false, out);
+}
+
+nb_status nb_jvp(nb_fn *f, nb_fn **out) {
+    return nbi_transform(f, "nb_jvp", NBI_FN_JVP, NULL, false, out);
+}
+
+/* ---- marking the differentiated leaves ---------------------------------------------- */
+
+typedef struct nbi_mark {
+    nb_trace *tr;
+    const char *who; /* "nb_grad" ... for messages */
+    nb_var **wrt;    /* identity vars, in leaf order */
+    int n_wrt, cap;
+    bool use_leaves; /* template mode: arrays, no trace */
+    nb_ctx *ctx;
+} nbi_mark;
+
+static bool nbi_leaf_differentiable(const nb_tree *t) {
+    if (t->flags & NBI_TREE_FLAG_FROZEN) {
+        return false;
+    }
+    if (t->kind == NB_TREE_KIND_VAR) {
+        return nbi_is_float_var(t->u.var.var);
+    }
+    return t->kind == NB_TREE_KIND_ARRAY && nb_dtype_is_float(t->u.array->dtype);
+}
+
+static nb_status nbi_mark_push(nbi_mark *m, nb_var *v) {
+    if (m->n_wrt == m->cap) {
+        int cap = m->cap ? m->cap * 2 : 16;
+        nb_var **w = nbi_arena_alloc(&m->tr->arena, (size_t)cap * sizeof(nb_var *));
+        if (w == NULL) {
+            return nbi_trace_err(m->tr, NB_ERR_OOM, "%s: out of memory", m->who);
+        }
+        if (m->n_wrt > 0) {
+            memcpy(w, m->wrt, (size_t)m->n_wrt * sizeof(nb_var *));
+        }
+        m->wrt = w;
+        m->cap = cap;
+    }
+    m->wrt[m->n_wrt++] = v;
+    return NB_OK;
+}
+
+static nb_status nbi_mark_fail(nbi_mark *m, nb_status st, const char *fmt, const char *a,
+                               const char *b) {
+    if (m->tr != NULL) {
+        return nbi_trace_err(m->tr, st, fmt, m->who, a, b);
+    }
+    return nbi_err(m->ctx, st, fmt, m->who, a, b);
+}
+
+/* Copy x, replacing each differentiable var leaf allowed by the spec with an identity of
+ * it (collected in m->wrt), or -- in template mode -- each differentiable array leaf with
+ * zeros and every other leaf with null. */
+static nb_status nbi_mark_rec(nbi_mark *m, const nb_tree *x, const nb_tree *spec, bool allowed,
+                              nbi_path *path, nb_tree **out) {
+    *out = NULL;
+    if (spec != NULL && spec->kind == NB_TREE_KIND_BOOL) {
+        allowed = allowed && spec->u.b;
+        spec = NULL;
+    } else if (spec != NULL && spec->kind == NB_TREE_KIND_NULL) {
+        allowed = false;
+        spec = NULL;
+    }
+    if (nbi_tree_kind_is_node(x->kind)) {
+        if (spec != NULL && (spec->kind != x->kind || spec->n != x->n)) {
+            char a[64], b[64];
+            snprintf(a, sizeof a, "%s of %lld", nb_tree_kind_name(spec->kind), (long long)spec->n);
+            snprintf(b, sizeof b, "%s of %lld", nb_tree_kind_name(x->kind), (long long)x->n);
+            char msg[256];
+            snprintf(msg, sizeof msg,
+                     "%%s: the filter spec does not match args[0] at %s: %%s "
+                     "vs %%s (a spec is a tree of bools shaped like args[0], or a prefix of it)",
+                     nbi_path_str(path));
+            return nbi_mark_fail(m, NB_ERR_STRUCTURE, msg, a, b);
+        }
+        size_t bytes = (size_t)(x->n > 0 ? x->n : 1) * sizeof(nb_tree *);
+        nb_tree **items = nbi_alloc(m->ctx, bytes, 8);
+        if (items == NULL) {
+            return nbi_mark_fail(m, NB_ERR_OOM, "%s: out of memory%s%s", "", "");
+        }
+        nb_status st = NB_OK;
+        int64_t made = 0;
+        for (int64_t i = 0; i < x->n && st == NB_OK; i++) {
+            if (spec != NULL && x->kind == NB_TREE_KIND_DICT &&
+                strcmp(spec->keys[i], x->keys[i]) != 0) {
+                char msg[256];
+                snprintf(msg, sizeof msg,
+                         "%%s: the filter spec has key \"%%s\" where args[0] "
+                         "has \"%%s\" (at %s)",
+                         nbi_path_str(path));
+                st = nbi_mark_fail(m, NB_ERR_STRUCTURE, msg, spec->keys[i], x->keys[i]);
+                break;
+            }
+            nbi_path_mark pm = nbi_path_save(path);
+            if (x->kind == NB_TREE_KIND_DICT) {
+                nbi_path_push_key(path, x->keys[i]);
+            } else {
+                nbi_path_push_index(path, i);
+            }
+            st = nbi_mark_rec(m, x->children[i], spec ? spec->children[i] : NULL, allowed, path,
+                              &items[i]);
+            nbi_path_restore(path, pm);
+            if (st == NB_OK) {
+                made++;
+            }
+        }
+        if (st == NB_OK) {
+            st = nbi_tree_node_take(m->ctx, m->who, x->kind, x->n, (const char *const *)x->keys,
+                                    items, out);
+            if (st == NB_OK) {
+                (*out)->flags = x->flags;
+            }
+        } else {
+            for (int64_t i = 0; i < made; i++) {
+                nb_tree_destroy(items[i]);
+            }
+        }
+        nbi_free(m->ctx, items, bytes);
+        return st;
+    }
+    if (spec != NULL) {
+        char a[64];
+        snprintf(a, sizeof a, "%s", nb_tree_kind_name(spec->kind));
+        char msg[256];
+        snprintf(msg, sizeof msg,
+                 "%%s: the filter spec has a %%s at %s, where args[0] has a "
+                 "leaf%%s (use a bool)",
+                 nbi_path_str(path));
+        return nbi_mark_fail(m, NB_ERR_STRUCTURE, msg, a, "");
+    }
+    bool diff = allowed && nbi_leaf_differentiable(x);
+    if (m->use_leaves) {
+        if (!diff) {
+            return nb_tree_null(m->ctx, out);
+        }
+        nb_array *z = NULL;
+        nb_status st =
+            nb_array_zeros(m->ctx, x->u.array->dtype, x->u.array->rank, x->u.array->shape, &z);
+        if (st == NB_OK) {
+            st = nb_tree_array(z, out);
+        }
+        nb_array_destroy(z);
+        return st;
+    }
+    if (!diff) {
+        *out = nb_tree_retain((nb_tree *)x);
+        return NB_OK;
+    }
+    nb_var *v = x->u.var.var;
+    nb_var *id = nbi_emit(m->tr, NBI_OP_IDENTITY, 1, &v, NULL);
+    nb_status st = nbi_mark_push(m, id);
+    if (st == NB_OK && nbi_tree_var(m->ctx, id, m->tr->id, out) != NB_OK) {
+        st = nbi_trace_err(m->tr, NB_ERR_OOM, "%s: out of memory", m->who);
+    }
+    if (st == NB_OK) {
+        (*out)->flags = x->flags;
+    }
+    return st != NB_OK ? st : m->tr->status;
+}
+
+nb_status nb_grad_template(const nb_tree *params, const nb_tree *filter_spec, nb_tree **out) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (nb_tree_check(params) != NB_OK || out == NULL ||
+        (filter_spec != NULL && nb_tree_check(filter_spec) != NB_OK)) {
+        return NB_ERR_MISUSE;
+    }
+    nbi_mark m;
+    memset(&m, 0, sizeof m);
+    m.who = "nb_grad_template";
+    m.use_leaves = true;
+    m.ctx = params->hdr.ctx;
+    nbi_path path;
+    nbi_path_init(&path);
+    return nbi_mark_rec(&m, params, filter_spec, true, &path, out);
+}
+
+/* ---- tracing a transform ------------------------------------------------------------ */
+
+/* A copy of node args with child 0 replaced by first (a new reference). */
+static nb_status nbi_replace_first(nb_trace *tr, const nb_tree *args, nb_tree *first,
+                                   nb_tree **out) {
+    size_t bytes = (size_t)args->n * sizeof(nb_tree *);
+    nb_tree **items = nbi_alloc(tr->ctx, bytes, 8);
+    if (items == NULL) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+    }
+    for (int64_t i = 0; i < args->n; i++) {
+        items[i] = nb_tree_retain(i == 0 ? first : args->children[i]);
+    }
+    nb_status st = nbi_tree_node_take(tr->ctx, "transform", args->kind, args->n,
+                                      (const char *const *)args->keys, items, out);
+    nbi_free(tr->ctx, items, bytes);
+    return st == NB_OK ? NB_OK : nbi_trace_err(tr, st, "out of memory");
+}
+
+/* A tree of x's structure: at the k-th differentiable var leaf (in m's order) a var leaf of
+ * vals[k], null elsewhere. */
+typedef struct nbi_fill {
+    nb_trace *tr;
+    nb_var *const *wrt;
+    nb_var *const *vals;
+    int n, next;
+} nbi_fill;
+
+static nb_status nbi_fill_cb(void *ud, const char *path, int n, const nb_tree *const *l,
+                             nb_tree **out) {
+    (void)path;
+    (void)n;
+    nbi_fill *f = ud;
+    const nb_tree *leaf = l[0];
+    if (leaf->kind == NB_TREE_KIND_VAR && f->next < f->n && leaf->u.var.var == f->wrt[f->next]) {
+        nb_var *v = f->vals[f->next++];
+        return nbi_tree_var(f->tr->ctx, v, f->tr->id, out) == NB_OK ? NB_OK : NB_ERR_OOM;
+    }
+    return nb_tree_null(f->tr->ctx, out);
+}
+
+static nb_status nbi_fill_tree(nb_trace *tr, const nb_tree *x, nb_var *const *wrt,
+                               nb_var *const *vals, int n, nb_tree **out) {
+    nbi_fill f = {tr, wrt, vals, n, 0};
+    nb_status st = nb_tree_map(x, nbi_fill_cb, &f, NB_TREE_MAP_NULLS | NB_TREE_MAP_STATIC, out);
+    return st == NB_OK ? NB_OK : nbi_trace_err(tr, st, "out of memory building a gradient");
+}
+
+/* Pair the float var leaves of res with the leaves of a tree of the same structure. */
+typedef struct nbi_pairs {
+    nb_trace *tr;
+    const char *who;
+    nb_var **a, **b; /* res var, partner var (NULL when the partner is null) */
+    int n, cap;
+} nbi_pairs;
+
+static nb_status nbi_pairs_cb(void *ud, const char *path, int n, const nb_tree *const *l,
+                              nb_tree **out) {
+    (void)n;
+    nbi_pairs *p = ud;
+    nb_trace *tr = p->tr;
+    const nb_tree *x = l[0], *y = l[1];
+    if (x->kind == NB_TREE_KIND_VAR && nbi_is_float_var(x->u.var.var)) {
+        nb_var *yv = NULL;
+        if (y->kind == NB_TREE_KIND_VAR) {
+            yv = y->u.var.var;
+            const nb_var *xv = x->u.var.var;
+            bool same = yv->dtype == xv->dtype && yv->rank == xv->rank &&
+                        memcmp(yv->shape, xv->shape, (size_t)xv->rank * sizeof(int64_t)) == 0;
+            if (!same) {
+                char a[NBI_SIG_CAP], b[NBI_SIG_CAP];
+                return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                     "%s: at %s the value is %s but its tangent/cotangent is %s "
+                                     "(they must match in dtype and shape)",
+                                     p->who, path[0] ? path : "<root>",
+                                     nbi_var_sig(a, sizeof a, xv), nbi_var_sig(b, sizeof b, yv));
+            }
+        } else if (y->kind != NB_TREE_KIND_NULL) {
+            return nbi_trace_err(tr, NB_ERR_KIND,
+                                 "%s: at %s a tangent/cotangent must be an array or null, not %s",
+                                 p->who, path[0] ? path : "<root>", nb_tree_kind_name(y->kind));
+        }
+        if (p->n == p->cap) {
+            int cap = p->cap ? p->cap * 2 : 16;
+            nb_var **a = nbi_arena_alloc(&tr->arena, (size_t)cap * 2 * sizeof(nb_var *));
+            if (a == NULL) {
+                return nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", p->who);
+            }
+            if (p->n > 0) {
+                memcpy(a, p->a, (size_t)p->n * sizeof(nb_var *));
+                memcpy(a + cap, p->b, (size_t)p->n * sizeof(nb_var *));
+            }
+            p->a = a;
+            p->b = a + cap;
+            p->cap = cap;
+        }
+        p->a[p->n] = x->u.var.var;
+        p->b[p->n] = yv;
+        p->n++;
+    }
+    return nb_tree_null(tr->ctx, out);
+}
+
+static nb_status nbi_pair_up(nb_trace *tr, const char *who, const nb_tree *res,
+                             const nb_tree *partner, nbi_pairs *p) {
+    memset(p, 0, sizeof *p);
+    p->tr = tr;
+    p->who = who;
+    nb_tree *junk = NULL;
+    nb_status st = nb_tree_map_n(2, (const nb_tree *const[]){res, partner}, nbi_pairs_cb, p,
+                                 NB_TREE_MAP_NULLS | NB_TREE_MAP_STATIC, &junk);
+    nb_tree_destroy(junk);
+    if (st != NB_OK && tr->status == NB_OK) {
+        char msg[NBI_ERRMSG_CAP];
+        snprintf(msg, sizeof msg, "%s", nb_ctx_errmsg(tr->ctx));
+        nbi_trace_err(tr, st, "%s: %s", who, msg);
+    }
+    return tr->status != NB_OK ? tr->status : st;
+}
+
+/* The body of a GRAD layer (grad and value_and_grad). */
+static nb_status nbi_trace_grad(nb_trace *tr, const nb_fn *g, const nb_tree *self,
+                                const nb_tree *args, nb_tree **out) {
+    const char *who = g->with_value ? "nb_value_and_grad" : "nb_grad";
+    if (args->kind != NB_TREE_KIND_TUPLE && args->kind != NB_TREE_KIND_LIST) {
+        return nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                             "%s: the arguments of '%s' are a %s; they must be a tuple or list, "
+                             "and the gradient is taken with respect to its first element",
+                             who, g->name, nb_tree_kind_name(args->kind));
+    }
+    if (args->n < 1) {
+        return nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                             "%s: '%s' was called with no arguments; the gradient is taken with "
+                             "respect to the first",
+                             who, g->name);
+    }
+    nbi_mark m;
+    memset(&m, 0, sizeof m);
+    m.tr = tr;
+    m.who = who;
+    m.ctx = tr->ctx;
+    nbi_path path;
+    nbi_path_init(&path);
+    nbi_path_push_key(&path, "args");
+    nbi_path_push_index(&path, 0);
+    nb_tree *x2 = NULL, *args2 = NULL, *res = NULL, *grads = NULL, *value_part = NULL;
+    nb_status st = nbi_mark_rec(&m, args->children[0], g->spec, true, &path, &x2);
+    if (st == NB_OK) {
+        st = nbi_replace_first(tr, args, x2, &args2);
+    }
+    int32_t begin = tr->g.n_nodes;
+    if (st == NB_OK) {
+        tr->ad_depth++;
+        st = nbi_trace_fn(tr, g->inner, self, args2, &res);
+        tr->ad_depth--;
+    }
+    int32_t end = tr->g.n_nodes;
+    const nb_tree *loss_leaf = res;
+    if (st == NB_OK && g->has_aux) {
+        if ((res->kind != NB_TREE_KIND_TUPLE && res->kind != NB_TREE_KIND_LIST) || res->n != 2) {
+            st = nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                               "%s: with has_aux, '%s' must return a pair (loss, aux); it "
+                               "returned a %s of %lld",
+                               who, g->name, nb_tree_kind_name(res->kind), (long long)res->n);
+        } else {
+            loss_leaf = res->children[0];
+        }
+    }
+    nb_var *loss = NULL;
+    if (st == NB_OK) {
+        if (loss_leaf->kind != NB_TREE_KIND_VAR) {
+            char what[128];
+            nbi_sbuf ws = nbi_sbuf_make(what, sizeof what);
+            nbi_sbuf_describe(&ws, loss_leaf);
+            st = nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                               "%s: '%s' must return a scalar loss%s; it returned %s", who, g->name,
+                               g->has_aux ? " as the first of (loss, aux)" : "", what);
+        } else {
+            loss = loss_leaf->u.var.var;
+            char sig[NBI_SIG_CAP];
+            if (loss->rank != 0) {
+                st = nbi_trace_err(tr, NB_ERR_SHAPE,
+                                   "%s: the loss of '%s' is %s; it must be a scalar (rank 0; "
+                                   "reduce it with nb_sum or nb_mean)",
+                                   who, g->name, nbi_var_sig(sig, sizeof sig, loss));
+            } else if (!nbi_is_float_var(loss)) {
+                st = nbi_trace_err(tr, NB_ERR_DTYPE,
+                                   "%s: the loss of '%s' is %s; it must be a float (cast it)", who,
+                                   g->name, nbi_var_sig(sig, sizeof sig, loss));
+            }
+        }
+    }
+    nb_var **cts = NULL;
+    if (st == NB_OK) {
+        cts = nbi_arena_alloc(&tr->arena, (size_t)(m.n_wrt + 1) * sizeof(nb_var *));
+        if (cts == NULL) {
+            st = nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        }
+    }
+    if (st == NB_OK) {
+        nb_var *one = nb_full(tr, loss->dtype, 0, NULL, 1.0);
+        st = nbi_vjp_region(tr, begin, end, 1, &loss, &one, m.n_wrt, m.wrt, cts);
+    }
+    if (st == NB_OK) {
+        st = nbi_fill_tree(tr, x2, m.wrt, cts, m.n_wrt, &grads);
+    }
+    if (st == NB_OK) {
+        nb_tree *second = g->has_aux && !g->with_value ? res->children[1] : NULL;
+        if (g->with_value) {
+            value_part = nb_tree_retain(res); /* value, or (value, aux) */
+            st = nb_tree_tuple(tr->ctx, 2, (nb_tree *[]){value_part, grads}, out);
+        } else if (second != NULL) {
+            st = nb_tree_tuple(tr->ctx, 2, (nb_tree *[]){grads, second}, out);
+        } else {
+            *out = nb_tree_retain(grads);
+        }
+        if (st != NB_OK) {
+            st = nbi_trace_err(tr, st, "%s: out of memory", who);
+        }
+    }
+    nb_tree_destroy(value_part);
+    nb_tree_destroy(grads);
+    nb_tree_destroy(res);
+    nb_tree_destroy(args2);
+    nb_tree_destroy(x2);
+    return st;
+}
+
+/* VJP and JVP layers: args = (primals, ct or tangents). */
+static nb_status nbi_trace_vjp_jvp(nb_trace *tr, const nb_fn *g, const nb_tree *self,
+                                   const nb_tree *args, nb_tree **out) {
+    bool fwd = g->kind == NBI_FN_JVP;
+    const char *who = fwd ? "nb_jvp" : "nb_vjp";
+    if ((args->kind != NB_TREE_KIND_TUPLE && args->kind != NB_TREE_KIND_LIST) || args->n != 2) {
+        return nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                             "%s: '%s' takes the pair (primals, %s), where primals are the "
+                             "arguments of the function; got a %s of %lld",
+                             who, g->name, fwd ? "tangents" : "cotangents",
+                             nb_tree_kind_name(args->kind), (long long)args->n);
+    }
+    nbi_mark m;
+    memset(&m, 0, sizeof m);
+    m.tr = tr;
+    m.who = who;
+    m.ctx = tr->ctx;
+    nbi_path path;
+    nbi_path_init(&path);
+    nb_tree *p2 = NULL, *res = NULL, *tail = NULL;
+    nb_status st = nbi_mark_rec(&m, args->children[0], NULL, true, &path, &p2);
+    nbi_pairs in_pairs;
+    memset(&in_pairs, 0, sizeof in_pairs);
+    if (st == NB_OK && fwd) {
+        st = nbi_pair_up(tr, who, p2, args->children[1], &in_pairs);
+    }
+    int32_t begin = tr->g.n_nodes;
+    if (st == NB_OK) {
+        tr->ad_depth++;
+        st = nbi_trace_fn(tr, g->inner, self, p2, &res);
+        tr->ad_depth--;
+    }
+    int32_t end = tr->g.n_nodes;
+    nbi_pairs out_pairs;
+    memset(&out_pairs, 0, sizeof out_pairs);
+    if (st == NB_OK && !fwd) {
+        st = nbi_pair_up(tr, who, res, args->children[1], &out_pairs);
+    }
+    nb_var **vals = NULL;
+    if (st == NB_OK) {
+        int n = fwd ? 0 : m.n_wrt;
+        if (fwd) {
+            /* outputs: every float var leaf of res */
+            nb_tree *resd = NULL;
+            st = nbi_pair_up(tr, who, res, res, &out_pairs);
+            nb_tree_destroy(resd);
+            n = out_pairs.n;
+        }
+        vals = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_var *));
+        if (st == NB_OK && vals == NULL) {
+            st = nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        }
+    }
+    if (st == NB_OK && !fwd) {
+        st = nbi_vjp_region(tr, begin, end, out_pairs.n, out_pairs.a, out_pairs.b, m.n_wrt, m.wrt,
+                            vals);
+        if (st == NB_OK) {
+            st = nbi_fill_tree(tr, p2, m.wrt, vals, m.n_wrt, &tail);
+        }
+    } else if (st == NB_OK) {
+        st = nbi_jvp_region(tr, begin, end, in_pairs.n, in_pairs.a, in_pairs.b, out_pairs.n,
+                            out_pairs.a, vals);
+        if (st == NB_OK) {
+            st = nbi_fill_tree(tr, res, out_pairs.a, vals, out_pairs.n, &tail);
+        }
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(tr->ctx, 2, (nb_tree *[]){res, tail}, out);
+        if (st != NB_OK) {
+            st = nbi_trace_err(tr, st, "%s: out of memory", who);
+        }
+    }
+    nb_tree_destroy(tail);
+    nb_tree_destroy(res);
+    nb_tree_destroy(p2);
+    return st;
+}
+
+nb_status nbi_trace_transform(nb_trace *tr, const nb_fn *f, const nb_tree *self,
+                              const nb_tree *args, nb_tree **out) {
+    *out = NULL;
+    return f->kind == NBI_FN_GRAD ? nbi_trace_grad(tr, f, self, args, out)
+                                  : nbi_trace_vjp_jvp(tr, f, self, args, out);
+}
