@@ -1029,6 +1029,7 @@ static void build_specs(void) {
     static const nb_dtype BOOLS[] = {NB_DTYPE_BOOL};
     spec_unary(NBI_OP_LOGICAL_NOT, nb_logical_not, rf_not, DOM_BOOL, BOOLS, 1, 0);
     spec_unary(NBI_OP_STOP_GRADIENT, nb_stop_gradient, rf_id, DOM_ANY, ALL, 5, 0);
+    spec_unary(NBI_OP_IDENTITY, nbt_identity, rf_id, DOM_ANY, ALL, 5, 0);
     /* cast: every pair, plus out-of-range and NaN values saturating */
     for (int f = 0; f < 5; f++) {
         for (int t = 0; t < 5; t++) {
