@@ -485,6 +485,10 @@ static void r_constant(const rarr *in, int n, rarr *out, const tcase *c) {
 static double rf_id(double x) {
     return x;
 }
+/* identity has no public builder: gradient transforms emit it (src/ad/transforms.c) */
+static nb_var *nbt_identity(nb_var *x) {
+    return nbi_emit(nb_var_trace(x), NBI_OP_IDENTITY, 1, &x, NULL);
+}
 
 /* ---- reductions --------------------------------------------------------------------- */
 
