@@ -525,6 +525,31 @@ static void r_reduce(const rarr *in, int n, rarr *out, const tcase *c) {
     out->rank = r;
     out->n = shape_n(x->rank, full);
     nbi_op op = c->op;
+    bool wrap = (x->dt == NB_DTYPE_I32 || x->dt == NB_DTYPE_I64) &&
+                (op == NBI_OP_SUM || op == NBI_OP_PROD);
+    if (wrap) {
+        /* integer sums and products wrap: compute them exactly in two's complement */
+        int64_t idx2[NB_MAX_RANK];
+        uint64_t *acc = calloc((size_t)(out->n + 1), sizeof(uint64_t));
+        for (int64_t o = 0; o < out->n; o++) {
+            acc[o] = op == NBI_OP_PROD ? 1 : 0;
+        }
+        for (int64_t i = 0; i < x->n; i++) {
+            unravel(i, x->rank, x->shape, idx2);
+            int64_t o = 0;
+            for (int d = 0; d < x->rank; d++) {
+                o = o * full[d] + (mask[d] ? 0 : idx2[d]);
+            }
+            uint64_t v = (uint64_t)(int64_t)x->v[i];
+            acc[o] = op == NBI_OP_PROD ? acc[o] * v : acc[o] + v;
+        }
+        for (int64_t o = 0; o < out->n; o++) {
+            out->v[o] = x->dt == NB_DTYPE_I32 ? (double)(int32_t)(uint32_t)acc[o]
+                                              : (double)(int64_t)acc[o];
+        }
+        free(acc);
+        return;
+    }
     for (int64_t o = 0; o < out->n; o++) {
         out->v[o] = op == NBI_OP_SUM    ? 0
                     : op == NBI_OP_PROD ? 1
