@@ -66,6 +66,16 @@ NB_API nb_status nb_vjp(nb_fn *f, nb_fn **out);
  * non-float leaves). */
 NB_API nb_status nb_jvp(nb_fn *f, nb_fn **out);
 
+/* g = custom_vjp(f, fwd, bwd), JAX's custom_vjp: g computes what f computes, but reverse
+ * mode through it uses a rule of your own instead of differentiating f's body:
+ *   fwd(args) returns the pair (out, residuals) -- out as f(args) would, residuals any
+ *     tree of values bwd needs;
+ *   bwd((residuals, ct)) returns the cotangents of args: a tree of args' structure with
+ *     an array of the leaf's dtype and shape at each float array leaf (null elsewhere).
+ * out must be a single float array. Forward mode (nb_jvp) through g is an error, as in
+ * JAX. f, fwd and bwd are borrowed and retained. Returns a new reference. */
+NB_API nb_status nb_custom_vjp(nb_fn *f, nb_fn *fwd, nb_fn *bwd, nb_fn **out);
+
 /* The tree grad would return for params (with filter_spec, which may be NULL), holding
  * zero arrays: a zero array of the leaf's dtype and shape at every differentiable leaf,
  * null elsewhere. Optimizer states are built from it (so their structure matches the

@@ -128,6 +128,9 @@ typedef struct nb_fn_stats {
     int64_t n_traces;   /* traces of this function's body */
     int64_t n_hits;     /* calls served from the cache without tracing */
     int64_t n_retraces; /* traces after the first */
+    /* Workspace bytes of the executable the last call ran (its planned intermediates and
+     * kernel scratch: the peak memory of a run beyond inputs and outputs). */
+    size_t workspace_bytes;
 } nb_fn_stats;
 
 /* Counters of f's cache identity (shared by equal functions). Never allocates. */

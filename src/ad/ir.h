@@ -186,6 +186,18 @@ NBI_HIDDEN nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *s
 /* The body of a GRAD, VJP or JVP layer. */
 NBI_HIDDEN nb_status nbi_trace_transform(nb_trace *tr, const nb_fn *f, const nb_tree *self,
                                          const nb_tree *args, nb_tree **out);
+/* Call f inline in tr on args (vars of tr, static leaves, concrete arrays that become
+ * constants), converting f's bound data the same way. *out is a new reference. */
+NBI_HIDDEN nb_status nbi_inline_call(nb_trace *tr, const nb_fn *f, const nb_tree *args,
+                                     nb_tree **out);
+/* custom_vjp: the node's record (at.callee) and its reverse-mode rule. */
+typedef struct nbi_custom_rec {
+    const nb_fn *bwd;
+    nb_tree *args; /* the primal arguments (owned by the trace's arena) */
+    nb_tree *res;  /* the residuals fwd returned (owned likewise) */
+} nbi_custom_rec;
+NBI_HIDDEN void nbi_vjp_custom(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct);
+NBI_HIDDEN nb_var *nbi_jvp_custom(nb_trace *tr, nb_var *node, nb_var *const *tan);
 /* A new function wrapping f (retained) as a layer of the given kind. */
 NBI_HIDDEN nb_status nbi_fn_wrap(nb_fn *f, const char *fn_name, nbi_fn_kind kind, int max_traces,
                                  bool inline_calls, nb_fn **out);

@@ -37,6 +37,10 @@ typedef struct nbi_layer {
     bool with_value;
     nb_treedef *spec_def; /* the filter spec's value (owned by the identity), or NULL */
     const nb_tree *spec;  /* while looking up: the function's own spec tree */
+    /* CUSTOM_VJP: the rule's bodies and the static part of their bound data */
+    nb_fn_body rule_body[2];
+    nb_treedef *rule_def[2]; /* owned by the identity; NULL when a rule has no bound data */
+    const nb_tree *rule_self[2];
 } nbi_layer;
 
 typedef struct nbi_entry {
@@ -158,6 +162,8 @@ void nb_fn_destroy(nb_fn *f) {
         nb_fn *inner = f->inner;
         nb_tree_destroy(f->self);
         nb_tree_destroy(f->spec);
+        nb_fn_destroy(f->fwd);
+        nb_fn_destroy(f->bwd);
         nbi_fn_free_owned(f);
         nbi_obj_release(&f->hdr);
         f = inner;
@@ -248,6 +254,14 @@ static const nb_fn *nbi_fn_plain(const nb_fn *f) {
 
 /* ---- the cache state ---------------------------------------------------------------- */
 
+static void nbi_layers_free(nbi_layer *layers, int n) {
+    for (int i = 0; i < n; i++) {
+        nb_treedef_destroy(layers[i].spec_def);
+        nb_treedef_destroy(layers[i].rule_def[0]);
+        nb_treedef_destroy(layers[i].rule_def[1]);
+    }
+}
+
 static void nbi_entry_free(nb_ctx *ctx, nbi_entry *e) {
     nb_treedef_destroy(e->args_def);
     nb_treedef_destroy(e->out_def);
@@ -273,9 +287,7 @@ static void nbi_ident_free(nb_ctx *ctx, nbi_ident *id) {
     }
     nb_tree_destroy(id->last_sig);
     nb_treedef_destroy(id->self_def);
-    for (int i = 0; i < id->n_layers; i++) {
-        nb_treedef_destroy(id->layers[i].spec_def);
-    }
+    nbi_layers_free(id->layers, id->n_layers);
     nbi_free(ctx, id, sizeof *id);
 }
 
@@ -357,6 +369,13 @@ static int nbi_layers_of(const nb_fn *f, nbi_layer *layers) {
         layers[n].has_aux = g->has_aux;
         layers[n].with_value = g->with_value;
         layers[n].spec = g->spec;
+        if (g->kind == NBI_FN_CUSTOM_VJP) {
+            const nb_fn *rules[2] = {nbi_fn_plain(g->fwd), nbi_fn_plain(g->bwd)};
+            for (int r = 0; r < 2; r++) {
+                layers[n].rule_body[r] = rules[r]->body;
+                layers[n].rule_self[r] = rules[r]->self;
+            }
+        }
         n++;
     }
     return n;
@@ -371,6 +390,13 @@ static uint64_t nbi_ident_hash(const nbi_layer *layers, int n, nb_fn_body body,
         h = nbi_mix(h, (uint64_t)layers[i].inline_calls);
         h = nbi_mix(h, (uint64_t)layers[i].has_aux * 2 + (uint64_t)layers[i].with_value);
         h = nbi_mix(h, layers[i].spec ? nbi_tree_def_hash(layers[i].spec) : 0);
+        for (int r = 0; r < 2; r++) {
+            uint64_t rb = 0;
+            nb_fn_body fb = layers[i].rule_body[r];
+            memcpy(&rb, &fb, sizeof fb < sizeof rb ? sizeof fb : sizeof rb);
+            h = nbi_mix(h, rb);
+            h = nbi_mix(h, layers[i].rule_self[r] ? nbi_tree_def_hash(layers[i].rule_self[r]) : 0);
+        }
     }
     nb_fn_body b = body;
     uint64_t bits = 0;
@@ -402,6 +428,12 @@ static nbi_ident *nbi_ident_find(nbi_jit_state *s, const nb_fn *f, bool create, 
                    (id->layers[i].spec_def == NULL) == (layers[i].spec == NULL) &&
                    (layers[i].spec == NULL ||
                     nbi_tree_def_match(layers[i].spec, id->layers[i].spec_def));
+            for (int r = 0; r < 2 && same; r++) {
+                const nb_tree *rs = layers[i].rule_self[r];
+                same = id->layers[i].rule_body[r] == layers[i].rule_body[r] &&
+                       (id->layers[i].rule_def[r] == NULL) == (rs == NULL) &&
+                       (rs == NULL || nbi_tree_def_match(rs, id->layers[i].rule_def[r]));
+            }
         }
         if (same && (p->self == NULL || nbi_tree_def_match(p->self, id->self_def))) {
             return id;
@@ -419,22 +451,27 @@ static nbi_ident *nbi_ident_find(nbi_jit_state *s, const nb_fn *f, bool create, 
     id->hash = h;
     id->n_layers = n;
     memcpy(id->layers, layers, sizeof layers);
+    bool ok = true;
     for (int i = 0; i < n; i++) {
-        id->layers[i].spec = NULL; /* the function's tree is not kept; its value is */
-        if (layers[i].spec != NULL &&
-            nb_tree_treedef(layers[i].spec, &id->layers[i].spec_def) != NB_OK) {
-            for (int j = 0; j < i; j++) {
-                nb_treedef_destroy(id->layers[j].spec_def);
-            }
-            nbi_free(s->ctx, id, sizeof *id);
-            return NULL;
+        id->layers[i].spec = NULL; /* the functions' trees are not kept; their values are */
+        id->layers[i].rule_self[0] = id->layers[i].rule_self[1] = NULL;
+        if (ok && layers[i].spec != NULL) {
+            ok = nb_tree_treedef(layers[i].spec, &id->layers[i].spec_def) == NB_OK;
         }
+        for (int r = 0; r < 2 && ok; r++) {
+            if (layers[i].rule_self[r] != NULL) {
+                ok = nb_tree_treedef(layers[i].rule_self[r], &id->layers[i].rule_def[r]) == NB_OK;
+            }
+        }
+    }
+    if (!ok) {
+        nbi_layers_free(id->layers, n);
+        nbi_free(s->ctx, id, sizeof *id);
+        return NULL;
     }
     id->body = p->body;
     if (p->self != NULL && nb_tree_treedef(p->self, &id->self_def) != NB_OK) {
-        for (int i = 0; i < n; i++) {
-            nb_treedef_destroy(id->layers[i].spec_def);
-        }
+        nbi_layers_free(id->layers, n);
         nbi_free(s->ctx, id, sizeof *id);
         return NULL;
     }
@@ -735,7 +772,8 @@ nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self, const 
             return st;
         }
     }
-    if (f->kind == NBI_FN_GRAD || f->kind == NBI_FN_VJP || f->kind == NBI_FN_JVP) {
+    if (f->kind == NBI_FN_GRAD || f->kind == NBI_FN_VJP || f->kind == NBI_FN_JVP ||
+        (f->kind == NBI_FN_CUSTOM_VJP && tr->ad_depth > 0)) {
         return nbi_trace_transform(tr, f, self, args, out);
     }
     if (f->kind != NBI_FN_PLAIN) {
@@ -1186,6 +1224,7 @@ nb_status nb_fn_call_ex(nb_fn *f, const nb_tree *args, const nb_call_opts *opts,
         st = nbi_donate_walk(ctx, args, opts->donate, false, donate, &k, &path);
     }
     if (st == NB_OK) {
+        id->stats.workspace_bytes = nbi_exec_workspace_bytes(e->exec);
         st = nbi_run_entry(s, e, s->leafbuf, n, first_arg, donate, out);
     }
     if (donate != NULL) {
@@ -1307,6 +1346,25 @@ static const nb_tree *nbi_apply_call(nb_trace *tr, const nb_fn *f, const nb_tree
     return res;
 }
 
+nb_status nbi_inline_call(nb_trace *tr, const nb_fn *f, const nb_tree *args, nb_tree **out) {
+    const nb_fn *p = nbi_fn_plain(f);
+    nb_tree *self_v = NULL, *args_v = NULL;
+    nb_status st = NB_OK;
+    *out = NULL;
+    if (p->self != NULL) {
+        st = nbi_vars_tree(tr, p->self, false, NULL, "self", &self_v);
+    }
+    if (st == NB_OK) {
+        st = nbi_vars_tree(tr, args, false, NULL, "args", &args_v);
+    }
+    if (st == NB_OK) {
+        st = nbi_trace_fn(tr, f, self_v, args_v, out);
+    }
+    nb_tree_destroy(self_v);
+    nb_tree_destroy(args_v);
+    return st;
+}
+
 const nb_tree *nb_apply(nb_trace *tr, nb_fn *f, const nb_tree *args) {
     if (tr == NULL || tr->status != NB_OK) {
         return NULL;
@@ -1330,22 +1388,8 @@ const nb_tree *nb_apply(nb_trace *tr, nb_fn *f, const nb_tree *args) {
             return nbi_apply_call(tr, g, args);
         }
     }
-    /* Inline: trace the body into this trace. */
-    const nb_fn *p = nbi_fn_plain(f);
-    nb_tree *self_v = NULL, *args_v = NULL, *res = NULL;
-    nb_status st = NB_OK;
-    if (p->self != NULL) {
-        st = nbi_vars_tree(tr, p->self, false, NULL, "self", &self_v);
-    }
-    if (st == NB_OK) {
-        st = nbi_vars_tree(tr, args, false, NULL, "args", &args_v);
-    }
-    if (st == NB_OK) {
-        st = nbi_trace_fn(tr, f, self_v, args_v, &res);
-    }
-    nb_tree_destroy(self_v);
-    nb_tree_destroy(args_v);
-    if (st != NB_OK || nbi_trace_own(tr, res) != NB_OK) {
+    nb_tree *res = NULL;
+    if (nbi_inline_call(tr, f, args, &res) != NB_OK || nbi_trace_own(tr, res) != NB_OK) {
         return NULL;
     }
     return res;

@@ -163,6 +163,9 @@ static nb_status nbi_infer_select(nb_trace *tr, nb_var *p) {
     }
     nb_status st = nbi_bcast_or_err(tr, "select", 3, p->in, p);
     p->dtype = a->dtype;
+    if ((a->flags & NBI_NODE_WEAK) && (b->flags & NBI_NODE_WEAK)) {
+        p->flags |= NBI_NODE_WEAK; /* select of two weak scalars stays weak, as in JAX */
+    }
     return st;
 }
 
@@ -916,8 +919,9 @@ static nb_var *nbi_bcast_to_node(nb_var *t, const nb_var *node) {
 static nb_var *nbi_minmax_share(nb_trace *tr, nb_var *node, int which) {
     nb_var *a = node->in[which], *b = node->in[1 - which];
     nb_var *wins = node->op == NBI_OP_MAXIMUM ? nb_gt(a, b) : nb_lt(a, b);
-    nb_var *one = nb_scalar_typed(tr, node->dtype, 1.0), *half = NBI_S(tr, 0.5);
-    return nb_select(wins, one, nb_select(nb_eq(a, b), half, NBI_S(tr, 0.0)));
+    nb_dtype d = node->dtype;
+    nb_var *one = nb_scalar_typed(tr, d, 1.0), *half = nb_scalar_typed(tr, d, 0.5);
+    return nb_select(wins, one, nb_select(nb_eq(a, b), half, nb_scalar_typed(tr, d, 0.0)));
 }
 
 static void nbi_vjp_binary(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {

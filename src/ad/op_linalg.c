@@ -322,7 +322,107 @@ static void nbi_k_matmul(const nbi_kargs *k) {
     }
 }
 
+/* ---- VJP and JVP rules ---------------------------------------------------------------
+ *
+ * With A and B the matrices the node multiplies (an operand flagged as stored transposed
+ * read through a transpose of its last two axes; a rank-1 a read as [1, k], a rank-1 b as
+ * [k, 1]) and C = A @ B over the broadcast batch:
+ *   vjp: ct_A = ct @ B^T and ct_B = A^T @ ct, each summed over the batch dims its operand
+ *        broadcast (nbi_unbroadcast), then brought back to the operand's stored form (the
+ *        promoted dim dropped, a flagged operand transposed back);
+ *   jvp: dC = dA @ B + A @ dB (nb_matmul does the promotion itself).
+ * Written with the public builders only: the transposes they emit are folded into the
+ * products' strides by the optimizer's transpose-matmul pass, as for user code. Integer
+ * products never reach these rules (autodiff visits float nodes only). */
+
+/* x with its last two axes swapped (rank >= 2) */
+static nb_var *nbi_mm_swap(nb_var *x) {
+    int r = nb_var_rank(x), perm[NB_MAX_RANK];
+    for (int i = 0; i < r; i++) {
+        perm[i] = i;
+    }
+    perm[r - 2] = r - 1;
+    perm[r - 1] = r - 2;
+    return nb_transpose(x, perm);
+}
+
+/* What the node multiplies for operand j (value x of that operand's stored shape): the
+ * stored-transposed flag undone and a rank-1 operand promoted to a matrix. */
+static nb_var *nbi_mm_operand(const nb_var *node, int j, nb_var *x) {
+    if (x == NULL) {
+        return NULL;
+    }
+    if (nbi_mm_trans(node, j)) {
+        return nbi_mm_swap(x);
+    }
+    if (node->in[j]->rank == 1) {
+        int64_t k = node->in[j]->shape[0];
+        int64_t s[2] = {j == 0 ? 1 : k, j == 0 ? k : 1};
+        return nb_reshape(x, 2, s);
+    }
+    return x;
+}
+
+/* The cotangent ctm of operand j's matrix form (batch dims broadcast) back to the operand
+ * as stored. */
+static nb_var *nbi_mm_back(const nb_var *node, int j, nb_var *ctm) {
+    const nb_var *x = node->in[j];
+    bool t = nbi_mm_trans(node, j);
+    int64_t s[NB_MAX_RANK];
+    int r = x->rank;
+    if (r == 1) {
+        s[0] = j == 0 ? 1 : x->shape[0];
+        s[1] = j == 0 ? x->shape[0] : 1;
+        r = 2;
+    } else {
+        memcpy(s, x->shape, (size_t)r * sizeof(int64_t));
+        if (t) {
+            s[r - 2] = x->shape[r - 1];
+            s[r - 1] = x->shape[r - 2];
+        }
+    }
+    nb_var *c = nbi_unbroadcast(ctm, r, s);
+    if (t) {
+        return nbi_mm_swap(c);
+    }
+    return nb_reshape(c, x->rank, x->shape); /* drops a promoted dim; no node otherwise */
+}
+
+static void nbi_vjp_matmul(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) {
+    (void)tr;
+    nb_var *a = nbi_mm_operand(node, 0, node->in[0]);
+    nb_var *b = nbi_mm_operand(node, 1, node->in[1]);
+    /* ct as [batch..., m, n]: the dims a rank-1 operand dropped put back */
+    int rbat = node->rank - (node->in[0]->rank >= 2) - (node->in[1]->rank >= 2);
+    int64_t s[NB_MAX_RANK];
+    memcpy(s, node->shape, (size_t)rbat * sizeof(int64_t));
+    s[rbat] = nb_var_dim(a, -2);
+    s[rbat + 1] = nb_var_dim(b, -1);
+    nb_var *g = nb_reshape(ct, rbat + 2, s);
+    in_ct[0] = nbi_mm_back(node, 0, nb_matmul(g, nbi_mm_swap(b)));
+    in_ct[1] = nbi_mm_back(node, 1, nb_matmul(nbi_mm_swap(a), g));
+}
+
+static nb_var *nbi_jvp_matmul(nb_trace *tr, nb_var *node, nb_var *const *tan) {
+    (void)tr;
+    nb_var *p = NULL, *q = NULL;
+    /* rank-1 operands stay rank 1: nb_matmul promotes them and drops the dims itself */
+    nb_var *a = nbi_mm_trans(node, 0) ? nbi_mm_swap(node->in[0]) : node->in[0];
+    nb_var *b = nbi_mm_trans(node, 1) ? nbi_mm_swap(node->in[1]) : node->in[1];
+    if (tan[0] != NULL) {
+        p = nb_matmul(nbi_mm_trans(node, 0) ? nbi_mm_swap(tan[0]) : tan[0], b);
+    }
+    if (tan[1] != NULL) {
+        q = nb_matmul(a, nbi_mm_trans(node, 1) ? nbi_mm_swap(tan[1]) : tan[1]);
+    }
+    return p && q ? nb_add(p, q) : p ? p : q;
+}
+
 /* ---- registry entries --------------------------------------------------------------- */
 
-const nbi_op_info nbi_opinfo_matmul = {
-    .name = "matmul", .n_in = 2, .infer = nbi_infer_matmul, .kernel = nbi_k_matmul};
+const nbi_op_info nbi_opinfo_matmul = {.name = "matmul",
+                                       .n_in = 2,
+                                       .infer = nbi_infer_matmul,
+                                       .kernel = nbi_k_matmul,
+                                       .vjp = nbi_vjp_matmul,
+                                       .jvp = nbi_jvp_matmul};

@@ -294,6 +294,17 @@ const nbi_op_info nbi_opinfo_identity = {.name = "identity",
                                          .vjp = nbi_vjp_identity,
                                          .jvp = nbi_jvp_identity};
 
+/* custom_vjp: out = in[0] (computed by the user's fwd from stopped inputs); the other
+ * inputs are the primal arguments (which receive the user's bwd cotangents) and the
+ * residuals. The simplify pass removes it before compiling, like identity. */
+const nbi_op_info nbi_opinfo_custom_vjp = {.name = "custom_vjp",
+                                           .n_in = -1,
+                                           .infer = nbi_infer_identity,
+                                           .kernel = nbi_k_copy,
+                                           .nondiff = 1,
+                                           .vjp = nbi_vjp_custom,
+                                           .jvp = nbi_jvp_custom};
+
 const nbi_op_info nbi_opinfo_call = {.name = "call",
                                      .n_in = -1,
                                      .infer = nbi_infer_call,

@@ -863,19 +863,224 @@ static void nbi_k_arg(const nbi_kargs *k) {
     }
 }
 
+/* ---- VJP and JVP rules ---------------------------------------------------------------
+ *
+ * Written with the public builders, so they are more IR and compose (grad of grad, jvp of
+ * grad). x is the input, y the node (the reduction's output), g the output cotangent and t
+ * the input tangent (NULL: zero). The rules read the node's normalised axes and keepdims.
+ *   sum:      vjp: g with the reduced axes put back as size 1 (when keepdims was false),
+ *             broadcast to x's shape; jvp: the same sum of t.
+ *   max, min: JAX's convention: the gradient goes in equal shares to every position that
+ *             equals the extremum (ties split it; a NaN extremum, which no element equals,
+ *             gives 0/0 = NaN as in JAX): vjp: where(x == y, g / count, 0); jvp:
+ *             sum(where(x == y, t, 0)) / count, count being the number of such positions.
+ *   prod:     through a product tree (see nbi_ptree below), exact at zeros.
+ *   argmax, argmin: no rules (integer output). */
+
+/* The node's axes as the ints the builders take; returns their number. */
+static int nbi_rule_axes(const nb_var *node, int *axes) {
+    for (int i = 0; i < node->at.n_axes; i++) {
+        axes[i] = node->at.axes[i];
+    }
+    return node->at.n_axes;
+}
+
+/* v, shaped like the reduction node's output, with the reduced axes as size-1 dims (no node
+ * when keepdims was already set). */
+static nb_var *nbi_keep_dims(nb_var *v, const nb_var *node) {
+    if (node->at.keepdims) {
+        return v;
+    }
+    nbi_attrs at = node->at;
+    at.keepdims = true;
+    int64_t shape[NB_MAX_RANK];
+    int r = nbi_reduced_shape(node->in[0], &at, shape);
+    return nb_reshape(v, r, shape);
+}
+
+static void nbi_vjp_sum(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    (void)tr;
+    const nb_var *x = node->in[0];
+    in_ct[0] = nb_broadcast_to(nbi_keep_dims(g, node), x->rank, x->shape);
+}
+
+static nb_var *nbi_jvp_sum(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    (void)tr;
+    if (t[0] == NULL) {
+        return NULL;
+    }
+    int axes[NB_MAX_RANK];
+    int n = nbi_rule_axes(node, axes);
+    return nb_sum(t[0], axes, n, node->at.keepdims);
+}
+
+/* max/min: where x equals its extremum (bool, x's shape). */
+static nb_var *nbi_extremum_hits(nb_var *node) {
+    return nb_eq(node->in[0], nbi_keep_dims(node, node));
+}
+
+static void nbi_vjp_extremum(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    nb_var *x = node->in[0];
+    int axes[NB_MAX_RANK];
+    int n = nbi_rule_axes(node, axes);
+    nb_var *hit = nbi_extremum_hits(node);
+    nb_var *count = nb_sum(nb_cast(hit, x->dtype), axes, n, true);
+    nb_var *share = nb_div(nbi_keep_dims(g, node), count);
+    in_ct[0] = nb_select(hit, share, nb_scalar(tr, 0.0));
+}
+
+static nb_var *nbi_jvp_extremum(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    if (t[0] == NULL) {
+        return NULL;
+    }
+    nb_var *x = node->in[0];
+    int axes[NB_MAX_RANK];
+    int n = nbi_rule_axes(node, axes);
+    bool keep = node->at.keepdims;
+    nb_var *hit = nbi_extremum_hits(node);
+    nb_var *count = nb_sum(nb_cast(hit, x->dtype), axes, n, keep);
+    return nb_div(nb_sum(nb_select(hit, t[0], nb_scalar(tr, 0.0)), axes, n, keep), count);
+}
+
+/* prod's derivatives go through a product tree, as JAX's _reduce_prod_jvp_rule: x is viewed
+ * as a matrix [n, m] whose rows run over the reduced axes (moved to the front and
+ * flattened), and the rows are multiplied pairwise -- the first half of the rows times the
+ * second half, padded with a row of ones when the count is odd -- level by level, down to
+ * one row. Each level is an elementwise product, whose rules are exact however many zeros x
+ * holds: the derivative with respect to x_i comes out as the product of the other elements
+ * (nonzero at the single zero of a slice with one zero, 0 with two or more, never NaN), not
+ * as y / x_i, and it is itself differentiable, so Hessians are right at zeros too. The
+ * kernel's own left-to-right product is still the forward value; the tree only carries the
+ * derivatives. Cost: about 2nm multiplications and log2(n) levels of slices, pads and
+ * concatenations per rule. */
+#define NBI_PTREE_LEVELS 64 /* n < 2^63 rows halve to one in at most 63 levels */
+
+typedef struct nbi_ptree {
+    int perm[NB_MAX_RANK];       /* the reduced axes first, then the kept ones */
+    int64_t tshape[NB_MAX_RANK]; /* x's shape in perm's order */
+    int64_t n, m;                /* x as [n, m] */
+    int levels;                  /* level k multiplies a[k] * b[k] (rows[k] rows before) */
+    nb_var *a[NBI_PTREE_LEVELS]; /* the first half of the rows */
+    nb_var *b[NBI_PTREE_LEVELS]; /* the second half, padded with a row of ones if odd */
+    int64_t rows[NBI_PTREE_LEVELS];
+} nbi_ptree;
+
+/* rows [lo, hi) of a [*, m] matrix */
+static nb_var *nbi_rows(nb_var *v, int64_t lo, int64_t hi, int64_t m) {
+    return nb_slice(v, (const int64_t[]){lo, 0}, (const int64_t[]){hi, m}, NULL);
+}
+
+/* v (shaped like x) as the tree's [n, m] matrix */
+static nb_var *nbi_ptree_in(const nbi_ptree *p, nb_var *v) {
+    return nb_reshape(nb_transpose(v, p->perm), 2, (const int64_t[]){p->n, p->m});
+}
+
+/* The levels of the tree of node's input (whose size must be > 0). */
+static void nbi_ptree_build(nb_var *node, nbi_ptree *p) {
+    nb_var *x = node->in[0];
+    bool red[NB_MAX_RANK] = {false};
+    int k = 0;
+    p->n = 1;
+    for (int i = 0; i < node->at.n_axes; i++) {
+        red[node->at.axes[i]] = true;
+        p->perm[k] = node->at.axes[i];
+        p->tshape[k++] = x->shape[node->at.axes[i]];
+        p->n *= x->shape[node->at.axes[i]];
+    }
+    for (int i = 0; i < x->rank; i++) {
+        if (!red[i]) {
+            p->perm[k] = i;
+            p->tshape[k++] = x->shape[i];
+        }
+    }
+    p->m = x->size / p->n;
+    nb_var *v = nbi_ptree_in(p, x);
+    p->levels = 0;
+    for (int64_t len = p->n; len > 1 && p->levels < NBI_PTREE_LEVELS;) {
+        int64_t n1 = (len + 1) / 2;
+        nb_var *a = nbi_rows(v, 0, n1, p->m), *b = nbi_rows(v, n1, len, p->m);
+        if (2 * n1 != len) {
+            b = nb_pad(b, NULL, (const int64_t[]){1, 0}, 1.0);
+        }
+        p->a[p->levels] = a;
+        p->b[p->levels] = b;
+        p->rows[p->levels++] = len;
+        v = nb_mul(a, b);
+        len = n1;
+    }
+}
+
+static void nbi_vjp_prod(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    nb_var *x = node->in[0];
+    if (x->size == 0) { /* nothing to differentiate (an empty product is the constant 1) */
+        in_ct[0] = nbi_zeros_like(tr, x);
+        return;
+    }
+    nbi_ptree p;
+    nbi_ptree_build(node, &p);
+    nb_var *c = nb_reshape(g, 2, (const int64_t[]){1, p.m});
+    for (int k = p.levels - 1; k >= 0; k--) {
+        int64_t len = p.rows[k], n1 = (len + 1) / 2;
+        nb_var *parts[2] = {nb_mul(c, p.b[k]), nb_mul(c, p.a[k])};
+        if (2 * n1 != len) {
+            parts[1] = nbi_rows(parts[1], 0, len - n1, p.m); /* drop the padding row */
+        }
+        c = nb_concatenate(2, parts, 0);
+    }
+    int inv[NB_MAX_RANK];
+    for (int i = 0; i < x->rank; i++) {
+        inv[p.perm[i]] = i;
+    }
+    in_ct[0] = nb_transpose(nb_reshape(c, x->rank, p.tshape), inv);
+}
+
+static nb_var *nbi_jvp_prod(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    (void)tr;
+    nb_var *x = node->in[0];
+    if (t[0] == NULL || x->size == 0) {
+        return NULL;
+    }
+    nbi_ptree p;
+    nbi_ptree_build(node, &p);
+    nb_var *d = nbi_ptree_in(&p, t[0]);
+    for (int k = 0; k < p.levels; k++) {
+        int64_t len = p.rows[k], n1 = (len + 1) / 2;
+        nb_var *da = nbi_rows(d, 0, n1, p.m), *db = nbi_rows(d, n1, len, p.m);
+        if (2 * n1 != len) {
+            db = nb_pad(db, NULL, (const int64_t[]){1, 0}, 0.0);
+        }
+        d = nb_add(nb_mul(da, p.b[k]), nb_mul(p.a[k], db));
+    }
+    return nb_reshape(d, node->rank, node->shape);
+}
+
 /* ---- registry entries --------------------------------------------------------------- */
 
 const nbi_op_info nbi_opinfo_sum = {.name = "sum",
                                     .n_in = 1,
                                     .infer = nbi_infer_reduce,
                                     .kernel = nbi_k_reduce,
-                                    .scratch = nbi_scratch_reduce};
-const nbi_op_info nbi_opinfo_max = {
-    .name = "max", .n_in = 1, .infer = nbi_infer_reduce, .kernel = nbi_k_reduce};
-const nbi_op_info nbi_opinfo_min = {
-    .name = "min", .n_in = 1, .infer = nbi_infer_reduce, .kernel = nbi_k_reduce};
-const nbi_op_info nbi_opinfo_prod = {
-    .name = "prod", .n_in = 1, .infer = nbi_infer_reduce, .kernel = nbi_k_reduce};
+                                    .scratch = nbi_scratch_reduce,
+                                    .vjp = nbi_vjp_sum,
+                                    .jvp = nbi_jvp_sum};
+const nbi_op_info nbi_opinfo_max = {.name = "max",
+                                    .n_in = 1,
+                                    .infer = nbi_infer_reduce,
+                                    .kernel = nbi_k_reduce,
+                                    .vjp = nbi_vjp_extremum,
+                                    .jvp = nbi_jvp_extremum};
+const nbi_op_info nbi_opinfo_min = {.name = "min",
+                                    .n_in = 1,
+                                    .infer = nbi_infer_reduce,
+                                    .kernel = nbi_k_reduce,
+                                    .vjp = nbi_vjp_extremum,
+                                    .jvp = nbi_jvp_extremum};
+const nbi_op_info nbi_opinfo_prod = {.name = "prod",
+                                     .n_in = 1,
+                                     .infer = nbi_infer_reduce,
+                                     .kernel = nbi_k_reduce,
+                                     .vjp = nbi_vjp_prod,
+                                     .jvp = nbi_jvp_prod};
 /* An index has no gradient. */
 const nbi_op_info nbi_opinfo_argmax = {
     .name = "argmax", .n_in = 1, .infer = nbi_infer_arg, .kernel = nbi_k_arg, .nondiff = 1};

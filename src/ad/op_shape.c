@@ -1465,27 +1465,333 @@ static void nbi_k_dyn_update(const nbi_kargs *k) {
     nbi_copy_block(k->out, oo, xst, k->in[1], 0, ust, u->rank, u->shape, es);
 }
 
+/* ---- VJP and JVP rules ---------------------------------------------------------------
+ *
+ * Written with the public builders, so they are more IR and compose (grad of grad, jvp of
+ * grad). x is the data input, g the output cotangent, t a tangent (NULL: zero). Every op
+ * here is linear in its data inputs, so each JVP applies the op itself to the tangents
+ * (zeros standing in for a missing one where there are several data inputs), and each VJP
+ * is the op's transpose:
+ *   reshape: g reshaped to x's shape;       broadcast_to: g summed back (nbi_unbroadcast);
+ *   transpose: g by the inverse permutation; pad: the interior slice of g;
+ *   concatenate: g sliced into the inputs' pieces along the axis;
+ *   slice: g scattered into zeros at the positions read (nbi_unslice: exact for every
+ *     slice nb_slice accepts -- negative and large steps, empty results);
+ *   take, take_along_axis: g scatter-added into zeros at the indices the kernel used
+ *     (negative ones counted back, then clamped), duplicates accumulating (nbi_vjp_take,
+ *     nbi_vjp_take_along); the indices get nothing;
+ *   dynamic_slice: g written into zeros at the same clamped starts (dynamic_update_slice
+ *     clamps a block of g's size exactly as the forward op clamped it);
+ *   dynamic_update_slice: x gets g with the update's block zeroed, the update gets that
+ *     block of g; the starts get nothing.
+ * one_hot has no rules (integer input). */
+
+static void nbi_vjp_reshape(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    (void)tr;
+    in_ct[0] = nb_reshape(g, node->in[0]->rank, node->in[0]->shape);
+}
+
+static nb_var *nbi_jvp_reshape(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    (void)tr;
+    return t[0] ? nb_reshape(t[0], node->rank, node->shape) : NULL;
+}
+
+static void nbi_vjp_broadcast(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    (void)tr;
+    in_ct[0] = nbi_unbroadcast(g, node->in[0]->rank, node->in[0]->shape);
+}
+
+static nb_var *nbi_jvp_broadcast(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    (void)tr;
+    return t[0] ? nb_broadcast_to(t[0], node->rank, node->shape) : NULL;
+}
+
+static void nbi_vjp_transpose(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    (void)tr;
+    int inv[NB_MAX_RANK];
+    for (int i = 0; i < node->rank; i++) {
+        inv[node->at.axes[i]] = i;
+    }
+    in_ct[0] = nb_transpose(g, inv);
+}
+
+static nb_var *nbi_jvp_transpose(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    (void)tr;
+    if (t[0] == NULL) {
+        return NULL;
+    }
+    int perm[NB_MAX_RANK];
+    for (int i = 0; i < node->rank; i++) {
+        perm[i] = node->at.axes[i];
+    }
+    return nb_transpose(t[0], perm);
+}
+
+/* v reversed along axis d. */
+static nb_var *nbi_reverse_axis(nb_var *v, int d) {
+    int64_t step[NB_MAX_RANK];
+    for (int i = 0; i < v->rank; i++) {
+        step[i] = i == d ? -1 : 1;
+    }
+    return nb_slice(v, NULL, NULL, step);
+}
+
+/* v with s - 1 zeros between consecutive elements along axis d (n >= 1 elements there
+ * become (n - 1) s + 1, element i moving to i s): v viewed as [outer, n, 1, inner], padded
+ * to [outer, n, s, inner], read as [outer, n s, inner] and cut after the last element. */
+static nb_var *nbi_spread_axis(nb_var *v, int d, int64_t s) {
+    int64_t outer = nbi_shape_size(d, v->shape), n = v->shape[d];
+    int64_t inner = nbi_shape_size(v->rank - d - 1, v->shape + d + 1);
+    int64_t span = (n - 1) * s + 1, shape[NB_MAX_RANK];
+    nb_var *w = nb_reshape(v, 4, (const int64_t[]){outer, n, 1, inner});
+    w = nb_pad(w, NULL, (const int64_t[]){0, 0, s - 1, 0}, 0.0);
+    w = nb_reshape(w, 3, (const int64_t[]){outer, n * s, inner});
+    w = nb_slice(w, (const int64_t[]){0, 0, 0}, (const int64_t[]){outer, span, inner}, NULL);
+    memcpy(shape, v->shape, (size_t)v->rank * sizeof(int64_t));
+    shape[d] = span;
+    return nb_reshape(w, v->rank, shape);
+}
+
+/* The adjoint of a slice: g (the slice's shape) scattered into zeros of x's shape at the
+ * positions the slice read. The canonical attributes read a + i c along each axis. Per axis,
+ * a negative step is undone by reversing g (the positions are then increasing from
+ * a + (n-1) c), a step |c| > 1 by spreading g's elements |c| apart; one pad then places the
+ * block at its lowest position. Every element of the result is either an element of g or an
+ * exact 0. */
+static nb_var *nbi_unslice(nb_trace *tr, const nb_var *node, nb_var *g) {
+    const nb_var *x = node->in[0];
+    if (g->size == 0) {
+        return nbi_zeros_like(tr, x);
+    }
+    int64_t lo[NB_MAX_RANK], hi[NB_MAX_RANK];
+    for (int d = 0; d < x->rank; d++) {
+        int64_t n = node->shape[d], a = node->at.a[d], c = node->at.c[d];
+        /* canonical: c == 1 unless n >= 2, and then |c| < len, so -c cannot overflow */
+        if (c < 0) {
+            g = nbi_reverse_axis(g, d);
+            a += (n - 1) * c;
+            c = -c;
+        }
+        if (c > 1) {
+            g = nbi_spread_axis(g, d, c);
+        }
+        lo[d] = a;
+        hi[d] = x->shape[d] - a - (n - 1) * c - 1;
+    }
+    return nb_pad(g, lo, hi, 0.0);
+}
+
+static void nbi_vjp_slice(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    in_ct[0] = nbi_unslice(tr, node, g);
+}
+
+/* The same slice of t: the canonical bounds turned back into nb_slice's arguments (a stop
+ * of -1, one below index 0, is written -1 - len so that it is not counted back). */
+static nb_var *nbi_jvp_slice(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    (void)tr;
+    if (t[0] == NULL) {
+        return NULL;
+    }
+    const nb_var *x = node->in[0];
+    int64_t stop[NB_MAX_RANK];
+    for (int d = 0; d < x->rank; d++) {
+        stop[d] = node->at.b[d] < 0 ? -1 - x->shape[d] : node->at.b[d];
+    }
+    return nb_slice(t[0], node->at.a, stop, node->at.c);
+}
+
+static void nbi_vjp_concat(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    (void)tr;
+    int ax = node->at.axis, r = node->rank;
+    int64_t start[NB_MAX_RANK] = {0}, stop[NB_MAX_RANK];
+    memcpy(stop, node->shape, (size_t)r * sizeof(int64_t));
+    for (int32_t j = 0; j < node->n_in; j++) {
+        stop[ax] = start[ax] + node->in[j]->shape[ax];
+        in_ct[j] = nb_slice(g, start, stop, NULL);
+        start[ax] = stop[ax];
+    }
+}
+
+static nb_var *nbi_jvp_concat(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    bool any = false;
+    for (int32_t j = 0; j < node->n_in; j++) {
+        any = any || t[j] != NULL;
+    }
+    if (!any) {
+        return NULL;
+    }
+    nb_var **parts = nbi_arena_alloc(&tr->arena, (size_t)node->n_in * sizeof(nb_var *));
+    if (parts == NULL) {
+        return nbi_trace_errv(tr, NB_ERR_OOM, "nb_concatenate: out of memory in forward mode");
+    }
+    for (int32_t j = 0; j < node->n_in; j++) {
+        parts[j] = t[j] ? t[j] : nbi_zeros_like(tr, node->in[j]);
+    }
+    return nb_concatenate(node->n_in, parts, node->at.axis);
+}
+
+static void nbi_vjp_pad(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    (void)tr;
+    const nb_var *x = node->in[0];
+    int64_t stop[NB_MAX_RANK];
+    for (int d = 0; d < x->rank; d++) {
+        stop[d] = node->at.a[d] + x->shape[d];
+    }
+    in_ct[0] = nb_slice(g, node->at.a, stop, NULL);
+}
+
+static nb_var *nbi_jvp_pad(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    (void)tr;
+    return t[0] ? nb_pad(t[0], node->at.a, node->at.b, 0.0) : NULL;
+}
+
+/* The indices as the take kernels use them, as i64: negative ones counted back from the end
+ * of an axis of dim > 0 elements, then clamped into [0, dim - 1] (nbi_fix_index). */
+static nb_var *nbi_fixed_indices(nb_trace *tr, nb_var *idx, int64_t dim) {
+    nb_var *i = nb_cast(idx, NB_DTYPE_I64);
+    nb_var *zero = nb_scalar_typed(tr, NB_DTYPE_I64, 0.0);
+    i = nb_select(nb_lt(i, zero), nb_add(i, nb_scalar_typed(tr, NB_DTYPE_I64, (double)dim)), i);
+    return nb_minimum(nb_maximum(i, zero), nb_scalar_typed(tr, NB_DTYPE_I64, (double)(dim - 1)));
+}
+
+/* take's adjoint. With x as [outer, dim, inner] and g as [outer, n, inner] (n = the number
+ * of indices), ct_x[o, d, i] = sum over j of [idx_j == d] g[o, j, i]: a product with the
+ * [dim, n] selection matrix S (S[d, j] = 1 where index j picks row d), S @ g, batched over
+ * outer. Exact -- every output is 1 * (the sum of the g values its row received) plus
+ * exact zeros, duplicates adding up in index order -- deterministic, and O(dim n) memory
+ * rather than the O(dim n inner) of a masked sum, which matters for embedding tables. A
+ * non-finite g value spreads NaN (0 * inf) to the other rows of its column, where a true
+ * scatter-add would leave them 0. */
+static void nbi_vjp_take(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    nb_var *x = node->in[0], *idx = node->in[1];
+    if (x->size == 0 || g->size == 0) {
+        in_ct[0] = nbi_zeros_like(tr, x);
+        return;
+    }
+    int ax = node->at.axis;
+    int64_t outer = nbi_shape_size(ax, x->shape), dim = x->shape[ax], n = idx->size;
+    int64_t inner = nbi_shape_size(x->rank - ax - 1, x->shape + ax + 1);
+    nb_var *cols = nb_reshape(nbi_fixed_indices(tr, idx, dim), 2, (const int64_t[]){1, n});
+    nb_var *rows = nb_iota(tr, NB_DTYPE_I64, 2, (const int64_t[]){dim, 1}, 0);
+    nb_var *sel = nb_cast(nb_eq(rows, cols), x->dtype);
+    nb_var *g3 = outer == 1 ? nb_reshape(g, 2, (const int64_t[]){n, inner})
+                            : nb_reshape(g, 3, (const int64_t[]){outer, n, inner});
+    in_ct[0] = nb_reshape(nb_matmul(sel, g3), x->rank, x->shape);
+}
+
+static nb_var *nbi_jvp_take(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    (void)tr;
+    return t[0] ? nb_take(t[0], node->in[1], node->at.axis) : NULL;
+}
+
+/* take_along_axis's adjoint. The output (g's shape) is [outer, m, inner] around the axis;
+ * with the indices broadcast to it, ct[o, d, i] = sum over j < m of [idx[o, j, i] == d]
+ * g[o, j, i] -- a masked sum over a [outer, m, dim, inner] mask (select, not a product,
+ * so a non-finite g stays in its own position) -- then summed over the axes where x was
+ * broadcast (nbi_unbroadcast). Exact and deterministic (duplicates add up in j order). */
+static void nbi_vjp_take_along(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    nb_var *x = node->in[0], *idx = node->in[1];
+    if (x->size == 0 || g->size == 0) {
+        in_ct[0] = nbi_zeros_like(tr, x);
+        return;
+    }
+    int ax = node->at.axis, r = node->rank;
+    int64_t dim = x->shape[ax], m = node->shape[ax], shape[NB_MAX_RANK];
+    int64_t outer = nbi_shape_size(ax, node->shape);
+    int64_t inner = nbi_shape_size(r - ax - 1, node->shape + ax + 1);
+    const int64_t s4[4] = {outer, m, 1, inner};
+    nb_var *i4 =
+        nb_reshape(nb_broadcast_to(nbi_fixed_indices(tr, idx, dim), r, node->shape), 4, s4);
+    nb_var *rows = nb_iota(tr, NB_DTYPE_I64, 4, (const int64_t[]){1, 1, dim, 1}, 2);
+    nb_var *picked = nb_select(nb_eq(i4, rows), nb_reshape(g, 4, s4), nb_scalar(tr, 0.0));
+    memcpy(shape, node->shape, (size_t)r * sizeof(int64_t));
+    shape[ax] = dim;
+    nb_var *s = nb_reshape(nb_sum(picked, (const int[]){1}, 1, false), r, shape);
+    in_ct[0] = nbi_unbroadcast(s, x->rank, x->shape);
+}
+
+static nb_var *nbi_jvp_take_along(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    (void)tr;
+    return t[0] ? nb_take_along_axis(t[0], node->in[1], node->at.axis) : NULL;
+}
+
+static void nbi_vjp_dyn_slice(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    in_ct[0] = nb_dynamic_update_slice(nbi_zeros_like(tr, node->in[0]), g, node->in + 1);
+}
+
+static nb_var *nbi_jvp_dyn_slice(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    (void)tr;
+    return t[0] ? nb_dynamic_slice(t[0], node->in + 1, node->shape) : NULL;
+}
+
+static void nbi_vjp_dyn_update(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    nb_var *u = node->in[1], *const *starts = node->in + 2;
+    in_ct[0] = nb_dynamic_update_slice(g, nbi_zeros_like(tr, u), starts);
+    in_ct[1] = nb_dynamic_slice(g, starts, u->shape);
+}
+
+static nb_var *nbi_jvp_dyn_update(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    if (t[0] == NULL && t[1] == NULL) {
+        return NULL;
+    }
+    nb_var *tx = t[0] ? t[0] : nbi_zeros_like(tr, node->in[0]);
+    nb_var *tu = t[1] ? t[1] : nbi_zeros_like(tr, node->in[1]);
+    return nb_dynamic_update_slice(tx, tu, node->in + 2);
+}
+
 /* ---- registry entries --------------------------------------------------------------- */
 
-const nbi_op_info nbi_opinfo_reshape = {
-    .name = "reshape", .n_in = 1, .infer = nbi_infer_reshape, .kernel = nbi_k_reshape};
-const nbi_op_info nbi_opinfo_broadcast_to = {
-    .name = "broadcast_to", .n_in = 1, .infer = nbi_infer_broadcast, .kernel = nbi_k_broadcast};
-const nbi_op_info nbi_opinfo_transpose = {
-    .name = "transpose", .n_in = 1, .infer = nbi_infer_transpose, .kernel = nbi_k_transpose};
-const nbi_op_info nbi_opinfo_slice = {
-    .name = "slice", .n_in = 1, .infer = nbi_infer_slice, .kernel = nbi_k_slice};
-const nbi_op_info nbi_opinfo_concatenate = {
-    .name = "concatenate", .n_in = -1, .infer = nbi_infer_concat, .kernel = nbi_k_concat};
-const nbi_op_info nbi_opinfo_pad = {
-    .name = "pad", .n_in = 1, .infer = nbi_infer_pad, .kernel = nbi_k_pad};
-const nbi_op_info nbi_opinfo_take = {
-    .name = "take", .n_in = 2, .infer = nbi_infer_take, .kernel = nbi_k_take, .nondiff = 1u << 1};
+const nbi_op_info nbi_opinfo_reshape = {.name = "reshape",
+                                        .n_in = 1,
+                                        .infer = nbi_infer_reshape,
+                                        .kernel = nbi_k_reshape,
+                                        .vjp = nbi_vjp_reshape,
+                                        .jvp = nbi_jvp_reshape};
+const nbi_op_info nbi_opinfo_broadcast_to = {.name = "broadcast_to",
+                                             .n_in = 1,
+                                             .infer = nbi_infer_broadcast,
+                                             .kernel = nbi_k_broadcast,
+                                             .vjp = nbi_vjp_broadcast,
+                                             .jvp = nbi_jvp_broadcast};
+const nbi_op_info nbi_opinfo_transpose = {.name = "transpose",
+                                          .n_in = 1,
+                                          .infer = nbi_infer_transpose,
+                                          .kernel = nbi_k_transpose,
+                                          .vjp = nbi_vjp_transpose,
+                                          .jvp = nbi_jvp_transpose};
+const nbi_op_info nbi_opinfo_slice = {.name = "slice",
+                                      .n_in = 1,
+                                      .infer = nbi_infer_slice,
+                                      .kernel = nbi_k_slice,
+                                      .vjp = nbi_vjp_slice,
+                                      .jvp = nbi_jvp_slice};
+const nbi_op_info nbi_opinfo_concatenate = {.name = "concatenate",
+                                            .n_in = -1,
+                                            .infer = nbi_infer_concat,
+                                            .kernel = nbi_k_concat,
+                                            .vjp = nbi_vjp_concat,
+                                            .jvp = nbi_jvp_concat};
+const nbi_op_info nbi_opinfo_pad = {.name = "pad",
+                                    .n_in = 1,
+                                    .infer = nbi_infer_pad,
+                                    .kernel = nbi_k_pad,
+                                    .vjp = nbi_vjp_pad,
+                                    .jvp = nbi_jvp_pad};
+const nbi_op_info nbi_opinfo_take = {.name = "take",
+                                     .n_in = 2,
+                                     .infer = nbi_infer_take,
+                                     .kernel = nbi_k_take,
+                                     .nondiff = 1u << 1,
+                                     .vjp = nbi_vjp_take,
+                                     .jvp = nbi_jvp_take};
 const nbi_op_info nbi_opinfo_take_along_axis = {.name = "take_along_axis",
                                                 .n_in = 2,
                                                 .infer = nbi_infer_take_along,
                                                 .kernel = nbi_k_take_along,
-                                                .nondiff = 1u << 1};
+                                                .nondiff = 1u << 1,
+                                                .vjp = nbi_vjp_take_along,
+                                                .jvp = nbi_jvp_take_along};
+/* Integer input: no gradient. */
 const nbi_op_info nbi_opinfo_one_hot = {.name = "one_hot",
                                         .n_in = 1,
                                         .infer = nbi_infer_one_hot,
@@ -1496,9 +1802,13 @@ const nbi_op_info nbi_opinfo_dynamic_slice = {.name = "dynamic_slice",
                                               .n_in = -1,
                                               .infer = nbi_infer_dyn_slice,
                                               .kernel = nbi_k_dyn_slice,
-                                              .nondiff = ~1u};
+                                              .nondiff = ~1u,
+                                              .vjp = nbi_vjp_dyn_slice,
+                                              .jvp = nbi_jvp_dyn_slice};
 const nbi_op_info nbi_opinfo_dynamic_update_slice = {.name = "dynamic_update_slice",
                                                      .n_in = -1,
                                                      .infer = nbi_infer_dyn_update,
                                                      .kernel = nbi_k_dyn_update,
-                                                     .nondiff = ~3u};
+                                                     .nondiff = ~3u,
+                                                     .vjp = nbi_vjp_dyn_update,
+                                                     .jvp = nbi_jvp_dyn_update};

@@ -60,6 +60,25 @@ nb_status nb_jvp(nb_fn *f, nb_fn **out) {
     return nbi_transform(f, "nb_jvp", NBI_FN_JVP, NULL, false, out);
 }
 
+nb_status nb_custom_vjp(nb_fn *f, nb_fn *fwd, nb_fn *bwd, nb_fn **out) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (nb_fn_check(f) != NB_OK || nb_fn_check(fwd) != NB_OK || nb_fn_check(bwd) != NB_OK ||
+        out == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    nb_fn *g = NULL;
+    nb_status st = nbi_fn_wrap(f, "nb_custom_vjp", NBI_FN_CUSTOM_VJP, 0, true, &g);
+    if (st != NB_OK) {
+        return st;
+    }
+    g->fwd = nb_fn_retain(fwd);
+    g->bwd = nb_fn_retain(bwd);
+    *out = g;
+    return NB_OK;
+}
+
 /* ---- marking the differentiated leaves ---------------------------------------------- */
 
 typedef struct nbi_mark {
@@ -505,9 +524,7 @@ static nb_status nbi_trace_vjp_jvp(nb_trace *tr, const nb_fn *g, const nb_tree *
         int n = fwd ? 0 : m.n_wrt;
         if (fwd) {
             /* outputs: every float var leaf of res */
-            nb_tree *resd = NULL;
             st = nbi_pair_up(tr, who, res, res, &out_pairs);
-            nb_tree_destroy(resd);
             n = out_pairs.n;
         }
         vals = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_var *));
@@ -540,9 +557,141 @@ static nb_status nbi_trace_vjp_jvp(nb_trace *tr, const nb_fn *g, const nb_tree *
     return st;
 }
 
+/* ---- custom_vjp ---------------------------------------------------------------------- */
+
+typedef struct nbi_floats {
+    nb_trace *tr;
+    nb_var **v;
+    int n, cap;
+    bool stop; /* map mode: replace each float var leaf by stop_gradient of it */
+} nbi_floats;
+
+static nb_status nbi_floats_cb(void *ud, const char *path, int n, const nb_tree *const *l,
+                               nb_tree **out) {
+    (void)path;
+    (void)n;
+    nbi_floats *f = ud;
+    const nb_tree *leaf = l[0];
+    if (leaf->kind != NB_TREE_KIND_VAR || !nbi_is_float_var(leaf->u.var.var)) {
+        *out = nb_tree_retain((nb_tree *)leaf);
+        return NB_OK;
+    }
+    nb_var *v = leaf->u.var.var;
+    if (f->n == f->cap) {
+        int cap = f->cap ? f->cap * 2 : 16;
+        nb_var **a = nbi_arena_alloc(&f->tr->arena, (size_t)cap * sizeof(nb_var *));
+        if (a == NULL) {
+            return nbi_trace_err(f->tr, NB_ERR_OOM, "nb_custom_vjp: out of memory");
+        }
+        if (f->n > 0) {
+            memcpy(a, f->v, (size_t)f->n * sizeof(nb_var *));
+        }
+        f->v = a;
+        f->cap = cap;
+    }
+    f->v[f->n++] = v;
+    nb_var *w = f->stop ? nb_stop_gradient(v) : v;
+    return nbi_tree_var(f->tr->ctx, w, f->tr->id, out) == NB_OK ? NB_OK : NB_ERR_OOM;
+}
+
+/* custom_vjp under a gradient transform: run fwd on stopped inputs, and tie its output to
+ * the inputs through one custom_vjp node whose rule calls bwd. */
+static nb_status nbi_trace_custom(nb_trace *tr, const nb_fn *g, const nb_tree *self,
+                                  const nb_tree *args, nb_tree **out) {
+    (void)self; /* f's bound data: fwd and bwd carry their own */
+    nbi_floats xs = {tr, NULL, 0, 0, true};
+    nb_tree *stopped = NULL, *fr = NULL;
+    nb_status st = nb_tree_map(args, nbi_floats_cb, &xs, 0, &stopped);
+    if (st != NB_OK) {
+        return tr->status != NB_OK ? tr->status : nbi_trace_err(tr, st, "out of memory");
+    }
+    st = nbi_inline_call(tr, g->fwd, stopped, &fr);
+    nb_tree_destroy(stopped);
+    if (st != NB_OK) {
+        return st;
+    }
+    if ((fr->kind != NB_TREE_KIND_TUPLE && fr->kind != NB_TREE_KIND_LIST) || fr->n != 2 ||
+        fr->children[0]->kind != NB_TREE_KIND_VAR ||
+        !nbi_is_float_var(fr->children[0]->u.var.var)) {
+        nb_tree_destroy(fr);
+        return nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                             "nb_custom_vjp: fwd of '%s' must return the pair (out, residuals) "
+                             "with out a single float array",
+                             g->name);
+    }
+    nbi_floats rs = {tr, NULL, 0, 0, false};
+    nb_tree *junk = NULL;
+    st = nb_tree_map(fr->children[1], nbi_floats_cb, &rs, 0, &junk);
+    nb_tree_destroy(junk);
+    nbi_custom_rec *rec = nbi_arena_alloc(&tr->arena, sizeof *rec);
+    int n_in = 1 + xs.n + rs.n;
+    nb_var **ins = nbi_arena_alloc(&tr->arena, (size_t)n_in * sizeof(nb_var *));
+    if (st != NB_OK || rec == NULL || ins == NULL) {
+        nb_tree_destroy(fr);
+        return nbi_trace_err(tr, NB_ERR_OOM, "nb_custom_vjp: out of memory");
+    }
+    rec->bwd = g->bwd;
+    rec->args = nb_tree_retain((nb_tree *)args);
+    rec->res = nb_tree_retain(fr->children[1]);
+    if (nbi_trace_own(tr, rec->args) != NB_OK || nbi_trace_own(tr, rec->res) != NB_OK) {
+        nb_tree_destroy(fr);
+        return tr->status;
+    }
+    ins[0] = fr->children[0]->u.var.var;
+    memcpy(ins + 1, xs.v, (size_t)xs.n * sizeof(nb_var *));
+    if (rs.n > 0) {
+        memcpy(ins + 1 + xs.n, rs.v, (size_t)rs.n * sizeof(nb_var *));
+    }
+    nb_tree_destroy(fr);
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.callee = rec;
+    at.ivalue = xs.n;
+    nb_var *node = nbi_emit(tr, NBI_OP_CUSTOM_VJP, n_in, ins, &at);
+    if (tr->status != NB_OK) {
+        return tr->status;
+    }
+    return nbi_tree_var(tr->ctx, node, tr->id, out) == NB_OK
+               ? NB_OK
+               : nbi_trace_err(tr, NB_ERR_OOM, "nb_custom_vjp: out of memory");
+}
+
+void nbi_vjp_custom(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) {
+    const nbi_custom_rec *rec = node->at.callee;
+    nb_tree *ctl = nb_leaf(ct), *bargs = NULL, *cts = NULL;
+    if (ctl == NULL || nb_tree_tuple(tr->ctx, 2, (nb_tree *[]){rec->res, ctl}, &bargs) != NB_OK ||
+        nbi_trace_own(tr, bargs) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_custom_vjp: out of memory");
+        return;
+    }
+    if (nbi_inline_call(tr, rec->bwd, bargs, &cts) != NB_OK) {
+        return;
+    }
+    nbi_pairs p;
+    nbi_pair_up(tr, "nb_custom_vjp (bwd's result against the arguments)", rec->args, cts, &p);
+    nb_tree_destroy(cts);
+    for (int k = 0; k < p.n && k < (int)node->at.ivalue && tr->status == NB_OK; k++) {
+        in_ct[1 + k] = p.b[k];
+    }
+}
+
+nb_var *nbi_jvp_custom(nb_trace *tr, nb_var *node, nb_var *const *tan) {
+    (void)node;
+    (void)tan;
+    return nbi_trace_errv(tr, NB_ERR_UNSUPPORTED,
+                          "nb_jvp: forward mode through a function made with nb_custom_vjp is "
+                          "not supported (as in JAX); differentiate it in reverse mode");
+}
+
 nb_status nbi_trace_transform(nb_trace *tr, const nb_fn *f, const nb_tree *self,
                               const nb_tree *args, nb_tree **out) {
     *out = NULL;
-    return f->kind == NBI_FN_GRAD ? nbi_trace_grad(tr, f, self, args, out)
-                                  : nbi_trace_vjp_jvp(tr, f, self, args, out);
+    switch (f->kind) {
+    case NBI_FN_GRAD:
+        return nbi_trace_grad(tr, f, self, args, out);
+    case NBI_FN_CUSTOM_VJP:
+        return nbi_trace_custom(tr, f, self, args, out);
+    default:
+        return nbi_trace_vjp_jvp(tr, f, self, args, out);
+    }
 }

@@ -125,7 +125,8 @@ typedef enum nbi_fn_kind {
     NBI_FN_MAXTRACES,
     NBI_FN_GRAD, /* grad or value_and_grad (with_value) */
     NBI_FN_VJP,
-    NBI_FN_JVP
+    NBI_FN_JVP,
+    NBI_FN_CUSTOM_VJP /* inner = f; fwd, bwd: the user's rule */
 } nbi_fn_kind;
 
 /* Tree node flags (static: part of the treedef). */
@@ -140,12 +141,13 @@ struct nb_fn {
     int32_t max_traces;
     bool inline_calls;
     nb_fn_body body;
-    nb_tree *self;   /* PLAIN: bound data (a reference), may be NULL */
-    nb_fn *inner;    /* wrappers and transforms: the wrapped function (a reference) */
-    bool has_aux;    /* GRAD: f returns (loss, aux) */
-    bool with_value; /* GRAD: value_and_grad */
-    nb_tree *spec;   /* GRAD: filter spec (a reference) or NULL */
-    char *name;      /* copied */
+    nb_tree *self;    /* PLAIN: bound data (a reference), may be NULL */
+    nb_fn *inner;     /* wrappers and transforms: the wrapped function (a reference) */
+    bool has_aux;     /* GRAD: f returns (loss, aux) */
+    bool with_value;  /* GRAD: value_and_grad */
+    nb_tree *spec;    /* GRAD: filter spec (a reference) or NULL */
+    nb_fn *fwd, *bwd; /* CUSTOM_VJP: the rule's two halves (references) */
+    char *name;       /* copied */
     size_t name_size;
 };
 

@@ -1140,6 +1140,7 @@ static void build_specs(void) {
     g_covered_by[NBI_OP_PARAM] = "every case here (inputs are params)";
     g_covered_by[NBI_OP_CALL] = "test_call_op below, and test_jit.c test_call_not_inlined";
     g_covered_by[NBI_OP_CALL_OUTPUT] = "test_call_op below, and test_jit.c";
+    g_covered_by[NBI_OP_CUSTOM_VJP] = "test_grad.c test_custom_vjp (forward: a copy)";
     /* reductions */
     reduce_cases(NBI_OP_SUM, nb_sum, NUMERIC, 4);
     reduce_cases(NBI_OP_PROD, nb_prod, NUMERIC, 4);

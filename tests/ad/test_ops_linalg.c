@@ -272,6 +272,8 @@ static void test_registry_entry(void **state) {
     NBT_TRUE(info->scratch == NULL);
     NBT_EQ_I64(info->nondiff, 0);
     NBT_TRUE(!info->elementwise);
+    NBT_TRUE(info->vjp != NULL);
+    NBT_TRUE(info->jvp != NULL);
 }
 
 /* ---- shapes and values -------------------------------------------------------------- */
@@ -691,6 +693,177 @@ static void test_matmul_foreign_trace(void **state) {
     lt_end(&e1);
 }
 
+/* ---- VJP and JVP rules -------------------------------------------------------------- */
+
+/* matmul is bilinear, so its rules can be checked exactly rather than by finite
+ * differences: with f(a, b) = a @ b run forward through nabla, the cotangent of a at element
+ * k is <ct, f(e_k, b)>, that of b is <ct, f(a, e_k)>, and the tangent is f(da, b) + f(a, db).
+ * self = (ta, tb): the operand flags "stored transposed", set here on the node directly as
+ * the optimizer's transpose-matmul pass would (rules must be right with them set too). */
+static nb_status lt_body_mm(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                            nb_tree **out) {
+    int64_t ta = 0, tb = 0;
+    nb_tree_get_int(nb_tree_child(self, 0), &ta);
+    nb_tree_get_int(nb_tree_child(self, 1), &tb);
+    nb_var *in[2] = {nb_get(tr, args, "[0]"), nb_get(tr, args, "[1]")};
+    if (ta == 0 && tb == 0) {
+        return nb_return(nb_matmul(in[0], in[1]), out);
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.axes[0] = (int32_t)ta;
+    at.axes[1] = (int32_t)tb;
+    return nb_return(nbi_emit(tr, NBI_OP_MATMUL, 2, in, &at), out);
+}
+
+static nb_array *lt_arr(nb_ctx *ctx, int rank, const int64_t *shape, uint64_t seed) {
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F64, rank, shape, &a));
+    if (seed != 0) {
+        lt_fill(NB_DTYPE_F64, nb_array_data(a), nb_array_size(a), seed);
+    }
+    return a;
+}
+
+static nb_tree *lt_pair(nb_ctx *ctx, nb_array *a, nb_array *b) {
+    nb_tree *la = NULL, *lb = NULL, *t = NULL;
+    NBT_OK(ctx, nb_tree_array(a, &la));
+    NBT_OK(ctx, nb_tree_array(b, &lb));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){la, lb}, &t));
+    nb_tree_destroy(la);
+    nb_tree_destroy(lb);
+    return t;
+}
+
+/* f(a, b) as a new array */
+static nb_array *lt_call(nb_fn *f, nb_array *a, nb_array *b) {
+    nb_ctx *ctx = nb_array_ctx(a);
+    nb_tree *args = lt_pair(ctx, a, b), *out = NULL;
+    NBT_OK(ctx, nb_fn_call(f, args, &out));
+    nb_array *y = nb_array_retain(nb_tree_get_array(out));
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+    return y;
+}
+
+static double lt_dot(const nb_array *x, const nb_array *y, double *abs_sum) {
+    const double *p = nb_array_data(x), *q = nb_array_data(y);
+    double s = 0;
+    for (int64_t i = 0; i < nb_array_size(x); i++) {
+        s += p[i] * q[i];
+        *abs_sum += fabs(p[i] * q[i]);
+    }
+    return s;
+}
+
+static void lt_grad_case(int ra, const int64_t *sa, int rb, const int64_t *sb, int ta, int tb) {
+    nb_ctx *ctx = nbt_ctx();
+    nb_tree *fl[2] = {NULL, NULL}, *self = NULL;
+    NBT_OK(ctx, nb_tree_int(ctx, ta, &fl[0]));
+    NBT_OK(ctx, nb_tree_int(ctx, tb, &fl[1]));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, fl, &self));
+    nb_fn *f = NULL, *vf = NULL, *jf = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "mm", lt_body_mm, self, &f));
+    NBT_OK(ctx, nb_vjp(f, &vf));
+    NBT_OK(ctx, nb_jvp(f, &jf));
+    nb_array *a = lt_arr(ctx, ra, sa, 11), *b = lt_arr(ctx, rb, sb, 12);
+    nb_array *da = lt_arr(ctx, ra, sa, 13), *db = lt_arr(ctx, rb, sb, 14);
+    nb_array *y = lt_call(f, a, b);
+    nb_array *ct = lt_arr(ctx, nb_array_rank(y), nb_array_shape(y), 15);
+    /* vjp: ((a, b), ct) -> (y, (ct_a, ct_b)) */
+    nb_tree *ab = lt_pair(ctx, a, b), *ctl = NULL, *vargs = NULL, *vout = NULL;
+    NBT_OK(ctx, nb_tree_array(ct, &ctl));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){ab, ctl}, &vargs));
+    NBT_OK(ctx, nb_fn_call(vf, vargs, &vout));
+    for (int j = 0; j < 2; j++) {
+        nb_array *x = j ? b : a;
+        nb_array *g = nb_tree_get_array(nb_tree_child(nb_tree_child(vout, 1), j));
+        NBT_TRUE(g != NULL && nb_array_rank(g) == nb_array_rank(x));
+        for (int d = 0; d < nb_array_rank(x); d++) {
+            NBT_EQ_I64(nb_array_dim(g, d), nb_array_dim(x, d));
+        }
+        nb_array *e = lt_arr(ctx, nb_array_rank(x), nb_array_shape(x), 0);
+        for (int64_t k = 0; k < nb_array_size(x); k++) {
+            ((double *)nb_array_data(e))[k] = 1.0;
+            nb_array *fe = j ? lt_call(f, a, e) : lt_call(f, e, b);
+            double scale = 0, want = lt_dot(ct, fe, &scale);
+            double got = ((const double *)nb_array_data(g))[k];
+            if (!(fabs(got - want) <= 1e-13 * fmax(1.0, scale))) {
+                fail_msg("matmul vjp (ta=%d tb=%d): ct of operand %d [%lld] = %.17g, want %.17g",
+                         ta, tb, j, (long long)k, got, want);
+            }
+            nb_array_destroy(fe);
+            ((double *)nb_array_data(e))[k] = 0.0;
+        }
+        nb_array_destroy(e);
+    }
+    /* jvp: ((a, b), (da, db)) -> (y, f(da, b) + f(a, db)) */
+    nb_tree *dab = lt_pair(ctx, da, db), *jargs = NULL, *jout = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){ab, dab}, &jargs));
+    NBT_OK(ctx, nb_fn_call(jf, jargs, &jout));
+    nb_array *t = nb_tree_get_array(nb_tree_child(jout, 1));
+    nb_array *p = lt_call(f, da, b), *q = lt_call(f, a, db);
+    NBT_EQ_I64(nb_array_size(t), nb_array_size(y));
+    for (int64_t i = 0; i < nb_array_size(y); i++) {
+        double want = ((double *)nb_array_data(p))[i] + ((double *)nb_array_data(q))[i];
+        double got = ((double *)nb_array_data(t))[i];
+        if (!(fabs(got - want) <= 1e-13 * fmax(1.0, fabs(want)) * 16)) {
+            fail_msg("matmul jvp (ta=%d tb=%d): [%lld] = %.17g, want %.17g", ta, tb,
+                     (long long)i, got, want);
+        }
+    }
+    nb_array_destroy(p);
+    nb_array_destroy(q);
+    nb_tree_destroy(jout);
+    nb_tree_destroy(jargs);
+    nb_tree_destroy(dab);
+    nb_tree_destroy(vout);
+    nb_tree_destroy(vargs);
+    nb_tree_destroy(ctl);
+    nb_tree_destroy(ab);
+    nb_array_destroy(ct);
+    nb_array_destroy(y);
+    nb_array_destroy(a);
+    nb_array_destroy(b);
+    nb_array_destroy(da);
+    nb_array_destroy(db);
+    nb_fn_destroy(jf);
+    nb_fn_destroy(vf);
+    nb_fn_destroy(f);
+    nb_tree_destroy(self);
+    nb_tree_destroy(fl[0]);
+    nb_tree_destroy(fl[1]);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* numpy.matmul's cases: 2-d, rank-1 either side (promoted, the dim dropped again), batch
+ * broadcasting both ways (cotangents summed over the broadcast batch dims), k = 0. */
+static void test_matmul_grad_rules(void **state) {
+    (void)state;
+    lt_grad_case(2, (int64_t[]){3, 4}, 2, (int64_t[]){4, 2}, 0, 0);
+    lt_grad_case(1, (int64_t[]){4}, 2, (int64_t[]){4, 2}, 0, 0);
+    lt_grad_case(2, (int64_t[]){3, 4}, 1, (int64_t[]){4}, 0, 0);
+    lt_grad_case(1, (int64_t[]){4}, 1, (int64_t[]){4}, 0, 0);
+    lt_grad_case(4, (int64_t[]){2, 1, 2, 3}, 3, (int64_t[]){3, 3, 2}, 0, 0);
+    lt_grad_case(2, (int64_t[]){3, 4}, 3, (int64_t[]){2, 4, 2}, 0, 0);
+    lt_grad_case(1, (int64_t[]){3}, 3, (int64_t[]){2, 3, 2}, 0, 0);
+    lt_grad_case(3, (int64_t[]){2, 2, 3}, 1, (int64_t[]){3}, 0, 0);
+    lt_grad_case(2, (int64_t[]){3, 0}, 2, (int64_t[]){0, 2}, 0, 0);
+}
+
+/* The same with operands flagged as stored transposed (a as [.., k, m], b as [.., n, k]);
+ * a rank-1 operand's flag has no effect. */
+static void test_matmul_grad_rules_transposed_operands(void **state) {
+    (void)state;
+    lt_grad_case(2, (int64_t[]){4, 3}, 2, (int64_t[]){4, 2}, 1, 0);
+    lt_grad_case(2, (int64_t[]){3, 4}, 2, (int64_t[]){2, 4}, 0, 1);
+    lt_grad_case(2, (int64_t[]){4, 3}, 2, (int64_t[]){2, 4}, 1, 1);
+    lt_grad_case(3, (int64_t[]){2, 4, 3}, 3, (int64_t[]){1, 2, 4}, 1, 1);
+    lt_grad_case(1, (int64_t[]){4}, 2, (int64_t[]){2, 4}, 1, 1);
+    lt_grad_case(2, (int64_t[]){4, 3}, 1, (int64_t[]){4}, 1, 1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registry_entry),
@@ -714,6 +887,8 @@ int main(void) {
         cmocka_unit_test(test_matmul_batch_mismatch),
         cmocka_unit_test(test_matmul_poison_and_null),
         cmocka_unit_test(test_matmul_foreign_trace),
+        cmocka_unit_test(test_matmul_grad_rules),
+        cmocka_unit_test(test_matmul_grad_rules_transposed_operands),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,6 +8,11 @@
  * the primitive reductions, one that follows the documented evaluation order in the dtype
  * itself (blocked pairwise float sums, left-to-right folds, wrapping integers), which the
  * kernels must match bit for bit on every path (row-wise, column-wise, mixed, long runs).
+ *
+ * The VJP and JVP rules are checked twice: called directly on nodes (dtype and shape of
+ * what they build, exact values on small integers with ties and zeros), and through the
+ * public API (nb_vjp, nb_jvp, nb_grad on small f64 functions) against central finite
+ * differences of the forward function, with exact expected values at ties.
  */
 #include "nbtest.h"
 
@@ -1171,6 +1176,739 @@ static void test_softmax_and_log_softmax(void **state) {
     fx_close(&f);
 }
 
+/* ---- gradients through the public API ----------------------------------------------
+ *
+ * Each case is a small function of one or two f64 arrays, built from the family's ops. It
+ * is checked through nb_vjp, nb_jvp and nb_grad (include/nabla/ad.h) against central finite
+ * differences of the forward function called through nb_fn_call at perturbed inputs (step
+ * h = 1e-6 max(1, |x_k|), tolerance 1e-7 relative to max(1, |value|)):
+ *   - vjp: ct_x for a random cotangent u, element by element against <u, (f(x + h e_k) -
+ *     f(x - h e_k)) / 2h>;
+ *   - jvp: the output tangent for a random tangent v against (f(x + h v) - f(x - h v)) / 2h;
+ *   - grad of <u, f(x)> (u passed as a second, non-differentiated argument) equal to the
+ *     vjp's ct_x;
+ *   - <u, J v> = <J^T u, v> between the two modes (to 1e-12);
+ *   - every cotangent and tangent has the dtype and shape of its primal.
+ * Cases at a kink (ties of max/min) give exact expected values instead of differences. */
+
+typedef nb_var *(*gfn)(nb_trace *tr, nb_var *const *x);
+
+typedef struct gcase {
+    const char *name;
+    gfn f;
+    int n_in;
+    int rank[2];
+    int64_t shape[2][4];
+    const double *data[2]; /* fixed inputs (ties, zeros), or NULL for random values */
+    const double *want[2]; /* exact expected ct_x for the all-ones cotangent (kinks), or NULL */
+} gcase;
+
+static double g_fd_err; /* the largest FD error seen, relative to max(1, |value|) */
+static int g_fd_checks;
+
+static gfn fn_of(const nb_tree *self) {
+    nb_fnptr p = NULL;
+    const char *name = NULL;
+    if (nb_tree_get_fnref(self, &p, &name) != NB_OK) {
+        return NULL;
+    }
+    return (gfn)p;
+}
+
+/* f(args): args = (x0[, x1]). */
+static nb_status body_f(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    gfn f = fn_of(self);
+    nb_var *x[2] = {nb_get(tr, args, "[0]"), NULL};
+    if (nb_tree_len(args) > 1) {
+        x[1] = nb_get(tr, args, "[1]");
+    }
+    return nb_return(f(tr, x), out);
+}
+
+/* <u, f(x)>: args = ((x0[, x1]), u). */
+static nb_status body_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                           nb_tree **out) {
+    gfn f = fn_of(self);
+    const nb_tree *xs = nb_tree_child(args, 0);
+    nb_var *x[2] = {nb_get(tr, args, "[0][0]"), NULL};
+    if (nb_tree_len(xs) > 1) {
+        x[1] = nb_get(tr, args, "[0][1]");
+    }
+    nb_var *u = nb_get(tr, args, "[1]");
+    return nb_return(nb_sum(nb_mul(f(tr, x), u), NULL, 0, false), out);
+}
+
+static nb_tree *leaf_f64(nb_ctx *ctx, int rank, const int64_t *shape, const double *d) {
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, rank, shape, d, &a));
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_array(a, &t));
+    nb_array_destroy(a);
+    return t;
+}
+
+/* A tuple of n trees, taking the caller's references. */
+static nb_tree *tuple_take(nb_ctx *ctx, int n, nb_tree **items) {
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, n, items, &t));
+    for (int i = 0; i < n; i++) {
+        nb_tree_destroy(items[i]);
+    }
+    return t;
+}
+
+/* The f64 array at path of t, checked against rank/shape, copied into d (n elements). */
+static void read_f64(const nb_tree *t, const char *path, int rank, const int64_t *shape,
+                     double *d) {
+    const nb_tree *leaf = NULL;
+    if (nb_tree_lookup(t, path, &leaf) != NB_OK || nb_tree_get_array(leaf) == NULL) {
+        fail_msg("no array at '%s'", path);
+    }
+    const nb_array *a = nb_tree_get_array(leaf);
+    NBT_EQ_I64(nb_array_dtype(a), NB_DTYPE_F64);
+    NBT_EQ_I64(nb_array_rank(a), rank);
+    for (int i = 0; i < rank; i++) {
+        NBT_EQ_I64(nb_array_shape(a)[i], shape[i]);
+    }
+    int64_t n = nb_array_size(a);
+    if (n > 0) {
+        memcpy(d, nb_array_data(a), (size_t)n * sizeof(double));
+    }
+}
+
+typedef struct gctx {
+    nb_ctx *ctx;
+    const gcase *c;
+    nb_fn *f;
+    int64_t nx[2], ny;
+    int yrank;
+    int64_t yshape[NB_MAX_RANK];
+} gctx;
+
+static nb_tree *args_of(gctx *g, double *const *x) {
+    nb_tree *items[2] = {NULL, NULL};
+    for (int i = 0; i < g->c->n_in; i++) {
+        items[i] = leaf_f64(g->ctx, g->c->rank[i], g->c->shape[i], x[i]);
+    }
+    return tuple_take(g->ctx, g->c->n_in, items);
+}
+
+/* y = f(x) into y (g->ny elements). */
+static void eval_f(gctx *g, double *const *x, double *y) {
+    nb_tree *args = args_of(g, x), *out = NULL;
+    NBT_OK(g->ctx, nb_fn_call(g->f, args, &out));
+    read_f64(out, "", g->yrank, g->yshape, y);
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+}
+
+static void fd_expect(const char *what, const char *name, int64_t k, double got, double want,
+                      double tol) {
+    double scale = fmax(1.0, fmax(fabs(got), fabs(want)));
+    double e = fabs(got - want) / scale;
+    g_fd_checks++;
+    if (e > g_fd_err) {
+        g_fd_err = e;
+    }
+    if (!(e <= tol)) {
+        fail_msg("%s: %s[%lld] = %.17g, expected %.17g (relative error %.3g > %.3g)", name, what,
+                 (long long)k, got, want, e, tol);
+    }
+}
+
+/* A deterministic sequence in [-1, 1) (a 64-bit LCG). */
+static uint64_t g_grng = 987654321;
+static double rnd_g(void) {
+    g_grng = g_grng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(g_grng >> 11) / 4503599627370496.0 - 1.0;
+}
+
+static void check_grad_case(const gcase *c) {
+    gctx g;
+    memset(&g, 0, sizeof g);
+    g.ctx = nbt_ctx();
+    g.c = c;
+    nb_tree *self = NULL;
+    NBT_OK(g.ctx, nb_tree_fnref(g.ctx, (nb_fnptr)c->f, c->name, &self));
+    nb_fn *loss = NULL, *vjp = NULL, *jvp = NULL, *grad = NULL;
+    NBT_OK(g.ctx, nb_fn_create(g.ctx, c->name, body_f, self, &g.f));
+    NBT_OK(g.ctx, nb_fn_create(g.ctx, c->name, body_loss, self, &loss));
+    NBT_OK(g.ctx, nb_vjp(g.f, &vjp));
+    NBT_OK(g.ctx, nb_jvp(g.f, &jvp));
+    NBT_OK(g.ctx, nb_grad(loss, NULL, &grad));
+
+    double *x[2] = {NULL, NULL}, *v[2] = {NULL, NULL}, *ct[2] = {NULL, NULL},
+           *gr[2] = {NULL, NULL};
+    for (int i = 0; i < c->n_in; i++) {
+        g.nx[i] = 1;
+        for (int d = 0; d < c->rank[i]; d++) {
+            g.nx[i] *= c->shape[i][d];
+        }
+        size_t b = (size_t)(g.nx[i] > 0 ? g.nx[i] : 1) * sizeof(double);
+        x[i] = malloc(b);
+        v[i] = malloc(b);
+        ct[i] = malloc(b);
+        gr[i] = malloc(b);
+        assert_true(x[i] && v[i] && ct[i] && gr[i]);
+        for (int64_t k = 0; k < g.nx[i]; k++) {
+            x[i][k] = c->data[i] ? c->data[i][k] : 2.0 * rnd_g();
+            v[i][k] = rnd_g();
+        }
+    }
+    /* the output's signature, from one forward call */
+    {
+        nb_tree *args = args_of(&g, x), *out = NULL;
+        NBT_OK(g.ctx, nb_fn_call(g.f, args, &out));
+        const nb_array *y = nb_tree_get_array(out);
+        assert_non_null(y);
+        g.yrank = nb_array_rank(y);
+        memcpy(g.yshape, nb_array_shape(y), (size_t)g.yrank * sizeof(int64_t));
+        g.ny = nb_array_size(y);
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+    }
+    size_t yb = (size_t)(g.ny > 0 ? g.ny : 1) * sizeof(double);
+    double *u = malloc(yb), *y0 = malloc(yb), *yp = malloc(yb), *ym = malloc(yb),
+           *ty = malloc(yb);
+    assert_true(u && y0 && yp && ym && ty);
+    for (int64_t k = 0; k < g.ny; k++) {
+        u[k] = c->want[0] ? 1.0 : rnd_g();
+    }
+    eval_f(&g, x, y0);
+
+    /* vjp: ((x...), u) -> (y, (ct...)) */
+    {
+        nb_tree *items[2] = {args_of(&g, x), leaf_f64(g.ctx, g.yrank, g.yshape, u)};
+        nb_tree *args = tuple_take(g.ctx, 2, items), *out = NULL;
+        NBT_OK(g.ctx, nb_fn_call(vjp, args, &out));
+        double *yv = malloc(yb);
+        read_f64(out, "[0]", g.yrank, g.yshape, yv);
+        for (int64_t k = 0; k < g.ny; k++) {
+            NBT_EQ_F64(yv[k], y0[k]);
+        }
+        free(yv);
+        for (int i = 0; i < c->n_in; i++) {
+            char path[16];
+            snprintf(path, sizeof path, "[1][%d]", i);
+            read_f64(out, path, c->rank[i], c->shape[i], ct[i]);
+        }
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+    }
+    /* grad of <u, f(x)>: args ((x...), u) -> (ct...) */
+    {
+        nb_tree *items[2] = {args_of(&g, x), leaf_f64(g.ctx, g.yrank, g.yshape, u)};
+        nb_tree *args = tuple_take(g.ctx, 2, items), *out = NULL;
+        NBT_OK(g.ctx, nb_fn_call(grad, args, &out));
+        for (int i = 0; i < c->n_in; i++) {
+            char path[16];
+            snprintf(path, sizeof path, "[%d]", i);
+            read_f64(out, path, c->rank[i], c->shape[i], gr[i]);
+            for (int64_t k = 0; k < g.nx[i]; k++) {
+                if (!(fabs(gr[i][k] - ct[i][k]) <= 1e-14 * fmax(1.0, fabs(ct[i][k])))) {
+                    fail_msg("%s: grad[%d][%lld] = %.17g but the vjp gives %.17g", c->name, i,
+                             (long long)k, gr[i][k], ct[i][k]);
+                }
+            }
+        }
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+    }
+    /* jvp: ((x...), (v...)) -> (y, ty) */
+    {
+        nb_tree *vt[2] = {NULL, NULL};
+        for (int i = 0; i < c->n_in; i++) {
+            vt[i] = leaf_f64(g.ctx, c->rank[i], c->shape[i], v[i]);
+        }
+        nb_tree *items[2] = {args_of(&g, x), tuple_take(g.ctx, c->n_in, vt)};
+        nb_tree *args = tuple_take(g.ctx, 2, items), *out = NULL;
+        NBT_OK(g.ctx, nb_fn_call(jvp, args, &out));
+        read_f64(out, "[1]", g.yrank, g.yshape, ty);
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+    }
+    /* with two inputs, a null tangent for either: the two partial tangents add up */
+    if (c->n_in == 2) {
+        double *part = malloc(yb);
+        assert_non_null(part);
+        for (int64_t j = 0; j < g.ny; j++) {
+            part[j] = 0;
+        }
+        for (int which = 0; which < 2; which++) {
+            nb_tree *vt[2] = {NULL, NULL};
+            vt[which] = leaf_f64(g.ctx, c->rank[which], c->shape[which], v[which]);
+            NBT_OK(g.ctx, nb_tree_null(g.ctx, &vt[1 - which]));
+            nb_tree *items[2] = {args_of(&g, x), tuple_take(g.ctx, 2, vt)};
+            nb_tree *args = tuple_take(g.ctx, 2, items), *out = NULL;
+            NBT_OK(g.ctx, nb_fn_call(jvp, args, &out));
+            read_f64(out, "[1]", g.yrank, g.yshape, yp);
+            for (int64_t j = 0; j < g.ny; j++) {
+                part[j] += yp[j];
+            }
+            nb_tree_destroy(out);
+            nb_tree_destroy(args);
+        }
+        for (int64_t j = 0; j < g.ny; j++) {
+            if (!(fabs(part[j] - ty[j]) <= 1e-14 * fmax(1.0, fabs(ty[j])))) {
+                fail_msg("%s: partial tangents add up to %.17g at %lld, the full one is %.17g",
+                         c->name, part[j], (long long)j, ty[j]);
+            }
+        }
+        free(part);
+    }
+    /* <u, J v> = <J^T u, v> */
+    double ujv = 0, jtuv = 0, mag = 0;
+    for (int64_t k = 0; k < g.ny; k++) {
+        ujv += u[k] * ty[k];
+        mag += fabs(u[k] * ty[k]);
+    }
+    for (int i = 0; i < c->n_in; i++) {
+        for (int64_t k = 0; k < g.nx[i]; k++) {
+            jtuv += ct[i][k] * v[i][k];
+            mag += fabs(ct[i][k] * v[i][k]);
+        }
+    }
+    if (!(fabs(ujv - jtuv) <= 1e-12 * fmax(1.0, mag))) {
+        fail_msg("%s: <u, Jv> = %.17g but <J^T u, v> = %.17g", c->name, ujv, jtuv);
+    }
+
+    if (c->want[0] != NULL) { /* a kink: exact values */
+        for (int i = 0; i < c->n_in; i++) {
+            for (int64_t k = 0; k < g.nx[i]; k++) {
+                if (!(ct[i][k] == c->want[i][k])) {
+                    fail_msg("%s: ct_x%d[%lld] = %.17g, expected exactly %.17g", c->name, i,
+                             (long long)k, ct[i][k], c->want[i][k]);
+                }
+            }
+        }
+    } else {
+        /* vjp element by element */
+        for (int i = 0; i < c->n_in; i++) {
+            for (int64_t k = 0; k < g.nx[i]; k++) {
+                double x0 = x[i][k], h = 1e-6 * fmax(1.0, fabs(x0));
+                x[i][k] = x0 + h;
+                eval_f(&g, x, yp);
+                x[i][k] = x0 - h;
+                eval_f(&g, x, ym);
+                x[i][k] = x0;
+                double d = 0;
+                for (int64_t j = 0; j < g.ny; j++) {
+                    d += u[j] * (yp[j] - ym[j]);
+                }
+                fd_expect("ct_x", c->name, k, ct[i][k], d / (2 * h), 1e-7);
+            }
+        }
+        /* jvp along v */
+        double xn = 0;
+        for (int i = 0; i < c->n_in; i++) {
+            for (int64_t k = 0; k < g.nx[i]; k++) {
+                xn = fmax(xn, fabs(x[i][k]));
+            }
+        }
+        double h = 1e-6 * fmax(1.0, xn);
+        double *xs[2] = {NULL, NULL}, *xm[2] = {NULL, NULL};
+        for (int i = 0; i < c->n_in; i++) {
+            size_t b = (size_t)(g.nx[i] > 0 ? g.nx[i] : 1) * sizeof(double);
+            xs[i] = malloc(b);
+            xm[i] = malloc(b);
+            assert_true(xs[i] && xm[i]);
+            for (int64_t k = 0; k < g.nx[i]; k++) {
+                xs[i][k] = x[i][k] + h * v[i][k];
+                xm[i][k] = x[i][k] - h * v[i][k];
+            }
+        }
+        eval_f(&g, xs, yp);
+        eval_f(&g, xm, ym);
+        for (int64_t j = 0; j < g.ny; j++) {
+            fd_expect("t_y", c->name, j, ty[j], (yp[j] - ym[j]) / (2 * h), 1e-7);
+        }
+        for (int i = 0; i < c->n_in; i++) {
+            free(xs[i]);
+            free(xm[i]);
+        }
+    }
+
+    for (int i = 0; i < c->n_in; i++) {
+        free(x[i]);
+        free(v[i]);
+        free(ct[i]);
+        free(gr[i]);
+    }
+    free(u);
+    free(y0);
+    free(yp);
+    free(ym);
+    free(ty);
+    nb_fn_destroy(grad);
+    nb_fn_destroy(jvp);
+    nb_fn_destroy(vjp);
+    nb_fn_destroy(loss);
+    nb_fn_destroy(g.f);
+    nb_tree_destroy(self);
+    nbt_assert_no_live(g.ctx);
+    nb_ctx_destroy(g.ctx);
+}
+
+static void check_grad_cases(const gcase *cases, int n) {
+    g_fd_err = 0;
+    g_fd_checks = 0;
+    for (int i = 0; i < n; i++) {
+        check_grad_case(&cases[i]);
+    }
+    print_message("%d cases, %d checks against finite differences; largest relative error "
+                  "%.3g\n",
+                  n, g_fd_checks, g_fd_err);
+}
+
+#define AX(...) ((const int[]){__VA_ARGS__})
+
+static nb_var *gf_sum_1(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_sum(x[0], AX(1), 1, false);
+}
+static nb_var *gf_sum_neg_keep(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_sum(x[0], AX(-1, 0), 2, true);
+}
+static nb_var *gf_sum_all(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_sum(x[0], NULL, 0, false);
+}
+static nb_var *gf_sum_none(nb_trace *tr, nb_var *const *x) { /* no axes listed: a copy */
+    (void)tr;
+    return nb_sum(x[0], AX(0), 0, false);
+}
+static nb_var *gf_sum_chain(nb_trace *tr, nb_var *const *x) { /* x * sum(x^2, axis -2) */
+    (void)tr;
+    return nb_mul(x[0], nb_sum(nb_square(x[0]), AX(-2), 1, true));
+}
+static nb_var *gf_max_0(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_max(x[0], AX(0), 1, false);
+}
+static nb_var *gf_max_neg_keep(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_max(x[0], AX(-1), 1, true);
+}
+static nb_var *gf_max_chain(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_mul(nb_max(nb_sin(x[0]), AX(1), 1, true), x[0]);
+}
+static nb_var *gf_min_all(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_min(x[0], NULL, 0, false);
+}
+static nb_var *gf_min_02(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_min(x[0], AX(0, 2), 2, false);
+}
+static nb_var *gf_max_1(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_max(x[0], AX(1), 1, false);
+}
+static nb_var *gf_min_m2_keep(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_min(x[0], AX(-2), 1, true);
+}
+static nb_var *gf_max_all_keep(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_max(x[0], NULL, 0, true);
+}
+static nb_var *gf_prod_1(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_prod(x[0], AX(1), 1, false);
+}
+static nb_var *gf_prod_all_keep(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_prod(x[0], NULL, 0, true);
+}
+static nb_var *gf_prod_0m1(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_prod(x[0], AX(0, -1), 2, false);
+}
+static nb_var *gf_prod_0(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_prod(x[0], AX(0), 1, false);
+}
+static nb_var *gf_prod_chain(nb_trace *tr, nb_var *const *x) { /* prod(sin x, 0) * x */
+    (void)tr;
+    return nb_mul(nb_prod(nb_sin(x[0]), AX(0), 1, true), x[0]);
+}
+static nb_var *gf_two(nb_trace *tr, nb_var *const *x) { /* sum(x0, 0) * max(x1, 0, keep) */
+    (void)tr;
+    return nb_mul(nb_sum(x[0], AX(0), 1, false), nb_max(x[1], AX(0), 1, true));
+}
+static nb_var *gf_mean(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_mean(x[0], AX(-1), 1, false);
+}
+static nb_var *gf_logsumexp(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_logsumexp(x[0], AX(0, 1), 2, true);
+}
+static nb_var *gf_softmax(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_softmax(x[0], 1);
+}
+static nb_var *gf_log_softmax(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_log_softmax(x[0], 0);
+}
+static nb_var *gf_argmax_pick(nb_trace *tr, nb_var *const *x) { /* x at its argmax, via take */
+    (void)tr;
+    nb_var *i = nb_argmax(x[0], 1, true);
+    return nb_mul(nb_take_along_axis(x[0], i, 1), nb_cast(nb_argmin(x[0], 0, false), NB_DTYPE_F64));
+}
+
+/* ties and zeros */
+static const double k_tie3[9] = {1, 3, 3, 2, 2, 2, 5, 1, 0};
+static const double k_tie3_want[9] = {0, 0.5, 0.5, 1.0 / 3, 1.0 / 3, 1.0 / 3, 1, 0, 0};
+static const double k_tiemin[6] = {1, 4, 1, 2, 7, 1};
+static const double k_tiemin_want[6] = {0.5, 0, 0.5, 0, 0, 1};
+static const double k_tieall[4] = {3, 3, 3, 3};
+static const double k_tieall_want[4] = {0.25, 0.25, 0.25, 0.25};
+/* one zero (row 0, at the odd position the tree pads), two zeros (row 1), none (row 2),
+ * all zeros (row 3) */
+static const double k_zeros[20] = {1.5, -0.75, 1.25, 0.5, 0,   0,   1.1, 0,   0.9, 1.3,
+                                   0.6, 1.7,   -1.2, 0.8, 1.4, 0,   0,   0,   0,   0};
+static const double k_zero_col[12] = {0.5, 1.5, -1.25, 0, 0.75, 1.1, 1.3, -0.6, 0.9, 2, 0, 1};
+
+#define G1(nm, fn, r, ...) {.name = nm, .f = fn, .n_in = 1, .rank = {r}, .shape = {{__VA_ARGS__}}}
+
+static const gcase k_reduce_grad_cases[] = {
+    G1("sum axis 1", gf_sum_1, 3, 3, 4, 2),
+    G1("sum axes -1,0 keepdims", gf_sum_neg_keep, 3, 3, 4, 2),
+    G1("sum all", gf_sum_all, 2, 3, 4),
+    {.name = "sum all of rank 0", .f = gf_sum_all, .n_in = 1},
+    G1("sum no axes", gf_sum_none, 2, 2, 3),
+    G1("x * sum(x^2, -2, keepdims)", gf_sum_chain, 2, 3, 4),
+    G1("max axis 0", gf_max_0, 2, 4, 3),
+    G1("max axis -1 keepdims", gf_max_neg_keep, 3, 2, 3, 4),
+    G1("max(sin x, 1, keepdims) * x", gf_max_chain, 2, 3, 4),
+    G1("min all", gf_min_all, 2, 3, 4),
+    G1("min axes 0,2", gf_min_02, 3, 2, 3, 4),
+    {.name = "max ties (2 and 3 way)",
+     .f = gf_max_1,
+     .n_in = 1,
+     .rank = {2},
+     .shape = {{3, 3}},
+     .data = {k_tie3},
+     .want = {k_tie3_want}},
+    {.name = "min ties axis -2 keepdims",
+     .f = gf_min_m2_keep,
+     .n_in = 1,
+     .rank = {2},
+     .shape = {{3, 2}},
+     .data = {k_tiemin},
+     .want = {k_tiemin_want}},
+    {.name = "max all equal",
+     .f = gf_max_all_keep,
+     .n_in = 1,
+     .rank = {2},
+     .shape = {{2, 2}},
+     .data = {k_tieall},
+     .want = {k_tieall_want}},
+    G1("prod axis 1", gf_prod_1, 2, 3, 5),
+    G1("prod all keepdims (12: an odd level)", gf_prod_all_keep, 3, 2, 3, 2),
+    G1("prod axes 0,-1", gf_prod_0m1, 3, 3, 2, 5),
+    G1("prod of one row", gf_prod_0, 2, 1, 4),
+    {.name = "prod of rank 0", .f = gf_prod_all_keep, .n_in = 1},
+    G1("prod over an empty axis", gf_prod_0, 2, 0, 3),
+    G1("prod(sin x, 0, keepdims) * x", gf_prod_chain, 2, 7, 2),
+    {.name = "prod with zeros (one, two, none, all)",
+     .f = gf_prod_1,
+     .n_in = 1,
+     .rank = {2},
+     .shape = {{4, 5}},
+     .data = {k_zeros}},
+    {.name = "prod with zeros along axis 0",
+     .f = gf_prod_0,
+     .n_in = 1,
+     .rank = {2},
+     .shape = {{4, 3}},
+     .data = {k_zero_col}},
+    {.name = "sum(x0, 0) * max(x1, 0, keepdims)",
+     .f = gf_two,
+     .n_in = 2,
+     .rank = {2, 2},
+     .shape = {{3, 4}, {2, 4}}},
+    G1("mean axis -1", gf_mean, 2, 3, 4),
+    G1("logsumexp all keepdims", gf_logsumexp, 2, 3, 4),
+    G1("softmax axis 1", gf_softmax, 2, 3, 4),
+    G1("log_softmax axis 0", gf_log_softmax, 3, 2, 3, 2),
+    G1("x at argmax (take_along) * argmin", gf_argmax_pick, 2, 3, 4),
+};
+
+static void test_grad_through_api(void **state) {
+    (void)state;
+    check_grad_cases(k_reduce_grad_cases,
+                     (int)(sizeof k_reduce_grad_cases / sizeof k_reduce_grad_cases[0]));
+}
+
+/* The Hessian of prod at a zero, by jvp of grad (the product tree differentiates again):
+ * f(x) = prod(x) for x = (0, 2, 3, 5): grad = (30, 0, 0, 0) and H[i][j] = the product of
+ * the elements other than i and j (0 on the diagonal): H = [[0, 15, 10, 6], [15, 0, 0, 0],
+ * [10, 0, 0, 0], [6, 0, 0, 0]]. */
+static nb_status body_prod_all(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    (void)self;
+    return nb_return(nb_prod(nb_get(tr, args, "[0]"), NULL, 0, false), out);
+}
+
+static void test_prod_hessian_at_zero(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL, *g = NULL, *hvp = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "prod", body_prod_all, NULL, &f));
+    NBT_OK(ctx, nb_grad(f, NULL, &g));
+    NBT_OK(ctx, nb_jvp(g, &hvp));
+    const double x[4] = {0, 2, 3, 5};
+    const double h[4][4] = {{0, 15, 10, 6}, {15, 0, 0, 0}, {10, 0, 0, 0}, {6, 0, 0, 0}};
+    for (int j = 0; j < 4; j++) {
+        double e[4] = {0, 0, 0, 0};
+        e[j] = 1;
+        nb_tree *p[1] = {leaf_f64(ctx, 1, (const int64_t[]){4}, x)};
+        nb_tree *t[1] = {leaf_f64(ctx, 1, (const int64_t[]){4}, e)};
+        nb_tree *items[2] = {tuple_take(ctx, 1, p), tuple_take(ctx, 1, t)};
+        nb_tree *args = tuple_take(ctx, 2, items), *out = NULL;
+        NBT_OK(ctx, nb_fn_call(hvp, args, &out));
+        double gr[4], col[4];
+        read_f64(out, "[0]", 1, (const int64_t[]){4}, gr);
+        read_f64(out, "[1]", 1, (const int64_t[]){4}, col);
+        for (int i = 0; i < 4; i++) {
+            NBT_EQ_F64(gr[i], i == 0 ? 30.0 : 0.0);
+            NBT_EQ_F64(col[i], h[i][j]);
+        }
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+    }
+    nb_fn_destroy(hvp);
+    nb_fn_destroy(g);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- the rules, called directly ------------------------------------------------------
+ *
+ * For every reduction op, axes list and keepdims: the VJP rule gives a var of x's dtype
+ * and shape and the JVP rule one of the node's; run on concrete buffers, the sum's VJP is
+ * the broadcast cotangent, max/min split it over ties, and prod's is the product of the
+ * other elements (exact with small integers, zeros included), in f32 and f64. */
+
+static void test_rules_direct(void **state) {
+    (void)state;
+    static const struct {
+        int n;
+        int axes[3];
+    } axsets[] = {{0, {0}}, {1, {0}}, {1, {-1}}, {2, {0, 2}}, {3, {2, 0, 1}}, {-1, {0}}};
+    static const nbi_op ops[4] = {NBI_OP_SUM, NBI_OP_MAX, NBI_OP_MIN, NBI_OP_PROD};
+    const int64_t xs[3] = {2, 3, 4};
+    /* small integers with ties and zeros, so every result is exact */
+    double xv[24];
+    for (int i = 0; i < 24; i++) {
+        xv[i] = (double)((i * 7) % 5) - 1.0; /* -1, 0, 1, 2, 3 */
+    }
+    for (int di = 0; di < 2; di++) {
+        nb_dtype dt = di == 0 ? NB_DTYPE_F32 : NB_DTYPE_F64;
+        for (size_t oi = 0; oi < 4; oi++) {
+            for (size_t ai = 0; ai < sizeof axsets / sizeof axsets[0]; ai++) {
+                for (int keep = 0; keep < 2; keep++) {
+                    fx f;
+                    fx_open(&f);
+                    nb_var *x = param(&f, 0, dt, 3, xs);
+                    const int *axes = axsets[ai].n < 0 ? NULL : axsets[ai].axes;
+                    int n_axes = axsets[ai].n < 0 ? 0 : axsets[ai].n;
+                    nb_var *y = builder_of(ops[oi])(x, axes, n_axes, keep);
+                    check_sig(y, dt, y->rank, y->shape);
+                    nb_var *ct = param(&f, 1, dt, y->rank, y->shape);
+                    nb_var *t = param(&f, 2, dt, 3, xs);
+                    const nbi_op_info *info = nbi_op_get(ops[oi]);
+                    nb_var *in_ct[1] = {NULL};
+                    info->vjp(&f.tr, y, ct, in_ct);
+                    check_sig(in_ct[0], dt, 3, xs);
+                    nb_var *ty = info->jvp(&f.tr, y, (nb_var *const[]){t});
+                    check_sig(ty, dt, y->rank, y->shape);
+                    NBT_OK(f.ctx, nb_trace_status(&f.tr));
+                    /* run: ct = 1, 2, 3, ... over the outputs */
+                    double cv[24], tv[24];
+                    for (int i = 0; i < 24; i++) {
+                        cv[i] = (double)(i + 1);
+                        tv[i] = (double)(i % 3);
+                    }
+                    void *bx = buf_from(dt, 24, xv), *bc = buf_from(dt, y->size, cv);
+                    void *bt = buf_from(dt, 24, tv);
+                    void **bufs = run_graph(&f.tr, (const void *const[]){bx, bc, bt});
+                    /* reference: for each input element, its output and the group */
+                    bool red[3] = {false, false, false};
+                    for (int i = 0; i < y->at.n_axes; i++) {
+                        red[y->at.axes[i]] = true;
+                    }
+                    for (int64_t i = 0; i < 24; i++) {
+                        int64_t idx[3] = {i / 12, (i / 4) % 3, i % 4}, o = 0;
+                        for (int d = 0; d < 3; d++) {
+                            o = red[d] ? o : o * xs[d] + idx[d];
+                        }
+                        double yv = ops[oi] == NBI_OP_PROD ? 1 : ops[oi] == NBI_OP_SUM ? 0 : xv[i];
+                        double others = 1, count = 0, tsum = 0;
+                        for (int64_t j = 0; j < 24; j++) {
+                            int64_t jd[3] = {j / 12, (j / 4) % 3, j % 4};
+                            bool same_out = true;
+                            for (int d = 0; d < 3; d++) {
+                                same_out = same_out && (red[d] || jd[d] == idx[d]);
+                            }
+                            if (!same_out) {
+                                continue;
+                            }
+                            if (ops[oi] == NBI_OP_MAX) {
+                                yv = xv[j] > yv ? xv[j] : yv;
+                            } else if (ops[oi] == NBI_OP_MIN) {
+                                yv = xv[j] < yv ? xv[j] : yv;
+                            }
+                            if (j != i) {
+                                others *= xv[j];
+                            }
+                        }
+                        for (int64_t j = 0; j < 24; j++) {
+                            int64_t jd[3] = {j / 12, (j / 4) % 3, j % 4};
+                            bool same_out = true;
+                            for (int d = 0; d < 3; d++) {
+                                same_out = same_out && (red[d] || jd[d] == idx[d]);
+                            }
+                            if (same_out && xv[j] == yv) {
+                                count++;
+                                tsum += tv[j];
+                            }
+                        }
+                        double want = cv[o];
+                        if (ops[oi] == NBI_OP_MAX || ops[oi] == NBI_OP_MIN) {
+                            want = xv[i] == yv ? cv[o] / count : 0.0;
+                        } else if (ops[oi] == NBI_OP_PROD) {
+                            want = cv[o] * others;
+                        }
+                        double got = buf_get(dt, bufs[in_ct[0]->id], i);
+                        double w = dt == NB_DTYPE_F32 ? (double)(float)want : want;
+                        if (!(got == w || fabs(got - w) <= 1e-6 * fabs(w))) {
+                            fail_msg("%s axes set %zu keepdims %d (%s): ct_x[%lld] = %g, want %g",
+                                     nbi_op_name(ops[oi]), ai, keep, nb_dtype_name(dt),
+                                     (long long)i, got, w);
+                        }
+                        if (ops[oi] == NBI_OP_MAX || ops[oi] == NBI_OP_MIN) {
+                            double tw = tsum / count, tg = buf_get(dt, bufs[ty->id], o);
+                            NBT_NEAR(tg, tw, 1e-6 * fabs(tw));
+                        }
+                    }
+                    free_graph(&f.tr, bufs);
+                    free(bx);
+                    free(bc);
+                    free(bt);
+                    fx_close(&f);
+                }
+            }
+        }
+    }
+}
+
 /* ---- registry ----------------------------------------------------------------------- */
 
 static void test_registry(void **state) {
@@ -1187,6 +1925,8 @@ static void test_registry(void **state) {
         NBT_TRUE(info->infer != NULL && info->kernel != NULL);
         NBT_EQ_I64(info->nondiff, i >= 4 ? 1 : 0);
         NBT_TRUE(!info->elementwise);
+        /* rules for the float reductions; an index has none */
+        NBT_TRUE((info->vjp != NULL) == (i < 4) && (info->jvp != NULL) == (i < 4));
     }
     /* Scratch only for column-wise float sums over more than one block. */
     fx f;
@@ -1223,6 +1963,9 @@ int main(void) {
         cmocka_unit_test(test_logsumexp),
         cmocka_unit_test(test_softmax_and_log_softmax),
         cmocka_unit_test(test_registry),
+        cmocka_unit_test(test_rules_direct),
+        cmocka_unit_test(test_grad_through_api),
+        cmocka_unit_test(test_prod_hessian_at_zero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,6 +7,11 @@
  * and message); kernels run directly on plain buffers, node by node, against
  * straightforward reference loops, for every dtype. Data-movement results are compared byte
  * for byte with the input element the reference says they come from.
+ *
+ * The VJP and JVP rules are checked twice: called directly on nodes (the dtype and shape of
+ * what they build; the adjoints of slice, take, take_along_axis and the dynamic slices,
+ * exactly, against reference scatters), and through the public API (nb_vjp, nb_jvp,
+ * nb_grad on small f64 functions) against central finite differences.
  */
 #include "nbtest.h"
 
@@ -1909,6 +1914,909 @@ static void test_infer_rejects_bad_attrs(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- gradients through the public API ----------------------------------------------
+ *
+ * Each case is a small function of one or two f64 arrays, built from the family's ops. It
+ * is checked through nb_vjp, nb_jvp and nb_grad (include/nabla/ad.h) against central finite
+ * differences of the forward function called through nb_fn_call at perturbed inputs (step
+ * h = 1e-6 max(1, |x_k|), tolerance 1e-7 relative to max(1, |value|)):
+ *   - vjp: ct_x for a random cotangent u, element by element against <u, (f(x + h e_k) -
+ *     f(x - h e_k)) / 2h>;
+ *   - jvp: the output tangent for a random tangent v against (f(x + h v) - f(x - h v)) / 2h;
+ *   - grad of <u, f(x)> (u passed as a second, non-differentiated argument) equal to the
+ *     vjp's ct_x;
+ *   - <u, J v> = <J^T u, v> between the two modes (to 1e-12);
+ *   - every cotangent and tangent has the dtype and shape of its primal.
+ * Cases at a kink (ties of max/min) give exact expected values instead of differences. */
+
+typedef nb_var *(*gfn)(nb_trace *tr, nb_var *const *x);
+
+typedef struct gcase {
+    const char *name;
+    gfn f;
+    int n_in;
+    int rank[2];
+    int64_t shape[2][4];
+    const double *data[2]; /* fixed inputs (ties, zeros), or NULL for random values */
+    const double *want[2]; /* exact expected ct_x for the all-ones cotangent (kinks), or NULL */
+} gcase;
+
+static double g_fd_err; /* the largest FD error seen, relative to max(1, |value|) */
+static int g_fd_checks;
+
+static gfn fn_of(const nb_tree *self) {
+    nb_fnptr p = NULL;
+    const char *name = NULL;
+    if (nb_tree_get_fnref(self, &p, &name) != NB_OK) {
+        return NULL;
+    }
+    return (gfn)p;
+}
+
+/* f(args): args = (x0[, x1]). */
+static nb_status body_f(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    gfn f = fn_of(self);
+    nb_var *x[2] = {nb_get(tr, args, "[0]"), NULL};
+    if (nb_tree_len(args) > 1) {
+        x[1] = nb_get(tr, args, "[1]");
+    }
+    return nb_return(f(tr, x), out);
+}
+
+/* <u, f(x)>: args = ((x0[, x1]), u). */
+static nb_status body_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                           nb_tree **out) {
+    gfn f = fn_of(self);
+    const nb_tree *xs = nb_tree_child(args, 0);
+    nb_var *x[2] = {nb_get(tr, args, "[0][0]"), NULL};
+    if (nb_tree_len(xs) > 1) {
+        x[1] = nb_get(tr, args, "[0][1]");
+    }
+    nb_var *u = nb_get(tr, args, "[1]");
+    return nb_return(nb_sum(nb_mul(f(tr, x), u), NULL, 0, false), out);
+}
+
+static nb_tree *leaf_f64(nb_ctx *ctx, int rank, const int64_t *shape, const double *d) {
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, rank, shape, d, &a));
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_array(a, &t));
+    nb_array_destroy(a);
+    return t;
+}
+
+/* A tuple of n trees, taking the caller's references. */
+static nb_tree *tuple_take(nb_ctx *ctx, int n, nb_tree **items) {
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, n, items, &t));
+    for (int i = 0; i < n; i++) {
+        nb_tree_destroy(items[i]);
+    }
+    return t;
+}
+
+/* The f64 array at path of t, checked against rank/shape, copied into d (n elements). */
+static void read_f64(const nb_tree *t, const char *path, int rank, const int64_t *shape,
+                     double *d) {
+    const nb_tree *leaf = NULL;
+    if (nb_tree_lookup(t, path, &leaf) != NB_OK || nb_tree_get_array(leaf) == NULL) {
+        fail_msg("no array at '%s'", path);
+    }
+    const nb_array *a = nb_tree_get_array(leaf);
+    NBT_EQ_I64(nb_array_dtype(a), NB_DTYPE_F64);
+    NBT_EQ_I64(nb_array_rank(a), rank);
+    for (int i = 0; i < rank; i++) {
+        NBT_EQ_I64(nb_array_shape(a)[i], shape[i]);
+    }
+    int64_t n = nb_array_size(a);
+    if (n > 0) {
+        memcpy(d, nb_array_data(a), (size_t)n * sizeof(double));
+    }
+}
+
+typedef struct gctx {
+    nb_ctx *ctx;
+    const gcase *c;
+    nb_fn *f;
+    int64_t nx[2], ny;
+    int yrank;
+    int64_t yshape[NB_MAX_RANK];
+} gctx;
+
+static nb_tree *args_of(gctx *g, double *const *x) {
+    nb_tree *items[2] = {NULL, NULL};
+    for (int i = 0; i < g->c->n_in; i++) {
+        items[i] = leaf_f64(g->ctx, g->c->rank[i], g->c->shape[i], x[i]);
+    }
+    return tuple_take(g->ctx, g->c->n_in, items);
+}
+
+/* y = f(x) into y (g->ny elements). */
+static void eval_f(gctx *g, double *const *x, double *y) {
+    nb_tree *args = args_of(g, x), *out = NULL;
+    NBT_OK(g->ctx, nb_fn_call(g->f, args, &out));
+    read_f64(out, "", g->yrank, g->yshape, y);
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+}
+
+static void fd_expect(const char *what, const char *name, int64_t k, double got, double want,
+                      double tol) {
+    double scale = fmax(1.0, fmax(fabs(got), fabs(want)));
+    double e = fabs(got - want) / scale;
+    g_fd_checks++;
+    if (e > g_fd_err) {
+        g_fd_err = e;
+    }
+    if (!(e <= tol)) {
+        fail_msg("%s: %s[%lld] = %.17g, expected %.17g (relative error %.3g > %.3g)", name, what,
+                 (long long)k, got, want, e, tol);
+    }
+}
+
+/* A deterministic sequence in [-1, 1) (a 64-bit LCG). */
+static uint64_t g_grng = 987654321;
+static double rnd_g(void) {
+    g_grng = g_grng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(g_grng >> 11) / 4503599627370496.0 - 1.0;
+}
+
+static void check_grad_case(const gcase *c) {
+    gctx g;
+    memset(&g, 0, sizeof g);
+    g.ctx = nbt_ctx();
+    g.c = c;
+    nb_tree *self = NULL;
+    NBT_OK(g.ctx, nb_tree_fnref(g.ctx, (nb_fnptr)c->f, c->name, &self));
+    nb_fn *loss = NULL, *vjp = NULL, *jvp = NULL, *grad = NULL;
+    NBT_OK(g.ctx, nb_fn_create(g.ctx, c->name, body_f, self, &g.f));
+    NBT_OK(g.ctx, nb_fn_create(g.ctx, c->name, body_loss, self, &loss));
+    NBT_OK(g.ctx, nb_vjp(g.f, &vjp));
+    NBT_OK(g.ctx, nb_jvp(g.f, &jvp));
+    NBT_OK(g.ctx, nb_grad(loss, NULL, &grad));
+
+    double *x[2] = {NULL, NULL}, *v[2] = {NULL, NULL}, *ct[2] = {NULL, NULL},
+           *gr[2] = {NULL, NULL};
+    for (int i = 0; i < c->n_in; i++) {
+        g.nx[i] = 1;
+        for (int d = 0; d < c->rank[i]; d++) {
+            g.nx[i] *= c->shape[i][d];
+        }
+        size_t b = (size_t)(g.nx[i] > 0 ? g.nx[i] : 1) * sizeof(double);
+        x[i] = malloc(b);
+        v[i] = malloc(b);
+        ct[i] = malloc(b);
+        gr[i] = malloc(b);
+        assert_true(x[i] && v[i] && ct[i] && gr[i]);
+        for (int64_t k = 0; k < g.nx[i]; k++) {
+            x[i][k] = c->data[i] ? c->data[i][k] : 2.0 * rnd_g();
+            v[i][k] = rnd_g();
+        }
+    }
+    /* the output's signature, from one forward call */
+    {
+        nb_tree *args = args_of(&g, x), *out = NULL;
+        NBT_OK(g.ctx, nb_fn_call(g.f, args, &out));
+        const nb_array *y = nb_tree_get_array(out);
+        assert_non_null(y);
+        g.yrank = nb_array_rank(y);
+        memcpy(g.yshape, nb_array_shape(y), (size_t)g.yrank * sizeof(int64_t));
+        g.ny = nb_array_size(y);
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+    }
+    size_t yb = (size_t)(g.ny > 0 ? g.ny : 1) * sizeof(double);
+    double *u = malloc(yb), *y0 = malloc(yb), *yp = malloc(yb), *ym = malloc(yb),
+           *ty = malloc(yb);
+    assert_true(u && y0 && yp && ym && ty);
+    for (int64_t k = 0; k < g.ny; k++) {
+        u[k] = c->want[0] ? 1.0 : rnd_g();
+    }
+    eval_f(&g, x, y0);
+
+    /* vjp: ((x...), u) -> (y, (ct...)) */
+    {
+        nb_tree *items[2] = {args_of(&g, x), leaf_f64(g.ctx, g.yrank, g.yshape, u)};
+        nb_tree *args = tuple_take(g.ctx, 2, items), *out = NULL;
+        NBT_OK(g.ctx, nb_fn_call(vjp, args, &out));
+        double *yv = malloc(yb);
+        read_f64(out, "[0]", g.yrank, g.yshape, yv);
+        for (int64_t k = 0; k < g.ny; k++) {
+            NBT_EQ_F64(yv[k], y0[k]);
+        }
+        free(yv);
+        for (int i = 0; i < c->n_in; i++) {
+            char path[16];
+            snprintf(path, sizeof path, "[1][%d]", i);
+            read_f64(out, path, c->rank[i], c->shape[i], ct[i]);
+        }
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+    }
+    /* grad of <u, f(x)>: args ((x...), u) -> (ct...) */
+    {
+        nb_tree *items[2] = {args_of(&g, x), leaf_f64(g.ctx, g.yrank, g.yshape, u)};
+        nb_tree *args = tuple_take(g.ctx, 2, items), *out = NULL;
+        NBT_OK(g.ctx, nb_fn_call(grad, args, &out));
+        for (int i = 0; i < c->n_in; i++) {
+            char path[16];
+            snprintf(path, sizeof path, "[%d]", i);
+            read_f64(out, path, c->rank[i], c->shape[i], gr[i]);
+            for (int64_t k = 0; k < g.nx[i]; k++) {
+                if (!(fabs(gr[i][k] - ct[i][k]) <= 1e-14 * fmax(1.0, fabs(ct[i][k])))) {
+                    fail_msg("%s: grad[%d][%lld] = %.17g but the vjp gives %.17g", c->name, i,
+                             (long long)k, gr[i][k], ct[i][k]);
+                }
+            }
+        }
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+    }
+    /* jvp: ((x...), (v...)) -> (y, ty) */
+    {
+        nb_tree *vt[2] = {NULL, NULL};
+        for (int i = 0; i < c->n_in; i++) {
+            vt[i] = leaf_f64(g.ctx, c->rank[i], c->shape[i], v[i]);
+        }
+        nb_tree *items[2] = {args_of(&g, x), tuple_take(g.ctx, c->n_in, vt)};
+        nb_tree *args = tuple_take(g.ctx, 2, items), *out = NULL;
+        NBT_OK(g.ctx, nb_fn_call(jvp, args, &out));
+        read_f64(out, "[1]", g.yrank, g.yshape, ty);
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+    }
+    /* with two inputs, a null tangent for either: the two partial tangents add up */
+    if (c->n_in == 2) {
+        double *part = malloc(yb);
+        assert_non_null(part);
+        for (int64_t j = 0; j < g.ny; j++) {
+            part[j] = 0;
+        }
+        for (int which = 0; which < 2; which++) {
+            nb_tree *vt[2] = {NULL, NULL};
+            vt[which] = leaf_f64(g.ctx, c->rank[which], c->shape[which], v[which]);
+            NBT_OK(g.ctx, nb_tree_null(g.ctx, &vt[1 - which]));
+            nb_tree *items[2] = {args_of(&g, x), tuple_take(g.ctx, 2, vt)};
+            nb_tree *args = tuple_take(g.ctx, 2, items), *out = NULL;
+            NBT_OK(g.ctx, nb_fn_call(jvp, args, &out));
+            read_f64(out, "[1]", g.yrank, g.yshape, yp);
+            for (int64_t j = 0; j < g.ny; j++) {
+                part[j] += yp[j];
+            }
+            nb_tree_destroy(out);
+            nb_tree_destroy(args);
+        }
+        for (int64_t j = 0; j < g.ny; j++) {
+            if (!(fabs(part[j] - ty[j]) <= 1e-14 * fmax(1.0, fabs(ty[j])))) {
+                fail_msg("%s: partial tangents add up to %.17g at %lld, the full one is %.17g",
+                         c->name, part[j], (long long)j, ty[j]);
+            }
+        }
+        free(part);
+    }
+    /* <u, J v> = <J^T u, v> */
+    double ujv = 0, jtuv = 0, mag = 0;
+    for (int64_t k = 0; k < g.ny; k++) {
+        ujv += u[k] * ty[k];
+        mag += fabs(u[k] * ty[k]);
+    }
+    for (int i = 0; i < c->n_in; i++) {
+        for (int64_t k = 0; k < g.nx[i]; k++) {
+            jtuv += ct[i][k] * v[i][k];
+            mag += fabs(ct[i][k] * v[i][k]);
+        }
+    }
+    if (!(fabs(ujv - jtuv) <= 1e-12 * fmax(1.0, mag))) {
+        fail_msg("%s: <u, Jv> = %.17g but <J^T u, v> = %.17g", c->name, ujv, jtuv);
+    }
+
+    if (c->want[0] != NULL) { /* a kink: exact values */
+        for (int i = 0; i < c->n_in; i++) {
+            for (int64_t k = 0; k < g.nx[i]; k++) {
+                if (!(ct[i][k] == c->want[i][k])) {
+                    fail_msg("%s: ct_x%d[%lld] = %.17g, expected exactly %.17g", c->name, i,
+                             (long long)k, ct[i][k], c->want[i][k]);
+                }
+            }
+        }
+    } else {
+        /* vjp element by element */
+        for (int i = 0; i < c->n_in; i++) {
+            for (int64_t k = 0; k < g.nx[i]; k++) {
+                double x0 = x[i][k], h = 1e-6 * fmax(1.0, fabs(x0));
+                x[i][k] = x0 + h;
+                eval_f(&g, x, yp);
+                x[i][k] = x0 - h;
+                eval_f(&g, x, ym);
+                x[i][k] = x0;
+                double d = 0;
+                for (int64_t j = 0; j < g.ny; j++) {
+                    d += u[j] * (yp[j] - ym[j]);
+                }
+                fd_expect("ct_x", c->name, k, ct[i][k], d / (2 * h), 1e-7);
+            }
+        }
+        /* jvp along v */
+        double xn = 0;
+        for (int i = 0; i < c->n_in; i++) {
+            for (int64_t k = 0; k < g.nx[i]; k++) {
+                xn = fmax(xn, fabs(x[i][k]));
+            }
+        }
+        double h = 1e-6 * fmax(1.0, xn);
+        double *xs[2] = {NULL, NULL}, *xm[2] = {NULL, NULL};
+        for (int i = 0; i < c->n_in; i++) {
+            size_t b = (size_t)(g.nx[i] > 0 ? g.nx[i] : 1) * sizeof(double);
+            xs[i] = malloc(b);
+            xm[i] = malloc(b);
+            assert_true(xs[i] && xm[i]);
+            for (int64_t k = 0; k < g.nx[i]; k++) {
+                xs[i][k] = x[i][k] + h * v[i][k];
+                xm[i][k] = x[i][k] - h * v[i][k];
+            }
+        }
+        eval_f(&g, xs, yp);
+        eval_f(&g, xm, ym);
+        for (int64_t j = 0; j < g.ny; j++) {
+            fd_expect("t_y", c->name, j, ty[j], (yp[j] - ym[j]) / (2 * h), 1e-7);
+        }
+        for (int i = 0; i < c->n_in; i++) {
+            free(xs[i]);
+            free(xm[i]);
+        }
+    }
+
+    for (int i = 0; i < c->n_in; i++) {
+        free(x[i]);
+        free(v[i]);
+        free(ct[i]);
+        free(gr[i]);
+    }
+    free(u);
+    free(y0);
+    free(yp);
+    free(ym);
+    free(ty);
+    nb_fn_destroy(grad);
+    nb_fn_destroy(jvp);
+    nb_fn_destroy(vjp);
+    nb_fn_destroy(loss);
+    nb_fn_destroy(g.f);
+    nb_tree_destroy(self);
+    nbt_assert_no_live(g.ctx);
+    nb_ctx_destroy(g.ctx);
+}
+
+static void check_grad_cases(const gcase *cases, int n) {
+    g_fd_err = 0;
+    g_fd_checks = 0;
+    for (int i = 0; i < n; i++) {
+        check_grad_case(&cases[i]);
+    }
+    print_message("%d cases, %d checks against finite differences; largest relative error "
+                  "%.3g\n",
+                  n, g_fd_checks, g_fd_err);
+}
+
+#define AX(...) ((const int[]){__VA_ARGS__})
+
+/* An integer constant of the trace (indices). */
+static nb_var *const_idx(nb_trace *tr, nb_dtype dt, int rank, const int64_t *shape,
+                         const int64_t *vals) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    int64_t n = prod(rank, shape);
+    void *buf = index_buf(dt, n, vals);
+    nb_array *a = NULL;
+    nb_status st = nb_array_from_data(ctx, dt, rank, shape, buf, &a);
+    free(buf);
+    if (st != NB_OK) {
+        nb_trace_fail(tr, st, "const_idx: %s", nb_ctx_errmsg(ctx));
+        return nb_scalar(tr, 0.0);
+    }
+    nb_var *v = nb_constant(tr, a);
+    nb_array_destroy(a);
+    return v;
+}
+
+static nb_var *start_of(nb_trace *tr, int64_t v) {
+    return nb_scalar_typed(tr, I64, (double)v);
+}
+
+static nb_var *gf_reshape(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_reshape(x[0], 3, S(3, -1, 2));
+}
+static nb_var *gf_reshape_chain(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_mul(nb_reshape(x[0], 2, S(4, 3)), nb_reshape(nb_sin(x[0]), 2, S(4, 3)));
+}
+static nb_var *gf_expand_squeeze(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_squeeze(nb_expand_dims(x[0], -1), NULL, 0);
+}
+static nb_var *gf_bcast_mid(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_broadcast_to(x[0], 3, S(2, 3, 4));
+}
+static nb_var *gf_bcast_scalar(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_broadcast_to(x[0], 2, S(2, 2));
+}
+static nb_var *gf_bcast_two(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_mul(nb_broadcast_to(x[0], 2, S(3, 4)), x[1]);
+}
+static nb_var *gf_transpose(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_transpose(x[0], AX(2, 0, 1));
+}
+static nb_var *gf_transpose_rev(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_transpose(x[0], NULL);
+}
+static nb_var *gf_transpose_neg(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_mul(nb_transpose(x[0], AX(-1, -3, -2)), nb_transpose(nb_cos(x[0]), AX(2, 0, 1)));
+}
+static nb_var *gf_slice_step2(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_slice(x[0], S(1, 0), S(4, 6), S(1, 2));
+}
+static nb_var *gf_slice_neg(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_slice(x[0], NULL, NULL, S(-2, -1));
+}
+static nb_var *gf_slice_neg3(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_slice(x[0], S(-2), S(0), S(-3));
+}
+static nb_var *gf_slice_bigstep(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_slice(x[0], NULL, NULL, S(INT64_MAX, INT64_MIN));
+}
+static nb_var *gf_slice_empty(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_slice(x[0], S(3, 0), S(1, 3), NULL);
+}
+static nb_var *gf_slice_3d(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_slice(x[0], S(0, 3, 1), S(3, -10, 5), S(2, -1, 3));
+}
+static nb_var *gf_slice_twice(nb_trace *tr, nb_var *const *x) { /* x[::-1] * x[1::2]-ish */
+    (void)tr;
+    nb_var *a = nb_slice(x[0], S(6), S(-8), S(-2)); /* 6, 4, 2, 0 */
+    nb_var *b = nb_slice(x[0], S(1), S(8), S(2));   /* 1, 3, 5, 7 */
+    return nb_mul(a, nb_exp(b));
+}
+static nb_var *gf_concat(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_concatenate(3, (nb_var *const[]){x[0], x[1], x[0]}, -1);
+}
+static nb_var *gf_concat_chain(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_concatenate(2, (nb_var *const[]){nb_square(x[0]), x[0]}, 0);
+}
+static nb_var *gf_stack(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_stack(2, (nb_var *const[]){x[0], nb_sin(x[0])}, -1);
+}
+static nb_var *gf_pad(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_pad(x[0], S(1, 0), S(2, 3), 1.5);
+}
+static nb_var *gf_pad_null(nb_trace *tr, nb_var *const *x) {
+    (void)tr;
+    return nb_mul(nb_pad(x[0], NULL, S(0, 2), -1.0), nb_pad(nb_sin(x[0]), S(0, 2), NULL, 2.0));
+}
+static nb_var *gf_take_dup(nb_trace *tr, nb_var *const *x) {
+    return nb_take(x[0], const_idx(tr, I64, 1, S(6), S(0, 3, -1, 7, 0, -9)), 0);
+}
+static nb_var *gf_take_mid(nb_trace *tr, nb_var *const *x) {
+    return nb_take(x[0], const_idx(tr, I32, 2, S(2, 2), S(2, 0, 2, -2)), 1);
+}
+static nb_var *gf_take_scalar(nb_trace *tr, nb_var *const *x) {
+    return nb_take(x[0], const_idx(tr, I64, 0, NULL, S(-2)), -2);
+}
+static nb_var *gf_take_last(nb_trace *tr, nb_var *const *x) {
+    nb_var *i = const_idx(tr, I32, 1, S(4), S(1, 1, 3, 100));
+    return nb_mul(nb_take(x[0], i, -1), nb_take(nb_cos(x[0]), i, -1));
+}
+static nb_var *gf_take_along(nb_trace *tr, nb_var *const *x) {
+    return nb_take_along_axis(x[0], const_idx(tr, I64, 2, S(3, 2), S(1, 1, -1, 9, 0, -9)), 1);
+}
+static nb_var *gf_take_along_bx(nb_trace *tr, nb_var *const *x) { /* x broadcast on axis 0 */
+    return nb_take_along_axis(x[0], const_idx(tr, I32, 2, S(3, 2), S(1, 1, -1, 2, 0, 0)), 1);
+}
+static nb_var *gf_take_along_bi(nb_trace *tr, nb_var *const *x) { /* indices broadcast */
+    return nb_take_along_axis(x[0], const_idx(tr, I64, 2, S(1, 5), S(0, 3, 3, -1, 2)), -1);
+}
+static nb_var *gf_take_along_0(nb_trace *tr, nb_var *const *x) {
+    nb_var *i = const_idx(tr, I64, 3, S(3, 1, 2), S(0, 3, 3, 3, -4, 1));
+    return nb_take_along_axis(x[0], i, 0);
+}
+static nb_var *gf_one_hot(nb_trace *tr, nb_var *const *x) { /* no rules needed: int input */
+    nb_var *oh = nb_one_hot(const_idx(tr, I64, 1, S(3), S(2, 0, 7)), 4, F64);
+    return nb_mul(oh, nb_square(x[0]));
+}
+static nb_var *gf_dyn_slice(nb_trace *tr, nb_var *const *x) { /* starts clamp to (2, 0) */
+    return nb_dynamic_slice(x[0], (nb_var *const[]){start_of(tr, 3), start_of(tr, -2)},
+                            S(3, 2));
+}
+static nb_var *gf_dyn_slice_in(nb_trace *tr, nb_var *const *x) {
+    return nb_mul(nb_dynamic_slice(x[0], (nb_var *const[]){start_of(tr, 1), start_of(tr, 1)},
+                                   S(2, 2)),
+                  nb_dynamic_slice(nb_exp(x[0]),
+                                   (nb_var *const[]){start_of(tr, 9), start_of(tr, 0)}, S(2, 2)));
+}
+static nb_var *gf_dyn_slice_full(nb_trace *tr, nb_var *const *x) { /* clamps to (0, 0) */
+    return nb_dynamic_slice(x[0], (nb_var *const[]){start_of(tr, 2), start_of(tr, 9)}, S(5, 4));
+}
+static nb_var *gf_dyn_update(nb_trace *tr, nb_var *const *x) { /* (4, 1) clamps to (3, 1) */
+    return nb_dynamic_update_slice(x[0], x[1], (nb_var *const[]){start_of(tr, 4), start_of(tr, 1)});
+}
+static nb_var *gf_dyn_update_neg(nb_trace *tr, nb_var *const *x) { /* (-1, 7) -> (0, 1) */
+    nb_var *y = nb_dynamic_update_slice(nb_sin(x[0]), nb_square(x[1]),
+                                        (nb_var *const[]){start_of(tr, -1), start_of(tr, 7)});
+    return nb_mul(y, x[0]);
+}
+static nb_var *gf_mixed(nb_trace *tr, nb_var *const *x) { /* a chain through several ops */
+    nb_var *t = nb_transpose(nb_pad(x[0], S(1, 0), S(0, 2), 0.5), NULL);         /* [5, 4] */
+    nb_var *s = nb_slice(t, S(4, 0), S(-6, 4), S(-2, 3));                        /* [3, 2] */
+    nb_var *k = nb_take(s, const_idx(tr, I64, 1, S(3), S(1, 1, 0)), 1);          /* [3, 3] */
+    nb_var *c = nb_concatenate(2, (nb_var *const[]){k, nb_broadcast_to(x[1], 2, S(3, 3))}, 0);
+    return nb_mul(c, nb_reshape(nb_tanh(x[0]), 2, S(6, 1)));                     /* [6, 3] */
+}
+
+#define G1(nm, fn, r, ...) {.name = nm, .f = fn, .n_in = 1, .rank = {r}, .shape = {{__VA_ARGS__}}}
+#define G2(nm, fn, r0, r1, s0, s1)                                                                 \
+    {.name = nm, .f = fn, .n_in = 2, .rank = {r0, r1}, .shape = {s0, s1}}
+#define L(...) {__VA_ARGS__}
+
+static const gcase k_shape_grad_cases[] = {
+    G1("reshape with -1", gf_reshape, 2, 2, 6),
+    G1("reshape * reshape(sin)", gf_reshape_chain, 2, 3, 4),
+    G1("squeeze(expand_dims)", gf_expand_squeeze, 3, 3, 1, 2),
+    G1("broadcast_to [3,1] -> [2,3,4]", gf_bcast_mid, 2, 3, 1),
+    {.name = "broadcast_to a scalar", .f = gf_bcast_scalar, .n_in = 1},
+    G2("broadcast_to [4] -> [3,4] times x1", gf_bcast_two, 1, 2, L(4), L(3, 4)),
+    G1("transpose (2,0,1)", gf_transpose, 3, 2, 3, 4),
+    G1("transpose reversed", gf_transpose_rev, 3, 2, 3, 4),
+    G1("transpose negative perm", gf_transpose_neg, 3, 2, 3, 2),
+    G1("slice step 2", gf_slice_step2, 2, 5, 6),
+    G1("slice steps -2, -1", gf_slice_neg, 2, 5, 6),
+    G1("slice -2:0:-3", gf_slice_neg3, 1, 7),
+    G1("slice steps INT64_MAX, INT64_MIN", gf_slice_bigstep, 2, 4, 5),
+    G1("slice empty", gf_slice_empty, 2, 4, 3),
+    G1("slice 3-d mixed steps", gf_slice_3d, 3, 3, 4, 5),
+    G1("two overlapping slices", gf_slice_twice, 1, 8),
+    G2("concatenate (x0, x1, x0) axis -1", gf_concat, 2, 2, L(2, 3), L(2, 5)),
+    G1("concatenate (x^2, x)", gf_concat_chain, 2, 2, 3),
+    G1("stack (x, sin x) axis -1", gf_stack, 2, 3, 2),
+    G1("pad", gf_pad, 2, 2, 3),
+    G1("pad with NULL sides", gf_pad_null, 2, 2, 3),
+    G1("take duplicates, negative, clamped", gf_take_dup, 2, 4, 3),
+    G1("take i32 [2,2] indices on axis 1", gf_take_mid, 3, 2, 3, 4),
+    G1("take rank-0 index", gf_take_scalar, 2, 5, 2),
+    G1("take on the last axis * take(cos)", gf_take_last, 2, 3, 4),
+    G1("take_along_axis duplicates, clamped", gf_take_along, 2, 3, 4),
+    G1("take_along_axis, x broadcast", gf_take_along_bx, 2, 1, 4),
+    G1("take_along_axis, indices broadcast", gf_take_along_bi, 2, 3, 4),
+    G1("take_along_axis on axis 0, rank 3", gf_take_along_0, 3, 4, 2, 2),
+    G1("one_hot * x^2", gf_one_hot, 2, 3, 4),
+    G1("dynamic_slice clamped starts", gf_dyn_slice, 2, 5, 4),
+    G1("dynamic_slice twice", gf_dyn_slice_in, 2, 5, 4),
+    G1("dynamic_slice of everything", gf_dyn_slice_full, 2, 5, 4),
+    G2("dynamic_update_slice clamped", gf_dyn_update, 2, 2, L(5, 4), L(2, 3)),
+    G2("dynamic_update_slice negative start", gf_dyn_update_neg, 2, 2, L(5, 4), L(2, 3)),
+    G2("pad, transpose, slice, take, concatenate", gf_mixed, 2, 1, L(2, 3), L(3)),
+};
+
+static void test_grad_through_api(void **state) {
+    (void)state;
+    check_grad_cases(k_shape_grad_cases,
+                     (int)(sizeof k_shape_grad_cases / sizeof k_shape_grad_cases[0]));
+}
+
+/* ---- the rules, called directly ------------------------------------------------------ */
+
+/* The slice adjoint against a reference scatter, for every slice of the Python oracle's
+ * grid on lengths 0, 1, 5 and 7 and on a rank-3 array with a step per axis: in_ct has x's
+ * dtype and shape, holds g at exactly the positions read and exact zeros elsewhere; the JVP
+ * rule is the same slice. f32 and f64. */
+static void check_unslice(nb_ctx *ctx, nb_dtype dt, int r, const int64_t *xs, const int64_t *start,
+                          const int64_t *stop, const int64_t *step) {
+    nb_trace tr;
+    begin(&tr, ctx);
+    nb_var *x = param(&tr, 0, dt, r, xs);
+    nb_var *y = nb_slice(x, start, stop, step);
+    if (y == x || nb_var_is_poison(y)) {
+        NBT_OK(ctx, nb_trace_status(&tr));
+        nbi_trace_release(&tr);
+        return;
+    }
+    const nbi_op_info *info = nbi_op_get(NBI_OP_SLICE);
+    nb_var *g = param(&tr, 1, dt, y->rank, y->shape);
+    nb_var *in_ct[1] = {NULL};
+    info->vjp(&tr, y, g, in_ct);
+    expect_type(in_ct[0], dt, r, xs);
+    nb_var *ty = info->jvp(&tr, y, (nb_var *const[]){x});
+    expect_type(ty, dt, y->rank, y->shape);
+    NBT_OK(ctx, nb_trace_status(&tr));
+    verify(&tr);
+    int64_t nx = prod(r, xs);
+    void *bx = pattern(dt, nx, 1), *bg = pattern(dt, y->size, 2);
+    char *ct = run_graph(&tr, (const void *const[]){bx, bg}, in_ct[0]);
+    char *yv = run_graph(&tr, (const void *const[]){bx, bg}, y);
+    char *tv = run_graph(&tr, (const void *const[]){bx, bg}, ty);
+    size_t es = nb_dtype_size(dt);
+    NBT_TRUE(y->size == 0 || memcmp(yv, tv, (size_t)y->size * es) == 0);
+    /* reference: src[k] = the index into g of x's element k, or -1 */
+    int64_t *src = alloc_src(nx);
+    for (int64_t k = 0; k < nx; k++) {
+        src[k] = -1;
+    }
+    for (int64_t i = 0; i < y->size; i++) {
+        int64_t yi[NB_MAX_RANK], xi[NB_MAX_RANK];
+        unravel(i, r, y->shape, yi);
+        for (int d = 0; d < r; d++) {
+            xi[d] = y->at.a[d] + yi[d] * y->at.c[d];
+        }
+        src[ravel(r, xs, xi)] = i;
+    }
+    const double zero = 0.0;
+    const float zf = 0.0f;
+    expect_map(ct, bg, es, nx, src, dt == F32 ? (const void *)&zf : (const void *)&zero);
+    free(src);
+    free(ct);
+    free(yv);
+    free(tv);
+    free(bx);
+    free(bg);
+    nbi_trace_release(&tr);
+}
+
+static void test_slice_rules_direct(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    const size_t nb = sizeof k_bounds / sizeof k_bounds[0];
+    const size_t nk = sizeof k_steps / sizeof k_steps[0];
+    const int64_t lens[4] = {0, 1, 5, 7};
+    for (int di = 0; di < 2; di++) {
+        nb_dtype dt = di ? F64 : F32;
+        for (size_t l = 0; l < 4; l++) {
+            for (size_t si = 0; si < nb; si++) {
+                for (size_t ei = 0; ei < nb; ei++) {
+                    for (size_t ki = 0; ki < nk; ki++) {
+                        check_unslice(ctx, dt, 1, &lens[l], si == 0 ? NULL : &k_bounds[si],
+                                      ei == 0 ? NULL : &k_bounds[ei], &k_steps[ki]);
+                    }
+                }
+            }
+        }
+        /* rank 3: every combination of steps -3, -1, 1, 2, 3 on [4, 5, 6] (full ranges) */
+        const int64_t st[5] = {-3, -1, 1, 2, 3};
+        for (int a = 0; a < 5; a++) {
+            for (int b = 0; b < 5; b++) {
+                for (int c = 0; c < 5; c++) {
+                    check_unslice(ctx, dt, 3, S(4, 5, 6), NULL, NULL, S(st[a], st[b], st[c]));
+                    check_unslice(ctx, dt, 3, S(4, 5, 6), S(1, -1, 2), S(-1, 0, 6),
+                                  S(st[a], st[b], st[c]));
+                }
+            }
+        }
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* take / take_along_axis / dynamic_slice / dynamic_update_slice adjoints on integer-valued
+ * data (so that sums are exact in any order) against reference scatter-adds, with
+ * duplicate, negative and out-of-range indices and run-time start values (params) that
+ * clamp. */
+static void test_gather_rules_direct(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    for (int di = 0; di < 2; di++) {
+        nb_dtype dt = di ? F64 : F32;
+        /* take: x [2, 4, 3] on axis 1 with indices [2, 3] */
+        {
+            nb_trace tr;
+            begin(&tr, ctx);
+            nb_var *x = param(&tr, 0, dt, 3, S(2, 4, 3));
+            nb_var *ix = param(&tr, 1, I32, 2, S(2, 3));
+            nb_var *y = nb_take(x, ix, -2); /* [2, 2, 3, 3] */
+            nb_var *g = param(&tr, 2, dt, y->rank, y->shape);
+            nb_var *in_ct[2] = {NULL, NULL};
+            nbi_op_get(NBI_OP_TAKE)->vjp(&tr, y, g, in_ct);
+            expect_type(in_ct[0], dt, 3, S(2, 4, 3));
+            assert_null(in_ct[1]);
+            NBT_OK(ctx, nb_trace_status(&tr));
+            verify(&tr);
+            const int64_t iv[6] = {1, 1, -1, 9, -9, 1};
+            double gv[36], want[24] = {0};
+            for (int i = 0; i < 36; i++) {
+                gv[i] = (double)(i % 7) - 3.0;
+            }
+            for (int o = 0; o < 2; o++) {
+                for (int j = 0; j < 6; j++) {
+                    for (int k = 0; k < 3; k++) {
+                        want[(o * 4 + ref_fix(iv[j], 4)) * 3 + k] += gv[(o * 6 + j) * 3 + k];
+                    }
+                }
+            }
+            void *bx = pattern(dt, 24, 1), *bi = index_buf(I32, 6, iv), *bg = malloc(36 * 8);
+            for (int i = 0; i < 36; i++) {
+                put_value(dt, bg, i, gv[i]);
+            }
+            char *ct = run_graph(&tr, (const void *const[]){bx, bi, bg}, in_ct[0]);
+            for (int i = 0; i < 24; i++) {
+                double got = dt == F32 ? ((float *)ct)[i] : ((double *)ct)[i];
+                NBT_EQ_F64(got, want[i]);
+            }
+            free(ct);
+            free(bx);
+            free(bi);
+            free(bg);
+            nbi_trace_release(&tr);
+        }
+        /* take_along_axis: x [3, 1] (broadcast on axis 1) with indices [2, 4] on axis 0 */
+        {
+            nb_trace tr;
+            begin(&tr, ctx);
+            nb_var *x = param(&tr, 0, dt, 2, S(3, 1));
+            nb_var *ix = param(&tr, 1, I64, 2, S(2, 4));
+            nb_var *y = nb_take_along_axis(x, ix, 0); /* [2, 4] */
+            expect_type(y, dt, 2, S(2, 4));
+            nb_var *g = param(&tr, 2, dt, 2, S(2, 4));
+            nb_var *in_ct[2] = {NULL, NULL};
+            nbi_op_get(NBI_OP_TAKE_ALONG)->vjp(&tr, y, g, in_ct);
+            expect_type(in_ct[0], dt, 2, S(3, 1));
+            assert_null(in_ct[1]);
+            NBT_OK(ctx, nb_trace_status(&tr));
+            verify(&tr);
+            const int64_t iv[8] = {0, 2, -1, 5, 0, 0, -3, -7};
+            double gv[8] = {1, 2, 3, 4, 5, 6, 7, 8}, want[3] = {0};
+            for (int j = 0; j < 8; j++) {
+                want[ref_fix(iv[j], 3)] += gv[j];
+            }
+            void *bx = pattern(dt, 3, 1), *bi = index_buf(I64, 8, iv), *bg = malloc(8 * 8);
+            for (int i = 0; i < 8; i++) {
+                put_value(dt, bg, i, gv[i]);
+            }
+            char *ct = run_graph(&tr, (const void *const[]){bx, bi, bg}, in_ct[0]);
+            for (int i = 0; i < 3; i++) {
+                double got = dt == F32 ? ((float *)ct)[i] : ((double *)ct)[i];
+                NBT_EQ_F64(got, want[i]);
+            }
+            free(ct);
+            free(bx);
+            free(bi);
+            free(bg);
+            nbi_trace_release(&tr);
+        }
+        /* dynamic_slice and dynamic_update_slice with run-time starts that clamp */
+        const int64_t starts[4][2] = {{0, 0}, {3, -2}, {-5, 9}, {1, 2}};
+        for (int s = 0; s < 4; s++) {
+            nb_trace tr;
+            begin(&tr, ctx);
+            nb_var *x = param(&tr, 0, dt, 2, S(4, 5));
+            nb_var *u = param(&tr, 1, dt, 2, S(2, 3));
+            nb_var *s0 = param(&tr, 2, I64, 0, NULL), *s1 = param(&tr, 3, I32, 0, NULL);
+            nb_var *g = param(&tr, 4, dt, 2, S(2, 3));
+            nb_var *gx = param(&tr, 5, dt, 2, S(4, 5));
+            nb_var *ds = nb_dynamic_slice(x, (nb_var *const[]){s0, s1}, S(2, 3));
+            nb_var *du = nb_dynamic_update_slice(x, u, (nb_var *const[]){s0, s1});
+            nb_var *c1[3] = {NULL, NULL, NULL}, *c2[4] = {NULL, NULL, NULL, NULL};
+            nbi_op_get(NBI_OP_DYN_SLICE)->vjp(&tr, ds, g, c1);
+            nbi_op_get(NBI_OP_DYN_UPDATE)->vjp(&tr, du, gx, c2);
+            expect_type(c1[0], dt, 2, S(4, 5));
+            expect_type(c2[0], dt, 2, S(4, 5));
+            expect_type(c2[1], dt, 2, S(2, 3));
+            NBT_TRUE(c1[1] == NULL && c1[2] == NULL && c2[2] == NULL && c2[3] == NULL);
+            nb_var *t = nbi_op_get(NBI_OP_DYN_UPDATE)->jvp(&tr, du, (nb_var *const[]){NULL, u, NULL, NULL});
+            expect_type(t, dt, 2, S(4, 5));
+            NBT_OK(ctx, nb_trace_status(&tr));
+            verify(&tr);
+            int64_t r0 = clampi(starts[s][0], 0, 2), r1 = clampi(starts[s][1], 0, 2);
+            void *bx = pattern(dt, 20, 1), *bu = pattern(dt, 6, 2), *bg = pattern(dt, 6, 3);
+            void *bgx = pattern(dt, 20, 4);
+            void *b0 = index_buf(I64, 1, &starts[s][0]), *b1 = index_buf(I32, 1, &starts[s][1]);
+            const void *const ins[6] = {bx, bu, b0, b1, bg, bgx};
+            char *a = run_graph(&tr, ins, c1[0]), *b = run_graph(&tr, ins, c2[0]);
+            char *c = run_graph(&tr, ins, c2[1]), *tv = run_graph(&tr, ins, t);
+            size_t es = nb_dtype_size(dt);
+            const double zero = 0.0;
+            const float zf = 0.0f;
+            const void *z = dt == F32 ? (const void *)&zf : (const void *)&zero;
+            int64_t src_a[20], src_b[20], src_t[20], src_c[6];
+            for (int i = 0; i < 4; i++) {
+                for (int j = 0; j < 5; j++) {
+                    bool in = i >= r0 && i < r0 + 2 && j >= r1 && j < r1 + 3;
+                    int64_t k = (i - r0) * 3 + (j - r1);
+                    src_a[i * 5 + j] = in ? k : -1;
+                    src_b[i * 5 + j] = in ? -1 : i * 5 + j;
+                    src_t[i * 5 + j] = in ? k : -1;
+                    if (in) {
+                        src_c[k] = i * 5 + j;
+                    }
+                }
+            }
+            expect_map(a, bg, es, 20, src_a, z);  /* g at the clamped block, zeros around */
+            expect_map(b, bgx, es, 20, src_b, z); /* gx with the block zeroed */
+            expect_map(c, bgx, es, 6, src_c, z);  /* the block of gx */
+            expect_map(tv, bu, es, 20, src_t, z); /* zeros with the update's tangent in */
+            free(a);
+            free(b);
+            free(c);
+            free(tv);
+            free(bx);
+            free(bu);
+            free(bg);
+            free(bgx);
+            free(b0);
+            free(b1);
+            nbi_trace_release(&tr);
+        }
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* Every differentiable op's rules build vars of exactly the right dtype and shape, and
+ * nothing for the index inputs; shape ops without a tangent give none (NULL). */
+static void test_rule_signatures(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_trace tr;
+    begin(&tr, ctx);
+    nb_var *x = param(&tr, 0, F32, 3, S(2, 3, 4));
+    nb_var *one = param(&tr, 1, F32, 2, S(3, 1));
+    nb_var *ix = param(&tr, 2, I64, 2, S(2, 2));
+    nb_var *ix3 = param(&tr, 3, I32, 3, S(2, 5, 1));
+    nb_var *s0 = nb_scalar_typed(&tr, I32, 1);
+    nb_var *nodes[] = {
+        nb_reshape(x, 2, S(6, 4)),
+        nb_broadcast_to(one, 3, S(5, 3, 4)),
+        nb_transpose(x, AX(1, 2, 0)),
+        nb_slice(x, S(1, -1, 0), S(2, -4, 4), S(1, -2, 3)),
+        nb_concatenate(3, (nb_var *const[]){x, x, nb_slice(x, NULL, S(2, 3, 1), NULL)}, -1),
+        nb_pad(x, S(0, 1, 2), S(3, 0, 1), 7.0),
+        nb_take(x, ix, 2),
+        nb_take_along_axis(x, ix3, 1),
+        nb_dynamic_slice(x, (nb_var *const[]){s0, s0, s0}, S(1, 2, 3)),
+        nb_dynamic_update_slice(x, nb_slice(x, NULL, S(1, 3, 2), NULL),
+                                (nb_var *const[]){s0, s0, s0}),
+    };
+    for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
+        nb_var *v = nodes[i];
+        assert_false(nb_var_is_poison(v));
+        const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
+        assert_non_null(info->vjp);
+        assert_non_null(info->jvp);
+        nb_var *g = param(&tr, 10 + (int)i, F32, v->rank, v->shape);
+        nb_var *in_ct[8] = {NULL}, *tan[8] = {NULL};
+        info->vjp(&tr, v, g, in_ct);
+        assert_null(info->jvp(&tr, v, tan)); /* no tangents: zero */
+        for (int32_t j = 0; j < v->n_in; j++) {
+            nb_var *xj = v->in[j];
+            if (info->nondiff & (1u << j)) {
+                assert_null(in_ct[j]);
+                continue;
+            }
+            expect_type(in_ct[j], xj->dtype, xj->rank, xj->shape);
+            tan[j] = xj;
+            nb_var *t = info->jvp(&tr, v, tan);
+            expect_type(t, v->dtype, v->rank, v->shape);
+            tan[j] = NULL;
+        }
+    }
+    NBT_OK(ctx, nb_trace_status(&tr));
+    verify(&tr);
+    nbi_trace_release(&tr);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 static void test_registry(void **state) {
     (void)state;
     static const struct {
@@ -1940,6 +2848,9 @@ static void test_registry(void **state) {
         assert_non_null(info->kernel);
         assert_null(info->scratch);
         assert_false(info->elementwise);
+        /* rules for every op but one_hot (whose input is an integer) */
+        bool diff = ops[i].op != NBI_OP_ONE_HOT;
+        NBT_TRUE((info->vjp != NULL) == diff && (info->jvp != NULL) == diff);
     }
 }
 
@@ -1964,6 +2875,10 @@ int main(void) {
         cmocka_unit_test(test_weak),
         cmocka_unit_test(test_infer_rejects_bad_attrs),
         cmocka_unit_test(test_registry),
+        cmocka_unit_test(test_rule_signatures),
+        cmocka_unit_test(test_slice_rules_direct),
+        cmocka_unit_test(test_gather_rules_direct),
+        cmocka_unit_test(test_grad_through_api),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
