@@ -294,6 +294,128 @@ static int demo_mlp(nb_ctx *ctx, const char *data_dir) {
     return 0;
 }
 
+/* ---- 3. gradients: value_and_grad of the cross-entropy, a few descent steps ----------- */
+
+/* args = (params, batch{x, y}) */
+static nb_status mlp_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *h = nb_get(tr, args, "[1].x");
+    int64_t n_layers = nb_tree_len(nb_tree_get(nb_tree_child(args, 0), "layers"));
+    for (int64_t i = 0; i < n_layers; i++) {
+        h = nb_add(nb_matmul(h, nb_get(tr, args, "[0].layers[%lld].w", (long long)i)),
+                   nb_get(tr, args, "[0].layers[%lld].b", (long long)i));
+        if (i + 1 < n_layers) {
+            h = nb_tanh(h);
+        }
+    }
+    nb_var *y = nb_expand_dims(nb_get(tr, args, "[1].y"), -1);
+    nb_var *picked = nb_take_along_axis(nb_log_softmax(h, -1), y, -1);
+    return nb_return(nb_neg(nb_mean(picked, NULL, 0, false)), out);
+}
+
+typedef struct sgd_ctx {
+    float lr;
+} sgd_ctx;
+
+/* p - lr * g where the gradient is an array; the parameter unchanged where it is null */
+static nb_status sgd_leaf(void *ud, const char *path, int n, const nb_tree *const *leaves,
+                          nb_tree **out) {
+    (void)path;
+    (void)n;
+    const sgd_ctx *c = ud;
+    nb_array *p = nb_tree_get_array(leaves[0]), *g = nb_tree_get_array(leaves[1]), *q = NULL;
+    if (g == NULL) {
+        return nb_tree_freeze(leaves[0], out); /* keeps the frozen mark */
+    }
+    nb_status st = nb_array_copy(p, &q);
+    if (st != NB_OK) {
+        return st;
+    }
+    float *qd = nb_array_data(q);
+    const float *gd = nb_array_data(g);
+    for (int64_t i = 0; i < nb_array_size(q); i++) {
+        qd[i] -= c->lr * gd[i];
+    }
+    st = nb_tree_array(q, out);
+    nb_array_destroy(q);
+    return st;
+}
+
+static int demo_grad(nb_ctx *ctx, const char *data_dir) {
+    printf("\n== 3. gradients: value_and_grad of the cross-entropy, and a few steps\n\n");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/digits.csv.gz", data_dir);
+    nb_array *x = NULL, *y = NULL;
+    CHECK(ctx, nb_csv_load(ctx, path, NULL, &x, &y));
+    float *px = nb_array_data(x);
+    for (int64_t i = 0; i < nb_array_size(x); i++) {
+        px[i] /= 16.0f;
+    }
+    nb_tree *params = mlp_params(ctx, 4, (int64_t[]){64, 32, 32, 10});
+    /* freeze the first layer's bias: its gradient slot is null, and it never changes */
+    const nb_tree *b0 = NULL;
+    CHECK(ctx, nb_tree_lookup(params, "layers[0].b", &b0));
+    nb_tree *fb = NULL, *model = NULL;
+    CHECK(ctx, nb_tree_freeze(b0, &fb));
+    /* rebuild the tree with the frozen leaf (trees are immutable) */
+    const nb_tree *l0 = NULL;
+    CHECK(ctx, nb_tree_lookup(params, "layers[0]", &l0));
+    nb_tree *l0n = NULL, *list = NULL;
+    CHECK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"w", "b"},
+                            (nb_tree *[]){(nb_tree *)nb_tree_get(l0, "w"), fb}, &l0n));
+    const nb_tree *layers = nb_tree_get(params, "layers");
+    CHECK(ctx, nb_tree_list(ctx, 3,
+                            (nb_tree *[]){l0n, (nb_tree *)nb_tree_child(layers, 1),
+                                          (nb_tree *)nb_tree_child(layers, 2)},
+                            &list));
+    CHECK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"layers"}, &list, &model));
+    nb_tree *lx = NULL, *ly = NULL, *batch = NULL;
+    CHECK(ctx, nb_tree_array(x, &lx));
+    CHECK(ctx, nb_tree_array(y, &ly));
+    CHECK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"x", "y"}, (nb_tree *[]){lx, ly}, &batch));
+
+    nb_fn *loss = NULL, *vg = NULL, *jvg = NULL;
+    CHECK(ctx, nb_fn_create(ctx, "mlp_loss", mlp_loss, NULL, &loss));
+    CHECK(ctx, nb_value_and_grad(loss, NULL, &vg));
+    CHECK(ctx, nb_jit(vg, NULL, &jvg));
+    sgd_ctx sgd = {0.3f};
+    for (int step = 0; step <= 30; step++) {
+        nb_tree *args = NULL, *out = NULL, *next = NULL;
+        CHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){model, batch}, &args));
+        CHECK(ctx, nb_fn_call(jvg, args, &out));
+        const nb_tree *grads = nb_tree_child(out, 1);
+        if (step == 0) {
+            printf("the gradient tree (null where the bias is frozen):\n");
+            CHECK(ctx, nb_tree_fprint(grads, stdout));
+        }
+        if (step % 10 == 0) {
+            double l = 0;
+            CHECK(ctx, nb_array_get(nb_tree_get_array(nb_tree_child(out, 0)), NULL, &l));
+            printf("step %2d: loss %.4f\n", step, l);
+        }
+        CHECK(ctx,
+              nb_tree_map_n(2, (const nb_tree *const[]){model, grads}, sgd_leaf, &sgd, 0, &next));
+        nb_tree_destroy(model);
+        model = next;
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+    }
+    nb_fn_stats st;
+    CHECK(ctx, nb_fn_stats_get(jvg, &st));
+    printf("value_and_grad traced %lld time(s) for %lld calls; workspace %.1f KiB\n",
+           (long long)st.n_traces, (long long)st.n_calls, (double)st.workspace_bytes / 1024.0);
+    nb_fn_destroy(jvg);
+    nb_fn_destroy(vg);
+    nb_fn_destroy(loss);
+    nb_tree *trees[] = {batch, ly, lx, model, list, l0n, fb, params};
+    for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
+        nb_tree_destroy(trees[i]);
+    }
+    nb_array_destroy(y);
+    nb_array_destroy(x);
+    return 0;
+}
+
 static int cmd_demo(const char *data_dir) {
     nb_ctx *ctx = NULL;
     if (nb_ctx_create(NULL, &ctx) != NB_OK) {
@@ -306,6 +428,9 @@ static int cmd_demo(const char *data_dir) {
     int rc = demo_tour(ctx);
     if (rc == 0) {
         rc = demo_mlp(ctx, data_dir);
+    }
+    if (rc == 0) {
+        rc = demo_grad(ctx, data_dir);
     }
     nb_ctx_clear_cache(ctx);
     nb_ctx_stats stats;

@@ -1,7 +1,9 @@
 /*
  * op_reduce.c -- reductions: sum, max, min and prod over a set of axes, argmax and argmin
- * along one axis (builders, shape/dtype inference, kernels), and the composites built from
- * them: mean, logsumexp, softmax and log_softmax.
+ * along one axis (builders, shape/dtype inference, kernels, VJP and JVP rules), and the
+ * composites built from them: mean, logsumexp, softmax and log_softmax (which need no rules
+ * of their own: they differentiate through their primitives, and the stop_gradient on the
+ * shift of the stable forms gives exactly the right gradient).
  *
  * Order of evaluation. Reductions are bit-reproducible: every output element combines its
  * input elements in an order fixed by the shapes alone, whatever path or thread split

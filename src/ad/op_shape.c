@@ -1,8 +1,8 @@
 /*
  * op_shape.c -- shapes and data movement: reshape, broadcast_to, transpose, slice,
  * concatenate, pad, take, take_along_axis, one_hot, dynamic_slice, dynamic_update_slice
- * (builders, shape/dtype inference, kernels), and the composites expand_dims and squeeze
- * (reshapes) and stack (expand_dims each input, then concatenate).
+ * (builders, shape/dtype inference, kernels, VJP and JVP rules), and the composites
+ * expand_dims and squeeze (reshapes) and stack (expand_dims each input, then concatenate).
  *
  * The kernels move elements without looking at them (one_hot and pad's fill value aside),
  * so they are dtype-agnostic: elements are copied by their byte size. Strided copies walk

@@ -525,8 +525,8 @@ static void r_reduce(const rarr *in, int n, rarr *out, const tcase *c) {
     out->rank = r;
     out->n = shape_n(x->rank, full);
     nbi_op op = c->op;
-    bool wrap = (x->dt == NB_DTYPE_I32 || x->dt == NB_DTYPE_I64) &&
-                (op == NBI_OP_SUM || op == NBI_OP_PROD);
+    bool wrap =
+        (x->dt == NB_DTYPE_I32 || x->dt == NB_DTYPE_I64) && (op == NBI_OP_SUM || op == NBI_OP_PROD);
     if (wrap) {
         /* integer sums and products wrap: compute them exactly in two's complement */
         int64_t idx2[NB_MAX_RANK];
@@ -544,8 +544,8 @@ static void r_reduce(const rarr *in, int n, rarr *out, const tcase *c) {
             acc[o] = op == NBI_OP_PROD ? acc[o] * v : acc[o] + v;
         }
         for (int64_t o = 0; o < out->n; o++) {
-            out->v[o] = x->dt == NB_DTYPE_I32 ? (double)(int32_t)(uint32_t)acc[o]
-                                              : (double)(int64_t)acc[o];
+            out->v[o] =
+                x->dt == NB_DTYPE_I32 ? (double)(int32_t)(uint32_t)acc[o] : (double)(int64_t)acc[o];
         }
         free(acc);
         return;

@@ -18,9 +18,12 @@
  *   (b) JVP: with random tangents v, jvp(f)((xs), (vs)) against the central difference
  *       (f(x + h v) - f(x - h v)) / 2h of every output element (h = 1e-6 max(1, max|x|));
  *   (c) consistency: <u, J v> (from the JVP) equals <J^T u, v> (from the VJP);
- * and that the primal outputs of vjp(f) and jvp(f) equal f(x). Every forward evaluation
- * of the finite differences runs through nabla (nb_fn_call on the plain function, served
- * by the compile cache after the first call).
+ * and that the primal outputs of vjp(f) and jvp(f) equal f(x). Cases with random inputs
+ * run three draws (new x, u, v each time, one compile). Every forward evaluation of the
+ * finite differences runs through nabla (nb_fn_call on the plain function, served by the
+ * compile cache after the first call). An op with a spec but no rule is not run (the
+ * accounting test names it). custom_vjp is checked with a hand-written bwd, and its JVP
+ * must be an error (as JAX).
  *
  * Tolerances: FD checks |got - fd| <= 1e-6 max(1, |fd|) (central differences with h = 1e-6
  * have truncation error ~1e-12 |f'''| and rounding error ~1e-10 |f|, so 1e-6 leaves room
@@ -134,9 +137,9 @@ struct gcase {
     double dp;
     nb_dtype to;
     bool keepdims;
-    double h_rel; /* FD step relative to max(1, |x|) */
-    double tol;   /* FD tolerance relative to max(1, |fd|) */
-    double ctol;  /* consistency tolerance */
+    double h_rel;   /* FD step relative to max(1, |x|) */
+    double tol;     /* FD tolerance relative to max(1, |fd|) */
+    double ctol;    /* consistency tolerance */
     bool jvp_fails; /* forward mode through it is an error by design (custom_vjp) */
 };
 
@@ -350,8 +353,7 @@ static nb_var *b_layer(nb_trace *tr, nb_var *const *in, const gcase *c) {
  * (correct) bwd; built in test_vjp_jvp_against_finite_differences. */
 static nb_fn *g_custom;
 
-static nb_status body_cv_f(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                           nb_tree **out) {
+static nb_status body_cv_f(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
     return nb_return(nb_mul(nb_sin(nb_get(tr, args, "[0]")), nb_get(tr, args, "[1]")), out);
 }
@@ -430,9 +432,8 @@ static const struct {
     int ra, rb;
     int64_t sa[3], sb[3];
 } BIN_SHAPES[] = {
-    {0, 0, {0}, {0}},          {1, 0, {4}, {0}},          {0, 1, {0}, {4}},
-    {2, 2, {2, 3}, {2, 3}},    {3, 2, {3, 1, 4}, {2, 4}}, {2, 1, {4, 1}, {3}},
-    {1, 1, {1}, {4}},          {3, 3, {2, 1, 3}, {1, 2, 1}},
+    {0, 0, {0}, {0}},          {1, 0, {4}, {0}},    {0, 1, {0}, {4}}, {2, 2, {2, 3}, {2, 3}},
+    {3, 2, {3, 1, 4}, {2, 4}}, {2, 1, {4, 1}, {3}}, {1, 1, {1}, {4}}, {3, 3, {2, 1, 3}, {1, 2, 1}},
 };
 
 /* A random pair of shapes that broadcast: rank <= 3, dims <= 3, some stretched. */
@@ -502,9 +503,9 @@ static const struct {
     int n_axes; /* -1: NULL (every axis) */
     int axes[3];
 } RED_SHAPES[] = {
-    {0, {0}, -1, {0}},    {1, {5}, -1, {0}},         {2, {3, 4}, 1, {1}},
-    {2, {3, 4}, 1, {-2}}, {3, {2, 3, 4}, 2, {0, 2}}, {3, {2, 3, 4}, -1, {0}},
-    {3, {3, 1, 2}, 1, {1}}, {2, {3, 4}, 0, {0}},     {3, {2, 3, 4}, 2, {-1, 0}},
+    {0, {0}, -1, {0}},      {1, {5}, -1, {0}},         {2, {3, 4}, 1, {1}},
+    {2, {3, 4}, 1, {-2}},   {3, {2, 3, 4}, 2, {0, 2}}, {3, {2, 3, 4}, -1, {0}},
+    {3, {3, 1, 2}, 1, {1}}, {2, {3, 4}, 0, {0}},       {3, {2, 3, 4}, 2, {-1, 0}},
     {1, {1}, 1, {0}},
 };
 
@@ -619,12 +620,8 @@ static void spec_shapes(void) {
         int64_t si[3];
         int ro;
         int64_t so[3];
-    } BS[] = {{2, {3, 1}, 3, {2, 3, 4}},
-              {0, {0}, 2, {2, 3}},
-              {1, {1}, 1, {4}},
-              {3, {2, 1, 3}, 3, {2, 4, 3}},
-              {2, {2, 3}, 2, {2, 3}},
-              {1, {3}, 2, {0, 3}}};
+    } BS[] = {{2, {3, 1}, 3, {2, 3, 4}},    {0, {0}, 2, {2, 3}},    {1, {1}, 1, {4}},
+              {3, {2, 1, 3}, 3, {2, 4, 3}}, {2, {2, 3}, 2, {2, 3}}, {1, {3}, 2, {0, 3}}};
     for (size_t s = 0; s < sizeof BS / sizeof BS[0]; s++) {
         c = add_case(NBI_OP_BROADCAST, NULL, 1, b_broadcast);
         set_in(c, 0, F, DOM_ANY, BS[s].ri, BS[s].si);
@@ -742,8 +739,7 @@ static void spec_shapes(void) {
         set_in(c, 0, F, DOM_ANY, 2, (int64_t[]){4, 6});
         set_in(c, 1, id, DOM_IDX, 2, (int64_t[]){1, 3});
         c->ip[0] = 1;
-        snprintf(c->label, sizeof c->label, "take_along_axis [4,6] idx %s[1,3] (broadcast)",
-                 idn);
+        snprintf(c->label, sizeof c->label, "take_along_axis [4,6] idx %s[1,3] (broadcast)", idn);
         /* dynamic_slice: starts clamped so that the slice stays inside */
         c = add_case(NBI_OP_DYN_SLICE, NULL, 3, b_dyn_slice);
         set_in(c, 0, F, DOM_ANY, 2, (int64_t[]){5, 4});
@@ -786,16 +782,16 @@ static void spec_matmul(void) {
         {4, 3, {2, 1, 2, 3}, {3, 3, 2}, 0, 0}, /* batch broadcast both ways */
         {2, 3, {3, 4}, {2, 4, 2}, 0, 0},       /* a broadcast over b's batch */
         {3, 2, {2, 3, 4}, {4, 2}, 0, 0},
-        {1, 3, {3}, {2, 3, 2}, 0, 0},  /* rank-1 a with a batched b */
-        {3, 1, {2, 2, 3}, {3}, 0, 0},  /* batched a with a rank-1 b */
+        {1, 3, {3}, {2, 3, 2}, 0, 0}, /* rank-1 a with a batched b */
+        {3, 1, {2, 2, 3}, {3}, 0, 0}, /* batched a with a rank-1 b */
         {3, 3, {1, 2, 3}, {2, 3, 2}, 0, 0},
-        {2, 2, {3, 0}, {0, 2}, 0, 0},  /* k = 0 */
-        {2, 2, {4, 3}, {4, 2}, 1, 0},  /* a stored as [k, m] */
-        {2, 2, {3, 4}, {2, 4}, 0, 1},  /* b stored as [n, k] */
-        {2, 2, {4, 3}, {2, 4}, 1, 1},  /* both */
+        {2, 2, {3, 0}, {0, 2}, 0, 0}, /* k = 0 */
+        {2, 2, {4, 3}, {4, 2}, 1, 0}, /* a stored as [k, m] */
+        {2, 2, {3, 4}, {2, 4}, 0, 1}, /* b stored as [n, k] */
+        {2, 2, {4, 3}, {2, 4}, 1, 1}, /* both */
         {3, 2, {2, 4, 3}, {4, 2}, 1, 0},
         {3, 3, {2, 4, 3}, {1, 2, 4}, 1, 1},
-        {1, 2, {4}, {2, 4}, 1, 1},     /* the flag of a rank-1 operand has no effect */
+        {1, 2, {4}, {2, 4}, 1, 1}, /* the flag of a rank-1 operand has no effect */
         {2, 1, {4, 3}, {4}, 1, 0},
     };
     for (size_t s = 0; s < sizeof M / sizeof M[0]; s++) {
@@ -953,8 +949,8 @@ static void build_specs(void) {
             c->h_rel = 1e-3;
             c->tol = 1e-3;
             c->ctol = 1e-6;
-            snprintf(c->label, sizeof c->label, "cast %s -> %s shape #%d",
-                     dir ? "f32" : "f64", dir ? "f64" : "f32", s);
+            snprintf(c->label, sizeof c->label, "cast %s -> %s shape #%d", dir ? "f32" : "f64",
+                     dir ? "f64" : "f32", s);
         }
     }
     /* elementwise binary */
@@ -1190,8 +1186,8 @@ static void fill_input(const gcase *c, int i, nb_array *x) {
 }
 
 /* (a) VJP against central differences of <u, f(x)>; fills ct[] (borrowed from *vout). */
-static bool check_vjp(case_env *e, nb_fn *vf, const nb_array *y0, const nb_array *u,
-                      nb_tree **vout, nb_array **ct) {
+static bool check_vjp(case_env *e, nb_fn *vf, const nb_array *y0, const nb_array *u, nb_tree **vout,
+                      nb_array **ct) {
     const gcase *c = e->c;
     char s1[64], s2[64];
     nb_tree *ul = leaf((nb_array *)u), *vargs = pair(e->ctx, e->args, ul);
@@ -1512,8 +1508,7 @@ static void test_vjp_jvp_against_finite_differences(void **state) {
     print_message("%d cases run over %d ops (+%d composite cases), %d skipped (op without a "
                   "rule), %lld random draws, %lld forward evaluations, %d failed, %.2f s CPU\n",
                   run, ops, composites, skipped, (long long)g_n_draws, (long long)g_fd_evals,
-                  g_failed_cases,
-                  (double)(clock() - t0) / CLOCKS_PER_SEC);
+                  g_failed_cases, (double)(clock() - t0) / CLOCKS_PER_SEC);
     nb_fn_destroy(g_custom);
     g_custom = NULL;
     nbt_assert_no_live(ctx);
@@ -1524,8 +1519,7 @@ static void test_vjp_jvp_against_finite_differences(void **state) {
 /* ---- kinks, stop_gradient ----------------------------------------------------------- */
 
 /* self selects: relu(x), abs(x), sqrt(x), x sg(y), x sg(x) */
-static nb_status body_kink(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                           nb_tree **out) {
+static nb_status body_kink(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     int64_t k = 0;
     nb_tree_get_int(self, &k);
     nb_var *x = nb_get(tr, args, "[0]"), *y = nb_get(tr, args, "[1]");
@@ -1565,8 +1559,8 @@ static void test_kinks_and_stop_gradient(void **state) {
         NBT_TRUE(gx != NULL && gy != NULL);
         for (int64_t i = 0; i < n; i++) {
             if (!(aget(gx, i) == want_x) || aget(gy, i) != 0.0) {
-                fail_msg("%s at x = %g: dx = %.17g (want %.17g), dy = %.17g (want 0)", NAMES[k],
-                         xv, aget(gx, i), want_x, aget(gy, i));
+                fail_msg("%s at x = %g: dx = %.17g (want %.17g), dy = %.17g (want 0)", NAMES[k], xv,
+                         aget(gx, i), want_x, aget(gy, i));
             }
         }
         nb_tree_destroy(out);
@@ -1618,8 +1612,8 @@ static void test_grad_of_grad(void **state) {
             NBT_OK(ctx, nb_fn_call(gs[k], args, &out));
             double got = aget(nb_tree_get_array(out), 0);
             if (!close_to(got, want[k], 1e-13)) {
-                fail_msg("order %d derivative of sin(x) exp(x) at %g: got %.17g, want %.17g",
-                         k + 1, x, got, want[k]);
+                fail_msg("order %d derivative of sin(x) exp(x) at %g: got %.17g, want %.17g", k + 1,
+                         x, got, want[k]);
             }
             nb_tree_destroy(out);
         }

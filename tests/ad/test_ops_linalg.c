@@ -700,8 +700,7 @@ static void test_matmul_foreign_trace(void **state) {
  * k is <ct, f(e_k, b)>, that of b is <ct, f(a, e_k)>, and the tangent is f(da, b) + f(a, db).
  * self = (ta, tb): the operand flags "stored transposed", set here on the node directly as
  * the optimizer's transpose-matmul pass would (rules must be right with them set too). */
-static nb_status lt_body_mm(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                            nb_tree **out) {
+static nb_status lt_body_mm(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     int64_t ta = 0, tb = 0;
     nb_tree_get_int(nb_tree_child(self, 0), &ta);
     nb_tree_get_int(nb_tree_child(self, 1), &tb);
@@ -808,8 +807,8 @@ static void lt_grad_case(int ra, const int64_t *sa, int rb, const int64_t *sb, i
         double want = ((double *)nb_array_data(p))[i] + ((double *)nb_array_data(q))[i];
         double got = ((double *)nb_array_data(t))[i];
         if (!(fabs(got - want) <= 1e-13 * fmax(1.0, fabs(want)) * 16)) {
-            fail_msg("matmul jvp (ta=%d tb=%d): [%lld] = %.17g, want %.17g", ta, tb,
-                     (long long)i, got, want);
+            fail_msg("matmul jvp (ta=%d tb=%d): [%lld] = %.17g, want %.17g", ta, tb, (long long)i,
+                     got, want);
         }
     }
     nb_array_destroy(p);

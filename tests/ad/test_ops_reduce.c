@@ -1188,12 +1188,14 @@ static void test_softmax_and_log_softmax(void **state) {
  *   - grad of <u, f(x)> (u passed as a second, non-differentiated argument) equal to the
  *     vjp's ct_x;
  *   - <u, J v> = <J^T u, v> between the two modes (to 1e-12);
+ *   - second order: jvp(grad(sum(u sin f(x)))) along v against central differences of
+ *     that gradient (the rules' own IR differentiates again);
  *   - every cotangent and tangent has the dtype and shape of its primal.
  * Cases at a kink (ties of max/min) give exact expected values instead of differences. */
 
 typedef nb_var *(*gfn)(nb_trace *tr, nb_var *const *x);
 
-typedef struct gcase {
+typedef struct adcase {
     const char *name;
     gfn f;
     int n_in;
@@ -1201,7 +1203,7 @@ typedef struct gcase {
     int64_t shape[2][4];
     const double *data[2]; /* fixed inputs (ties, zeros), or NULL for random values */
     const double *want[2]; /* exact expected ct_x for the all-ones cotangent (kinks), or NULL */
-} gcase;
+} adcase;
 
 static double g_fd_err; /* the largest FD error seen, relative to max(1, |value|) */
 static int g_fd_checks;
@@ -1226,8 +1228,7 @@ static nb_status body_f(nb_trace *tr, const nb_tree *self, const nb_tree *args, 
 }
 
 /* <u, f(x)>: args = ((x0[, x1]), u). */
-static nb_status body_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                           nb_tree **out) {
+static nb_status body_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     gfn f = fn_of(self);
     const nb_tree *xs = nb_tree_child(args, 0);
     nb_var *x[2] = {nb_get(tr, args, "[0][0]"), NULL};
@@ -1278,7 +1279,7 @@ static void read_f64(const nb_tree *t, const char *path, int rank, const int64_t
 
 typedef struct gctx {
     nb_ctx *ctx;
-    const gcase *c;
+    const adcase *c;
     nb_fn *f;
     int64_t nx[2], ny;
     int yrank;
@@ -1323,7 +1324,82 @@ static double rnd_g(void) {
     return (double)(g_grng >> 11) / 4503599627370496.0 - 1.0;
 }
 
-static void check_grad_case(const gcase *c) {
+/* sum(u * sin(f(x))): args = ((x0[, x1]), u); its Hessian is not zero where f is linear. */
+static nb_status body_loss2(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    gfn f = fn_of(self);
+    const nb_tree *xs = nb_tree_child(args, 0);
+    nb_var *x[2] = {nb_get(tr, args, "[0][0]"), NULL};
+    if (nb_tree_len(xs) > 1) {
+        x[1] = nb_get(tr, args, "[0][1]");
+    }
+    nb_var *u = nb_get(tr, args, "[1]");
+    return nb_return(nb_sum(nb_mul(nb_sin(f(tr, x)), u), NULL, 0, false), out);
+}
+
+/* grad(loss2) at (x, u) into gx[i]. */
+static void eval_grad2(gctx *g, nb_fn *grad2, double *const *x, const double *u, double **gx) {
+    nb_tree *items[2] = {args_of(g, x), leaf_f64(g->ctx, g->yrank, g->yshape, u)};
+    nb_tree *args = tuple_take(g->ctx, 2, items), *out = NULL;
+    NBT_OK(g->ctx, nb_fn_call(grad2, args, &out));
+    for (int i = 0; i < g->c->n_in; i++) {
+        char path[16];
+        snprintf(path, sizeof path, "[%d]", i);
+        read_f64(out, path, g->c->rank[i], g->c->shape[i], gx[i]);
+    }
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+}
+
+/* Second order: the Hessian-vector product jvp(grad(loss2)) along v against central
+ * differences of grad(loss2) at x +- h v (xs, xm): the rules' IR differentiates again. */
+static void check_second_order(gctx *g, const nb_tree *self, double *const *x, const double *u,
+                               double *const *v, double *const *xs, double *const *xm, double h) {
+    const adcase *c = g->c;
+    nb_fn *loss2 = NULL, *grad2 = NULL, *hvp = NULL;
+    NBT_OK(g->ctx, nb_fn_create(g->ctx, c->name, body_loss2, self, &loss2));
+    NBT_OK(g->ctx, nb_grad(loss2, NULL, &grad2));
+    NBT_OK(g->ctx, nb_jvp(grad2, &hvp));
+    double *hv[2] = {NULL, NULL}, *gp[2] = {NULL, NULL}, *gm[2] = {NULL, NULL};
+    for (int i = 0; i < c->n_in; i++) {
+        size_t b = (size_t)(g->nx[i] > 0 ? g->nx[i] : 1) * sizeof(double);
+        hv[i] = malloc(b);
+        gp[i] = malloc(b);
+        gm[i] = malloc(b);
+        assert_true(hv[i] && gp[i] && gm[i]);
+    }
+    nb_tree *vt[2] = {NULL, NULL}, *ut = NULL;
+    for (int i = 0; i < c->n_in; i++) {
+        vt[i] = leaf_f64(g->ctx, c->rank[i], c->shape[i], v[i]);
+    }
+    NBT_OK(g->ctx, nb_tree_null(g->ctx, &ut));
+    nb_tree *prim[2] = {args_of(g, x), leaf_f64(g->ctx, g->yrank, g->yshape, u)};
+    nb_tree *tang[2] = {tuple_take(g->ctx, c->n_in, vt), ut};
+    nb_tree *items[2] = {tuple_take(g->ctx, 2, prim), tuple_take(g->ctx, 2, tang)};
+    nb_tree *args = tuple_take(g->ctx, 2, items), *out = NULL;
+    NBT_OK(g->ctx, nb_fn_call(hvp, args, &out));
+    for (int i = 0; i < c->n_in; i++) {
+        char path[16];
+        snprintf(path, sizeof path, "[1][%d]", i);
+        read_f64(out, path, c->rank[i], c->shape[i], hv[i]);
+    }
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+    eval_grad2(g, grad2, xs, u, gp);
+    eval_grad2(g, grad2, xm, u, gm);
+    for (int i = 0; i < c->n_in; i++) {
+        for (int64_t k = 0; k < g->nx[i]; k++) {
+            fd_expect("Hv", c->name, k, hv[i][k], (gp[i][k] - gm[i][k]) / (2 * h), 1e-7);
+        }
+        free(hv[i]);
+        free(gp[i]);
+        free(gm[i]);
+    }
+    nb_fn_destroy(hvp);
+    nb_fn_destroy(grad2);
+    nb_fn_destroy(loss2);
+}
+
+static void check_grad_case(const adcase *c) {
     gctx g;
     memset(&g, 0, sizeof g);
     g.ctx = nbt_ctx();
@@ -1337,8 +1413,7 @@ static void check_grad_case(const gcase *c) {
     NBT_OK(g.ctx, nb_jvp(g.f, &jvp));
     NBT_OK(g.ctx, nb_grad(loss, NULL, &grad));
 
-    double *x[2] = {NULL, NULL}, *v[2] = {NULL, NULL}, *ct[2] = {NULL, NULL},
-           *gr[2] = {NULL, NULL};
+    double *x[2] = {NULL, NULL}, *v[2] = {NULL, NULL}, *ct[2] = {NULL, NULL}, *gr[2] = {NULL, NULL};
     for (int i = 0; i < c->n_in; i++) {
         g.nx[i] = 1;
         for (int d = 0; d < c->rank[i]; d++) {
@@ -1368,8 +1443,7 @@ static void check_grad_case(const gcase *c) {
         nb_tree_destroy(args);
     }
     size_t yb = (size_t)(g.ny > 0 ? g.ny : 1) * sizeof(double);
-    double *u = malloc(yb), *y0 = malloc(yb), *yp = malloc(yb), *ym = malloc(yb),
-           *ty = malloc(yb);
+    double *u = malloc(yb), *y0 = malloc(yb), *yp = malloc(yb), *ym = malloc(yb), *ty = malloc(yb);
     assert_true(u && y0 && yp && ym && ty);
     for (int64_t k = 0; k < g.ny; k++) {
         u[k] = c->want[0] ? 1.0 : rnd_g();
@@ -1522,6 +1596,7 @@ static void check_grad_case(const gcase *c) {
         for (int64_t j = 0; j < g.ny; j++) {
             fd_expect("t_y", c->name, j, ty[j], (yp[j] - ym[j]) / (2 * h), 1e-7);
         }
+        check_second_order(&g, self, x, u, v, xs, xm, h);
         for (int i = 0; i < c->n_in; i++) {
             free(xs[i]);
             free(xm[i]);
@@ -1549,7 +1624,7 @@ static void check_grad_case(const gcase *c) {
     nb_ctx_destroy(g.ctx);
 }
 
-static void check_grad_cases(const gcase *cases, int n) {
+static void check_grad_cases(const adcase *cases, int n) {
     g_fd_err = 0;
     g_fd_checks = 0;
     for (int i = 0; i < n; i++) {
@@ -1669,13 +1744,16 @@ static const double k_tieall[4] = {3, 3, 3, 3};
 static const double k_tieall_want[4] = {0.25, 0.25, 0.25, 0.25};
 /* one zero (row 0, at the odd position the tree pads), two zeros (row 1), none (row 2),
  * all zeros (row 3) */
-static const double k_zeros[20] = {1.5, -0.75, 1.25, 0.5, 0,   0,   1.1, 0,   0.9, 1.3,
-                                   0.6, 1.7,   -1.2, 0.8, 1.4, 0,   0,   0,   0,   0};
+static const double k_zeros[20] = {1.5, -0.75, 1.25, 0.5, 0,   0, 1.1, 0, 0.9, 1.3,
+                                   0.6, 1.7,   -1.2, 0.8, 1.4, 0, 0,   0, 0,   0};
 static const double k_zero_col[12] = {0.5, 1.5, -1.25, 0, 0.75, 1.1, 1.3, -0.6, 0.9, 2, 0, 1};
 
-#define G1(nm, fn, r, ...) {.name = nm, .f = fn, .n_in = 1, .rank = {r}, .shape = {{__VA_ARGS__}}}
+#define G1(nm, fn, r, ...)                                                                         \
+    {                                                                                              \
+        .name = nm, .f = fn, .n_in = 1, .rank = {r}, .shape = { {__VA_ARGS__} }                    \
+    }
 
-static const gcase k_reduce_grad_cases[] = {
+static const adcase k_reduce_grad_cases[] = {
     G1("sum axis 1", gf_sum_1, 3, 3, 4, 2),
     G1("sum axes -1,0 keepdims", gf_sum_neg_keep, 3, 3, 4, 2),
     G1("sum all", gf_sum_all, 2, 3, 4),

@@ -1926,12 +1926,14 @@ static void test_infer_rejects_bad_attrs(void **state) {
  *   - grad of <u, f(x)> (u passed as a second, non-differentiated argument) equal to the
  *     vjp's ct_x;
  *   - <u, J v> = <J^T u, v> between the two modes (to 1e-12);
+ *   - second order: jvp(grad(sum(u sin f(x)))) along v against central differences of
+ *     that gradient (the rules' own IR differentiates again);
  *   - every cotangent and tangent has the dtype and shape of its primal.
  * Cases at a kink (ties of max/min) give exact expected values instead of differences. */
 
 typedef nb_var *(*gfn)(nb_trace *tr, nb_var *const *x);
 
-typedef struct gcase {
+typedef struct adcase {
     const char *name;
     gfn f;
     int n_in;
@@ -1939,7 +1941,7 @@ typedef struct gcase {
     int64_t shape[2][4];
     const double *data[2]; /* fixed inputs (ties, zeros), or NULL for random values */
     const double *want[2]; /* exact expected ct_x for the all-ones cotangent (kinks), or NULL */
-} gcase;
+} adcase;
 
 static double g_fd_err; /* the largest FD error seen, relative to max(1, |value|) */
 static int g_fd_checks;
@@ -1964,8 +1966,7 @@ static nb_status body_f(nb_trace *tr, const nb_tree *self, const nb_tree *args, 
 }
 
 /* <u, f(x)>: args = ((x0[, x1]), u). */
-static nb_status body_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                           nb_tree **out) {
+static nb_status body_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     gfn f = fn_of(self);
     const nb_tree *xs = nb_tree_child(args, 0);
     nb_var *x[2] = {nb_get(tr, args, "[0][0]"), NULL};
@@ -2016,7 +2017,7 @@ static void read_f64(const nb_tree *t, const char *path, int rank, const int64_t
 
 typedef struct gctx {
     nb_ctx *ctx;
-    const gcase *c;
+    const adcase *c;
     nb_fn *f;
     int64_t nx[2], ny;
     int yrank;
@@ -2061,7 +2062,82 @@ static double rnd_g(void) {
     return (double)(g_grng >> 11) / 4503599627370496.0 - 1.0;
 }
 
-static void check_grad_case(const gcase *c) {
+/* sum(u * sin(f(x))): args = ((x0[, x1]), u); its Hessian is not zero where f is linear. */
+static nb_status body_loss2(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    gfn f = fn_of(self);
+    const nb_tree *xs = nb_tree_child(args, 0);
+    nb_var *x[2] = {nb_get(tr, args, "[0][0]"), NULL};
+    if (nb_tree_len(xs) > 1) {
+        x[1] = nb_get(tr, args, "[0][1]");
+    }
+    nb_var *u = nb_get(tr, args, "[1]");
+    return nb_return(nb_sum(nb_mul(nb_sin(f(tr, x)), u), NULL, 0, false), out);
+}
+
+/* grad(loss2) at (x, u) into gx[i]. */
+static void eval_grad2(gctx *g, nb_fn *grad2, double *const *x, const double *u, double **gx) {
+    nb_tree *items[2] = {args_of(g, x), leaf_f64(g->ctx, g->yrank, g->yshape, u)};
+    nb_tree *args = tuple_take(g->ctx, 2, items), *out = NULL;
+    NBT_OK(g->ctx, nb_fn_call(grad2, args, &out));
+    for (int i = 0; i < g->c->n_in; i++) {
+        char path[16];
+        snprintf(path, sizeof path, "[%d]", i);
+        read_f64(out, path, g->c->rank[i], g->c->shape[i], gx[i]);
+    }
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+}
+
+/* Second order: the Hessian-vector product jvp(grad(loss2)) along v against central
+ * differences of grad(loss2) at x +- h v (xs, xm): the rules' IR differentiates again. */
+static void check_second_order(gctx *g, const nb_tree *self, double *const *x, const double *u,
+                               double *const *v, double *const *xs, double *const *xm, double h) {
+    const adcase *c = g->c;
+    nb_fn *loss2 = NULL, *grad2 = NULL, *hvp = NULL;
+    NBT_OK(g->ctx, nb_fn_create(g->ctx, c->name, body_loss2, self, &loss2));
+    NBT_OK(g->ctx, nb_grad(loss2, NULL, &grad2));
+    NBT_OK(g->ctx, nb_jvp(grad2, &hvp));
+    double *hv[2] = {NULL, NULL}, *gp[2] = {NULL, NULL}, *gm[2] = {NULL, NULL};
+    for (int i = 0; i < c->n_in; i++) {
+        size_t b = (size_t)(g->nx[i] > 0 ? g->nx[i] : 1) * sizeof(double);
+        hv[i] = malloc(b);
+        gp[i] = malloc(b);
+        gm[i] = malloc(b);
+        assert_true(hv[i] && gp[i] && gm[i]);
+    }
+    nb_tree *vt[2] = {NULL, NULL}, *ut = NULL;
+    for (int i = 0; i < c->n_in; i++) {
+        vt[i] = leaf_f64(g->ctx, c->rank[i], c->shape[i], v[i]);
+    }
+    NBT_OK(g->ctx, nb_tree_null(g->ctx, &ut));
+    nb_tree *prim[2] = {args_of(g, x), leaf_f64(g->ctx, g->yrank, g->yshape, u)};
+    nb_tree *tang[2] = {tuple_take(g->ctx, c->n_in, vt), ut};
+    nb_tree *items[2] = {tuple_take(g->ctx, 2, prim), tuple_take(g->ctx, 2, tang)};
+    nb_tree *args = tuple_take(g->ctx, 2, items), *out = NULL;
+    NBT_OK(g->ctx, nb_fn_call(hvp, args, &out));
+    for (int i = 0; i < c->n_in; i++) {
+        char path[16];
+        snprintf(path, sizeof path, "[1][%d]", i);
+        read_f64(out, path, c->rank[i], c->shape[i], hv[i]);
+    }
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+    eval_grad2(g, grad2, xs, u, gp);
+    eval_grad2(g, grad2, xm, u, gm);
+    for (int i = 0; i < c->n_in; i++) {
+        for (int64_t k = 0; k < g->nx[i]; k++) {
+            fd_expect("Hv", c->name, k, hv[i][k], (gp[i][k] - gm[i][k]) / (2 * h), 1e-7);
+        }
+        free(hv[i]);
+        free(gp[i]);
+        free(gm[i]);
+    }
+    nb_fn_destroy(hvp);
+    nb_fn_destroy(grad2);
+    nb_fn_destroy(loss2);
+}
+
+static void check_grad_case(const adcase *c) {
     gctx g;
     memset(&g, 0, sizeof g);
     g.ctx = nbt_ctx();
@@ -2075,8 +2151,7 @@ static void check_grad_case(const gcase *c) {
     NBT_OK(g.ctx, nb_jvp(g.f, &jvp));
     NBT_OK(g.ctx, nb_grad(loss, NULL, &grad));
 
-    double *x[2] = {NULL, NULL}, *v[2] = {NULL, NULL}, *ct[2] = {NULL, NULL},
-           *gr[2] = {NULL, NULL};
+    double *x[2] = {NULL, NULL}, *v[2] = {NULL, NULL}, *ct[2] = {NULL, NULL}, *gr[2] = {NULL, NULL};
     for (int i = 0; i < c->n_in; i++) {
         g.nx[i] = 1;
         for (int d = 0; d < c->rank[i]; d++) {
@@ -2106,8 +2181,7 @@ static void check_grad_case(const gcase *c) {
         nb_tree_destroy(args);
     }
     size_t yb = (size_t)(g.ny > 0 ? g.ny : 1) * sizeof(double);
-    double *u = malloc(yb), *y0 = malloc(yb), *yp = malloc(yb), *ym = malloc(yb),
-           *ty = malloc(yb);
+    double *u = malloc(yb), *y0 = malloc(yb), *yp = malloc(yb), *ym = malloc(yb), *ty = malloc(yb);
     assert_true(u && y0 && yp && ym && ty);
     for (int64_t k = 0; k < g.ny; k++) {
         u[k] = c->want[0] ? 1.0 : rnd_g();
@@ -2260,6 +2334,7 @@ static void check_grad_case(const gcase *c) {
         for (int64_t j = 0; j < g.ny; j++) {
             fd_expect("t_y", c->name, j, ty[j], (yp[j] - ym[j]) / (2 * h), 1e-7);
         }
+        check_second_order(&g, self, x, u, v, xs, xm, h);
         for (int i = 0; i < c->n_in; i++) {
             free(xs[i]);
             free(xm[i]);
@@ -2287,7 +2362,7 @@ static void check_grad_case(const gcase *c) {
     nb_ctx_destroy(g.ctx);
 }
 
-static void check_grad_cases(const gcase *cases, int n) {
+static void check_grad_cases(const adcase *cases, int n) {
     g_fd_err = 0;
     g_fd_checks = 0;
     for (int i = 0; i < n; i++) {
@@ -2384,7 +2459,7 @@ static nb_var *gf_slice_3d(nb_trace *tr, nb_var *const *x) {
 }
 static nb_var *gf_slice_twice(nb_trace *tr, nb_var *const *x) { /* x[::-1] * x[1::2]-ish */
     (void)tr;
-    nb_var *a = nb_slice(x[0], S(6), S(-8), S(-2)); /* 6, 4, 2, 0 */
+    nb_var *a = nb_slice(x[0], S(6), S(-9), S(-2)); /* 6, 4, 2, 0 */
     nb_var *b = nb_slice(x[0], S(1), S(8), S(2));   /* 1, 3, 5, 7 */
     return nb_mul(a, nb_exp(b));
 }
@@ -2439,14 +2514,13 @@ static nb_var *gf_one_hot(nb_trace *tr, nb_var *const *x) { /* no rules needed: 
     return nb_mul(oh, nb_square(x[0]));
 }
 static nb_var *gf_dyn_slice(nb_trace *tr, nb_var *const *x) { /* starts clamp to (2, 0) */
-    return nb_dynamic_slice(x[0], (nb_var *const[]){start_of(tr, 3), start_of(tr, -2)},
-                            S(3, 2));
+    return nb_dynamic_slice(x[0], (nb_var *const[]){start_of(tr, 3), start_of(tr, -2)}, S(3, 2));
 }
 static nb_var *gf_dyn_slice_in(nb_trace *tr, nb_var *const *x) {
-    return nb_mul(nb_dynamic_slice(x[0], (nb_var *const[]){start_of(tr, 1), start_of(tr, 1)},
-                                   S(2, 2)),
-                  nb_dynamic_slice(nb_exp(x[0]),
-                                   (nb_var *const[]){start_of(tr, 9), start_of(tr, 0)}, S(2, 2)));
+    return nb_mul(
+        nb_dynamic_slice(x[0], (nb_var *const[]){start_of(tr, 1), start_of(tr, 1)}, S(2, 2)),
+        nb_dynamic_slice(nb_exp(x[0]), (nb_var *const[]){start_of(tr, 9), start_of(tr, 0)},
+                         S(2, 2)));
 }
 static nb_var *gf_dyn_slice_full(nb_trace *tr, nb_var *const *x) { /* clamps to (0, 0) */
     return nb_dynamic_slice(x[0], (nb_var *const[]){start_of(tr, 2), start_of(tr, 9)}, S(5, 4));
@@ -2460,19 +2534,25 @@ static nb_var *gf_dyn_update_neg(nb_trace *tr, nb_var *const *x) { /* (-1, 7) ->
     return nb_mul(y, x[0]);
 }
 static nb_var *gf_mixed(nb_trace *tr, nb_var *const *x) { /* a chain through several ops */
-    nb_var *t = nb_transpose(nb_pad(x[0], S(1, 0), S(0, 2), 0.5), NULL);         /* [5, 4] */
-    nb_var *s = nb_slice(t, S(4, 0), S(-6, 4), S(-2, 3));                        /* [3, 2] */
-    nb_var *k = nb_take(s, const_idx(tr, I64, 1, S(3), S(1, 1, 0)), 1);          /* [3, 3] */
+    nb_var *t = nb_transpose(nb_pad(x[0], S(1, 0), S(0, 2), 0.5), NULL); /* [5, 4] */
+    nb_var *s = nb_slice(t, S(4, 0), S(-6, 4), S(-2, 3));                /* [3, 2] */
+    nb_var *k = nb_take(s, const_idx(tr, I64, 1, S(3), S(1, 1, 0)), 1);  /* [3, 3] */
     nb_var *c = nb_concatenate(2, (nb_var *const[]){k, nb_broadcast_to(x[1], 2, S(3, 3))}, 0);
-    return nb_mul(c, nb_reshape(nb_tanh(x[0]), 2, S(6, 1)));                     /* [6, 3] */
+    return nb_mul(c, nb_reshape(nb_tanh(x[0]), 2, S(6, 1))); /* [6, 3] */
 }
 
-#define G1(nm, fn, r, ...) {.name = nm, .f = fn, .n_in = 1, .rank = {r}, .shape = {{__VA_ARGS__}}}
+#define G1(nm, fn, r, ...)                                                                         \
+    {                                                                                              \
+        .name = nm, .f = fn, .n_in = 1, .rank = {r}, .shape = { {__VA_ARGS__} }                    \
+    }
 #define G2(nm, fn, r0, r1, s0, s1)                                                                 \
-    {.name = nm, .f = fn, .n_in = 2, .rank = {r0, r1}, .shape = {s0, s1}}
-#define L(...) {__VA_ARGS__}
+    {                                                                                              \
+        .name = nm, .f = fn, .n_in = 2, .rank = {r0, r1}, .shape = { s0, s1 }                      \
+    }
+#define L(...)                                                                                     \
+    { __VA_ARGS__ }
 
-static const gcase k_shape_grad_cases[] = {
+static const adcase k_shape_grad_cases[] = {
     G1("reshape with -1", gf_reshape, 2, 2, 6),
     G1("reshape * reshape(sin)", gf_reshape_chain, 2, 3, 4),
     G1("squeeze(expand_dims)", gf_expand_squeeze, 3, 3, 1, 2),
@@ -2713,7 +2793,8 @@ static void test_gather_rules_direct(void **state) {
             expect_type(c2[0], dt, 2, S(4, 5));
             expect_type(c2[1], dt, 2, S(2, 3));
             NBT_TRUE(c1[1] == NULL && c1[2] == NULL && c2[2] == NULL && c2[3] == NULL);
-            nb_var *t = nbi_op_get(NBI_OP_DYN_UPDATE)->jvp(&tr, du, (nb_var *const[]){NULL, u, NULL, NULL});
+            nb_var *t =
+                nbi_op_get(NBI_OP_DYN_UPDATE)->jvp(&tr, du, (nb_var *const[]){NULL, u, NULL, NULL});
             expect_type(t, dt, 2, S(4, 5));
             NBT_OK(ctx, nb_trace_status(&tr));
             verify(&tr);
@@ -2793,7 +2874,7 @@ static void test_rule_signatures(void **state) {
         const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
         assert_non_null(info->vjp);
         assert_non_null(info->jvp);
-        nb_var *g = param(&tr, 10 + (int)i, F32, v->rank, v->shape);
+        nb_var *g = param(&tr, 4 + (int)i, F32, v->rank, v->shape);
         nb_var *in_ct[8] = {NULL}, *tan[8] = {NULL};
         info->vjp(&tr, v, g, in_ct);
         assert_null(info->jvp(&tr, v, tan)); /* no tangents: zero */
