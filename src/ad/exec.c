@@ -43,6 +43,7 @@ struct nbi_exec {
     const void **io_in;   /* n_inputs entries, inside ws (nbi_exec_run) */
     void **io_out;        /* n_outputs entries, inside ws */
     void *mem;            /* one allocation for nodes, tables, instrs */
+    nbi_pool *pool;       /* the context's threads, or NULL */
     size_t mem_bytes;
 };
 
@@ -276,6 +277,11 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     size_t io_in_bytes = nbi_round64((size_t)(e->n_inputs + 1) * sizeof(void *));
     size_t io_out_bytes = nbi_round64((size_t)(e->n_outputs + 1) * sizeof(void *));
     e->ws_alloc = e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes;
+    nb_status pst = nbi_ctx_pool(ctx, &e->pool); /* threads start here, not while running */
+    if (pst != NB_OK) {
+        nbi_exec_destroy(e);
+        return pst;
+    }
     e->ws = nbi_alloc(ctx, e->ws_alloc, 64);
     if (e->ws == NULL) {
         size_t want = e->ws_alloc;
@@ -322,7 +328,8 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
         nbi_kargs k = {.node = v,
                        .out = ws + e->offset[ins->node],
                        .in = e->in_ptrs,
-                       .scratch = ws + e->scratch_off};
+                       .scratch = ws + e->scratch_off,
+                       .pool = e->pool};
         nbi_op_get((nbi_op)v->op)->kernel(&k);
     }
     for (int32_t i = 0; i < e->n_outputs; i++) {
@@ -362,6 +369,30 @@ size_t nbi_exec_workspace_bytes(const nbi_exec *e) {
 
 void nbi_exec_retain(nbi_exec *e) {
     e->refcount++;
+}
+
+typedef struct nbi_range_job {
+    nbi_range_fn fn;
+    void *ud;
+    int64_t n, chunk;
+} nbi_range_job;
+
+static void nbi_range_task(void *ud, int64_t t) {
+    const nbi_range_job *j = ud;
+    int64_t first = t * j->chunk;
+    int64_t count = j->n - first < j->chunk ? j->n - first : j->chunk;
+    j->fn(j->ud, first, count);
+}
+
+void nbi_par_range(nbi_pool *pool, int64_t n, int64_t chunk, nbi_range_fn fn, void *ud) {
+    if (n <= 0) {
+        return;
+    }
+    if (chunk < 1) {
+        chunk = 1;
+    }
+    nbi_range_job j = {fn, ud, n, chunk};
+    nbi_pool_run(pool, (n + chunk - 1) / chunk, nbi_range_task, &j);
 }
 
 void nbi_run_kernel(const nb_var *node, void *out, const void *const *in, void *scratch) {

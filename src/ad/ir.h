@@ -98,7 +98,14 @@ typedef struct nbi_kargs {
     void *out;             /* output buffer (node->size elements) */
     const void *const *in; /* input buffers, node->n_in of them */
     void *scratch;         /* scratch_bytes(node) bytes, 64-byte aligned */
+    nbi_pool *pool;        /* the context's threads (NULL: run serially) */
 } nbi_kargs;
+
+/* Split n items into chunks of `chunk` (a size fixed by the data, never by the thread
+ * count) and run fn(ud, first, count) on each, on the pool. Serial when the pool is NULL
+ * or there is one chunk. */
+typedef void (*nbi_range_fn)(void *ud, int64_t first, int64_t count);
+NBI_HIDDEN void nbi_par_range(nbi_pool *pool, int64_t n, int64_t chunk, nbi_range_fn fn, void *ud);
 
 typedef void (*nbi_kernel_fn)(const nbi_kargs *k);
 

@@ -495,9 +495,8 @@ NBI_DEF_UNARY_INT(int64_t, uint64_t, i64)
 #define NBI_SAT(T, MIN, MAX, v)                                                                    \
     ((v) != (v) ? (T)0 : (v) <= (double)(MIN) ? (T)(MIN) : (v) >= (double)(MAX) ? (T)(MAX) : (T)(v))
 
-static void nbi_cast_kernel(const nb_var *node, void *out, const void *in) {
+static void nbi_cast_kernel(const nb_var *node, void *out, const void *in, int64_t n) {
     nb_dtype from = node->in[0]->dtype, to = node->dtype;
-    int64_t n = node->size;
     for (int64_t i = 0; i < n; i++) {
         double d = 0;
         int64_t q = 0;
@@ -550,38 +549,49 @@ static void nbi_cast_kernel(const nb_var *node, void *out, const void *in) {
     }
 }
 
-static void nbi_k_unary(const nbi_kargs *k) {
+/* Elementwise work is cut into chunks of this many elements (a multiple of every vector
+ * width and of NBI_TILE); the cut never depends on the thread count, and every element is
+ * computed the same way in any chunk (SLEEF tails use the vector path too), so results are
+ * bit-identical for any number of threads. */
+#define NBI_EW_CHUNK 16384
+
+static void nbi_unary_range(void *ud, int64_t first, int64_t n) {
+    const nbi_kargs *k = ud;
     const nb_var *node = k->node;
     nbi_op op = (nbi_op)node->op;
-    int64_t n = node->size;
+    size_t ei = nb_dtype_size(node->in[0]->dtype), eo = nb_dtype_size(node->dtype);
+    const unsigned char *in = (const unsigned char *)k->in[0] + (size_t)first * ei;
+    unsigned char *out = (unsigned char *)k->out + (size_t)first * eo;
     if (op == NBI_OP_CAST) {
-        nbi_cast_kernel(node, k->out, k->in[0]);
+        nbi_cast_kernel(node, out, in, n);
         return;
     }
     if (op == NBI_OP_LOGICAL_NOT) {
-        const uint8_t *x = k->in[0];
-        uint8_t *o = k->out;
         for (int64_t i = 0; i < n; i++) {
-            o[i] = !x[i];
+            out[i] = !in[i];
         }
         return;
     }
     switch (node->dtype) {
     case NB_DTYPE_F32:
-        nbi_unary_f32(op, k->out, k->in[0], n);
+        nbi_unary_f32(op, (float *)out, (const float *)in, n);
         break;
     case NB_DTYPE_F64:
-        nbi_unary_f64(op, k->out, k->in[0], n);
+        nbi_unary_f64(op, (double *)out, (const double *)in, n);
         break;
     case NB_DTYPE_I32:
-        nbi_unary_i32(op, k->out, k->in[0], n);
+        nbi_unary_i32(op, (int32_t *)out, (const int32_t *)in, n);
         break;
     case NB_DTYPE_I64:
-        nbi_unary_i64(op, k->out, k->in[0], n);
+        nbi_unary_i64(op, (int64_t *)out, (const int64_t *)in, n);
         break;
     case NB_DTYPE_BOOL:
         break;
     }
+}
+
+static void nbi_k_unary(const nbi_kargs *k) {
+    nbi_par_range(k->pool, k->node->size, NBI_EW_CHUNK, nbi_unary_range, (void *)k);
 }
 
 /* ---- binary kernels ----------------------------------------------------------------- */
@@ -743,39 +753,71 @@ static nbi_bin_fn nbi_bin_fn_of(nbi_op op, nb_dtype d) {
 
 /* Walk the output in row-major order, one innermost row at a time; inputs are addressed
  * through broadcast strides. The traversal order is fixed, so results never depend on it. */
+typedef struct nbi_bin_job {
+    const nbi_kargs *k;
+    nbi_bin_fn f;
+    int r;
+    int64_t inner;
+    int64_t sa[NB_MAX_RANK], sb[NB_MAX_RANK];
+    size_t eo, ei;
+} nbi_bin_job;
+
+/* Rows [first, first+count) of the output; inputs addressed by broadcast strides. */
+static void nbi_binary_rows(void *ud, int64_t first, int64_t count) {
+    const nbi_bin_job *j = ud;
+    const nb_var *node = j->k->node;
+    int r = j->r;
+    int64_t idx[NB_MAX_RANK] = {0}, oa = 0, ob = 0;
+    int64_t row = first;
+    for (int d = r - 2; d >= 0; d--) { /* the row's multi-index over the outer dims */
+        idx[d] = row % node->shape[d];
+        row /= node->shape[d];
+        oa += idx[d] * j->sa[d];
+        ob += idx[d] * j->sb[d];
+    }
+    const unsigned char *a = j->k->in[0], *b = j->k->in[1];
+    unsigned char *o = j->k->out;
+    for (int64_t t = first; t < first + count; t++) {
+        j->f(o + (size_t)(t * j->inner) * j->eo, a + (size_t)oa * j->ei, b + (size_t)ob * j->ei,
+             j->inner, j->sa[r - 1], j->sb[r - 1]);
+        for (int d = r - 2; d >= 0; d--) {
+            oa += j->sa[d];
+            ob += j->sb[d];
+            if (++idx[d] < node->shape[d]) {
+                break;
+            }
+            oa -= j->sa[d] * node->shape[d];
+            ob -= j->sb[d] * node->shape[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+/* Walk the output in row-major order, one innermost row at a time, in chunks of rows whose
+ * boundaries depend only on the shape. */
 static void nbi_k_binary(const nbi_kargs *k) {
     const nb_var *node = k->node;
     if (node->size == 0) {
         return;
     }
     const nb_var *x = node->in[0], *y = node->in[1];
-    nbi_bin_fn f = nbi_bin_fn_of((nbi_op)node->op, x->dtype);
-    size_t eo = nb_dtype_size(node->dtype), ei = nb_dtype_size(x->dtype);
-    int r = node->rank;
-    if (r == 0) {
-        f(k->out, k->in[0], k->in[1], 1, 0, 0);
+    nbi_bin_job j;
+    memset(&j, 0, sizeof j);
+    j.k = k;
+    j.f = nbi_bin_fn_of((nbi_op)node->op, x->dtype);
+    j.eo = nb_dtype_size(node->dtype);
+    j.ei = nb_dtype_size(x->dtype);
+    j.r = node->rank;
+    if (j.r == 0) {
+        j.f(k->out, k->in[0], k->in[1], 1, 0, 0);
         return;
     }
-    int64_t sa[NB_MAX_RANK], sb[NB_MAX_RANK], idx[NB_MAX_RANK] = {0};
-    nbi_bcast_strides(x->rank, x->shape, r, node->shape, sa);
-    nbi_bcast_strides(y->rank, y->shape, r, node->shape, sb);
-    int64_t inner = node->shape[r - 1], rows = node->size / inner, oa = 0, ob = 0;
-    const unsigned char *a = k->in[0], *b = k->in[1];
-    unsigned char *o = k->out;
-    for (int64_t row = 0; row < rows; row++) {
-        f(o + (size_t)(row * inner) * eo, a + (size_t)oa * ei, b + (size_t)ob * ei, inner,
-          sa[r - 1], sb[r - 1]);
-        for (int d = r - 2; d >= 0; d--) {
-            oa += sa[d];
-            ob += sb[d];
-            if (++idx[d] < node->shape[d]) {
-                break;
-            }
-            oa -= sa[d] * node->shape[d];
-            ob -= sb[d] * node->shape[d];
-            idx[d] = 0;
-        }
-    }
+    nbi_bcast_strides(x->rank, x->shape, j.r, node->shape, j.sa);
+    nbi_bcast_strides(y->rank, y->shape, j.r, node->shape, j.sb);
+    j.inner = node->shape[j.r - 1];
+    int64_t rows = node->size / j.inner;
+    int64_t chunk_rows = j.inner >= NBI_EW_CHUNK ? 1 : NBI_EW_CHUNK / j.inner;
+    nbi_par_range(k->pool, rows, chunk_rows, nbi_binary_rows, &j);
 }
 
 static void nbi_k_select(const nbi_kargs *k) {

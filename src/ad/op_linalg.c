@@ -42,6 +42,7 @@
 typedef struct nbi_mm_geom {
     int64_t m, n, k;
     int64_t a_rs, a_cs, b_rs, b_cs; /* element strides of one matrix of a and of b */
+    int64_t c_rs;                   /* row stride of the output block (n of the full C) */
     int ra_bat, rb_bat;             /* batch ranks of a and b (leading dims of their shapes) */
     int rbat;                       /* rank of the broadcast batch shape */
     int64_t bat[NB_MAX_RANK];
@@ -66,6 +67,7 @@ static bool nbi_mm_geometry(const nb_var *node, nbi_mm_geom *g) {
     g->a_cs = ta ? g->m : 1;
     g->b_rs = tb ? 1 : g->n;
     g->b_cs = tb ? g->k : 1;
+    g->c_rs = g->n;
     g->ra_bat = ra > 2 ? ra - 2 : 0;
     g->rb_bat = rb > 2 ? rb - 2 : 0;
     return nbi_broadcast_shapes(g->ra_bat, a->shape, g->rb_bat, b->shape, &g->rbat, g->bat);
@@ -216,7 +218,7 @@ static void nbi_mm_f32(const nbi_mm_geom *g, const void *a, const void *b, void 
     float one = 1.0f, zero = 0.0f;
     /* BLIS's typed API takes non-const pointers; it only reads a and b. */
     bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, g->m, g->n, g->k, &one, (float *)a, g->a_rs,
-                 g->a_cs, (float *)b, g->b_rs, g->b_cs, &zero, c, g->n, 1, NULL, &rntm);
+                 g->a_cs, (float *)b, g->b_rs, g->b_cs, &zero, c, g->c_rs, 1, NULL, &rntm);
 }
 
 static void nbi_mm_f64(const nbi_mm_geom *g, const void *a, const void *b, void *c) {
@@ -233,7 +235,7 @@ static void nbi_mm_i32(const nbi_mm_geom *g, const void *a_, const void *b_, voi
     const int32_t *restrict a = a_, *restrict b = b_;
     uint32_t *restrict c = c_;
     for (int64_t i = 0; i < g->m; i++) {
-        uint32_t *restrict ci = c + i * g->n;
+        uint32_t *restrict ci = c + i * g->c_rs;
         for (int64_t j = 0; j < g->n; j++) {
             ci[j] = 0;
         }
@@ -251,7 +253,7 @@ static void nbi_mm_i64(const nbi_mm_geom *g, const void *a_, const void *b_, voi
     const int64_t *restrict a = a_, *restrict b = b_;
     uint64_t *restrict c = c_;
     for (int64_t i = 0; i < g->m; i++) {
-        uint64_t *restrict ci = c + i * g->n;
+        uint64_t *restrict ci = c + i * g->c_rs;
         for (int64_t j = 0; j < g->n; j++) {
             ci[j] = 0;
         }
@@ -280,46 +282,76 @@ static nbi_mm_fn nbi_mm_fn_of(nb_dtype d) {
     }
 }
 
-/* Walk the batch in row-major order of the output; each operand's matrix is found through
- * its broadcast batch strides (0 on a broadcast dim), counted in whole matrices. */
+/* The work is cut into blocks of NBI_MM_ROWS x NBI_MM_COLS of the output per batch element
+ * -- sizes fixed here, never chosen by the thread count -- and each block is one
+ * single-threaded BLIS call (or integer loop) on sub-matrices addressed by offsets and
+ * strides. The k loop is never split, so each output element is computed by the same code
+ * on the same data whatever the number of threads: results are bit-identical. */
+#define NBI_MM_ROWS 64
+#define NBI_MM_COLS 256
+
+typedef struct nbi_mm_job {
+    const nbi_kargs *k;
+    nbi_mm_geom g;
+    nbi_mm_fn f;
+    size_t es;
+    int64_t row_blocks, col_blocks;
+    int64_t sa[NB_MAX_RANK], sb[NB_MAX_RANK];
+} nbi_mm_job;
+
+static void nbi_mm_task(void *ud, int64_t task) {
+    const nbi_mm_job *j = ud;
+    const nbi_mm_geom *g = &j->g;
+    int64_t per_batch = j->row_blocks * j->col_blocks;
+    int64_t t = task / per_batch, rb = (task % per_batch) / j->col_blocks,
+            cb = task % j->col_blocks;
+    /* the batch element's offsets in a and b (whole matrices), from its multi-index */
+    int64_t oa = 0, ob = 0, rest = t;
+    for (int d = g->rbat - 1; d >= 0; d--) {
+        int64_t i = rest % g->bat[d];
+        rest /= g->bat[d];
+        oa += i * j->sa[d];
+        ob += i * j->sb[d];
+    }
+    nbi_mm_geom sub = *g;
+    int64_t r0 = rb * NBI_MM_ROWS, c0 = cb * NBI_MM_COLS;
+    sub.m = g->m - r0 < NBI_MM_ROWS ? g->m - r0 : NBI_MM_ROWS;
+    sub.n = g->n - c0 < NBI_MM_COLS ? g->n - c0 : NBI_MM_COLS;
+    size_t es = j->es;
+    const unsigned char *a = (const unsigned char *)j->k->in[0] +
+                             ((size_t)(oa * g->m * g->k) + (size_t)(r0 * g->a_rs)) * es;
+    const unsigned char *b = (const unsigned char *)j->k->in[1] +
+                             ((size_t)(ob * g->k * g->n) + (size_t)(c0 * g->b_cs)) * es;
+    unsigned char *c =
+        (unsigned char *)j->k->out + ((size_t)(t * g->m * g->n) + (size_t)(r0 * g->n + c0)) * es;
+    j->f(&sub, a, b, c);
+}
+
 static void nbi_k_matmul(const nbi_kargs *k) {
     const nb_var *node = k->node;
     if (node->size == 0) {
         return; /* m, n or a batch dim is 0 */
     }
     const nb_var *x = node->in[0], *y = node->in[1];
-    nbi_mm_geom g;
-    (void)nbi_mm_geometry(node, &g); /* checked by inference */
-    size_t es = nb_dtype_size(node->dtype);
-    if (g.k == 0) {
-        memset(k->out, 0, (size_t)node->size * es); /* all-bits-zero is 0 / +0.0 */
+    nbi_mm_job j;
+    memset(&j, 0, sizeof j);
+    (void)nbi_mm_geometry(node, &j.g); /* checked by inference */
+    j.es = nb_dtype_size(node->dtype);
+    if (j.g.k == 0) {
+        memset(k->out, 0, (size_t)node->size * j.es); /* all-bits-zero is 0 / +0.0 */
         return;
     }
-    nbi_mm_fn f = nbi_mm_fn_of(node->dtype);
-    if (f == NULL) {
+    j.f = nbi_mm_fn_of(node->dtype);
+    if (j.f == NULL) {
         return;
     }
-    int64_t sa[NB_MAX_RANK], sb[NB_MAX_RANK], idx[NB_MAX_RANK] = {0};
-    nbi_bcast_strides(g.ra_bat, x->shape, g.rbat, g.bat, sa);
-    nbi_bcast_strides(g.rb_bat, y->shape, g.rbat, g.bat, sb);
-    size_t a_bytes = (size_t)(g.m * g.k) * es, b_bytes = (size_t)(g.k * g.n) * es;
-    size_t c_bytes = (size_t)(g.m * g.n) * es;
-    int64_t n_batch = nbi_shape_size(g.rbat, g.bat), oa = 0, ob = 0;
-    const unsigned char *a = k->in[0], *b = k->in[1];
-    unsigned char *c = k->out;
-    for (int64_t t = 0; t < n_batch; t++) {
-        f(&g, a + (size_t)oa * a_bytes, b + (size_t)ob * b_bytes, c + (size_t)t * c_bytes);
-        for (int d = g.rbat - 1; d >= 0; d--) {
-            oa += sa[d];
-            ob += sb[d];
-            if (++idx[d] < g.bat[d]) {
-                break;
-            }
-            oa -= sa[d] * g.bat[d];
-            ob -= sb[d] * g.bat[d];
-            idx[d] = 0;
-        }
-    }
+    j.k = k;
+    nbi_bcast_strides(j.g.ra_bat, x->shape, j.g.rbat, j.g.bat, j.sa);
+    nbi_bcast_strides(j.g.rb_bat, y->shape, j.g.rbat, j.g.bat, j.sb);
+    j.row_blocks = (j.g.m + NBI_MM_ROWS - 1) / NBI_MM_ROWS;
+    j.col_blocks = (j.g.n + NBI_MM_COLS - 1) / NBI_MM_COLS;
+    int64_t n_batch = nbi_shape_size(j.g.rbat, j.g.bat);
+    nbi_pool_run(k->pool, n_batch * j.row_blocks * j.col_blocks, nbi_mm_task, &j);
 }
 
 /* ---- VJP and JVP rules ---------------------------------------------------------------

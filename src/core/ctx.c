@@ -87,6 +87,7 @@ struct nb_ctx {
     int64_t live[NBI_COUNT_N];
     void *jit_state;
     void (*jit_free)(nb_ctx *ctx, void *state);
+    nbi_pool *pool;
     size_t bytes_in_use;
     size_t bytes_peak;
     int64_t n_allocs;
@@ -163,6 +164,8 @@ void nb_ctx_destroy(nb_ctx *ctx) {
         ctx->jit_free(ctx, ctx->jit_state);
         ctx->jit_state = NULL;
     }
+    nbi_pool_destroy(ctx->pool);
+    ctx->pool = NULL;
     /* Free what leaked objects own, then the slabs. Buffers are shared between arrays, so
      * arrays drop their buffer references one by one. */
     size_t bs = nbi_block_size();
@@ -236,6 +239,18 @@ nb_status nb_ctx_stats_get(const nb_ctx *ctx, nb_ctx_stats *out) {
 
 int nb_ctx_n_threads(const nb_ctx *ctx) {
     return ctx == NULL ? 0 : ctx->n_threads;
+}
+
+nb_status nbi_ctx_pool(nb_ctx *ctx, nbi_pool **out) {
+    if (ctx->pool == NULL && ctx->n_threads > 1) {
+        nb_status st = nbi_pool_create(ctx, ctx->n_threads, &ctx->pool);
+        if (st != NB_OK) {
+            *out = NULL;
+            return st;
+        }
+    }
+    *out = ctx->pool;
+    return NB_OK;
 }
 
 void **nbi_ctx_jit_slot(nb_ctx *ctx) {

@@ -205,6 +205,20 @@ NBI_HIDDEN void nbi_tree_free_owned(nb_tree *t);
 NBI_HIDDEN void nbi_treedef_free_owned(nb_treedef *d);
 NBI_HIDDEN void nbi_fn_free_owned(nb_fn *f);
 
+/* ---- the thread pool (pool.c) ------------------------------------------------------- */
+typedef struct nbi_pool nbi_pool;
+typedef void (*nbi_task_fn)(void *ud, int64_t task);
+NBI_HIDDEN nb_status nbi_pool_create(nb_ctx *ctx, int n_threads, nbi_pool **out);
+NBI_HIDDEN void nbi_pool_destroy(nbi_pool *p);
+/* Run fn(ud, t) for t in [0, n_tasks) on the pool's threads and the caller; returns when
+ * all are done. Task boundaries are the caller's and must not depend on the thread count.
+ * A NULL pool runs the tasks in order on the caller. Never allocates. */
+NBI_HIDDEN void nbi_pool_run(nbi_pool *p, int64_t n_tasks, nbi_task_fn fn, void *ud);
+NBI_HIDDEN int nbi_pool_threads(const nbi_pool *p);
+/* The context's pool, created on first use with nb_ctx_n_threads threads (NULL with one
+ * thread). NB_ERR_OOM if it cannot be allocated. */
+NBI_HIDDEN nb_status nbi_ctx_pool(nb_ctx *ctx, nbi_pool **out);
+
 /* The compile cache hangs off the context; the ad module installs a function that frees it,
  * called first thing by nb_ctx_destroy (while every object is still alive). */
 NBI_HIDDEN void **nbi_ctx_jit_slot(nb_ctx *ctx);

@@ -47,8 +47,11 @@ cmake --build "$work/consumer" -j 2
 check_output "consumer (nabla::nabla)" "$("$work/consumer/consumer")"
 check_output "consumer (nabla::nabla_static)" "$("$work/consumer/consumer_static")"
 if command -v ldd >/dev/null; then
-    ldd "$work/consumer/consumer" | grep -q "$prefix/.*libnabla\.so" ||
-        fail "consumer is not linked against the installed libnabla.so"
+    # Capture first: with pipefail, `ldd | grep -q` fails at random when grep exits at its
+    # first match and ldd dies writing the rest (SIGPIPE).
+    deps=$(ldd "$work/consumer/consumer")
+    printf '%s\n' "$deps" | grep "$prefix/.*libnabla\.so" >/dev/null ||
+        fail "consumer is not linked against the installed libnabla.so: $deps"
 fi
 
 step "consumer via pkg-config"

@@ -1,0 +1,165 @@
+/*
+ * test_threads.c -- results are bit-identical for 1, 2 and 4 threads, and running a
+ * compiled executable allocates nothing.
+ */
+#include "nbtest.h"
+
+#include "ad/ir.h"
+
+/* value_and_grad of an MLP 64-300-200-10 with cross-entropy, batch 96: every matmul has
+ * several row and column blocks and the elementwise ops several chunks. */
+static nb_status body_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *h = nb_get(tr, args, "[1].x");
+    for (int i = 0; i < 3; i++) {
+        h = nb_add(nb_matmul(h, nb_get(tr, args, "[0][%d].w", i)),
+                   nb_get(tr, args, "[0][%d].b", i));
+        if (i < 2) {
+            h = nb_tanh(h);
+        }
+    }
+    nb_var *y = nb_expand_dims(nb_get(tr, args, "[1].y"), -1);
+    nb_var *picked = nb_take_along_axis(nb_log_softmax(h, -1), y, -1);
+    return nb_return(nb_neg(nb_mean(picked, NULL, 0, false)), out);
+}
+
+static nb_tree *leaf_fill(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape, uint32_t seed) {
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, dt, rank, shape, &a));
+    for (int64_t i = 0; i < nb_array_size(a); i++) {
+        seed = seed * 1664525u + 1013904223u;
+        if (dt == NB_DTYPE_F32) {
+            ((float *)nb_array_data(a))[i] = (float)((double)(seed >> 8) / 16777216.0 - 0.5);
+        } else {
+            ((int32_t *)nb_array_data(a))[i] = (int32_t)((seed >> 8) % 10);
+        }
+    }
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_array(a, &t));
+    nb_array_destroy(a);
+    return t;
+}
+
+/* Run the loss's value_and_grad in a context with n threads; return the flat results. */
+static nb_tree *run_with_threads(int n_threads, nb_ctx **ctx_out) {
+    nb_ctx_opts o = nb_ctx_opts_default();
+    o.n_threads = n_threads;
+    nb_ctx *ctx = NULL;
+    NBT_OK(NULL, nb_ctx_create(&o, &ctx));
+    NBT_EQ_I64(nb_ctx_n_threads(ctx), n_threads);
+    int64_t sz[4] = {64, 300, 200, 10};
+    nb_tree *layers[3], *params = NULL;
+    for (int i = 0; i < 3; i++) {
+        nb_tree *w = leaf_fill(ctx, NB_DTYPE_F32, 2, (int64_t[]){sz[i], sz[i + 1]}, 11u + i);
+        nb_tree *b = leaf_fill(ctx, NB_DTYPE_F32, 1, &sz[i + 1], 23u + i);
+        NBT_OK(ctx,
+               nb_tree_dict(ctx, 2, (const char *[]){"w", "b"}, (nb_tree *[]){w, b}, &layers[i]));
+        nb_tree_destroy(w);
+        nb_tree_destroy(b);
+    }
+    NBT_OK(ctx, nb_tree_list(ctx, 3, layers, &params));
+    nb_tree *x = leaf_fill(ctx, NB_DTYPE_F32, 2, (int64_t[]){96, 64}, 5u);
+    nb_tree *y = leaf_fill(ctx, NB_DTYPE_I32, 1, (int64_t[]){96}, 7u), *batch = NULL, *args = NULL;
+    NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"x", "y"}, (nb_tree *[]){x, y}, &batch));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){params, batch}, &args));
+    nb_fn *f = NULL, *vg = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "loss", body_loss, NULL, &f));
+    NBT_OK(ctx, nb_value_and_grad(f, NULL, &vg));
+    nb_tree *out = NULL, *leaves = NULL;
+    NBT_OK(ctx, nb_fn_call(vg, args, &out));
+    NBT_OK(ctx, nb_tree_flatten(out, &leaves, NULL));
+    nb_tree_destroy(out);
+    nb_fn_destroy(vg);
+    nb_fn_destroy(f);
+    nb_tree *trees[] = {args, batch, y, x, params, layers[0], layers[1], layers[2]};
+    for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
+        nb_tree_destroy(trees[i]);
+    }
+    *ctx_out = ctx;
+    return leaves;
+}
+
+static void test_bit_identical_across_thread_counts(void **state) {
+    (void)state;
+    nb_ctx *c1 = NULL, *c2 = NULL, *c4 = NULL;
+    nb_tree *r1 = run_with_threads(1, &c1), *r2 = run_with_threads(2, &c2);
+    nb_tree *r4 = run_with_threads(4, &c4);
+    NBT_EQ_I64(nb_tree_len(r1), 7); /* loss + 6 gradients */
+    for (int64_t i = 0; i < nb_tree_len(r1); i++) {
+        nb_array *a = nb_tree_get_array(nb_tree_child(r1, i));
+        nb_array *b = nb_tree_get_array(nb_tree_child(r2, i));
+        nb_array *d = nb_tree_get_array(nb_tree_child(r4, i));
+        /* contexts differ, so compare the bytes directly */
+        NBT_EQ_I64(nb_array_nbytes(a), nb_array_nbytes(b));
+        NBT_EQ_I64(nb_array_nbytes(a), nb_array_nbytes(d));
+        if (memcmp(nb_array_data(a), nb_array_data(b), nb_array_nbytes(a)) != 0 ||
+            memcmp(nb_array_data(a), nb_array_data(d), nb_array_nbytes(a)) != 0) {
+            fail_msg("output %lld differs between 1, 2 and 4 threads", (long long)i);
+        }
+    }
+    nb_tree_destroy(r4);
+    nb_tree_destroy(r2);
+    nb_tree_destroy(r1);
+    nbt_assert_no_live(c4);
+    nbt_assert_no_live(c2);
+    nbt_assert_no_live(c1);
+    nb_ctx_destroy(c4);
+    nb_ctx_destroy(c2);
+    nb_ctx_destroy(c1);
+}
+
+/* Compile y = sum(tanh(x @ w) * 2) directly and count allocator calls while running it. */
+static void test_running_allocates_nothing(void **state) {
+    (void)state;
+    nbt_alloc al = {0};
+    nb_ctx_opts o = nb_ctx_opts_default();
+    o.allocator = nbt_alloc_make(&al);
+    o.n_threads = 2;
+    nb_ctx *ctx = NULL;
+    NBT_OK(NULL, nb_ctx_create(&o, &ctx));
+    nb_trace tr;
+    NBT_OK(ctx, nbi_trace_init(&tr, ctx, "alloc"));
+    nb_var *x = nbi_emit_param(&tr, 0, NB_DTYPE_F32, 2, (int64_t[]){128, 64}, NULL);
+    nb_var *w = nbi_emit_param(&tr, 1, NB_DTYPE_F32, 2, (int64_t[]){64, 300}, NULL);
+    nb_var *y = nb_sum(nb_mul(nb_tanh(nb_matmul(x, w)), nb_scalar(&tr, 2.0)), NULL, 0, false);
+    NBT_OK(ctx, nb_trace_status(&tr));
+    nb_var *ins[2] = {x, w}, *outs[1] = {y};
+    tr.g.inputs = ins;
+    tr.g.n_inputs = 2;
+    tr.g.outputs = outs;
+    tr.g.n_outputs = 1;
+    nbi_graph opt;
+    NBT_OK(ctx, nbi_optimize(ctx, &tr.g, &opt));
+    nbi_exec *e = NULL;
+    NBT_OK(ctx, nbi_exec_compile(ctx, &opt, &e));
+    nb_array *ax = NULL, *aw = NULL, *ay = NULL;
+    NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 2, (int64_t[]){128, 64}, 0.5, &ax));
+    NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 2, (int64_t[]){64, 300}, 0.01, &aw));
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 0, NULL, &ay));
+    nbi_exec_run(e, (nb_array *const[]){ax, aw}, (nb_array *const[]){ay}); /* warm */
+    int64_t before = al.n_calls;
+    for (int i = 0; i < 50; i++) {
+        nbi_exec_run(e, (nb_array *const[]){ax, aw}, (nb_array *const[]){ay});
+    }
+    NBT_EQ_I64(al.n_calls - before, 0);
+    double v = 0;
+    NBT_OK(ctx, nb_array_get(ay, NULL, &v));
+    double want = 128.0 * 300.0 * 2.0 * tanh(64 * 0.5 * 0.01);
+    NBT_NEAR(v, want, 1e-5 * want); /* an f32 sum of 38400 terms */
+    nb_array_destroy(ay);
+    nb_array_destroy(aw);
+    nb_array_destroy(ax);
+    nbi_exec_destroy(e);
+    nbi_trace_release(&tr);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+    NBT_EQ_I64(al.n_live, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bit_identical_across_thread_counts),
+        cmocka_unit_test(test_running_allocates_nothing),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
