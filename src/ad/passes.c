@@ -5,6 +5,7 @@
  */
 #include "ad/ir.h"
 
+#include <math.h>
 #include <string.h>
 
 /* Copy node v into out with its inputs remapped through map (old id -> new node). */
@@ -338,6 +339,80 @@ static bool nbi_is_matrix_transpose(const nb_var *v) {
     return v->at.axes[r - 2] == r - 1 && v->at.axes[r - 1] == r - 2;
 }
 
+/* ---- algebraic simplification --------------------------------------------------------
+ * Only rewrites that are exact, bit for bit, for every input (so x + 0 -> x is NOT done:
+ * -0 + 0 is +0). A rewrite that keeps an existing value requires that value to have the
+ * node's dtype and shape already. */
+
+static bool nbi_same_type(const nb_var *a, const nb_var *b) {
+    if (a->dtype != b->dtype || a->rank != b->rank) {
+        return false;
+    }
+    for (int i = 0; i < a->rank; i++) {
+        if (a->shape[i] != b->shape[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Is v a constant whose every element is exactly value (the same bits for zeros)? */
+static bool nbi_is_const(const nb_var *v, double value) {
+    if (v->op == NBI_OP_FULL) {
+        double x = v->at.value;
+        if (!nb_dtype_is_float(v->dtype)) {
+            return x == value; /* the stored double converts to the dtype exactly here */
+        }
+        double rx = v->dtype == NB_DTYPE_F32 ? (double)(float)x : x;
+        return rx == value && signbit(rx) == signbit(value);
+    }
+    if (v->op == NBI_OP_CONST && v->size >= 1 && v->size <= 64) {
+        for (int64_t i = 0; i < v->size; i++) {
+            double x = 0;
+            nb_array_get_flat(v->at.array, i, &x);
+            if (!(x == value && signbit(x) == signbit(value))) {
+                return false;
+            }
+        }
+        return true;
+    }
+    return false;
+}
+
+/* An existing value equal to v (whose inputs, already mapped, are in), or NULL. */
+static nb_var *nbi_simplify_to_existing(const nb_var *v, nb_var *const *in) {
+    switch ((nbi_op)v->op) {
+    case NBI_OP_MUL: /* x*1, 1*x */
+        if (nbi_is_const(in[1], 1.0) && nbi_same_type(in[0], v)) {
+            return in[0];
+        }
+        if (nbi_is_const(in[0], 1.0) && nbi_same_type(in[1], v)) {
+            return in[1];
+        }
+        return NULL;
+    case NBI_OP_DIV: /* x/1 */
+        return nbi_is_const(in[1], 1.0) && nbi_same_type(in[0], v) ? in[0] : NULL;
+    case NBI_OP_SUB: /* x-0 (also -0 - 0 = -0) */
+        return nbi_is_const(in[1], 0.0) && nbi_same_type(in[0], v) ? in[0] : NULL;
+    case NBI_OP_ADD: /* x+(-0), (-0)+x */
+        if (nbi_is_const(in[1], -0.0) && nbi_same_type(in[0], v)) {
+            return in[0];
+        }
+        if (nbi_is_const(in[0], -0.0) && nbi_same_type(in[1], v)) {
+            return in[1];
+        }
+        return NULL;
+    case NBI_OP_NEG: /* neg(neg(x)) */
+        return in[0]->op == NBI_OP_NEG && nbi_same_type(in[0]->in[0], v) ? in[0]->in[0] : NULL;
+    case NBI_OP_RESHAPE: /* a reshape back to the source's own shape */
+        return nbi_same_type(in[0], v)                                           ? in[0]
+               : (in[0]->op == NBI_OP_RESHAPE && nbi_same_type(in[0]->in[0], v)) ? in[0]->in[0]
+                                                                                 : NULL;
+    default:
+        return NULL;
+    }
+}
+
 nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     nb_var **map = NULL;
     nb_status st = nbi_pass_begin(ctx, in, out, &map, "transpose-matmul");
@@ -355,7 +430,65 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
             map[i] = map[v->in[0]->id];
             continue;
         }
-        if (v->op == NBI_OP_MATMUL) {
+        /* algebra: keep an existing value, or rebuild a chain as one node */
+        nb_var *mapped[4];
+        if (v->n_in <= 4) {
+            for (int32_t j = 0; j < v->n_in; j++) {
+                mapped[j] = map[v->in[j]->id];
+            }
+            nb_var *same = nbi_simplify_to_existing(v, mapped);
+            if (same != NULL) {
+                map[i] = same;
+                continue;
+            }
+        }
+        if (v->op == NBI_OP_RESHAPE && map[v->in[0]->id]->op == NBI_OP_RESHAPE) {
+            nb_var *src = map[v->in[0]->id]->in[0]; /* reshape(reshape(x)) = reshape(x) */
+            proto.in = &src;
+            map[i] = nbi_graph_add(out, &proto);
+        } else if (v->op == NBI_OP_TRANSPOSE && map[v->in[0]->id]->op == NBI_OP_TRANSPOSE) {
+            /* transpose(transpose(x, p1), p2) = transpose(x, p1[p2[i]]), or x itself */
+            const nb_var *inner = map[v->in[0]->id];
+            nb_var *src = inner->in[0];
+            bool ident = true;
+            for (int a = 0; a < v->rank; a++) {
+                proto.at.axes[a] = inner->at.axes[v->at.axes[a]];
+                ident = ident && proto.at.axes[a] == a;
+            }
+            if (ident) {
+                map[i] = src;
+                continue;
+            }
+            proto.in = &src;
+            map[i] = nbi_graph_add(out, &proto);
+        } else if (nbi_op_get((nbi_op)v->op)->elementwise && v->n_in >= 2 && v->n_in <= 4) {
+            /* an explicit broadcast feeding an elementwise op: the op broadcasts itself */
+            int r = 0;
+            int64_t shape[NB_MAX_RANK];
+            for (int32_t j = 0; j < v->n_in; j++) {
+                nb_var *m = mapped[j];
+                if (m->op == NBI_OP_BROADCAST) {
+                    mapped[j] = m->in[0];
+                }
+            }
+            bool ok = true;
+            r = mapped[0]->rank;
+            memcpy(shape, mapped[0]->shape, sizeof shape);
+            for (int32_t j = 1; j < v->n_in && ok; j++) {
+                int64_t s2[NB_MAX_RANK];
+                int r2 = 0;
+                ok = nbi_broadcast_shapes(r, shape, mapped[j]->rank, mapped[j]->shape, &r2, s2);
+                r = r2;
+                memcpy(shape, s2, sizeof shape);
+            }
+            ok = ok && r == v->rank && memcmp(shape, v->shape, (size_t)r * sizeof(int64_t)) == 0;
+            if (ok) {
+                proto.in = mapped;
+                map[i] = nbi_graph_add(out, &proto);
+            } else {
+                map[i] = nbi_copy_node(out, v, map);
+            }
+        } else if (v->op == NBI_OP_MATMUL) {
             for (int j = 0; j < 2; j++) {
                 nb_var *src = map[v->in[j]->id];
                 /* matmul(transpose(w)) = matmul(w) with w read through swapped strides */

@@ -128,9 +128,81 @@ static void test_transpose_into_matmul(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* Exact algebraic rewrites: x*1, 1*x, x/1, x-0, x+(-0), neg(neg x), reshape and
+ * transpose chains, broadcasts feeding elementwise ops. */
+static nb_status body_algebra(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]"); /* f32[2,3] */
+    nb_var *one = nb_scalar_typed(tr, NB_DTYPE_F32, 1.0);
+    nb_var *y = nb_div(nb_mul(one, nb_mul(x, one)), one);
+    y = nb_sub(y, nb_scalar_typed(tr, NB_DTYPE_F32, 0.0));
+    y = nb_add(nb_scalar_typed(tr, NB_DTYPE_F32, -0.0), y);
+    y = nb_neg(nb_neg(y));
+    y = nb_reshape(nb_reshape(y, 1, (int64_t[]){6}), 2, (int64_t[]){3, 2});
+    y = nb_transpose(nb_transpose(y, (int[]){1, 0}), (int[]){1, 0});
+    nb_var *b = nb_broadcast_to(nb_get(tr, args, "[1]"), 2, (int64_t[]){3, 2});
+    nb_var *z = nb_mul(y, b);
+    nb_var *keep = nb_add(x, nb_scalar_typed(tr, NB_DTYPE_F32, 0.0)); /* not rewritten */
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    return nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(z), nb_leaf(keep)}, out);
+}
+
+static void test_algebraic_simplification(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_array *x = NULL, *w = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F32, 2, (int64_t[]){2, 3},
+                                   (float[]){-0.0f, 1, -2, 3.5f, 4, -5}, &x));
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F32, 1, (int64_t[]){2}, (float[]){2, -1}, &w));
+    nb_tree *lx = NULL, *lw = NULL, *args = NULL, *out = NULL;
+    NBT_OK(ctx, nb_tree_array(x, &lx));
+    NBT_OK(ctx, nb_tree_array(w, &lw));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){lx, lw}, &args));
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "algebra", body_algebra, NULL, &f));
+    char ir[4096];
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+    /* what remains: one reshape of x, the product with w (no broadcast node), and x + 0 */
+    const char *gone[] = {"= neg", "= div", "= sub", "= transpose", "= broadcast_to"};
+    for (size_t i = 0; i < sizeof gone / sizeof gone[0]; i++) {
+        if (strstr(ir, gone[i]) != NULL) {
+            fail_msg("'%s' was not simplified away:\n%s", gone[i], ir);
+        }
+    }
+    const char *p = strstr(ir, "= reshape");
+    NBT_TRUE(p != NULL && strstr(p + 1, "= reshape") == NULL); /* the chain became one */
+    NBT_TRUE(strstr(ir, "= mul") != NULL && strstr(strstr(ir, "= mul") + 1, "= mul") == NULL);
+    NBT_TRUE(strstr(ir, "= add") != NULL); /* x + 0 stays: it turns -0 into +0 */
+    NBT_OK(ctx, nb_fn_call(f, args, &out));
+    nb_array *z = nb_tree_get_array(nb_tree_child(out, 0));
+    nb_array *keep = nb_tree_get_array(nb_tree_child(out, 1));
+    /* z = reshape(x, [3,2]) * w: rows (-0, 1), (-2, 3.5), (4, -5) times (2, -1) */
+    float want[6] = {-0.0f, -1, -4, -3.5f, 8, 5};
+    for (int i = 0; i < 6; i++) {
+        float g = ((const float *)nb_array_data(z))[i];
+        if (memcmp(&g, &want[i], sizeof g) != 0) {
+            fail_msg("z[%d] = %g, want %g (bits must match the unsimplified program)", i, g,
+                     want[i]);
+        }
+    }
+    float k0 = ((const float *)nb_array_data(keep))[0];
+    NBT_TRUE(k0 == 0.0f && !signbit(k0)); /* -0 + 0 = +0 */
+    nb_tree_destroy(out);
+    nb_fn_destroy(f);
+    nb_tree_destroy(args);
+    nb_tree_destroy(lw);
+    nb_tree_destroy(lx);
+    nb_array_destroy(w);
+    nb_array_destroy(x);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transpose_into_matmul),
+        cmocka_unit_test(test_algebraic_simplification),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
