@@ -44,6 +44,7 @@ struct nbi_exec {
     void **io_out;        /* n_outputs entries, inside ws */
     void *mem;            /* one allocation for nodes, tables, instrs */
     nbi_pool *pool;       /* the context's threads, or NULL */
+    int n_workers;        /* threads that may run a kernel's tasks (scratch slices) */
     size_t mem_bytes;
 };
 
@@ -130,8 +131,10 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     }
     int32_t n = g->n_nodes + extra;
     int64_t total_in = 0;
+    int32_t n_fused = 0;
     for (int32_t i = 0; i < g->n_nodes; i++) {
         total_in += g->nodes[i]->n_in;
+        n_fused += g->nodes[i]->op == NBI_OP_FUSED;
     }
     total_in += extra;
     size_t bytes = nbi_round64(sizeof(nbi_exec)) + nbi_round64((size_t)n * sizeof(nb_var)) +
@@ -142,7 +145,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
                    nbi_round64((size_t)total_in * sizeof(int32_t)) +
                    nbi_round64((size_t)(g->n_outputs + 1) * sizeof(int32_t)) +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* last use */ +
-                   nbi_round64((size_t)(n + 1) * sizeof(nbi_block));
+                   nbi_round64((size_t)(n + 1) * sizeof(nbi_block)) +
+                   nbi_round64((size_t)n_fused * sizeof(nbi_fprog));
     unsigned char *mem = nbi_alloc(ctx, bytes, 64);
     if (mem == NULL) {
         return nbi_oom(ctx, fn, bytes);
@@ -164,6 +168,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     e->outputs = nbi_carve(&p, (size_t)(g->n_outputs + 1) * sizeof(int32_t));
     int32_t *last_use = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     nbi_block *free_blocks = nbi_carve(&p, (size_t)(n + 1) * sizeof(nbi_block));
+    nbi_fprog *progs = nbi_carve(&p, (size_t)n_fused * sizeof(nbi_fprog));
 
     /* Copy the nodes, remapping inputs into the copy. */
     int64_t k_in = 0;
@@ -179,6 +184,10 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
         }
         k_in += src->n_in;
         e->param_of[i] = src->op == NBI_OP_PARAM ? (int32_t)src->at.ivalue : -1;
+        if (src->op == NBI_OP_FUSED) { /* the program lives in the pass's arena: copy it */
+            *progs = *(const nbi_fprog *)src->at.callee;
+            dst->at.callee = progs++;
+        }
     }
     e->n_inputs = g->n_inputs;
     e->n_outputs = g->n_outputs;
@@ -270,6 +279,14 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
             }
         }
     }
+    nb_status pst = nbi_ctx_pool(ctx, &e->pool); /* threads start here, not while running */
+    if (pst != NB_OK) {
+        nbi_exec_destroy(e);
+        return pst;
+    }
+    /* kernels that split work across threads get one scratch slice per worker */
+    e->n_workers = nbi_pool_threads(e->pool);
+    scratch *= (size_t)e->n_workers;
     e->ws_bytes = pl.top;
     e->scratch_off = pl.top;
     e->scratch_bytes = scratch;
@@ -277,11 +294,6 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     size_t io_in_bytes = nbi_round64((size_t)(e->n_inputs + 1) * sizeof(void *));
     size_t io_out_bytes = nbi_round64((size_t)(e->n_outputs + 1) * sizeof(void *));
     e->ws_alloc = e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes;
-    nb_status pst = nbi_ctx_pool(ctx, &e->pool); /* threads start here, not while running */
-    if (pst != NB_OK) {
-        nbi_exec_destroy(e);
-        return pst;
-    }
     e->ws = nbi_alloc(ctx, e->ws_alloc, 64);
     if (e->ws == NULL) {
         size_t want = e->ws_alloc;
@@ -329,7 +341,8 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
                        .out = ws + e->offset[ins->node],
                        .in = e->in_ptrs,
                        .scratch = ws + e->scratch_off,
-                       .pool = e->pool};
+                       .pool = e->pool,
+                       .n_workers = e->n_workers};
         nbi_op_get((nbi_op)v->op)->kernel(&k);
     }
     for (int32_t i = 0; i < e->n_outputs; i++) {
@@ -377,11 +390,11 @@ typedef struct nbi_range_job {
     int64_t n, chunk;
 } nbi_range_job;
 
-static void nbi_range_task(void *ud, int64_t t) {
+static void nbi_range_task(void *ud, int64_t t, int worker) {
     const nbi_range_job *j = ud;
     int64_t first = t * j->chunk;
     int64_t count = j->n - first < j->chunk ? j->n - first : j->chunk;
-    j->fn(j->ud, first, count);
+    j->fn(j->ud, first, count, worker);
 }
 
 void nbi_par_range(nbi_pool *pool, int64_t n, int64_t chunk, nbi_range_fn fn, void *ud) {
@@ -396,6 +409,6 @@ void nbi_par_range(nbi_pool *pool, int64_t n, int64_t chunk, nbi_range_fn fn, vo
 }
 
 void nbi_run_kernel(const nb_var *node, void *out, const void *const *in, void *scratch) {
-    nbi_kargs k = {.node = node, .out = out, .in = in, .scratch = scratch};
+    nbi_kargs k = {.node = node, .out = out, .in = in, .scratch = scratch, .n_workers = 1};
     nbi_op_get((nbi_op)node->op)->kernel(&k);
 }

@@ -99,12 +99,13 @@ typedef struct nbi_kargs {
     const void *const *in; /* input buffers, node->n_in of them */
     void *scratch;         /* scratch_bytes(node) bytes, 64-byte aligned */
     nbi_pool *pool;        /* the context's threads (NULL: run serially) */
+    int n_workers;         /* scratch holds this many per-worker slices of scratch_fn bytes */
 } nbi_kargs;
 
 /* Split n items into chunks of `chunk` (a size fixed by the data, never by the thread
  * count) and run fn(ud, first, count) on each, on the pool. Serial when the pool is NULL
  * or there is one chunk. */
-typedef void (*nbi_range_fn)(void *ud, int64_t first, int64_t count);
+typedef void (*nbi_range_fn)(void *ud, int64_t first, int64_t count, int worker);
 NBI_HIDDEN void nbi_par_range(nbi_pool *pool, int64_t n, int64_t chunk, nbi_range_fn fn, void *ud);
 
 typedef void (*nbi_kernel_fn)(const nbi_kargs *k);
@@ -220,6 +221,33 @@ NBI_HIDDEN void nbi_bcast_strides(int rin, const int64_t *sin, int rout, const i
 NBI_HIDDEN int64_t nbi_shape_size(int rank, const int64_t *shape);
 /* Normalise an axis (negative counts back) against rank; false if out of range. */
 NBI_HIDDEN bool nbi_norm_axis(int axis, int rank, int *out);
+
+/* Evaluate elementwise op (result dtype, first input's dtype in_dtype, n_in inputs) on n
+ * contiguous elements: in[i] holds n elements (broadcasting already done by the caller).
+ * The same per-element code as the op's own kernel, so a fused evaluation gives the same
+ * bits. (op_elementwise.c) */
+NBI_HIDDEN void nbi_ew_tile(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in, void *out,
+                            const void *const *in, int64_t n);
+
+/* A fused elementwise program (op_fused.c): plain data, copied by value. Instruction i
+ * computes register i from operands src[] (>= 0: register, < 0: external input -src-1);
+ * the last instruction's register is the node's output. */
+#define NBI_FUSE_MAX_INSTR 32
+#define NBI_FUSE_MAX_EXT 16
+typedef struct nbi_finstr {
+    uint16_t op;
+    uint8_t n_in;
+    nb_dtype dtype;
+    nb_dtype in_dtype;
+    int16_t src[3];
+} nbi_finstr;
+typedef struct nbi_fprog {
+    int32_t n_instr;
+    int32_t n_ext;
+    nbi_finstr ins[NBI_FUSE_MAX_INSTR];
+} nbi_fprog;
+/* Fuse chains of same-shape elementwise ops whose intermediates have no other use. */
+NBI_HIDDEN nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 
 /* ---- autodiff helpers (src/ad/autodiff.c) ------------------------------------------- */
 /* Sum ct (shaped like a broadcast result) back to an input of rank/shape: over the leading

@@ -111,6 +111,23 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
     case NBI_OP_CALL_OUTPUT:
         nbi_sbuf_printf(s, " {index=%lld}", (long long)a->ivalue);
         break;
+    case NBI_OP_FUSED: { /* {r0 = mul x0 x1; r1 = add r0 x2; r2 = tanh r1} */
+        const nbi_fprog *p = a->callee;
+        nbi_sbuf_puts(s, " {");
+        for (int32_t i = 0; i < p->n_instr; i++) {
+            const nbi_finstr *in = &p->ins[i];
+            nbi_sbuf_printf(s, "%sr%d = %s", i ? "; " : "", (int)i, nbi_op_name((nbi_op)in->op));
+            for (int j = 0; j < in->n_in; j++) {
+                if (in->src[j] >= 0) {
+                    nbi_sbuf_printf(s, " r%d", (int)in->src[j]);
+                } else {
+                    nbi_sbuf_printf(s, " x%d", (int)(-in->src[j] - 1));
+                }
+            }
+        }
+        nbi_sbuf_putc(s, '}');
+        break;
+    }
     default:
         break;
     }

@@ -495,8 +495,7 @@ NBI_DEF_UNARY_INT(int64_t, uint64_t, i64)
 #define NBI_SAT(T, MIN, MAX, v)                                                                    \
     ((v) != (v) ? (T)0 : (v) <= (double)(MIN) ? (T)(MIN) : (v) >= (double)(MAX) ? (T)(MAX) : (T)(v))
 
-static void nbi_cast_kernel(const nb_var *node, void *out, const void *in, int64_t n) {
-    nb_dtype from = node->in[0]->dtype, to = node->dtype;
+static void nbi_cast_kernel(nb_dtype from, nb_dtype to, void *out, const void *in, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         double d = 0;
         int64_t q = 0;
@@ -555,7 +554,8 @@ static void nbi_cast_kernel(const nb_var *node, void *out, const void *in, int64
  * bit-identical for any number of threads. */
 #define NBI_EW_CHUNK 16384
 
-static void nbi_unary_range(void *ud, int64_t first, int64_t n) {
+static void nbi_unary_range(void *ud, int64_t first, int64_t n, int worker) {
+    (void)worker;
     const nbi_kargs *k = ud;
     const nb_var *node = k->node;
     nbi_op op = (nbi_op)node->op;
@@ -563,7 +563,7 @@ static void nbi_unary_range(void *ud, int64_t first, int64_t n) {
     const unsigned char *in = (const unsigned char *)k->in[0] + (size_t)first * ei;
     unsigned char *out = (unsigned char *)k->out + (size_t)first * eo;
     if (op == NBI_OP_CAST) {
-        nbi_cast_kernel(node, out, in, n);
+        nbi_cast_kernel(node->in[0]->dtype, node->dtype, out, in, n);
         return;
     }
     if (op == NBI_OP_LOGICAL_NOT) {
@@ -763,7 +763,8 @@ typedef struct nbi_bin_job {
 } nbi_bin_job;
 
 /* Rows [first, first+count) of the output; inputs addressed by broadcast strides. */
-static void nbi_binary_rows(void *ud, int64_t first, int64_t count) {
+static void nbi_binary_rows(void *ud, int64_t first, int64_t count, int worker) {
+    (void)worker;
     const nbi_bin_job *j = ud;
     const nb_var *node = j->k->node;
     int r = j->r;
@@ -853,6 +854,51 @@ static void nbi_k_select(const nbi_kargs *k) {
 }
 
 /* ---- registry entries --------------------------------------------------------------- */
+
+/* ---- one op over a tile (for fused kernels) ------------------------------------------ */
+
+void nbi_ew_tile(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in, void *out,
+                 const void *const *in, int64_t n) {
+    if (n_in == 1) {
+        if (op == NBI_OP_CAST) {
+            nbi_cast_kernel(in_dtype, dtype, out, in[0], n);
+        } else if (op == NBI_OP_LOGICAL_NOT) {
+            const uint8_t *a = in[0];
+            uint8_t *o = out;
+            for (int64_t i = 0; i < n; i++) {
+                o[i] = !a[i];
+            }
+        } else {
+            switch (dtype) {
+            case NB_DTYPE_F32:
+                nbi_unary_f32(op, out, in[0], n);
+                break;
+            case NB_DTYPE_F64:
+                nbi_unary_f64(op, out, in[0], n);
+                break;
+            case NB_DTYPE_I32:
+                nbi_unary_i32(op, out, in[0], n);
+                break;
+            case NB_DTYPE_I64:
+                nbi_unary_i64(op, out, in[0], n);
+                break;
+            case NB_DTYPE_BOOL:
+                break;
+            }
+        }
+        return;
+    }
+    if (op == NBI_OP_SELECT) {
+        const uint8_t *c = in[0];
+        size_t es = nb_dtype_size(dtype);
+        for (int64_t i = 0; i < n; i++) {
+            memcpy((unsigned char *)out + (size_t)i * es,
+                   (const unsigned char *)(c[i] ? in[1] : in[2]) + (size_t)i * es, es);
+        }
+        return;
+    }
+    nbi_bin_fn_of(op, in_dtype)(out, in[0], in[1], n, 1, 1);
+}
 
 /* ---- VJP and JVP rules ---------------------------------------------------------------
  *

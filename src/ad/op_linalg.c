@@ -299,7 +299,8 @@ typedef struct nbi_mm_job {
     int64_t sa[NB_MAX_RANK], sb[NB_MAX_RANK];
 } nbi_mm_job;
 
-static void nbi_mm_task(void *ud, int64_t task) {
+static void nbi_mm_task(void *ud, int64_t task, int worker) {
+    (void)worker;
     const nbi_mm_job *j = ud;
     const nbi_mm_geom *g = &j->g;
     int64_t per_batch = j->row_blocks * j->col_blocks;

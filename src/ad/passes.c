@@ -514,8 +514,161 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
     return nbi_pass_end(ctx, in, out, map, "transpose-matmul");
 }
 
+/* ---- elementwise fusion ---------------------------------------------------------------
+ * A cluster grows from its root (the last node, the one used outside) backwards through
+ * inputs that are elementwise, have the root's shape, and have exactly one use -- inside
+ * the cluster. Each cluster of two or more nodes becomes one fused node whose program
+ * replays the members in order (op_fused.c). */
+
+static bool nbi_fusible(const nb_var *v) {
+    const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
+    return info->elementwise && v->op != NBI_OP_IDENTITY && v->op != NBI_OP_STOP_GRADIENT &&
+           v->n_in >= 1 && v->n_in <= 3;
+}
+
+nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
+    nb_var **map = NULL;
+    nb_status st = nbi_pass_begin(ctx, in, out, &map, "fuse");
+    if (st != NB_OK) {
+        return st;
+    }
+    int32_t n = in->n_nodes;
+    int32_t *uses = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
+    int32_t *root = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
+    int32_t *size = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
+    if (uses == NULL || root == NULL || size == NULL) {
+        return nbi_err(ctx, NB_ERR_OOM, "fuse: out of memory");
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = in->nodes[i];
+        for (int32_t j = 0; j < v->n_in; j++) {
+            uses[v->in[j]->id]++;
+        }
+        root[i] = -1;
+    }
+    for (int32_t i = 0; i < in->n_outputs; i++) {
+        uses[in->outputs[i]->id] += 2; /* an output is used outside: never a member */
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = in->nodes[i];
+        if (!nbi_fusible(v)) {
+            continue;
+        }
+        root[i] = i;
+        size[i] = 1;
+        for (int32_t j = 0; j < v->n_in; j++) {
+            const nb_var *u = v->in[j];
+            int32_t r = root[u->id];
+            bool same_shape = u->rank == v->rank;
+            for (int d = 0; same_shape && d < v->rank; d++) {
+                same_shape = u->shape[d] == v->shape[d];
+            }
+            /* dtypes may differ (casts, comparisons); shapes may not */
+            if (r < 0 || uses[u->id] != 1 || !same_shape ||
+                size[r] + size[i] > NBI_FUSE_MAX_INSTR) {
+                continue;
+            }
+            /* merge u's cluster (all of its members precede u) into v's */
+            for (int32_t m = 0; m <= u->id; m++) {
+                if (root[m] == r) {
+                    root[m] = i;
+                }
+            }
+            size[i] += size[r];
+        }
+    }
+    int32_t k = 0;
+    int32_t *members = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
+    if (members == NULL) {
+        return nbi_err(ctx, NB_ERR_OOM, "fuse: out of memory");
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = in->nodes[i];
+        bool fused_root = root[i] == i && size[i] >= 2;
+        if (root[i] >= 0 && root[i] != i && size[root[i]] >= 2) {
+            continue; /* a member: replayed inside its root's program */
+        }
+        if (!fused_root) {
+            map[i] = nbi_copy_node(out, v, map);
+            if (map[i] == NULL) {
+                return nbi_err(ctx, NB_ERR_OOM, "fuse: out of memory");
+            }
+            if (v->op == NBI_OP_PARAM) {
+                out->inputs[k++] = map[i];
+            }
+            continue;
+        }
+        /* the members in order, and their external inputs */
+        int32_t nm = 0;
+        for (int32_t m = 0; m <= i; m++) {
+            if (root[m] == i) {
+                members[nm++] = m;
+            }
+        }
+        nbi_fprog *prog = nbi_arena_alloc(in->arena, sizeof(nbi_fprog));
+        nb_var *ext[NBI_FUSE_MAX_EXT];
+        int32_t n_ext = 0;
+        bool ok = prog != NULL;
+        for (int32_t a = 0; ok && a < nm; a++) {
+            const nb_var *m = in->nodes[members[a]];
+            nbi_finstr *fi = &prog->ins[a];
+            fi->op = m->op;
+            fi->n_in = (uint8_t)m->n_in;
+            fi->dtype = m->dtype;
+            fi->in_dtype = m->in[0]->dtype;
+            for (int32_t j = 0; j < m->n_in; j++) {
+                const nb_var *src = m->in[j];
+                int32_t reg = -1;
+                for (int32_t b = 0; b < a; b++) {
+                    if (members[b] == src->id) {
+                        reg = b;
+                    }
+                }
+                if (reg >= 0) {
+                    fi->src[j] = (int16_t)reg;
+                    continue;
+                }
+                nb_var *mapped = map[src->id];
+                int32_t e = 0;
+                while (e < n_ext && ext[e] != mapped) {
+                    e++;
+                }
+                if (e == n_ext) {
+                    if (n_ext == NBI_FUSE_MAX_EXT) {
+                        ok = false;
+                        break;
+                    }
+                    ext[n_ext++] = mapped;
+                }
+                fi->src[j] = (int16_t)(-e - 1);
+            }
+        }
+        if (!ok) {
+            return nbi_err(ctx, prog == NULL ? NB_ERR_OOM : NB_ERR_INTERNAL, "fuse: %s",
+                           prog == NULL ? "out of memory" : "too many inputs");
+        }
+        prog->n_instr = nm;
+        prog->n_ext = n_ext;
+        nb_var proto;
+        memset(&proto, 0, sizeof proto);
+        proto.op = NBI_OP_FUSED;
+        proto.dtype = v->dtype;
+        proto.rank = v->rank;
+        memcpy(proto.shape, v->shape, sizeof proto.shape);
+        proto.size = v->size;
+        proto.n_in = n_ext;
+        proto.in = ext;
+        proto.at.callee = prog;
+        map[i] = nbi_graph_add(out, &proto);
+        if (map[i] == NULL) {
+            return nbi_err(ctx, NB_ERR_OOM, "fuse: out of memory");
+        }
+    }
+    return nbi_pass_end(ctx, in, out, map, "fuse");
+}
+
 nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
-    nbi_graph a, b, c;
+    nbi_graph a, b, c, d, e2;
     nb_status st = nbi_graph_verify(ctx, in, "trace");
     if (st == NB_OK) {
         st = nbi_pass_fold(ctx, in, &a);
@@ -527,7 +680,13 @@ nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         st = nbi_pass_cse(ctx, &b, &c);
     }
     if (st == NB_OK) {
-        st = nbi_pass_dce(ctx, &c, out);
+        st = nbi_pass_dce(ctx, &c, &d); /* dead nodes must not block fusion by their uses */
+    }
+    if (st == NB_OK) {
+        st = nbi_pass_fuse(ctx, &d, &e2);
+    }
+    if (st == NB_OK) {
+        st = nbi_pass_dce(ctx, &e2, out);
     }
     return st;
 }

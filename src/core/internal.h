@@ -207,7 +207,8 @@ NBI_HIDDEN void nbi_fn_free_owned(nb_fn *f);
 
 /* ---- the thread pool (pool.c) ------------------------------------------------------- */
 typedef struct nbi_pool nbi_pool;
-typedef void (*nbi_task_fn)(void *ud, int64_t task);
+/* worker: 0 for the calling thread, 1..threads-1 for the pool's (per-thread scratch). */
+typedef void (*nbi_task_fn)(void *ud, int64_t task, int worker);
 NBI_HIDDEN nb_status nbi_pool_create(nb_ctx *ctx, int n_threads, nbi_pool **out);
 NBI_HIDDEN void nbi_pool_destroy(nbi_pool *p);
 /* Run fn(ud, t) for t in [0, n_tasks) on the pool's threads and the caller; returns when

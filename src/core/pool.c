@@ -24,6 +24,7 @@ struct nbi_pool {
     int n_workers;   /* threads besides the caller that were started */
     int cap_threads; /* entries allocated in threads */
     pthread_t *threads;
+    struct nbi_worker_arg *args; /* one per thread, inside the threads allocation */
     pthread_mutex_t mu;
     pthread_cond_t wake;
     int sleepers;                    /* workers waiting on wake (under mu) */
@@ -47,18 +48,25 @@ static inline void nbi_cpu_relax(void) {
 #endif
 }
 
-static void nbi_pool_drain(nbi_pool *p) {
+static void nbi_pool_drain(nbi_pool *p, int worker) {
     for (;;) {
         int64_t t = (int64_t)atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
         if (t >= p->n_tasks) {
             return;
         }
-        p->fn(p->ud, t);
+        p->fn(p->ud, t, worker);
     }
 }
 
+typedef struct nbi_worker_arg {
+    nbi_pool *pool;
+    int index;
+} nbi_worker_arg;
+
 static void *nbi_pool_worker(void *arg) {
-    nbi_pool *p = arg;
+    nbi_worker_arg *wa = arg;
+    nbi_pool *p = wa->pool;
+    int index = wa->index;
     uint64_t seen = 0;
     for (;;) {
         uint64_t g = atomic_load_explicit(&p->generation, memory_order_acquire);
@@ -80,7 +88,7 @@ static void *nbi_pool_worker(void *arg) {
             return NULL;
         }
         seen = g;
-        nbi_pool_drain(p);
+        nbi_pool_drain(p, index);
         atomic_fetch_sub_explicit(&p->busy, 1, memory_order_release);
     }
 }
@@ -96,11 +104,13 @@ nb_status nbi_pool_create(nb_ctx *ctx, int n_threads, nbi_pool **out) {
     int want = n_threads > 1 ? n_threads - 1 : 0;
     p->cap_threads = want;
     if (want > 0) {
-        p->threads = nbi_alloc(ctx, (size_t)want * sizeof(pthread_t), 8);
+        p->threads =
+            nbi_alloc(ctx, (size_t)want * (sizeof(pthread_t) + sizeof(nbi_worker_arg)), 16);
         if (p->threads == NULL) {
             nbi_free(ctx, p, sizeof *p);
             return nbi_oom(ctx, "thread pool", (size_t)want * sizeof(pthread_t));
         }
+        p->args = (nbi_worker_arg *)(p->threads + want);
     }
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
@@ -109,7 +119,10 @@ nb_status nbi_pool_create(nb_ctx *ctx, int n_threads, nbi_pool **out) {
     atomic_init(&p->next, 0);
     atomic_init(&p->busy, 0);
     for (int i = 0; i < want; i++) {
-        if (pthread_create(&p->threads[p->n_workers], NULL, nbi_pool_worker, p) != 0) {
+        p->args[p->n_workers].pool = p;
+        p->args[p->n_workers].index = p->n_workers + 1;
+        if (pthread_create(&p->threads[p->n_workers], NULL, nbi_pool_worker,
+                           &p->args[p->n_workers]) != 0) {
             nbi_log(ctx, NB_LOG_LEVEL_WARN,
                     "thread pool: started %d of %d worker threads (the system refused more); "
                     "results are unchanged, only slower",
@@ -137,7 +150,8 @@ void nbi_pool_destroy(nbi_pool *p) {
     pthread_mutex_destroy(&p->mu);
     nb_ctx *ctx = p->ctx;
     if (p->threads != NULL) {
-        nbi_free(ctx, p->threads, (size_t)p->cap_threads * sizeof(pthread_t));
+        nbi_free(ctx, p->threads,
+                 (size_t)p->cap_threads * (sizeof(pthread_t) + sizeof(nbi_worker_arg)));
     }
     nbi_free(ctx, p, sizeof *p);
 }
@@ -145,7 +159,7 @@ void nbi_pool_destroy(nbi_pool *p) {
 void nbi_pool_run(nbi_pool *p, int64_t n_tasks, nbi_task_fn fn, void *ud) {
     if (p == NULL || p->n_workers == 0 || n_tasks <= 1) {
         for (int64_t t = 0; t < n_tasks; t++) {
-            fn(ud, t);
+            fn(ud, t, 0);
         }
         return;
     }
@@ -160,7 +174,7 @@ void nbi_pool_run(nbi_pool *p, int64_t n_tasks, nbi_task_fn fn, void *ud) {
         pthread_cond_broadcast(&p->wake);
     }
     pthread_mutex_unlock(&p->mu);
-    nbi_pool_drain(p); /* the caller works too */
+    nbi_pool_drain(p, 0); /* the caller works too */
     for (unsigned i = 0; atomic_load_explicit(&p->busy, memory_order_acquire) > 0; i++) {
         if (i < NBI_SPIN) {
             nbi_cpu_relax();

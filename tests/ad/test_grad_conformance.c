@@ -94,6 +94,8 @@ static const struct {
     {NBI_OP_ARGMAX, "integer output (argmax-scaled case checks it carries nothing)"},
     {NBI_OP_ARGMIN, "integer output"},
     {NBI_OP_ONE_HOT, "its only input is integer indices (one_hot case checks a null cotangent)"},
+    {NBI_OP_FUSED, "made by the fusion pass after autodiff: gradients are taken of the "
+                   "unfused ops"},
 };
 
 /* ---- cases -------------------------------------------------------------------------- */

@@ -199,10 +199,91 @@ static void test_algebraic_simplification(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* A long elementwise chain with broadcast inputs: fused into one node, and bit-identical to
+ * the unfused evaluation (the same function with its inputs as constants is folded node by
+ * node at compile time), with several chunks, tiles and threads. */
+static bool g_consts;
+static nb_array *g_in[4];
+
+static nb_status body_chain(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *v[4];
+    for (int i = 0; i < 4; i++) {
+        v[i] = g_consts ? nb_constant(tr, g_in[i]) : nb_get(tr, args, "[%d]", i);
+    }
+    nb_var *x = v[0], *a = v[1], *b = v[2], *c = v[3];
+    nb_var *y = nb_mul(nb_tanh(nb_add(nb_mul(x, a), b)), c); /* tanh(x*a + b) * c */
+    y = nb_add(y, nb_sigmoid(x));
+    y = nb_sub(y, nb_exp(nb_neg(nb_square(x))));
+    y = nb_select(nb_gt(x, nb_scalar(tr, 0.5)), y, nb_gelu(y));
+    y = nb_add(y, nb_cast(nb_cast(x, NB_DTYPE_F64), NB_DTYPE_F32));
+    return nb_return(y, out);
+}
+
+static void test_fusion_is_bit_identical(void **state) {
+    (void)state;
+    nb_ctx_opts o = nb_ctx_opts_default();
+    o.n_threads = 2;
+    nb_ctx *ctx = NULL;
+    NBT_OK(NULL, nb_ctx_create(&o, &ctx));
+    int64_t rows = 37, cols = 1500; /* 55500 elements: several chunks and tiles */
+    NBT_OK(ctx, nb_array_linspace(ctx, NB_DTYPE_F32, -3, 3, rows * cols, &g_in[0]));
+    nb_array *xr = NULL;
+    NBT_OK(ctx, nb_array_reshape(g_in[0], 2, (int64_t[]){rows, cols}, &xr));
+    nb_array_destroy(g_in[0]);
+    g_in[0] = xr;
+    NBT_OK(ctx, nb_array_linspace(ctx, NB_DTYPE_F32, 0.5, 2, cols, &g_in[1])); /* [cols] */
+    NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 2, (int64_t[]){rows, 1}, 0.25, &g_in[2]));
+    NBT_OK(ctx, nb_array_scalar(ctx, NB_DTYPE_F32, -1.5, &g_in[3]));
+    nb_tree *leaves[4], *args = NULL, *empty = NULL, *out1 = NULL, *out2 = NULL;
+    for (int i = 0; i < 4; i++) {
+        NBT_OK(ctx, nb_tree_array(g_in[i], &leaves[i]));
+    }
+    NBT_OK(ctx, nb_tree_tuple(ctx, 4, leaves, &args));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 0, NULL, &empty));
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "chain", body_chain, NULL, &f));
+    g_consts = false;
+    static char ir[16384];
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+    /* y is used twice (select and gelu), so the chain fuses into exactly two nodes and no
+     * elementwise op is left on its own */
+    const char *fz = strstr(ir, "= fused");
+    const char *alone[] = {"] = tanh", "] = gelu", "] = sigmoid", "] = select", "] = cast",
+                           "] = exp",  "] = add",  "] = mul"}; /* node lines, not programs */
+    bool ok = fz != NULL && strstr(fz + 1, "= fused") != NULL &&
+              strstr(strstr(fz + 1, "= fused") + 1, "= fused") == NULL;
+    for (size_t i = 0; ok && i < sizeof alone / sizeof alone[0]; i++) {
+        ok = strstr(ir, alone[i]) == NULL;
+    }
+    if (!ok) {
+        fail_msg("expected the chain in two fused nodes:\n%s", ir);
+    }
+    NBT_OK(ctx, nb_fn_call(f, args, &out1));
+    nb_ctx_clear_cache(ctx);
+    g_consts = true; /* folded at compile time: every op over the whole array, unfused */
+    NBT_OK(ctx, nb_fn_call(f, empty, &out2));
+    bool same = false;
+    NBT_OK(ctx, nb_array_identical(nb_tree_get_array(out1), nb_tree_get_array(out2), &same));
+    NBT_TRUE(same);
+    nb_tree_destroy(out2);
+    nb_tree_destroy(out1);
+    nb_fn_destroy(f);
+    nb_tree_destroy(empty);
+    nb_tree_destroy(args);
+    for (int i = 0; i < 4; i++) {
+        nb_tree_destroy(leaves[i]);
+        nb_array_destroy(g_in[i]);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transpose_into_matmul),
         cmocka_unit_test(test_algebraic_simplification),
+        cmocka_unit_test(test_fusion_is_bit_identical),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

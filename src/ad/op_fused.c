@@ -1,0 +1,140 @@
+/*
+ * op_fused.c -- fused elementwise programs: one pass over memory for a chain of
+ * elementwise ops (made by the fusion pass, passes.c).
+ *
+ * The output is walked in chunks of NBI_FUSE_CHUNK elements (fixed by the shape, split
+ * across threads) and, within a chunk, in tiles of NBI_FUSE_TILE elements that stay in
+ * cache: each external input is read straight from memory when it has the output's shape,
+ * or gathered through broadcast strides into a tile; each instruction then runs the op's
+ * own per-element code (nbi_ew_tile) on tiles, and the last one writes into the output.
+ * Every element is computed by the same code on the same values as without fusion, so
+ * results are bit-identical to the unfused program and for any thread count.
+ */
+#include "ad/ir.h"
+
+#include <string.h>
+
+#define NBI_FUSE_TILE 1024
+#define NBI_FUSE_CHUNK 16384
+
+static size_t nbi_fused_worker_bytes(const nb_var *node) {
+    const nbi_fprog *p = node->at.callee;
+    return (size_t)(p->n_instr + p->n_ext) * NBI_FUSE_TILE * 8 + 64;
+}
+
+typedef struct nbi_fused_job {
+    const nbi_kargs *k;
+    const nbi_fprog *p;
+    size_t worker_bytes;
+    int64_t strides[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
+    bool direct[NBI_FUSE_MAX_EXT]; /* the input has the output's shape: read it in place */
+} nbi_fused_job;
+
+/* Gather elements [first, first+n) of the output's index space from broadcast input x. */
+static void nbi_fused_gather(const nb_var *node, const int64_t *st, const void *x, size_t es,
+                             int64_t first, int64_t n, unsigned char *dst) {
+    int r = node->rank;
+    int64_t idx[NB_MAX_RANK], off = 0, rest = first;
+    for (int d = r - 1; d >= 0; d--) {
+        idx[d] = rest % node->shape[d];
+        rest /= node->shape[d];
+        off += idx[d] * st[d];
+    }
+    const unsigned char *src = x;
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(dst + (size_t)i * es, src + (size_t)off * es, es);
+        for (int d = r - 1; d >= 0; d--) {
+            off += st[d];
+            if (++idx[d] < node->shape[d]) {
+                break;
+            }
+            off -= st[d] * node->shape[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) {
+    const nbi_fused_job *j = ud;
+    const nbi_kargs *k = j->k;
+    const nb_var *node = k->node;
+    const nbi_fprog *p = j->p;
+    unsigned char *base = (unsigned char *)k->scratch + (size_t)worker * j->worker_bytes;
+    base = (unsigned char *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
+    size_t tile_bytes = (size_t)NBI_FUSE_TILE * 8;
+    size_t es_out = nb_dtype_size(node->dtype);
+    const void *ext[NBI_FUSE_MAX_EXT];
+    void *reg[NBI_FUSE_MAX_INSTR];
+    for (int32_t i = 0; i < p->n_instr; i++) {
+        reg[i] = base + (size_t)(p->n_ext + i) * tile_bytes;
+    }
+    for (int64_t t0 = first; t0 < first + count; t0 += NBI_FUSE_TILE) {
+        int64_t n = first + count - t0 < NBI_FUSE_TILE ? first + count - t0 : NBI_FUSE_TILE;
+        for (int32_t e = 0; e < p->n_ext; e++) {
+            const nb_var *x = node->in[e];
+            size_t es = nb_dtype_size(x->dtype);
+            if (j->direct[e]) {
+                ext[e] = (const unsigned char *)k->in[e] + (size_t)t0 * es;
+            } else {
+                unsigned char *dst = base + (size_t)e * tile_bytes;
+                nbi_fused_gather(node, j->strides[e], k->in[e], es, t0, n, dst);
+                ext[e] = dst;
+            }
+        }
+        for (int32_t i = 0; i < p->n_instr; i++) {
+            const nbi_finstr *in = &p->ins[i];
+            const void *ops[3];
+            for (int a = 0; a < in->n_in; a++) {
+                ops[a] = in->src[a] >= 0 ? reg[in->src[a]] : ext[-in->src[a] - 1];
+            }
+            void *dst =
+                i == p->n_instr - 1 ? (unsigned char *)k->out + (size_t)t0 * es_out : reg[i];
+            nbi_ew_tile((nbi_op)in->op, in->dtype, in->in_dtype, in->n_in, dst, ops, n);
+        }
+    }
+}
+
+static void nbi_k_fused(const nbi_kargs *k) {
+    const nb_var *node = k->node;
+    nbi_fused_job j;
+    memset(&j, 0, sizeof j);
+    j.k = k;
+    j.p = node->at.callee;
+    j.worker_bytes = (nbi_fused_worker_bytes(node) + 63) / 64 * 64;
+    for (int32_t e = 0; e < j.p->n_ext; e++) {
+        const nb_var *x = node->in[e];
+        bool same = x->rank == node->rank;
+        for (int d = 0; same && d < x->rank; d++) {
+            same = x->shape[d] == node->shape[d];
+        }
+        j.direct[e] = same;
+        nbi_bcast_strides(x->rank, x->shape, node->rank, node->shape, j.strides[e]);
+    }
+    nbi_par_range(k->pool, node->size, NBI_FUSE_CHUNK, nbi_fused_range, &j);
+}
+
+/* The output: the broadcast of the external inputs' shapes, the last instruction's dtype. */
+static nb_status nbi_infer_fused(nb_trace *tr, nb_var *p) {
+    const nbi_fprog *prog = p->at.callee;
+    int r = 0;
+    int64_t shape[NB_MAX_RANK] = {0};
+    for (int32_t e = 0; e < p->n_in; e++) {
+        int r2;
+        int64_t s2[NB_MAX_RANK];
+        if (!nbi_broadcast_shapes(r, shape, p->in[e]->rank, p->in[e]->shape, &r2, s2)) {
+            return nbi_trace_err(tr, NB_ERR_INTERNAL, "fused: inputs do not broadcast");
+        }
+        r = r2;
+        memcpy(shape, s2, sizeof shape);
+    }
+    p->rank = (int8_t)r;
+    memcpy(p->shape, shape, sizeof shape);
+    p->dtype = prog->ins[prog->n_instr - 1].dtype;
+    return NB_OK;
+}
+
+const nbi_op_info nbi_opinfo_fused = {.name = "fused",
+                                      .n_in = -1,
+                                      .infer = nbi_infer_fused,
+                                      .kernel = nbi_k_fused,
+                                      .scratch = nbi_fused_worker_bytes};
