@@ -7,9 +7,13 @@
  * last use and is handed to a later value of at most its size (best fit), so the
  * workspace is close to the peak of live bytes rather than their sum. Parameters are read
  * straight from the caller's arrays. Every graph output gets its own workspace value (a
- * copy when the output is a parameter), so that outputs are written only after all
- * kernels have run -- which is what makes donated inputs safe to overwrite.
- * Running allocates nothing.
+ * copy when the output is a parameter). At run time the kernel that makes an output
+ * writes it straight into the caller's array, and later kernels read it there, unless
+ * the array is a donated input that is still to be read: then the output is made in its
+ * workspace slot and copied out after all kernels have run. (An elementwise kernel may
+ * overwrite the input it reads at the same index, so an output may take the buffer of an
+ * input last read by the kernel that makes it.) The slots of outputs written in place are
+ * never touched, so their pages are never faulted in. Running allocates nothing.
  */
 #include "ad/ir.h"
 
@@ -32,7 +36,13 @@ struct nbi_exec {
     nbi_instr *instrs;
     int32_t n_inputs;
     int32_t n_outputs;
-    int32_t *outputs; /* node index of each output (always a workspace value) */
+    int32_t *outputs;    /* node index of each output (always a workspace value) */
+    int32_t *out_instr;  /* per output: the instruction that makes it */
+    int32_t *out_first;  /* per output: the first output with the same node */
+    int32_t *out_of;     /* per node: the first output it is, or -1 */
+    int32_t *param_last; /* per input: the last instruction reading it, or -1 */
+    int32_t *param_node; /* per input: its PARAM node, or -1 */
+    bool *out_direct;    /* per output, per run: written into the caller's buffer (in ws) */
     int32_t max_in;
     size_t ws_bytes;    /* planned values */
     size_t scratch_off; /* kernel scratch, after the values */
@@ -143,7 +153,9 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
                    nbi_round64((size_t)n * sizeof(int32_t)) +
                    nbi_round64((size_t)n * sizeof(nbi_instr)) +
                    nbi_round64((size_t)total_in * sizeof(int32_t)) +
-                   nbi_round64((size_t)(g->n_outputs + 1) * sizeof(int32_t)) +
+                   nbi_round64((size_t)(g->n_outputs + 1) * sizeof(int32_t)) * 3 +
+                   nbi_round64((size_t)n * sizeof(int32_t)) /* out_of */ +
+                   nbi_round64((size_t)(g->n_inputs + 1) * sizeof(int32_t)) * 2 +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* last use */ +
                    nbi_round64((size_t)(n + 1) * sizeof(nbi_block)) +
                    nbi_round64((size_t)n_fused * sizeof(nbi_fprog));
@@ -166,6 +178,11 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     e->instrs = nbi_carve(&p, (size_t)n * sizeof(nbi_instr));
     int32_t *instr_in = nbi_carve(&p, (size_t)total_in * sizeof(int32_t));
     e->outputs = nbi_carve(&p, (size_t)(g->n_outputs + 1) * sizeof(int32_t));
+    e->out_instr = nbi_carve(&p, (size_t)(g->n_outputs + 1) * sizeof(int32_t));
+    e->out_first = nbi_carve(&p, (size_t)(g->n_outputs + 1) * sizeof(int32_t));
+    e->out_of = nbi_carve(&p, (size_t)n * sizeof(int32_t));
+    e->param_last = nbi_carve(&p, (size_t)(g->n_inputs + 1) * sizeof(int32_t));
+    e->param_node = nbi_carve(&p, (size_t)(g->n_inputs + 1) * sizeof(int32_t));
     int32_t *last_use = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     nbi_block *free_blocks = nbi_carve(&p, (size_t)(n + 1) * sizeof(nbi_block));
     nbi_fprog *progs = nbi_carve(&p, (size_t)n_fused * sizeof(nbi_fprog));
@@ -244,6 +261,37 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
         n_instr++;
     }
     e->n_instrs = n_instr;
+    for (int32_t i = 0; i < g->n_inputs; i++) {
+        e->param_last[i] = -1;
+        e->param_node[i] = -1;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        e->out_of[i] = -1;
+        if (e->param_of[i] >= 0) {
+            e->param_last[e->param_of[i]] = last_use[i];
+            e->param_node[e->param_of[i]] = i;
+        }
+    }
+    for (int32_t t = 0; t < n_instr; t++) {
+        if (e->out_of[e->instrs[t].node] == -1) {
+            e->out_of[e->instrs[t].node] = -2 - t; /* the producing instruction, for now */
+        }
+    }
+    for (int32_t i = 0; i < g->n_outputs; i++) {
+        int32_t o = e->outputs[i];
+        if (e->out_of[o] <= -2) {
+            e->out_instr[i] = -2 - e->out_of[o];
+            e->out_of[o] = i;
+        } else {
+            e->out_instr[i] = e->out_instr[e->out_of[o]];
+        }
+        e->out_first[i] = e->out_of[o];
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (e->out_of[i] < 0) {
+            e->out_of[i] = -1;
+        }
+    }
     for (int32_t i = 0; i < g->n_outputs; i++) {
         last_use[e->outputs[i]] = n_instr; /* live to the end */
     }
@@ -293,7 +341,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     size_t ptr_bytes = nbi_round64((size_t)e->max_in * sizeof(void *));
     size_t io_in_bytes = nbi_round64((size_t)(e->n_inputs + 1) * sizeof(void *));
     size_t io_out_bytes = nbi_round64((size_t)(e->n_outputs + 1) * sizeof(void *));
-    e->ws_alloc = e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes;
+    size_t direct_bytes = nbi_round64((size_t)(e->n_outputs + 1) * sizeof(bool));
+    e->ws_alloc = e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes + direct_bytes;
     e->ws = nbi_alloc(ctx, e->ws_alloc, 64);
     if (e->ws == NULL) {
         size_t want = e->ws_alloc;
@@ -303,6 +352,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     e->in_ptrs = (const void **)(e->ws + e->ws_bytes + scratch);
     e->io_in = (const void **)(e->ws + e->ws_bytes + scratch + ptr_bytes);
     e->io_out = (void **)(e->ws + e->ws_bytes + scratch + ptr_bytes + io_in_bytes);
+    e->out_direct =
+        (bool *)(e->ws + e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes);
     *out = e;
     return NB_OK;
 }
@@ -327,18 +378,65 @@ void nbi_exec_destroy(nbi_exec *e) {
 
 /* ---- run ---------------------------------------------------------------------------- */
 
+/* May the kernel of instruction t, which makes output node o, write into the buffer of
+ * the input node x it reads? Only where it reads each element before writing it, at the
+ * same index: an elementwise map (or fused chain) of x's own shape and element size. */
+static bool nbi_inplace_ok(const nb_var *o, const nb_var *x) {
+    const nbi_op_info *info = nbi_op_get((nbi_op)o->op);
+    bool map = o->op == NBI_OP_FUSED ||
+               (info->elementwise && o->op != NBI_OP_IDENTITY && o->op != NBI_OP_STOP_GRADIENT);
+    if (!map || x->rank != o->rank || nb_dtype_size(x->dtype) != nb_dtype_size(o->dtype)) {
+        return false;
+    }
+    for (int d = 0; d < o->rank; d++) {
+        if (x->shape[d] != o->shape[d]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Decide, for this run, which outputs are written straight into the caller's buffers. */
+static void nbi_plan_outputs(const nbi_exec *e, const void *const *inputs, void *const *outputs) {
+    for (int32_t i = 0; i < e->n_outputs; i++) {
+        bool ok = e->out_first[i] == i;
+        const nb_var *o = &e->nodes[e->outputs[i]];
+        const unsigned char *ob = outputs[i];
+        size_t obytes = (size_t)o->size * nb_dtype_size(o->dtype);
+        for (int32_t p = 0; ok && p < e->n_inputs; p++) {
+            if (e->param_node[p] < 0 || e->param_last[p] < e->out_instr[i]) {
+                continue; /* unused, or read only before the output is made */
+            }
+            const nb_var *x = &e->nodes[e->param_node[p]];
+            const unsigned char *xb = inputs[p];
+            size_t xbytes = (size_t)x->size * nb_dtype_size(x->dtype);
+            if (obytes == 0 || xbytes == 0 || xb + xbytes <= ob || ob + obytes <= xb) {
+                continue; /* no overlap */
+            }
+            /* overlaps an input still to be read: only the making kernel itself may read
+             * it, at the same index */
+            ok = xb == ob && e->param_last[p] == e->out_instr[i] && nbi_inplace_ok(o, x);
+        }
+        e->out_direct[i] = ok;
+    }
+}
+
 void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const *outputs) {
     unsigned char *ws = e->ws;
+    nbi_plan_outputs(e, inputs, outputs);
     for (int32_t t = 0; t < e->n_instrs; t++) {
         const nbi_instr *ins = &e->instrs[t];
         const nb_var *v = &e->nodes[ins->node];
         for (int32_t j = 0; j < ins->n_in; j++) {
-            int32_t src = ins->in[j];
-            e->in_ptrs[j] = e->param_of[src] >= 0 ? inputs[e->param_of[src]]
-                                                  : (const void *)(ws + e->offset[src]);
+            int32_t src = ins->in[j], oi = e->out_of[src];
+            e->in_ptrs[j] = e->param_of[src] >= 0          ? inputs[e->param_of[src]]
+                            : oi >= 0 && e->out_direct[oi] ? (const void *)outputs[oi]
+                                                           : (const void *)(ws + e->offset[src]);
         }
+        int32_t oi = e->out_of[ins->node];
         nbi_kargs k = {.node = v,
-                       .out = ws + e->offset[ins->node],
+                       .out = oi >= 0 && e->out_direct[oi] ? outputs[oi]
+                                                           : (void *)(ws + e->offset[ins->node]),
                        .in = e->in_ptrs,
                        .scratch = ws + e->scratch_off,
                        .pool = e->pool,
@@ -348,8 +446,10 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
     for (int32_t i = 0; i < e->n_outputs; i++) {
         const nb_var *o = &e->nodes[e->outputs[i]];
         size_t nbytes = (size_t)o->size * nb_dtype_size(o->dtype);
-        if (nbytes > 0) {
-            memcpy(outputs[i], ws + e->offset[e->outputs[i]], nbytes);
+        int32_t f = e->out_first[i];
+        if (nbytes > 0 && !e->out_direct[i]) {
+            memcpy(outputs[i], e->out_direct[f] ? outputs[f] : ws + e->offset[e->outputs[i]],
+                   nbytes);
         }
     }
 }

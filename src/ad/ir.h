@@ -223,11 +223,12 @@ NBI_HIDDEN int64_t nbi_shape_size(int rank, const int64_t *shape);
 NBI_HIDDEN bool nbi_norm_axis(int axis, int rank, int *out);
 
 /* Evaluate elementwise op (result dtype, first input's dtype in_dtype, n_in inputs) on n
- * contiguous elements: in[i] holds n elements (broadcasting already done by the caller).
+ * contiguous elements: in[i] holds n elements, or one value repeated when scalar[i] (for
+ * binary ops and select; unary operands are always full).
  * The same per-element code as the op's own kernel, so a fused evaluation gives the same
  * bits. (op_elementwise.c) */
 NBI_HIDDEN void nbi_ew_tile(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in, void *out,
-                            const void *const *in, int64_t n);
+                            const void *const *in, const bool *scalar, int64_t n);
 
 /* A fused elementwise program (op_fused.c): plain data, copied by value. Instruction i
  * computes register i from operands src[] (>= 0: register, < 0: external input -src-1);

@@ -858,7 +858,7 @@ static void nbi_k_select(const nbi_kargs *k) {
 /* ---- one op over a tile (for fused kernels) ------------------------------------------ */
 
 void nbi_ew_tile(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in, void *out,
-                 const void *const *in, int64_t n) {
+                 const void *const *in, const bool *scalar, int64_t n) {
     if (n_in == 1) {
         if (op == NBI_OP_CAST) {
             nbi_cast_kernel(in_dtype, dtype, out, in[0], n);
@@ -891,13 +891,16 @@ void nbi_ew_tile(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in, void *o
     if (op == NBI_OP_SELECT) {
         const uint8_t *c = in[0];
         size_t es = nb_dtype_size(dtype);
+        int64_t s0 = scalar[0] ? 0 : 1, s1 = scalar[1] ? 0 : 1, s2 = scalar[2] ? 0 : 1;
         for (int64_t i = 0; i < n; i++) {
             memcpy((unsigned char *)out + (size_t)i * es,
-                   (const unsigned char *)(c[i] ? in[1] : in[2]) + (size_t)i * es, es);
+                   c[i * s0] ? (const unsigned char *)in[1] + (size_t)(i * s1) * es
+                             : (const unsigned char *)in[2] + (size_t)(i * s2) * es,
+                   es);
         }
         return;
     }
-    nbi_bin_fn_of(op, in_dtype)(out, in[0], in[1], n, 1, 1);
+    nbi_bin_fn_of(op, in_dtype)(out, in[0], in[1], n, scalar[0] ? 0 : 1, scalar[1] ? 0 : 1);
 }
 
 /* ---- VJP and JVP rules ---------------------------------------------------------------

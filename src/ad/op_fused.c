@@ -16,10 +16,14 @@
 
 #define NBI_FUSE_TILE 1024
 #define NBI_FUSE_CHUNK 16384
+/* Tiles are spaced a little more than a power of two apart: when a kernel loads from one
+ * tile and stores to another at the same offset modulo 4 KiB, the CPU takes the store for
+ * a possible overwrite of the load (4K aliasing) and stalls. */
+#define NBI_FUSE_TILE_BYTES ((size_t)NBI_FUSE_TILE * 8 + 192)
 
 static size_t nbi_fused_worker_bytes(const nb_var *node) {
     const nbi_fprog *p = node->at.callee;
-    return (size_t)(p->n_instr + p->n_ext) * NBI_FUSE_TILE * 8 + 64;
+    return (size_t)(p->n_instr + p->n_ext) * NBI_FUSE_TILE_BYTES + 64;
 }
 
 typedef struct nbi_fused_job {
@@ -28,9 +32,12 @@ typedef struct nbi_fused_job {
     size_t worker_bytes;
     int64_t strides[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
     bool direct[NBI_FUSE_MAX_EXT]; /* the input has the output's shape: read it in place */
+    bool scalar[NBI_FUSE_MAX_EXT]; /* one element, only read by binary ops/select: stride 0 */
 } nbi_fused_job;
 
-/* Gather elements [first, first+n) of the output's index space from broadcast input x. */
+/* Gather elements [first, first+n) of the output's index space from broadcast input x,
+ * a run along the innermost dimension at a time: a copy where it has stride 1, a fill
+ * where it is broadcast (stride 0). */
 static void nbi_fused_gather(const nb_var *node, const int64_t *st, const void *x, size_t es,
                              int64_t first, int64_t n, unsigned char *dst) {
     int r = node->rank;
@@ -41,9 +48,34 @@ static void nbi_fused_gather(const nb_var *node, const int64_t *st, const void *
         off += idx[d] * st[d];
     }
     const unsigned char *src = x;
-    for (int64_t i = 0; i < n; i++) {
-        memcpy(dst + (size_t)i * es, src + (size_t)off * es, es);
-        for (int d = r - 1; d >= 0; d--) {
+    int64_t inner = node->shape[r - 1], ist = st[r - 1];
+    for (int64_t i = 0; i < n;) {
+        int64_t run = inner - idx[r - 1];
+        if (run > n - i) {
+            run = n - i;
+        }
+        unsigned char *o = dst + (size_t)i * es;
+        const unsigned char *s0 = src + (size_t)off * es;
+        if (ist == 1) {
+            memcpy(o, s0, (size_t)run * es);
+        } else if (ist == 0) {
+            for (int64_t t = 0; t < run; t++) {
+                memcpy(o + (size_t)t * es, s0, es);
+            }
+        } else {
+            for (int64_t t = 0; t < run; t++) {
+                memcpy(o + (size_t)t * es, s0 + (size_t)(t * ist) * es, es);
+            }
+        }
+        i += run;
+        off += run * ist;
+        idx[r - 1] += run;
+        if (idx[r - 1] < inner) {
+            break; /* n exhausted mid-row */
+        }
+        off -= inner * ist;
+        idx[r - 1] = 0;
+        for (int d = r - 2; d >= 0; d--) {
             off += st[d];
             if (++idx[d] < node->shape[d]) {
                 break;
@@ -61,7 +93,7 @@ static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) 
     const nbi_fprog *p = j->p;
     unsigned char *base = (unsigned char *)k->scratch + (size_t)worker * j->worker_bytes;
     base = (unsigned char *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
-    size_t tile_bytes = (size_t)NBI_FUSE_TILE * 8;
+    size_t tile_bytes = NBI_FUSE_TILE_BYTES;
     size_t es_out = nb_dtype_size(node->dtype);
     const void *ext[NBI_FUSE_MAX_EXT];
     void *reg[NBI_FUSE_MAX_INSTR];
@@ -73,7 +105,9 @@ static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) 
         for (int32_t e = 0; e < p->n_ext; e++) {
             const nb_var *x = node->in[e];
             size_t es = nb_dtype_size(x->dtype);
-            if (j->direct[e]) {
+            if (j->scalar[e]) {
+                ext[e] = k->in[e];
+            } else if (j->direct[e]) {
                 ext[e] = (const unsigned char *)k->in[e] + (size_t)t0 * es;
             } else {
                 unsigned char *dst = base + (size_t)e * tile_bytes;
@@ -84,12 +118,18 @@ static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) 
         for (int32_t i = 0; i < p->n_instr; i++) {
             const nbi_finstr *in = &p->ins[i];
             const void *ops[3];
+            bool sc[3] = {false, false, false};
             for (int a = 0; a < in->n_in; a++) {
-                ops[a] = in->src[a] >= 0 ? reg[in->src[a]] : ext[-in->src[a] - 1];
+                if (in->src[a] >= 0) {
+                    ops[a] = reg[in->src[a]];
+                } else {
+                    ops[a] = ext[-in->src[a] - 1];
+                    sc[a] = j->scalar[-in->src[a] - 1];
+                }
             }
             void *dst =
                 i == p->n_instr - 1 ? (unsigned char *)k->out + (size_t)t0 * es_out : reg[i];
-            nbi_ew_tile((nbi_op)in->op, in->dtype, in->in_dtype, in->n_in, dst, ops, n);
+            nbi_ew_tile((nbi_op)in->op, in->dtype, in->in_dtype, in->n_in, dst, ops, sc, n);
         }
     }
 }
@@ -108,7 +148,16 @@ static void nbi_k_fused(const nbi_kargs *k) {
             same = x->shape[d] == node->shape[d];
         }
         j.direct[e] = same;
+        j.scalar[e] = x->size == 1 && node->size > 1;
         nbi_bcast_strides(x->rank, x->shape, node->rank, node->shape, j.strides[e]);
+    }
+    for (int32_t i = 0; i < j.p->n_instr; i++) { /* unary kernels read full tiles */
+        const nbi_finstr *in = &j.p->ins[i];
+        for (int a = 0; in->n_in == 1 && a < in->n_in; a++) {
+            if (in->src[a] < 0) {
+                j.scalar[-in->src[a] - 1] = false;
+            }
+        }
     }
     nbi_par_range(k->pool, node->size, NBI_FUSE_CHUNK, nbi_fused_range, &j);
 }

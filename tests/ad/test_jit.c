@@ -651,6 +651,111 @@ static void test_donate(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* Donation hazards. The kernel that makes an output writes it straight into the caller's
+ * array -- unless that array is a donated input some kernel still has to read. Each body
+ * below has an output whose donated buffer would be read after (or, by a kernel that is
+ * not an elementwise map, while) it is written; a donated call must give exactly the
+ * values of an undonated one. */
+
+static nb_tree *tuple_out(nb_trace *tr, int n, nb_var **v) {
+    nb_tree *leaves[4];
+    for (int i = 0; i < n; i++) {
+        leaves[i] = nb_leaf(v[i]);
+    }
+    nb_tree *t = NULL;
+    return nb_tree_tuple(nb_trace_ctx(tr), n, leaves, &t) == NB_OK ? t : NULL;
+}
+
+#define HAZARD_BODY(name, n_out, ...)                                                              \
+    static nb_status name(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) { \
+        (void)self;                                                                                \
+        nb_var *x = nb_get(tr, args, "[0]");                                                       \
+        nb_var *v[] = {__VA_ARGS__};                                                               \
+        *out = tuple_out(tr, n_out, v);                                                            \
+        return *out != NULL ? nb_trace_status(tr) : NB_ERR_INVALID;                                \
+    }
+
+/* the output is made first, x is read again afterwards */
+HAZARD_BODY(hz_read_after, 2, nb_mul(x, nb_scalar(tr, 2.0)), nb_add(x, nb_scalar(tr, 1.0)))
+/* the same, the reader traced first */
+HAZARD_BODY(hz_read_before, 2, nb_add(x, nb_scalar(tr, 1.0)), nb_mul(x, nb_scalar(tr, 2.0)))
+/* matmul reads all of x for every element it writes */
+HAZARD_BODY(hz_matmul, 1, nb_matmul(x, x))
+/* a transpose reads elsewhere than it writes */
+HAZARD_BODY(hz_transpose, 1, nb_transpose(x, (int[]){1, 0}))
+/* a reduction along rows, broadcast back: the output is made by an elementwise op */
+HAZARD_BODY(hz_softmax, 1, nb_softmax(x, -1))
+/* a reduction of x, broadcast back against x in the op that makes the output */
+HAZARD_BODY(hz_sum_bcast, 1, nb_sub(x, nb_sum(x, NULL, 0, false)))
+/* a fused chain reading x in several places: in place is fine here */
+HAZARD_BODY(hz_fused, 1, nb_add(nb_mul(nb_tanh(x), x), x))
+/* one value as two outputs, and an output read by a later kernel */
+HAZARD_BODY(hz_dup, 3, nb_mul(x, nb_scalar(tr, 3.0)), nb_mul(x, nb_scalar(tr, 3.0)),
+            nb_sum(nb_exp(x), NULL, 0, false))
+HAZARD_BODY(hz_chain, 2, nb_exp(x), nb_mul(nb_exp(x), nb_scalar(tr, 2.0)))
+
+/* a 3x3 f32 matrix, not symmetric */
+static nb_tree *mat3_leaf(nb_ctx *ctx) {
+    float v[9] = {1, 2, -3, 4, 0.5f, 6, -7, 8, 9};
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F32, 2, (int64_t[]){3, 3}, v, &a));
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_array(a, &t));
+    nb_array_destroy(a);
+    return t;
+}
+
+static void test_donate_hazards(void **state) {
+    (void)state;
+    nb_fn_body bodies[] = {hz_read_after, hz_read_before, hz_matmul, hz_transpose, hz_softmax,
+                           hz_sum_bcast,  hz_fused,       hz_dup,    hz_chain};
+    const char *names[] = {"read_after", "read_before", "matmul", "transpose", "softmax",
+                           "sum_bcast",  "fused",       "dup",    "chain"};
+    for (int threads = 1; threads <= 2; threads++) {
+        nb_ctx_opts co = nb_ctx_opts_default();
+        co.n_threads = threads;
+        nb_ctx *ctx = NULL;
+        NBT_OK(ctx, nb_ctx_create(&co, &ctx));
+        for (size_t b = 0; b < sizeof bodies / sizeof bodies[0]; b++) {
+            nb_fn *f = NULL;
+            NBT_OK(ctx, nb_fn_create(ctx, names[b], bodies[b], NULL, &f));
+            nb_tree *x1 = mat3_leaf(ctx), *x2 = mat3_leaf(ctx);
+            nb_tree *a1 = tuple1(ctx, x1), *a2 = tuple1(ctx, x2), *ref = NULL, *got = NULL;
+            nb_tree *yes = NULL, *spec = NULL;
+            NBT_OK(ctx, nb_tree_bool(ctx, true, &yes));
+            spec = tuple1(ctx, yes);
+            nb_call_opts o = nb_call_opts_default();
+            o.donate = spec;
+            NBT_OK(ctx, nb_fn_call(f, a1, &ref));
+            NBT_OK(ctx, nb_fn_call_ex(f, a2, &o, &got));
+            int64_t n_out = nb_tree_num_leaves(ref);
+            NBT_EQ_I64(nb_tree_num_leaves(got), n_out);
+            bool took = false;
+            for (int64_t i = 0; i < n_out; i++) {
+                nb_array *r = nb_tree_get_array(nb_tree_child(ref, i));
+                nb_array *g = nb_tree_get_array(nb_tree_child(got, i));
+                took = took || g == nb_tree_get_array(x2);
+                bool eq = false;
+                NBT_OK(ctx, nb_array_equal(r, g, &eq));
+                if (!eq) {
+                    fail_msg("donated '%s' (%d threads): output %lld differs from the "
+                             "undonated call",
+                             names[b], threads, (long long)i);
+                }
+            }
+            /* every body has an output of x's shape and dtype: donation took x's array */
+            NBT_TRUE(took);
+            nb_tree *all[] = {got, ref, spec, yes, a2, a1, x2, x1};
+            for (size_t q = 0; q < sizeof all / sizeof all[0]; q++) {
+                nb_tree_destroy(all[q]);
+            }
+            nb_fn_destroy(f);
+        }
+        nbt_assert_no_live(ctx);
+        nb_ctx_destroy(ctx);
+    }
+}
+
 /* ---- eager use ---------------------------------------------------------------------- */
 
 static void test_eval_goes_through_the_cache(void **state) {
@@ -833,6 +938,7 @@ int main(void) {
         cmocka_unit_test(test_error_names_leaf_paths),
         cmocka_unit_test(test_misuse),
         cmocka_unit_test(test_donate),
+        cmocka_unit_test(test_donate_hazards),
         cmocka_unit_test(test_eval_goes_through_the_cache),
         cmocka_unit_test(test_weak_scalars),
         cmocka_unit_test(test_fault_jit_call),
