@@ -16,8 +16,10 @@
  * strides for every operand; F. G. Van Zee and R. A. van de Geijn, "BLIS: A Framework for
  * Rapidly Instantiating BLAS Functionality", ACM TOMS 41(3), 2015.
  *
- * Integer dtypes use a plain loop that wraps (two's complement, computed in the unsigned
- * type), every output summed over k in increasing order.
+ * Small float products (under NBI_MM_SMALL multiply-adds) use a plain loop instead, where
+ * BLIS's set-up would cost more than the arithmetic. Integer dtypes use a plain loop that wraps
+ * (two's complement, computed in the unsigned type), every output summed over k in increasing
+ * order.
  *
  * Behaviour pinned by the tests: beta = 0 makes BLIS overwrite C without reading it, so the
  * uninitialised output buffer never leaks NaN or garbage into the result; k == 0 writes zeros
@@ -204,7 +206,8 @@ nb_var *nb_dot(nb_var *a, nb_var *b) {
 
 /* One [m, k] @ [k, n] product (operands addressed through the geometry's strides) into a
  * row-major c (m, n, k > 0). */
-typedef void (*nbi_mm_fn)(const nbi_mm_geom *g, const void *a, const void *b, void *c);
+typedef void (*nbi_mm_fn)(const nbi_mm_geom *g, const void *a, const void *b, void *c,
+                          void *scratch);
 
 /* BLIS runs with exactly one thread, set on a local runtime object rather than taken from
  * BLIS_NUM_THREADS / OMP_NUM_THREADS or bli_thread_set_num_threads: results and timing must
@@ -212,7 +215,8 @@ typedef void (*nbi_mm_fn)(const nbi_mm_geom *g, const void *a, const void *b, vo
  * and row blocks with boundaries fixed independently of the thread count (a later issue).
  * BLIS does not split the k loop, so each output is summed in an order fixed by the shapes
  * and the micro-kernel BLIS selects for the CPU: results are bit-identical run to run. */
-static void nbi_mm_f32(const nbi_mm_geom *g, const void *a, const void *b, void *c) {
+static void nbi_mm_f32(const nbi_mm_geom *g, const void *a, const void *b, void *c, void *scratch) {
+    (void)scratch;
     rntm_t rntm = BLIS_RNTM_INITIALIZER;
     bli_rntm_set_num_threads(1, &rntm);
     float one = 1.0f, zero = 0.0f;
@@ -221,7 +225,8 @@ static void nbi_mm_f32(const nbi_mm_geom *g, const void *a, const void *b, void 
                  g->a_cs, (float *)b, g->b_rs, g->b_cs, &zero, c, g->c_rs, 1, NULL, &rntm);
 }
 
-static void nbi_mm_f64(const nbi_mm_geom *g, const void *a, const void *b, void *c) {
+static void nbi_mm_f64(const nbi_mm_geom *g, const void *a, const void *b, void *c, void *scratch) {
+    (void)scratch;
     rntm_t rntm = BLIS_RNTM_INITIALIZER;
     bli_rntm_set_num_threads(1, &rntm);
     double one = 1.0, zero = 0.0;
@@ -231,7 +236,9 @@ static void nbi_mm_f64(const nbi_mm_geom *g, const void *a, const void *b, void 
 
 /* Integers: row i of c accumulates a[i, p] * b[p, :] for p = 0, 1, ..., k-1, in the unsigned
  * type (the output is written through the unsigned type, which may alias the signed one). */
-static void nbi_mm_i32(const nbi_mm_geom *g, const void *a_, const void *b_, void *c_) {
+static void nbi_mm_i32(const nbi_mm_geom *g, const void *a_, const void *b_, void *c_,
+                       void *scratch) {
+    (void)scratch;
     const int32_t *restrict a = a_, *restrict b = b_;
     uint32_t *restrict c = c_;
     for (int64_t i = 0; i < g->m; i++) {
@@ -249,7 +256,9 @@ static void nbi_mm_i32(const nbi_mm_geom *g, const void *a_, const void *b_, voi
     }
 }
 
-static void nbi_mm_i64(const nbi_mm_geom *g, const void *a_, const void *b_, void *c_) {
+static void nbi_mm_i64(const nbi_mm_geom *g, const void *a_, const void *b_, void *c_,
+                       void *scratch) {
+    (void)scratch;
     const int64_t *restrict a = a_, *restrict b = b_;
     uint64_t *restrict c = c_;
     for (int64_t i = 0; i < g->m; i++) {
@@ -267,12 +276,74 @@ static void nbi_mm_i64(const nbi_mm_geom *g, const void *a_, const void *b_, voi
     }
 }
 
-static nbi_mm_fn nbi_mm_fn_of(nb_dtype d) {
+/* Small float products: a plain loop, c[i, :] += a[i, p] * b[p, :] for p = 0, 1, ..., k-1
+ * (each output summed in increasing p, the j loop vectorised). Below NBI_MM_SMALL
+ * multiply-adds a BLIS call costs more than the arithmetic: it sets up its blocking and
+ * enters its threading layer even for one thread. Which kernel runs depends on the
+ * shapes only, so results stay bit-identical run to run and for any thread count. */
+#define NBI_MM_SMALL 32768
+
+#define NBI_MM_SMALL_W 16 /* outputs of one row held in registers across the k loop */
+/* fully unrolled, so that the accumulators live in registers rather than on the stack */
+#if defined(__clang__)
+#define NBI_UNROLL _Pragma("clang loop unroll(full)")
+#elif defined(__GNUC__)
+#define NBI_UNROLL _Pragma("GCC unroll 16")
+#else
+#define NBI_UNROLL
+#endif
+
+#define NBI_MM_SMALL_FN(name, T)                                                                   \
+    static void name(const nbi_mm_geom *g, const void *a_, const void *b_, void *c_,               \
+                     void *scratch) {                                                              \
+        const T *a = a_, *b = b_;                                                                  \
+        T *c = c_;                                                                                 \
+        int64_t ldb = g->b_rs;                                                                     \
+        if (g->b_cs != 1) { /* b stored transposed: pack it row-major first */                     \
+            T *pk = scratch;                                                                       \
+            for (int64_t p = 0; p < g->k; p++) {                                                   \
+                for (int64_t j = 0; j < g->n; j++) {                                               \
+                    pk[p * g->n + j] = b[p * g->b_rs + j * g->b_cs];                               \
+                }                                                                                  \
+            }                                                                                      \
+            b = pk;                                                                                \
+            ldb = g->n;                                                                            \
+        }                                                                                          \
+        for (int64_t i = 0; i < g->m; i++) {                                                       \
+            const T *ai = a + i * g->a_rs;                                                         \
+            T *ci = c + i * g->c_rs;                                                               \
+            int64_t j0 = 0;                                                                        \
+            for (; j0 + NBI_MM_SMALL_W <= g->n; j0 += NBI_MM_SMALL_W) {                            \
+                T acc[NBI_MM_SMALL_W] = {0};                                                       \
+                for (int64_t p = 0; p < g->k; p++) {                                               \
+                    T x = ai[p * g->a_cs];                                                         \
+                    const T *bp = b + p * ldb + j0;                                                \
+                    NBI_UNROLL                                                                     \
+                    for (int jj = 0; jj < NBI_MM_SMALL_W; jj++) {                                  \
+                        acc[jj] += x * bp[jj];                                                     \
+                    }                                                                              \
+                }                                                                                  \
+                memcpy(ci + j0, acc, sizeof acc);                                                  \
+            }                                                                                      \
+            for (int64_t j = j0; j < g->n; j++) {                                                  \
+                T acc = 0;                                                                         \
+                for (int64_t p = 0; p < g->k; p++) {                                               \
+                    acc += ai[p * g->a_cs] * b[p * ldb + j];                                       \
+                }                                                                                  \
+                ci[j] = acc;                                                                       \
+            }                                                                                      \
+        }                                                                                          \
+    }
+NBI_MM_SMALL_FN(nbi_mm_small_f32, float)
+NBI_MM_SMALL_FN(nbi_mm_small_f64, double)
+
+static nbi_mm_fn nbi_mm_fn_of(nb_dtype d, const nbi_mm_geom *g) {
+    bool small = g->m * g->n * g->k <= NBI_MM_SMALL;
     switch (d) {
     case NB_DTYPE_F32:
-        return nbi_mm_f32;
+        return small ? nbi_mm_small_f32 : nbi_mm_f32;
     case NB_DTYPE_F64:
-        return nbi_mm_f64;
+        return small ? nbi_mm_small_f64 : nbi_mm_f64;
     case NB_DTYPE_I32:
         return nbi_mm_i32;
     case NB_DTYPE_I64:
@@ -296,11 +367,11 @@ typedef struct nbi_mm_job {
     nbi_mm_fn f;
     size_t es;
     int64_t row_blocks, col_blocks;
+    size_t scratch_bytes; /* per worker */
     int64_t sa[NB_MAX_RANK], sb[NB_MAX_RANK];
 } nbi_mm_job;
 
 static void nbi_mm_task(void *ud, int64_t task, int worker) {
-    (void)worker;
     const nbi_mm_job *j = ud;
     const nbi_mm_geom *g = &j->g;
     int64_t per_batch = j->row_blocks * j->col_blocks;
@@ -325,7 +396,18 @@ static void nbi_mm_task(void *ud, int64_t task, int worker) {
                              ((size_t)(ob * g->k * g->n) + (size_t)(c0 * g->b_cs)) * es;
     unsigned char *c =
         (unsigned char *)j->k->out + ((size_t)(t * g->m * g->n) + (size_t)(r0 * g->n + c0)) * es;
-    j->f(&sub, a, b, c);
+    j->f(&sub, a, b, c, (unsigned char *)j->k->scratch + (size_t)worker * j->scratch_bytes);
+}
+
+/* Per worker: room to pack a transposed b for the small-product loop. */
+static size_t nbi_mm_scratch(const nb_var *node) {
+    nbi_mm_geom g;
+    if (!nbi_mm_geometry(node, &g) || !nb_dtype_is_float(node->dtype) ||
+        g.m * g.n * g.k > NBI_MM_SMALL || g.b_cs == 1) {
+        return 0;
+    }
+    int64_t cols = g.n < NBI_MM_COLS ? g.n : NBI_MM_COLS;
+    return ((size_t)(g.k * cols) * nb_dtype_size(node->dtype) + 63) / 64 * 64;
 }
 
 static void nbi_k_matmul(const nbi_kargs *k) {
@@ -342,11 +424,12 @@ static void nbi_k_matmul(const nbi_kargs *k) {
         memset(k->out, 0, (size_t)node->size * j.es); /* all-bits-zero is 0 / +0.0 */
         return;
     }
-    j.f = nbi_mm_fn_of(node->dtype);
+    j.f = nbi_mm_fn_of(node->dtype, &j.g);
     if (j.f == NULL) {
         return;
     }
     j.k = k;
+    j.scratch_bytes = nbi_mm_scratch(node);
     nbi_bcast_strides(j.g.ra_bat, x->shape, j.g.rbat, j.g.bat, j.sa);
     nbi_bcast_strides(j.g.rb_bat, y->shape, j.g.rbat, j.g.bat, j.sb);
     j.row_blocks = (j.g.m + NBI_MM_ROWS - 1) / NBI_MM_ROWS;
@@ -457,5 +540,6 @@ const nbi_op_info nbi_opinfo_matmul = {.name = "matmul",
                                        .n_in = 2,
                                        .infer = nbi_infer_matmul,
                                        .kernel = nbi_k_matmul,
+                                       .scratch = nbi_mm_scratch,
                                        .vjp = nbi_vjp_matmul,
                                        .jvp = nbi_jvp_matmul};

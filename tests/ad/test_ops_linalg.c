@@ -113,8 +113,11 @@ static uint64_t lt_get_u(nb_dtype dtype, const void *buf, int64_t i) {
 static void lt_run(const nb_var *v, void *out, const void *a, const void *b) {
     const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
     NBT_TRUE(info != NULL && info->kernel != NULL);
-    nbi_kargs k = {.node = v, .out = out, .in = (const void *const[]){a, b}, .scratch = NULL};
+    size_t sb = info->scratch != NULL ? info->scratch(v) : 0;
+    void *scratch = sb > 0 ? lt_alloc(sb) : NULL;
+    nbi_kargs k = {.node = v, .out = out, .in = (const void *const[]){a, b}, .scratch = scratch};
     info->kernel(&k);
+    free(scratch);
 }
 
 /* The matrix of operand x (shape sx, rank rx) that output batch index ob[] reads, numpy
@@ -269,7 +272,7 @@ static void test_registry_entry(void **state) {
     NBT_EQ_I64(info->n_in, 2);
     NBT_TRUE(info->infer != NULL);
     NBT_TRUE(info->kernel != NULL);
-    NBT_TRUE(info->scratch == NULL);
+    NBT_TRUE(info->scratch != NULL);
     NBT_EQ_I64(info->nondiff, 0);
     NBT_TRUE(!info->elementwise);
     NBT_TRUE(info->vjp != NULL);
@@ -297,9 +300,21 @@ static void test_matmul_2d_2d(void **state) {
     }
 }
 
-/* Sizes that take BLIS's large-matrix (packed) path as well as the small-matrix one. */
+/* Sizes that take BLIS's large-matrix (packed) path as well as the small-matrix one, and
+ * nabla's own loop for small float products (under 32768 multiply-adds): whole 16-wide
+ * column blocks, a column tail, and the sizes just either side of the switch. */
 static void test_matmul_large(void **state) {
     (void)state;
+    for (int d = 0; d < 2; d++) {
+        lt_case(lt_numeric[d], 2, (int64_t[]){16, 32}, 2, (int64_t[]){32, 32}, 2,
+                (int64_t[]){16, 32}, false);
+        lt_case(lt_numeric[d], 2, (int64_t[]){5, 20}, 2, (int64_t[]){20, 17}, 2, (int64_t[]){5, 17},
+                false);
+        lt_case(lt_numeric[d], 2, (int64_t[]){32, 32}, 2, (int64_t[]){32, 32}, 2,
+                (int64_t[]){32, 32}, false);
+        lt_case(lt_numeric[d], 2, (int64_t[]){32, 32}, 2, (int64_t[]){32, 33}, 2,
+                (int64_t[]){32, 33}, false);
+    }
     lt_case(NB_DTYPE_F32, 2, (int64_t[]){128, 784}, 2, (int64_t[]){784, 64}, 2,
             (int64_t[]){128, 64}, false);
     lt_case(NB_DTYPE_F64, 2, (int64_t[]){130, 300}, 2, (int64_t[]){300, 70}, 2,
