@@ -293,9 +293,9 @@ static void nbi_mm_i64(const nbi_mm_geom *g, const void *a_, const void *b_, voi
 #define NBI_UNROLL
 #endif
 
-#define NBI_MM_SMALL_FN(name, T)                                                                   \
-    static void name(const nbi_mm_geom *g, const void *a_, const void *b_, void *c_,               \
-                     void *scratch) {                                                              \
+#define NBI_MM_SMALL_FN(name, T, ATTR)                                                             \
+    ATTR static void name(const nbi_mm_geom *g, const void *a_, const void *b_, void *c_,          \
+                          void *scratch) {                                                         \
         const T *a = a_, *b = b_;                                                                  \
         T *c = c_;                                                                                 \
         int64_t ldb = g->b_rs;                                                                     \
@@ -334,11 +334,33 @@ static void nbi_mm_i64(const nbi_mm_geom *g, const void *a_, const void *b_, voi
             }                                                                                      \
         }                                                                                          \
     }
-NBI_MM_SMALL_FN(nbi_mm_small_f32, float)
-NBI_MM_SMALL_FN(nbi_mm_small_f64, double)
+NBI_MM_SMALL_FN(nbi_mm_small_f32, float, )
+NBI_MM_SMALL_FN(nbi_mm_small_f64, double, )
+/* The same loop with 256-bit vectors where the CPU has AVX2. Not FMA: each step is still a
+ * rounded multiply then a rounded add, so both versions give the same bits. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define NBI_MM_AVX2 1
+NBI_MM_SMALL_FN(nbi_mm_small_f32_avx2, float, __attribute__((target("avx2"))))
+NBI_MM_SMALL_FN(nbi_mm_small_f64_avx2, double, __attribute__((target("avx2"))))
+#else
+#define NBI_MM_AVX2 0
+#endif
+
+static bool nbi_mm_has_avx2(void) {
+#if NBI_MM_AVX2
+    return __builtin_cpu_supports("avx2");
+#else
+    return false;
+#endif
+}
 
 static nbi_mm_fn nbi_mm_fn_of(nb_dtype d, const nbi_mm_geom *g) {
-    bool small = g->m * g->n * g->k <= NBI_MM_SMALL;
+    bool small = g->m * g->n * g->k <= NBI_MM_SMALL && nb_dtype_is_float(d);
+    if (small && nbi_mm_has_avx2()) {
+#if NBI_MM_AVX2
+        return d == NB_DTYPE_F32 ? nbi_mm_small_f32_avx2 : nbi_mm_small_f64_avx2;
+#endif
+    }
     switch (d) {
     case NB_DTYPE_F32:
         return small ? nbi_mm_small_f32 : nbi_mm_f32;
