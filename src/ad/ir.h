@@ -230,6 +230,12 @@ NBI_HIDDEN bool nbi_norm_axis(int axis, int rank, int *out);
 NBI_HIDDEN void nbi_ew_tile(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in, void *out,
                             const void *const *in, const bool *scalar, int64_t n);
 
+/* Kernels with an AVX2 twin (float binary arithmetic, small matmuls) use it when this is
+ * true: the CPU has AVX2 and nbi_isa_override is not 0 (tests set 0 to run the baseline
+ * x86-64 kernels and check that both give the same bits). (op_elementwise.c) */
+NBI_HIDDEN extern int nbi_isa_override;
+NBI_HIDDEN bool nbi_use_avx2(void);
+
 /* A fused elementwise program (op_fused.c): plain data, copied by value. Instruction i
  * computes register i from operands src[] (>= 0: register, < 0: external input -src-1);
  * the last instruction's register is the node's output. */

@@ -600,9 +600,10 @@ static void nbi_k_unary(const nbi_kargs *k) {
 typedef void (*nbi_bin_fn)(void *o, const void *a, const void *b, int64_t n, int64_t sa,
                            int64_t sb);
 
-#define NBI_BIN(fname, T, TO, EXPR)                                                                \
-    static void fname(void *o_, const void *a_, const void *b_, int64_t n, int64_t sa,             \
-                      int64_t sb) {                                                                \
+#define NBI_BIN(fname, T, TO, EXPR) NBI_BIN_ATTR(fname, T, TO, EXPR, )
+#define NBI_BIN_ATTR(fname, T, TO, EXPR, ATTR)                                                     \
+    ATTR static void fname(void *o_, const void *a_, const void *b_, int64_t n, int64_t sa,        \
+                           int64_t sb) {                                                           \
         TO *o = o_;                                                                                \
         const T *a = a_, *b = b_;                                                                  \
         if (sa == 1 && sb == 1) {                                                                  \
@@ -659,6 +660,33 @@ typedef void (*nbi_bin_fn)(void *o, const void *a, const void *b, int64_t n, int
 
 NBI_BIN_FLOAT(float, f32)
 NBI_BIN_FLOAT(double, f64)
+
+/* Float arithmetic again with 256-bit vectors, chosen at run time on CPUs with AVX2: the
+ * same IEEE operation per element (no FMA, nothing reassociated), so the same bits. */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define NBI_EW_AVX2 1
+#define NBI_AVX2_ATTR __attribute__((target("avx2")))
+#define NBI_BIN_FLOAT_AVX2(T, S)                                                                   \
+    NBI_BIN_ATTR(nbi_badd_##S##_avx2, T, T, x + y, NBI_AVX2_ATTR)                                  \
+    NBI_BIN_ATTR(nbi_bsub_##S##_avx2, T, T, x - y, NBI_AVX2_ATTR)                                  \
+    NBI_BIN_ATTR(nbi_bmul_##S##_avx2, T, T, x *y, NBI_AVX2_ATTR)                                   \
+    NBI_BIN_ATTR(nbi_bdiv_##S##_avx2, T, T, x / y, NBI_AVX2_ATTR)
+NBI_BIN_FLOAT_AVX2(float, f32)
+NBI_BIN_FLOAT_AVX2(double, f64)
+#else
+#define NBI_EW_AVX2 0
+#endif
+
+int nbi_isa_override = -1;
+
+bool nbi_use_avx2(void) {
+#if NBI_EW_AVX2
+    /* __builtin_cpu_supports reads what libgcc recorded at start-up */
+    return nbi_isa_override != 0 && __builtin_cpu_supports("avx2");
+#else
+    return false;
+#endif
+}
 NBI_BIN_INT(int32_t, uint32_t, i32)
 NBI_BIN_INT(int64_t, uint64_t, i64)
 NBI_BIN_CMP(float, f32)
@@ -695,6 +723,23 @@ NBI_DEF_POW(double, f64)
 
 /* [op][dtype], NULL where the combination is rejected by inference. */
 static nbi_bin_fn nbi_bin_fn_of(nbi_op op, nb_dtype d) {
+#if NBI_EW_AVX2
+    if ((d == NB_DTYPE_F32 || d == NB_DTYPE_F64) && nbi_use_avx2()) {
+        bool f = d == NB_DTYPE_F32;
+        switch (op) {
+        case NBI_OP_ADD:
+            return f ? nbi_badd_f32_avx2 : nbi_badd_f64_avx2;
+        case NBI_OP_SUB:
+            return f ? nbi_bsub_f32_avx2 : nbi_bsub_f64_avx2;
+        case NBI_OP_MUL:
+            return f ? nbi_bmul_f32_avx2 : nbi_bmul_f64_avx2;
+        case NBI_OP_DIV:
+            return f ? nbi_bdiv_f32_avx2 : nbi_bdiv_f64_avx2;
+        default:
+            break;
+        }
+    }
+#endif
 #define NBI_PICK(stem)                                                                             \
     switch (d) {                                                                                   \
     case NB_DTYPE_F32:                                                                             \

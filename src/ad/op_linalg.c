@@ -346,17 +346,9 @@ NBI_MM_SMALL_FN(nbi_mm_small_f64_avx2, double, __attribute__((target("avx2"))))
 #define NBI_MM_AVX2 0
 #endif
 
-static bool nbi_mm_has_avx2(void) {
-#if NBI_MM_AVX2
-    return __builtin_cpu_supports("avx2");
-#else
-    return false;
-#endif
-}
-
 static nbi_mm_fn nbi_mm_fn_of(nb_dtype d, const nbi_mm_geom *g) {
     bool small = g->m * g->n * g->k <= NBI_MM_SMALL && nb_dtype_is_float(d);
-    if (small && nbi_mm_has_avx2()) {
+    if (small && nbi_use_avx2()) {
 #if NBI_MM_AVX2
         return d == NB_DTYPE_F32 ? nbi_mm_small_f32_avx2 : nbi_mm_small_f64_avx2;
 #endif

@@ -1,6 +1,6 @@
 /*
- * test_threads.c -- results are bit-identical for 1, 2 and 4 threads, and running a
- * compiled executable allocates nothing.
+ * test_threads.c -- results are bit-identical for 1, 2 and 4 threads and for the baseline
+ * and AVX2 kernels, and running a compiled executable allocates nothing.
  */
 #include "nbtest.h"
 
@@ -40,14 +40,14 @@ static nb_tree *leaf_fill(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *sha
     return t;
 }
 
-/* Run the loss's value_and_grad in a context with n threads; return the flat results. */
-static nb_tree *run_with_threads(int n_threads, nb_ctx **ctx_out) {
+/* Run the loss's value_and_grad (layer sizes sz, batch rows) in a context with n threads;
+ * return the flat results. */
+static nb_tree *run_model(int n_threads, const int64_t *sz, int64_t batch, nb_ctx **ctx_out) {
     nb_ctx_opts o = nb_ctx_opts_default();
     o.n_threads = n_threads;
     nb_ctx *ctx = NULL;
     NBT_OK(NULL, nb_ctx_create(&o, &ctx));
     NBT_EQ_I64(nb_ctx_n_threads(ctx), n_threads);
-    int64_t sz[4] = {64, 300, 200, 10};
     nb_tree *layers[3], *params = NULL;
     for (int i = 0; i < 3; i++) {
         nb_tree *w = leaf_fill(ctx, NB_DTYPE_F32, 2, (int64_t[]){sz[i], sz[i + 1]}, 11u + i);
@@ -58,10 +58,10 @@ static nb_tree *run_with_threads(int n_threads, nb_ctx **ctx_out) {
         nb_tree_destroy(b);
     }
     NBT_OK(ctx, nb_tree_list(ctx, 3, layers, &params));
-    nb_tree *x = leaf_fill(ctx, NB_DTYPE_F32, 2, (int64_t[]){96, 64}, 5u);
-    nb_tree *y = leaf_fill(ctx, NB_DTYPE_I32, 1, (int64_t[]){96}, 7u), *batch = NULL, *args = NULL;
-    NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"x", "y"}, (nb_tree *[]){x, y}, &batch));
-    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){params, batch}, &args));
+    nb_tree *x = leaf_fill(ctx, NB_DTYPE_F32, 2, (int64_t[]){batch, sz[0]}, 5u);
+    nb_tree *y = leaf_fill(ctx, NB_DTYPE_I32, 1, &batch, 7u), *bt = NULL, *args = NULL;
+    NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"x", "y"}, (nb_tree *[]){x, y}, &bt));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){params, bt}, &args));
     nb_fn *f = NULL, *vg = NULL;
     NBT_OK(ctx, nb_fn_create(ctx, "loss", body_loss, NULL, &f));
     NBT_OK(ctx, nb_value_and_grad(f, NULL, &vg));
@@ -71,12 +71,53 @@ static nb_tree *run_with_threads(int n_threads, nb_ctx **ctx_out) {
     nb_tree_destroy(out);
     nb_fn_destroy(vg);
     nb_fn_destroy(f);
-    nb_tree *trees[] = {args, batch, y, x, params, layers[0], layers[1], layers[2]};
+    nb_tree *trees[] = {args, bt, y, x, params, layers[0], layers[1], layers[2]};
     for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
         nb_tree_destroy(trees[i]);
     }
     *ctx_out = ctx;
     return leaves;
+}
+
+static nb_tree *run_with_threads(int n_threads, nb_ctx **ctx_out) {
+    return run_model(n_threads, (int64_t[]){64, 300, 200, 10}, 96, ctx_out);
+}
+
+/* Same bits from the same flat results of two runs (of different contexts). */
+static void assert_same_bits(nb_tree *r1, nb_tree *r2, const char *what) {
+    NBT_EQ_I64(nb_tree_len(r1), nb_tree_len(r2));
+    for (int64_t i = 0; i < nb_tree_len(r1); i++) {
+        nb_array *a = nb_tree_get_array(nb_tree_child(r1, i));
+        nb_array *b = nb_tree_get_array(nb_tree_child(r2, i));
+        NBT_EQ_I64(nb_array_nbytes(a), nb_array_nbytes(b));
+        if (memcmp(nb_array_data(a), nb_array_data(b), nb_array_nbytes(a)) != 0) {
+            fail_msg("output %lld differs between %s", (long long)i, what);
+        }
+    }
+}
+
+/* The AVX2 twins of the float kernels (binary arithmetic, small matmuls, with transposed
+ * operands in the backward pass and a 17-wide column tail) give the baseline kernels'
+ * bits. A small model, so every matmul takes the small-product loop. */
+static void test_avx2_twins_same_bits(void **state) {
+    (void)state;
+    const int64_t sz[4] = {5, 32, 17, 10};
+    nb_ctx *c0 = NULL, *c1 = NULL;
+    nbi_isa_override = 0;
+    nb_tree *r0 = run_model(1, sz, 16, &c0);
+    nbi_isa_override = -1;
+    nb_tree *r1 = run_model(1, sz, 16, &c1);
+    if (!nbi_use_avx2()) {
+        print_message("note: this CPU has no AVX2; both runs used the baseline kernels\n");
+    }
+    NBT_EQ_I64(nb_tree_len(r0), 7);
+    assert_same_bits(r0, r1, "the baseline and AVX2 kernels");
+    nb_tree_destroy(r1);
+    nb_tree_destroy(r0);
+    nbt_assert_no_live(c1);
+    nbt_assert_no_live(c0);
+    nb_ctx_destroy(c1);
+    nb_ctx_destroy(c0);
 }
 
 static void test_bit_identical_across_thread_counts(void **state) {
@@ -159,6 +200,7 @@ static void test_running_allocates_nothing(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bit_identical_across_thread_counts),
+        cmocka_unit_test(test_avx2_twins_same_bits),
         cmocka_unit_test(test_running_allocates_nothing),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
