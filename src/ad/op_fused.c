@@ -31,8 +31,11 @@ typedef struct nbi_fused_job {
     const nbi_fprog *p;
     size_t worker_bytes;
     int64_t strides[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
-    bool direct[NBI_FUSE_MAX_EXT]; /* the input has the output's shape: read it in place */
-    bool scalar[NBI_FUSE_MAX_EXT]; /* one element, only read by binary ops/select: stride 0 */
+    bool direct[NBI_FUSE_MAX_EXT];      /* the input has the output's shape: read it in place */
+    bool scalar[NBI_FUSE_MAX_EXT];      /* one element, only read by binary ops/select: stride 0 */
+    int32_t ext_slot[NBI_FUSE_MAX_EXT]; /* tile slot of a gathered input, else -1 */
+    int32_t reg_slot[NBI_FUSE_MAX_INSTR]; /* tile slot of each instruction's result */
+    int64_t tile;                         /* elements per tile: the slots in use fit in L1 */
 } nbi_fused_job;
 
 /* Gather elements [first, first+n) of the output's index space from broadcast input x,
@@ -98,10 +101,11 @@ static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) 
     const void *ext[NBI_FUSE_MAX_EXT];
     void *reg[NBI_FUSE_MAX_INSTR];
     for (int32_t i = 0; i < p->n_instr; i++) {
-        reg[i] = base + (size_t)(p->n_ext + i) * tile_bytes;
+        reg[i] = base + (size_t)j->reg_slot[i] * tile_bytes;
     }
-    for (int64_t t0 = first; t0 < first + count; t0 += NBI_FUSE_TILE) {
-        int64_t n = first + count - t0 < NBI_FUSE_TILE ? first + count - t0 : NBI_FUSE_TILE;
+    int64_t tile = j->tile;
+    for (int64_t t0 = first; t0 < first + count; t0 += tile) {
+        int64_t n = first + count - t0 < tile ? first + count - t0 : tile;
         for (int32_t e = 0; e < p->n_ext; e++) {
             const nb_var *x = node->in[e];
             size_t es = nb_dtype_size(x->dtype);
@@ -110,7 +114,7 @@ static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) 
             } else if (j->direct[e]) {
                 ext[e] = (const unsigned char *)k->in[e] + (size_t)t0 * es;
             } else {
-                unsigned char *dst = base + (size_t)e * tile_bytes;
+                unsigned char *dst = base + (size_t)j->ext_slot[e] * tile_bytes;
                 nbi_fused_gather(node, j->strides[e], k->in[e], es, t0, n, dst);
                 ext[e] = dst;
             }
@@ -132,6 +136,43 @@ static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) 
             nbi_ew_tile((nbi_op)in->op, in->dtype, in->in_dtype, in->n_in, dst, ops, sc, n);
         }
     }
+}
+
+/* Tile slots: one per gathered input, then results share slots by lifetime (a slot is
+ * reused once its value has been read for the last time, never by the instruction that
+ * reads it, so no kernel runs in place). The fewer slots, the longer the tile that still
+ * keeps them all in L1 (24 KiB of 8-byte elements). */
+static void nbi_fused_slots(nbi_fused_job *j) {
+    const nbi_fprog *p = j->p;
+    int32_t n_slots = 0, last[NBI_FUSE_MAX_INSTR], free_list[NBI_FUSE_MAX_INSTR], n_free = 0;
+    for (int32_t e = 0; e < p->n_ext; e++) {
+        j->ext_slot[e] = !j->scalar[e] && !j->direct[e] ? n_slots++ : -1;
+    }
+    for (int32_t i = 0; i < p->n_instr; i++) {
+        last[i] = -1;
+        for (int a = 0; a < p->ins[i].n_in; a++) {
+            if (p->ins[i].src[a] >= 0) {
+                last[p->ins[i].src[a]] = i;
+            }
+        }
+    }
+    for (int32_t i = 0; i < p->n_instr; i++) {
+        j->reg_slot[i] = i == p->n_instr - 1 ? 0 /* the output */
+                         : n_free > 0        ? free_list[--n_free]
+                                             : n_slots++;
+        for (int a = 0; a < p->ins[i].n_in; a++) {
+            int32_t r = p->ins[i].src[a];
+            bool dup = false;
+            for (int b = 0; b < a; b++) {
+                dup = dup || p->ins[i].src[b] == r;
+            }
+            if (r >= 0 && last[r] == i && !dup) {
+                free_list[n_free++] = j->reg_slot[r];
+            }
+        }
+    }
+    int64_t tile = n_slots > 0 ? 24576 / (8 * (int64_t)n_slots) / 64 * 64 : NBI_FUSE_TILE;
+    j->tile = tile < 256 ? 256 : tile > NBI_FUSE_TILE ? NBI_FUSE_TILE : tile;
 }
 
 static void nbi_k_fused(const nbi_kargs *k) {
@@ -159,6 +200,7 @@ static void nbi_k_fused(const nbi_kargs *k) {
             }
         }
     }
+    nbi_fused_slots(&j);
     nbi_par_range(k->pool, node->size, NBI_FUSE_CHUNK, nbi_fused_range, &j);
 }
 
