@@ -252,6 +252,14 @@ typedef struct nbi_fprog {
     int32_t n_instr;
     int32_t n_ext;
     nbi_finstr ins[NBI_FUSE_MAX_INSTR];
+    /* Views: bit e set when external input e is a slice of its node, read in place --
+     * element idx of the output's index space at view_off + sum idx[d] * view_st[e][d] of
+     * the node's (row-major) buffer. A view has the fused node's shape. */
+    uint32_t view_mask;
+    int32_t view_rank; /* the views' (and so the node's) shape */
+    int64_t view_shape[NB_MAX_RANK];
+    int64_t view_off[NBI_FUSE_MAX_EXT];
+    int64_t view_st[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
 } nbi_fprog;
 /* Fuse chains of same-shape elementwise ops whose intermediates have no other use. */
 NBI_HIDDEN nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);

@@ -125,6 +125,13 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
                 }
             }
         }
+        for (int32_t e = 0; e < p->n_ext; e++) { /* x1 = view(offset=1, strides=[1]) */
+            if (p->view_mask & (1u << e)) {
+                nbi_sbuf_printf(s, "; x%d = view(offset=%lld, ", (int)e, (long long)p->view_off[e]);
+                nbi_print_ints64(s, "strides", p->view_st[e], v->rank);
+                nbi_sbuf_putc(s, ')');
+            }
+        }
         nbi_sbuf_putc(s, '}');
         break;
     }

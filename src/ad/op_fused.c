@@ -12,6 +12,7 @@
  */
 #include "ad/ir.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #define NBI_FUSE_TILE 1024
@@ -34,8 +35,9 @@ typedef struct nbi_fused_job {
     bool direct[NBI_FUSE_MAX_EXT];      /* the input has the output's shape: read it in place */
     bool scalar[NBI_FUSE_MAX_EXT];      /* one element, only read by binary ops/select: stride 0 */
     int32_t ext_slot[NBI_FUSE_MAX_EXT]; /* tile slot of a gathered input, else -1 */
-    int32_t reg_slot[NBI_FUSE_MAX_INSTR]; /* tile slot of each instruction's result */
-    int64_t tile;                         /* elements per tile: the slots in use fit in L1 */
+    const unsigned char *ext_base[NBI_FUSE_MAX_EXT]; /* where element 0 is read */
+    int32_t reg_slot[NBI_FUSE_MAX_INSTR];            /* tile slot of each instruction's result */
+    int64_t tile; /* elements per tile: the slots in use fit in L1 */
 } nbi_fused_job;
 
 /* Gather elements [first, first+n) of the output's index space from broadcast input x,
@@ -50,7 +52,7 @@ static void nbi_fused_gather(const nb_var *node, const int64_t *st, const void *
         rest /= node->shape[d];
         off += idx[d] * st[d];
     }
-    const unsigned char *src = x;
+    const unsigned char *src = x; /* off may be negative: a view with a negative step */
     int64_t inner = node->shape[r - 1], ist = st[r - 1];
     for (int64_t i = 0; i < n;) {
         int64_t run = inner - idx[r - 1];
@@ -58,7 +60,7 @@ static void nbi_fused_gather(const nb_var *node, const int64_t *st, const void *
             run = n - i;
         }
         unsigned char *o = dst + (size_t)i * es;
-        const unsigned char *s0 = src + (size_t)off * es;
+        const unsigned char *s0 = src + (ptrdiff_t)off * (ptrdiff_t)es;
         if (ist == 1) {
             memcpy(o, s0, (size_t)run * es);
         } else if (ist == 0) {
@@ -67,7 +69,7 @@ static void nbi_fused_gather(const nb_var *node, const int64_t *st, const void *
             }
         } else {
             for (int64_t t = 0; t < run; t++) {
-                memcpy(o + (size_t)t * es, s0 + (size_t)(t * ist) * es, es);
+                memcpy(o + (size_t)t * es, s0 + (ptrdiff_t)(t * ist) * (ptrdiff_t)es, es);
             }
         }
         i += run;
@@ -110,12 +112,12 @@ static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) 
             const nb_var *x = node->in[e];
             size_t es = nb_dtype_size(x->dtype);
             if (j->scalar[e]) {
-                ext[e] = k->in[e];
+                ext[e] = j->ext_base[e];
             } else if (j->direct[e]) {
-                ext[e] = (const unsigned char *)k->in[e] + (size_t)t0 * es;
+                ext[e] = j->ext_base[e] + (size_t)t0 * es;
             } else {
                 unsigned char *dst = base + (size_t)j->ext_slot[e] * tile_bytes;
-                nbi_fused_gather(node, j->strides[e], k->in[e], es, t0, n, dst);
+                nbi_fused_gather(node, j->strides[e], j->ext_base[e], es, t0, n, dst);
                 ext[e] = dst;
             }
         }
@@ -190,7 +192,21 @@ static void nbi_k_fused(const nbi_kargs *k) {
         }
         j.direct[e] = same;
         j.scalar[e] = x->size == 1 && node->size > 1;
+        j.ext_base[e] = k->in[e];
         nbi_bcast_strides(x->rank, x->shape, node->rank, node->shape, j.strides[e]);
+        if (j.p->view_mask & (1u << e)) { /* direct when the view is contiguous */
+            int64_t want = 1;
+            same = true;
+            for (int d = node->rank - 1; d >= 0; d--) {
+                j.strides[e][d] = j.p->view_st[e][d];
+                same = same && (node->shape[d] == 1 || j.strides[e][d] == want);
+                want *= node->shape[d];
+            }
+            j.direct[e] = same;
+            j.scalar[e] = x->size == 1 && node->size > 1; /* a broadcast scalar */
+            j.ext_base[e] = (const unsigned char *)k->in[e] +
+                            (ptrdiff_t)j.p->view_off[e] * (ptrdiff_t)nb_dtype_size(x->dtype);
+        }
     }
     for (int32_t i = 0; i < j.p->n_instr; i++) { /* unary kernels read full tiles */
         const nbi_finstr *in = &j.p->ins[i];
@@ -209,7 +225,14 @@ static nb_status nbi_infer_fused(nb_trace *tr, nb_var *p) {
     const nbi_fprog *prog = p->at.callee;
     int r = 0;
     int64_t shape[NB_MAX_RANK] = {0};
+    if (prog->view_mask != 0) { /* a view reads its node with the output's shape */
+        r = prog->view_rank;
+        memcpy(shape, prog->view_shape, sizeof shape);
+    }
     for (int32_t e = 0; e < p->n_in; e++) {
+        if (prog->view_mask & (1u << e)) {
+            continue;
+        }
         int r2;
         int64_t s2[NB_MAX_RANK];
         if (!nbi_broadcast_shapes(r, shape, p->in[e]->rank, p->in[e]->shape, &r2, s2)) {

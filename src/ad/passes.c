@@ -518,12 +518,45 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
  * A cluster grows from its root (the last node, the one used outside) backwards through
  * inputs that are elementwise, have the root's shape, and have exactly one use -- inside
  * the cluster. Each cluster of two or more nodes becomes one fused node whose program
- * replays the members in order (op_fused.c). */
+ * replays the members in order (op_fused.c). An external input that is a slice of the
+ * root's shape is read through a view of the sliced node instead (no copy); the slice
+ * node stays only if something else uses it. */
 
 static bool nbi_fusible(const nb_var *v) {
     const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
     return info->elementwise && v->op != NBI_OP_IDENTITY && v->op != NBI_OP_STOP_GRADIENT &&
            v->n_in >= 1 && v->n_in <= 3;
+}
+
+/* If src is a slice with root's shape, make external input e of prog a view of the sliced
+ * node: offset and strides (in elements of its row-major buffer) per output index. */
+static bool nbi_fuse_view(const nb_var *src, const nb_var *root, nbi_fprog *prog, int32_t e) {
+    if ((src->op != NBI_OP_SLICE && src->op != NBI_OP_BROADCAST) || src->rank != root->rank ||
+        src->size == 0) {
+        return false;
+    }
+    for (int d = 0; d < root->rank; d++) {
+        if (src->shape[d] != root->shape[d]) {
+            return false;
+        }
+    }
+    const nb_var *x = src->in[0];
+    int64_t off = 0;
+    if (src->op == NBI_OP_BROADCAST) { /* stride 0 along the broadcast dims */
+        nbi_bcast_strides(x->rank, x->shape, src->rank, src->shape, prog->view_st[e]);
+    } else {
+        int64_t xs = 1;
+        for (int d = x->rank - 1; d >= 0; d--) {
+            off += src->at.a[d] * xs;
+            prog->view_st[e][d] = src->at.c[d] * xs;
+            xs *= x->shape[d];
+        }
+    }
+    prog->view_off[e] = off;
+    prog->view_mask |= 1u << e;
+    prog->view_rank = root->rank;
+    memcpy(prog->view_shape, root->shape, sizeof prog->view_shape);
+    return true;
 }
 
 nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
@@ -607,8 +640,12 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         }
         nbi_fprog *prog = nbi_arena_alloc(in->arena, sizeof(nbi_fprog));
         nb_var *ext[NBI_FUSE_MAX_EXT];
+        const nb_var *ext_src[NBI_FUSE_MAX_EXT]; /* the input graph's node of each */
         int32_t n_ext = 0;
         bool ok = prog != NULL;
+        if (ok) {
+            memset(prog, 0, sizeof *prog);
+        }
         for (int32_t a = 0; ok && a < nm; a++) {
             const nb_var *m = in->nodes[members[a]];
             nbi_finstr *fi = &prog->ins[a];
@@ -628,9 +665,8 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
                     fi->src[j] = (int16_t)reg;
                     continue;
                 }
-                nb_var *mapped = map[src->id];
                 int32_t e = 0;
-                while (e < n_ext && ext[e] != mapped) {
+                while (e < n_ext && ext_src[e] != src) {
                     e++;
                 }
                 if (e == n_ext) {
@@ -638,7 +674,12 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
                         ok = false;
                         break;
                     }
-                    ext[n_ext++] = mapped;
+                    ext_src[n_ext] = src;
+                    ext[n_ext] = map[src->id];
+                    if (nbi_fuse_view(src, v, prog, n_ext)) {
+                        ext[n_ext] = map[src->in[0]->id];
+                    }
+                    n_ext++;
                 }
                 fi->src[j] = (int16_t)(-e - 1);
             }
