@@ -398,9 +398,14 @@ static bool nbi_inplace_ok(const nb_var *o, const nb_var *x) {
 }
 
 /* Decide, for this run, which outputs are written straight into the caller's buffers. */
-static void nbi_plan_outputs(const nbi_exec *e, const void *const *inputs, void *const *outputs) {
+static void nbi_plan_outputs(const nbi_exec *e, const void *const *inputs, void *const *outputs,
+                             const bool *donated) {
     for (int32_t i = 0; i < e->n_outputs; i++) {
         bool ok = e->out_first[i] == i;
+        if (donated == NULL || !donated[i]) {
+            e->out_direct[i] = ok; /* a fresh buffer: it shares memory with no input */
+            continue;
+        }
         const nb_var *o = &e->nodes[e->outputs[i]];
         const unsigned char *ob = outputs[i];
         size_t obytes = (size_t)o->size * nb_dtype_size(o->dtype);
@@ -422,9 +427,10 @@ static void nbi_plan_outputs(const nbi_exec *e, const void *const *inputs, void 
     }
 }
 
-void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const *outputs) {
+void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const *outputs,
+                      const bool *donated) {
     unsigned char *ws = e->ws;
-    nbi_plan_outputs(e, inputs, outputs);
+    nbi_plan_outputs(e, inputs, outputs, donated);
     for (int32_t t = 0; t < e->n_instrs; t++) {
         const nbi_instr *ins = &e->instrs[t];
         const nb_var *v = &e->nodes[ins->node];
@@ -455,14 +461,15 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
     }
 }
 
-void nbi_exec_run(const nbi_exec *e, nb_array *const *inputs, nb_array *const *outputs) {
+void nbi_exec_run(const nbi_exec *e, nb_array *const *inputs, nb_array *const *outputs,
+                  const bool *donated) {
     for (int32_t i = 0; i < e->n_inputs; i++) {
         e->io_in[i] = nb_array_data(inputs[i]);
     }
     for (int32_t i = 0; i < e->n_outputs; i++) {
         e->io_out[i] = nb_array_data(outputs[i]);
     }
-    nbi_exec_run_raw(e, e->io_in, e->io_out);
+    nbi_exec_run_raw(e, e->io_in, e->io_out, donated);
 }
 
 int32_t nbi_exec_n_inputs(const nbi_exec *e) {

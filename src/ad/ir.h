@@ -308,12 +308,14 @@ NBI_HIDDEN void nbi_exec_retain(nbi_exec *e);
 /* Release a reference (executables are refcounted: calls hold their callees). */
 NBI_HIDDEN void nbi_exec_destroy(nbi_exec *e);
 /* Run on input arrays (n_inputs, matching the params' dtypes/shapes) into output arrays
- * (n_outputs, already allocated with the outputs' dtypes/shapes; an output array may be
- * one of the inputs when donated). Never allocates. */
-NBI_HIDDEN void nbi_exec_run(const nbi_exec *e, nb_array *const *inputs, nb_array *const *outputs);
+ * (n_outputs, already allocated with the outputs' dtypes/shapes). donated (NULL: none)
+ * marks the outputs that are input arrays handed over by the caller, or may share memory
+ * with an input; the others must be fresh buffers. Never allocates. */
+NBI_HIDDEN void nbi_exec_run(const nbi_exec *e, nb_array *const *inputs, nb_array *const *outputs,
+                             const bool *donated);
 /* Run on raw buffers (used for calls between executables and for constant folding). */
-NBI_HIDDEN void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs,
-                                 void *const *outputs);
+NBI_HIDDEN void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const *outputs,
+                                 const bool *donated);
 NBI_HIDDEN int32_t nbi_exec_n_inputs(const nbi_exec *e);
 NBI_HIDDEN int32_t nbi_exec_n_outputs(const nbi_exec *e);
 /* dtype/shape of output i. */

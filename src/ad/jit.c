@@ -1080,7 +1080,8 @@ static nb_status nbi_run_entry(nbi_jit_state *s, const nbi_entry *e, const nb_tr
     nb_ctx *ctx = s->ctx;
     static const char fn[] = "nb_fn_call";
     size_t tbytes = (size_t)(n_leaves + e->n_out + 1) * sizeof(nb_array *) +
-                    (size_t)(e->n_out + 1) * sizeof(nb_tree *) + (size_t)n_leaves + 1;
+                    (size_t)(e->n_out + 1) * sizeof(nb_tree *) + (size_t)n_leaves + 1 +
+                    (size_t)e->n_out + 1;
     unsigned char *tmp = nbi_alloc(ctx, tbytes, 8);
     if (tmp == NULL) {
         return nbi_oom(ctx, fn, tbytes);
@@ -1089,7 +1090,8 @@ static nb_status nbi_run_entry(nbi_jit_state *s, const nbi_entry *e, const nb_tr
     nb_array **outs = ins + n_leaves;
     nb_tree **out_leaves = (nb_tree **)(outs + e->n_out + 1);
     bool *used = (bool *)(out_leaves + e->n_out + 1);
-    memset(used, 0, (size_t)n_leaves + 1);
+    bool *donated = used + n_leaves + 1; /* per output: an input's array */
+    memset(used, 0, (size_t)n_leaves + 1 + (size_t)e->n_out + 1);
     for (int64_t i = 0; i < n_leaves; i++) {
         ins[i] = leaves[i]->u.array;
     }
@@ -1103,6 +1105,7 @@ static nb_status nbi_run_entry(nbi_jit_state *s, const nbi_entry *e, const nb_tr
             if (donate[j - first_arg] && !used[j] && a->dtype == o->dtype && a->rank == o->rank &&
                 memcmp(a->shape, o->shape, (size_t)o->rank * sizeof(int64_t)) == 0) {
                 used[j] = true;
+                donated[i] = true;
                 outs[i] = nb_array_retain(ins[j]);
             }
         }
@@ -1114,7 +1117,7 @@ static nb_status nbi_run_entry(nbi_jit_state *s, const nbi_entry *e, const nb_tr
         }
     }
     if (st == NB_OK) {
-        nbi_exec_run(e->exec, ins, outs);
+        nbi_exec_run(e->exec, ins, outs, donated);
     }
     int32_t n_leaf_trees = 0;
     for (int32_t i = 0; i < made && st == NB_OK; i++) {

@@ -218,7 +218,7 @@ static void nbi_k_call(const nbi_kargs *k) {
         const nb_var *o = nbi_exec_output(e, i);
         off += ((size_t)o->size * nb_dtype_size(o->dtype) + 63) / 64 * 64;
     }
-    nbi_exec_run_raw(e, k->in, outs);
+    nbi_exec_run_raw(e, k->in, outs, NULL); /* outputs are slots of their own */
 }
 
 static void nbi_k_call_output(const nbi_kargs *k) {

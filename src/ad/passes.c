@@ -518,9 +518,9 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
  * A cluster grows from its root (the last node, the one used outside) backwards through
  * inputs that are elementwise, have the root's shape, and have exactly one use -- inside
  * the cluster. Each cluster of two or more nodes becomes one fused node whose program
- * replays the members in order (op_fused.c). An external input that is a slice of the
- * root's shape is read through a view of the sliced node instead (no copy); the slice
- * node stays only if something else uses it. */
+ * replays the members in order (op_fused.c). An external input that is a slice or an
+ * explicit broadcast to the root's shape is read through a view of the node it slices or
+ * broadcasts instead (no copy); that node stays only if something else uses it. */
 
 static bool nbi_fusible(const nb_var *v) {
     const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
@@ -528,8 +528,9 @@ static bool nbi_fusible(const nb_var *v) {
            v->n_in >= 1 && v->n_in <= 3;
 }
 
-/* If src is a slice with root's shape, make external input e of prog a view of the sliced
- * node: offset and strides (in elements of its row-major buffer) per output index. */
+/* If src is a slice or a broadcast_to with root's shape, make external input e of prog a
+ * view of src's input: offset and strides (in elements of its row-major buffer, 0 along
+ * broadcast dims) per output index. */
 static bool nbi_fuse_view(const nb_var *src, const nb_var *root, nbi_fprog *prog, int32_t e) {
     if ((src->op != NBI_OP_SLICE && src->op != NBI_OP_BROADCAST) || src->rank != root->rank ||
         src->size == 0) {

@@ -177,10 +177,10 @@ static void test_running_allocates_nothing(void **state) {
     NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 2, (int64_t[]){128, 64}, 0.5, &ax));
     NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 2, (int64_t[]){64, 300}, 0.01, &aw));
     NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 0, NULL, &ay));
-    nbi_exec_run(e, (nb_array *const[]){ax, aw}, (nb_array *const[]){ay}); /* warm */
+    nbi_exec_run(e, (nb_array *const[]){ax, aw}, (nb_array *const[]){ay}, NULL); /* warm */
     int64_t before = al.n_calls;
     for (int i = 0; i < 50; i++) {
-        nbi_exec_run(e, (nb_array *const[]){ax, aw}, (nb_array *const[]){ay});
+        nbi_exec_run(e, (nb_array *const[]){ax, aw}, (nb_array *const[]){ay}, NULL);
     }
     NBT_EQ_I64(al.n_calls - before, 0);
     double v = 0;
