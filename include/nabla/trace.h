@@ -104,7 +104,7 @@ NB_API nb_var *nb_reciprocal(nb_var *x);
 NB_API nb_var *nb_sin(nb_var *x);
 NB_API nb_var *nb_cos(nb_var *x);
 NB_API nb_var *nb_tan(nb_var *x);
-NB_API nb_var *nb_tanh(nb_var *x);
+NB_API nb_var *nb_tanh(nb_var *x);    /* SLEEF u35: within 3.5 ULP (the others here: 1 ULP) */
 NB_API nb_var *nb_sigmoid(nb_var *x); /* 1 / (1 + exp(-x)), stable for large |x| */
 NB_API nb_var *nb_relu(nb_var *x);    /* any numeric dtype; max(x, 0) */
 /* gelu, tanh form: x/2 (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))), computed as

@@ -2,8 +2,9 @@
  * op_elementwise.c -- elementwise unary, binary (broadcasting), comparison, logical,
  * select and cast ops: builders, shape/dtype inference and kernels.
  *
- * Accuracy: transcendental functions go through SLEEF's u10 vector functions (vmath.h):
- * exp, expm1, log, log1p, sin, cos, tan, tanh, erf and pow, at most 1.0 ULP; sqrt and
+ * Accuracy: transcendental functions go through SLEEF's vector functions (vmath.h): u10
+ * for exp, expm1, log, log1p, sin, cos, tan, erf and pow (at most 1.0 ULP), u35 for tanh
+ * (at most 3.5 ULP, an activation where that suffices); sqrt and
  * division are correctly rounded (IEEE). Composite activations (sigmoid, softplus, gelu)
  * are evaluated in their stable forms from those: sigmoid as 1/(1+e) or e/(1+e) with
  * e = exp(-|x|), softplus as max(x,0) + log1p(exp(-|x|)), and gelu's tanh form through the

@@ -14,8 +14,8 @@
  * an absolute floor for results near 0):
  *   - exact: integer and bool results, shape ops, selects, casts, comparisons, max/min;
  *   - 4 ulp of the result dtype for single correctly-rounded or SLEEF u10 (<= 1 ulp)
- *     functions, 16 ulp for ones composed of several roundings (sigmoid, softplus, gelu,
- *     rsqrt, pow);
+ *     functions and for tanh (SLEEF u35, <= 3.5 ulp), 16 ulp for ones composed of several roundings
+ * (sigmoid, softplus, gelu, rsqrt, pow);
  *   - sums and products: n * ulp * sum(|terms|) (the worst case of recursive summation;
  *     the blocked pairwise order does better);
  *   - matmul: k * ulp * sum_p |a_ip b_pj|.
