@@ -252,9 +252,9 @@ typedef struct nbi_fprog {
     int32_t n_instr;
     int32_t n_ext;
     nbi_finstr ins[NBI_FUSE_MAX_INSTR];
-    /* Views: bit e set when external input e is a slice of its node, read in place --
-     * element idx of the output's index space at view_off + sum idx[d] * view_st[e][d] of
-     * the node's (row-major) buffer. A view has the fused node's shape. */
+    /* Views: bit e set when external input e is a slice or broadcast of its node, read in
+     * place: element idx of the output's index space is at view_off + sum idx[d] *
+     * view_st[e][d] of the node's row-major buffer. A view has the fused node's shape. */
     uint32_t view_mask;
     int32_t view_rank; /* the views' (and so the node's) shape */
     int64_t view_shape[NB_MAX_RANK];
