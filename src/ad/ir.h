@@ -260,6 +260,12 @@ typedef struct nbi_fprog {
     int64_t view_shape[NB_MAX_RANK];
     int64_t view_off[NBI_FUSE_MAX_EXT];
     int64_t view_st[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
+    /* Padded views (bit e of pad_mask, also set in view_mask): output index idx reads the
+     * node at idx - pad_lo (row-major, view_off 0), or pad_value where that falls outside
+     * the node's shape. */
+    uint32_t pad_mask;
+    int64_t pad_lo[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
+    double pad_value[NBI_FUSE_MAX_EXT];
 } nbi_fprog;
 /* Fuse chains of same-shape elementwise ops whose intermediates have no other use. */
 NBI_HIDDEN nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);

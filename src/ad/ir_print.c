@@ -129,6 +129,11 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
             if (p->view_mask & (1u << e)) {
                 nbi_sbuf_printf(s, "; x%d = view(offset=%lld, ", (int)e, (long long)p->view_off[e]);
                 nbi_print_ints64(s, "strides", p->view_st[e], v->rank);
+                if (p->pad_mask & (1u << e)) {
+                    nbi_sbuf_puts(s, ", ");
+                    nbi_print_ints64(s, "pad_lo", p->pad_lo[e], v->rank);
+                    nbi_sbuf_printf(s, ", value=%.17g", p->pad_value[e]);
+                }
                 nbi_sbuf_putc(s, ')');
             }
         }

@@ -37,8 +37,61 @@ typedef struct nbi_fused_job {
     int32_t ext_slot[NBI_FUSE_MAX_EXT]; /* tile slot of a gathered input, else -1 */
     const unsigned char *ext_base[NBI_FUSE_MAX_EXT]; /* where element 0 is read */
     int32_t reg_slot[NBI_FUSE_MAX_INSTR];            /* tile slot of each instruction's result */
-    int64_t tile; /* elements per tile: the slots in use fit in L1 */
+    int64_t tile;                            /* elements per tile: the slots in use fit in L1 */
+    unsigned char padv[NBI_FUSE_MAX_EXT][8]; /* a padded view's value, in its dtype */
 } nbi_fused_job;
+
+static void nbi_fill(unsigned char *o, const unsigned char *v, size_t es, int64_t n) {
+    for (int64_t t = 0; t < n; t++) {
+        memcpy(o + (size_t)t * es, v, es);
+    }
+}
+
+/* Gather elements [first, first+n) of the output's index space from padded view e of x
+ * (buffer xb): per run along the innermost dimension, the padding value where the run's
+ * outer index falls outside x, else padding / a copy of x's row / padding. */
+static void nbi_fused_gather_pad(const nb_var *node, const nbi_fused_job *j, int32_t e,
+                                 const nb_var *x, const unsigned char *xb, size_t es, int64_t first,
+                                 int64_t n, unsigned char *dst) {
+    int r = node->rank;
+    const int64_t *lo = j->p->pad_lo[e], *st = j->p->view_st[e];
+    const unsigned char *pv = j->padv[e];
+    int64_t idx[NB_MAX_RANK], rest = first, inner = node->shape[r - 1], xin = x->shape[r - 1];
+    for (int d = r - 1; d >= 0; d--) {
+        idx[d] = rest % node->shape[d];
+        rest /= node->shape[d];
+    }
+    for (int64_t i = 0; i < n;) {
+        int64_t run = inner - idx[r - 1] < n - i ? inner - idx[r - 1] : n - i;
+        unsigned char *o = dst + (size_t)i * es;
+        bool inside = true;
+        int64_t off = 0;
+        for (int d = 0; d < r - 1; d++) {
+            int64_t xi = idx[d] - lo[d];
+            inside = inside && xi >= 0 && xi < x->shape[d];
+            off += xi * st[d];
+        }
+        if (!inside) {
+            nbi_fill(o, pv, es, run);
+        } else {
+            int64_t a = idx[r - 1] - lo[r - 1]; /* x's index of the run's first element */
+            int64_t b0 = -a < 0 ? 0 : -a < run ? -a : run;
+            int64_t b1 = xin - a < b0 ? b0 : xin - a < run ? xin - a : run;
+            nbi_fill(o, pv, es, b0);
+            if (b1 > b0) {
+                memcpy(o + (size_t)b0 * es, xb + (size_t)(off + a + b0) * es,
+                       (size_t)(b1 - b0) * es);
+            }
+            nbi_fill(o + (size_t)b1 * es, pv, es, run - b1);
+        }
+        i += run;
+        idx[r - 1] += run;
+        for (int d = r - 1; d > 0 && idx[d] == node->shape[d]; d--) {
+            idx[d] = 0;
+            idx[d - 1]++;
+        }
+    }
+}
 
 /* Gather elements [first, first+n) of the output's index space from broadcast input x,
  * a run along the innermost dimension at a time: a copy where it has stride 1, a fill
@@ -115,6 +168,10 @@ static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) 
                 ext[e] = j->ext_base[e];
             } else if (j->direct[e]) {
                 ext[e] = j->ext_base[e] + (size_t)t0 * es;
+            } else if (p->pad_mask & (1u << e)) {
+                unsigned char *dst = base + (size_t)j->ext_slot[e] * tile_bytes;
+                nbi_fused_gather_pad(node, j, e, x, j->ext_base[e], es, t0, n, dst);
+                ext[e] = dst;
             } else {
                 unsigned char *dst = base + (size_t)j->ext_slot[e] * tile_bytes;
                 nbi_fused_gather(node, j->strides[e], j->ext_base[e], es, t0, n, dst);
@@ -177,6 +234,33 @@ static void nbi_fused_slots(nbi_fused_job *j) {
     j->tile = tile < 256 ? 256 : tile > NBI_FUSE_TILE ? NBI_FUSE_TILE : tile;
 }
 
+static void nbi_pad_bytes(nb_dtype d, double v, unsigned char *out) {
+    memset(out, 0, 8);
+    switch (d) {
+    case NB_DTYPE_F32: {
+        float f = (float)v;
+        memcpy(out, &f, sizeof f);
+        break;
+    }
+    case NB_DTYPE_F64:
+        memcpy(out, &v, sizeof v);
+        break;
+    case NB_DTYPE_I32: {
+        int32_t i = (int32_t)v;
+        memcpy(out, &i, sizeof i);
+        break;
+    }
+    case NB_DTYPE_I64: {
+        int64_t i = (int64_t)v;
+        memcpy(out, &i, sizeof i);
+        break;
+    }
+    case NB_DTYPE_BOOL:
+        out[0] = v != 0;
+        break;
+    }
+}
+
 static void nbi_k_fused(const nbi_kargs *k) {
     const nb_var *node = k->node;
     nbi_fused_job j;
@@ -202,8 +286,9 @@ static void nbi_k_fused(const nbi_kargs *k) {
                 same = same && (node->shape[d] == 1 || j.strides[e][d] == want);
                 want *= node->shape[d];
             }
-            j.direct[e] = same;
-            j.scalar[e] = x->size == 1 && node->size > 1; /* a broadcast scalar */
+            j.direct[e] = same && !(j.p->pad_mask & (1u << e));
+            j.scalar[e] = x->size == 1 && node->size > 1 && !(j.p->pad_mask & (1u << e));
+            nbi_pad_bytes(x->dtype, j.p->pad_value[e], j.padv[e]);
             j.ext_base[e] = (const unsigned char *)k->in[e] +
                             (ptrdiff_t)j.p->view_off[e] * (ptrdiff_t)nb_dtype_size(x->dtype);
         }

@@ -518,9 +518,9 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
  * A cluster grows from its root (the last node, the one used outside) backwards through
  * inputs that are elementwise, have the root's shape, and have exactly one use -- inside
  * the cluster. Each cluster of two or more nodes becomes one fused node whose program
- * replays the members in order (op_fused.c). An external input that is a slice or an
- * explicit broadcast to the root's shape is read through a view of the node it slices or
- * broadcasts instead (no copy); that node stays only if something else uses it. */
+ * replays the members in order (op_fused.c). An external input that is a slice, a pad or
+ * an explicit broadcast to the root's shape is read through a view of the node it slices,
+ * pads or broadcasts instead (no copy); that node stays only if something else uses it. */
 
 static bool nbi_fusible(const nb_var *v) {
     const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
@@ -528,23 +528,37 @@ static bool nbi_fusible(const nb_var *v) {
            v->n_in >= 1 && v->n_in <= 3;
 }
 
-/* If src is a slice or a broadcast_to with root's shape, make external input e of prog a
- * view of src's input: offset and strides (in elements of its row-major buffer, 0 along
- * broadcast dims) per output index. */
+/* If src is a slice, pad or broadcast_to with root's shape, make external input e of prog
+ * a view of src's input: offset and strides (in elements of its row-major buffer, 0 along
+ * broadcast dims) per output index, and for a pad its low padding and value. With prog
+ * NULL, only say whether src can be read as a view. */
 static bool nbi_fuse_view(const nb_var *src, const nb_var *root, nbi_fprog *prog, int32_t e) {
-    if ((src->op != NBI_OP_SLICE && src->op != NBI_OP_BROADCAST) || src->rank != root->rank ||
-        src->size == 0) {
+    if ((src->op != NBI_OP_SLICE && src->op != NBI_OP_BROADCAST && src->op != NBI_OP_PAD) ||
+        src->rank != root->rank || src->size == 0 || src->in[0]->size == 0) {
         return false;
     }
     for (int d = 0; d < root->rank; d++) {
-        if (src->shape[d] != root->shape[d]) {
+        if (src->shape[d] != root->shape[d] ||
+            (src->op == NBI_OP_PAD && (src->at.a[d] < 0 || src->at.b[d] < 0))) {
             return false;
         }
+    }
+    if (prog == NULL) {
+        return true; /* only asked whether it can be a view */
     }
     const nb_var *x = src->in[0];
     int64_t off = 0;
     if (src->op == NBI_OP_BROADCAST) { /* stride 0 along the broadcast dims */
         nbi_bcast_strides(x->rank, x->shape, src->rank, src->shape, prog->view_st[e]);
+    } else if (src->op == NBI_OP_PAD) { /* x's own strides, bounds checked by the reader */
+        int64_t xs = 1;
+        for (int d = x->rank - 1; d >= 0; d--) {
+            prog->view_st[e][d] = xs;
+            prog->pad_lo[e][d] = src->at.a[d];
+            xs *= x->shape[d];
+        }
+        prog->pad_value[e] = src->at.value;
+        prog->pad_mask |= 1u << e;
     } else {
         int64_t xs = 1;
         for (int d = x->rank - 1; d >= 0; d--) {
@@ -618,7 +632,12 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     }
     for (int32_t i = 0; i < n; i++) {
         const nb_var *v = in->nodes[i];
-        bool fused_root = root[i] == i && size[i] >= 2;
+        /* a lone op is worth a fused node too when it reads a view instead of a copy */
+        bool lone_view = false;
+        for (int32_t j = 0; root[i] == i && size[i] == 1 && j < v->n_in; j++) {
+            lone_view = lone_view || nbi_fuse_view(v->in[j], v, NULL, 0);
+        }
+        bool fused_root = root[i] == i && (size[i] >= 2 || lone_view);
         if (root[i] >= 0 && root[i] != i && size[root[i]] >= 2) {
             continue; /* a member: replayed inside its root's program */
         }
