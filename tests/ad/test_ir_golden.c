@@ -16,8 +16,11 @@
  * repeated subexpression (CSE). */
 static nb_status body_mlp(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     nb_var *x = nb_get(tr, args, "x");
-    nb_var *scale = nb_mul(nb_scalar_typed(tr, NB_DTYPE_F32, 0.5),
-                           nb_scalar_typed(tr, NB_DTYPE_F32, 4.0)); /* folds to 2 */
+    /* built one per statement: C leaves the order of argument evaluation open, and the
+     * traced node order (so the golden text) must not depend on the compiler */
+    nb_var *four = nb_scalar_typed(tr, NB_DTYPE_F32, 4.0);
+    nb_var *half = nb_scalar_typed(tr, NB_DTYPE_F32, 0.5);
+    nb_var *scale = nb_mul(half, four); /* folds to 2 */
     nb_var *h = nb_mul(x, scale);
     for (int i = 0; i < 3; i++) {
         nb_var *w = nb_get(tr, self, "layers[%d].weight", i);
