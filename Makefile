@@ -6,6 +6,7 @@
 #   make bench          build, then run every program in build/benchmarks/
 #   make asan           the same build in build-asan/ with ASan + UBSan
 #   make test-asan      asan, then every ctest suite there
+#   make test-clang     the default build with clang in build-clang/, then every suite
 #   make format         clang-format -i over all C sources and headers
 #   make format-check   fail if any file is not formatted
 #   make clean          remove build/ and build-asan/
@@ -31,7 +32,7 @@ FORMAT_FILES = $(shell find $(FORMAT_DIRS) -type f \( -name '*.c' -o -name '*.h'
 .DEFAULT_GOAL := build
 # Targets share build directories and apt; never run two of them at once.
 .NOTPARALLEL:
-.PHONY: build deps test run bench asan test-asan format format-check check-clang-format clean
+.PHONY: build deps test run bench asan test-asan test-clang format format-check check-clang-format clean
 
 deps:
 	@bash scripts/deps.sh
@@ -61,6 +62,11 @@ test-asan: asan
 	ASAN_OPTIONS='$(ASAN_OPTIONS)' UBSAN_OPTIONS='$(UBSAN_OPTIONS)' \
 		$(RUN) $(CTEST) --preset asan -j $(JOBS)
 
+test-clang: deps
+	@test -f build-clang/CMakeCache.txt || $(RUN) $(CMAKE) --preset clang
+	$(RUN) $(CMAKE) --build --preset clang -j $(JOBS)
+	$(RUN) $(CTEST) --preset clang -j $(JOBS)
+
 format: check-clang-format
 	$(CLANG_FORMAT) -i $(FORMAT_FILES)
 
@@ -75,4 +81,4 @@ check-clang-format:
 		exit 1; }
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-clang

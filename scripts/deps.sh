@@ -8,6 +8,7 @@ set -euo pipefail
 
 packages=(
     build-essential # gcc, g++ (test_headers_cxx), make, libc headers
+    clang           # the second compiler CI builds and tests with (make test-clang)
     cmake           # >= 3.25 for CMakePresets.json version 6
     pkg-config      # test_install checks nabla.pc; FindSLEEF uses sleef.pc as a hint
     libsleef-dev    # vectorized elementary functions
