@@ -323,6 +323,11 @@ static void test_matmul_large(void **state) {
             (int64_t[]){301, 259}, false);
     lt_case(NB_DTYPE_I32, 2, (int64_t[]){65, 100}, 2, (int64_t[]){100, 33}, 2, (int64_t[]){65, 33},
             false);
+    /* more than 1024 rows: row blocks, through BLIS and through the small-product loop */
+    lt_case(NB_DTYPE_F32, 2, (int64_t[]){1030, 40}, 2, (int64_t[]){40, 300}, 2,
+            (int64_t[]){1030, 300}, false);
+    lt_case(NB_DTYPE_F64, 2, (int64_t[]){1100, 3}, 2, (int64_t[]){3, 5}, 2, (int64_t[]){1100, 5},
+            false);
 }
 
 static void test_matmul_1d_2d(void **state) {

@@ -6,8 +6,8 @@
 
 #include "ad/ir.h"
 
-/* value_and_grad of an MLP 64-300-200-10 with cross-entropy, batch 96: every matmul has
- * several row and column blocks and the elementwise ops several chunks. */
+/* value_and_grad of an MLP 64-300-200-10 with cross-entropy, batch 96: the wide matmuls
+ * have several column blocks and the elementwise ops several chunks. */
 static nb_status body_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
     nb_var *h = nb_get(tr, args, "[1].x");
