@@ -382,10 +382,9 @@ void nbi_exec_destroy(nbi_exec *e) {
  * the input node x it reads? Only where it reads each element before writing it, at the
  * same index: an elementwise map (or fused chain) of x's own shape and element size. */
 static bool nbi_inplace_ok(const nb_var *o, const nb_var *x) {
-    const nbi_op_info *info = nbi_op_get((nbi_op)o->op);
-    /* a fused kernel reading a view (a slice) reads x elsewhere than it writes */
+    /* a fused kernel reading a view (slice, pad) reads x elsewhere than it writes */
     bool map = (o->op == NBI_OP_FUSED && ((const nbi_fprog *)o->at.callee)->view_mask == 0) ||
-               (info->elementwise && o->op != NBI_OP_IDENTITY && o->op != NBI_OP_STOP_GRADIENT);
+               nbi_is_map(o);
     if (!map || x->rank != o->rank || nb_dtype_size(x->dtype) != nb_dtype_size(o->dtype)) {
         return false;
     }

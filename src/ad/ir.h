@@ -230,6 +230,12 @@ NBI_HIDDEN bool nbi_norm_axis(int axis, int rank, int *out);
 NBI_HIDDEN void nbi_ew_tile(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in, void *out,
                             const void *const *in, const bool *scalar, int64_t n);
 
+/* An elementwise map: the op computes output element i from input elements i only (after
+ * broadcasting), so it may be fused, or run over an input it reads at the same index.
+ * Identity and stop_gradient are excluded: they are copies the passes remove or keep as
+ * markers. (passes.c) */
+NBI_HIDDEN bool nbi_is_map(const nb_var *v);
+
 /* Kernels with an AVX2 twin (float binary arithmetic, small matmuls) use it when this is
  * true: the CPU has AVX2 and nbi_isa_override is not 0 (tests set 0 to run the baseline
  * x86-64 kernels and check that both give the same bits). (op_elementwise.c) */

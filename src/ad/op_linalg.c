@@ -236,45 +236,28 @@ static void nbi_mm_f64(const nbi_mm_geom *g, const void *a, const void *b, void 
 
 /* Integers: row i of c accumulates a[i, p] * b[p, :] for p = 0, 1, ..., k-1, in the unsigned
  * type (the output is written through the unsigned type, which may alias the signed one). */
-static void nbi_mm_i32(const nbi_mm_geom *g, const void *a_, const void *b_, void *c_,
-                       void *scratch) {
-    (void)scratch;
-    const int32_t *restrict a = a_, *restrict b = b_;
-    uint32_t *restrict c = c_;
-    for (int64_t i = 0; i < g->m; i++) {
-        uint32_t *restrict ci = c + i * g->c_rs;
-        for (int64_t j = 0; j < g->n; j++) {
-            ci[j] = 0;
-        }
-        for (int64_t p = 0; p < g->k; p++) {
-            uint32_t x = (uint32_t)a[i * g->a_rs + p * g->a_cs];
-            const int32_t *restrict bp = b + p * g->b_rs;
-            for (int64_t j = 0; j < g->n; j++) {
-                ci[j] += x * (uint32_t)bp[j * g->b_cs];
-            }
-        }
+#define NBI_MM_INT_FN(name, T, U)                                                                  \
+    static void name(const nbi_mm_geom *g, const void *a_, const void *b_, void *c_,               \
+                     void *scratch) {                                                              \
+        (void)scratch;                                                                             \
+        const T *restrict a = a_, *restrict b = b_;                                                \
+        U *restrict c = c_;                                                                        \
+        for (int64_t i = 0; i < g->m; i++) {                                                       \
+            U *restrict ci = c + i * g->c_rs;                                                      \
+            for (int64_t j = 0; j < g->n; j++) {                                                   \
+                ci[j] = 0;                                                                         \
+            }                                                                                      \
+            for (int64_t p = 0; p < g->k; p++) {                                                   \
+                U x = (U)a[i * g->a_rs + p * g->a_cs];                                             \
+                const T *restrict bp = b + p * g->b_rs;                                            \
+                for (int64_t j = 0; j < g->n; j++) {                                               \
+                    ci[j] += x * (U)bp[j * g->b_cs];                                               \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
     }
-}
-
-static void nbi_mm_i64(const nbi_mm_geom *g, const void *a_, const void *b_, void *c_,
-                       void *scratch) {
-    (void)scratch;
-    const int64_t *restrict a = a_, *restrict b = b_;
-    uint64_t *restrict c = c_;
-    for (int64_t i = 0; i < g->m; i++) {
-        uint64_t *restrict ci = c + i * g->c_rs;
-        for (int64_t j = 0; j < g->n; j++) {
-            ci[j] = 0;
-        }
-        for (int64_t p = 0; p < g->k; p++) {
-            uint64_t x = (uint64_t)a[i * g->a_rs + p * g->a_cs];
-            const int64_t *restrict bp = b + p * g->b_rs;
-            for (int64_t j = 0; j < g->n; j++) {
-                ci[j] += x * (uint64_t)bp[j * g->b_cs];
-            }
-        }
-    }
-}
+NBI_MM_INT_FN(nbi_mm_i32, int32_t, uint32_t)
+NBI_MM_INT_FN(nbi_mm_i64, int64_t, uint64_t)
 
 /* Small float products: a plain loop, c[i, :] += a[i, p] * b[p, :] for p = 0, 1, ..., k-1
  * (each output summed in increasing p, the j loop vectorised). Below NBI_MM_SMALL

@@ -522,10 +522,13 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
  * an explicit broadcast to the root's shape is read through a view of the node it slices,
  * pads or broadcasts instead (no copy); that node stays only if something else uses it. */
 
+bool nbi_is_map(const nb_var *v) {
+    return nbi_op_get((nbi_op)v->op)->elementwise && v->op != NBI_OP_IDENTITY &&
+           v->op != NBI_OP_STOP_GRADIENT;
+}
+
 static bool nbi_fusible(const nb_var *v) {
-    const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
-    return info->elementwise && v->op != NBI_OP_IDENTITY && v->op != NBI_OP_STOP_GRADIENT &&
-           v->n_in >= 1 && v->n_in <= 3;
+    return nbi_is_map(v) && v->n_in >= 1 && v->n_in <= 3;
 }
 
 /* If src is a slice, pad or broadcast_to with root's shape, make external input e of prog

@@ -24,14 +24,6 @@
 #define NBI_HIDDEN
 #endif
 
-/* Debug-only check of an internal invariant (never of user input). */
-#ifdef NDEBUG
-#define NBI_ASSERT(c) ((void)0)
-#else
-#include <assert.h>
-#define NBI_ASSERT(c) assert(c)
-#endif
-
 #define NBI_ERRMSG_CAP 1024
 #define NBI_ALIGN 64
 
