@@ -140,7 +140,8 @@ typedef struct nb_ctx_opts {
     nb_log_fn log;          /* default: NULL (nothing is printed or passed anywhere) */
     void *log_ud;           /* passed to log */
     nb_log_level log_level; /* messages above this level are not passed; default WARN */
-    int n_threads;          /* worker threads for later modules; 0 = number of cores */
+    int n_threads;          /* threads kernels split work across (results are bit-identical for
+                               any count); 0 = number of cores */
 } nb_ctx_opts;
 
 NB_API nb_ctx_opts nb_ctx_opts_default(void);
