@@ -126,6 +126,8 @@ static void nbi_plan_give(nbi_planner *p, size_t off, size_t size) {
     p->n_free++;
 }
 
+static bool nbi_inplace_ok(const nb_var *o, const nb_var *x);
+
 /* ---- compile ------------------------------------------------------------------------ */
 
 nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
@@ -296,8 +298,10 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
         last_use[e->outputs[i]] = n_instr; /* live to the end */
     }
 
-    /* Plan: allocate each value when produced, free its inputs after their last use. A
-     * value is never placed over one of its own inputs (no in-place updates yet). */
+    /* Plan: allocate each value when produced, free its inputs after their last use. An
+     * elementwise kernel (or fused map) whose input of the same shape and element size is
+     * read for the last time by that kernel takes over the input's slot (in place: it
+     * reads each element before writing it, at the same index). */
     nbi_planner pl = {free_blocks, 0, n + 1, 0};
     size_t scratch = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -306,7 +310,21 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     for (int32_t t = 0; t < n_instr; t++) {
         const nbi_instr *ins = &e->instrs[t];
         const nb_var *v = &e->nodes[ins->node];
-        e->offset[ins->node] = (int64_t)nbi_plan_take(&pl, nbi_value_bytes(v));
+        int32_t reused = -1;
+        for (int32_t j = 0; j < ins->n_in && reused < 0; j++) {
+            int32_t src = ins->in[j];
+            bool dup = false;
+            for (int32_t q = 0; q < ins->n_in; q++) {
+                dup = dup || (q != j && ins->in[q] == src);
+            }
+            if (!dup && e->param_of[src] < 0 && e->offset[src] >= 0 && last_use[src] == t &&
+                nbi_value_bytes(&e->nodes[src]) == nbi_value_bytes(v) &&
+                nbi_inplace_ok(v, &e->nodes[src])) {
+                reused = src;
+            }
+        }
+        e->offset[ins->node] =
+            reused >= 0 ? e->offset[reused] : (int64_t)nbi_plan_take(&pl, nbi_value_bytes(v));
         const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
         if (info->scratch != NULL) {
             size_t s = nbi_round64(info->scratch(v));
@@ -322,7 +340,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
             for (int32_t q = 0; q < j; q++) {
                 dup = dup || ins->in[q] == src;
             }
-            if (!dup && last_use[src] == t && e->offset[src] >= 0) {
+            if (!dup && src != reused && last_use[src] == t && e->offset[src] >= 0) {
                 nbi_plan_give(&pl, (size_t)e->offset[src], nbi_value_bytes(&e->nodes[src]));
             }
         }
@@ -383,8 +401,8 @@ void nbi_exec_destroy(nbi_exec *e) {
  * same index: an elementwise map (or fused chain) of x's own shape and element size. */
 static bool nbi_inplace_ok(const nb_var *o, const nb_var *x) {
     /* a fused kernel reading a view (slice, pad) reads x elsewhere than it writes */
-    bool map = (o->op == NBI_OP_FUSED && ((const nbi_fprog *)o->at.callee)->view_mask == 0) ||
-               nbi_is_map(o);
+    const nbi_fprog *fp = o->op == NBI_OP_FUSED ? o->at.callee : NULL;
+    bool map = (fp != NULL && fp->view_mask == 0 && fp->red_op == 0) || nbi_is_map(o);
     if (!map || x->rank != o->rank || nb_dtype_size(x->dtype) != nb_dtype_size(o->dtype)) {
         return false;
     }

@@ -243,8 +243,9 @@ NBI_HIDDEN extern int nbi_isa_override;
 NBI_HIDDEN bool nbi_use_avx2(void);
 
 /* A fused elementwise program (op_fused.c): plain data, copied by value. Instruction i
- * computes register i from operands src[] (>= 0: register, < 0: external input -src-1);
- * the last instruction's register is the node's output. */
+ * computes register i from operands src[] (>= 0: register, < 0: external input -src-1)
+ * over the program's index space (map_rank, map_shape); the last instruction's register is
+ * the node's output, or, with a trailing reduction (red_op != 0), the value reduced. */
 #define NBI_FUSE_MAX_INSTR 32
 #define NBI_FUSE_MAX_EXT 16
 typedef struct nbi_finstr {
@@ -258,23 +259,55 @@ typedef struct nbi_fprog {
     int32_t n_instr;
     int32_t n_ext;
     nbi_finstr ins[NBI_FUSE_MAX_INSTR];
+    /* The index space the instructions run over: the node's own shape, or the shape the
+     * trailing reduction reduces. */
+    int32_t map_rank;
+    int64_t map_shape[NB_MAX_RANK];
     /* Views: bit e set when external input e is a slice or broadcast of its node, read in
-     * place: element idx of the output's index space is at view_off + sum idx[d] *
-     * view_st[e][d] of the node's row-major buffer. A view has the fused node's shape. */
+     * place: element idx of the index space is at view_off + sum idx[d] * view_st[e][d]
+     * of the node's row-major buffer. A view has the map shape. */
     uint32_t view_mask;
-    int32_t view_rank; /* the views' (and so the node's) shape */
-    int64_t view_shape[NB_MAX_RANK];
     int64_t view_off[NBI_FUSE_MAX_EXT];
     int64_t view_st[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
-    /* Padded views (bit e of pad_mask, also set in view_mask): output index idx reads the
-     * node at idx - pad_lo (row-major, view_off 0), or pad_value where that falls outside
-     * the node's shape. */
+    /* Padded views (bit e of pad_mask, also set in view_mask): index idx reads the node at
+     * idx - pad_lo (row-major, view_off 0), or pad_value where that falls outside the
+     * node's shape. */
     uint32_t pad_mask;
     int64_t pad_lo[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
     double pad_value[NBI_FUSE_MAX_EXT];
+    /* A trailing reduction (sum, max or min; 0: none) over red_axes of the map shape, which
+     * are its innermost non-unit dims: output o reduces the red_n consecutive elements
+     * [o * red_n, (o + 1) * red_n) of the index space, in the order and with the blocked
+     * pairwise sums of the reduction kernel (op_reduce.c), so the same bits. */
+    uint16_t red_op;
+    bool red_keepdims;
+    int32_t red_n_axes;
+    int32_t red_axes[NB_MAX_RANK];
+    int64_t red_n;
 } nbi_fprog;
-/* Fuse chains of same-shape elementwise ops whose intermediates have no other use. */
+/* Fuse chains of same-shape elementwise ops whose intermediates have no other use, with
+ * the reduction that consumes them when it reduces innermost dims. */
 NBI_HIDDEN nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+
+/* A reduction fed in pieces (op_reduce.c): the same result, bit for bit, as the reduction
+ * kernel over the concatenation of the pieces (sum: blocked pairwise in floats, wrapping in
+ * integers; max, min: left to right, NaN propagating). Segments of NBI_RSEG elements
+ * (a power-of-two number of pairwise blocks) reduced separately combine exactly with
+ * nbi_rstream_combine. */
+#define NBI_RSEG 16384
+typedef struct nbi_rstream {
+    uint16_t op;
+    nb_dtype dtype;
+    int64_t n; /* elements fed so far */
+    _Alignas(8) unsigned char st[66 * 8 + 32];
+} nbi_rstream;
+NBI_HIDDEN void nbi_rstream_begin(nbi_rstream *s, nbi_op op, nb_dtype dtype);
+NBI_HIDDEN void nbi_rstream_feed(nbi_rstream *s, const void *x, int64_t n);
+/* The result (at least one element was fed), written as one element of the dtype. */
+NBI_HIDDEN void nbi_rstream_end(nbi_rstream *s, void *out);
+/* Combine the results of n consecutive segments (all but the last of NBI_RSEG elements). */
+NBI_HIDDEN void nbi_rstream_combine(nbi_op op, nb_dtype dtype, const void *parts, int64_t n,
+                                    void *out);
 
 /* ---- autodiff helpers (src/ad/autodiff.c) ------------------------------------------- */
 /* Sum ct (shaped like a broadcast result) back to an input of rank/shape: over the leading
@@ -309,7 +342,9 @@ NBI_HIDDEN nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *
 /* Matmul operands that are transposes of their last two axes are read through swapped
  * strides instead (the transpose then usually dies in DCE). */
 NBI_HIDDEN nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
-/* The standard pipeline: fold, transpose-matmul, CSE, DCE. */
+/* Small elementwise trees with several fusible consumers copied into each (passes.c). */
+NBI_HIDDEN nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+/* The standard pipeline: fold, transpose-matmul, CSE, DCE, remat, fuse, DCE. */
 NBI_HIDDEN nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 
 /* ---- executables -------------------------------------------------------------------- */

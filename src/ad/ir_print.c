@@ -128,14 +128,23 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
         for (int32_t e = 0; e < p->n_ext; e++) { /* x1 = view(offset=1, strides=[1]) */
             if (p->view_mask & (1u << e)) {
                 nbi_sbuf_printf(s, "; x%d = view(offset=%lld, ", (int)e, (long long)p->view_off[e]);
-                nbi_print_ints64(s, "strides", p->view_st[e], v->rank);
+                nbi_print_ints64(s, "strides", p->view_st[e], p->map_rank);
                 if (p->pad_mask & (1u << e)) {
                     nbi_sbuf_puts(s, ", ");
-                    nbi_print_ints64(s, "pad_lo", p->pad_lo[e], v->rank);
+                    nbi_print_ints64(s, "pad_lo", p->pad_lo[e], p->map_rank);
                     nbi_sbuf_printf(s, ", value=%.17g", p->pad_value[e]);
                 }
                 nbi_sbuf_putc(s, ')');
             }
+        }
+        if (p->red_op != 0) { /* ; then sum(axes=[1], keepdims=false) */
+            int64_t ax[NB_MAX_RANK];
+            for (int32_t q = 0; q < p->red_n_axes; q++) {
+                ax[q] = p->red_axes[q];
+            }
+            nbi_sbuf_printf(s, "; then %s(", nbi_op_name((nbi_op)p->red_op));
+            nbi_print_ints64(s, "axes", ax, p->red_n_axes);
+            nbi_sbuf_printf(s, ", keepdims=%s)", p->red_keepdims ? "true" : "false");
         }
         nbi_sbuf_putc(s, '}');
         break;

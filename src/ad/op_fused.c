@@ -9,6 +9,14 @@
  * own per-element code (nbi_ew_tile) on tiles, and the last one writes into the output.
  * Every element is computed by the same code on the same values as without fusion, so
  * results are bit-identical to the unfused program and for any thread count.
+ *
+ * A trailing reduction (sum, max, min over the innermost dims) consumes the last
+ * instruction's tile instead of storing it: each output's run of red_n elements is fed,
+ * tile by tile, into a reduction stream that performs the reduction kernel's own
+ * operations in its own order (nbi_rstream, op_reduce.c). Work is cut into pieces fixed by
+ * the shape: groups of whole runs when a run is at most NBI_RSEG elements, else segments of
+ * NBI_RSEG elements whose partial results are combined afterwards in the same tree the
+ * unfused kernel builds. So a fused reduction gives the unfused bits for any thread count.
  */
 #include "ad/ir.h"
 
@@ -22,22 +30,43 @@
  * a possible overwrite of the load (4K aliasing) and stalls. */
 #define NBI_FUSE_TILE_BYTES ((size_t)NBI_FUSE_TILE * 8 + 192)
 
+/* Pieces of a reduction: whole runs when they are short, else NBI_RSEG segments. */
+static int64_t nbi_fused_segs(const nbi_fprog *p) {
+    return p->red_n > NBI_RSEG ? (p->red_n + NBI_RSEG - 1) / NBI_RSEG : 1;
+}
+
+static int64_t nbi_shape_size_of(const nbi_fprog *p) {
+    return nbi_shape_size(p->map_rank, p->map_shape);
+}
+
+/* Per worker: the tiles; the first worker's slice also holds the partial results of
+ * segmented reductions (8 bytes each). */
 static size_t nbi_fused_worker_bytes(const nb_var *node) {
     const nbi_fprog *p = node->at.callee;
-    return (size_t)(p->n_instr + p->n_ext) * NBI_FUSE_TILE_BYTES + 64;
+    size_t tiles = (size_t)(p->n_instr + p->n_ext + 1) * NBI_FUSE_TILE_BYTES + 64;
+    if (p->red_op != 0 && nbi_fused_segs(p) > 1) {
+        tiles += (size_t)(nbi_shape_size_of(p) / p->red_n * nbi_fused_segs(p)) * 8 + 64;
+    }
+    return tiles;
 }
 
 typedef struct nbi_fused_job {
     const nbi_kargs *k;
     const nbi_fprog *p;
     size_t worker_bytes;
+    int r; /* the index space (map shape) */
+    const int64_t *shape;
+    int64_t size;
+    int64_t rows_per_piece, segs; /* reductions: whole runs per piece, or segments per run */
+    unsigned char *partials;      /* segment results (segs > 1) */
     int64_t strides[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
     bool direct[NBI_FUSE_MAX_EXT];      /* the input has the output's shape: read it in place */
     bool scalar[NBI_FUSE_MAX_EXT];      /* one element, only read by binary ops/select: stride 0 */
     int32_t ext_slot[NBI_FUSE_MAX_EXT]; /* tile slot of a gathered input, else -1 */
     const unsigned char *ext_base[NBI_FUSE_MAX_EXT]; /* where element 0 is read */
     int32_t reg_slot[NBI_FUSE_MAX_INSTR];            /* tile slot of each instruction's result */
-    int64_t tile;                            /* elements per tile: the slots in use fit in L1 */
+    int32_t out_slot; /* where the reduced values go, tile by tile (reductions) */
+    int64_t tile;     /* elements per tile: the slots in use fit in L1 */
     unsigned char padv[NBI_FUSE_MAX_EXT][8]; /* a padded view's value, in its dtype */
 } nbi_fused_job;
 
@@ -50,16 +79,17 @@ static void nbi_fill(unsigned char *o, const unsigned char *v, size_t es, int64_
 /* Gather elements [first, first+n) of the output's index space from padded view e of x
  * (buffer xb): per run along the innermost dimension, the padding value where the run's
  * outer index falls outside x, else padding / a copy of x's row / padding. */
-static void nbi_fused_gather_pad(const nb_var *node, const nbi_fused_job *j, int32_t e,
-                                 const nb_var *x, const unsigned char *xb, size_t es, int64_t first,
-                                 int64_t n, unsigned char *dst) {
-    int r = node->rank;
+static void nbi_fused_gather_pad(const nbi_fused_job *j, int32_t e, const nb_var *x,
+                                 const unsigned char *xb, size_t es, int64_t first, int64_t n,
+                                 unsigned char *dst) {
+    int r = j->r;
+    const int64_t *shape = j->shape;
     const int64_t *lo = j->p->pad_lo[e], *st = j->p->view_st[e];
     const unsigned char *pv = j->padv[e];
-    int64_t idx[NB_MAX_RANK], rest = first, inner = node->shape[r - 1], xin = x->shape[r - 1];
+    int64_t idx[NB_MAX_RANK], rest = first, inner = shape[r - 1], xin = x->shape[r - 1];
     for (int d = r - 1; d >= 0; d--) {
-        idx[d] = rest % node->shape[d];
-        rest /= node->shape[d];
+        idx[d] = rest % shape[d];
+        rest /= shape[d];
     }
     for (int64_t i = 0; i < n;) {
         int64_t run = inner - idx[r - 1] < n - i ? inner - idx[r - 1] : n - i;
@@ -86,7 +116,7 @@ static void nbi_fused_gather_pad(const nb_var *node, const nbi_fused_job *j, int
         }
         i += run;
         idx[r - 1] += run;
-        for (int d = r - 1; d > 0 && idx[d] == node->shape[d]; d--) {
+        for (int d = r - 1; d > 0 && idx[d] == shape[d]; d--) {
             idx[d] = 0;
             idx[d - 1]++;
         }
@@ -96,17 +126,16 @@ static void nbi_fused_gather_pad(const nb_var *node, const nbi_fused_job *j, int
 /* Gather elements [first, first+n) of the output's index space from broadcast input x,
  * a run along the innermost dimension at a time: a copy where it has stride 1, a fill
  * where it is broadcast (stride 0). */
-static void nbi_fused_gather(const nb_var *node, const int64_t *st, const void *x, size_t es,
-                             int64_t first, int64_t n, unsigned char *dst) {
-    int r = node->rank;
+static void nbi_fused_gather(int r, const int64_t *shape, const int64_t *st, const void *x,
+                             size_t es, int64_t first, int64_t n, unsigned char *dst) {
     int64_t idx[NB_MAX_RANK], off = 0, rest = first;
     for (int d = r - 1; d >= 0; d--) {
-        idx[d] = rest % node->shape[d];
-        rest /= node->shape[d];
+        idx[d] = rest % shape[d];
+        rest /= shape[d];
         off += idx[d] * st[d];
     }
     const unsigned char *src = x; /* off may be negative: a view with a negative step */
-    int64_t inner = node->shape[r - 1], ist = st[r - 1];
+    int64_t inner = shape[r - 1], ist = st[r - 1];
     for (int64_t i = 0; i < n;) {
         int64_t run = inner - idx[r - 1];
         if (run > n - i) {
@@ -135,65 +164,108 @@ static void nbi_fused_gather(const nb_var *node, const int64_t *st, const void *
         idx[r - 1] = 0;
         for (int d = r - 2; d >= 0; d--) {
             off += st[d];
-            if (++idx[d] < node->shape[d]) {
+            if (++idx[d] < shape[d]) {
                 break;
             }
-            off -= st[d] * node->shape[d];
+            off -= st[d] * shape[d];
             idx[d] = 0;
         }
     }
 }
 
-static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) {
-    const nbi_fused_job *j = ud;
+/* Evaluate the program over elements [t0, t0 + n) of the index space (n <= the tile);
+ * the last instruction writes to dst. */
+static void nbi_fused_tile(const nbi_fused_job *j, unsigned char *base, int64_t t0, int64_t n,
+                           void *dst) {
     const nbi_kargs *k = j->k;
     const nb_var *node = k->node;
     const nbi_fprog *p = j->p;
-    unsigned char *base = (unsigned char *)k->scratch + (size_t)worker * j->worker_bytes;
-    base = (unsigned char *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
     size_t tile_bytes = NBI_FUSE_TILE_BYTES;
-    size_t es_out = nb_dtype_size(node->dtype);
     const void *ext[NBI_FUSE_MAX_EXT];
-    void *reg[NBI_FUSE_MAX_INSTR];
-    for (int32_t i = 0; i < p->n_instr; i++) {
-        reg[i] = base + (size_t)j->reg_slot[i] * tile_bytes;
+    for (int32_t e = 0; e < p->n_ext; e++) {
+        const nb_var *x = node->in[e];
+        size_t es = nb_dtype_size(x->dtype);
+        if (j->scalar[e]) {
+            ext[e] = j->ext_base[e];
+        } else if (j->direct[e]) {
+            ext[e] = j->ext_base[e] + (size_t)t0 * es;
+        } else if (p->pad_mask & (1u << e)) {
+            unsigned char *g = base + (size_t)j->ext_slot[e] * tile_bytes;
+            nbi_fused_gather_pad(j, e, x, j->ext_base[e], es, t0, n, g);
+            ext[e] = g;
+        } else {
+            unsigned char *g = base + (size_t)j->ext_slot[e] * tile_bytes;
+            nbi_fused_gather(j->r, j->shape, j->strides[e], j->ext_base[e], es, t0, n, g);
+            ext[e] = g;
+        }
     }
-    int64_t tile = j->tile;
-    for (int64_t t0 = first; t0 < first + count; t0 += tile) {
-        int64_t n = first + count - t0 < tile ? first + count - t0 : tile;
-        for (int32_t e = 0; e < p->n_ext; e++) {
-            const nb_var *x = node->in[e];
-            size_t es = nb_dtype_size(x->dtype);
-            if (j->scalar[e]) {
-                ext[e] = j->ext_base[e];
-            } else if (j->direct[e]) {
-                ext[e] = j->ext_base[e] + (size_t)t0 * es;
-            } else if (p->pad_mask & (1u << e)) {
-                unsigned char *dst = base + (size_t)j->ext_slot[e] * tile_bytes;
-                nbi_fused_gather_pad(node, j, e, x, j->ext_base[e], es, t0, n, dst);
-                ext[e] = dst;
+    for (int32_t i = 0; i < p->n_instr; i++) {
+        const nbi_finstr *in = &p->ins[i];
+        const void *ops[3];
+        bool sc[3] = {false, false, false};
+        for (int a = 0; a < in->n_in; a++) {
+            if (in->src[a] >= 0) {
+                ops[a] = base + (size_t)j->reg_slot[in->src[a]] * tile_bytes;
             } else {
-                unsigned char *dst = base + (size_t)j->ext_slot[e] * tile_bytes;
-                nbi_fused_gather(node, j->strides[e], j->ext_base[e], es, t0, n, dst);
-                ext[e] = dst;
+                ops[a] = ext[-in->src[a] - 1];
+                sc[a] = j->scalar[-in->src[a] - 1];
             }
         }
-        for (int32_t i = 0; i < p->n_instr; i++) {
-            const nbi_finstr *in = &p->ins[i];
-            const void *ops[3];
-            bool sc[3] = {false, false, false};
-            for (int a = 0; a < in->n_in; a++) {
-                if (in->src[a] >= 0) {
-                    ops[a] = reg[in->src[a]];
-                } else {
-                    ops[a] = ext[-in->src[a] - 1];
-                    sc[a] = j->scalar[-in->src[a] - 1];
-                }
-            }
-            void *dst =
-                i == p->n_instr - 1 ? (unsigned char *)k->out + (size_t)t0 * es_out : reg[i];
-            nbi_ew_tile((nbi_op)in->op, in->dtype, in->in_dtype, in->n_in, dst, ops, sc, n);
-        }
+        void *o = i == p->n_instr - 1 ? dst : base + (size_t)j->reg_slot[i] * tile_bytes;
+        nbi_ew_tile((nbi_op)in->op, in->dtype, in->in_dtype, in->n_in, o, ops, sc, n);
+    }
+}
+
+static unsigned char *nbi_fused_base(const nbi_fused_job *j, int worker) {
+    unsigned char *base = (unsigned char *)j->k->scratch + (size_t)worker * j->worker_bytes;
+    return (unsigned char *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
+}
+
+/* Elements [first, first + count) of a fused map, written to the output. */
+static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) {
+    const nbi_fused_job *j = ud;
+    unsigned char *base = nbi_fused_base(j, worker);
+    size_t es_out = nb_dtype_size(j->k->node->dtype);
+    for (int64_t t0 = first; t0 < first + count; t0 += j->tile) {
+        int64_t n = first + count - t0 < j->tile ? first + count - t0 : j->tile;
+        nbi_fused_tile(j, base, t0, n, (unsigned char *)j->k->out + (size_t)t0 * es_out);
+    }
+}
+
+/* Reduce elements [first, first + n) (inside one run) into s, a tile at a time. */
+static void nbi_fused_reduce_run(const nbi_fused_job *j, unsigned char *base, nbi_rstream *s,
+                                 int64_t first, int64_t n) {
+    unsigned char *vals = base + (size_t)j->out_slot * NBI_FUSE_TILE_BYTES;
+    for (int64_t t0 = first; t0 < first + n; t0 += j->tile) {
+        int64_t m = first + n - t0 < j->tile ? first + n - t0 : j->tile;
+        nbi_fused_tile(j, base, t0, m, vals);
+        nbi_rstream_feed(s, vals, m);
+    }
+}
+
+/* Piece t of a fused reduction: rows_per_piece whole runs, or one segment of a run. */
+static void nbi_fused_reduce_piece(void *ud, int64_t t, int worker) {
+    const nbi_fused_job *j = ud;
+    const nbi_fprog *p = j->p;
+    const nb_var *node = j->k->node;
+    unsigned char *base = nbi_fused_base(j, worker);
+    size_t es = nb_dtype_size(node->dtype);
+    nbi_rstream s;
+    if (j->segs > 1) {
+        int64_t row = t / j->segs, seg = t % j->segs;
+        int64_t first = row * p->red_n + seg * NBI_RSEG;
+        int64_t n = p->red_n - seg * NBI_RSEG < NBI_RSEG ? p->red_n - seg * NBI_RSEG : NBI_RSEG;
+        nbi_rstream_begin(&s, (nbi_op)p->red_op, node->dtype);
+        nbi_fused_reduce_run(j, base, &s, first, n);
+        nbi_rstream_end(&s, j->partials + (size_t)t * es);
+        return;
+    }
+    int64_t rows = node->size;
+    for (int64_t row = t * j->rows_per_piece; row < rows && row < (t + 1) * j->rows_per_piece;
+         row++) {
+        nbi_rstream_begin(&s, (nbi_op)p->red_op, node->dtype);
+        nbi_fused_reduce_run(j, base, &s, row * p->red_n, p->red_n);
+        nbi_rstream_end(&s, (unsigned char *)j->k->out + (size_t)row * es);
     }
 }
 
@@ -215,8 +287,9 @@ static void nbi_fused_slots(nbi_fused_job *j) {
             }
         }
     }
+    j->out_slot = p->red_op != 0 ? n_slots++ : -1; /* the values reduced, else the output */
     for (int32_t i = 0; i < p->n_instr; i++) {
-        j->reg_slot[i] = i == p->n_instr - 1 ? 0 /* the output */
+        j->reg_slot[i] = i == p->n_instr - 1 ? (j->out_slot >= 0 ? j->out_slot : 0)
                          : n_free > 0        ? free_list[--n_free]
                                              : n_slots++;
         for (int a = 0; a < p->ins[i].n_in; a++) {
@@ -232,6 +305,11 @@ static void nbi_fused_slots(nbi_fused_job *j) {
     }
     int64_t tile = n_slots > 0 ? 24576 / (8 * (int64_t)n_slots) / 64 * 64 : NBI_FUSE_TILE;
     j->tile = tile < 256 ? 256 : tile > NBI_FUSE_TILE ? NBI_FUSE_TILE : tile;
+    if (p->red_op != 0 && p->red_n >= NBI_FUSE_TILE) {
+        /* whole tiles of 1024 from each run's start: the pairwise sum then takes 8 blocks
+         * at a time as independent chains (op_reduce.c), 4x faster than one block */
+        j->tile = NBI_FUSE_TILE;
+    }
 }
 
 static void nbi_pad_bytes(nb_dtype d, double v, unsigned char *out) {
@@ -267,27 +345,33 @@ static void nbi_k_fused(const nbi_kargs *k) {
     memset(&j, 0, sizeof j);
     j.k = k;
     j.p = node->at.callee;
+    j.r = j.p->map_rank;
+    j.shape = j.p->map_shape;
+    j.size = nbi_shape_size(j.r, j.shape);
+    if (j.size == 0) {
+        return; /* reductions over nothing are never fused */
+    }
     j.worker_bytes = (nbi_fused_worker_bytes(node) + 63) / 64 * 64;
     for (int32_t e = 0; e < j.p->n_ext; e++) {
         const nb_var *x = node->in[e];
-        bool same = x->rank == node->rank;
+        bool same = x->rank == j.r;
         for (int d = 0; same && d < x->rank; d++) {
-            same = x->shape[d] == node->shape[d];
+            same = x->shape[d] == j.shape[d];
         }
         j.direct[e] = same;
-        j.scalar[e] = x->size == 1 && node->size > 1;
+        j.scalar[e] = x->size == 1 && j.size > 1;
         j.ext_base[e] = k->in[e];
-        nbi_bcast_strides(x->rank, x->shape, node->rank, node->shape, j.strides[e]);
+        nbi_bcast_strides(x->rank, x->shape, j.r, j.shape, j.strides[e]);
         if (j.p->view_mask & (1u << e)) { /* direct when the view is contiguous */
             int64_t want = 1;
             same = true;
-            for (int d = node->rank - 1; d >= 0; d--) {
+            for (int d = j.r - 1; d >= 0; d--) {
                 j.strides[e][d] = j.p->view_st[e][d];
-                same = same && (node->shape[d] == 1 || j.strides[e][d] == want);
-                want *= node->shape[d];
+                same = same && (j.shape[d] == 1 || j.strides[e][d] == want);
+                want *= j.shape[d];
             }
             j.direct[e] = same && !(j.p->pad_mask & (1u << e));
-            j.scalar[e] = x->size == 1 && node->size > 1 && !(j.p->pad_mask & (1u << e));
+            j.scalar[e] = x->size == 1 && j.size > 1 && !(j.p->pad_mask & (1u << e));
             nbi_pad_bytes(x->dtype, j.p->pad_value[e], j.padv[e]);
             j.ext_base[e] = (const unsigned char *)k->in[e] +
                             (ptrdiff_t)j.p->view_off[e] * (ptrdiff_t)nb_dtype_size(x->dtype);
@@ -302,32 +386,62 @@ static void nbi_k_fused(const nbi_kargs *k) {
         }
     }
     nbi_fused_slots(&j);
-    nbi_par_range(k->pool, node->size, NBI_FUSE_CHUNK, nbi_fused_range, &j);
+    if (j.p->red_op == 0) {
+        nbi_par_range(k->pool, j.size, NBI_FUSE_CHUNK, nbi_fused_range, &j);
+        return;
+    }
+    int64_t rows = node->size;
+    j.segs = nbi_fused_segs(j.p);
+    if (j.segs > 1) {
+        j.partials =
+            nbi_fused_base(&j, 0) + (size_t)(j.p->n_instr + j.p->n_ext + 1) * NBI_FUSE_TILE_BYTES;
+        nbi_pool_run(k->pool, rows * j.segs, nbi_fused_reduce_piece, &j);
+        size_t es = nb_dtype_size(node->dtype);
+        for (int64_t row = 0; row < rows; row++) {
+            nbi_rstream_combine((nbi_op)j.p->red_op, node->dtype,
+                                j.partials + (size_t)(row * j.segs) * es, j.segs,
+                                (unsigned char *)k->out + (size_t)row * es);
+        }
+        return;
+    }
+    j.rows_per_piece = NBI_RSEG / j.p->red_n > 0 ? NBI_RSEG / j.p->red_n : 1;
+    nbi_pool_run(k->pool, (rows + j.rows_per_piece - 1) / j.rows_per_piece, nbi_fused_reduce_piece,
+                 &j);
 }
 
-/* The output: the broadcast of the external inputs' shapes, the last instruction's dtype. */
+/* The output: the map shape (every external input that is not a view broadcasts to it),
+ * reduced over red_axes when there is a trailing reduction; the last instruction's dtype. */
 static nb_status nbi_infer_fused(nb_trace *tr, nb_var *p) {
     const nbi_fprog *prog = p->at.callee;
-    int r = 0;
-    int64_t shape[NB_MAX_RANK] = {0};
-    if (prog->view_mask != 0) { /* a view reads its node with the output's shape */
-        r = prog->view_rank;
-        memcpy(shape, prog->view_shape, sizeof shape);
-    }
     for (int32_t e = 0; e < p->n_in; e++) {
         if (prog->view_mask & (1u << e)) {
             continue;
         }
         int r2;
         int64_t s2[NB_MAX_RANK];
-        if (!nbi_broadcast_shapes(r, shape, p->in[e]->rank, p->in[e]->shape, &r2, s2)) {
-            return nbi_trace_err(tr, NB_ERR_INTERNAL, "fused: inputs do not broadcast");
+        if (!nbi_broadcast_shapes(prog->map_rank, prog->map_shape, p->in[e]->rank, p->in[e]->shape,
+                                  &r2, s2) ||
+            r2 != prog->map_rank ||
+            memcmp(s2, prog->map_shape, (size_t)r2 * sizeof(int64_t)) != 0) {
+            return nbi_trace_err(tr, NB_ERR_INTERNAL,
+                                 "fused: input %d does not broadcast to "
+                                 "the program's shape",
+                                 (int)e);
         }
-        r = r2;
-        memcpy(shape, s2, sizeof shape);
+    }
+    int r = 0;
+    for (int d = 0; d < prog->map_rank; d++) {
+        bool red = false;
+        for (int a = 0; prog->red_op != 0 && a < prog->red_n_axes; a++) {
+            red = red || prog->red_axes[a] == d;
+        }
+        if (!red) {
+            p->shape[r++] = prog->map_shape[d];
+        } else if (prog->red_keepdims) {
+            p->shape[r++] = 1;
+        }
     }
     p->rank = (int8_t)r;
-    memcpy(p->shape, shape, sizeof shape);
     p->dtype = prog->ins[prog->n_instr - 1].dtype;
     return NB_OK;
 }

@@ -695,6 +695,125 @@ NBI_DEF_REDUCE(double, f64, NBI_FADD, NBI_FMUL, NBI_FMAX, NBI_FMIN, true)
 NBI_DEF_REDUCE(int32_t, i32, NBI_IADD_I32, NBI_IMUL_I32, NBI_IMAX, NBI_IMIN, false)
 NBI_DEF_REDUCE(int64_t, i64, NBI_IADD_I64, NBI_IMUL_I64, NBI_IMAX, NBI_IMIN, false)
 
+/* ---- reductions fed in pieces (fused kernels) --------------------------------------- */
+
+_Static_assert(NBI_RSEG % NBI_RBLOCK == 0 &&
+                   ((NBI_RSEG / NBI_RBLOCK) & (NBI_RSEG / NBI_RBLOCK - 1)) == 0,
+               "a segment must be a power-of-two number of pairwise blocks");
+_Static_assert(sizeof(nbi_psum_f64) <= sizeof(((nbi_rstream *)0)->st) &&
+                   sizeof(nbi_psum_f32) <= sizeof(((nbi_rstream *)0)->st),
+               "nbi_rstream too small for a pairwise sum");
+
+static bool nbi_rstream_pairwise(const nbi_rstream *s) {
+    return s->op == NBI_OP_SUM && nb_dtype_is_float(s->dtype);
+}
+
+void nbi_rstream_begin(nbi_rstream *s, nbi_op op, nb_dtype dtype) {
+    memset(s, 0, sizeof *s);
+    s->op = (uint16_t)op;
+    s->dtype = dtype;
+}
+
+/* The pairwise state's cur/pos/nblk/top start at zero (memset), as in the row kernel. A
+ * plain fold keeps its accumulator in st, started from the first element. */
+#define NBI_RSTREAM_FEED(S, T)                                                                     \
+    if (nbi_rstream_pairwise(s)) {                                                                 \
+        nbi_psum_feed_##S((nbi_psum_##S *)(void *)s->st, x, n);                                    \
+    } else {                                                                                       \
+        T *acc = (T *)(void *)s->st;                                                               \
+        const T *xs = x;                                                                           \
+        if (s->n == 0) {                                                                           \
+            *acc = nbi_fold_##S((nbi_op)s->op, xs[0], xs + 1, n - 1);                              \
+        } else {                                                                                   \
+            *acc = nbi_fold_##S((nbi_op)s->op, *acc, xs, n);                                       \
+        }                                                                                          \
+    }
+
+void nbi_rstream_feed(nbi_rstream *s, const void *x, int64_t n) {
+    if (n <= 0) {
+        return;
+    }
+    switch (s->dtype) {
+    case NB_DTYPE_F32:
+        NBI_RSTREAM_FEED(f32, float)
+        break;
+    case NB_DTYPE_F64:
+        NBI_RSTREAM_FEED(f64, double)
+        break;
+    case NB_DTYPE_I32:
+        NBI_RSTREAM_FEED(i32, int32_t)
+        break;
+    case NB_DTYPE_I64:
+        NBI_RSTREAM_FEED(i64, int64_t)
+        break;
+    case NB_DTYPE_BOOL:
+        break;
+    }
+    s->n += n;
+}
+#undef NBI_RSTREAM_FEED
+
+void nbi_rstream_end(nbi_rstream *s, void *out) {
+    switch (s->dtype) {
+    case NB_DTYPE_F32:
+        *(float *)out = nbi_rstream_pairwise(s) ? nbi_psum_end_f32((nbi_psum_f32 *)(void *)s->st)
+                                                : *(float *)(void *)s->st;
+        break;
+    case NB_DTYPE_F64:
+        *(double *)out = nbi_rstream_pairwise(s) ? nbi_psum_end_f64((nbi_psum_f64 *)(void *)s->st)
+                                                 : *(double *)(void *)s->st;
+        break;
+    case NB_DTYPE_I32:
+        *(int32_t *)out = *(int32_t *)(void *)s->st;
+        break;
+    case NB_DTYPE_I64:
+        *(int64_t *)out = *(int64_t *)(void *)s->st;
+        break;
+    case NB_DTYPE_BOOL:
+        break;
+    }
+}
+
+/* Segment results of a pairwise sum are complete subtrees of NBI_RSEG / NBI_RBLOCK blocks
+ * (but the last): pushed as block sums of a coarser binary counter, they give the tree the
+ * whole run would have built, and the final right-to-left fold is the one psum_end does.
+ * Folds (max, min, integer sums) combine left to right. */
+#define NBI_RSTREAM_COMBINE(S, T)                                                                  \
+    {                                                                                              \
+        const T *pt = parts;                                                                       \
+        if (op == NBI_OP_SUM && nb_dtype_is_float(dtype)) {                                        \
+            nbi_psum_##S ps;                                                                       \
+            memset(&ps, 0, sizeof ps);                                                             \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                ps.cur = pt[i];                                                                    \
+                nbi_psum_push_##S(&ps);                                                            \
+            }                                                                                      \
+            *(T *)out = nbi_psum_end_##S(&ps);                                                     \
+        } else {                                                                                   \
+            *(T *)out = nbi_fold_##S(op, pt[0], pt + 1, n - 1);                                    \
+        }                                                                                          \
+    }
+
+void nbi_rstream_combine(nbi_op op, nb_dtype dtype, const void *parts, int64_t n, void *out) {
+    switch (dtype) {
+    case NB_DTYPE_F32:
+        NBI_RSTREAM_COMBINE(f32, float)
+        break;
+    case NB_DTYPE_F64:
+        NBI_RSTREAM_COMBINE(f64, double)
+        break;
+    case NB_DTYPE_I32:
+        NBI_RSTREAM_COMBINE(i32, int32_t)
+        break;
+    case NB_DTYPE_I64:
+        NBI_RSTREAM_COMBINE(i64, int64_t)
+        break;
+    case NB_DTYPE_BOOL:
+        break;
+    }
+}
+#undef NBI_RSTREAM_COMBINE
+
 /* Fill n outputs with the identity of op (only sum and prod have one; inference rejects
  * max/min over nothing, so their branch is never taken). */
 static void nbi_reduce_identity(nbi_op op, nb_dtype d, void *out, int64_t n) {

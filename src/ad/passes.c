@@ -520,7 +520,10 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
  * the cluster. Each cluster of two or more nodes becomes one fused node whose program
  * replays the members in order (op_fused.c). An external input that is a slice, a pad or
  * an explicit broadcast to the root's shape is read through a view of the node it slices,
- * pads or broadcasts instead (no copy); that node stays only if something else uses it. */
+ * pads or broadcasts instead (no copy); that node stays only if something else uses it.
+ * A sum, max or min over the innermost dims whose input is a cluster's root used nowhere
+ * else takes the cluster in as its trailing reduction: the mapped values are reduced tile
+ * by tile and never stored. Such a cluster is closed: nothing fuses it further. */
 
 bool nbi_is_map(const nb_var *v) {
     return nbi_op_get((nbi_op)v->op)->elementwise && v->op != NBI_OP_IDENTITY &&
@@ -536,6 +539,7 @@ static bool nbi_fusible(const nb_var *v) {
  * broadcast dims) per output index, and for a pad its low padding and value. With prog
  * NULL, only say whether src can be read as a view. */
 static bool nbi_fuse_view(const nb_var *src, const nb_var *root, nbi_fprog *prog, int32_t e) {
+    /* root: the node whose shape is the program's index space */
     if ((src->op != NBI_OP_SLICE && src->op != NBI_OP_BROADCAST && src->op != NBI_OP_PAD) ||
         src->rank != root->rank || src->size == 0 || src->in[0]->size == 0) {
         return false;
@@ -572,9 +576,191 @@ static bool nbi_fuse_view(const nb_var *src, const nb_var *root, nbi_fprog *prog
     }
     prog->view_off[e] = off;
     prog->view_mask |= 1u << e;
-    prog->view_rank = root->rank;
-    memcpy(prog->view_shape, root->shape, sizeof prog->view_shape);
     return true;
+}
+
+/* A reduction the fused kernel can take as a trailing reduction: sum, max or min keeping
+ * its dtype, over a non-empty input, whose reduced dims are the innermost ones once unit
+ * dims are ignored (each output reduces one contiguous run of the input). */
+static bool nbi_fuse_reduction_ok(const nb_var *v) {
+    if (v->op != NBI_OP_SUM && v->op != NBI_OP_MAX && v->op != NBI_OP_MIN) {
+        return false;
+    }
+    const nb_var *x = v->in[0];
+    if (x->size == 0 || v->dtype != x->dtype || v->dtype == NB_DTYPE_BOOL) {
+        return false;
+    }
+    bool isred[NB_MAX_RANK] = {false}, seen = false;
+    for (int a = 0; a < v->at.n_axes; a++) {
+        isred[v->at.axes[a]] = true;
+    }
+    for (int d = 0; d < x->rank; d++) {
+        if (x->shape[d] == 1) {
+            continue;
+        }
+        if (isred[d]) {
+            seen = true;
+        } else if (seen) {
+            return false; /* a kept dim inside the reduced ones: not one run per output */
+        }
+    }
+    return true;
+}
+
+/* ---- rematerialisation ---------------------------------------------------------------
+ * A small elementwise tree (at most NBI_REMAT_MAX ops: a map and the single-use maps that
+ * feed it) whose value has several consumers, every one of them an elementwise op of its
+ * shape or a reduction fusion can take, is copied into each consumer instead of being
+ * stored once and read back: each copy then fuses into its consumer's chain. Recomputing
+ * a few flops per element is cheaper than a round trip of the whole array through memory
+ * (Rosenbrock's value_and_grad reads its residuals in three chains). A copy computes the
+ * same bits as the original. Runs after CSE, which would merge the copies again. */
+#define NBI_REMAT_MAX 4
+
+typedef struct nbi_remat {
+    const nbi_graph *in;
+    nbi_graph *out;
+    nb_var **map;
+    const int32_t *uses;
+    const bool *is_out, *remat;
+} nbi_remat;
+
+static bool nbi_same_shape(const nb_var *a, const nb_var *b) {
+    if (a->rank != b->rank) {
+        return false;
+    }
+    for (int d = 0; d < a->rank; d++) {
+        if (a->shape[d] != b->shape[d]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* w feeds only into u and would fuse into it: part of u's tree */
+static bool nbi_remat_absorbed(const nbi_remat *r, const nb_var *w, const nb_var *u) {
+    return nbi_fusible(w) && r->uses[w->id] == 1 && !r->is_out[w->id] && nbi_same_shape(w, u);
+}
+
+static bool nbi_fuse_reduction_ok(const nb_var *v);
+
+/* A copy of u's tree in r->out (inputs outside the tree: their mapped nodes; remat inputs
+ * copied too, to depth 2). NULL on OOM. */
+static nb_var *nbi_remat_clone(const nbi_remat *r, const nb_var *u, int depth) {
+    nb_var *ins[3];
+    for (int32_t j = 0; j < u->n_in && j < 3; j++) {
+        const nb_var *w = u->in[j];
+        bool copy = nbi_remat_absorbed(r, w, u) || (r->remat[w->id] && depth < 2);
+        ins[j] = copy ? nbi_remat_clone(r, w, depth + 1) : r->map[w->id];
+        if (ins[j] == NULL) {
+            return NULL;
+        }
+    }
+    nb_var proto = *u;
+    proto.in = ins;
+    return nbi_graph_add(r->out, &proto);
+}
+
+static int32_t nbi_remat_size(const nbi_remat *r, const nb_var *u) {
+    int32_t n = 1;
+    for (int32_t j = 0; j < u->n_in; j++) {
+        if (nbi_remat_absorbed(r, u->in[j], u)) {
+            n += nbi_remat_size(r, u->in[j]);
+        }
+    }
+    return n;
+}
+
+nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
+    nb_var **map = NULL;
+    nb_status st = nbi_pass_begin(ctx, in, out, &map, "remat");
+    if (st != NB_OK) {
+        return st;
+    }
+    int32_t n = in->n_nodes;
+    int32_t *uses = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
+    int32_t *seen = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
+    bool *is_out = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(bool));
+    bool *remat = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(bool));
+    bool *bad = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(bool));
+    if (uses == NULL || seen == NULL || is_out == NULL || remat == NULL || bad == NULL) {
+        return nbi_err(ctx, NB_ERR_OOM, "remat: out of memory");
+    }
+    for (int32_t i = 0; i < in->n_outputs; i++) {
+        is_out[in->outputs[i]->id] = true;
+    }
+    for (int32_t i = 0; i < n; i++) { /* distinct consumers, and whether each would fuse */
+        const nb_var *c = in->nodes[i];
+        for (int32_t j = 0; j < c->n_in; j++) {
+            const nb_var *u = c->in[j];
+            bool again = false;
+            for (int32_t q = 0; q < j; q++) {
+                again = again || c->in[q] == u;
+            }
+            if (again) {
+                continue;
+            }
+            uses[u->id]++;
+            bool fuses = (nbi_fusible(c) && nbi_same_shape(c, u)) ||
+                         (nbi_fuse_reduction_ok(c) && c->in[0] == u);
+            bad[u->id] = bad[u->id] || !fuses;
+        }
+    }
+    nbi_remat r = {in, out, map, uses, is_out, remat};
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *u = in->nodes[i];
+        remat[i] = nbi_fusible(u) && !is_out[i] && !bad[i] && uses[i] >= 2 &&
+                   nbi_remat_size(&r, u) <= NBI_REMAT_MAX;
+    }
+    int32_t k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = in->nodes[i];
+        nb_var *ins[64], *clone_of[64];
+        const nb_var *orig[64];
+        int32_t n_clones = 0;
+        bool any = false;
+        for (int32_t j = 0; j < v->n_in && v->n_in <= 64; j++) {
+            const nb_var *u = v->in[j];
+            ins[j] = map[u->id];
+            if (!remat[u->id]) {
+                continue;
+            }
+            int32_t q = 0;
+            while (q < n_clones && orig[q] != u) {
+                q++;
+            }
+            if (q < n_clones) { /* x * x: one copy for both operands */
+                ins[j] = clone_of[q];
+                any = true;
+                continue;
+            }
+            if (seen[u->id]++ == 0) {
+                continue; /* the first consumer reads the original */
+            }
+            nb_var *c = nbi_remat_clone(&r, u, 0);
+            if (c == NULL) {
+                return nbi_err(ctx, NB_ERR_OOM, "remat: out of memory");
+            }
+            orig[n_clones] = u;
+            clone_of[n_clones++] = c;
+            ins[j] = c;
+            any = true;
+        }
+        if (any) {
+            nb_var proto = *v;
+            proto.in = ins;
+            map[i] = nbi_graph_add(out, &proto);
+        } else {
+            map[i] = nbi_copy_node(out, v, map);
+        }
+        if (map[i] == NULL) {
+            return nbi_err(ctx, NB_ERR_OOM, "remat: out of memory");
+        }
+        if (v->op == NBI_OP_PARAM) {
+            out->inputs[k++] = map[i];
+        }
+    }
+    return nbi_pass_end(ctx, in, out, map, "remat");
 }
 
 nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
@@ -587,13 +773,18 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     int32_t *uses = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
     int32_t *root = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
     int32_t *size = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
-    if (uses == NULL || root == NULL || size == NULL) {
+    bool *closed = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(bool));
+    if (uses == NULL || root == NULL || size == NULL || closed == NULL) {
         return nbi_err(ctx, NB_ERR_OOM, "fuse: out of memory");
     }
-    for (int32_t i = 0; i < n; i++) {
+    for (int32_t i = 0; i < n; i++) { /* uses: consumers (x + x uses x once) */
         const nb_var *v = in->nodes[i];
         for (int32_t j = 0; j < v->n_in; j++) {
-            uses[v->in[j]->id]++;
+            bool again = false;
+            for (int32_t q = 0; q < j; q++) {
+                again = again || v->in[q] == v->in[j];
+            }
+            uses[v->in[j]->id] += again ? 0 : 1;
         }
         root[i] = -1;
     }
@@ -602,6 +793,20 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     }
     for (int32_t i = 0; i < n; i++) {
         const nb_var *v = in->nodes[i];
+        if (nbi_fuse_reduction_ok(v)) {
+            int32_t r = root[v->in[0]->id];
+            if (r == v->in[0]->id && uses[r] == 1 && !closed[r]) {
+                for (int32_t m = 0; m <= r; m++) { /* the cluster becomes the reduction's */
+                    if (root[m] == r) {
+                        root[m] = i;
+                    }
+                }
+                root[i] = i;
+                size[i] = size[r] + 1; /* + 1: the reduction (never a lone member) */
+                closed[i] = true;
+            }
+            continue;
+        }
         if (!nbi_fusible(v)) {
             continue;
         }
@@ -615,7 +820,7 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
                 same_shape = u->shape[d] == v->shape[d];
             }
             /* dtypes may differ (casts, comparisons); shapes may not */
-            if (r < 0 || uses[u->id] != 1 || !same_shape ||
+            if (r < 0 || closed[r] || uses[u->id] != 1 || !same_shape ||
                 size[r] + size[i] > NBI_FUSE_MAX_INSTR) {
                 continue;
             }
@@ -654,9 +859,12 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
             }
             continue;
         }
-        /* the members in order, and their external inputs */
+        /* the members in order, and their external inputs; a reduction root is not an
+         * instruction but the program's trailing reduction, over its input's shape */
+        bool red = closed[i];
+        const nb_var *mapv = red ? v->in[0] : v;
         int32_t nm = 0;
-        for (int32_t m = 0; m <= i; m++) {
+        for (int32_t m = 0; m < i + (red ? 0 : 1); m++) {
             if (root[m] == i) {
                 members[nm++] = m;
             }
@@ -668,6 +876,15 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         bool ok = prog != NULL;
         if (ok) {
             memset(prog, 0, sizeof *prog);
+            prog->map_rank = mapv->rank;
+            memcpy(prog->map_shape, mapv->shape, sizeof prog->map_shape);
+            if (red) {
+                prog->red_op = v->op;
+                prog->red_keepdims = v->at.keepdims;
+                prog->red_n_axes = v->at.n_axes;
+                memcpy(prog->red_axes, v->at.axes, sizeof prog->red_axes);
+                prog->red_n = v->size > 0 ? mapv->size / v->size : 0;
+            }
         }
         for (int32_t a = 0; ok && a < nm; a++) {
             const nb_var *m = in->nodes[members[a]];
@@ -699,7 +916,7 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
                     }
                     ext_src[n_ext] = src;
                     ext[n_ext] = map[src->id];
-                    if (nbi_fuse_view(src, v, prog, n_ext)) {
+                    if (nbi_fuse_view(src, mapv, prog, n_ext)) {
                         ext[n_ext] = map[src->in[0]->id];
                     }
                     n_ext++;
@@ -732,7 +949,7 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
 }
 
 nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
-    nbi_graph a, b, c, d, e2;
+    nbi_graph a, b, c, d, r, e2;
     nb_status st = nbi_graph_verify(ctx, in, "trace");
     if (st == NB_OK) {
         st = nbi_pass_fold(ctx, in, &a);
@@ -747,7 +964,10 @@ nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         st = nbi_pass_dce(ctx, &c, &d); /* dead nodes must not block fusion by their uses */
     }
     if (st == NB_OK) {
-        st = nbi_pass_fuse(ctx, &d, &e2);
+        st = nbi_pass_remat(ctx, &d, &r);
+    }
+    if (st == NB_OK) {
+        st = nbi_pass_fuse(ctx, &r, &e2);
     }
     if (st == NB_OK) {
         st = nbi_pass_dce(ctx, &e2, out);

@@ -355,12 +355,148 @@ static void test_fusion_views(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* Trailing reductions fused into their elementwise chains: a full f32 sum long enough to be
+ * cut into segments (whose partial sums must combine in the unfused kernel's tree), a row
+ * sum of short rows, an f32 sum of two long rows (segments per row), a max with keepdims
+ * whose first row holds NaNs, a min over the last two axes, and an i32 sum. A column sum
+ * (kept innermost dim) stays a reduction node. Every result is bit-identical to the
+ * unfused evaluation -- the same maps materialised by one function and reduced by the
+ * reduction kernel in another -- with 1 and 3 threads. */
+static int g_red_mode; /* 0: maps then reductions in one trace; 1: maps only; 2: reductions */
+
+static nb_var *red_apply(int i, nb_var *m) {
+    switch (i) {
+    case 1:
+        return nb_sum(m, (int[]){1}, 1, false);
+    case 2:
+        return nb_sum(m, (int[]){-1}, 1, false);
+    case 3:
+        return nb_max(m, (int[]){1}, 1, true);
+    case 4:
+        return nb_min(m, (int[]){1, 2}, 2, false);
+    case 6:
+        return nb_sum(m, (int[]){0}, 1, false); /* column-wise: not fused */
+    default:
+        return nb_sum(m, NULL, 0, false);
+    }
+}
+
+static nb_status body_reductions(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    (void)self;
+    nb_var *m[7];
+    if (g_red_mode == 2) {
+        for (int i = 0; i < 7; i++) {
+            m[i] = nb_get(tr, args, "[%d]", i);
+        }
+    } else {
+        nb_var *x = nb_get(tr, args, "[0]"), *w = nb_get(tr, args, "[1]");
+        nb_var *k = nb_get(tr, args, "[2]"); /* x, w: f64 [3, 70001]; k: i32 [3, 70001] */
+        nb_var *xf = nb_cast(x, NB_DTYPE_F32);
+        m[0] = nb_mul(nb_sin(nb_mul(xf, nb_scalar(tr, 37.1))), nb_exp(xf));
+        nb_var *rows = nb_reshape(nb_slice(x, (int64_t[]){0, 0}, (int64_t[]){3, 70000}, NULL), 2,
+                                  (int64_t[]){1500, 140});
+        m[1] = nb_exp(nb_neg(nb_square(rows)));
+        m[2] = nb_tanh(nb_mul(xf, nb_cast(w, NB_DTYPE_F32)));
+        m[3] = nb_log(nb_add(x, nb_scalar(tr, 1.9))); /* NaN where x < -1.9: first row */
+        nb_var *cube = nb_reshape(x, 3, (int64_t[]){3, 1, 70001});
+        m[4] = nb_sub(nb_square(cube), cube);
+        m[5] = nb_mul(k, nb_add(k, nb_scalar(tr, 7)));
+        m[6] = nb_square(rows);
+    }
+    nb_tree *leaves[7];
+    for (int i = 0; i < 7; i++) {
+        leaves[i] = nb_leaf(g_red_mode == 1 ? m[i] : red_apply(i, m[i]));
+    }
+    nb_status st = nb_tree_tuple(nb_trace_ctx(tr), 7, leaves, out);
+    for (int i = 0; i < 7; i++) {
+        nb_tree_destroy(leaves[i]);
+    }
+    return st;
+}
+
+static void test_fused_reductions(void **state) {
+    (void)state;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        nb_ctx_opts o = nb_ctx_opts_default();
+        o.n_threads = threads;
+        nb_ctx *ctx = NULL;
+        NBT_OK(NULL, nb_ctx_create(&o, &ctx));
+        int64_t shape[2] = {3, 70001}, n = 3 * 70001;
+        nb_array *x1 = NULL;
+        NBT_OK(ctx, nb_array_linspace(ctx, NB_DTYPE_F64, -3, 2.5, n, &x1));
+        NBT_OK(ctx, nb_array_reshape(x1, 2, shape, &g_in[0]));
+        NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F64, 2, shape, &g_in[1]));
+        NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_I32, 2, shape, &g_in[2]));
+        for (int64_t i = 0; i < n; i++) {
+            ((double *)nb_array_data(g_in[1]))[i] = 0.25 + (double)(i % 17) * 0.125;
+            ((int32_t *)nb_array_data(g_in[2]))[i] = (int32_t)(i * 2654435761u >> 7);
+        }
+        nb_array_destroy(x1);
+        nb_tree *leaves[3], *args = NULL, *out1 = NULL, *out2 = NULL;
+        for (int i = 0; i < 3; i++) {
+            NBT_OK(ctx, nb_tree_array(g_in[i], &leaves[i]));
+        }
+        NBT_OK(ctx, nb_tree_tuple(ctx, 3, leaves, &args));
+        nb_fn *f = NULL;
+        NBT_OK(ctx, nb_fn_create(ctx, "reductions", body_reductions, NULL, &f));
+        g_red_mode = 0;
+        static char ir[16384];
+        NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+        int n_fused_red = 0;
+        for (const char *q = strstr(ir, "; then "); q != NULL; q = strstr(q + 1, "; then ")) {
+            n_fused_red++;
+        }
+        const char *col = strstr(ir, "] = sum");
+        if (n_fused_red != 6 || col == NULL || strstr(col + 1, "] = sum") != NULL ||
+            strstr(ir, "then max(axes=[1], keepdims=true)") == NULL ||
+            strstr(ir, "then min(axes=[1,2], keepdims=false)") == NULL) {
+            fail_msg("expected six fused reductions and one column sum:\n%s", ir);
+        }
+        NBT_OK(ctx, nb_fn_call(f, args, &out1));
+        nb_ctx_clear_cache(ctx);
+        g_red_mode = 1; /* the maps, materialised */
+        nb_tree *maps = NULL;
+        NBT_OK(ctx, nb_fn_call(f, args, &maps));
+        nb_ctx_clear_cache(ctx);
+        g_red_mode = 2; /* reduced by the reduction kernel */
+        NBT_OK(ctx, nb_fn_call(f, maps, &out2));
+        nb_tree_destroy(maps);
+        NBT_EQ_I64(nb_tree_len(out1), 7);
+        for (int64_t i = 0; i < 7; i++) {
+            bool same = false;
+            nb_array *a = nb_tree_get_array(nb_tree_child(out1, i));
+            nb_array *b = nb_tree_get_array(nb_tree_child(out2, i));
+            NBT_OK(ctx, nb_array_identical(a, b, &same));
+            if (!same) {
+                fail_msg("reduction %d differs from the unfused one with %d threads", (int)i,
+                         threads);
+            }
+        }
+        /* the max rows: NaN, then the logs of the rows' largest values */
+        const double *mx = nb_array_data(nb_tree_get_array(nb_tree_child(out1, 3)));
+        NBT_TRUE(isnan(mx[0]) && !isnan(mx[1]) && !isnan(mx[2]));
+        NBT_NEAR(mx[2], log(2.5 + 1.9), 1e-12);
+        nb_tree_destroy(out2);
+        nb_tree_destroy(out1);
+        nb_fn_destroy(f);
+        nb_tree_destroy(args);
+        for (int i = 0; i < 3; i++) {
+            nb_tree_destroy(leaves[i]);
+            nb_array_destroy(g_in[i]);
+        }
+        nbt_assert_no_live(ctx);
+        nb_ctx_destroy(ctx);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transpose_into_matmul),
         cmocka_unit_test(test_algebraic_simplification),
         cmocka_unit_test(test_fusion_is_bit_identical),
         cmocka_unit_test(test_fusion_views),
+        cmocka_unit_test(test_fused_reductions),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

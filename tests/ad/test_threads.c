@@ -197,11 +197,58 @@ static void test_running_allocates_nothing(void **state) {
     NBT_EQ_I64(al.n_live, 0);
 }
 
+/* The memory plan runs an elementwise kernel in place over an input it reads for the last
+ * time: y = tanh(x @ w) @ v needs one [128, 300] slot, not two. */
+static void test_plan_in_place(void **state) {
+    (void)state;
+    nb_ctx *ctx = NULL;
+    NBT_OK(NULL, nb_ctx_create(NULL, &ctx));
+    nb_trace tr;
+    NBT_OK(ctx, nbi_trace_init(&tr, ctx, "inplace"));
+    nb_var *x = nbi_emit_param(&tr, 0, NB_DTYPE_F32, 2, (int64_t[]){128, 64}, NULL);
+    nb_var *w = nbi_emit_param(&tr, 1, NB_DTYPE_F32, 2, (int64_t[]){64, 300}, NULL);
+    nb_var *v = nbi_emit_param(&tr, 2, NB_DTYPE_F32, 2, (int64_t[]){300, 10}, NULL);
+    nb_var *y = nb_matmul(nb_tanh(nb_matmul(x, w)), v);
+    NBT_OK(ctx, nb_trace_status(&tr));
+    nb_var *ins[3] = {x, w, v}, *outs[1] = {y};
+    tr.g.inputs = ins;
+    tr.g.n_inputs = 3;
+    tr.g.outputs = outs;
+    tr.g.n_outputs = 1;
+    nbi_graph opt;
+    NBT_OK(ctx, nbi_optimize(ctx, &tr.g, &opt));
+    nbi_exec *e = NULL;
+    NBT_OK(ctx, nbi_exec_compile(ctx, &opt, &e));
+    size_t big = 128 * 300 * sizeof(float);
+    if (nbi_exec_workspace_bytes(e) >= 2 * big) {
+        fail_msg("workspace %zu bytes: tanh did not reuse its input's slot (one is %zu)",
+                 nbi_exec_workspace_bytes(e), big);
+    }
+    nb_array *ax = NULL, *aw = NULL, *av = NULL, *ay = NULL;
+    NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 2, (int64_t[]){128, 64}, 0.5, &ax));
+    NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 2, (int64_t[]){64, 300}, 0.01, &aw));
+    NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 2, (int64_t[]){300, 10}, 1.0, &av));
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 2, (int64_t[]){128, 10}, &ay));
+    nbi_exec_run(e, (nb_array *const[]){ax, aw, av}, (nb_array *const[]){ay}, NULL);
+    double got = 0, want = 300.0 * tanh(64 * 0.5 * 0.01);
+    NBT_OK(ctx, nb_array_get(ay, (int64_t[]){127, 9}, &got));
+    NBT_NEAR(got, want, 1e-4 * want);
+    nb_array_destroy(ay);
+    nb_array_destroy(av);
+    nb_array_destroy(aw);
+    nb_array_destroy(ax);
+    nbi_exec_destroy(e);
+    nbi_trace_release(&tr);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bit_identical_across_thread_counts),
         cmocka_unit_test(test_avx2_twins_same_bits),
         cmocka_unit_test(test_running_allocates_nothing),
+        cmocka_unit_test(test_plan_in_place),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
