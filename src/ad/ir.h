@@ -269,11 +269,12 @@ typedef struct nbi_fprog {
     uint32_t view_mask;
     int64_t view_off[NBI_FUSE_MAX_EXT];
     int64_t view_st[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
-    /* Padded views (bit e of pad_mask, also set in view_mask): index idx reads the node at
-     * idx - pad_lo (row-major, view_off 0), or pad_value where that falls outside the
-     * node's shape. */
+    /* Padded views (bit e of pad_mask, also set in view_mask): index idx reads the view
+     * above at idx - pad_lo where that lies inside pad_dims (the shape that was padded:
+     * the node itself, or a slice or broadcast of it), else pad_value. */
     uint32_t pad_mask;
     int64_t pad_lo[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
+    int64_t pad_dims[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
     double pad_value[NBI_FUSE_MAX_EXT];
     /* A trailing reduction (sum, max or min; 0: none) over red_axes of the map shape, which
      * are its innermost non-unit dims: output o reduces the red_n consecutive elements
@@ -342,9 +343,12 @@ NBI_HIDDEN nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *
 /* Matmul operands that are transposes of their last two axes are read through swapped
  * strides instead (the transpose then usually dies in DCE). */
 NBI_HIDDEN nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+/* Pads of small elementwise trees pushed onto the trees' leaves, under a mask (passes.c). */
+NBI_HIDDEN nb_status nbi_pass_pad_push(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 /* Small elementwise trees with several fusible consumers copied into each (passes.c). */
 NBI_HIDDEN nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
-/* The standard pipeline: fold, transpose-matmul, CSE, DCE, remat, fuse, DCE. */
+/* The standard pipeline: fold, transpose-matmul, CSE, DCE, pad push, DCE, remat, fuse,
+ * DCE. */
 NBI_HIDDEN nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 
 /* ---- executables -------------------------------------------------------------------- */

@@ -132,7 +132,8 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
                 if (p->pad_mask & (1u << e)) {
                     nbi_sbuf_puts(s, ", ");
                     nbi_print_ints64(s, "pad_lo", p->pad_lo[e], p->map_rank);
-                    nbi_sbuf_printf(s, ", value=%.17g", p->pad_value[e]);
+                    nbi_sbuf_printf(s, ", value=%.17g, ", p->pad_value[e]);
+                    nbi_print_ints64(s, "within", p->pad_dims[e], p->map_rank);
                 }
                 nbi_sbuf_putc(s, ')');
             }

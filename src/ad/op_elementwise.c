@@ -954,6 +954,30 @@ void nbi_ew_tile(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in, void *o
         const uint8_t *c = in[0];
         size_t es = nb_dtype_size(dtype);
         int64_t s0 = scalar[0] ? 0 : 1, s1 = scalar[1] ? 0 : 1, s2 = scalar[2] ? 0 : 1;
+#define NBI_SELECT_TYPED(T)                                                                        \
+    {                                                                                              \
+        const T *a = in[1], *b = in[2];                                                            \
+        T *o = out;                                                                                \
+        if (s0 == 1 && s1 == 1 && s2 == 0) { /* a masked value: pads pushed through maps */        \
+            T v = b[0];                                                                            \
+            for (int64_t i = 0; i < n; i++) {                                                      \
+                T m = (T)0 - (T)(c[i] != 0);                                                       \
+                o[i] = (a[i] & m) | (v & ~m);                                                      \
+            }                                                                                      \
+            return;                                                                                \
+        }                                                                                          \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            o[i] = c[i * s0] ? a[i * s1] : b[i * s2];                                              \
+        }                                                                                          \
+        return;                                                                                    \
+    }
+        if (es == 8) { /* bit patterns moved as integers: NaN payloads and -0 kept */
+            NBI_SELECT_TYPED(uint64_t)
+        }
+        if (es == 4) {
+            NBI_SELECT_TYPED(uint32_t)
+        }
+#undef NBI_SELECT_TYPED
         for (int64_t i = 0; i < n; i++) {
             memcpy((unsigned char *)out + (size_t)i * es,
                    c[i * s0] ? (const unsigned char *)in[1] + (size_t)(i * s1) * es

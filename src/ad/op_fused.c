@@ -70,23 +70,73 @@ typedef struct nbi_fused_job {
     unsigned char padv[NBI_FUSE_MAX_EXT][8]; /* a padded view's value, in its dtype */
 } nbi_fused_job;
 
+/* n elements of es bytes: copies of the one at v (fill), or read with stride st elements
+ * from src (st == 1: memcpy). Typed loops for the element sizes there are. */
 static void nbi_fill(unsigned char *o, const unsigned char *v, size_t es, int64_t n) {
-    for (int64_t t = 0; t < n; t++) {
-        memcpy(o + (size_t)t * es, v, es);
+    switch (es) {
+    case 1:
+        memset(o, v[0], (size_t)n);
+        return;
+    case 4: {
+        uint32_t x;
+        memcpy(&x, v, 4);
+        uint32_t *q = (uint32_t *)(void *)o;
+        for (int64_t t = 0; t < n; t++) {
+            q[t] = x;
+        }
+        return;
+    }
+    case 8: {
+        uint64_t x;
+        memcpy(&x, v, 8);
+        uint64_t *q = (uint64_t *)(void *)o;
+        for (int64_t t = 0; t < n; t++) {
+            q[t] = x;
+        }
+        return;
+    }
+    default:
+        for (int64_t t = 0; t < n; t++) {
+            memcpy(o + (size_t)t * es, v, es);
+        }
     }
 }
 
-/* Gather elements [first, first+n) of the output's index space from padded view e of x
- * (buffer xb): per run along the innermost dimension, the padding value where the run's
- * outer index falls outside x, else padding / a copy of x's row / padding. */
-static void nbi_fused_gather_pad(const nbi_fused_job *j, int32_t e, const nb_var *x,
-                                 const unsigned char *xb, size_t es, int64_t first, int64_t n,
-                                 unsigned char *dst) {
+static void nbi_copy_strided(unsigned char *o, const unsigned char *src, int64_t st, size_t es,
+                             int64_t n) {
+    if (st == 1) {
+        memcpy(o, src, (size_t)n * es);
+    } else if (st == 0) {
+        nbi_fill(o, src, es, n);
+    } else if (es == 8) {
+        uint64_t *q = (uint64_t *)(void *)o;
+        for (int64_t t = 0; t < n; t++) {
+            memcpy(&q[t], src + (ptrdiff_t)(t * st) * 8, 8);
+        }
+    } else if (es == 4) {
+        uint32_t *q = (uint32_t *)(void *)o;
+        for (int64_t t = 0; t < n; t++) {
+            memcpy(&q[t], src + (ptrdiff_t)(t * st) * 4, 4);
+        }
+    } else {
+        for (int64_t t = 0; t < n; t++) {
+            memcpy(o + (size_t)t * es, src + (ptrdiff_t)(t * st) * (ptrdiff_t)es, es);
+        }
+    }
+}
+
+/* Gather elements [first, first+n) of the index space from padded view e of x (buffer xb,
+ * already offset to the view's origin): per run along the innermost dimension, the
+ * padding value where the run's outer index falls outside pad_dims, else padding / the
+ * view's elements (a copy when contiguous, a fill when broadcast) / padding. */
+static void nbi_fused_gather_pad(const nbi_fused_job *j, int32_t e, const unsigned char *xb,
+                                 size_t es, int64_t first, int64_t n, unsigned char *dst) {
     int r = j->r;
     const int64_t *shape = j->shape;
-    const int64_t *lo = j->p->pad_lo[e], *st = j->p->view_st[e];
+    const int64_t *lo = j->p->pad_lo[e], *st = j->p->view_st[e], *dims = j->p->pad_dims[e];
     const unsigned char *pv = j->padv[e];
-    int64_t idx[NB_MAX_RANK], rest = first, inner = shape[r - 1], xin = x->shape[r - 1];
+    int64_t idx[NB_MAX_RANK], rest = first, inner = shape[r - 1], xin = dims[r - 1];
+    int64_t ist = st[r - 1];
     for (int d = r - 1; d >= 0; d--) {
         idx[d] = rest % shape[d];
         rest /= shape[d];
@@ -98,19 +148,19 @@ static void nbi_fused_gather_pad(const nbi_fused_job *j, int32_t e, const nb_var
         int64_t off = 0;
         for (int d = 0; d < r - 1; d++) {
             int64_t xi = idx[d] - lo[d];
-            inside = inside && xi >= 0 && xi < x->shape[d];
+            inside = inside && xi >= 0 && xi < dims[d];
             off += xi * st[d];
         }
         if (!inside) {
             nbi_fill(o, pv, es, run);
         } else {
-            int64_t a = idx[r - 1] - lo[r - 1]; /* x's index of the run's first element */
+            int64_t a = idx[r - 1] - lo[r - 1]; /* the view's index of the run's first element */
             int64_t b0 = -a < 0 ? 0 : -a < run ? -a : run;
             int64_t b1 = xin - a < b0 ? b0 : xin - a < run ? xin - a : run;
             nbi_fill(o, pv, es, b0);
+            const unsigned char *src = xb + (ptrdiff_t)(off + (a + b0) * ist) * (ptrdiff_t)es;
             if (b1 > b0) {
-                memcpy(o + (size_t)b0 * es, xb + (size_t)(off + a + b0) * es,
-                       (size_t)(b1 - b0) * es);
+                nbi_copy_strided(o + (size_t)b0 * es, src, ist, es, b1 - b0);
             }
             nbi_fill(o + (size_t)b1 * es, pv, es, run - b1);
         }
@@ -123,7 +173,31 @@ static void nbi_fused_gather_pad(const nbi_fused_job *j, int32_t e, const nb_var
     }
 }
 
-/* Gather elements [first, first+n) of the output's index space from broadcast input x,
+/* Where elements [first, first+n) of padded view e lie inside the padding, within one row
+ * and contiguous in the node: the address of the first (read in place, no copy), else
+ * NULL. */
+static const unsigned char *nbi_fused_pad_direct(const nbi_fused_job *j, int32_t e, size_t es,
+                                                 int64_t first, int64_t n) {
+    int r = j->r;
+    const int64_t *lo = j->p->pad_lo[e], *st = j->p->view_st[e], *dims = j->p->pad_dims[e];
+    if (st[r - 1] != 1) {
+        return NULL;
+    }
+    int64_t rest = first, off = 0;
+    for (int d = r - 1; d >= 0; d--) {
+        int64_t idx = rest % j->shape[d];
+        rest /= j->shape[d];
+        int64_t xi = idx - lo[d];
+        int64_t len = d == r - 1 ? n : 1;
+        if (xi < 0 || xi + len > dims[d] || (d == r - 1 && idx + n > j->shape[d])) {
+            return NULL;
+        }
+        off += xi * st[d];
+    }
+    return j->ext_base[e] + (ptrdiff_t)off * (ptrdiff_t)es;
+}
+
+/* Gather elements [first, first+n) of the index space from broadcast input x,
  * a run along the innermost dimension at a time: a copy where it has stride 1, a fill
  * where it is broadcast (stride 0). */
 static void nbi_fused_gather(int r, const int64_t *shape, const int64_t *st, const void *x,
@@ -143,17 +217,7 @@ static void nbi_fused_gather(int r, const int64_t *shape, const int64_t *st, con
         }
         unsigned char *o = dst + (size_t)i * es;
         const unsigned char *s0 = src + (ptrdiff_t)off * (ptrdiff_t)es;
-        if (ist == 1) {
-            memcpy(o, s0, (size_t)run * es);
-        } else if (ist == 0) {
-            for (int64_t t = 0; t < run; t++) {
-                memcpy(o + (size_t)t * es, s0, es);
-            }
-        } else {
-            for (int64_t t = 0; t < run; t++) {
-                memcpy(o + (size_t)t * es, s0 + (ptrdiff_t)(t * ist) * (ptrdiff_t)es, es);
-            }
-        }
+        nbi_copy_strided(o, s0, ist, es, run);
         i += run;
         off += run * ist;
         idx[r - 1] += run;
@@ -190,9 +254,12 @@ static void nbi_fused_tile(const nbi_fused_job *j, unsigned char *base, int64_t 
         } else if (j->direct[e]) {
             ext[e] = j->ext_base[e] + (size_t)t0 * es;
         } else if (p->pad_mask & (1u << e)) {
+            const unsigned char *in_place = nbi_fused_pad_direct(j, e, es, t0, n);
             unsigned char *g = base + (size_t)j->ext_slot[e] * tile_bytes;
-            nbi_fused_gather_pad(j, e, x, j->ext_base[e], es, t0, n, g);
-            ext[e] = g;
+            if (in_place == NULL) {
+                nbi_fused_gather_pad(j, e, j->ext_base[e], es, t0, n, g);
+            }
+            ext[e] = in_place != NULL ? in_place : g;
         } else {
             unsigned char *g = base + (size_t)j->ext_slot[e] * tile_bytes;
             nbi_fused_gather(j->r, j->shape, j->strides[e], j->ext_base[e], es, t0, n, g);
@@ -271,8 +338,7 @@ static void nbi_fused_reduce_piece(void *ud, int64_t t, int worker) {
 
 /* Tile slots: one per gathered input, then results share slots by lifetime (a slot is
  * reused once its value has been read for the last time, never by the instruction that
- * reads it, so no kernel runs in place). The fewer slots, the longer the tile that still
- * keeps them all in L1 (24 KiB of 8-byte elements). */
+ * reads it, so no kernel runs in place). */
 static void nbi_fused_slots(nbi_fused_job *j) {
     const nbi_fprog *p = j->p;
     int32_t n_slots = 0, last[NBI_FUSE_MAX_INSTR], free_list[NBI_FUSE_MAX_INSTR], n_free = 0;
@@ -303,13 +369,12 @@ static void nbi_fused_slots(nbi_fused_job *j) {
             }
         }
     }
-    int64_t tile = n_slots > 0 ? 24576 / (8 * (int64_t)n_slots) / 64 * 64 : NBI_FUSE_TILE;
-    j->tile = tile < 256 ? 256 : tile > NBI_FUSE_TILE ? NBI_FUSE_TILE : tile;
-    if (p->red_op != 0 && p->red_n >= NBI_FUSE_TILE) {
-        /* whole tiles of 1024 from each run's start: the pairwise sum then takes 8 blocks
-         * at a time as independent chains (op_reduce.c), 4x faster than one block */
-        j->tile = NBI_FUSE_TILE;
-    }
+    (void)n_slots;
+    /* Always whole tiles of NBI_FUSE_TILE: each instruction costs a call and a dispatch per
+     * tile, which shorter tiles (to keep many slots in L1) paid for more than the L2
+     * traffic they saved (Rosenbrock's 21-instruction gradient: 107 -> 80 us at n = 1e4).
+     * Reductions then also feed 8 pairwise blocks at a time as independent chains. */
+    j->tile = NBI_FUSE_TILE;
 }
 
 static void nbi_pad_bytes(nb_dtype d, double v, unsigned char *out) {

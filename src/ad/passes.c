@@ -358,6 +358,9 @@ static bool nbi_same_type(const nb_var *a, const nb_var *b) {
 
 /* Is v a constant whose every element is exactly value (the same bits for zeros)? */
 static bool nbi_is_const(const nb_var *v, double value) {
+    if (v->op == NBI_OP_BROADCAST || v->op == NBI_OP_RESHAPE) {
+        return nbi_is_const(v->in[0], value); /* the same values, repeated or rearranged */
+    }
     if (v->op == NBI_OP_FULL) {
         double x = v->at.value;
         if (!nb_dtype_is_float(v->dtype)) {
@@ -534,49 +537,72 @@ static bool nbi_fusible(const nb_var *v) {
     return nbi_is_map(v) && v->n_in >= 1 && v->n_in <= 3;
 }
 
+/* The node x is read from when x is a slice or broadcast_to of a non-empty node (that
+ * node, with the offset and strides in elements of its row-major buffer, 0 along broadcast
+ * dims, per index of x), else x itself (row-major). */
+static const nb_var *nbi_view_base(const nb_var *x, int64_t *off, int64_t *st) {
+    const nb_var *y = x->in != NULL && x->n_in >= 1 ? x->in[0] : NULL;
+    *off = 0;
+    if (x->op == NBI_OP_BROADCAST && y->size > 0) {
+        nbi_bcast_strides(y->rank, y->shape, x->rank, x->shape, st);
+        return y;
+    }
+    if (x->op == NBI_OP_SLICE && y->size > 0) {
+        int64_t ys = 1;
+        for (int d = y->rank - 1; d >= 0; d--) {
+            *off += x->at.a[d] * ys;
+            st[d] = x->at.c[d] * ys;
+            ys *= y->shape[d];
+        }
+        return y;
+    }
+    int64_t xs = 1;
+    for (int d = x->rank - 1; d >= 0; d--) {
+        st[d] = xs;
+        xs *= x->shape[d];
+    }
+    return x;
+}
+
 /* If src is a slice, pad or broadcast_to with root's shape, make external input e of prog
- * a view of src's input: offset and strides (in elements of its row-major buffer, 0 along
- * broadcast dims) per output index, and for a pad its low padding and value. With prog
- * NULL, only say whether src can be read as a view. */
-static bool nbi_fuse_view(const nb_var *src, const nb_var *root, nbi_fprog *prog, int32_t e) {
-    /* root: the node whose shape is the program's index space */
+ * a view (root: the node whose shape is the program's index space): offset and strides
+ * per index, and for a pad its low padding, the padded shape and the value; a pad of a
+ * slice or broadcast reads through both. Returns the node the view reads, or NULL when
+ * src is no view. With prog NULL, only says whether src can be read as a view. */
+static const nb_var *nbi_fuse_view(const nb_var *src, const nb_var *root, nbi_fprog *prog,
+                                   int32_t e) {
     if ((src->op != NBI_OP_SLICE && src->op != NBI_OP_BROADCAST && src->op != NBI_OP_PAD) ||
         src->rank != root->rank || src->size == 0 || src->in[0]->size == 0) {
-        return false;
+        return NULL;
     }
     for (int d = 0; d < root->rank; d++) {
         if (src->shape[d] != root->shape[d] ||
             (src->op == NBI_OP_PAD && (src->at.a[d] < 0 || src->at.b[d] < 0))) {
-            return false;
+            return NULL;
         }
     }
-    if (prog == NULL) {
-        return true; /* only asked whether it can be a view */
+    int64_t off = 0, st[NB_MAX_RANK] = {0};
+    const nb_var *x = src->in[0], *base = NULL;
+    if (src->op == NBI_OP_PAD) { /* x itself, or what x slices or broadcasts */
+        base = nbi_view_base(x, &off, st);
+    } else {
+        base = nbi_view_base(src, &off, st);
     }
-    const nb_var *x = src->in[0];
-    int64_t off = 0;
-    if (src->op == NBI_OP_BROADCAST) { /* stride 0 along the broadcast dims */
-        nbi_bcast_strides(x->rank, x->shape, src->rank, src->shape, prog->view_st[e]);
-    } else if (src->op == NBI_OP_PAD) { /* x's own strides, bounds checked by the reader */
-        int64_t xs = 1;
-        for (int d = x->rank - 1; d >= 0; d--) {
-            prog->view_st[e][d] = xs;
+    if (prog == NULL) {
+        return base; /* only asked whether it can be a view */
+    }
+    memcpy(prog->view_st[e], st, sizeof st);
+    if (src->op == NBI_OP_PAD) {
+        for (int d = 0; d < src->rank; d++) {
             prog->pad_lo[e][d] = src->at.a[d];
-            xs *= x->shape[d];
+            prog->pad_dims[e][d] = x->shape[d];
         }
         prog->pad_value[e] = src->at.value;
         prog->pad_mask |= 1u << e;
-    } else {
-        int64_t xs = 1;
-        for (int d = x->rank - 1; d >= 0; d--) {
-            off += src->at.a[d] * xs;
-            prog->view_st[e][d] = src->at.c[d] * xs;
-            xs *= x->shape[d];
-        }
     }
     prog->view_off[e] = off;
     prog->view_mask |= 1u << e;
-    return true;
+    return base;
 }
 
 /* A reduction the fused kernel can take as a trailing reduction: sum, max or min keeping
@@ -607,6 +633,180 @@ static bool nbi_fuse_reduction_ok(const nb_var *v) {
     return true;
 }
 
+static bool nbi_same_shape(const nb_var *a, const nb_var *b) {
+    if (a->rank != b->rank) {
+        return false;
+    }
+    for (int d = 0; d < a->rank; d++) {
+        if (a->shape[d] != b->shape[d]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* ---- pads pushed through elementwise trees ---------------------------------------------
+ * pad(f(a, b, ...)), f a tree of elementwise maps of one shape (at most NBI_PUSH_MAX ops;
+ * its leaves are nodes of that shape or single elements), becomes
+ *     select(inside, f(pad(a), pad(b), ...), value)
+ * with the leaves' pads (padding 0) and the mask `inside` (a pad of a broadcast true) read
+ * as views by the fused kernel: the tree and the pad fuse into one pass instead of the
+ * tree being stored, then copied into the padded array. Where `inside` is true, f sees
+ * exactly its old operands; elsewhere its result is discarded for the pad value: the same
+ * bits. This is the VJP of a slice (Rosenbrock's x[1:] and x[:-1], stencils): the
+ * gradient comes out in one pass over x. */
+#define NBI_PUSH_MAX 24
+
+typedef struct nbi_push {
+    nbi_graph *out;
+    nb_var *const *map;
+    const nb_var *pad;                        /* the pad being pushed (in the input graph) */
+    const nb_var *orig[NBI_PUSH_MAX * 3 + 1]; /* input-graph nodes already copied ... */
+    nb_var *copy[NBI_PUSH_MAX * 3 + 1];       /* ... and their copies */
+    int32_t n;
+} nbi_push;
+
+/* A new node of op over in (attrs at), typed by the op's own inference. */
+static nb_var *nbi_pass_emit(nbi_graph *out, nb_ctx *ctx, nbi_op op, int n_in, nb_var **in,
+                             const nbi_attrs *at) {
+    nb_var proto;
+    memset(&proto, 0, sizeof proto);
+    proto.op = (uint16_t)op;
+    proto.n_in = n_in;
+    proto.in = in;
+    proto.at = *at;
+    nb_trace scratch;
+    memset(&scratch, 0, sizeof scratch);
+    scratch.ctx = ctx;
+    scratch.fn_name = "pad push";
+    if (nbi_op_get(op)->infer(&scratch, &proto) != NB_OK) {
+        return NULL;
+    }
+    proto.size = nbi_shape_size(proto.rank, proto.shape);
+    return nbi_graph_add(out, &proto);
+}
+
+/* The tree of u: u, and every elementwise input of u's shape, recursively. Its size, or
+ * NBI_PUSH_MAX + 1 once too big. */
+static int32_t nbi_push_size(const nb_var *u, const nb_var *top) {
+    int32_t n = 1;
+    for (int32_t j = 0; j < u->n_in && n <= NBI_PUSH_MAX; j++) {
+        const nb_var *w = u->in[j];
+        if (nbi_fusible(w) && nbi_same_shape(w, top)) {
+            n += nbi_push_size(w, top);
+        } else if (w->size != 1 && !nbi_same_shape(w, top)) {
+            return NBI_PUSH_MAX + 1; /* a partial broadcast: no pad of it fits */
+        }
+    }
+    return n;
+}
+
+/* u's tree copied with its leaves padded like the pad (single elements kept). */
+static nb_var *nbi_push_copy(nbi_push *ps, nb_ctx *ctx, const nb_var *u, bool tree) {
+    for (int32_t q = 0; q < ps->n; q++) {
+        if (ps->orig[q] == u) {
+            return ps->copy[q];
+        }
+    }
+    nb_var *c = NULL;
+    const nb_var *top = ps->pad->in[0];
+    if (!tree && !nbi_same_shape(u, top)) {
+        c = ps->map[u->id]; /* one element, broadcast by its consumer as it is */
+    } else if (!tree) {     /* a leaf of the tree's shape: padded with zeros */
+        nbi_attrs at = ps->pad->at;
+        at.value = 0;
+        nb_var *in[1] = {ps->map[u->id]};
+        c = nbi_pass_emit(ps->out, ctx, NBI_OP_PAD, 1, in, &at);
+    } else {
+        nb_var *in[3];
+        /* a broadcast of one value read by a binary op (or select) is read as that value,
+         * unpadded, as long as another operand keeps the node at the padded shape */
+        bool one[3] = {false, false, false}, full = false;
+        for (int32_t j = 0; j < u->n_in; j++) {
+            const nb_var *w = u->in[j];
+            one[j] = u->n_in >= 2 && w->op == NBI_OP_BROADCAST && w->in[0]->size == 1;
+            full = full || (!one[j] && nbi_same_shape(w, u)); /* stays padded-shaped */
+        }
+        for (int32_t j = 0; j < u->n_in; j++) {
+            const nb_var *w = u->in[j];
+            if (one[j] && (full || j > 0)) {
+                in[j] = ps->map[w->in[0]->id];
+                continue;
+            }
+            in[j] = nbi_push_copy(ps, ctx, w, nbi_fusible(w) && nbi_same_shape(w, u));
+            if (in[j] == NULL) {
+                return NULL;
+            }
+        }
+        nb_var proto = *u; /* the same op over the padded shape */
+        proto.in = in;
+        proto.rank = ps->pad->rank;
+        memcpy(proto.shape, ps->pad->shape, sizeof proto.shape);
+        proto.size = ps->pad->size;
+        c = nbi_graph_add(ps->out, &proto);
+    }
+    if (c != NULL && ps->n < (int32_t)(sizeof ps->orig / sizeof ps->orig[0])) {
+        ps->orig[ps->n] = u;
+        ps->copy[ps->n++] = c;
+    }
+    return c;
+}
+
+nb_status nbi_pass_pad_push(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
+    nb_var **map = NULL;
+    nb_status st = nbi_pass_begin(ctx, in, out, &map, "pad push");
+    if (st != NB_OK) {
+        return st;
+    }
+    int32_t k = 0;
+    for (int32_t i = 0; i < in->n_nodes; i++) {
+        const nb_var *v = in->nodes[i];
+        const nb_var *u = v->op == NBI_OP_PAD ? v->in[0] : NULL;
+        bool push =
+            u != NULL && nbi_fusible(u) && u->size > 0 && nbi_push_size(u, u) <= NBI_PUSH_MAX;
+        for (int d = 0; push && d < v->rank; d++) {
+            push = v->at.a[d] >= 0 && v->at.b[d] >= 0;
+        }
+        if (!push) {
+            map[i] = nbi_copy_node(out, v, map);
+        } else {
+            nbi_push ps;
+            memset(&ps, 0, sizeof ps);
+            ps.out = out;
+            ps.map = map;
+            ps.pad = v;
+            nb_var *f = nbi_push_copy(&ps, ctx, u, true);
+            /* inside = pad(broadcast_to(true, u's shape), false); value as a scalar */
+            nbi_attrs at;
+            memset(&at, 0, sizeof at);
+            at.to = NB_DTYPE_BOOL;
+            at.value = 1;
+            nb_var *t = f ? nbi_pass_emit(out, ctx, NBI_OP_FULL, 0, NULL, &at) : NULL;
+            memset(&at, 0, sizeof at);
+            at.n_axes = u->rank;
+            memcpy(at.a, u->shape, sizeof at.a);
+            nb_var *bt = t ? nbi_pass_emit(out, ctx, NBI_OP_BROADCAST, 1, &t, &at) : NULL;
+            at = v->at;
+            at.value = 0;
+            nb_var *mask = bt ? nbi_pass_emit(out, ctx, NBI_OP_PAD, 1, &bt, &at) : NULL;
+            memset(&at, 0, sizeof at);
+            at.to = v->dtype;
+            at.value = v->at.value;
+            nb_var *val = mask ? nbi_pass_emit(out, ctx, NBI_OP_FULL, 0, NULL, &at) : NULL;
+            nb_var *sel[3] = {mask, f, val};
+            memset(&at, 0, sizeof at);
+            map[i] = val ? nbi_pass_emit(out, ctx, NBI_OP_SELECT, 3, sel, &at) : NULL;
+        }
+        if (map[i] == NULL) {
+            return nbi_err(ctx, NB_ERR_OOM, "pad push: out of memory");
+        }
+        if (v->op == NBI_OP_PARAM) {
+            out->inputs[k++] = map[i];
+        }
+    }
+    return nbi_pass_end(ctx, in, out, map, "pad push");
+}
+
 /* ---- rematerialisation ---------------------------------------------------------------
  * A small elementwise tree (at most NBI_REMAT_MAX ops: a map and the single-use maps that
  * feed it) whose value has several consumers, every one of them an elementwise op of its
@@ -624,18 +824,6 @@ typedef struct nbi_remat {
     const int32_t *uses;
     const bool *is_out, *remat;
 } nbi_remat;
-
-static bool nbi_same_shape(const nb_var *a, const nb_var *b) {
-    if (a->rank != b->rank) {
-        return false;
-    }
-    for (int d = 0; d < a->rank; d++) {
-        if (a->shape[d] != b->shape[d]) {
-            return false;
-        }
-    }
-    return true;
-}
 
 /* w feeds only into u and would fuse into it: part of u's tree */
 static bool nbi_remat_absorbed(const nbi_remat *r, const nb_var *w, const nb_var *u) {
@@ -763,6 +951,50 @@ nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     return nbi_pass_end(ctx, in, out, map, "remat");
 }
 
+/* Move cluster r's members into cluster i (ahead of i's own, which come later in the
+ * graph); fresh: i has no members yet (a reduction taking r). */
+static void nbi_fuse_merge(int32_t *root, int32_t *head, int32_t *tail, int32_t *next, int32_t r,
+                           int32_t i, bool fresh) {
+    for (int32_t m = head[r]; m >= 0; m = next[m]) {
+        root[m] = i;
+    }
+    if (fresh) {
+        head[i] = head[r];
+        tail[i] = tail[r];
+    } else {
+        next[tail[r]] = head[i];
+        head[i] = head[r];
+    }
+    root[i] = i;
+}
+
+/* The distinct inputs from outside that clusters a and b would read together. */
+static int32_t nbi_fuse_ext_count(const nbi_graph *g, const int32_t *root, const int32_t *head,
+                                  const int32_t *next, int32_t a, int32_t b) {
+    const nb_var *seen[3 * NBI_FUSE_MAX_INSTR + 3];
+    int32_t n = 0;
+    int32_t lists[2] = {a, b};
+    for (int l = 0; l < 2; l++) {
+        for (int32_t m = head[lists[l]]; m >= 0; m = next[m]) {
+            const nb_var *v = g->nodes[m];
+            for (int32_t j = 0; j < v->n_in; j++) {
+                const nb_var *w = v->in[j];
+                if (root[w->id] == a || root[w->id] == b) {
+                    continue;
+                }
+                int32_t q = 0;
+                while (q < n && seen[q] != w) {
+                    q++;
+                }
+                if (q == n && n < (int32_t)(sizeof seen / sizeof seen[0])) {
+                    seen[n++] = w;
+                }
+            }
+        }
+    }
+    return n;
+}
+
 nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     nb_var **map = NULL;
     nb_status st = nbi_pass_begin(ctx, in, out, &map, "fuse");
@@ -774,7 +1006,12 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     int32_t *root = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
     int32_t *size = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
     bool *closed = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(bool));
-    if (uses == NULL || root == NULL || size == NULL || closed == NULL) {
+    /* each cluster's members as a list: head[root], then next[] (-1 ends it), tail[root] */
+    int32_t *head = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
+    int32_t *tail = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
+    int32_t *next = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
+    if (uses == NULL || root == NULL || size == NULL || closed == NULL || head == NULL ||
+        tail == NULL || next == NULL) {
         return nbi_err(ctx, NB_ERR_OOM, "fuse: out of memory");
     }
     for (int32_t i = 0; i < n; i++) { /* uses: consumers (x + x uses x once) */
@@ -793,43 +1030,34 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     }
     for (int32_t i = 0; i < n; i++) {
         const nb_var *v = in->nodes[i];
-        if (nbi_fuse_reduction_ok(v)) {
-            int32_t r = root[v->in[0]->id];
-            if (r == v->in[0]->id && uses[r] == 1 && !closed[r]) {
-                for (int32_t m = 0; m <= r; m++) { /* the cluster becomes the reduction's */
-                    if (root[m] == r) {
-                        root[m] = i;
-                    }
-                }
-                root[i] = i;
-                size[i] = size[r] + 1; /* + 1: the reduction (never a lone member) */
-                closed[i] = true;
-            }
+        bool red = nbi_fuse_reduction_ok(v);
+        if (!red && !nbi_fusible(v)) {
             continue;
         }
-        if (!nbi_fusible(v)) {
+        if (red) {
+            int32_t r = root[v->in[0]->id];
+            if (r != v->in[0]->id || uses[r] != 1 || closed[r]) {
+                continue;
+            }
+            nbi_fuse_merge(root, head, tail, next, r, i, true);
+            size[i] = size[r] + 1; /* + 1: the reduction (never a lone member) */
+            closed[i] = true;
             continue;
         }
         root[i] = i;
         size[i] = 1;
+        head[i] = tail[i] = i;
+        next[i] = -1;
         for (int32_t j = 0; j < v->n_in; j++) {
             const nb_var *u = v->in[j];
             int32_t r = root[u->id];
-            bool same_shape = u->rank == v->rank;
-            for (int d = 0; same_shape && d < v->rank; d++) {
-                same_shape = u->shape[d] == v->shape[d];
-            }
             /* dtypes may differ (casts, comparisons); shapes may not */
-            if (r < 0 || closed[r] || uses[u->id] != 1 || !same_shape ||
-                size[r] + size[i] > NBI_FUSE_MAX_INSTR) {
+            if (r < 0 || r == i || closed[r] || uses[u->id] != 1 || !nbi_same_shape(u, v) ||
+                size[r] + size[i] > NBI_FUSE_MAX_INSTR ||
+                nbi_fuse_ext_count(in, root, head, next, r, i) > NBI_FUSE_MAX_EXT) {
                 continue;
             }
-            /* merge u's cluster (all of its members precede u) into v's */
-            for (int32_t m = 0; m <= u->id; m++) {
-                if (root[m] == r) {
-                    root[m] = i;
-                }
-            }
+            nbi_fuse_merge(root, head, tail, next, r, i, false); /* u's cluster into v's */
             size[i] += size[r];
         }
     }
@@ -843,7 +1071,7 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         /* a lone op is worth a fused node too when it reads a view instead of a copy */
         bool lone_view = false;
         for (int32_t j = 0; root[i] == i && size[i] == 1 && j < v->n_in; j++) {
-            lone_view = lone_view || nbi_fuse_view(v->in[j], v, NULL, 0);
+            lone_view = lone_view || nbi_fuse_view(v->in[j], v, NULL, 0) != NULL;
         }
         bool fused_root = root[i] == i && (size[i] >= 2 || lone_view);
         if (root[i] >= 0 && root[i] != i && size[root[i]] >= 2) {
@@ -916,8 +1144,9 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
                     }
                     ext_src[n_ext] = src;
                     ext[n_ext] = map[src->id];
-                    if (nbi_fuse_view(src, mapv, prog, n_ext)) {
-                        ext[n_ext] = map[src->in[0]->id];
+                    const nb_var *base = nbi_fuse_view(src, mapv, prog, n_ext);
+                    if (base != NULL) {
+                        ext[n_ext] = map[base->id];
                     }
                     n_ext++;
                 }
@@ -949,7 +1178,7 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
 }
 
 nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
-    nbi_graph a, b, c, d, r, e2;
+    nbi_graph a, b, c, d, pp, d2, r, e2;
     nb_status st = nbi_graph_verify(ctx, in, "trace");
     if (st == NB_OK) {
         st = nbi_pass_fold(ctx, in, &a);
@@ -964,7 +1193,13 @@ nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         st = nbi_pass_dce(ctx, &c, &d); /* dead nodes must not block fusion by their uses */
     }
     if (st == NB_OK) {
-        st = nbi_pass_remat(ctx, &d, &r);
+        st = nbi_pass_pad_push(ctx, &d, &pp);
+    }
+    if (st == NB_OK) {
+        st = nbi_pass_dce(ctx, &pp, &d2); /* what only the pushed pads read */
+    }
+    if (st == NB_OK) {
+        st = nbi_pass_remat(ctx, &d2, &r);
     }
     if (st == NB_OK) {
         st = nbi_pass_fuse(ctx, &r, &e2);
