@@ -416,11 +416,48 @@ static nb_var *nbi_simplify_to_existing(const nb_var *v, nb_var *const *in) {
     }
 }
 
+/* Is reshape v of r (a reduction with keepdims) exactly r's result without its kept
+ * dims? */
+static bool nbi_drops_kept_dims(const nb_var *v, const nb_var *r) {
+    if ((r->op != NBI_OP_SUM && r->op != NBI_OP_MAX && r->op != NBI_OP_MIN &&
+         r->op != NBI_OP_PROD) ||
+        !r->at.keepdims) {
+        return false;
+    }
+    const nb_var *x = r->in[0];
+    int k = 0;
+    for (int d = 0; d < x->rank; d++) {
+        bool red = false;
+        for (int a = 0; a < r->at.n_axes; a++) {
+            red = red || r->at.axes[a] == d;
+        }
+        if (!red) {
+            if (k >= v->rank || v->shape[k] != x->shape[d]) {
+                return false;
+            }
+            k++;
+        }
+    }
+    return k == v->rank;
+}
+
 nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     nb_var **map = NULL;
     nb_status st = nbi_pass_begin(ctx, in, out, &map, "transpose-matmul");
     if (st != NB_OK) {
         return st;
+    }
+    int32_t *uses = nbi_arena_alloc(in->arena, (size_t)(in->n_nodes + 1) * sizeof(int32_t));
+    if (uses == NULL) {
+        return nbi_err(ctx, NB_ERR_OOM, "transpose-matmul: out of memory");
+    }
+    for (int32_t i = 0; i < in->n_nodes; i++) {
+        for (int32_t j = 0; j < in->nodes[i]->n_in; j++) {
+            uses[in->nodes[i]->in[j]->id]++;
+        }
+    }
+    for (int32_t i = 0; i < in->n_outputs; i++) {
+        uses[in->outputs[i]->id]++;
     }
     int32_t k = 0;
     for (int32_t i = 0; i < in->n_nodes; i++) {
@@ -448,6 +485,16 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
         if (v->op == NBI_OP_RESHAPE && map[v->in[0]->id]->op == NBI_OP_RESHAPE) {
             nb_var *src = map[v->in[0]->id]->in[0]; /* reshape(reshape(x)) = reshape(x) */
             proto.in = &src;
+            map[i] = nbi_graph_add(out, &proto);
+        } else if (v->op == NBI_OP_RESHAPE && uses[v->in[0]->id] == 1 &&
+                   nbi_drops_kept_dims(v, map[v->in[0]->id])) {
+            /* reshape(sum(x, keepdims)) dropping the kept dims = sum(x): one kernel, not a
+             * reduction and a copy (every gradient of a broadcast bias ends so) */
+            const nb_var *red = map[v->in[0]->id];
+            proto = *red;
+            proto.at.keepdims = false;
+            proto.rank = v->rank;
+            memcpy(proto.shape, v->shape, sizeof proto.shape);
             map[i] = nbi_graph_add(out, &proto);
         } else if (v->op == NBI_OP_TRANSPOSE && map[v->in[0]->id]->op == NBI_OP_TRANSPOSE) {
             /* transpose(transpose(x, p1), p2) = transpose(x, p1[p2[i]]), or x itself */

@@ -69,6 +69,8 @@ struct nb_tree {
     int64_t n;          /* children of a node */
     int64_t n_leaves;   /* dynamic leaves in this subtree */
     int32_t depth;      /* 0 for a leaf, 1 + the deepest child for a node */
+    bool def_hash_ok;   /* def_hash holds nbi_tree_def_hash (computed on first use: the */
+    uint64_t def_hash;  /* tree is immutable once built, so it never goes stale) */
     nb_tree **children; /* node: n entries, inside aux */
     char **keys;        /* dict: n entries, inside aux */
     void *aux;          /* one allocation: children, keys and key chars, or string chars */

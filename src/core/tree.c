@@ -848,14 +848,15 @@ static uint64_t nbi_td_hash(const nb_treedef *d) {
 }
 
 /* The same sequence of bytes nbi_td_hash feeds, straight from the tree. */
-static uint64_t nbi_tree_hash_rec(uint64_t h, const nb_tree *t, const char *key) {
+/* The hash of a subtree's definition: its node's kind, flags, arity and static value, then
+ * each child's key and definition hash. Children's hashes are memoised in the children, so
+ * hashing the same arguments' structure again costs one lookup per call. */
+static uint64_t nbi_tree_hash_node(const nb_tree *t) {
+    uint64_t h = 14695981039346656037ull;
     int32_t kind = (int32_t)(t->kind == NB_TREE_KIND_VAR ? NB_TREE_KIND_ARRAY : t->kind);
     h = nbi_hash_bytes(h, &kind, sizeof kind);
     h = nbi_hash_bytes(h, &t->flags, sizeof t->flags);
     h = nbi_hash_bytes(h, &t->n, sizeof t->n);
-    if (key != NULL) {
-        h = nbi_hash_str(h, key);
-    }
     switch (t->kind) {
     case NB_TREE_KIND_INT:
         h = nbi_hash_bytes(h, &t->u.i, sizeof t->u.i);
@@ -879,13 +880,22 @@ static uint64_t nbi_tree_hash_rec(uint64_t h, const nb_tree *t, const char *key)
         break;
     }
     for (int64_t i = 0; i < t->n; i++) {
-        h = nbi_tree_hash_rec(h, t->children[i], t->kind == NB_TREE_KIND_DICT ? t->keys[i] : NULL);
+        if (t->kind == NB_TREE_KIND_DICT) {
+            h = nbi_hash_str(h, t->keys[i]);
+        }
+        uint64_t c = nbi_tree_def_hash(t->children[i]);
+        h = nbi_hash_bytes(h, &c, sizeof c);
     }
     return h;
 }
 
 uint64_t nbi_tree_def_hash(const nb_tree *t) {
-    return nbi_tree_hash_rec(14695981039346656037ull, t, NULL);
+    if (!t->def_hash_ok) {
+        nb_tree *m = (nb_tree *)t; /* a cache of an immutable value, not a change to it */
+        m->def_hash = nbi_tree_hash_node(t);
+        m->def_hash_ok = true;
+    }
+    return t->def_hash;
 }
 
 static bool nbi_tree_match_rec(const nb_tree *t, const char *key, const nb_treedef *d, int64_t *i) {
