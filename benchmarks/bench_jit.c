@@ -72,7 +72,9 @@ static void run_peer(double *hit_us, double *compile_ms, char *version, size_t v
         snprintf(version, vcap, "not installed (see benchmarks/README.md)");
         return;
     }
-    FILE *p = popen("build/peers/bin/python benchmarks/peers/jax_jit.py 2>/dev/null", "r");
+    FILE *p = popen(
+        "build/peers/bin/python benchmarks/peers/jax_jit.py jit_hit_us mlp_compile_ms 2>/dev/null",
+        "r");
     if (p == NULL) {
         return;
     }
