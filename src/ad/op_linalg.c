@@ -16,10 +16,11 @@
  * strides for every operand; F. G. Van Zee and R. A. van de Geijn, "BLIS: A Framework for
  * Rapidly Instantiating BLAS Functionality", ACM TOMS 41(3), 2015.
  *
- * Small float products (under NBI_MM_SMALL multiply-adds) use a plain loop instead, where
- * BLIS's set-up would cost more than the arithmetic. Integer dtypes use a plain loop that wraps
- * (two's complement, computed in the unsigned type), every output summed over k in increasing
- * order.
+ * Small float products (at most NBI_MM_SMALL multiply-adds), where BLIS's set-up would cost
+ * more than the arithmetic, use register-tiled loops of their own instead, every output summed
+ * over k in increasing order (see "small float products" below). Integer dtypes use a plain
+ * loop that wraps (two's complement, computed in the unsigned type), every output summed over
+ * k in increasing order.
  *
  * Behaviour pinned by the tests: beta = 0 makes BLIS overwrite C without reading it, so the
  * uninitialised output buffer never leaks NaN or garbage into the result; k == 0 writes zeros
@@ -59,7 +60,11 @@ static bool nbi_mm_trans(const nb_var *node, int operand) {
 static bool nbi_mm_geometry(const nb_var *node, nbi_mm_geom *g) {
     const nb_var *a = node->in[0], *b = node->in[1];
     bool ta = nbi_mm_trans(node, 0), tb = nbi_mm_trans(node, 1);
-    memset(g, 0, sizeof *g);
+    /* field by field: a memset of the whole struct is a slow `rep stos` on some CPUs, paid
+     * on every call of the kernel */
+    for (int d = 0; d < NB_MAX_RANK; d++) {
+        g->bat[d] = 0;
+    }
     int ra = a->rank, rb = b->rank;
     g->m = ra >= 2 ? a->shape[ra - (ta ? 1 : 2)] : 1;
     g->k = a->shape[ra - (ta ? 2 : 1)];
@@ -72,6 +77,7 @@ static bool nbi_mm_geometry(const nb_var *node, nbi_mm_geom *g) {
     g->c_rs = g->n;
     g->ra_bat = ra > 2 ? ra - 2 : 0;
     g->rb_bat = rb > 2 ? rb - 2 : 0;
+    g->rbat = 0;
     return nbi_broadcast_shapes(g->ra_bat, a->shape, g->rb_bat, b->shape, &g->rbat, g->bat);
 }
 
@@ -259,73 +265,484 @@ static void nbi_mm_f64(const nbi_mm_geom *g, const void *a, const void *b, void 
 NBI_MM_INT_FN(nbi_mm_i32, int32_t, uint32_t)
 NBI_MM_INT_FN(nbi_mm_i64, int64_t, uint64_t)
 
-/* Small float products: a plain loop, c[i, :] += a[i, p] * b[p, :] for p = 0, 1, ..., k-1
- * (each output summed in increasing p, the j loop vectorised). Below NBI_MM_SMALL
- * multiply-adds a BLIS call costs more than the arithmetic: it sets up its blocking and
- * enters its threading layer even for one thread. Which kernel runs depends on the
- * shapes only, so results stay bit-identical run to run and for any thread count. */
+/* ---- small float products ------------------------------------------------------------
+ *
+ * Below NBI_MM_SMALL multiply-adds a BLIS call costs more than the arithmetic (it sets up
+ * its blocking and enters its threading layer even for one thread), so small float products
+ * run the loops below instead. Every output is computed exactly as
+ *   acc = 0; for p = 0, 1, ..., k-1: acc = acc + a[i, p] * b[p, j]
+ * with a rounded multiply and a rounded add (never FMA, never reassociated, k never split):
+ * the loops only choose which outputs advance together, which changes no output's bits. So
+ * the baseline and AVX2 versions, which group outputs differently, give the same bits, and
+ * which one runs depends on the shapes and the CPU, never on the thread count.
+ *
+ * Why register tiles: each output's sum is a chain of dependent adds (3 cycles each on Zen
+ * 3), so a loop that advances 16 outputs of one row (two vectors, two chains) waits on that
+ * latency. A tile of several rows and columns of c keeps enough independent chains in
+ * flight to run at the adds' throughput, and each loaded or broadcast operand serves a whole
+ * row or column of the tile (the register blocking of K. Goto and R. A. van de Geijn,
+ * "Anatomy of High-Performance Matrix Multiplication", ACM TOMS 34(3), 2008, without the
+ * cache blocking that only pays off on larger products). On Zen 3 a load or a broadcast
+ * takes an issue slot of the FP unit as a multiply or an add does, so the main tile is
+ * 2 rows x 4 vectors: 8 accumulators, and per step p 4 loads of b, 2 broadcasts of a, 8
+ * multiplies and 8 adds, ~0.67 cycle per vector multiply-add where 4 rows x 2 vectors took
+ * ~0.8. For vectors of L lanes (AVX2: 8 f32 or 4 f64; the baseline's SSE2: 4 or 2):
+ *   - whole vectors of columns, 4 at a time: tiles of 2 rows (an odd last row alone); the
+ *     1-3 vectors left: tiles of 4 rows, then single rows. The broadcast reads a[i, p]
+ *     whatever a's strides, so a stored transposed costs nothing here;
+ *   - the last n % L columns (all of them in a matrix-vector product): when a is stored
+ *     transposed (a_rs == 1), vectors run across rows instead, lane l holding row i + l,
+ *     with b[p, j] broadcast and up to 4 vectors of rows at once; rows left over (fewer than
+ *     L) advance as up to 8 independent scalar chains;
+ *   - copies into the per-worker scratch (nbi_mm_scratch_of), transposing square blocks in
+ *     registers: b stored transposed (b_cs != 1, n > 1) is copied row-major first; an f32 a
+ *     not stored transposed, of at least L rows and at most NBI_MM_APACK elements, is copied
+ *     transposed when there are columns left over, so that those run across rows.
+ * Written with GNU vector extensions (gcc, clang): the same source gives SSE2 code with
+ * 16-byte vectors and, in functions with target("avx2"), AVX2 code with 32-byte vectors.
+ * The target is "avx2" and not "fma", so not even -ffp-contract=fast can fuse a multiply
+ * and an add. Other compilers get the plain loop.
+ *
+ * Measured on one Zen 3 core (2-core VM): the 8 products of a tiny MLP's forward + backward
+ * (2-32-32-1, batch 16: [16,2]@[2,32], [16,32]@[32,32] plain and with b stored transposed,
+ * [32,16]@[16,32] with a stored transposed, matrix-vector products, ...), each run through
+ * nbi_k_matmul, took 4.35 us with a loop over one row of 16 outputs at a time and scalar
+ * column tails, 1.66 us with these loops (the fixed cost of a call, 84 -> 30 ns, included);
+ * bench_speed's tiny MLP row went from 9.9 to 7.5 us. */
 #define NBI_MM_SMALL 32768
+/* Largest a (elements) copied transposed for the columns left over: the copy transposes
+ * with a stride of m elements, which stops paying once it leaves the L1 cache (1024 x 32
+ * f32 copied took 11x the time of the scalar chains). f32 only: f64 runs half as many
+ * lanes and copies at half the rate, and came out no faster. */
+#define NBI_MM_APACK 4096
 
-#define NBI_MM_SMALL_W 16 /* outputs of one row held in registers across the k loop */
-/* fully unrolled, so that the accumulators live in registers rather than on the stack */
+#if defined(__GNUC__)
+#define NBI_MM_VEC 1
+#define NBI_MM_INLINE static inline __attribute__((always_inline))
+/* packing runs once per product, in a function of its own: inlined into the product's
+ * function it would compete with it for registers */
+#define NBI_MM_PACK_ATTR static __attribute__((noinline))
+/* fully unrolled, so that tiles of accumulators live in registers rather than on the stack */
 #if defined(__clang__)
 #define NBI_UNROLL _Pragma("clang loop unroll(full)")
-#elif defined(__GNUC__)
-#define NBI_UNROLL _Pragma("GCC unroll 16")
 #else
-#define NBI_UNROLL
+#define NBI_UNROLL _Pragma("GCC unroll 16")
+#endif
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_shufflevector)
+#define NBI_MM_SHUF 1 /* gcc >= 12, clang */
+#endif
+#endif
+#ifndef NBI_MM_SHUF
+#define NBI_MM_SHUF 0
+#endif
+typedef float nbi_f32x4 __attribute__((vector_size(16)));
+typedef float nbi_f32x8 __attribute__((vector_size(32)));
+typedef double nbi_f64x2 __attribute__((vector_size(16)));
+typedef double nbi_f64x4 __attribute__((vector_size(32)));
+#else
+#define NBI_MM_VEC 0
 #endif
 
-#define NBI_MM_SMALL_FN(name, T, ATTR)                                                             \
-    ATTR static void name(const nbi_mm_geom *g, const void *a_, const void *b_, void *c_,          \
-                          void *scratch) {                                                         \
+#if NBI_MM_VEC
+#define NBI_MM_MR 4   /* rows of a vector tile, at most */
+#define NBI_MM_NV 4   /* vectors of columns of a vector tile, at most */
+#define NBI_MM_RV 4   /* vectors of rows of one column, at most (lanes across rows) */
+#define NBI_MM_DOTS 8 /* rows advanced together as scalar chains, at most */
+
+/* Packing: pk[r * ldp + q] = s[r * rs + q * cs] for r < rows, q < cols, i.e. a strided
+ * matrix copied row-major. Used on an operand stored transposed (rs == 1, cs > 1): there
+ * the copy is a transpose, done in registers on square blocks (4x4 or 8x8 f32, 2x2 f64):
+ * 4 loads, 8 shuffles and 4 stores per 4x4 block, where copying element by element is bound
+ * by one store per element. Other strides and the edges go element by element. */
+NBI_MM_PACK_ATTR void nbi_mm_pack_f32x4(float *restrict pk, int64_t ldp, const float *restrict s,
+                                        int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
+    int64_t q = 0;
+#if NBI_MM_SHUF
+    for (; rs == 1 && q + 4 <= cols; q += 4) {
+        const float *sq = s + q * cs;
+        int64_t r = 0;
+        for (; r + 4 <= rows; r += 4) {
+            nbi_f32x4 x0, x1, x2, x3; /* xi = s[r..r+3, q+i] */
+            memcpy(&x0, sq + r, sizeof x0);
+            memcpy(&x1, sq + cs + r, sizeof x1);
+            memcpy(&x2, sq + 2 * cs + r, sizeof x2);
+            memcpy(&x3, sq + 3 * cs + r, sizeof x3);
+            nbi_f32x4 t0 = __builtin_shufflevector(x0, x1, 0, 4, 1, 5);
+            nbi_f32x4 t1 = __builtin_shufflevector(x0, x1, 2, 6, 3, 7);
+            nbi_f32x4 t2 = __builtin_shufflevector(x2, x3, 0, 4, 1, 5);
+            nbi_f32x4 t3 = __builtin_shufflevector(x2, x3, 2, 6, 3, 7);
+            nbi_f32x4 y0 = __builtin_shufflevector(t0, t2, 0, 1, 4, 5); /* s[r, q..q+3] */
+            nbi_f32x4 y1 = __builtin_shufflevector(t0, t2, 2, 3, 6, 7);
+            nbi_f32x4 y2 = __builtin_shufflevector(t1, t3, 0, 1, 4, 5);
+            nbi_f32x4 y3 = __builtin_shufflevector(t1, t3, 2, 3, 6, 7);
+            memcpy(pk + r * ldp + q, &y0, sizeof y0);
+            memcpy(pk + (r + 1) * ldp + q, &y1, sizeof y1);
+            memcpy(pk + (r + 2) * ldp + q, &y2, sizeof y2);
+            memcpy(pk + (r + 3) * ldp + q, &y3, sizeof y3);
+        }
+        for (; r < rows; r++) {
+            for (int i = 0; i < 4; i++) {
+                pk[r * ldp + q + i] = sq[i * cs + r];
+            }
+        }
+    }
+#endif
+    for (; q < cols; q++) {
+        for (int64_t r = 0; r < rows; r++) {
+            pk[r * ldp + q] = s[r * rs + q * cs];
+        }
+    }
+}
+
+NBI_MM_PACK_ATTR void nbi_mm_pack_f64x2(double *restrict pk, int64_t ldp, const double *restrict s,
+                                        int64_t rs, int64_t cs, int64_t rows, int64_t cols) {
+    int64_t q = 0;
+#if NBI_MM_SHUF
+    for (; rs == 1 && q + 2 <= cols; q += 2) {
+        const double *sq = s + q * cs;
+        int64_t r = 0;
+        for (; r + 2 <= rows; r += 2) {
+            nbi_f64x2 x0, x1;
+            memcpy(&x0, sq + r, sizeof x0);
+            memcpy(&x1, sq + cs + r, sizeof x1);
+            nbi_f64x2 y0 = __builtin_shufflevector(x0, x1, 0, 2);
+            nbi_f64x2 y1 = __builtin_shufflevector(x0, x1, 1, 3);
+            memcpy(pk + r * ldp + q, &y0, sizeof y0);
+            memcpy(pk + (r + 1) * ldp + q, &y1, sizeof y1);
+        }
+        for (; r < rows; r++) {
+            pk[r * ldp + q] = sq[r];
+            pk[r * ldp + q + 1] = sq[cs + r];
+        }
+    }
+#endif
+    for (; q < cols; q++) {
+        for (int64_t r = 0; r < rows; r++) {
+            pk[r * ldp + q] = s[r * rs + q * cs];
+        }
+    }
+}
+
+/* R <= NBI_MM_DOTS rows of one column of c as R independent scalar chains (R is a constant
+ * once inlined, so the loops unroll and the accumulators stay in registers). */
+#define NBI_MM_DOTS_FN(name, T)                                                                    \
+    NBI_MM_INLINE void name(int R, int64_t k, const T *restrict a, int64_t a_rs, int64_t a_cs,     \
+                            const T *restrict b, int64_t ldb, T *restrict c, int64_t ldc) {        \
+        T acc[NBI_MM_DOTS];                                                                        \
+        NBI_UNROLL                                                                                 \
+        for (int r = 0; r < R; r++) {                                                              \
+            acc[r] = 0;                                                                            \
+        }                                                                                          \
+        for (int64_t p = 0; p < k; p++) {                                                          \
+            T y = b[p * ldb];                                                                      \
+            NBI_UNROLL                                                                             \
+            for (int r = 0; r < R; r++) {                                                          \
+                acc[r] = acc[r] + a[r * a_rs + p * a_cs] * y;                                      \
+            }                                                                                      \
+        }                                                                                          \
+        NBI_UNROLL                                                                                 \
+        for (int r = 0; r < R; r++) {                                                              \
+            c[r * ldc] = acc[r];                                                                   \
+        }                                                                                          \
+    }
+NBI_MM_DOTS_FN(nbi_mm_dots_f32, float)
+NBI_MM_DOTS_FN(nbi_mm_dots_f64, double)
+
+/* The loops for one vector type V of T (S names the instance, P is its packing function,
+ * DOTS its scalar tile, ATTR its target). R, NV and RV are constants once inlined, so the
+ * loops over them unroll and the accumulators stay in registers.
+ *   nbi_mm_tile_S:  c[0..R-1, 0..NV*L-1], R <= NBI_MM_MR rows x NV <= NBI_MM_NV vectors;
+ *   nbi_mm_panel_S: NV vectors of columns for all m rows: 4-row tiles, then single rows;
+ *   nbi_mm_lanes_S: c[0..RV*L-1, 0], RV <= NBI_MM_RV vectors across rows (a_rs == 1);
+ *   nbi_mm_lanes_col_S, nbi_mm_dots_col_S: one column, in lanes or in DOTS;
+ *   nbi_mm_small_S: the whole product.
+ * A broadcast is written x - (V){0}: subtracting +0 leaves every x as it is (-0 included),
+ * and compilers drop the subtraction. */
+#define NBI_MM_SMALL_DEFS(S, T, V, P, DOTS, ATTR)                                                  \
+    NBI_MM_INLINE void nbi_mm_tile_##S(int R, int NV, int64_t k, const T *restrict a,              \
+                                       int64_t a_rs, int64_t a_cs, const T *restrict b,            \
+                                       int64_t ldb, T *restrict c, int64_t ldc) {                  \
+        enum { L = sizeof(V) / sizeof(T) };                                                        \
+        V acc[NBI_MM_MR][NBI_MM_NV];                                                               \
+        NBI_UNROLL                                                                                 \
+        for (int r = 0; r < R; r++) {                                                              \
+            NBI_UNROLL                                                                             \
+            for (int v = 0; v < NV; v++) {                                                         \
+                acc[r][v] = (V){0};                                                                \
+            }                                                                                      \
+        }                                                                                          \
+        for (int64_t p = 0; p < k; p++) {                                                          \
+            V y[NBI_MM_NV];                                                                        \
+            NBI_UNROLL                                                                             \
+            for (int v = 0; v < NV; v++) {                                                         \
+                memcpy(&y[v], b + p * ldb + v * L, sizeof(V));                                     \
+            }                                                                                      \
+            NBI_UNROLL                                                                             \
+            for (int r = 0; r < R; r++) {                                                          \
+                V x = a[r * a_rs + p * a_cs] - (V){0};                                             \
+                NBI_UNROLL                                                                         \
+                for (int v = 0; v < NV; v++) {                                                     \
+                    acc[r][v] = acc[r][v] + x * y[v];                                              \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        NBI_UNROLL                                                                                 \
+        for (int r = 0; r < R; r++) {                                                              \
+            NBI_UNROLL                                                                             \
+            for (int v = 0; v < NV; v++) {                                                         \
+                memcpy(c + r * ldc + v * L, &acc[r][v], sizeof(V));                                \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    NBI_MM_INLINE void nbi_mm_panel_##S(int NV, int64_t m, int64_t k, const T *restrict a,         \
+                                        int64_t a_rs, int64_t a_cs, const T *restrict b,           \
+                                        int64_t ldb, T *restrict c, int64_t ldc) {                 \
+        int64_t i = 0;                                                                             \
+        for (; i + NBI_MM_MR <= m; i += NBI_MM_MR) {                                               \
+            nbi_mm_tile_##S(NBI_MM_MR, NV, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc); \
+        }                                                                                          \
+        for (; i < m; i++) {                                                                       \
+            nbi_mm_tile_##S(1, NV, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);         \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    NBI_MM_INLINE void nbi_mm_lanes_##S(int RV, int64_t k, const T *restrict a, int64_t a_cs,      \
+                                        const T *restrict b, int64_t ldb, T *restrict c,           \
+                                        int64_t ldc) {                                             \
+        enum { L = sizeof(V) / sizeof(T) };                                                        \
+        V acc[NBI_MM_RV];                                                                          \
+        NBI_UNROLL                                                                                 \
+        for (int v = 0; v < RV; v++) {                                                             \
+            acc[v] = (V){0};                                                                       \
+        }                                                                                          \
+        for (int64_t p = 0; p < k; p++) {                                                          \
+            V y = b[p * ldb] - (V){0};                                                             \
+            NBI_UNROLL                                                                             \
+            for (int v = 0; v < RV; v++) {                                                         \
+                V x;                                                                               \
+                memcpy(&x, a + p * a_cs + v * L, sizeof x);                                        \
+                acc[v] = acc[v] + x * y;                                                           \
+            }                                                                                      \
+        }                                                                                          \
+        NBI_UNROLL                                                                                 \
+        for (int v = 0; v < RV; v++) {                                                             \
+            if (ldc == 1) {                                                                        \
+                memcpy(c + v * L, &acc[v], sizeof(V));                                             \
+                continue;                                                                          \
+            }                                                                                      \
+            NBI_UNROLL                                                                             \
+            for (int l = 0; l < L; l++) {                                                          \
+                c[(v * L + l) * ldc] = acc[v][l];                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* One column of c, rows 0..m-1: across rows in vectors (a_rs == 1, m a multiple of L),        \
+     * or in scalar chains. Functions of their own, so that their loops get the registers          \
+     * (inlined into the product's function, gcc kept a loop counter on the stack). */             \
+    ATTR static __attribute__((noinline)) void nbi_mm_lanes_col_##S(                               \
+        int64_t m, int64_t k, const T *restrict a, int64_t a_cs, const T *restrict b, int64_t ldb, \
+        T *restrict c, int64_t ldc) {                                                              \
+        enum { L = sizeof(V) / sizeof(T) };                                                        \
+        int64_t i = 0;                                                                             \
+        for (; i + NBI_MM_RV * L <= m; i += NBI_MM_RV * L) {                                       \
+            nbi_mm_lanes_##S(NBI_MM_RV, k, a + i, a_cs, b, ldb, c + i * ldc, ldc);                 \
+        }                                                                                          \
+        switch ((m - i) / L) {                                                                     \
+        case 3:                                                                                    \
+            nbi_mm_lanes_##S(3, k, a + i, a_cs, b, ldb, c + i * ldc, ldc);                         \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            nbi_mm_lanes_##S(2, k, a + i, a_cs, b, ldb, c + i * ldc, ldc);                         \
+            break;                                                                                 \
+        case 1:                                                                                    \
+            nbi_mm_lanes_##S(1, k, a + i, a_cs, b, ldb, c + i * ldc, ldc);                         \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    ATTR static __attribute__((noinline)) void nbi_mm_dots_col_##S(                                \
+        int64_t m, int64_t k, const T *restrict a, int64_t a_rs, int64_t a_cs,                     \
+        const T *restrict b, int64_t ldb, T *restrict c, int64_t ldc) {                            \
+        int64_t i = 0;                                                                             \
+        for (; i + NBI_MM_DOTS <= m; i += NBI_MM_DOTS) {                                           \
+            DOTS(NBI_MM_DOTS, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);              \
+        }                                                                                          \
+        if (m - i >= 4) {                                                                          \
+            DOTS(4, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);                        \
+            i += 4;                                                                                \
+        }                                                                                          \
+        if (m - i >= 2) {                                                                          \
+            DOTS(2, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);                        \
+            i += 2;                                                                                \
+        }                                                                                          \
+        if (m - i >= 1) {                                                                          \
+            DOTS(1, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);                        \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    ATTR static void nbi_mm_small_##S(const nbi_mm_geom *g, const void *a_, const void *b_,        \
+                                      void *c_, void *scratch) {                                   \
+        enum { L = sizeof(V) / sizeof(T) };                                                        \
         const T *a = a_, *b = b_;                                                                  \
         T *c = c_;                                                                                 \
-        int64_t ldb = g->b_rs;                                                                     \
-        if (g->b_cs != 1) { /* b stored transposed: pack it row-major first */                     \
-            T *pk = scratch;                                                                       \
-            for (int64_t p = 0; p < g->k; p++) {                                                   \
-                for (int64_t j = 0; j < g->n; j++) {                                               \
-                    pk[p * g->n + j] = b[p * g->b_rs + j * g->b_cs];                               \
-                }                                                                                  \
-            }                                                                                      \
-            b = pk;                                                                                \
-            ldb = g->n;                                                                            \
+        int64_t m = g->m, n = g->n, k = g->k, a_rs = g->a_rs, a_cs = g->a_cs, ldb = g->b_rs;       \
+        int64_t ldc = g->c_rs;                                                                     \
+        if (g->b_cs != 1 && n > 1) {                                                               \
+            P(scratch, n, b, g->b_rs, g->b_cs, k, n);                                              \
+            b = scratch;                                                                           \
+            ldb = n;                                                                               \
         }                                                                                          \
-        for (int64_t i = 0; i < g->m; i++) {                                                       \
-            const T *ai = a + i * g->a_rs;                                                         \
-            T *ci = c + i * g->c_rs;                                                               \
-            int64_t j0 = 0;                                                                        \
-            for (; j0 + NBI_MM_SMALL_W <= g->n; j0 += NBI_MM_SMALL_W) {                            \
-                T acc[NBI_MM_SMALL_W] = {0};                                                       \
-                for (int64_t p = 0; p < g->k; p++) {                                               \
-                    T x = ai[p * g->a_cs];                                                         \
-                    const T *bp = b + p * ldb + j0;                                                \
-                    NBI_UNROLL                                                                     \
-                    for (int jj = 0; jj < NBI_MM_SMALL_W; jj++) {                                  \
-                        acc[jj] += x * bp[jj];                                                     \
-                    }                                                                              \
-                }                                                                                  \
-                memcpy(ci + j0, acc, sizeof acc);                                                  \
+        /* a copied transposed for the columns left over (NBI_MM_APACK) */                         \
+        if (sizeof(T) == 4 && n % L != 0 && a_rs != 1 && m >= L && m * k <= NBI_MM_APACK) {        \
+            size_t off = g->b_cs != 1 ? ((size_t)(k * n) * sizeof(T) + 63) / 64 * 64 : 0;          \
+            T *pa = (T *)((unsigned char *)scratch + off);                                         \
+            P(pa, m, a, a_cs, a_rs, k, m);                                                         \
+            a = pa;                                                                                \
+            a_rs = 1;                                                                              \
+            a_cs = m;                                                                              \
+        }                                                                                          \
+        int64_t nv = n - n % L; /* columns done in whole vectors */                                \
+        int64_t j = 0;                                                                             \
+        for (; j + NBI_MM_NV * L <= nv; j += NBI_MM_NV * L) {                                      \
+            int64_t i = 0;                                                                         \
+            for (; i + 2 <= m; i += 2) {                                                           \
+                nbi_mm_tile_##S(2, NBI_MM_NV, k, a + i * a_rs, a_rs, a_cs, b + j, ldb,             \
+                                c + i * ldc + j, ldc);                                             \
             }                                                                                      \
-            for (int64_t j = j0; j < g->n; j++) {                                                  \
-                T acc = 0;                                                                         \
-                for (int64_t p = 0; p < g->k; p++) {                                               \
-                    acc += ai[p * g->a_cs] * b[p * ldb + j];                                       \
-                }                                                                                  \
-                ci[j] = acc;                                                                       \
+            if (i < m) {                                                                           \
+                nbi_mm_tile_##S(1, NBI_MM_NV, k, a + i * a_rs, a_rs, a_cs, b + j, ldb,             \
+                                c + i * ldc + j, ldc);                                             \
+            }                                                                                      \
+        }                                                                                          \
+        switch ((nv - j) / L) {                                                                    \
+        case 3:                                                                                    \
+            nbi_mm_panel_##S(3, m, k, a, a_rs, a_cs, b + j, ldb, c + j, ldc);                      \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            nbi_mm_panel_##S(2, m, k, a, a_rs, a_cs, b + j, ldb, c + j, ldc);                      \
+            break;                                                                                 \
+        case 1:                                                                                    \
+            nbi_mm_panel_##S(1, m, k, a, a_rs, a_cs, b + j, ldb, c + j, ldc);                      \
+            break;                                                                                 \
+        default:                                                                                   \
+            break;                                                                                 \
+        }                                                                                          \
+        for (j = nv; j < n; j++) {                  /* the columns left over, fewer than L */      \
+            int64_t mv = a_rs == 1 ? m - m % L : 0; /* rows done across rows */                    \
+            if (mv > 0) {                                                                          \
+                nbi_mm_lanes_col_##S(mv, k, a, a_cs, b + j, ldb, c + j, ldc);                      \
+            }                                                                                      \
+            if (mv < m) {                                                                          \
+                nbi_mm_dots_col_##S(m - mv, k, a + mv * a_rs, a_rs, a_cs, b + j, ldb,              \
+                                    c + mv * ldc + j, ldc);                                        \
             }                                                                                      \
         }                                                                                          \
     }
-NBI_MM_SMALL_FN(nbi_mm_small_f32, float, )
-NBI_MM_SMALL_FN(nbi_mm_small_f64, double, )
-/* The same loop with 256-bit vectors where the CPU has AVX2. Not FMA: each step is still a
- * rounded multiply then a rounded add, so both versions give the same bits. */
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+
+NBI_MM_SMALL_DEFS(f32x4, float, nbi_f32x4, nbi_mm_pack_f32x4, nbi_mm_dots_f32, )
+NBI_MM_SMALL_DEFS(f64x2, double, nbi_f64x2, nbi_mm_pack_f64x2, nbi_mm_dots_f64, )
+
+static void nbi_mm_small_f32(const nbi_mm_geom *g, const void *a, const void *b, void *c,
+                             void *scratch) {
+    nbi_mm_small_f32x4(g, a, b, c, scratch);
+}
+
+static void nbi_mm_small_f64(const nbi_mm_geom *g, const void *a, const void *b, void *c,
+                             void *scratch) {
+    nbi_mm_small_f64x2(g, a, b, c, scratch);
+}
+
+/* The same loops with 256-bit vectors where the CPU has AVX2. */
+#if defined(__x86_64__) || defined(__i386__)
 #define NBI_MM_AVX2 1
-NBI_MM_SMALL_FN(nbi_mm_small_f32_avx2, float, __attribute__((target("avx2"))))
-NBI_MM_SMALL_FN(nbi_mm_small_f64_avx2, double, __attribute__((target("avx2"))))
+/* nbi_mm_pack_f32x4 with 8x8 blocks of 256-bit vectors (8 loads, 24 shuffles and 8 stores
+ * per block), then that function for the columns left over. */
+NBI_MM_PACK_ATTR __attribute__((target("avx2"))) void
+nbi_mm_pack_f32x8(float *restrict pk, int64_t ldp, const float *restrict s, int64_t rs, int64_t cs,
+                  int64_t rows, int64_t cols) {
+    int64_t q = 0;
+#if NBI_MM_SHUF
+    for (; rs == 1 && q + 8 <= cols; q += 8) {
+        const float *sq = s + q * cs;
+        int64_t r = 0;
+        for (; r + 8 <= rows; r += 8) {
+            nbi_f32x8 x[8], t[8], u[8]; /* x[i] = s[r..r+7, q+i] */
+            NBI_UNROLL
+            for (int i = 0; i < 8; i++) {
+                memcpy(&x[i], sq + i * cs + r, sizeof x[i]);
+            }
+            NBI_UNROLL
+            for (int i = 0; i < 8; i += 2) { /* interleave pairs within 128-bit halves */
+                t[i] = __builtin_shufflevector(x[i], x[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+                t[i + 1] = __builtin_shufflevector(x[i], x[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+            }
+            NBI_UNROLL
+            for (int i = 0; i < 8; i += 4) { /* then pairs of pairs */
+                u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+                u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+                u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+                u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+            }
+            NBI_UNROLL
+            for (int i = 0; i < 4; i++) { /* then the halves: rows r+i and r+i+4 */
+                nbi_f32x8 lo = __builtin_shufflevector(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+                nbi_f32x8 hi = __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+                memcpy(pk + (r + i) * ldp + q, &lo, sizeof lo);
+                memcpy(pk + (r + i + 4) * ldp + q, &hi, sizeof hi);
+            }
+        }
+        for (; r < rows; r++) {
+            for (int i = 0; i < 8; i++) {
+                pk[r * ldp + q + i] = sq[i * cs + r];
+            }
+        }
+    }
+#endif
+    nbi_mm_pack_f32x4(pk + q, ldp, s + q * cs, rs, cs, rows, cols - q);
+}
+
+NBI_MM_SMALL_DEFS(f32x8, float, nbi_f32x8, nbi_mm_pack_f32x8, nbi_mm_dots_f32,
+                  __attribute__((target("avx2"))))
+NBI_MM_SMALL_DEFS(f64x4, double, nbi_f64x4, nbi_mm_pack_f64x2, nbi_mm_dots_f64,
+                  __attribute__((target("avx2"))))
+
+__attribute__((target("avx2"))) static void
+nbi_mm_small_f32_avx2(const nbi_mm_geom *g, const void *a, const void *b, void *c, void *scratch) {
+    nbi_mm_small_f32x8(g, a, b, c, scratch);
+}
+
+__attribute__((target("avx2"))) static void
+nbi_mm_small_f64_avx2(const nbi_mm_geom *g, const void *a, const void *b, void *c, void *scratch) {
+    nbi_mm_small_f64x4(g, a, b, c, scratch);
+}
 #else
+#define NBI_MM_AVX2 0
+#endif
+
+#else /* !NBI_MM_VEC: the definition itself, one output at a time */
+#define NBI_MM_SMALL_REF_FN(name, T)                                                               \
+    static void name(const nbi_mm_geom *g, const void *a_, const void *b_, void *c_,               \
+                     void *scratch) {                                                              \
+        (void)scratch;                                                                             \
+        const T *a = a_, *b = b_;                                                                  \
+        T *c = c_;                                                                                 \
+        for (int64_t i = 0; i < g->m; i++) {                                                       \
+            for (int64_t j = 0; j < g->n; j++) {                                                   \
+                T acc = 0;                                                                         \
+                for (int64_t p = 0; p < g->k; p++) {                                               \
+                    acc = acc + a[i * g->a_rs + p * g->a_cs] * b[p * g->b_rs + j * g->b_cs];       \
+                }                                                                                  \
+                c[i * g->c_rs + j] = acc;                                                          \
+            }                                                                                      \
+        }                                                                                          \
+    }
+NBI_MM_SMALL_REF_FN(nbi_mm_small_f32, float)
+NBI_MM_SMALL_REF_FN(nbi_mm_small_f64, double)
 #define NBI_MM_AVX2 0
 #endif
 
@@ -405,15 +822,34 @@ static void nbi_mm_task(void *ud, int64_t task, int worker) {
     j->f(&sub, a, b, c, (unsigned char *)j->k->scratch + (size_t)worker * j->scratch_bytes);
 }
 
-/* Per worker: room to pack a transposed b for the small-product loop. */
-static size_t nbi_mm_scratch(const nb_var *node) {
-    nbi_mm_geom g;
-    if (!nbi_mm_geometry(node, &g) || !nb_dtype_is_float(node->dtype) ||
-        g.m * g.n * g.k > NBI_MM_SMALL || g.b_cs == 1) {
+/* Per worker, for the small-product loops: room for b copied row-major when it is stored
+ * transposed (k x the block's columns), then for an f32 a copied transposed when it is not
+ * stored so and the last columns do not fill a 256-bit vector (k x the block's rows, at most
+ * NBI_MM_APACK elements). A function of the shapes only: it covers whichever version
+ * (baseline or AVX2, 4 or 8 lanes) runs. */
+static size_t nbi_mm_scratch_of(const nbi_mm_geom *g, nb_dtype d) {
+    if (!nb_dtype_is_float(d) || g->m * g->n * g->k > NBI_MM_SMALL) {
         return 0;
     }
-    int64_t cols = g.n < nbi_mm_cols(g.n) ? g.n : nbi_mm_cols(g.n);
-    return ((size_t)(g.k * cols) * nb_dtype_size(node->dtype) + 63) / 64 * 64;
+    size_t es = nb_dtype_size(d), bytes = 0;
+    if (g->b_cs != 1) {
+        int64_t cols = g->n < nbi_mm_cols(g->n) ? g->n : nbi_mm_cols(g->n);
+        bytes += ((size_t)(g->k * cols) * es + 63) / 64 * 64;
+    }
+    if (es == 4 && g->a_rs != 1 && g->n % 8 != 0) {
+        int64_t rows = g->m < NBI_MM_ROWS ? g->m : NBI_MM_ROWS;
+        int64_t elems = g->k * rows < NBI_MM_APACK ? g->k * rows : NBI_MM_APACK;
+        bytes += ((size_t)elems * es + 63) / 64 * 64;
+    }
+    return bytes;
+}
+
+static size_t nbi_mm_scratch(const nb_var *node) {
+    nbi_mm_geom g;
+    if (!nbi_mm_geometry(node, &g)) {
+        return 0;
+    }
+    return nbi_mm_scratch_of(&g, node->dtype);
 }
 
 static void nbi_k_matmul(const nbi_kargs *k) {
@@ -421,28 +857,41 @@ static void nbi_k_matmul(const nbi_kargs *k) {
     if (node->size == 0) {
         return; /* m, n or a batch dim is 0 */
     }
+    nbi_mm_geom g;
+    (void)nbi_mm_geometry(node, &g); /* checked by inference */
+    size_t es = nb_dtype_size(node->dtype);
+    if (g.k == 0) {
+        memset(k->out, 0, (size_t)node->size * es); /* all-bits-zero is 0 / +0.0 */
+        return;
+    }
+    nbi_mm_fn f = nbi_mm_fn_of(node->dtype, &g);
+    if (f == NULL) {
+        return;
+    }
+    int64_t cols = nbi_mm_cols(g.n);
+    int64_t row_blocks = (g.m + NBI_MM_ROWS - 1) / NBI_MM_ROWS;
+    int64_t col_blocks = (g.n + cols - 1) / cols;
+    int64_t n_tasks = nbi_shape_size(g.rbat, g.bat) * row_blocks * col_blocks;
+    if (n_tasks == 1) {
+        /* the one block is the whole product: what nbi_mm_task does for task 0, without
+         * setting up a job (small products are dominated by such fixed costs) */
+        f(&g, k->in[0], k->in[1], k->out, k->scratch);
+        return;
+    }
     const nb_var *x = node->in[0], *y = node->in[1];
     nbi_mm_job j;
     memset(&j, 0, sizeof j);
-    (void)nbi_mm_geometry(node, &j.g); /* checked by inference */
-    j.es = nb_dtype_size(node->dtype);
-    if (j.g.k == 0) {
-        memset(k->out, 0, (size_t)node->size * j.es); /* all-bits-zero is 0 / +0.0 */
-        return;
-    }
-    j.f = nbi_mm_fn_of(node->dtype, &j.g);
-    if (j.f == NULL) {
-        return;
-    }
+    j.g = g;
+    j.es = es;
+    j.f = f;
     j.k = k;
-    j.scratch_bytes = nbi_mm_scratch(node);
+    j.scratch_bytes = nbi_mm_scratch_of(&g, node->dtype);
     nbi_bcast_strides(j.g.ra_bat, x->shape, j.g.rbat, j.g.bat, j.sa);
     nbi_bcast_strides(j.g.rb_bat, y->shape, j.g.rbat, j.g.bat, j.sb);
-    j.row_blocks = (j.g.m + NBI_MM_ROWS - 1) / NBI_MM_ROWS;
-    j.cols = nbi_mm_cols(j.g.n);
-    j.col_blocks = (j.g.n + j.cols - 1) / j.cols;
-    int64_t n_batch = nbi_shape_size(j.g.rbat, j.g.bat);
-    nbi_pool_run(k->pool, n_batch * j.row_blocks * j.col_blocks, nbi_mm_task, &j);
+    j.row_blocks = row_blocks;
+    j.cols = cols;
+    j.col_blocks = col_blocks;
+    nbi_pool_run(k->pool, n_tasks, nbi_mm_task, &j);
 }
 
 /* ---- VJP and JVP rules ---------------------------------------------------------------

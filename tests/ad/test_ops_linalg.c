@@ -301,8 +301,9 @@ static void test_matmul_2d_2d(void **state) {
 }
 
 /* Sizes that take BLIS's large-matrix (packed) path as well as the small-matrix one, and
- * nabla's own loop for small float products (under 32768 multiply-adds): whole 16-wide
- * column blocks, a column tail, and the sizes just either side of the switch. */
+ * nabla's own loops for small float products (at most 32768 multiply-adds; checked bit for
+ * bit in test_matmul_small_bits): whole column tiles, a column tail, and the sizes just
+ * either side of the switch. */
 static void test_matmul_large(void **state) {
     (void)state;
     for (int d = 0; d < 2; d++) {
@@ -570,6 +571,148 @@ static void test_matmul_same_operand(void **state) {
     lt_run(v, out, xb, xb);
     lt_check(v, out, xb, xb);
     lt_end(&e);
+}
+
+/* ---- the small-product loops, bit for bit ------------------------------------------ */
+
+/* Float products of at most this many multiply-adds run nabla's register-tiled loops
+ * (NBI_MM_SMALL in op_linalg.c); those promise every output summed exactly as below, so
+ * they are checked bit for bit. Larger ones go to BLIS, which sums in its own blocks. */
+#define LT_SMALL 32768
+
+/* c[i, j] = acc after acc = 0; acc = acc + a[i, p] * b[p, j] for p = 0, 1, ..., k-1, with a
+ * rounded multiply and a rounded add: two statements, so that the contraction C allows
+ * within one expression cannot fuse them into an FMA. a[i, p] is at a[i * a_rs + p * a_cs],
+ * b[p, j] at b[p * b_rs + j * b_cs]. */
+#define LT_REF_FN(name, T)                                                                         \
+    static void name(int64_t m, int64_t n, int64_t k, const T *a, int64_t a_rs, int64_t a_cs,      \
+                     const T *b, int64_t b_rs, int64_t b_cs, T *c) {                               \
+        for (int64_t i = 0; i < m; i++) {                                                          \
+            for (int64_t j = 0; j < n; j++) {                                                      \
+                T acc = 0;                                                                         \
+                for (int64_t p = 0; p < k; p++) {                                                  \
+                    T prod = a[i * a_rs + p * a_cs] * b[p * b_rs + j * b_cs];                      \
+                    acc = acc + prod;                                                              \
+                }                                                                                  \
+                c[i * n + j] = acc;                                                                \
+            }                                                                                      \
+        }                                                                                          \
+    }
+LT_REF_FN(lt_ref_f32, float)
+LT_REF_FN(lt_ref_f64, double)
+
+/* One [m, k] @ [k, n] product, a stored transposed if ta, b if tb (the flags the optimizer
+ * sets), run through the registry like the executor does, on its exact scratch size and an
+ * output that are both followed by guard bytes: the result must equal the reference bit for
+ * bit and nothing past the scratch or the output may be written. */
+static void lt_small_case(lt_env *e, nb_dtype dt, int64_t m, int64_t k, int64_t n, int ta, int tb) {
+    int64_t sa[2] = {ta ? k : m, ta ? m : k}, sb[2] = {tb ? n : k, tb ? k : n};
+    nb_var *in[2] = {lt_param(e, 0, dt, 2, sa), lt_param(e, 1, dt, 2, sb)};
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.axes[0] = ta;
+    at.axes[1] = tb;
+    nb_var *v = nbi_emit(&e->tr, NBI_OP_MATMUL, 2, in, &at);
+    NBT_OK(e->ctx, nb_trace_status(&e->tr));
+    const nbi_op_info *info = nbi_op_get(NBI_OP_MATMUL);
+    size_t es = nb_dtype_size(dt), guard = 256, sbytes = info->scratch(v);
+    size_t cbytes = (size_t)(m * n) * es;
+    unsigned char *abuf = lt_alloc((size_t)(m * k) * es), *bbuf = lt_alloc((size_t)(k * n) * es);
+    unsigned char *cbuf = lt_alloc(cbytes + guard), *want = lt_alloc(cbytes);
+    unsigned char *scratch = lt_alloc(sbytes + guard);
+    uint64_t seed = (uint64_t)(m * 1000000 + k * 1000 + n);
+    lt_fill(dt, abuf, m * k, seed);
+    lt_fill(dt, bbuf, k * n, seed + 1);
+    /* negative zeros in a: a row of them sums to +0 (0 + -0 = +0), which a loop that starts
+     * from the first product instead of from 0 would get wrong */
+    for (int64_t p = 0; m > 1 && p < k; p++) {
+        int64_t o = ta ? p * m : p; /* a[0, p] */
+        if (dt == NB_DTYPE_F32) {
+            ((float *)abuf)[o] = -0.0f;
+        } else {
+            ((double *)abuf)[o] = -0.0;
+        }
+    }
+    memset(cbuf + cbytes, 0xa5, guard);
+    memset(scratch, 0x5a, sbytes + guard);
+    lt_poison_fill(dt, cbuf, m * n);
+    nbi_kargs ka = {
+        .node = v, .out = cbuf, .in = (const void *const[]){abuf, bbuf}, .scratch = scratch};
+    info->kernel(&ka);
+    int64_t a_rs = ta ? 1 : k, a_cs = ta ? m : 1, b_rs = tb ? 1 : n, b_cs = tb ? k : 1;
+    if (dt == NB_DTYPE_F32) {
+        lt_ref_f32(m, n, k, (const float *)abuf, a_rs, a_cs, (const float *)bbuf, b_rs, b_cs,
+                   (float *)want);
+    } else {
+        lt_ref_f64(m, n, k, (const double *)abuf, a_rs, a_cs, (const double *)bbuf, b_rs, b_cs,
+                   (double *)want);
+    }
+    for (int64_t o = 0; o < m * n; o++) {
+        if (memcmp(cbuf + (size_t)o * es, want + (size_t)o * es, es) != 0) {
+            fail_msg("%s %s[%lld,%lld]%s @ [%lld,%lld]%s: element (%lld, %lld) is %.17g, the "
+                     "in-order sum is %.17g",
+                     nbi_use_avx2() ? "avx2" : "baseline", nb_dtype_name(dt), (long long)m,
+                     (long long)k, ta ? " (stored transposed)" : "", (long long)k, (long long)n,
+                     tb ? " (stored transposed)" : "", (long long)(o / n), (long long)(o % n),
+                     lt_get_f(dt, cbuf, o), lt_get_f(dt, want, o));
+        }
+    }
+    for (size_t i = 0; i < guard; i++) {
+        NBT_TRUE(cbuf[cbytes + i] == 0xa5);
+        NBT_TRUE(scratch[sbytes + i] == 0x5a);
+    }
+    free(abuf);
+    free(bbuf);
+    free(cbuf);
+    free(want);
+    free(scratch);
+}
+
+/* Every m and n in 1..37 (whole vectors, vector tails and scalar tails of 4- and 8-lane
+ * vectors, row remainders of every tile) with k from 1 (where a "transposed" operand has
+ * unit strides both ways) through sizes that leave remainders in the 8x8 and 4x4 packing
+ * blocks, all four transpose flags, f32 and f64, in the baseline and the AVX2 loops. Then
+ * larger ones: an a too large to be copied transposed for the column tail, and products
+ * cut into row blocks (over 1024 rows) and column blocks (over 128 columns), each block
+ * with its own copies in the same scratch. */
+static void test_matmul_small_bits(void **state) {
+    (void)state;
+    static const int64_t ks[] = {1, 2, 5, 8, 16, 37};
+    static const nb_dtype dts[] = {NB_DTYPE_F32, NB_DTYPE_F64};
+    int saved = nbi_isa_override;
+    for (int isa = 0; isa < 2; isa++) {
+        nbi_isa_override = isa == 0 ? 0 : -1;
+        for (int d = 0; d < 2; d++) {
+            lt_env e;
+            lt_begin(&e);
+            for (int64_t m = 1; m <= 37; m++) {
+                for (int64_t n = 1; n <= 37; n++) {
+                    for (size_t q = 0; q < sizeof ks / sizeof ks[0]; q++) {
+                        if (m * n * ks[q] > LT_SMALL) {
+                            continue;
+                        }
+                        for (int t = 0; t < 4; t++) {
+                            lt_small_case(&e, dts[d], m, ks[q], n, t & 1, t >> 1);
+                        }
+                    }
+                }
+                nbi_trace_release(&e.tr); /* keep the trace small */
+                NBT_OK(e.ctx, nbi_trace_init(&e.tr, e.ctx, "test"));
+            }
+            static const int64_t big[][3] = {{64, 80, 3},  {130, 40, 5}, {1030, 3, 5},
+                                             {1100, 2, 9}, {8, 4, 300},  {5, 3, 700}};
+            for (size_t q = 0; q < sizeof big / sizeof big[0]; q++) {
+                for (int t = 0; t < 4; t++) {
+                    lt_small_case(&e, dts[d], big[q][0], big[q][1], big[q][2], t & 1, t >> 1);
+                }
+            }
+            lt_end(&e);
+        }
+    }
+    nbi_isa_override = saved;
+    if (!nbi_use_avx2()) {
+        print_message("note: this CPU has no AVX2; both runs used the baseline loops\n");
+    }
 }
 
 /* ---- errors ------------------------------------------------------------------------- */
@@ -899,6 +1042,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_ignores_output_contents),
         cmocka_unit_test(test_matmul_deterministic),
         cmocka_unit_test(test_matmul_same_operand),
+        cmocka_unit_test(test_matmul_small_bits),
         cmocka_unit_test(test_matmul_bool_rejected),
         cmocka_unit_test(test_matmul_dtype_mismatch),
         cmocka_unit_test(test_matmul_inner_dim_message),
