@@ -330,12 +330,37 @@ static void nbi_fused_reduce_piece(void *ud, int64_t t, int worker) {
         nbi_rstream_end(&s, j->partials + (size_t)t * es);
         return;
     }
-    int64_t rows = node->size;
-    for (int64_t row = t * j->rows_per_piece; row < rows && row < (t + 1) * j->rows_per_piece;
-         row++) {
-        nbi_rstream_begin(&s, (nbi_op)p->red_op, node->dtype);
-        nbi_fused_reduce_run(j, base, &s, row * p->red_n, p->red_n);
-        nbi_rstream_end(&s, (unsigned char *)j->k->out + (size_t)row * es);
+    int64_t rows = node->size, row0 = t * j->rows_per_piece;
+    int64_t row1 = rows - row0 < j->rows_per_piece ? rows : row0 + j->rows_per_piece;
+    unsigned char *out = j->k->out;
+    if (p->red_n >= NBI_FUSE_TILE) { /* long runs: tiles from each run's start */
+        for (int64_t row = row0; row < row1; row++) {
+            nbi_rstream_begin(&s, (nbi_op)p->red_op, node->dtype);
+            nbi_fused_reduce_run(j, base, &s, row * p->red_n, p->red_n);
+            nbi_rstream_end(&s, out + (size_t)row * es);
+        }
+        return;
+    }
+    /* short runs (a softmax's 10 classes): whole tiles across runs, each tile's values fed
+     * run by run (a stream gives the same result however its run is cut) */
+    unsigned char *vals = base + (size_t)j->out_slot * NBI_FUSE_TILE_BYTES;
+    int64_t first = row0 * p->red_n, last = row1 * p->red_n, row = row0, pos = 0;
+    nbi_rstream_begin(&s, (nbi_op)p->red_op, node->dtype);
+    for (int64_t t0 = first; t0 < last; t0 += j->tile) {
+        int64_t n = last - t0 < j->tile ? last - t0 : j->tile;
+        nbi_fused_tile(j, base, t0, n, vals);
+        for (int64_t off = 0; off < n;) {
+            int64_t m = n - off < p->red_n - pos ? n - off : p->red_n - pos;
+            nbi_rstream_feed(&s, vals + (size_t)off * es, m);
+            off += m;
+            pos += m;
+            if (pos == p->red_n) {
+                nbi_rstream_end(&s, out + (size_t)row * es);
+                row++;
+                pos = 0;
+                nbi_rstream_begin(&s, (nbi_op)p->red_op, node->dtype);
+            }
+        }
     }
 }
 

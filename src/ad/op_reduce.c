@@ -709,13 +709,26 @@ static bool nbi_rstream_pairwise(const nbi_rstream *s) {
 }
 
 void nbi_rstream_begin(nbi_rstream *s, nbi_op op, nb_dtype dtype) {
-    memset(s, 0, sizeof *s);
     s->op = (uint16_t)op;
     s->dtype = dtype;
+    s->n = 0;
+    /* only the pairwise state's scalars (its stack is written before it is read): a run of
+     * ten elements per output must not pay for a 600-byte memset */
+    if (dtype == NB_DTYPE_F64) {
+        nbi_psum_f64 *ps = (nbi_psum_f64 *)(void *)s->st;
+        ps->cur = 0;
+        ps->pos = ps->nblk = 0;
+        ps->top = 0;
+    } else if (dtype == NB_DTYPE_F32) {
+        nbi_psum_f32 *ps = (nbi_psum_f32 *)(void *)s->st;
+        ps->cur = 0;
+        ps->pos = ps->nblk = 0;
+        ps->top = 0;
+    }
 }
 
-/* The pairwise state's cur/pos/nblk/top start at zero (memset), as in the row kernel. A
- * plain fold keeps its accumulator in st, started from the first element. */
+/* The pairwise state's cur/pos/nblk/top start at zero (nbi_rstream_begin), as in the row
+ * kernel. A plain fold keeps its accumulator in st, started from the first element. */
 #define NBI_RSTREAM_FEED(S, T)                                                                     \
     if (nbi_rstream_pairwise(s)) {                                                                 \
         nbi_psum_feed_##S((nbi_psum_##S *)(void *)s->st, x, n);                                    \
