@@ -206,6 +206,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
         if (src->op == NBI_OP_FUSED) { /* the program lives in the pass's arena: copy it */
             *progs = *(const nbi_fprog *)src->at.callee;
             dst->at.callee = progs++;
+            nbi_fused_prepare(dst); /* its inputs are earlier nodes, already copied */
         }
     }
     e->n_inputs = g->n_inputs;

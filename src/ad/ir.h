@@ -285,7 +285,13 @@ typedef struct nbi_fprog {
     int32_t red_n_axes;
     int32_t red_axes[NB_MAX_RANK];
     int64_t red_n;
+    /* How the kernel reads its inputs and lays out its tiles, fixed by the shapes: set once
+     * by nbi_fused_prepare when an executable is compiled (op_fused.c's own layout). */
+    bool planned;
+    _Alignas(8) unsigned char plan[1600];
 } nbi_fprog;
+/* Compute node's plan (node: a fused node of an executable, with its inputs set). */
+NBI_HIDDEN void nbi_fused_prepare(nb_var *node);
 /* Fuse chains of same-shape elementwise ops whose intermediates have no other use, with
  * the reduction that consumes them when it reduces innermost dims. */
 NBI_HIDDEN nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);

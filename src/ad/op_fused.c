@@ -53,24 +53,32 @@ static size_t nbi_fused_worker_bytes(const nb_var *node) {
     return tiles;
 }
 
-typedef struct nbi_fused_job {
-    const nbi_kargs *k;
-    const nbi_fprog *p;
+/* What a fused node's shapes fix: computed once per executable (nbi_fused_prepare, kept
+ * in the program's plan bytes), not on every run. */
+typedef struct nbi_fplan {
     size_t worker_bytes;
     int r; /* the index space (map shape) */
-    const int64_t *shape;
     int64_t size;
     int64_t rows_per_piece, segs; /* reductions: whole runs per piece, or segments per run */
-    unsigned char *partials;      /* segment results (segs > 1) */
     int64_t strides[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
+    int64_t ext_off[NBI_FUSE_MAX_EXT];  /* bytes from the input's buffer to element 0 */
     bool direct[NBI_FUSE_MAX_EXT];      /* the input has the output's shape: read it in place */
     bool scalar[NBI_FUSE_MAX_EXT];      /* one element, only read by binary ops/select: stride 0 */
     int32_t ext_slot[NBI_FUSE_MAX_EXT]; /* tile slot of a gathered input, else -1 */
-    const unsigned char *ext_base[NBI_FUSE_MAX_EXT]; /* where element 0 is read */
-    int32_t reg_slot[NBI_FUSE_MAX_INSTR];            /* tile slot of each instruction's result */
+    int32_t reg_slot[NBI_FUSE_MAX_INSTR]; /* tile slot of each instruction's result */
     int32_t out_slot; /* where the reduced values go, tile by tile (reductions) */
-    int64_t tile;     /* elements per tile: the slots in use fit in L1 */
+    int64_t tile;     /* elements per tile */
     unsigned char padv[NBI_FUSE_MAX_EXT][8]; /* a padded view's value, in its dtype */
+} nbi_fplan;
+_Static_assert(sizeof(nbi_fplan) <= sizeof(((nbi_fprog *)0)->plan), "nbi_fprog.plan too small");
+
+typedef struct nbi_fused_job {
+    const nbi_kargs *k;
+    const nbi_fprog *p;
+    const nbi_fplan *pl;
+    const int64_t *shape;                            /* p->map_shape */
+    unsigned char *partials;                         /* segment results (segs > 1) */
+    const unsigned char *ext_base[NBI_FUSE_MAX_EXT]; /* where element 0 is read, this run */
 } nbi_fused_job;
 
 /* n elements of es bytes: copies of the one at v (fill), or read with stride st elements
@@ -134,10 +142,10 @@ static void nbi_copy_strided(unsigned char *o, const unsigned char *src, int64_t
  * view's elements (a copy when contiguous, a fill when broadcast) / padding. */
 static void nbi_fused_gather_pad(const nbi_fused_job *j, int32_t e, const unsigned char *xb,
                                  size_t es, int64_t first, int64_t n, unsigned char *dst) {
-    int r = j->r;
+    int r = j->pl->r;
     const int64_t *shape = j->shape;
     const int64_t *lo = j->p->pad_lo[e], *st = j->p->view_st[e], *dims = j->p->pad_dims[e];
-    const unsigned char *pv = j->padv[e];
+    const unsigned char *pv = j->pl->padv[e];
     int64_t idx[NB_MAX_RANK], rest = first, inner = shape[r - 1], xin = dims[r - 1];
     int64_t ist = st[r - 1];
     for (int d = r - 1; d >= 0; d--) {
@@ -181,7 +189,7 @@ static void nbi_fused_gather_pad(const nbi_fused_job *j, int32_t e, const unsign
  * NULL. */
 static const unsigned char *nbi_fused_pad_direct(const nbi_fused_job *j, int32_t e, size_t es,
                                                  int64_t first, int64_t n) {
-    int r = j->r;
+    int r = j->pl->r;
     const int64_t *lo = j->p->pad_lo[e], *st = j->p->view_st[e], *dims = j->p->pad_dims[e];
     if (st[r - 1] != 1) {
         return NULL;
@@ -252,20 +260,20 @@ static void nbi_fused_tile(const nbi_fused_job *j, unsigned char *base, int64_t 
     for (int32_t e = 0; e < p->n_ext; e++) {
         const nb_var *x = node->in[e];
         size_t es = nb_dtype_size(x->dtype);
-        if (j->scalar[e]) {
+        if (j->pl->scalar[e]) {
             ext[e] = j->ext_base[e];
-        } else if (j->direct[e]) {
+        } else if (j->pl->direct[e]) {
             ext[e] = j->ext_base[e] + (size_t)t0 * es;
         } else if (p->pad_mask & (1u << e)) {
             const unsigned char *in_place = nbi_fused_pad_direct(j, e, es, t0, n);
-            unsigned char *g = base + (size_t)j->ext_slot[e] * tile_bytes;
+            unsigned char *g = base + (size_t)j->pl->ext_slot[e] * tile_bytes;
             if (in_place == NULL) {
                 nbi_fused_gather_pad(j, e, j->ext_base[e], es, t0, n, g);
             }
             ext[e] = in_place != NULL ? in_place : g;
         } else {
-            unsigned char *g = base + (size_t)j->ext_slot[e] * tile_bytes;
-            nbi_fused_gather(j->r, j->shape, j->strides[e], j->ext_base[e], es, t0, n, g);
+            unsigned char *g = base + (size_t)j->pl->ext_slot[e] * tile_bytes;
+            nbi_fused_gather(j->pl->r, j->shape, j->pl->strides[e], j->ext_base[e], es, t0, n, g);
             ext[e] = g;
         }
     }
@@ -275,19 +283,19 @@ static void nbi_fused_tile(const nbi_fused_job *j, unsigned char *base, int64_t 
         bool sc[3] = {false, false, false};
         for (int a = 0; a < in->n_in; a++) {
             if (in->src[a] >= 0) {
-                ops[a] = base + (size_t)j->reg_slot[in->src[a]] * tile_bytes;
+                ops[a] = base + (size_t)j->pl->reg_slot[in->src[a]] * tile_bytes;
             } else {
                 ops[a] = ext[-in->src[a] - 1];
-                sc[a] = j->scalar[-in->src[a] - 1];
+                sc[a] = j->pl->scalar[-in->src[a] - 1];
             }
         }
-        void *o = i == p->n_instr - 1 ? dst : base + (size_t)j->reg_slot[i] * tile_bytes;
+        void *o = i == p->n_instr - 1 ? dst : base + (size_t)j->pl->reg_slot[i] * tile_bytes;
         nbi_ew_tile((nbi_op)in->op, in->dtype, in->in_dtype, in->n_in, o, ops, sc, n);
     }
 }
 
 static unsigned char *nbi_fused_base(const nbi_fused_job *j, int worker) {
-    unsigned char *base = (unsigned char *)j->k->scratch + (size_t)worker * j->worker_bytes;
+    unsigned char *base = (unsigned char *)j->k->scratch + (size_t)worker * j->pl->worker_bytes;
     return (unsigned char *)(((uintptr_t)base + 63) & ~(uintptr_t)63);
 }
 
@@ -296,8 +304,8 @@ static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) 
     const nbi_fused_job *j = ud;
     unsigned char *base = nbi_fused_base(j, worker);
     size_t es_out = nb_dtype_size(j->k->node->dtype);
-    for (int64_t t0 = first; t0 < first + count; t0 += j->tile) {
-        int64_t n = first + count - t0 < j->tile ? first + count - t0 : j->tile;
+    for (int64_t t0 = first; t0 < first + count; t0 += j->pl->tile) {
+        int64_t n = first + count - t0 < j->pl->tile ? first + count - t0 : j->pl->tile;
         nbi_fused_tile(j, base, t0, n, (unsigned char *)j->k->out + (size_t)t0 * es_out);
     }
 }
@@ -305,9 +313,9 @@ static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) 
 /* Reduce elements [first, first + n) (inside one run) into s, a tile at a time. */
 static void nbi_fused_reduce_run(const nbi_fused_job *j, unsigned char *base, nbi_rstream *s,
                                  int64_t first, int64_t n) {
-    unsigned char *vals = base + (size_t)j->out_slot * NBI_FUSE_TILE_BYTES;
-    for (int64_t t0 = first; t0 < first + n; t0 += j->tile) {
-        int64_t m = first + n - t0 < j->tile ? first + n - t0 : j->tile;
+    unsigned char *vals = base + (size_t)j->pl->out_slot * NBI_FUSE_TILE_BYTES;
+    for (int64_t t0 = first; t0 < first + n; t0 += j->pl->tile) {
+        int64_t m = first + n - t0 < j->pl->tile ? first + n - t0 : j->pl->tile;
         nbi_fused_tile(j, base, t0, m, vals);
         nbi_rstream_feed(s, vals, m);
     }
@@ -321,8 +329,8 @@ static void nbi_fused_reduce_piece(void *ud, int64_t t, int worker) {
     unsigned char *base = nbi_fused_base(j, worker);
     size_t es = nb_dtype_size(node->dtype);
     nbi_rstream s;
-    if (j->segs > 1) {
-        int64_t row = t / j->segs, seg = t % j->segs;
+    if (j->pl->segs > 1) {
+        int64_t row = t / j->pl->segs, seg = t % j->pl->segs;
         int64_t first = row * p->red_n + seg * NBI_RSEG;
         int64_t n = p->red_n - seg * NBI_RSEG < NBI_RSEG ? p->red_n - seg * NBI_RSEG : NBI_RSEG;
         nbi_rstream_begin(&s, (nbi_op)p->red_op, node->dtype);
@@ -330,8 +338,8 @@ static void nbi_fused_reduce_piece(void *ud, int64_t t, int worker) {
         nbi_rstream_end(&s, j->partials + (size_t)t * es);
         return;
     }
-    int64_t rows = node->size, row0 = t * j->rows_per_piece;
-    int64_t row1 = rows - row0 < j->rows_per_piece ? rows : row0 + j->rows_per_piece;
+    int64_t rows = node->size, row0 = t * j->pl->rows_per_piece;
+    int64_t row1 = rows - row0 < j->pl->rows_per_piece ? rows : row0 + j->pl->rows_per_piece;
     unsigned char *out = j->k->out;
     if (p->red_n >= NBI_FUSE_TILE) { /* long runs: tiles from each run's start */
         for (int64_t row = row0; row < row1; row++) {
@@ -343,11 +351,11 @@ static void nbi_fused_reduce_piece(void *ud, int64_t t, int worker) {
     }
     /* short runs (a softmax's 10 classes): whole tiles across runs, each tile's values fed
      * run by run (a stream gives the same result however its run is cut) */
-    unsigned char *vals = base + (size_t)j->out_slot * NBI_FUSE_TILE_BYTES;
+    unsigned char *vals = base + (size_t)j->pl->out_slot * NBI_FUSE_TILE_BYTES;
     int64_t first = row0 * p->red_n, last = row1 * p->red_n, row = row0, pos = 0;
     nbi_rstream_begin(&s, (nbi_op)p->red_op, node->dtype);
-    for (int64_t t0 = first; t0 < last; t0 += j->tile) {
-        int64_t n = last - t0 < j->tile ? last - t0 : j->tile;
+    for (int64_t t0 = first; t0 < last; t0 += j->pl->tile) {
+        int64_t n = last - t0 < j->pl->tile ? last - t0 : j->pl->tile;
         nbi_fused_tile(j, base, t0, n, vals);
         for (int64_t off = 0; off < n;) {
             int64_t m = n - off < p->red_n - pos ? n - off : p->red_n - pos;
@@ -367,11 +375,10 @@ static void nbi_fused_reduce_piece(void *ud, int64_t t, int worker) {
 /* Tile slots: one per gathered input, then results share slots by lifetime (a slot is
  * reused once its value has been read for the last time, never by the instruction that
  * reads it, so no kernel runs in place). */
-static void nbi_fused_slots(nbi_fused_job *j) {
-    const nbi_fprog *p = j->p;
+static void nbi_fused_slots(const nbi_fprog *p, nbi_fplan *pl) {
     int32_t n_slots = 0, last[NBI_FUSE_MAX_INSTR], free_list[NBI_FUSE_MAX_INSTR], n_free = 0;
     for (int32_t e = 0; e < p->n_ext; e++) {
-        j->ext_slot[e] = !j->scalar[e] && !j->direct[e] ? n_slots++ : -1;
+        pl->ext_slot[e] = !pl->scalar[e] && !pl->direct[e] ? n_slots++ : -1;
     }
     for (int32_t i = 0; i < p->n_instr; i++) {
         last[i] = -1;
@@ -381,11 +388,11 @@ static void nbi_fused_slots(nbi_fused_job *j) {
             }
         }
     }
-    j->out_slot = p->red_op != 0 ? n_slots++ : -1; /* the values reduced, else the output */
+    pl->out_slot = p->red_op != 0 ? n_slots++ : -1; /* the values reduced, else the output */
     for (int32_t i = 0; i < p->n_instr; i++) {
-        j->reg_slot[i] = i == p->n_instr - 1 ? (j->out_slot >= 0 ? j->out_slot : 0)
-                         : n_free > 0        ? free_list[--n_free]
-                                             : n_slots++;
+        pl->reg_slot[i] = i == p->n_instr - 1 ? (pl->out_slot >= 0 ? pl->out_slot : 0)
+                          : n_free > 0        ? free_list[--n_free]
+                                              : n_slots++;
         for (int a = 0; a < p->ins[i].n_in; a++) {
             int32_t r = p->ins[i].src[a];
             bool dup = false;
@@ -393,16 +400,15 @@ static void nbi_fused_slots(nbi_fused_job *j) {
                 dup = dup || p->ins[i].src[b] == r;
             }
             if (r >= 0 && last[r] == i && !dup) {
-                free_list[n_free++] = j->reg_slot[r];
+                free_list[n_free++] = pl->reg_slot[r];
             }
         }
     }
-    (void)n_slots;
     /* Always whole tiles of NBI_FUSE_TILE: each instruction costs a call and a dispatch per
      * tile, which shorter tiles (to keep many slots in L1) paid for more than the L2
      * traffic they saved (Rosenbrock's 21-instruction gradient: 107 -> 80 us at n = 1e4).
      * Reductions then also feed 8 pairwise blocks at a time as independent chains. */
-    j->tile = NBI_FUSE_TILE;
+    pl->tile = NBI_FUSE_TILE;
 }
 
 static void nbi_pad_bytes(nb_dtype d, double v, unsigned char *out) {
@@ -432,77 +438,99 @@ static void nbi_pad_bytes(nb_dtype d, double v, unsigned char *out) {
     }
 }
 
-static void nbi_k_fused(const nbi_kargs *k) {
-    const nb_var *node = k->node;
-    nbi_fused_job j; /* its arrays are filled for the program's inputs and instructions only:
-                        no memset of the whole (1.7 KB) job on every run */
-    j.k = k;
-    j.p = node->at.callee;
-    j.rows_per_piece = 0;
-    j.segs = 0;
-    j.partials = NULL;
-    j.r = j.p->map_rank;
-    j.shape = j.p->map_shape;
-    j.size = nbi_shape_size(j.r, j.shape);
-    if (j.size == 0) {
-        return; /* reductions over nothing are never fused */
-    }
-    j.worker_bytes = (nbi_fused_worker_bytes(node) + 63) / 64 * 64;
-    for (int32_t e = 0; e < j.p->n_ext; e++) {
+/* The plan of node (a fused node whose inputs are set): how each input is read, the tile
+ * slots, how a reduction is cut into pieces. */
+static void nbi_fused_plan(const nb_var *node, nbi_fplan *pl) {
+    const nbi_fprog *p = node->at.callee;
+    memset(pl, 0, sizeof *pl);
+    pl->r = p->map_rank;
+    pl->size = nbi_shape_size(p->map_rank, p->map_shape);
+    pl->worker_bytes = (nbi_fused_worker_bytes(node) + 63) / 64 * 64;
+    const int64_t *shape = p->map_shape;
+    for (int32_t e = 0; e < p->n_ext; e++) {
         const nb_var *x = node->in[e];
-        bool same = x->rank == j.r;
+        bool same = x->rank == pl->r;
         for (int d = 0; same && d < x->rank; d++) {
-            same = x->shape[d] == j.shape[d];
+            same = x->shape[d] == shape[d];
         }
-        j.direct[e] = same;
-        j.scalar[e] = x->size == 1 && j.size > 1;
-        j.ext_base[e] = k->in[e];
-        nbi_bcast_strides(x->rank, x->shape, j.r, j.shape, j.strides[e]);
-        if (j.p->view_mask & (1u << e)) { /* direct when the view is contiguous */
+        pl->direct[e] = same;
+        pl->scalar[e] = x->size == 1 && pl->size > 1;
+        nbi_bcast_strides(x->rank, x->shape, pl->r, shape, pl->strides[e]);
+        if (p->view_mask & (1u << e)) { /* direct when the view is contiguous */
             int64_t want = 1;
             same = true;
-            for (int d = j.r - 1; d >= 0; d--) {
-                j.strides[e][d] = j.p->view_st[e][d];
-                same = same && (j.shape[d] == 1 || j.strides[e][d] == want);
-                want *= j.shape[d];
+            for (int d = pl->r - 1; d >= 0; d--) {
+                pl->strides[e][d] = p->view_st[e][d];
+                same = same && (shape[d] == 1 || pl->strides[e][d] == want);
+                want *= shape[d];
             }
-            j.direct[e] = same && !(j.p->pad_mask & (1u << e));
-            j.scalar[e] = x->size == 1 && j.size > 1 && !(j.p->pad_mask & (1u << e));
-            nbi_pad_bytes(x->dtype, j.p->pad_value[e], j.padv[e]);
-            j.ext_base[e] = (const unsigned char *)k->in[e] +
-                            (ptrdiff_t)j.p->view_off[e] * (ptrdiff_t)nb_dtype_size(x->dtype);
+            pl->direct[e] = same && !(p->pad_mask & (1u << e));
+            pl->scalar[e] = x->size == 1 && pl->size > 1 && !(p->pad_mask & (1u << e));
+            nbi_pad_bytes(x->dtype, p->pad_value[e], pl->padv[e]);
+            pl->ext_off[e] = p->view_off[e] * (int64_t)nb_dtype_size(x->dtype);
         }
     }
-    for (int32_t i = 0; i < j.p->n_instr; i++) { /* unary kernels read full tiles */
-        const nbi_finstr *in = &j.p->ins[i];
+    for (int32_t i = 0; i < p->n_instr; i++) { /* unary kernels read full tiles */
+        const nbi_finstr *in = &p->ins[i];
         for (int a = 0; in->n_in == 1 && a < in->n_in; a++) {
             if (in->src[a] < 0) {
-                j.scalar[-in->src[a] - 1] = false;
+                pl->scalar[-in->src[a] - 1] = false;
             }
         }
     }
-    nbi_fused_slots(&j);
-    if (j.p->red_op == 0) {
-        nbi_par_range(k->pool, j.size, NBI_FUSE_CHUNK, nbi_fused_range, &j);
+    nbi_fused_slots(p, pl);
+    if (p->red_op != 0) {
+        pl->segs = nbi_fused_segs(p);
+        pl->rows_per_piece = NBI_RSEG / p->red_n > 0 ? NBI_RSEG / p->red_n : 1;
+    }
+}
+
+void nbi_fused_prepare(nb_var *node) {
+    nbi_fprog *p = node->at.callee;
+    nbi_fused_plan(node, (nbi_fplan *)(void *)p->plan);
+    p->planned = true;
+}
+
+static void nbi_k_fused(const nbi_kargs *k) {
+    const nb_var *node = k->node;
+    const nbi_fprog *p = node->at.callee;
+    nbi_fplan local;
+    const nbi_fplan *pl = (const nbi_fplan *)(const void *)p->plan;
+    if (!p->planned) { /* a fused node run outside an executable */
+        nbi_fused_plan(node, &local);
+        pl = &local;
+    }
+    if (pl->size == 0) {
+        return; /* reductions over nothing are never fused */
+    }
+    nbi_fused_job j;
+    j.k = k;
+    j.p = p;
+    j.pl = pl;
+    j.shape = p->map_shape;
+    j.partials = NULL;
+    for (int32_t e = 0; e < p->n_ext; e++) {
+        j.ext_base[e] = (const unsigned char *)k->in[e] + pl->ext_off[e];
+    }
+    if (p->red_op == 0) {
+        nbi_par_range(k->pool, pl->size, NBI_FUSE_CHUNK, nbi_fused_range, &j);
         return;
     }
     int64_t rows = node->size;
-    j.segs = nbi_fused_segs(j.p);
-    if (j.segs > 1) {
+    if (pl->segs > 1) {
         j.partials =
-            nbi_fused_base(&j, 0) + (size_t)(j.p->n_instr + j.p->n_ext + 1) * NBI_FUSE_TILE_BYTES;
-        nbi_pool_run(k->pool, rows * j.segs, nbi_fused_reduce_piece, &j);
+            nbi_fused_base(&j, 0) + (size_t)(p->n_instr + p->n_ext + 1) * NBI_FUSE_TILE_BYTES;
+        nbi_pool_run(k->pool, rows * pl->segs, nbi_fused_reduce_piece, &j);
         size_t es = nb_dtype_size(node->dtype);
         for (int64_t row = 0; row < rows; row++) {
-            nbi_rstream_combine((nbi_op)j.p->red_op, node->dtype,
-                                j.partials + (size_t)(row * j.segs) * es, j.segs,
+            nbi_rstream_combine((nbi_op)p->red_op, node->dtype,
+                                j.partials + (size_t)(row * pl->segs) * es, pl->segs,
                                 (unsigned char *)k->out + (size_t)row * es);
         }
         return;
     }
-    j.rows_per_piece = NBI_RSEG / j.p->red_n > 0 ? NBI_RSEG / j.p->red_n : 1;
-    nbi_pool_run(k->pool, (rows + j.rows_per_piece - 1) / j.rows_per_piece, nbi_fused_reduce_piece,
-                 &j);
+    nbi_pool_run(k->pool, (rows + pl->rows_per_piece - 1) / pl->rows_per_piece,
+                 nbi_fused_reduce_piece, &j);
 }
 
 /* The output: the map shape (every external input that is not a view broadcasts to it),
