@@ -1126,14 +1126,9 @@ static nb_status nbi_run_entry(nbi_jit_state *s, const nbi_entry *e, const nb_tr
             n_leaf_trees++;
         }
     }
-    nb_tree *list = NULL;
     if (st == NB_OK) {
-        st = nb_tree_list(ctx, e->n_out, out_leaves, &list);
+        st = nbi_tree_unflatten_leaves(e->out_def, out_leaves, out);
     }
-    if (st == NB_OK) {
-        st = nb_tree_unflatten(e->out_def, list, out);
-    }
-    nb_tree_destroy(list);
     for (int32_t i = 0; i < n_leaf_trees; i++) {
         nb_tree_destroy(out_leaves[i]);
     }

@@ -324,6 +324,10 @@ NBI_HIDDEN nb_status nbi_tree_node_take(nb_ctx *ctx, const char *fn, nb_tree_kin
 NBI_HIDDEN bool nbi_static_equal(const nb_tree *a, const nb_tree *b);
 /* The hash nb_treedef_hash would give t's treedef, computed without building it. */
 NBI_HIDDEN uint64_t nbi_tree_def_hash(const nb_tree *t);
+/* nb_tree_unflatten with the leaves as an array of def->n_leaves trees (each retained into
+ * the result); no checks. */
+NBI_HIDDEN nb_status nbi_tree_unflatten_leaves(const nb_treedef *def, nb_tree *const *leaves,
+                                               nb_tree **out);
 /* Does t have exactly the treedef d (same as nb_treedef_equal of t's treedef and d)? */
 NBI_HIDDEN bool nbi_tree_def_match(const nb_tree *t, const nb_treedef *d);
 

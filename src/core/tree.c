@@ -1195,8 +1195,8 @@ nb_status nb_tree_flatten(const nb_tree *t, nb_tree **leaves, nb_treedef **def) 
 }
 
 /* Rebuild the subtree at node index *i; leaves come from src in order. */
-static nb_status nbi_unflatten_rec(nb_ctx *ctx, const nb_treedef *d, int64_t *i, const nb_tree *src,
-                                   int64_t *leaf, nb_tree **out) {
+static nb_status nbi_unflatten_rec(nb_ctx *ctx, const nb_treedef *d, int64_t *i,
+                                   nb_tree *const *src, int64_t *leaf, nb_tree **out) {
     static const char fn[] = "nb_tree_unflatten";
     const nbi_tdnode *nd = &d->nodes[(*i)++];
     nb_status st = NB_OK;
@@ -1205,7 +1205,7 @@ static nb_status nbi_unflatten_rec(nb_ctx *ctx, const nb_treedef *d, int64_t *i,
         return nb_tree_null(ctx, out);
     case NB_TREE_KIND_ARRAY:
     case NB_TREE_KIND_VAR:
-        *out = nb_tree_retain(src->children[(*leaf)++]);
+        *out = nb_tree_retain(src[(*leaf)++]);
         return NB_OK;
     case NB_TREE_KIND_INT:
         st = nb_tree_int(ctx, nd->u.i, out);
@@ -1226,24 +1226,31 @@ static nb_status nbi_unflatten_rec(nb_ctx *ctx, const nb_treedef *d, int64_t *i,
     case NB_TREE_KIND_TUPLE:
     case NB_TREE_KIND_DICT: {
         int64_t n = nd->n;
-        size_t bytes = (size_t)(n > 0 ? n : 1) * (sizeof(nb_tree *) + sizeof(char *));
-        nb_tree **items = nbi_alloc(ctx, bytes, 8);
+        /* small nodes (most of them) gather their children on the stack */
+        nb_tree *stack_items[16] = {NULL};
+        const char *stack_keys[16] = {NULL};
+        size_t bytes = n <= 16 ? 0 : (size_t)n * (sizeof(nb_tree *) + sizeof(char *));
+        nb_tree **items = n <= 16 ? stack_items : nbi_alloc(ctx, bytes, 8);
         if (items == NULL) {
             return nbi_oom(ctx, fn, bytes);
         }
-        const char **keys = (const char **)(items + (n > 0 ? n : 1));
+        const char **keys = n <= 16 ? stack_keys : (const char **)(items + n);
         for (int64_t c = 0; c < n; c++) {
             keys[c] = d->nodes[*i].key;
             items[c] = NULL;
             st = nbi_unflatten_rec(ctx, d, i, src, leaf, &items[c]);
             if (st != NB_OK) {
                 nbi_release_items(c, items);
-                nbi_free(ctx, items, bytes);
+                if (bytes > 0) {
+                    nbi_free(ctx, items, bytes);
+                }
                 return st;
             }
         }
         st = nbi_tree_node_take(ctx, fn, nd->kind, n, keys, items, out);
-        nbi_free(ctx, items, bytes);
+        if (bytes > 0) {
+            nbi_free(ctx, items, bytes);
+        }
         if (st == NB_OK) {
             (*out)->flags = nd->flags;
         }
@@ -1278,5 +1285,11 @@ nb_status nb_tree_unflatten(const nb_treedef *def, const nb_tree *leaves, nb_tre
                        (long long)def->n_leaves, (long long)leaves->n);
     }
     int64_t i = 0, leaf = 0;
-    return nbi_unflatten_rec(ctx, def, &i, leaves, &leaf, out);
+    return nbi_unflatten_rec(ctx, def, &i, leaves->children, &leaf, out);
+}
+
+nb_status nbi_tree_unflatten_leaves(const nb_treedef *def, nb_tree *const *leaves, nb_tree **out) {
+    *out = NULL;
+    int64_t i = 0, leaf = 0;
+    return nbi_unflatten_rec(def->hdr.ctx, def, &i, leaves, &leaf, out);
 }
