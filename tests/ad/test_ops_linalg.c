@@ -1026,6 +1026,60 @@ static void test_matmul_grad_rules_transposed_operands(void **state) {
     lt_grad_case(2, (int64_t[]){4, 3}, 1, (int64_t[]){4}, 1, 1);
 }
 
+/* BLIS's own behaviour, as nabla's determinism argument relies on it (op_linalg.c): for
+ * the products of an MLP step (forward, weight gradients with a stored transposed,
+ * input gradients) in f32 and f64, BLIS run with 1, 2 and 4 threads of its own gives the
+ * same bits -- it splits the m and n loops, never k. nabla still runs BLIS with one thread
+ * per fixed block; this pins what BLIS 0.9 does, so that an upgrade that changes it shows
+ * here. */
+static void test_blis_threads_same_bits(void **state) {
+    (void)state;
+    const struct {
+        int64_t m, n, k;
+        bool ta;
+    } sh[] = {{128, 256, 784, false}, {128, 10, 256, false}, {784, 256, 128, true},
+              {256, 10, 128, true},   {128, 256, 10, false}, {300, 300, 300, false}};
+    for (size_t q = 0; q < sizeof sh / sizeof sh[0]; q++) {
+        for (int dt = 0; dt < 2; dt++) {
+            int64_t m = sh[q].m, n = sh[q].n, k = sh[q].k;
+            size_t es = dt ? 8 : 4;
+            unsigned char *a = lt_alloc((size_t)(m * k) * es), *b = lt_alloc((size_t)(k * n) * es);
+            unsigned char *c[3];
+            lt_fill(dt ? NB_DTYPE_F64 : NB_DTYPE_F32, a, m * k, 31 + (int)q);
+            lt_fill(dt ? NB_DTYPE_F64 : NB_DTYPE_F32, b, k * n, 41 + (int)q);
+            inc_t rsa = sh[q].ta ? 1 : k, csa = sh[q].ta ? m : 1;
+            for (int t = 0; t < 3; t++) {
+                c[t] = lt_alloc((size_t)(m * n) * es);
+                rntm_t rntm = BLIS_RNTM_INITIALIZER;
+                bli_rntm_set_num_threads(t == 0 ? 1 : 2 * t, &rntm);
+                if (dt) {
+                    double one = 1, zero = 0;
+                    bli_dgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, (double *)a,
+                                 rsa, csa, (double *)b, n, 1, &zero, (double *)c[t], n, 1, NULL,
+                                 &rntm);
+                } else {
+                    float one = 1, zero = 0;
+                    bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, m, n, k, &one, (float *)a,
+                                 rsa, csa, (float *)b, n, 1, &zero, (float *)c[t], n, 1, NULL,
+                                 &rntm);
+                }
+            }
+            for (int t = 1; t < 3; t++) {
+                if (memcmp(c[0], c[t], (size_t)(m * n) * es) != 0) {
+                    fail_msg("BLIS %lldx%lld @ %lldx%lld %s%s: %d threads differ from 1",
+                             (long long)m, (long long)k, (long long)k, (long long)n,
+                             dt ? "f64" : "f32", sh[q].ta ? " (a transposed)" : "", 2 * t);
+                }
+            }
+            for (int t = 0; t < 3; t++) {
+                free(c[t]);
+            }
+            free(a);
+            free(b);
+        }
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registry_entry),
@@ -1052,6 +1106,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_foreign_trace),
         cmocka_unit_test(test_matmul_grad_rules),
         cmocka_unit_test(test_matmul_grad_rules_transposed_operands),
+        cmocka_unit_test(test_blis_threads_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
