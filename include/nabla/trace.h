@@ -89,29 +89,37 @@ NB_API nb_var *nb_constant(nb_trace *tr, const nb_array *a);
 /* numpy-style iota: the index along axis, broadcast over the shape. */
 NB_API nb_var *nb_iota(nb_trace *tr, nb_dtype dtype, int rank, const int64_t *shape, int axis);
 
-/* ---- elementwise unary (float dtypes unless noted) ---------------------------------- */
-NB_API nb_var *nb_neg(nb_var *x);  /* any numeric dtype */
-NB_API nb_var *nb_abs(nb_var *x);  /* any numeric dtype */
-NB_API nb_var *nb_sign(nb_var *x); /* any numeric dtype; sign(0) = 0, sign(NaN) = NaN */
-NB_API nb_var *nb_exp(nb_var *x);
-NB_API nb_var *nb_expm1(nb_var *x);
-NB_API nb_var *nb_log(nb_var *x);
-NB_API nb_var *nb_log1p(nb_var *x);
-NB_API nb_var *nb_sqrt(nb_var *x);
-NB_API nb_var *nb_rsqrt(nb_var *x);
+/* ---- elementwise unary (float dtypes unless noted) ----------------------------------
+ * Accuracy. Transcendentals run SLEEF's vector functions (dispatched to the CPU's widest
+ * ISA), in one of two variants chosen per op: u10 (error within 1.0 ULP) where the value
+ * itself matters -- exp, expm1, log, log1p, sin, cos, tan, erf, pow and the exp/log1p
+ * inside sigmoid, softplus and gelu; u35 (within 3.5 ULP, 2.7x faster) for tanh, an
+ * activation whose consumers never need the last bits. sqrt, rsqrt (1/sqrt), reciprocal,
+ * square and the arithmetic ops are IEEE operations, correctly rounded. Results are the
+ * same for any thread count and whether or not ops are fused. */
+NB_API nb_var *nb_neg(nb_var *x);    /* any numeric dtype */
+NB_API nb_var *nb_abs(nb_var *x);    /* any numeric dtype */
+NB_API nb_var *nb_sign(nb_var *x);   /* any numeric dtype; sign(0) = 0, sign(NaN) = NaN */
+NB_API nb_var *nb_exp(nb_var *x);    /* SLEEF u10 */
+NB_API nb_var *nb_expm1(nb_var *x);  /* SLEEF u10 */
+NB_API nb_var *nb_log(nb_var *x);    /* SLEEF u10 */
+NB_API nb_var *nb_log1p(nb_var *x);  /* SLEEF u10 */
+NB_API nb_var *nb_sqrt(nb_var *x);   /* correctly rounded */
+NB_API nb_var *nb_rsqrt(nb_var *x);  /* 1 / sqrt(x): two correctly rounded operations */
 NB_API nb_var *nb_square(nb_var *x); /* any numeric dtype */
 NB_API nb_var *nb_reciprocal(nb_var *x);
-NB_API nb_var *nb_sin(nb_var *x);
-NB_API nb_var *nb_cos(nb_var *x);
-NB_API nb_var *nb_tan(nb_var *x);
-NB_API nb_var *nb_tanh(nb_var *x);    /* SLEEF u35: within 3.5 ULP (the others here: 1 ULP) */
-NB_API nb_var *nb_sigmoid(nb_var *x); /* 1 / (1 + exp(-x)), stable for large |x| */
+NB_API nb_var *nb_sin(nb_var *x);     /* SLEEF u10 */
+NB_API nb_var *nb_cos(nb_var *x);     /* SLEEF u10 */
+NB_API nb_var *nb_tan(nb_var *x);     /* SLEEF u10 */
+NB_API nb_var *nb_tanh(nb_var *x);    /* SLEEF u35: within 3.5 ULP */
+NB_API nb_var *nb_sigmoid(nb_var *x); /* 1 / (1 + exp(-x)), stable for large |x|; exp u10 */
 NB_API nb_var *nb_relu(nb_var *x);    /* any numeric dtype; max(x, 0) */
 /* gelu, tanh form: x/2 (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))), computed as
- * x sigmoid(2 sqrt(2/pi)(x + 0.044715 x^3)) (the same function, without cancellation) */
+ * x sigmoid(2 sqrt(2/pi)(x + 0.044715 x^3)) (the same function, without cancellation;
+ * exp u10) */
 NB_API nb_var *nb_gelu(nb_var *x);
-NB_API nb_var *nb_softplus(nb_var *x); /* log(1 + exp(x)), stable for large |x| */
-NB_API nb_var *nb_erf(nb_var *x);
+NB_API nb_var *nb_softplus(nb_var *x); /* log(1 + exp(x)), stable for large |x|; u10 */
+NB_API nb_var *nb_erf(nb_var *x);      /* SLEEF u10 */
 
 /* ---- elementwise binary (broadcasting; equal dtypes or a weak scalar) --------------- */
 NB_API nb_var *nb_add(nb_var *a, nb_var *b);
@@ -120,7 +128,7 @@ NB_API nb_var *nb_mul(nb_var *a, nb_var *b);
 /* Float division for float dtypes; for integers, C's truncating division, and division by
  * zero gives 0 (never a trap). */
 NB_API nb_var *nb_div(nb_var *a, nb_var *b);
-NB_API nb_var *nb_pow(nb_var *a, nb_var *b);     /* float dtypes */
+NB_API nb_var *nb_pow(nb_var *a, nb_var *b);     /* float dtypes; SLEEF u10 */
 NB_API nb_var *nb_maximum(nb_var *a, nb_var *b); /* NaN-propagating, as numpy */
 NB_API nb_var *nb_minimum(nb_var *a, nb_var *b);
 /* Comparisons give bool. */

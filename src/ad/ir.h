@@ -230,6 +230,20 @@ NBI_HIDDEN bool nbi_norm_axis(int axis, int rank, int *out);
 NBI_HIDDEN void nbi_ew_tile(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in, void *out,
                             const void *const *in, const bool *scalar, int64_t n);
 
+/* One op of a fused program resolved to the function that runs it on a tile, once per
+ * executable (the fused kernel's plan): a binary kernel taking element strides (0: one
+ * value for all), or a vector-math function; kind 0 goes through nbi_ew_tile. */
+typedef void (*nbi_ew_bin_fn)(void *o, const void *a, const void *b, int64_t n, int64_t sa,
+                              int64_t sb);
+typedef struct nbi_ew_fast {
+    uint8_t kind; /* 0: nbi_ew_tile; 1: bin; 2: un32 / un64 (by the op's dtype) */
+    nbi_ew_bin_fn bin;
+    void (*un32)(float *o, const float *x, int64_t n);
+    void (*un64)(double *o, const double *x, int64_t n);
+} nbi_ew_fast;
+NBI_HIDDEN void nbi_ew_resolve(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in,
+                               nbi_ew_fast *out);
+
 /* An elementwise map: the op computes output element i from input elements i only (after
  * broadcasting), so it may be fused, or run over an input it reads at the same index.
  * Identity and stop_gradient are excluded: they are copies the passes remove or keep as
@@ -288,7 +302,7 @@ typedef struct nbi_fprog {
     /* How the kernel reads its inputs and lays out its tiles, fixed by the shapes: set once
      * by nbi_fused_prepare when an executable is compiled (op_fused.c's own layout). */
     bool planned;
-    _Alignas(8) unsigned char plan[1600];
+    _Alignas(8) unsigned char plan[2816];
 } nbi_fprog;
 /* Compute node's plan (node: a fused node of an executable, with its inputs set). */
 NBI_HIDDEN void nbi_fused_prepare(nb_var *node);

@@ -989,6 +989,53 @@ void nbi_ew_tile(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in, void *o
     nbi_bin_fn_of(op, in_dtype)(out, in[0], in[1], n, scalar[0] ? 0 : 1, scalar[1] ? 0 : 1);
 }
 
+void nbi_ew_resolve(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in, nbi_ew_fast *out) {
+    memset(out, 0, sizeof *out);
+    if (n_in == 2 && op != NBI_OP_SELECT) {
+        out->bin = nbi_bin_fn_of(op, in_dtype);
+        out->kind = out->bin != NULL ? 1 : 0;
+        return;
+    }
+    int vm = -1;
+    switch (op) {
+    case NBI_OP_EXP:
+        vm = NBI_VM_EXP;
+        break;
+    case NBI_OP_EXPM1:
+        vm = NBI_VM_EXPM1;
+        break;
+    case NBI_OP_LOG:
+        vm = NBI_VM_LOG;
+        break;
+    case NBI_OP_LOG1P:
+        vm = NBI_VM_LOG1P;
+        break;
+    case NBI_OP_SIN:
+        vm = NBI_VM_SIN;
+        break;
+    case NBI_OP_COS:
+        vm = NBI_VM_COS;
+        break;
+    case NBI_OP_TAN:
+        vm = NBI_VM_TAN;
+        break;
+    case NBI_OP_TANH:
+        vm = NBI_VM_TANH;
+        break;
+    case NBI_OP_ERF:
+        vm = NBI_VM_ERF;
+        break;
+    default:
+        break;
+    }
+    if (n_in == 1 && vm >= 0 && (dtype == NB_DTYPE_F32 || dtype == NB_DTYPE_F64)) {
+        const nbi_vmath *t = nbi_vmath_get();
+        out->un32 = t->f32[vm];
+        out->un64 = t->f64[vm];
+        out->kind = 2;
+    }
+}
+
 /* ---- VJP and JVP rules ---------------------------------------------------------------
  *
  * Written with the public builders, so they are more IR. x is the (first) input, y the
