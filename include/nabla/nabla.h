@@ -18,6 +18,7 @@
  *     nabla/fn.h     -- functions, filtered jit, the compile cache, trace accounting
  *     nabla/ad.h     -- grad, value_and_grad, vjp, jvp (filtered: null slots)
  *     nabla/data.h   -- loading data sets (CSV, plain or gzip)
+ *     nabla/random.h -- Threefry-2x32 keys: split, fold_in, bits, uniform (as jax.random)
  *
  * Rules that hold everywhere (details in core.h):
  *     - every fallible call returns an nb_status; results come back in out-parameters;
@@ -82,6 +83,7 @@
 #include "core.h"
 #include "data.h"
 #include "fn.h"
+#include "random.h"
 #include "trace.h"
 #include "tree.h"
 

@@ -298,6 +298,10 @@ NBI_HIDDEN const char *nbi_path_str(nbi_path *p);
 /* Append the rendering of one dict key step to s (".key" or ["key"]; no dot at start). */
 NBI_HIDDEN void nbi_sbuf_key(nbi_sbuf *s, const char *key, bool at_start);
 
+/* Threefry-2x32, 20 rounds: the block of counter (x0, x1) under key (k0, k1). (random.c) */
+NBI_HIDDEN void nbi_threefry2x32(uint32_t k0, uint32_t k1, uint32_t x0, uint32_t x1, uint32_t *y0,
+                                 uint32_t *y1);
+
 /* ---- arrays ------------------------------------------------------------------------- */
 /* Validate dtype/rank/shape and compute size and bytes. fn names the caller in messages. */
 NBI_HIDDEN nb_status nbi_shape_check(nb_ctx *ctx, const char *fn, nb_dtype dtype, int rank,

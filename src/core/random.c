@@ -1,0 +1,197 @@
+/*
+ * random.c -- Threefry-2x32 (20 rounds) keys and the streams made from them, as jax.random
+ * with jax_threefry_partitionable (see include/nabla/random.h).
+ */
+#include "core/internal.h"
+
+#include <math.h>
+#include <nabla/random.h>
+#include <string.h>
+
+static uint32_t nbi_rotl32(uint32_t x, int r) {
+    return (x << r) | (x >> (32 - r));
+}
+
+/* Threefry-2x32, 20 rounds: counter (x0, x1) under key (k0, k1). The key schedule adds
+ * k0 ^ k1 ^ 0x1BD11BDA as a third word and injects the key every 4 rounds, with the
+ * injection count added to the second word; rotations are Threefry's 2x32 constants. */
+void nbi_threefry2x32(uint32_t k0, uint32_t k1, uint32_t x0, uint32_t x1, uint32_t *y0,
+                      uint32_t *y1) {
+    static const int rot[8] = {13, 15, 26, 6, 17, 29, 16, 24};
+    uint32_t ks[3] = {k0, k1, k0 ^ k1 ^ 0x1BD11BDAu};
+    x0 += ks[0];
+    x1 += ks[1];
+    for (uint32_t inj = 1; inj <= 5; inj++) {
+        for (int r = 0; r < 4; r++) {
+            x0 += x1;
+            x1 = nbi_rotl32(x1, rot[((inj - 1) % 2) * 4 + r]);
+            x1 ^= x0;
+        }
+        x0 += ks[inj % 3];
+        x1 += ks[(inj + 1) % 3] + inj;
+    }
+    *y0 = x0;
+    *y1 = x1;
+}
+
+/* The two words of key, or an error naming fn. */
+static nb_status nbi_key_words(const nb_array *key, const char *fn, uint32_t *k0, uint32_t *k1) {
+    if (nb_array_check(key) != NB_OK) {
+        return NB_ERR_MISUSE;
+    }
+    if (key->dtype != NB_DTYPE_I32 || key->rank != 1 || key->shape[0] != 2) {
+        char sig[NBI_SIG_CAP];
+        nbi_sig(sig, sizeof sig, key->dtype, key->rank, key->shape);
+        return nbi_err(key->hdr.ctx, NB_ERR_SHAPE,
+                       "%s: a key is an i32[2] array, got %s (make one with nb_random_key, or "
+                       "take a row of nb_random_split's result)",
+                       fn, sig);
+    }
+    const int32_t *w = key->data;
+    *k0 = (uint32_t)w[0];
+    *k1 = (uint32_t)w[1];
+    return NB_OK;
+}
+
+static nb_status nbi_key_new(nb_ctx *ctx, const char *fn, uint32_t k0, uint32_t k1,
+                             nb_array **out) {
+    int64_t two = 2;
+    nb_status st = nbi_array_new(ctx, fn, NB_DTYPE_I32, 1, &two, out);
+    if (st == NB_OK) {
+        int32_t *w = (*out)->data;
+        w[0] = (int32_t)k0;
+        w[1] = (int32_t)k1;
+    }
+    return st;
+}
+
+nb_status nb_random_key(nb_ctx *ctx, uint64_t seed, nb_array **out) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (ctx == NULL || out == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE, "nb_random_key: ctx or out is NULL");
+    }
+    return nbi_key_new(ctx, "nb_random_key", (uint32_t)(seed >> 32), (uint32_t)seed, out);
+}
+
+nb_status nb_random_split(const nb_array *key, int64_t n, nb_array **out) {
+    static const char fn[] = "nb_random_split";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    uint32_t k0, k1;
+    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    if (st != NB_OK) {
+        return st;
+    }
+    if (n < 1 || n > (int64_t)1 << 32) {
+        return nbi_err(key->hdr.ctx, NB_ERR_INVALID, "%s: n is %lld; it must be between 1 and 2^32",
+                       fn, (long long)n);
+    }
+    int64_t shape[2] = {n, 2};
+    st = nbi_array_new(key->hdr.ctx, fn, NB_DTYPE_I32, 2, shape, out);
+    if (st != NB_OK) {
+        return st;
+    }
+    int32_t *w = (*out)->data;
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t y0, y1;
+        nbi_threefry2x32(k0, k1, 0, (uint32_t)i, &y0, &y1);
+        w[2 * i] = (int32_t)y0;
+        w[2 * i + 1] = (int32_t)y1;
+    }
+    return NB_OK;
+}
+
+nb_status nb_random_fold_in(const nb_array *key, uint32_t data, nb_array **out) {
+    static const char fn[] = "nb_random_fold_in";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    uint32_t k0, k1, y0, y1;
+    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    if (st != NB_OK) {
+        return st;
+    }
+    nbi_threefry2x32(k0, k1, 0, data, &y0, &y1);
+    return nbi_key_new(key->hdr.ctx, fn, y0, y1, out);
+}
+
+/* Element i's counter is i as a 64-bit number split into (high, low) words. */
+static void nbi_counter_words(uint32_t k0, uint32_t k1, int64_t i, uint32_t *y0, uint32_t *y1) {
+    nbi_threefry2x32(k0, k1, (uint32_t)((uint64_t)i >> 32), (uint32_t)i, y0, y1);
+}
+
+nb_status nb_random_bits(const nb_array *key, int rank, const int64_t *shape, nb_array **out) {
+    static const char fn[] = "nb_random_bits";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    uint32_t k0, k1;
+    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    if (st == NB_OK) {
+        st = nbi_array_new(key->hdr.ctx, fn, NB_DTYPE_I32, rank, shape, out);
+    }
+    if (st != NB_OK) {
+        return st;
+    }
+    int32_t *w = (*out)->data;
+    for (int64_t i = 0; i < (*out)->size; i++) {
+        uint32_t y0, y1;
+        nbi_counter_words(k0, k1, i, &y0, &y1);
+        w[i] = (int32_t)(y0 ^ y1);
+    }
+    return NB_OK;
+}
+
+nb_status nb_random_uniform(const nb_array *key, nb_dtype dtype, int rank, const int64_t *shape,
+                            double lo, double hi, nb_array **out) {
+    static const char fn[] = "nb_random_uniform";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    uint32_t k0, k1;
+    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_ctx *ctx = key->hdr.ctx;
+    if (dtype != NB_DTYPE_F32 && dtype != NB_DTYPE_F64) {
+        return nbi_err(ctx, NB_ERR_INVALID, "%s: dtype %s; uniform floats are f32 or f64", fn,
+                       nb_dtype_name(dtype));
+    }
+    if (!isfinite(lo) || !isfinite(hi) || !(lo < hi)) {
+        return nbi_err(ctx, NB_ERR_INVALID, "%s: bounds [%g, %g) must be finite with lo < hi", fn,
+                       lo, hi);
+    }
+    st = nbi_array_new(ctx, fn, dtype, rank, shape, out);
+    if (st != NB_OK) {
+        return st;
+    }
+    int64_t n = (*out)->size;
+    if (dtype == NB_DTYPE_F32) {
+        float *o = (*out)->data, flo = (float)lo, span = (float)hi - (float)lo;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t y0, y1;
+            nbi_counter_words(k0, k1, i, &y0, &y1);
+            uint32_t b = ((y0 ^ y1) >> 9) | 0x3F800000u; /* [1, 2) */
+            float f;
+            memcpy(&f, &b, sizeof f);
+            float v = fmaf(f - 1.0f, span, flo); /* XLA fuses the multiply-add */
+            o[i] = v > flo ? v : flo;
+        }
+    } else {
+        double *o = (*out)->data, span = hi - lo;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t y0, y1;
+            nbi_counter_words(k0, k1, i, &y0, &y1);
+            uint64_t b = ((((uint64_t)y0 << 32) | y1) >> 12) | 0x3FF0000000000000u;
+            double f;
+            memcpy(&f, &b, sizeof f);
+            double v = fma(f - 1.0, span, lo);
+            o[i] = v > lo ? v : lo;
+        }
+    }
+    return NB_OK;
+}
