@@ -1,5 +1,6 @@
 /*
- * nabla/random.h -- counter-based random numbers: Threefry-2x32 keys, as in JAX.
+ * nabla/random.h -- counter-based random numbers: Threefry-2x32 keys, as in JAX. (Still to
+ * come: truncated normal, permutation, and the same samplers inside traces.)
  *
  * A key is an i32[2] array holding two 32-bit words (bit patterns: read them as unsigned).
  * Nothing is stateful: the same key gives the same numbers on any machine and for any
@@ -47,6 +48,17 @@ NB_API nb_status nb_random_bits(const nb_array *key, int rank, const int64_t *sh
  * both finite. */
 NB_API nb_status nb_random_uniform(const nb_array *key, nb_dtype dtype, int rank,
                                    const int64_t *shape, double lo, double hi, nb_array **out);
+
+/* Standard normal floats (f32 or f64): sqrt(2) erfinv(u), u uniform in (-1, 1) as
+ * jax.random.normal draws it. erfinv runs in double (Giles's approximation refined by two
+ * Newton steps with libm's erf), so values agree with JAX's to within a few ULP, not bit
+ * for bit: XLA's own f32 erfinv is a polynomial of its own. */
+NB_API nb_status nb_random_normal(const nb_array *key, nb_dtype dtype, int rank,
+                                  const int64_t *shape, nb_array **out);
+/* Bool samples, true with probability p in [0, 1]: uniform f32 < p (jax.random.bernoulli,
+ * bit for bit). */
+NB_API nb_status nb_random_bernoulli(const nb_array *key, double p, int rank, const int64_t *shape,
+                                     nb_array **out);
 
 #ifdef __cplusplus
 }

@@ -145,9 +145,136 @@ nb_status nb_random_bits(const nb_array *key, int rank, const int64_t *shape, nb
     return NB_OK;
 }
 
+/* Element i of the uniform stream in [lo, hi) (span = hi - lo, in the dtype). */
+static float nbi_uniform_f32(uint32_t k0, uint32_t k1, int64_t i, float lo, float span) {
+    uint32_t y0, y1;
+    nbi_counter_words(k0, k1, i, &y0, &y1);
+    uint32_t b = ((y0 ^ y1) >> 9) | 0x3F800000u; /* [1, 2) */
+    float f;
+    memcpy(&f, &b, sizeof f);
+    float v = fmaf(f - 1.0f, span, lo); /* XLA fuses the multiply-add */
+    return v > lo ? v : lo;
+}
+
+static double nbi_uniform_f64(uint32_t k0, uint32_t k1, int64_t i, double lo, double span) {
+    uint32_t y0, y1;
+    nbi_counter_words(k0, k1, i, &y0, &y1);
+    uint64_t b = ((((uint64_t)y0 << 32) | y1) >> 12) | 0x3FF0000000000000u;
+    double f;
+    memcpy(&f, &b, sizeof f);
+    double v = fma(f - 1.0, span, lo);
+    return v > lo ? v : lo;
+}
+
+/* The prologue of the float samplers: key words, dtype check, the new array. */
+static nb_status nbi_sampler_begin(const nb_array *key, const char *fn, nb_dtype dtype, int rank,
+                                   const int64_t *shape, uint32_t *k0, uint32_t *k1,
+                                   nb_array **out) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, k0, k1);
+    if (st != NB_OK) {
+        return st;
+    }
+    if (dtype != NB_DTYPE_F32 && dtype != NB_DTYPE_F64) {
+        return nbi_err(key->hdr.ctx, NB_ERR_INVALID, "%s: dtype %s; samples are f32 or f64", fn,
+                       nb_dtype_name(dtype));
+    }
+    return nbi_array_new(key->hdr.ctx, fn, dtype, rank, shape, out);
+}
+
 nb_status nb_random_uniform(const nb_array *key, nb_dtype dtype, int rank, const int64_t *shape,
                             double lo, double hi, nb_array **out) {
     static const char fn[] = "nb_random_uniform";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (nb_array_check(key) == NB_OK && (!isfinite(lo) || !isfinite(hi) || !(lo < hi))) {
+        return nbi_err(key->hdr.ctx, NB_ERR_INVALID,
+                       "%s: bounds [%g, %g) must be finite with lo < hi", fn, lo, hi);
+    }
+    uint32_t k0, k1;
+    nb_status st = nbi_sampler_begin(key, fn, dtype, rank, shape, &k0, &k1, out);
+    if (st != NB_OK) {
+        return st;
+    }
+    int64_t n = (*out)->size;
+    if (dtype == NB_DTYPE_F32) {
+        float *o = (*out)->data, flo = (float)lo, span = (float)hi - (float)lo;
+        for (int64_t i = 0; i < n; i++) {
+            o[i] = nbi_uniform_f32(k0, k1, i, flo, span);
+        }
+    } else {
+        double *o = (*out)->data;
+        for (int64_t i = 0; i < n; i++) {
+            o[i] = nbi_uniform_f64(k0, k1, i, lo, hi - lo);
+        }
+    }
+    return NB_OK;
+}
+
+/* erf^-1(u) for -1 < u < 1: M. Giles's single-precision approximation ("Approximating the
+ * erfinv function", GPU Computing Gems, 2011) as a start, then two Newton steps on
+ * erf(x) = u in double, which bring it to double accuracy. */
+static double nbi_erfinv(double u) {
+    double w = -log((1.0 - u) * (1.0 + u)), p;
+    if (w < 5.0) {
+        w -= 2.5;
+        p = 2.81022636e-08;
+        p = 3.43273939e-07 + p * w;
+        p = -3.5233877e-06 + p * w;
+        p = -4.39150654e-06 + p * w;
+        p = 0.00021858087 + p * w;
+        p = -0.00125372503 + p * w;
+        p = -0.00417768164 + p * w;
+        p = 0.246640727 + p * w;
+        p = 1.50140941 + p * w;
+    } else {
+        w = sqrt(w) - 3.0;
+        p = -0.000200214257;
+        p = 0.000100950558 + p * w;
+        p = 0.00134934322 + p * w;
+        p = -0.00367342844 + p * w;
+        p = 0.00573950773 + p * w;
+        p = -0.0076224613 + p * w;
+        p = 0.00943887047 + p * w;
+        p = 1.00167406 + p * w;
+        p = 2.83297682 + p * w;
+    }
+    double x = p * u;
+    for (int it = 0; it < 2; it++) {
+        x -= (erf(x) - u) / (1.1283791670955126 * exp(-x * x)); /* 2/sqrt(pi) */
+    }
+    return x;
+}
+
+nb_status nb_random_normal(const nb_array *key, nb_dtype dtype, int rank, const int64_t *shape,
+                           nb_array **out) {
+    uint32_t k0, k1;
+    nb_status st = nbi_sampler_begin(key, "nb_random_normal", dtype, rank, shape, &k0, &k1, out);
+    if (st != NB_OK) {
+        return st;
+    }
+    int64_t n = (*out)->size;
+    if (dtype == NB_DTYPE_F32) { /* u uniform in the open interval (-1, 1), as JAX */
+        float *o = (*out)->data, lo = nextafterf(-1.0f, 1.0f), span = 1.0f - lo;
+        for (int64_t i = 0; i < n; i++) {
+            o[i] =
+                (float)1.4142135623730951 * (float)nbi_erfinv(nbi_uniform_f32(k0, k1, i, lo, span));
+        }
+    } else {
+        double *o = (*out)->data, lo = nextafter(-1.0, 1.0), span = 1.0 - lo;
+        for (int64_t i = 0; i < n; i++) {
+            o[i] = 1.4142135623730951 * nbi_erfinv(nbi_uniform_f64(k0, k1, i, lo, span));
+        }
+    }
+    return NB_OK;
+}
+
+nb_status nb_random_bernoulli(const nb_array *key, double p, int rank, const int64_t *shape,
+                              nb_array **out) {
+    static const char fn[] = "nb_random_bernoulli";
     if (out != NULL) {
         *out = NULL;
     }
@@ -156,42 +283,18 @@ nb_status nb_random_uniform(const nb_array *key, nb_dtype dtype, int rank, const
     if (st != NB_OK) {
         return st;
     }
-    nb_ctx *ctx = key->hdr.ctx;
-    if (dtype != NB_DTYPE_F32 && dtype != NB_DTYPE_F64) {
-        return nbi_err(ctx, NB_ERR_INVALID, "%s: dtype %s; uniform floats are f32 or f64", fn,
-                       nb_dtype_name(dtype));
+    if (!(p >= 0.0 && p <= 1.0)) {
+        return nbi_err(key->hdr.ctx, NB_ERR_INVALID, "%s: p is %g; a probability is in [0, 1]", fn,
+                       p);
     }
-    if (!isfinite(lo) || !isfinite(hi) || !(lo < hi)) {
-        return nbi_err(ctx, NB_ERR_INVALID, "%s: bounds [%g, %g) must be finite with lo < hi", fn,
-                       lo, hi);
-    }
-    st = nbi_array_new(ctx, fn, dtype, rank, shape, out);
+    st = nbi_array_new(key->hdr.ctx, fn, NB_DTYPE_BOOL, rank, shape, out);
     if (st != NB_OK) {
         return st;
     }
-    int64_t n = (*out)->size;
-    if (dtype == NB_DTYPE_F32) {
-        float *o = (*out)->data, flo = (float)lo, span = (float)hi - (float)lo;
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t y0, y1;
-            nbi_counter_words(k0, k1, i, &y0, &y1);
-            uint32_t b = ((y0 ^ y1) >> 9) | 0x3F800000u; /* [1, 2) */
-            float f;
-            memcpy(&f, &b, sizeof f);
-            float v = fmaf(f - 1.0f, span, flo); /* XLA fuses the multiply-add */
-            o[i] = v > flo ? v : flo;
-        }
-    } else {
-        double *o = (*out)->data, span = hi - lo;
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t y0, y1;
-            nbi_counter_words(k0, k1, i, &y0, &y1);
-            uint64_t b = ((((uint64_t)y0 << 32) | y1) >> 12) | 0x3FF0000000000000u;
-            double f;
-            memcpy(&f, &b, sizeof f);
-            double v = fma(f - 1.0, span, lo);
-            o[i] = v > lo ? v : lo;
-        }
+    uint8_t *o = (*out)->data;
+    float fp = (float)p;
+    for (int64_t i = 0; i < (*out)->size; i++) { /* uniform f32 in [0, 1) < p, as JAX */
+        o[i] = nbi_uniform_f32(k0, k1, i, 0.0f, 1.0f) < fp;
     }
     return NB_OK;
 }

@@ -7,9 +7,11 @@
 
 #include "core/internal.h"
 
+#include <math.h>
 #include <nabla/random.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifndef NBT_ORACLE_DIR
 #define NBT_ORACLE_DIR "tests/core/oracle"
@@ -119,6 +121,33 @@ static void test_jax_oracle(void **state) {
     NBT_OK(ctx, nb_random_uniform(k42, NB_DTYPE_F64, 1, (int64_t[]){4}, 0, 1, &a));
     assert_words(a, "uniform_f64_42_4");
     nb_array_destroy(a);
+    NBT_OK(ctx, nb_random_bernoulli(k42, 0.3, 1, (int64_t[]){16}, &a));
+    uint32_t want[16];
+    NBT_EQ_I64(oracle_words("bernoulli_42_p03_16", want, 16), 16);
+    for (int i = 0; i < 16; i++) {
+        NBT_EQ_I64(((const uint8_t *)nb_array_data(a))[i], want[i]);
+    }
+    nb_array_destroy(a);
+    /* normal: JAX's erfinv is XLA's own polynomial; ours is refined to double accuracy,
+     * so the f32 values agree to a few ULP and the f64 ones to 1e-13 */
+    NBT_OK(ctx, nb_random_normal(k42, NB_DTYPE_F32, 1, (int64_t[]){8}, &a));
+    NBT_EQ_I64(oracle_words("normal_f32_42_8", want, 16), 8);
+    for (int i = 0; i < 8; i++) {
+        float w;
+        memcpy(&w, &want[i], sizeof w);
+        double got = ((const float *)nb_array_data(a))[i];
+        NBT_NEAR(got, w, 4e-7 * fabs(w) + 1e-9);
+    }
+    nb_array_destroy(a);
+    NBT_OK(ctx, nb_random_normal(k0, NB_DTYPE_F64, 1, (int64_t[]){4}, &a));
+    NBT_EQ_I64(oracle_words("normal_f64_0_4", want, 16), 8);
+    for (int i = 0; i < 4; i++) {
+        uint64_t bits = ((uint64_t)want[2 * i + 1] << 32) | want[2 * i];
+        double w;
+        memcpy(&w, &bits, sizeof w);
+        NBT_NEAR(((const double *)nb_array_data(a))[i], w, 1e-13 * fabs(w));
+    }
+    nb_array_destroy(a);
     nb_array_destroy(k42);
     nb_array_destroy(k0);
     nbt_assert_no_live(ctx);
@@ -147,6 +176,10 @@ static void test_random_misuse(void **state) {
     NBT_EQ_I64(nb_random_fold_in(NULL, 1, &out), NB_ERR_MISUSE);
     NBT_EQ_I64(nb_random_fold_in(k, 1, NULL), NB_ERR_MISUSE);
     NBT_EQ_I64(nb_random_key(NULL, 1, &out), NB_ERR_MISUSE);
+    NBT_EQ_I64(nb_random_bernoulli(k, 1.5, 0, NULL, &out), NB_ERR_INVALID);
+    NBT_TRUE(strstr(nb_ctx_errmsg(ctx), "a probability is in [0, 1]") != NULL);
+    NBT_EQ_I64(nb_random_normal(k, NB_DTYPE_I64, 0, NULL, &out), NB_ERR_INVALID);
+    NBT_TRUE(out == NULL);
     nb_array_destroy(k);
     nb_array_destroy(bad);
     nbt_assert_no_live(ctx);
