@@ -1,6 +1,6 @@
 /*
  * nabla/random.h -- counter-based random numbers: Threefry-2x32 keys, as in JAX. (Still to
- * come: truncated normal, permutation, and the same samplers inside traces.)
+ * come: truncated normal, and the same samplers inside traces.)
  *
  * A key is an i32[2] array holding two 32-bit words (bit patterns: read them as unsigned).
  * Nothing is stateful: the same key gives the same numbers on any machine and for any
@@ -59,6 +59,10 @@ NB_API nb_status nb_random_normal(const nb_array *key, nb_dtype dtype, int rank,
  * bit for bit). */
 NB_API nb_status nb_random_bernoulli(const nb_array *key, double p, int rank, const int64_t *shape,
                                      nb_array **out);
+/* A random permutation of 0 .. n-1 as an i64[n] array (jax.random.permutation(key, n),
+ * element for element): rounds of sorting by fresh random 32-bit keys, stably. Allocates
+ * 16 bytes per element of scratch. */
+NB_API nb_status nb_random_permutation(const nb_array *key, int64_t n, nb_array **out);
 
 #ifdef __cplusplus
 }

@@ -298,3 +298,71 @@ nb_status nb_random_bernoulli(const nb_array *key, double p, int rank, const int
     }
     return NB_OK;
 }
+
+/* Sort idx[0..n) by key (ascending; equal keys keep their order): a merge sort through tmp. */
+static void nbi_sort_by_key(uint32_t *key, int64_t *idx, uint32_t *tkey, int64_t *tidx, int64_t n) {
+    for (int64_t w = 1; w < n; w *= 2) {
+        for (int64_t lo = 0; lo < n; lo += 2 * w) {
+            int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int64_t a = lo, b = mid, o = lo;
+            while (a < mid || b < hi) {
+                bool left = b >= hi || (a < mid && key[a] <= key[b]);
+                tkey[o] = left ? key[a] : key[b];
+                tidx[o++] = left ? idx[a++] : idx[b++];
+            }
+        }
+        memcpy(key, tkey, (size_t)n * sizeof *key);
+        memcpy(idx, tidx, (size_t)n * sizeof *idx);
+    }
+}
+
+nb_status nb_random_permutation(const nb_array *key, int64_t n, nb_array **out) {
+    static const char fn[] = "nb_random_permutation";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    uint32_t k0, k1;
+    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_ctx *ctx = key->hdr.ctx;
+    if (n < 0 || n > ((int64_t)1 << 40)) {
+        return nbi_err(ctx, NB_ERR_INVALID, "%s: n is %lld; it must be between 0 and 2^40", fn,
+                       (long long)n);
+    }
+    st = nbi_array_new(ctx, fn, NB_DTYPE_I64, 1, &n, out);
+    if (st != NB_OK || n == 0) {
+        return st;
+    }
+    size_t bytes = (size_t)n * (2 * sizeof(uint32_t) + sizeof(int64_t));
+    unsigned char *tmp = nbi_alloc(ctx, bytes, 8);
+    if (tmp == NULL) {
+        nb_array_destroy(*out);
+        *out = NULL;
+        return nbi_oom(ctx, fn, bytes);
+    }
+    int64_t *idx = (*out)->data, *tidx = (int64_t *)(void *)tmp;
+    uint32_t *sk = (uint32_t *)(void *)(tidx + n), *tkey = sk + n;
+    for (int64_t i = 0; i < n; i++) {
+        idx[i] = i;
+    }
+    /* JAX's _shuffle: ceil(3 ln n / ln(2^32 - 1)) rounds, each splitting the key and
+     * sorting by fresh 32-bit keys, enough rounds that ties leave the result uniform. */
+    int rounds = (int)ceil(3.0 * log((double)(n > 1 ? n : 1)) / log(4294967295.0));
+    for (int r = 0; r < rounds; r++) {
+        uint32_t n0, n1, s0, s1;
+        nbi_threefry2x32(k0, k1, 0, 0, &n0, &n1); /* split(key, 2): the next key, */
+        nbi_threefry2x32(k0, k1, 0, 1, &s0, &s1); /* and the round's subkey */
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t y0, y1;
+            nbi_counter_words(s0, s1, i, &y0, &y1);
+            sk[i] = y0 ^ y1;
+        }
+        nbi_sort_by_key(sk, idx, tkey, tidx, n);
+        k0 = n0;
+        k1 = n1;
+    }
+    nbi_free(ctx, tmp, bytes);
+    return NB_OK;
+}

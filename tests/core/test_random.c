@@ -148,6 +148,20 @@ static void test_jax_oracle(void **state) {
         NBT_NEAR(((const double *)nb_array_data(a))[i], w, 1e-13 * fabs(w));
     }
     nb_array_destroy(a);
+    const struct {
+        nb_array *key;
+        int64_t n;
+        const char *name;
+    } perms[] = {{k42, 10, "permutation_42_10"}, {k0, 37, "permutation_0_37"}};
+    for (int c = 0; c < 2; c++) {
+        NBT_OK(ctx, nb_random_permutation(perms[c].key, perms[c].n, &a));
+        uint32_t pw[64];
+        NBT_EQ_I64(oracle_words(perms[c].name, pw, 64), perms[c].n);
+        for (int64_t i = 0; i < perms[c].n; i++) {
+            NBT_EQ_I64(((const int64_t *)nb_array_data(a))[i], (int64_t)pw[i]);
+        }
+        nb_array_destroy(a);
+    }
     nb_array_destroy(k42);
     nb_array_destroy(k0);
     nbt_assert_no_live(ctx);
@@ -179,6 +193,7 @@ static void test_random_misuse(void **state) {
     NBT_EQ_I64(nb_random_bernoulli(k, 1.5, 0, NULL, &out), NB_ERR_INVALID);
     NBT_TRUE(strstr(nb_ctx_errmsg(ctx), "a probability is in [0, 1]") != NULL);
     NBT_EQ_I64(nb_random_normal(k, NB_DTYPE_I64, 0, NULL, &out), NB_ERR_INVALID);
+    NBT_EQ_I64(nb_random_permutation(k, -1, &out), NB_ERR_INVALID);
     NBT_TRUE(out == NULL);
     nb_array_destroy(k);
     nb_array_destroy(bad);
