@@ -1,6 +1,6 @@
 /*
  * nabla/random.h -- counter-based random numbers: Threefry-2x32 keys, as in JAX. (Still to
- * come: truncated normal, and the same samplers inside traces.)
+ * come: the same samplers inside traces.)
  *
  * A key is an i32[2] array holding two 32-bit words (bit patterns: read them as unsigned).
  * Nothing is stateful: the same key gives the same numbers on any machine and for any
@@ -55,6 +55,12 @@ NB_API nb_status nb_random_uniform(const nb_array *key, nb_dtype dtype, int rank
  * for bit: XLA's own f32 erfinv is a polynomial of its own. */
 NB_API nb_status nb_random_normal(const nb_array *key, nb_dtype dtype, int rank,
                                   const int64_t *shape, nb_array **out);
+/* Standard normal floats truncated to (lower, upper), lower < upper (infinities allowed), as
+ * jax.random.truncated_normal: u uniform between erf(lower/sqrt2) and erf(upper/sqrt2),
+ * sqrt(2) erfinv(u), clipped strictly inside the bounds. To a few ULP of JAX's values. */
+NB_API nb_status nb_random_truncated_normal(const nb_array *key, nb_dtype dtype, double lower,
+                                            double upper, int rank, const int64_t *shape,
+                                            nb_array **out);
 /* Bool samples, true with probability p in [0, 1]: uniform f32 < p (jax.random.bernoulli,
  * bit for bit). */
 NB_API nb_status nb_random_bernoulli(const nb_array *key, double p, int rank, const int64_t *shape,

@@ -272,6 +272,43 @@ nb_status nb_random_normal(const nb_array *key, nb_dtype dtype, int rank, const 
     return NB_OK;
 }
 
+nb_status nb_random_truncated_normal(const nb_array *key, nb_dtype dtype, double lower,
+                                     double upper, int rank, const int64_t *shape, nb_array **out) {
+    static const char fn[] = "nb_random_truncated_normal";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (nb_array_check(key) == NB_OK && !(lower < upper)) {
+        return nbi_err(key->hdr.ctx, NB_ERR_INVALID,
+                       "%s: bounds [%g, %g]: lower must be below upper", fn, lower, upper);
+    }
+    uint32_t k0, k1;
+    nb_status st = nbi_sampler_begin(key, fn, dtype, rank, shape, &k0, &k1, out);
+    if (st != NB_OK) {
+        return st;
+    }
+    /* JAX's form: u uniform in [erf(lower/sqrt2), erf(upper/sqrt2)), sqrt2 erfinv(u),
+     * clipped strictly inside (lower, upper) */
+    const double s2 = 1.4142135623730951;
+    int64_t n = (*out)->size;
+    if (dtype == NB_DTYPE_F32) {
+        float *o = (*out)->data, a = (float)erf(lower / s2), b = (float)erf(upper / s2);
+        float lo = nextafterf((float)lower, INFINITY), hi = nextafterf((float)upper, -INFINITY);
+        for (int64_t i = 0; i < n; i++) {
+            float v = (float)s2 * (float)nbi_erfinv(nbi_uniform_f32(k0, k1, i, a, b - a));
+            o[i] = v < lo ? lo : v > hi ? hi : v;
+        }
+    } else {
+        double *o = (*out)->data, a = erf(lower / s2), b = erf(upper / s2);
+        double lo = nextafter(lower, INFINITY), hi = nextafter(upper, -INFINITY);
+        for (int64_t i = 0; i < n; i++) {
+            double v = s2 * nbi_erfinv(nbi_uniform_f64(k0, k1, i, a, b - a));
+            o[i] = v < lo ? lo : v > hi ? hi : v;
+        }
+    }
+    return NB_OK;
+}
+
 nb_status nb_random_bernoulli(const nb_array *key, double p, int rank, const int64_t *shape,
                               nb_array **out) {
     static const char fn[] = "nb_random_bernoulli";

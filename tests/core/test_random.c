@@ -148,6 +148,16 @@ static void test_jax_oracle(void **state) {
         NBT_NEAR(((const double *)nb_array_data(a))[i], w, 1e-13 * fabs(w));
     }
     nb_array_destroy(a);
+    NBT_OK(ctx, nb_random_truncated_normal(k42, NB_DTYPE_F64, -2, 1, 1, (int64_t[]){6}, &a));
+    NBT_EQ_I64(oracle_words("truncated_normal_f64_42_m2_1_6", want, 16), 12);
+    for (int i = 0; i < 6; i++) {
+        uint64_t bits = ((uint64_t)want[2 * i + 1] << 32) | want[2 * i];
+        double w, got = ((const double *)nb_array_data(a))[i];
+        memcpy(&w, &bits, sizeof w);
+        NBT_NEAR(got, w, 1e-12 * fabs(w) + 1e-15);
+        NBT_TRUE(got > -2 && got < 1);
+    }
+    nb_array_destroy(a);
     const struct {
         nb_array *key;
         int64_t n;
@@ -194,6 +204,7 @@ static void test_random_misuse(void **state) {
     NBT_TRUE(strstr(nb_ctx_errmsg(ctx), "a probability is in [0, 1]") != NULL);
     NBT_EQ_I64(nb_random_normal(k, NB_DTYPE_I64, 0, NULL, &out), NB_ERR_INVALID);
     NBT_EQ_I64(nb_random_permutation(k, -1, &out), NB_ERR_INVALID);
+    NBT_EQ_I64(nb_random_truncated_normal(k, NB_DTYPE_F32, 1, 1, 0, NULL, &out), NB_ERR_INVALID);
     NBT_TRUE(out == NULL);
     nb_array_destroy(k);
     nb_array_destroy(bad);

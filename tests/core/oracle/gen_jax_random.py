@@ -50,3 +50,5 @@ b = np.asarray(jax.random.bernoulli(k42, jnp.float32(0.3), (16,))).astype(np.uin
 print("bernoulli_42_p03_16 %s" % words(b))
 print("permutation_42_10 %s" % words(jax.random.permutation(k42, 10)))
 print("permutation_0_37 %s" % words(jax.random.permutation(k, 37)))
+t = np.asarray(jax.random.truncated_normal(k42, -2.0, 1.0, (6,), jnp.float64))
+print("truncated_normal_f64_42_m2_1_6 %s" % words(t.view(np.uint32)))
