@@ -680,6 +680,17 @@ static bool nbi_fuse_reduction_ok(const nb_var *v) {
     return true;
 }
 
+/* Is input j of v one of its earlier inputs (x + x reads x once)? Passes count consumers,
+ * not edges. */
+static bool nbi_input_repeats(const nb_var *v, int32_t j) {
+    for (int32_t q = 0; q < j; q++) {
+        if (v->in[q] == v->in[j]) {
+            return true;
+        }
+    }
+    return false;
+}
+
 static bool nbi_same_shape(const nb_var *a, const nb_var *b) {
     if (a->rank != b->rank) {
         return false;
@@ -708,6 +719,7 @@ typedef struct nbi_push {
     nbi_graph *out;
     nb_var *const *map;
     const nb_var *pad;                        /* the pad being pushed (in the input graph) */
+    nb_status fail;                           /* why a copy failed: NB_ERR_OOM or _INTERNAL */
     const nb_var *orig[NBI_PUSH_MAX * 3 + 1]; /* input-graph nodes already copied ... */
     nb_var *copy[NBI_PUSH_MAX * 3 + 1];       /* ... and their copies */
     int32_t n;
@@ -715,7 +727,7 @@ typedef struct nbi_push {
 
 /* A new node of op over in (attrs at), typed by the op's own inference. */
 static nb_var *nbi_pass_emit(nbi_graph *out, nb_ctx *ctx, nbi_op op, int n_in, nb_var **in,
-                             const nbi_attrs *at) {
+                             const nbi_attrs *at, nb_status *fail) {
     nb_var proto;
     memset(&proto, 0, sizeof proto);
     proto.op = (uint16_t)op;
@@ -727,10 +739,11 @@ static nb_var *nbi_pass_emit(nbi_graph *out, nb_ctx *ctx, nbi_op op, int n_in, n
     scratch.ctx = ctx;
     scratch.fn_name = "pad push";
     if (nbi_op_get(op)->infer(&scratch, &proto) != NB_OK) {
+        *fail = NB_ERR_INTERNAL; /* a bug: the pushed node is built from valid ones */
         return NULL;
     }
     proto.size = nbi_shape_size(proto.rank, proto.shape);
-    return nbi_graph_add(out, &proto);
+    return nbi_graph_add(out, &proto); /* NULL: out of memory, *fail stays NB_ERR_OOM */
 }
 
 /* The tree of u: u, and every elementwise input of u's shape, recursively. Its size, or
@@ -763,7 +776,7 @@ static nb_var *nbi_push_copy(nbi_push *ps, nb_ctx *ctx, const nb_var *u, bool tr
         nbi_attrs at = ps->pad->at;
         at.value = 0;
         nb_var *in[1] = {ps->map[u->id]};
-        c = nbi_pass_emit(ps->out, ctx, NBI_OP_PAD, 1, in, &at);
+        c = nbi_pass_emit(ps->out, ctx, NBI_OP_PAD, 1, in, &at, &ps->fail);
     } else {
         nb_var *in[3];
         /* a broadcast of one value read by a binary op (or select) is read as that value,
@@ -806,6 +819,7 @@ nb_status nbi_pass_pad_push(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         return st;
     }
     int32_t k = 0;
+    nb_status ps_fail = NB_ERR_OOM;
     for (int32_t i = 0; i < in->n_nodes; i++) {
         const nb_var *v = in->nodes[i];
         const nb_var *u = v->op == NBI_OP_PAD ? v->in[0] : NULL;
@@ -822,30 +836,35 @@ nb_status nbi_pass_pad_push(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
             ps.out = out;
             ps.map = map;
             ps.pad = v;
+            ps.fail = NB_ERR_OOM;
             nb_var *f = nbi_push_copy(&ps, ctx, u, true);
             /* inside = pad(broadcast_to(true, u's shape), false); value as a scalar */
             nbi_attrs at;
             memset(&at, 0, sizeof at);
             at.to = NB_DTYPE_BOOL;
             at.value = 1;
-            nb_var *t = f ? nbi_pass_emit(out, ctx, NBI_OP_FULL, 0, NULL, &at) : NULL;
+            nb_var *t = f ? nbi_pass_emit(out, ctx, NBI_OP_FULL, 0, NULL, &at, &ps.fail) : NULL;
             memset(&at, 0, sizeof at);
             at.n_axes = u->rank;
             memcpy(at.a, u->shape, sizeof at.a);
-            nb_var *bt = t ? nbi_pass_emit(out, ctx, NBI_OP_BROADCAST, 1, &t, &at) : NULL;
+            nb_var *bt = t ? nbi_pass_emit(out, ctx, NBI_OP_BROADCAST, 1, &t, &at, &ps.fail) : NULL;
             at = v->at;
             at.value = 0;
-            nb_var *mask = bt ? nbi_pass_emit(out, ctx, NBI_OP_PAD, 1, &bt, &at) : NULL;
+            nb_var *mask = bt ? nbi_pass_emit(out, ctx, NBI_OP_PAD, 1, &bt, &at, &ps.fail) : NULL;
             memset(&at, 0, sizeof at);
             at.to = v->dtype;
             at.value = v->at.value;
-            nb_var *val = mask ? nbi_pass_emit(out, ctx, NBI_OP_FULL, 0, NULL, &at) : NULL;
+            nb_var *val =
+                mask ? nbi_pass_emit(out, ctx, NBI_OP_FULL, 0, NULL, &at, &ps.fail) : NULL;
             nb_var *sel[3] = {mask, f, val};
             memset(&at, 0, sizeof at);
-            map[i] = val ? nbi_pass_emit(out, ctx, NBI_OP_SELECT, 3, sel, &at) : NULL;
+            map[i] = val ? nbi_pass_emit(out, ctx, NBI_OP_SELECT, 3, sel, &at, &ps.fail) : NULL;
+            ps_fail = ps.fail;
         }
         if (map[i] == NULL) {
-            return nbi_err(ctx, NB_ERR_OOM, "pad push: out of memory");
+            return nbi_err(ctx, ps_fail, "pad push: %s",
+                           ps_fail == NB_ERR_INTERNAL ? "a pushed node failed its shape inference"
+                                                      : "out of memory");
         }
         if (v->op == NBI_OP_PARAM) {
             out->inputs[k++] = map[i];
@@ -928,11 +947,7 @@ nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         const nb_var *c = in->nodes[i];
         for (int32_t j = 0; j < c->n_in; j++) {
             const nb_var *u = c->in[j];
-            bool again = false;
-            for (int32_t q = 0; q < j; q++) {
-                again = again || c->in[q] == u;
-            }
-            if (again) {
+            if (nbi_input_repeats(c, j)) {
                 continue;
             }
             uses[u->id]++;
@@ -1064,11 +1079,7 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     for (int32_t i = 0; i < n; i++) { /* uses: consumers (x + x uses x once) */
         const nb_var *v = in->nodes[i];
         for (int32_t j = 0; j < v->n_in; j++) {
-            bool again = false;
-            for (int32_t q = 0; q < j; q++) {
-                again = again || v->in[q] == v->in[j];
-            }
-            uses[v->in[j]->id] += again ? 0 : 1;
+            uses[v->in[j]->id] += nbi_input_repeats(v, j) ? 0 : 1;
         }
         root[i] = -1;
     }

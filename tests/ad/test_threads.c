@@ -149,6 +149,21 @@ static void test_bit_identical_across_thread_counts(void **state) {
     nb_ctx_destroy(c1);
 }
 
+/* Optimize and compile tr's graph with inputs ins and one output y. */
+static nbi_exec *compile_traced(nb_ctx *ctx, nb_trace *tr, nb_var **ins, int32_t n_in,
+                                nb_var **out) {
+    NBT_OK(ctx, nb_trace_status(tr));
+    tr->g.inputs = ins;
+    tr->g.n_inputs = n_in;
+    tr->g.outputs = out;
+    tr->g.n_outputs = 1;
+    nbi_graph opt;
+    NBT_OK(ctx, nbi_optimize(ctx, &tr->g, &opt));
+    nbi_exec *e = NULL;
+    NBT_OK(ctx, nbi_exec_compile(ctx, &opt, &e));
+    return e;
+}
+
 /* Compile y = sum(tanh(x @ w) * 2) directly and count allocator calls while running it. */
 static void test_running_allocates_nothing(void **state) {
     (void)state;
@@ -163,16 +178,8 @@ static void test_running_allocates_nothing(void **state) {
     nb_var *x = nbi_emit_param(&tr, 0, NB_DTYPE_F32, 2, (int64_t[]){128, 64}, NULL);
     nb_var *w = nbi_emit_param(&tr, 1, NB_DTYPE_F32, 2, (int64_t[]){64, 300}, NULL);
     nb_var *y = nb_sum(nb_mul(nb_tanh(nb_matmul(x, w)), nb_scalar(&tr, 2.0)), NULL, 0, false);
-    NBT_OK(ctx, nb_trace_status(&tr));
     nb_var *ins[2] = {x, w}, *outs[1] = {y};
-    tr.g.inputs = ins;
-    tr.g.n_inputs = 2;
-    tr.g.outputs = outs;
-    tr.g.n_outputs = 1;
-    nbi_graph opt;
-    NBT_OK(ctx, nbi_optimize(ctx, &tr.g, &opt));
-    nbi_exec *e = NULL;
-    NBT_OK(ctx, nbi_exec_compile(ctx, &opt, &e));
+    nbi_exec *e = compile_traced(ctx, &tr, ins, 2, outs);
     nb_array *ax = NULL, *aw = NULL, *ay = NULL;
     NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 2, (int64_t[]){128, 64}, 0.5, &ax));
     NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 2, (int64_t[]){64, 300}, 0.01, &aw));
@@ -209,16 +216,8 @@ static void test_plan_in_place(void **state) {
     nb_var *w = nbi_emit_param(&tr, 1, NB_DTYPE_F32, 2, (int64_t[]){64, 300}, NULL);
     nb_var *v = nbi_emit_param(&tr, 2, NB_DTYPE_F32, 2, (int64_t[]){300, 10}, NULL);
     nb_var *y = nb_matmul(nb_tanh(nb_matmul(x, w)), v);
-    NBT_OK(ctx, nb_trace_status(&tr));
     nb_var *ins[3] = {x, w, v}, *outs[1] = {y};
-    tr.g.inputs = ins;
-    tr.g.n_inputs = 3;
-    tr.g.outputs = outs;
-    tr.g.n_outputs = 1;
-    nbi_graph opt;
-    NBT_OK(ctx, nbi_optimize(ctx, &tr.g, &opt));
-    nbi_exec *e = NULL;
-    NBT_OK(ctx, nbi_exec_compile(ctx, &opt, &e));
+    nbi_exec *e = compile_traced(ctx, &tr, ins, 3, outs);
     size_t big = 128 * 300 * sizeof(float);
     if (nbi_exec_workspace_bytes(e) >= 2 * big) {
         fail_msg("workspace %zu bytes: tanh did not reuse its input's slot (one is %zu)",
