@@ -83,6 +83,7 @@
 #include "core.h"
 #include "data.h"
 #include "fn.h"
+#include "optim.h"
 #include "random.h"
 #include "trace.h"
 #include "tree.h"
