@@ -1204,9 +1204,16 @@ static nb_status nbi_unflatten_rec(nb_ctx *ctx, const nb_treedef *d, int64_t *i,
     case NB_TREE_KIND_NULL:
         return nb_tree_null(ctx, out);
     case NB_TREE_KIND_ARRAY:
-    case NB_TREE_KIND_VAR:
-        *out = nb_tree_retain(src[(*leaf)++]);
+    case NB_TREE_KIND_VAR: {
+        nb_tree *src_leaf = src[(*leaf)++];
+        /* the treedef's frozen mark is part of the structure: a leaf that comes without it
+         * (a jitted function's output array, say) gets it back */
+        if ((nd->flags & NBI_TREE_FLAG_FROZEN) && !(src_leaf->flags & NBI_TREE_FLAG_FROZEN)) {
+            return nb_tree_freeze(src_leaf, out);
+        }
+        *out = nb_tree_retain(src_leaf);
         return NB_OK;
+    }
     case NB_TREE_KIND_INT:
         st = nb_tree_int(ctx, nd->u.i, out);
         break;

@@ -949,6 +949,42 @@ static bool nbo_same_sig(nb_dtype da, int ra, const int64_t *sa, nb_dtype db, in
     return true;
 }
 
+/* how is "<path>: <a> vs <b>" from nb_tree_diff; where both sides at path are leaves, say
+ * what they are with dtypes and shapes ("null vs f32[2,1]"), which the generic diff cannot
+ * for symbolic values. */
+static void nbo_describe_leaves(nbo_run *r, const nb_tree *a, const nb_tree *b, char *how,
+                                size_t cap) {
+    char path[NB_PATH_MAX];
+    const char *colon = strstr(how, ": ");
+    if (colon == NULL || (size_t)(colon - how) >= sizeof path) {
+        return;
+    }
+    memcpy(path, how, (size_t)(colon - how));
+    path[colon - how] = '\0';
+    const nb_tree *la = NULL, *lb = NULL;
+    if (nb_tree_lookup(a, strcmp(path, "<root>") == 0 ? "" : path, &la) != NB_OK ||
+        nb_tree_lookup(b, strcmp(path, "<root>") == 0 ? "" : path, &lb) != NB_OK ||
+        !nb_tree_is_leaf(la) || !nb_tree_is_leaf(lb)) {
+        return;
+    }
+    char da[96], db[96];
+    const nb_tree *side[2] = {la, lb};
+    char *out[2] = {da, db};
+    for (int k = 0; k < 2; k++) {
+        if (nb_tree_is_dynamic(side[k])) {
+            nb_dtype dt;
+            int rank;
+            const int64_t *shape;
+            nbo_sig_of(side[k], r->tr, out[k], 96, &dt, &rank, &shape);
+        } else {
+            snprintf(out[k], 96, "%s", nb_tree_kind_name(nb_tree_kind_of(side[k])));
+        }
+    }
+    nbi_sbuf sb = nbi_sbuf_make(how, cap);
+    nbi_sbuf_printf(&sb, "%s: %s vs %s", path, da, db);
+    nbi_sbuf_finish(&sb, NULL);
+}
+
 #define NBO_FIX                                                                                    \
     "build the state from the gradient template: nb_optim_init(opt, nb_grad_template(params, "     \
     "filter_spec))"
@@ -973,6 +1009,7 @@ static nb_status nbo_slot(nbo_run *r, const nb_tree *state, const char *spath, c
         char how[512] = "";
         bool differ = false;
         nb_tree_diff(r->ref, s, NB_TREE_DIFF_STRUCTURE, &differ, how, sizeof how, NULL);
+        nbo_describe_leaves(r, r->ref, s, how, sizeof how);
         st = nbo_fail(r, NB_ERR_STRUCTURE, "grads and %s.%s differ at %s -- " NBO_FIX, spath, key,
                       how);
     }

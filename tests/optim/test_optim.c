@@ -427,9 +427,440 @@ static void test_equations(void **state) {
     ls_run_free(&r);
 }
 
+/* ---- structure invariance ------------------------------------------------------------ */
+
+/* A model with a frozen parameter, an integer leaf, a static leaf and a null: the grad
+ * template has nulls at all of them. */
+static nb_tree *model_params(nb_ctx *ctx, nb_dtype dt) {
+    nb_array *w0 = NULL, *b0 = NULL, *w1 = NULL, *b1 = NULL, *steps = NULL;
+    NBT_OK(ctx, nb_array_full(ctx, dt, 2, (int64_t[]){3, 2}, 0.5, &w0));
+    NBT_OK(ctx, nb_array_full(ctx, dt, 1, (int64_t[]){2}, -0.25, &b0));
+    NBT_OK(ctx, nb_array_full(ctx, dt, 2, (int64_t[]){2, 1}, 0.75, &w1));
+    NBT_OK(ctx, nb_array_full(ctx, dt, 1, (int64_t[]){1}, 0.125, &b1));
+    NBT_OK(ctx, nb_array_scalar(ctx, NB_DTYPE_I32, 7, &steps));
+    float *pw = nb_array_data(w0);
+    for (int i = 0; dt == NB_DTYPE_F32 && i < 6; i++) {
+        pw[i] = 0.1f * (float)(i + 1) * (i % 2 ? -1.0f : 1.0f);
+    }
+    nb_tree *lw1 = leaf_of(w1), *frozen = NULL;
+    NBT_OK(ctx, nb_tree_freeze(lw1, &frozen));
+    nb_tree_destroy(lw1);
+    nb_tree *l0 = dict2(ctx, "weight", leaf_of(w0), "bias", leaf_of(b0));
+    nb_tree *l1 = dict2(ctx, "weight", frozen, "bias", leaf_of(b1));
+    nb_tree *layers = NULL, *act = NULL, *none = NULL, *out = NULL;
+    NBT_OK(ctx, nb_tree_list(ctx, 2, (nb_tree *[]){l0, l1}, &layers));
+    NBT_OK(ctx, nb_tree_string(ctx, "tanh", &act));
+    NBT_OK(ctx, nb_tree_null(ctx, &none));
+    nb_tree *st = leaf_of(steps);
+    NBT_OK(ctx, nb_tree_dict(ctx, 4, (const char *[]){"layers", "step", "act", "extra"},
+                             (nb_tree *[]){layers, st, act, none}, &out));
+    nb_tree_destroy(l0);
+    nb_tree_destroy(l1);
+    nb_tree_destroy(layers);
+    nb_tree_destroy(st);
+    nb_tree_destroy(act);
+    nb_tree_destroy(none);
+    return out;
+}
+
+/* grads of the template's structure with deterministic values (differing per call k) */
+static nb_status fill_cb(void *ud, const char *path, int n, const nb_tree *const *l,
+                         nb_tree **out) {
+    (void)path;
+    (void)n;
+    int *k = ud;
+    nb_array *a = NULL;
+    nb_status st = nb_array_copy(nb_tree_get_array(l[0]), &a);
+    if (st != NB_OK) {
+        return st;
+    }
+    for (int64_t i = 0; i < nb_array_size(a); i++) {
+        double v = sin(0.7 * (double)(*k) + 1.3 * (double)i);
+        if (nb_array_dtype(a) == NB_DTYPE_F32) {
+            ((float *)nb_array_data(a))[i] = (float)v;
+        } else {
+            ((double *)nb_array_data(a))[i] = v;
+        }
+    }
+    (*k)++;
+    st = nb_tree_array(a, out);
+    nb_array_destroy(a);
+    return st;
+}
+
+static void expect_same_signature(nb_ctx *ctx, const nb_tree *a, const nb_tree *b, const char *what,
+                                  const char *name) {
+    bool differ = true;
+    char how[512];
+    NBT_OK(ctx, nb_tree_diff(a, b, NB_TREE_DIFF_SIGNATURE, &differ, how, sizeof how, NULL));
+    if (differ) {
+        fail_msg("%s: %s changed: %s", name, what, how);
+    }
+}
+
+/* Every optimizer of the set, chain and masked, and schedules as learning rates: init from
+ * the template, three updates, the state's treedef, dtypes and shapes never change and
+ * the updates have the grads' structure. */
+static void check_invariance(nb_ctx *ctx, const nb_tree *opt, nb_dtype dt, const char *name) {
+    nb_tree *params = model_params(ctx, dt), *tmpl = NULL, *state = NULL;
+    NBT_OK(ctx, nb_grad_template(params, NULL, &tmpl));
+    NBT_OK(ctx, nb_optim_init(opt, tmpl, &state));
+    nb_tree *state0 = nb_tree_retain(state);
+    int k = 0;
+    for (int step = 0; step < 3; step++) {
+        nb_tree *grads = NULL, *updates = NULL, *ns = NULL, *np = NULL;
+        NBT_OK(ctx, nb_tree_map(tmpl, fill_cb, &k, 0, &grads));
+        nb_status st = nb_optim_update_eager(opt, grads, state, params, &updates, &ns);
+        if (st != NB_OK) {
+            fail_msg("%s: update failed: %s: %s", name, nb_status_name(st), nb_ctx_errmsg(ctx));
+        }
+        expect_same_signature(ctx, state0, ns, "the state", name);
+        expect_same_signature(ctx, grads, updates, "the updates' structure", name);
+        NBT_OK(ctx, nb_apply_updates_eager(params, updates, &np));
+        expect_same_signature(ctx, params, np, "the parameters", name);
+        /* frozen and integer leaves are untouched */
+        bool eq = false;
+        NBT_OK(ctx, nb_tree_equal(nb_tree_get(params, "step"), nb_tree_get(np, "step"), &eq));
+        assert_true(eq);
+        const nb_tree *fw = NULL, *fw2 = NULL;
+        NBT_OK(ctx, nb_tree_lookup(params, "layers[1].weight", &fw));
+        NBT_OK(ctx, nb_tree_lookup(np, "layers[1].weight", &fw2));
+        NBT_OK(ctx, nb_tree_equal(fw, fw2, &eq));
+        assert_true(eq);
+        nb_tree_destroy(grads);
+        nb_tree_destroy(updates);
+        nb_tree_destroy(state);
+        nb_tree_destroy(params);
+        state = ns;
+        params = np;
+    }
+    int64_t count = -1;
+    NBT_OK(ctx, nb_optim_count(state, &count));
+    NBT_EQ_I64(count, 3);
+    nb_tree_destroy(state0);
+    nb_tree_destroy(state);
+    nb_tree_destroy(tmpl);
+    nb_tree_destroy(params);
+}
+
+static void test_structure_invariance(void **unused) {
+    (void)unused;
+    nb_ctx *ctx = NULL;
+    assert_int_equal(nb_ctx_create(NULL, &ctx), NB_OK);
+    nb_optim_opts o;
+    nb_tree *opts[32] = {0};
+    const char *names[32];
+    int n = 0;
+#define ADD(name_, expr_)                                                                          \
+    do {                                                                                           \
+        names[n] = name_;                                                                          \
+        NBT_OK(ctx, expr_);                                                                        \
+        n++;                                                                                       \
+    } while (0)
+    ADD("sgd", nb_optim_sgd(ctx, 0.1, NULL, &opts[n]));
+    o = nb_optim_opts_default();
+    o.momentum = 0.9;
+    o.nesterov = true;
+    ADD("sgd nesterov", nb_optim_sgd(ctx, 0.1, &o, &opts[n]));
+    ADD("adam", nb_optim_adam(ctx, 0.1, NULL, &opts[n]));
+    o = nb_optim_opts_default();
+    o.nesterov = true;
+    ADD("adam nesterov", nb_optim_adam(ctx, 0.1, &o, &opts[n]));
+    ADD("adamw", nb_optim_adamw(ctx, 0.1, NULL, &opts[n]));
+    ADD("rmsprop", nb_optim_rmsprop(ctx, 0.1, NULL, &opts[n]));
+    o = nb_optim_opts_default();
+    o.centered = true;
+    o.momentum = 0.5;
+    o.bias_correction = true;
+    ADD("rmsprop centered momentum", nb_optim_rmsprop(ctx, 0.1, &o, &opts[n]));
+    ADD("adagrad", nb_optim_adagrad(ctx, 0.1, NULL, &opts[n]));
+    ADD("lion", nb_optim_lion(ctx, 0.1, NULL, &opts[n]));
+    ADD("lamb", nb_optim_lamb(ctx, 0.1, NULL, &opts[n]));
+    ADD("clip", nb_optim_clip(ctx, 0.3, &opts[n]));
+    ADD("clip_by_global_norm", nb_optim_clip_by_global_norm(ctx, 0.3, &opts[n]));
+    ADD("add_decayed_weights", nb_optim_add_decayed_weights(ctx, 0.1, NULL, &opts[n]));
+    nb_tree *sched = NULL;
+    NBT_OK(ctx, nb_schedule_warmup_cosine_decay(ctx, 0.0, 0.1, 2, 10, 0.001, 1.0, &sched));
+    ADD("scale_by_schedule", nb_optim_scale_by_schedule(ctx, sched, &opts[n]));
+    o = nb_optim_opts_default();
+    o.schedule = sched;
+    ADD("adam with a schedule", nb_optim_adam(ctx, 0.0, &o, &opts[n]));
+    /* masked: adam on layer 0 only */
+    nb_tree *t = NULL, *f = NULL, *mask = NULL, *layers_mask = NULL;
+    NBT_OK(ctx, nb_tree_bool(ctx, true, &t));
+    NBT_OK(ctx, nb_tree_bool(ctx, false, &f));
+    NBT_OK(ctx, nb_tree_list(ctx, 2, (nb_tree *[]){t, f}, &layers_mask));
+    NBT_OK(ctx, nb_tree_dict(ctx, 4, (const char *[]){"layers", "step", "act", "extra"},
+                             (nb_tree *[]){layers_mask, f, f, f}, &mask));
+    ADD("masked adam", nb_optim_masked(opts[2], mask, &opts[n]));
+    o = nb_optim_opts_default();
+    o.mask = mask;
+    ADD("adamw with a mask", nb_optim_adamw(ctx, 0.1, &o, &opts[n]));
+    const nb_tree *parts[4] = {opts[11], opts[n - 2], opts[12], opts[0]};
+    ADD("chain(clip_by_global_norm, masked adam, add_decayed_weights, sgd)",
+        nb_optim_chain(ctx, 4, parts, &opts[n]));
+#undef ADD
+    for (int i = 0; i < n; i++) {
+        check_invariance(ctx, opts[i], NB_DTYPE_F32, names[i]);
+        check_invariance(ctx, opts[i], NB_DTYPE_F64, names[i]);
+        nb_tree_destroy(opts[i]);
+    }
+    nb_tree_destroy(t);
+    nb_tree_destroy(f);
+    nb_tree_destroy(layers_mask);
+    nb_tree_destroy(mask);
+    nb_tree_destroy(sched);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- the seeds' failure 5 -------------------------------------------------------------- */
+
+static nb_fn *model_grad_fn;
+
+/* loss(params, x, t) = mean((tanh(x w0 + b0) w1 + b1 - t)^2) */
+static nb_status model_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[1]"), *t = nb_get(tr, args, "[2]");
+    nb_var *h = nb_tanh(nb_add(nb_matmul(x, nb_get(tr, args, "[0].layers[0].weight")),
+                               nb_get(tr, args, "[0].layers[0].bias")));
+    nb_var *y = nb_add(nb_matmul(h, nb_get(tr, args, "[0].layers[1].weight")),
+                       nb_get(tr, args, "[0].layers[1].bias"));
+    return nb_return(nb_mean(nb_square(nb_sub(y, t)), NULL, 0, false), out);
+}
+
+/* self = optimizer; args = (params, state, x, t) -> (params, state, loss) */
+static nb_status model_step(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
+    nb_tree *gargs = NULL;
+    nb_status st = nb_tree_tuple(ctx, 3,
+                                 (nb_tree *[]){(nb_tree *)params, (nb_tree *)nb_tree_child(args, 2),
+                                               (nb_tree *)nb_tree_child(args, 3)},
+                                 &gargs);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_tree *vg = nb_apply(tr, model_grad_fn, gargs);
+    nb_tree_destroy(gargs);
+    if (vg == NULL) {
+        return nb_trace_status(tr);
+    }
+    const nb_tree *updates = NULL, *new_state = NULL;
+    st = nb_optim_update(tr, self, nb_tree_child(vg, 1), state, params, &updates, &new_state);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_tree *np = nb_apply_updates(tr, params, updates);
+    if (np == NULL) {
+        return nb_trace_status(tr);
+    }
+    return nb_tree_tuple(
+        ctx, 3, (nb_tree *[]){(nb_tree *)np, (nb_tree *)new_state, (nb_tree *)nb_tree_child(vg, 0)},
+        out);
+}
+
+typedef struct model_data {
+    nb_tree *x, *t;
+} model_data;
+
+static model_data model_data_make(nb_ctx *ctx, nb_dtype dt) {
+    nb_array *x = NULL, *t = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F64, 2, (int64_t[]){4, 3}, &x));
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F64, 2, (int64_t[]){4, 1}, &t));
+    for (int i = 0; i < 12; i++) {
+        ((double *)nb_array_data(x))[i] = cos(0.9 * i);
+    }
+    for (int i = 0; i < 4; i++) {
+        ((double *)nb_array_data(t))[i] = 0.3 * i - 0.4;
+    }
+    nb_array *xc = NULL, *tc = NULL;
+    NBT_OK(ctx, nb_array_cast(x, dt, &xc));
+    NBT_OK(ctx, nb_array_cast(t, dt, &tc));
+    nb_array_destroy(x);
+    nb_array_destroy(t);
+    return (model_data){leaf_of(xc), leaf_of(tc)};
+}
+
+static void model_setup(nb_ctx *ctx) {
+    nb_fn *loss = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "model_loss", model_loss, NULL, &loss));
+    NBT_OK(ctx, nb_value_and_grad(loss, NULL, &model_grad_fn));
+    nb_fn_destroy(loss);
+}
+
+/* Run n steps of fn from (params, state); returns the last loss; params and state are
+ * replaced. With check, the state's signature must equal state0's after every step. */
+static double run_steps(nb_ctx *ctx, nb_fn *fn, nb_tree **params, nb_tree **state, model_data d,
+                        int n, const nb_tree *state0) {
+    double loss = NAN;
+    for (int s = 0; s < n; s++) {
+        nb_tree *args = NULL, *res = NULL;
+        NBT_OK(ctx, nb_tree_tuple(ctx, 4, (nb_tree *[]){*params, *state, d.x, d.t}, &args));
+        NBT_OK(ctx, nb_fn_call(fn, args, &res));
+        nb_tree_destroy(args);
+        nb_tree_destroy(*params);
+        nb_tree_destroy(*state);
+        *params = nb_tree_retain((nb_tree *)nb_tree_child(res, 0));
+        *state = nb_tree_retain((nb_tree *)nb_tree_child(res, 1));
+        nb_array *l = NULL;
+        NBT_OK(ctx, nb_array_cast(nb_tree_get_array(nb_tree_child(res, 2)), NB_DTYPE_F64, &l));
+        loss = *(const double *)nb_array_data(l);
+        nb_array_destroy(l);
+        nb_tree_destroy(res);
+        if (state0 != NULL) {
+            expect_same_signature(ctx, state0, *state, "the state", "failure 5 step");
+        }
+    }
+    return loss;
+}
+
+static void test_failure5(void **unused) {
+    (void)unused;
+    nb_ctx *ctx = NULL;
+    assert_int_equal(nb_ctx_create(NULL, &ctx), NB_OK);
+    model_setup(ctx);
+    model_data d = model_data_make(ctx, NB_DTYPE_F32);
+    nb_tree *opt = NULL;
+    NBT_OK(ctx, nb_optim_adam(ctx, 0.05, NULL, &opt));
+    nb_fn *f = NULL, *jf = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "train_step", model_step, opt, &f));
+    nb_jit_opts jo = nb_jit_opts_default();
+    jo.max_traces = 1;
+    NBT_OK(ctx, nb_jit(f, &jo, &jf));
+
+    nb_tree *params = model_params(ctx, NB_DTYPE_F32), *tmpl = NULL, *state = NULL;
+    nb_tree *params0 = nb_tree_retain(params);
+    NBT_OK(ctx, nb_grad_template(params, NULL, &tmpl));
+    NBT_OK(ctx, nb_optim_init(opt, tmpl, &state));
+    nb_tree *state0 = nb_tree_retain(state);
+    double first = run_steps(ctx, jf, &params, &state, d, 1, state0);
+    double last = run_steps(ctx, jf, &params, &state, d, 99, state0);
+    assert_true(last < 0.5 * first); /* it trained */
+    nb_fn_stats stats;
+    NBT_OK(ctx, nb_fn_stats_get(jf, &stats));
+    NBT_EQ_I64(stats.n_traces, 1);
+    NBT_EQ_I64(stats.n_hits, 99);
+    int64_t count = 0;
+    NBT_OK(ctx, nb_optim_count(state, &count));
+    NBT_EQ_I64(count, 100);
+    /* the parameters keep their structure (frozen mark included); frozen and integer
+     * leaves never move */
+    expect_same_signature(ctx, params0, params, "the parameters", "failure 5");
+    const nb_tree *a = NULL, *b = NULL;
+    bool eq = false;
+    NBT_OK(ctx, nb_tree_lookup(params0, "layers[1].weight", &a));
+    NBT_OK(ctx, nb_tree_lookup(params, "layers[1].weight", &b));
+    assert_true(nb_tree_is_frozen(b));
+    NBT_OK(ctx, nb_tree_equal(a, b, &eq));
+    assert_true(eq);
+    NBT_OK(ctx, nb_tree_equal(nb_tree_get(params0, "step"), nb_tree_get(params, "step"), &eq));
+    assert_true(eq);
+
+    /* The state built from the parameters instead of the gradient template: an error
+     * naming the first mismatching path (the frozen weight) and the fix -- first in a fresh
+     * function, then in the max_traces one (where it is a retrace, also named). */
+    nb_tree *bad = NULL;
+    NBT_OK(ctx, nb_optim_init(opt, params, &bad));
+    nb_fn *f2 = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "train_step", model_step, opt, &f2));
+    nb_tree *args = NULL, *res = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 4, (nb_tree *[]){params, bad, d.x, d.t}, &args));
+    nb_ctx_clear_cache(ctx);
+    NBT_STATUS(ctx, NB_ERR_STRUCTURE, nb_fn_call(f2, args, &res));
+    printf("state from the parameters: %s\n", nb_ctx_errmsg(ctx));
+    NBT_ERRMSG_HAS(ctx, "nb_optim_update (adam)");
+    NBT_ERRMSG_HAS(ctx, "state.mu differ at layers[1].weight: null vs f32[2,1]");
+    NBT_ERRMSG_HAS(ctx, "nb_grad_template");
+    assert_null(res);
+    NBT_STATUS(ctx, NB_ERR_STRUCTURE, nb_optim_update_eager(opt, tmpl, bad, params, &res, &res));
+    NBT_ERRMSG_HAS(ctx, "layers[1].weight");
+    nb_tree_destroy(args);
+    nb_fn_destroy(f2);
+
+    nb_tree_destroy(bad);
+    nb_tree_destroy(state0);
+    nb_tree_destroy(state);
+    nb_tree_destroy(tmpl);
+    nb_tree_destroy(params);
+    nb_tree_destroy(params0);
+    nb_fn_destroy(jf);
+    nb_fn_destroy(f);
+    nb_tree_destroy(opt);
+    nb_tree_destroy(d.x);
+    nb_tree_destroy(d.t);
+    nb_fn_destroy(model_grad_fn);
+    model_grad_fn = NULL;
+    nb_ctx_destroy(ctx);
+}
+
+/* Re-creating an optimizer with equal settings, or with another learning rate, and changing
+ * the learning rate in the state between steps: one trace in all. */
+static void test_no_retrace(void **unused) {
+    (void)unused;
+    nb_ctx *ctx = NULL;
+    assert_int_equal(nb_ctx_create(NULL, &ctx), NB_OK);
+    model_setup(ctx);
+    model_data d = model_data_make(ctx, NB_DTYPE_F64);
+    nb_tree *params = model_params(ctx, NB_DTYPE_F64), *tmpl = NULL, *state = NULL;
+    NBT_OK(ctx, nb_grad_template(params, NULL, &tmpl));
+    nb_jit_opts jo = nb_jit_opts_default();
+    jo.max_traces = 1;
+    const double lrs[3] = {0.01, 0.01, 0.2};
+    for (int k = 0; k < 3; k++) {
+        nb_tree *opt = NULL;
+        NBT_OK(ctx, nb_optim_adam(ctx, lrs[k], NULL, &opt));
+        if (state == NULL) {
+            NBT_OK(ctx, nb_optim_init(opt, tmpl, &state));
+        }
+        nb_fn *f = NULL, *jf = NULL;
+        NBT_OK(ctx, nb_fn_create(ctx, "train_step", model_step, opt, &f));
+        NBT_OK(ctx, nb_jit(f, &jo, &jf));
+        run_steps(ctx, jf, &params, &state, d, 3, NULL);
+        nb_fn_stats stats;
+        NBT_OK(ctx, nb_fn_stats_get(jf, &stats));
+        NBT_EQ_I64(stats.n_traces, 1); /* counted per cache identity: all three share it */
+        NBT_EQ_I64(stats.n_calls, 3 * (k + 1));
+        if (k == 2) {
+            /* the learning rate comes from the state: 0 stops training, without a retrace */
+            double lr = 0.0;
+            NBT_OK(ctx, nb_optim_get_hyper(state, "learning_rate", &lr));
+            NBT_EQ_F64(lr, 0.01);
+            NBT_OK(ctx, nb_optim_set_hyper(state, "learning_rate", 0.0));
+            nb_tree *before = nb_tree_retain(params);
+            run_steps(ctx, jf, &params, &state, d, 2, NULL);
+            bool eq = false;
+            NBT_OK(ctx, nb_tree_equal(before, params, &eq));
+            assert_true(eq);
+            NBT_OK(ctx, nb_optim_set_hyper(state, "learning_rate", 0.05));
+            run_steps(ctx, jf, &params, &state, d, 1, NULL);
+            NBT_OK(ctx, nb_tree_equal(before, params, &eq));
+            assert_false(eq);
+            nb_tree_destroy(before);
+            NBT_OK(ctx, nb_fn_stats_get(jf, &stats));
+            NBT_EQ_I64(stats.n_traces, 1);
+            NBT_STATUS(ctx, NB_ERR_NOT_FOUND, nb_optim_set_hyper(state, "momentum", 0.5));
+            NBT_ERRMSG_HAS(ctx, "no hyperparameter 'momentum'");
+        }
+        nb_fn_destroy(jf);
+        nb_fn_destroy(f);
+        nb_tree_destroy(opt);
+    }
+    nb_tree_destroy(state);
+    nb_tree_destroy(tmpl);
+    nb_tree_destroy(params);
+    nb_tree_destroy(d.x);
+    nb_tree_destroy(d.t);
+    nb_fn_destroy(model_grad_fn);
+    model_grad_fn = NULL;
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equations),
+        cmocka_unit_test(test_structure_invariance),
+        cmocka_unit_test(test_failure5),
+        cmocka_unit_test(test_no_retrace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
