@@ -1093,8 +1093,17 @@ static nb_var *nbo_hyper(nbo_run *r, const nb_tree *state, const char *spath, co
 static nb_var *nbo_count(nbo_run *r, const nb_tree *state, const char *spath) {
     const nb_tree *c = nb_tree_get(state, "count");
     nb_var *v = c != NULL && nb_tree_is_dynamic(c) ? nbo_var(r->tr, c) : NULL;
-    if (v == NULL || nb_var_rank(v) != 0 || nb_var_dtype(v) != NB_DTYPE_I32) {
-        nbo_fail(r, NB_ERR_STRUCTURE, "%s.count is missing or not an i32[] -- " NBO_FIX, spath);
+    if (v == NULL) {
+        nbo_fail(r, NB_ERR_STRUCTURE,
+                 "%s has no count array: it is not the state of this optimizer -- make it with "
+                 "nb_optim_init(opt, nb_grad_template(params, filter_spec))",
+                 spath);
+        return NULL;
+    }
+    if (nb_var_rank(v) != 0 || nb_var_dtype(v) != NB_DTYPE_I32) {
+        char sig[96];
+        nbi_var_sig(sig, sizeof sig, v);
+        nbo_fail(r, NB_ERR_STRUCTURE, "%s.count is %s, not i32[] -- " NBO_FIX, spath, sig);
         return NULL;
     }
     return v;
@@ -1355,6 +1364,7 @@ static nb_status nbo_update_leafwise(nbo_run *r, const nb_tree *opt, const nb_tr
         return st;
     }
     const char *mom_keys[3];
+    int mom_idx[3] = {0, 1, 2}; /* which of ms.m holds moment k */
     int n_mom = 0;
     nb_var *lr = NULL;
     bool needs_lr = strcmp(kind, "clip") != 0 && strcmp(kind, "clip_by_global_norm") != 0 &&
@@ -1461,6 +1471,7 @@ static nb_status nbo_update_leafwise(nbo_run *r, const nb_tree *opt, const nb_tr
             mom_keys[n_mom++] = "mu";
         }
         if (mom) {
+            mom_idx[n_mom] = 2;
             mom_keys[n_mom++] = "trace";
         }
         st = nb_trace_status(tr);
@@ -1581,7 +1592,7 @@ static nb_status nbo_update_leafwise(nbo_run *r, const nb_tree *opt, const nb_tr
         nv++;
         for (int k = 0; k < n_mom; k++) {
             keys[nv] = mom_keys[k];
-            vals[nv] = nbo_tree_of(r, ms.m[k]);
+            vals[nv] = nbo_tree_of(r, ms.m[mom_idx[k]]);
             nv++;
         }
         for (int k = 0; k < nv; k++) {

@@ -427,6 +427,265 @@ static void test_equations(void **state) {
     ls_run_free(&r);
 }
 
+/* ---- oracles: PyTorch and Optax trajectories, Optax schedules ---------------------------- */
+
+/* The trajectory of config in file (steps 0..50 x 6 values); false if absent. */
+static bool oracle_traj(const char *file, const char *config, double *traj) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", NBT_ORACLE_DIR, file);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        fail_msg("cannot open oracle file %s", path);
+    }
+    char line[2048];
+    int found = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        char name[128];
+        int step = -1, used = 0;
+        if (line[0] == '#' || sscanf(line, "%127s %d%n", name, &step, &used) != 2 ||
+            strcmp(name, config) != 0) {
+            continue;
+        }
+        assert_true(step >= 0 && step <= LS_STEPS);
+        const char *q = line + used;
+        for (int j = 0; j < LS_N + 1; j++) {
+            char *end = NULL;
+            traj[step * (LS_N + 1) + j] = strtod(q, &end);
+            assert_true(end != q);
+            q = end;
+        }
+        found++;
+    }
+    fclose(f);
+    if (found != 0 && found != LS_STEPS + 1) {
+        fail_msg("%s: config %s has %d steps, wanted %d", file, config, found, LS_STEPS + 1);
+    }
+    return found != 0;
+}
+
+typedef struct oracle_case {
+    const char *config;
+    nb_tree *opt;
+} oracle_case;
+
+static void check_oracle(ls_run *r, const char *file, const char *config, const nb_tree *opt,
+                         double tol) {
+    double *want = calloc(TRAJ_LEN, sizeof(double)), *got = calloc(TRAJ_LEN, sizeof(double));
+    assert_non_null(want);
+    assert_non_null(got);
+    if (!oracle_traj(file, config, want)) {
+        fail_msg("%s has no config %s", file, config);
+    }
+    NBT_EQ_I64(ls_trajectory(r, opt, got), 1);
+    double e = traj_err(got, want);
+    printf("%-12s %-28s max rel err %.3g\n", file, config, e);
+    if (!(e <= tol)) {
+        fail_msg("%s %s: max relative difference %.3g > %.3g", file, config, e, tol);
+    }
+    free(want);
+    free(got);
+}
+
+static nb_tree *mk_sched(nb_ctx *ctx, const char *name) {
+    nb_tree *s = NULL;
+    if (strcmp(name, "constant") == 0) {
+        NBT_OK(ctx, nb_schedule_constant(ctx, 0.05, &s));
+    } else if (strcmp(name, "linear") == 0) {
+        NBT_OK(ctx, nb_schedule_linear(ctx, 0.05, 0.005, 30, 0, &s));
+    } else if (strcmp(name, "polynomial") == 0) {
+        NBT_OK(ctx, nb_schedule_polynomial(ctx, 0.05, 0.001, 2.0, 40, 5, &s));
+    } else if (strcmp(name, "cosine") == 0) {
+        NBT_OK(ctx, nb_schedule_cosine_decay(ctx, 0.05, 40, 0.1, 1.0, &s));
+    } else if (strcmp(name, "warmup_cosine") == 0) {
+        NBT_OK(ctx, nb_schedule_warmup_cosine_decay(ctx, 0.0, 0.05, 10, 45, 0.001, 1.0, &s));
+    } else if (strcmp(name, "exp_staircase") == 0) {
+        NBT_OK(ctx, nb_schedule_exponential_decay(ctx, 0.05, 10, 0.5, 3, true, NAN, &s));
+    } else if (strcmp(name, "exp_end") == 0) {
+        NBT_OK(ctx, nb_schedule_exponential_decay(ctx, 0.05, 10, 0.5, 3, false, 0.01, &s));
+    } else if (strcmp(name, "piecewise") == 0) {
+        NBT_OK(ctx, nb_schedule_piecewise_constant(ctx, 0.05, 2, (int64_t[]){10, 25},
+                                                   (double[]){0.5, 0.2}, &s));
+    } else {
+        fail_msg("unknown schedule %s", name);
+    }
+    return s;
+}
+
+static const char *const sched_names[] = {"constant", "linear",        "polynomial",
+                                          "cosine",   "warmup_cosine", "exp_staircase",
+                                          "exp_end",  "piecewise"};
+
+/* PyTorch's torch.optim (tests/optim/oracle/gen_torch_optim.py) to 1e-10 relative: the
+ * optimizers whose definitions agree with Optax's, and rmsprop/adagrad with the settings
+ * under which Optax's and PyTorch's definitions coincide. */
+static void test_oracle_torch(void **unused) {
+    (void)unused;
+    ls_run r;
+    ls_run_init(&r);
+    nb_ctx *ctx = r.ctx;
+    nb_optim_opts o[7];
+    for (int i = 0; i < 7; i++) {
+        o[i] = nb_optim_opts_default();
+    }
+    o[0].momentum = 0.9;
+    o[1].momentum = 0.9;
+    o[1].nesterov = true;
+    o[3].weight_decay = 0.1;
+    o[4].eps_outside_sqrt = true;
+    o[5].eps_outside_sqrt = true;
+    o[5].centered = true;
+    o[6].eps = 0.0;
+    o[6].initial_scale = 0.1;
+    oracle_case cases[7] = {
+        {"sgd_momentum", NULL}, {"sgd_nesterov", NULL},        {"adam", NULL},
+        {"adamw", NULL},        {"rmsprop_eps_outside", NULL}, {"rmsprop_centered", NULL},
+        {"adagrad", NULL}};
+    NBT_OK(ctx, nb_optim_sgd(ctx, 0.05, &o[0], &cases[0].opt));
+    NBT_OK(ctx, nb_optim_sgd(ctx, 0.05, &o[1], &cases[1].opt));
+    NBT_OK(ctx, nb_optim_adam(ctx, 0.01, &o[2], &cases[2].opt));
+    NBT_OK(ctx, nb_optim_adamw(ctx, 0.01, &o[3], &cases[3].opt));
+    NBT_OK(ctx, nb_optim_rmsprop(ctx, 0.01, &o[4], &cases[4].opt));
+    NBT_OK(ctx, nb_optim_rmsprop(ctx, 0.01, &o[5], &cases[5].opt));
+    NBT_OK(ctx, nb_optim_adagrad(ctx, 0.1, &o[6], &cases[6].opt));
+    for (int i = 0; i < 7; i++) {
+        check_oracle(&r, "torch_optim.txt", cases[i].config, cases[i].opt, 1e-10);
+        nb_tree_destroy(cases[i].opt);
+    }
+    ls_run_free(&r);
+}
+
+/* Optax 0.2.8 (gen_optax_optim.py, f64) for every transformation and schedule. */
+static void test_oracle_optax(void **unused) {
+    (void)unused;
+    ls_run r;
+    ls_run_init(&r);
+    nb_ctx *ctx = r.ctx;
+    enum { NC = 19 + 8 };
+    oracle_case c[NC];
+    memset(c, 0, sizeof c);
+    int n = 0;
+    nb_optim_opts o;
+#define CASE(name_, expr_)                                                                         \
+    do {                                                                                           \
+        c[n].config = name_;                                                                       \
+        NBT_OK(ctx, expr_);                                                                        \
+        n++;                                                                                       \
+    } while (0)
+    CASE("sgd", nb_optim_sgd(ctx, 0.05, NULL, &c[n].opt));
+    o = nb_optim_opts_default();
+    o.momentum = 0.9;
+    CASE("sgd_momentum", nb_optim_sgd(ctx, 0.05, &o, &c[n].opt));
+    o.nesterov = true;
+    CASE("sgd_nesterov", nb_optim_sgd(ctx, 0.05, &o, &c[n].opt));
+    CASE("adam", nb_optim_adam(ctx, 0.01, NULL, &c[n].opt));
+    o = nb_optim_opts_default();
+    o.nesterov = true;
+    CASE("adam_nesterov", nb_optim_adam(ctx, 0.01, &o, &c[n].opt));
+    o = nb_optim_opts_default();
+    o.weight_decay = 0.1;
+    CASE("adamw", nb_optim_adamw(ctx, 0.01, &o, &c[n].opt));
+    CASE("rmsprop", nb_optim_rmsprop(ctx, 0.01, NULL, &c[n].opt));
+    o = nb_optim_opts_default();
+    o.eps_outside_sqrt = true;
+    CASE("rmsprop_eps_outside", nb_optim_rmsprop(ctx, 0.01, &o, &c[n].opt));
+    o = nb_optim_opts_default();
+    o.centered = true;
+    CASE("rmsprop_centered", nb_optim_rmsprop(ctx, 0.01, &o, &c[n].opt));
+    o.eps_outside_sqrt = true;
+    CASE("rmsprop_centered_eps_outside", nb_optim_rmsprop(ctx, 0.01, &o, &c[n].opt));
+    o = nb_optim_opts_default();
+    o.momentum = 0.9;
+    o.nesterov = true;
+    CASE("rmsprop_momentum", nb_optim_rmsprop(ctx, 0.01, &o, &c[n].opt));
+    CASE("adagrad", nb_optim_adagrad(ctx, 0.1, NULL, &c[n].opt));
+    o = nb_optim_opts_default();
+    o.eps = 0.0;
+    o.initial_scale = 0.1;
+    CASE("adagrad_eps0", nb_optim_adagrad(ctx, 0.1, &o, &c[n].opt));
+    CASE("lion", nb_optim_lion(ctx, 0.001, NULL, &c[n].opt));
+    CASE("lamb", nb_optim_lamb(ctx, 0.01, NULL, &c[n].opt));
+    o = nb_optim_opts_default();
+    o.weight_decay = 0.1;
+    CASE("lamb_wd", nb_optim_lamb(ctx, 0.01, &o, &c[n].opt));
+    nb_tree *p2[2] = {NULL, NULL}, *p3[2] = {NULL, NULL}, *p4[3] = {NULL, NULL, NULL};
+    NBT_OK(ctx, nb_optim_clip_by_global_norm(ctx, 0.5, &p2[0]));
+    NBT_OK(ctx, nb_optim_adam(ctx, 0.01, NULL, &p2[1]));
+    CASE("clip_gn_adam", nb_optim_chain(ctx, 2, (const nb_tree *const *)p2, &c[n].opt));
+    NBT_OK(ctx, nb_optim_clip(ctx, 0.05, &p3[0]));
+    NBT_OK(ctx, nb_optim_sgd(ctx, 0.05, NULL, &p3[1]));
+    CASE("clip_sgd", nb_optim_chain(ctx, 2, (const nb_tree *const *)p3, &c[n].opt));
+    nb_tree *t = NULL, *f = NULL, *mask = NULL;
+    NBT_OK(ctx, nb_tree_bool(ctx, true, &t));
+    NBT_OK(ctx, nb_tree_bool(ctx, false, &f));
+    NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"w", "b"}, (nb_tree *[]){t, f}, &mask));
+    NBT_OK(ctx, nb_optim_add_decayed_weights(ctx, 0.1, NULL, &p4[0]));
+    NBT_OK(ctx, nb_optim_masked(p4[0], mask, &p4[1]));
+    NBT_OK(ctx, nb_optim_sgd(ctx, 0.05, NULL, &p4[2]));
+    CASE("masked_wd", nb_optim_chain(ctx, 2, (const nb_tree *const *)(p4 + 1), &c[n].opt));
+    char names[8][64];
+    for (int i = 0; i < 8; i++) {
+        nb_tree *s = mk_sched(ctx, sched_names[i]);
+        o = nb_optim_opts_default();
+        o.schedule = s;
+        snprintf(names[i], sizeof names[i], "sgd_sched_%s",
+                 strcmp(sched_names[i], "warmup_cosine") == 0 ? "warmup_cosine" : sched_names[i]);
+        CASE(names[i], nb_optim_sgd(ctx, 0.0, &o, &c[n].opt));
+        nb_tree_destroy(s);
+    }
+#undef CASE
+    for (int i = 0; i < n; i++) {
+        check_oracle(&r, "optax_optim.txt", c[i].config, c[i].opt, 1e-10);
+        nb_tree_destroy(c[i].opt);
+    }
+    for (int i = 0; i < 2; i++) {
+        nb_tree_destroy(p2[i]);
+        nb_tree_destroy(p3[i]);
+    }
+    for (int i = 0; i < 3; i++) {
+        nb_tree_destroy(p4[i]);
+    }
+    nb_tree_destroy(t);
+    nb_tree_destroy(f);
+    nb_tree_destroy(mask);
+    ls_run_free(&r);
+}
+
+/* Schedule values at counts 0..60 against Optax's (f64). */
+static void test_oracle_schedules(void **unused) {
+    (void)unused;
+    nb_ctx *ctx = NULL;
+    assert_int_equal(nb_ctx_create(NULL, &ctx), NB_OK);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/optax_optim.txt", NBT_ORACLE_DIR);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char line[512];
+    int checked = 0;
+    double worst = 0.0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        char name[64];
+        int count = 0;
+        double want = 0.0;
+        if (sscanf(line, "schedule %63s %d %lf", name, &count, &want) != 3) {
+            continue;
+        }
+        nb_tree *s = mk_sched(ctx, name);
+        double got = NAN;
+        NBT_OK(ctx, nb_schedule_value(s, count, &got));
+        double e = rel_err(got, want);
+        worst = fmax(worst, e);
+        if (!(e <= 1e-13)) {
+            fail_msg("schedule %s at %d: %.17g vs Optax %.17g", name, count, got, want);
+        }
+        nb_tree_destroy(s);
+        checked++;
+    }
+    fclose(f);
+    printf("schedules: %d values, max rel err %.3g\n", checked, worst);
+    NBT_EQ_I64(checked, 8 * 61);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- structure invariance ------------------------------------------------------------ */
 
 /* A model with a frozen parameter, an integer leaf, a static leaf and a null: the grad
@@ -855,12 +1114,110 @@ static void test_no_retrace(void **unused) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- bad input: clear errors ----------------------------------------------------------- */
+static void test_errors(void **unused) {
+    (void)unused;
+    nb_ctx *ctx = NULL;
+    assert_int_equal(nb_ctx_create(NULL, &ctx), NB_OK);
+    nb_tree *opt = NULL;
+    nb_optim_opts o = nb_optim_opts_default();
+    o.b1 = 1.0;
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_optim_adam(ctx, 0.1, &o, &opt));
+    NBT_ERRMSG_HAS(ctx, "nb_optim_adam: b1 = 1 must be in [0, 1)");
+    assert_null(opt);
+    o = nb_optim_opts_default();
+    o.b1 = 0.5;
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_optim_sgd(ctx, 0.1, &o, &opt));
+    NBT_ERRMSG_HAS(ctx, "option 'b1' is not a setting of this optimizer");
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_optim_sgd(ctx, -0.1, NULL, &opt));
+    NBT_ERRMSG_HAS(ctx, "learning_rate = -0.1");
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_optim_sgd(ctx, NAN, NULL, &opt));
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_schedule_cosine_decay(ctx, 0.1, 0, 0.0, 1.0, &opt));
+    NBT_ERRMSG_HAS(ctx, "decay_steps must be > 0");
+    NBT_STATUS(
+        ctx, NB_ERR_INVALID,
+        nb_schedule_piecewise_constant(ctx, 0.1, 2, (int64_t[]){5, 5}, (double[]){1, 1}, &opt));
+    NBT_ERRMSG_HAS(ctx, "strictly increasing");
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_optim_adam(NULL, 0.1, NULL, &opt));
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_optim_init(NULL, NULL, &opt));
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_optim_chain(ctx, 0, NULL, &opt));
+
+    /* grads that do not fit */
+    nb_tree *params = model_params(ctx, NB_DTYPE_F32), *tmpl = NULL, *state = NULL;
+    NBT_OK(ctx, nb_grad_template(params, NULL, &tmpl));
+    NBT_OK(ctx, nb_optim_adam(ctx, 0.1, NULL, &opt));
+    NBT_OK(ctx, nb_optim_init(opt, tmpl, &state));
+    nb_tree *p64 = model_params(ctx, NB_DTYPE_F64), *t64 = NULL, *up = NULL, *ns = NULL;
+    NBT_OK(ctx, nb_grad_template(p64, NULL, &t64));
+    NBT_STATUS(ctx, NB_ERR_STRUCTURE, nb_optim_update_eager(opt, t64, state, p64, &up, &ns));
+    NBT_ERRMSG_HAS(ctx, "grads and state.mu differ at layers[0].weight: f64[3,2] vs f32[3,2]");
+    assert_null(up);
+    assert_null(ns);
+    /* a state that is not this optimizer's */
+    nb_tree *sgd = NULL;
+    NBT_OK(ctx, nb_optim_sgd(ctx, 0.1, NULL, &sgd));
+    NBT_STATUS(ctx, NB_ERR_STRUCTURE, nb_optim_update_eager(opt, tmpl, tmpl, params, &up, &ns));
+    NBT_ERRMSG_HAS(ctx, "is not the state of this optimizer");
+    /* weight decay without params */
+    nb_tree *adamw = NULL, *sw = NULL;
+    NBT_OK(ctx, nb_optim_adamw(ctx, 0.1, NULL, &adamw));
+    NBT_OK(ctx, nb_optim_init(adamw, tmpl, &sw));
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_optim_update_eager(adamw, tmpl, sw, NULL, &up, &ns));
+    NBT_ERRMSG_HAS(ctx, "weight decay needs the parameters, and params is NULL (at "
+                        "layers[0].weight)");
+    /* a mask that does not fit */
+    nb_tree *t = NULL, *mask = NULL, *masked = NULL, *sm = NULL;
+    NBT_OK(ctx, nb_tree_bool(ctx, true, &t));
+    NBT_OK(ctx, nb_tree_list(ctx, 1, &t, &mask));
+    NBT_OK(ctx, nb_optim_masked(opt, mask, &masked));
+    NBT_STATUS(ctx, NB_ERR_STRUCTURE, nb_optim_init(masked, tmpl, &sm));
+    NBT_ERRMSG_HAS(ctx, "the mask does not fit the grads at <root>: list of 1 vs dict of 4");
+    /* apply_updates with an update of the wrong shape */
+    nb_tree *bad = NULL, *np = NULL;
+    NBT_OK(ctx, nb_tree_map(t64, fill_cb, &(int){0}, 0, &bad));
+    nb_array *w = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 1, (int64_t[]){6}, &w));
+    nb_tree *wl = leaf_of(w), *b0 = NULL, *l0 = NULL, *layers = NULL, *u2 = NULL;
+    NBT_OK(ctx, nb_tree_null(ctx, &b0));
+    l0 = dict2(ctx, "weight", wl, "bias", nb_tree_retain(b0));
+    nb_tree *l1 = dict2(ctx, "weight", nb_tree_retain(b0), "bias", nb_tree_retain(b0));
+    NBT_OK(ctx, nb_tree_list(ctx, 2, (nb_tree *[]){l0, l1}, &layers));
+    NBT_OK(ctx, nb_tree_dict(ctx, 4, (const char *[]){"layers", "step", "act", "extra"},
+                             (nb_tree *[]){layers, b0, b0, b0}, &u2));
+    NBT_STATUS(ctx, NB_ERR_SHAPE, nb_apply_updates_eager(params, u2, &np));
+    NBT_ERRMSG_HAS(ctx, "the parameter at layers[0].weight is f32[3,2] but its update is f32[6]");
+    assert_null(np);
+    nb_tree_destroy(l0);
+    nb_tree_destroy(l1);
+    nb_tree_destroy(layers);
+    nb_tree_destroy(u2);
+    nb_tree_destroy(b0);
+    nb_tree_destroy(bad);
+    nb_tree_destroy(t);
+    nb_tree_destroy(mask);
+    nb_tree_destroy(masked);
+    nb_tree_destroy(adamw);
+    nb_tree_destroy(sw);
+    nb_tree_destroy(sgd);
+    nb_tree_destroy(p64);
+    nb_tree_destroy(t64);
+    nb_tree_destroy(state);
+    nb_tree_destroy(tmpl);
+    nb_tree_destroy(params);
+    nb_tree_destroy(opt);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equations),
+        cmocka_unit_test(test_oracle_torch),
+        cmocka_unit_test(test_oracle_optax),
+        cmocka_unit_test(test_oracle_schedules),
         cmocka_unit_test(test_structure_invariance),
         cmocka_unit_test(test_failure5),
         cmocka_unit_test(test_no_retrace),
+        cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
