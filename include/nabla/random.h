@@ -1,6 +1,6 @@
 /*
- * nabla/random.h -- counter-based random numbers: Threefry-2x32 keys, as in JAX. (Still to
- * come: the same samplers inside traces.)
+ * nabla/random.h -- counter-based random numbers: Threefry-2x32 keys, as in JAX, eagerly on
+ * arrays (nb_random_*) and inside traced functions (nb_rng_*), with the same bits.
  *
  * A key is an i32[2] array holding two 32-bit words (bit patterns: read them as unsigned).
  * Nothing is stateful: the same key gives the same numbers on any machine and for any
@@ -20,16 +20,35 @@
  * "Parallel random numbers: as easy as 1, 2, 3", SC 2011 (its Random123 known-answer
  * vectors are in the tests).
  *
- * These calls run eagerly on arrays (outside traces). Statuses: NB_OK; NB_ERR_MISUSE for a
- * NULL or destroyed handle or out; NB_ERR_SHAPE when key is not an i32[2] array (the
- * message says so); NB_ERR_INVALID for a bad count, dtype or bounds; NB_ERR_OOM. Each
- * result is a new array, yours to destroy; on failure *out is NULL.
+ * The nb_random_* calls run eagerly on arrays (outside traces). Statuses: NB_OK;
+ * NB_ERR_MISUSE for a NULL or destroyed handle or out; NB_ERR_SHAPE when key is not an
+ * i32[2] array (the message says so); NB_ERR_INVALID for a bad count, dtype or bounds;
+ * NB_ERR_OOM. Each result is a new array, yours to destroy; on failure *out is NULL.
+ *
+ * The nb_rng_* calls are their twins inside a body being traced (trace.h): the key is an
+ * i32[2] var -- typically an argument of the function, so that a jitted function called
+ * with another key gives other numbers without a retrace -- and the result is a var. The
+ * numbers are computed when the compiled function runs, by the same code as the eager
+ * call, so for the same key value both give the same bits (for any thread count; whether
+ * the key is an argument or a constant that the compiler folds). Errors follow the trace's
+ * sticky rule (trace.h): a key that is not i32[2], a bad dtype, count or bounds records one
+ * message naming the op, the shapes and the fix, and returns poison. Samplers with the
+ * same key and arguments give the same numbers (the compiler may compute them once); use
+ * nb_rng_split or nb_rng_fold_in to get independent streams, e.g. one key per step with
+ * nb_rng_fold_in(key, step). Row i of nb_rng_split's i32[n,2] result is a key:
+ * nb_take(keys, nb_scalar_typed(tr, NB_DTYPE_I32, i), 0).
+ *
+ * No gradients flow through the nb_rng_* ops: their outputs, floats included, are
+ * constants to nb_grad, nb_vjp and nb_jvp (as a sample of jax.random is: a function of the
+ * key alone, which is an integer). Differentiate through the transformation instead, e.g.
+ * mu + sigma * nb_rng_normal(...) has gradients with respect to mu and sigma.
  */
 #ifndef NABLA_RANDOM_H
 #define NABLA_RANDOM_H
 
 #include "array.h"
 #include "core.h"
+#include "trace.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,6 +88,33 @@ NB_API nb_status nb_random_bernoulli(const nb_array *key, double p, int rank, co
  * element for element): rounds of sorting by fresh random 32-bit keys, stably. Allocates
  * 16 bytes per element of scratch. */
 NB_API nb_status nb_random_permutation(const nb_array *key, int64_t n, nb_array **out);
+
+/* ---- inside traces ------------------------------------------------------------------
+ * Twins of the calls above for a body being traced: key is an i32[2] var; each returns a
+ * var (or the trace's poison, with the sticky error recorded). Same parameters, ranges and
+ * bits as the eager call of the same name. The results have no gradient (see above). */
+
+/* n >= 1 keys as an i32[n, 2] var (row i is key i). */
+NB_API nb_var *nb_rng_split(nb_var *key, int64_t n);
+/* A new key from key and data, a rank-0 i32 or i64 var whose low 32 bits are used (an i64
+ * data d gives the key of nb_random_fold_in(key, (uint32_t)d)). */
+NB_API nb_var *nb_rng_fold_in(nb_var *key, nb_var *data);
+/* Random 32-bit words as an i32 var of the shape (rank 0: a scalar; shape may be NULL). */
+NB_API nb_var *nb_rng_bits(nb_var *key, int rank, const int64_t *shape);
+/* Uniform floats in [lo, hi): dtype NB_DTYPE_F32 or NB_DTYPE_F64; lo < hi, both finite. */
+NB_API nb_var *nb_rng_uniform(nb_var *key, nb_dtype dtype, int rank, const int64_t *shape,
+                              double lo, double hi);
+/* Standard normal floats (f32 or f64), as nb_random_normal. */
+NB_API nb_var *nb_rng_normal(nb_var *key, nb_dtype dtype, int rank, const int64_t *shape);
+/* Standard normal floats truncated to (lower, upper), as nb_random_truncated_normal. */
+NB_API nb_var *nb_rng_truncated_normal(nb_var *key, nb_dtype dtype, double lower, double upper,
+                                       int rank, const int64_t *shape);
+/* A bool var, true with probability p in [0, 1], as nb_random_bernoulli. */
+NB_API nb_var *nb_rng_bernoulli(nb_var *key, double p, int rank, const int64_t *shape);
+/* A random permutation of 0 .. n-1 (0 <= n <= 2^40) as an i64[n] var, as
+ * nb_random_permutation; the compiled function holds 16 bytes per element of scratch in its
+ * workspace (no allocation while it runs). */
+NB_API nb_var *nb_rng_permutation(nb_var *key, int64_t n);
 
 #ifdef __cplusplus
 }

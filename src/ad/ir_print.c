@@ -111,6 +111,21 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
     case NBI_OP_CALL_OUTPUT:
         nbi_sbuf_printf(s, " {index=%lld}", (long long)a->ivalue);
         break;
+    case NBI_OP_RNG_SPLIT:
+        nbi_sbuf_printf(s, " {n=%lld}", (long long)a->ivalue);
+        break;
+    case NBI_OP_RNG_UNIFORM:
+    case NBI_OP_RNG_TRUNCATED_NORMAL: { /* the second bound is a double's bits in b[0] */
+        double hi;
+        memcpy(&hi, &a->b[0], sizeof hi);
+        bool u = v->op == NBI_OP_RNG_UNIFORM;
+        nbi_sbuf_printf(s, " {%s=%.17g, %s=%.17g}", u ? "lo" : "lower", a->value,
+                        u ? "hi" : "upper", hi);
+        break;
+    }
+    case NBI_OP_RNG_BERNOULLI:
+        nbi_sbuf_printf(s, " {p=%.17g}", a->value);
+        break;
     case NBI_OP_FUSED: { /* {r0 = mul x0 x1; r1 = add r0 x2; r2 = tanh r1} */
         const nbi_fprog *p = a->callee;
         nbi_sbuf_puts(s, " {");

@@ -1,11 +1,15 @@
 /*
  * random.c -- Threefry-2x32 (20 rounds) keys and the streams made from them, as jax.random
- * with jax_threefry_partitionable (see include/nabla/random.h).
+ * with jax_threefry_partitionable (see include/nabla/random.h). The samplers work on raw
+ * buffers (random_internal.h) so that the eager calls here and the kernels of the traced
+ * ones (src/ad/op_random.c) run the same code.
  */
 #include "core/internal.h"
+#include "core/random_internal.h"
 
 #include <math.h>
 #include <nabla/random.h>
+#include <stdio.h>
 #include <string.h>
 
 static uint32_t nbi_rotl32(uint32_t x, int r) {
@@ -34,115 +38,27 @@ void nbi_threefry2x32(uint32_t k0, uint32_t k1, uint32_t x0, uint32_t x1, uint32
     *y1 = x1;
 }
 
-/* The two words of key, or an error naming fn. */
-static nb_status nbi_key_words(const nb_array *key, const char *fn, uint32_t *k0, uint32_t *k1) {
-    if (nb_array_check(key) != NB_OK) {
-        return NB_ERR_MISUSE;
-    }
-    if (key->dtype != NB_DTYPE_I32 || key->rank != 1 || key->shape[0] != 2) {
-        char sig[NBI_SIG_CAP];
-        nbi_sig(sig, sizeof sig, key->dtype, key->rank, key->shape);
-        return nbi_err(key->hdr.ctx, NB_ERR_SHAPE,
-                       "%s: a key is an i32[2] array, got %s (make one with nb_random_key, or "
-                       "take a row of nb_random_split's result)",
-                       fn, sig);
-    }
-    const int32_t *w = key->data;
-    *k0 = (uint32_t)w[0];
-    *k1 = (uint32_t)w[1];
-    return NB_OK;
-}
+/* ---- the samplers on raw buffers ---------------------------------------------------- */
 
-static nb_status nbi_key_new(nb_ctx *ctx, const char *fn, uint32_t k0, uint32_t k1,
-                             nb_array **out) {
-    int64_t two = 2;
-    nb_status st = nbi_array_new(ctx, fn, NB_DTYPE_I32, 1, &two, out);
-    if (st == NB_OK) {
-        int32_t *w = (*out)->data;
-        w[0] = (int32_t)k0;
-        w[1] = (int32_t)k1;
-    }
-    return st;
-}
-
-nb_status nb_random_key(nb_ctx *ctx, uint64_t seed, nb_array **out) {
-    if (out != NULL) {
-        *out = NULL;
-    }
-    if (ctx == NULL || out == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "nb_random_key: ctx or out is NULL");
-    }
-    return nbi_key_new(ctx, "nb_random_key", (uint32_t)(seed >> 32), (uint32_t)seed, out);
-}
-
-nb_status nb_random_split(const nb_array *key, int64_t n, nb_array **out) {
-    static const char fn[] = "nb_random_split";
-    if (out != NULL) {
-        *out = NULL;
-    }
-    uint32_t k0, k1;
-    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
-    if (st != NB_OK) {
-        return st;
-    }
-    if (n < 1 || n > (int64_t)1 << 32) {
-        return nbi_err(key->hdr.ctx, NB_ERR_INVALID, "%s: n is %lld; it must be between 1 and 2^32",
-                       fn, (long long)n);
-    }
-    int64_t shape[2] = {n, 2};
-    st = nbi_array_new(key->hdr.ctx, fn, NB_DTYPE_I32, 2, shape, out);
-    if (st != NB_OK) {
-        return st;
-    }
-    int32_t *w = (*out)->data;
+void nbi_rng_split(uint32_t k0, uint32_t k1, int64_t n, int32_t *out) {
     for (int64_t i = 0; i < n; i++) {
         uint32_t y0, y1;
         nbi_threefry2x32(k0, k1, 0, (uint32_t)i, &y0, &y1);
-        w[2 * i] = (int32_t)y0;
-        w[2 * i + 1] = (int32_t)y1;
+        out[2 * i] = (int32_t)y0;
+        out[2 * i + 1] = (int32_t)y1;
     }
-    return NB_OK;
 }
 
-nb_status nb_random_fold_in(const nb_array *key, uint32_t data, nb_array **out) {
-    static const char fn[] = "nb_random_fold_in";
-    if (out != NULL) {
-        *out = NULL;
-    }
-    uint32_t k0, k1, y0, y1;
-    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
-    if (st != NB_OK) {
-        return st;
-    }
+void nbi_rng_fold_in(uint32_t k0, uint32_t k1, uint32_t data, int32_t *out) {
+    uint32_t y0, y1;
     nbi_threefry2x32(k0, k1, 0, data, &y0, &y1);
-    return nbi_key_new(key->hdr.ctx, fn, y0, y1, out);
+    out[0] = (int32_t)y0;
+    out[1] = (int32_t)y1;
 }
 
 /* Element i's counter is i as a 64-bit number split into (high, low) words. */
 static void nbi_counter_words(uint32_t k0, uint32_t k1, int64_t i, uint32_t *y0, uint32_t *y1) {
     nbi_threefry2x32(k0, k1, (uint32_t)((uint64_t)i >> 32), (uint32_t)i, y0, y1);
-}
-
-nb_status nb_random_bits(const nb_array *key, int rank, const int64_t *shape, nb_array **out) {
-    static const char fn[] = "nb_random_bits";
-    if (out != NULL) {
-        *out = NULL;
-    }
-    uint32_t k0, k1;
-    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
-    if (st == NB_OK) {
-        st = nbi_array_new(key->hdr.ctx, fn, NB_DTYPE_I32, rank, shape, out);
-    }
-    if (st != NB_OK) {
-        return st;
-    }
-    int32_t *w = (*out)->data;
-    for (int64_t i = 0; i < (*out)->size; i++) {
-        uint32_t y0, y1;
-        nbi_counter_words(k0, k1, i, &y0, &y1);
-        w[i] = (int32_t)(y0 ^ y1);
-    }
-    return NB_OK;
 }
 
 /* Element i of the uniform stream in [lo, hi) (span = hi - lo, in the dtype). */
@@ -164,54 +80,6 @@ static double nbi_uniform_f64(uint32_t k0, uint32_t k1, int64_t i, double lo, do
     memcpy(&f, &b, sizeof f);
     double v = fma(f - 1.0, span, lo);
     return v > lo ? v : lo;
-}
-
-/* The prologue of the float samplers: key words, dtype check, the new array. */
-static nb_status nbi_sampler_begin(const nb_array *key, const char *fn, nb_dtype dtype, int rank,
-                                   const int64_t *shape, uint32_t *k0, uint32_t *k1,
-                                   nb_array **out) {
-    if (out != NULL) {
-        *out = NULL;
-    }
-    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, k0, k1);
-    if (st != NB_OK) {
-        return st;
-    }
-    if (dtype != NB_DTYPE_F32 && dtype != NB_DTYPE_F64) {
-        return nbi_err(key->hdr.ctx, NB_ERR_INVALID, "%s: dtype %s; samples are f32 or f64", fn,
-                       nb_dtype_name(dtype));
-    }
-    return nbi_array_new(key->hdr.ctx, fn, dtype, rank, shape, out);
-}
-
-nb_status nb_random_uniform(const nb_array *key, nb_dtype dtype, int rank, const int64_t *shape,
-                            double lo, double hi, nb_array **out) {
-    static const char fn[] = "nb_random_uniform";
-    if (out != NULL) {
-        *out = NULL;
-    }
-    if (nb_array_check(key) == NB_OK && (!isfinite(lo) || !isfinite(hi) || !(lo < hi))) {
-        return nbi_err(key->hdr.ctx, NB_ERR_INVALID,
-                       "%s: bounds [%g, %g) must be finite with lo < hi", fn, lo, hi);
-    }
-    uint32_t k0, k1;
-    nb_status st = nbi_sampler_begin(key, fn, dtype, rank, shape, &k0, &k1, out);
-    if (st != NB_OK) {
-        return st;
-    }
-    int64_t n = (*out)->size;
-    if (dtype == NB_DTYPE_F32) {
-        float *o = (*out)->data, flo = (float)lo, span = (float)hi - (float)lo;
-        for (int64_t i = 0; i < n; i++) {
-            o[i] = nbi_uniform_f32(k0, k1, i, flo, span);
-        }
-    } else {
-        double *o = (*out)->data;
-        for (int64_t i = 0; i < n; i++) {
-            o[i] = nbi_uniform_f64(k0, k1, i, lo, hi - lo);
-        }
-    }
-    return NB_OK;
 }
 
 /* erf^-1(u) for -1 < u < 1: M. Giles's single-precision approximation ("Approximating the
@@ -249,91 +117,110 @@ static double nbi_erfinv(double u) {
     return x;
 }
 
-nb_status nb_random_normal(const nb_array *key, nb_dtype dtype, int rank, const int64_t *shape,
-                           nb_array **out) {
-    uint32_t k0, k1;
-    nb_status st = nbi_sampler_begin(key, "nb_random_normal", dtype, rank, shape, &k0, &k1, out);
-    if (st != NB_OK) {
-        return st;
+nb_dtype nbi_rng_dtype(nbi_rng_kind kind, nb_dtype dtype) {
+    switch (kind) {
+    case NBI_RNG_BITS:
+        return NB_DTYPE_I32;
+    case NBI_RNG_BERNOULLI:
+        return NB_DTYPE_BOOL;
+    default:
+        return dtype;
     }
-    int64_t n = (*out)->size;
-    if (dtype == NB_DTYPE_F32) { /* u uniform in the open interval (-1, 1), as JAX */
-        float *o = (*out)->data, lo = nextafterf(-1.0f, 1.0f), span = 1.0f - lo;
-        for (int64_t i = 0; i < n; i++) {
-            o[i] =
-                (float)1.4142135623730951 * (float)nbi_erfinv(nbi_uniform_f32(k0, k1, i, lo, span));
-        }
-    } else {
-        double *o = (*out)->data, lo = nextafter(-1.0, 1.0), span = 1.0 - lo;
-        for (int64_t i = 0; i < n; i++) {
-            o[i] = 1.4142135623730951 * nbi_erfinv(nbi_uniform_f64(k0, k1, i, lo, span));
-        }
+}
+
+nb_status nbi_rng_check(nbi_rng_kind kind, nb_dtype dtype, double a, double b, char *msg,
+                        size_t cap) {
+    bool is_float =
+        kind == NBI_RNG_UNIFORM || kind == NBI_RNG_NORMAL || kind == NBI_RNG_TRUNCATED_NORMAL;
+    if (is_float && dtype != NB_DTYPE_F32 && dtype != NB_DTYPE_F64) {
+        snprintf(msg, cap, "dtype %s; samples are f32 or f64 (NB_DTYPE_F32 or NB_DTYPE_F64)",
+                 nb_dtype_name(dtype));
+        return NB_ERR_INVALID;
+    }
+    if (kind == NBI_RNG_UNIFORM && (!isfinite(a) || !isfinite(b) || !(a < b))) {
+        snprintf(msg, cap, "bounds [%g, %g) must be finite with lo < hi", a, b);
+        return NB_ERR_INVALID;
+    }
+    if (kind == NBI_RNG_TRUNCATED_NORMAL && !(a < b)) {
+        snprintf(msg, cap, "bounds [%g, %g]: lower must be below upper", a, b);
+        return NB_ERR_INVALID;
+    }
+    if (kind == NBI_RNG_BERNOULLI && !(a >= 0.0 && a <= 1.0)) {
+        snprintf(msg, cap, "p is %g; a probability is in [0, 1]", a);
+        return NB_ERR_INVALID;
     }
     return NB_OK;
 }
 
-nb_status nb_random_truncated_normal(const nb_array *key, nb_dtype dtype, double lower,
-                                     double upper, int rank, const int64_t *shape, nb_array **out) {
-    static const char fn[] = "nb_random_truncated_normal";
-    if (out != NULL) {
-        *out = NULL;
-    }
-    if (nb_array_check(key) == NB_OK && !(lower < upper)) {
-        return nbi_err(key->hdr.ctx, NB_ERR_INVALID,
-                       "%s: bounds [%g, %g]: lower must be below upper", fn, lower, upper);
-    }
-    uint32_t k0, k1;
-    nb_status st = nbi_sampler_begin(key, fn, dtype, rank, shape, &k0, &k1, out);
-    if (st != NB_OK) {
-        return st;
-    }
-    /* JAX's form: u uniform in [erf(lower/sqrt2), erf(upper/sqrt2)), sqrt2 erfinv(u),
-     * clipped strictly inside (lower, upper) */
+void nbi_rng_fill(nbi_rng_kind kind, nb_dtype dtype, double a, double b, uint32_t k0, uint32_t k1,
+                  void *out, int64_t first, int64_t n) {
     const double s2 = 1.4142135623730951;
-    int64_t n = (*out)->size;
-    if (dtype == NB_DTYPE_F32) {
-        float *o = (*out)->data, a = (float)erf(lower / s2), b = (float)erf(upper / s2);
-        float lo = nextafterf((float)lower, INFINITY), hi = nextafterf((float)upper, -INFINITY);
-        for (int64_t i = 0; i < n; i++) {
-            float v = (float)s2 * (float)nbi_erfinv(nbi_uniform_f32(k0, k1, i, a, b - a));
-            o[i] = v < lo ? lo : v > hi ? hi : v;
+    int64_t end = first + n;
+    bool f32 = dtype == NB_DTYPE_F32;
+    switch (kind) {
+    case NBI_RNG_BITS: {
+        int32_t *o = out;
+        for (int64_t i = first; i < end; i++) {
+            uint32_t y0, y1;
+            nbi_counter_words(k0, k1, i, &y0, &y1);
+            o[i] = (int32_t)(y0 ^ y1);
         }
-    } else {
-        double *o = (*out)->data, a = erf(lower / s2), b = erf(upper / s2);
-        double lo = nextafter(lower, INFINITY), hi = nextafter(upper, -INFINITY);
-        for (int64_t i = 0; i < n; i++) {
-            double v = s2 * nbi_erfinv(nbi_uniform_f64(k0, k1, i, a, b - a));
-            o[i] = v < lo ? lo : v > hi ? hi : v;
+        break;
+    }
+    case NBI_RNG_UNIFORM:
+        if (f32) {
+            float *o = out, lo = (float)a, span = (float)b - (float)a;
+            for (int64_t i = first; i < end; i++) {
+                o[i] = nbi_uniform_f32(k0, k1, i, lo, span);
+            }
+        } else {
+            double *o = out;
+            for (int64_t i = first; i < end; i++) {
+                o[i] = nbi_uniform_f64(k0, k1, i, a, b - a);
+            }
         }
+        break;
+    case NBI_RNG_NORMAL: /* u uniform in the open interval (-1, 1), as JAX */
+        if (f32) {
+            float *o = out, lo = nextafterf(-1.0f, 1.0f), span = 1.0f - lo;
+            for (int64_t i = first; i < end; i++) {
+                o[i] = (float)s2 * (float)nbi_erfinv(nbi_uniform_f32(k0, k1, i, lo, span));
+            }
+        } else {
+            double *o = out, lo = nextafter(-1.0, 1.0), span = 1.0 - lo;
+            for (int64_t i = first; i < end; i++) {
+                o[i] = s2 * nbi_erfinv(nbi_uniform_f64(k0, k1, i, lo, span));
+            }
+        }
+        break;
+    case NBI_RNG_TRUNCATED_NORMAL:
+        /* JAX's form: u uniform in [erf(lower/sqrt2), erf(upper/sqrt2)), sqrt2 erfinv(u),
+         * clipped strictly inside (lower, upper) */
+        if (f32) {
+            float *o = out, ea = (float)erf(a / s2), eb = (float)erf(b / s2);
+            float lo = nextafterf((float)a, INFINITY), hi = nextafterf((float)b, -INFINITY);
+            for (int64_t i = first; i < end; i++) {
+                float v = (float)s2 * (float)nbi_erfinv(nbi_uniform_f32(k0, k1, i, ea, eb - ea));
+                o[i] = v < lo ? lo : v > hi ? hi : v;
+            }
+        } else {
+            double *o = out, ea = erf(a / s2), eb = erf(b / s2);
+            double lo = nextafter(a, INFINITY), hi = nextafter(b, -INFINITY);
+            for (int64_t i = first; i < end; i++) {
+                double v = s2 * nbi_erfinv(nbi_uniform_f64(k0, k1, i, ea, eb - ea));
+                o[i] = v < lo ? lo : v > hi ? hi : v;
+            }
+        }
+        break;
+    case NBI_RNG_BERNOULLI: {
+        uint8_t *o = out;
+        float fp = (float)a;
+        for (int64_t i = first; i < end; i++) { /* uniform f32 in [0, 1) < p, as JAX */
+            o[i] = nbi_uniform_f32(k0, k1, i, 0.0f, 1.0f) < fp;
+        }
+        break;
     }
-    return NB_OK;
-}
-
-nb_status nb_random_bernoulli(const nb_array *key, double p, int rank, const int64_t *shape,
-                              nb_array **out) {
-    static const char fn[] = "nb_random_bernoulli";
-    if (out != NULL) {
-        *out = NULL;
     }
-    uint32_t k0, k1;
-    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
-    if (st != NB_OK) {
-        return st;
-    }
-    if (!(p >= 0.0 && p <= 1.0)) {
-        return nbi_err(key->hdr.ctx, NB_ERR_INVALID, "%s: p is %g; a probability is in [0, 1]", fn,
-                       p);
-    }
-    st = nbi_array_new(key->hdr.ctx, fn, NB_DTYPE_BOOL, rank, shape, out);
-    if (st != NB_OK) {
-        return st;
-    }
-    uint8_t *o = (*out)->data;
-    float fp = (float)p;
-    for (int64_t i = 0; i < (*out)->size; i++) { /* uniform f32 in [0, 1) < p, as JAX */
-        o[i] = nbi_uniform_f32(k0, k1, i, 0.0f, 1.0f) < fp;
-    }
-    return NB_OK;
 }
 
 /* Sort idx[0..n) by key (ascending; equal keys keep their order): a merge sort through tmp. */
@@ -353,33 +240,15 @@ static void nbi_sort_by_key(uint32_t *key, int64_t *idx, uint32_t *tkey, int64_t
     }
 }
 
-nb_status nb_random_permutation(const nb_array *key, int64_t n, nb_array **out) {
-    static const char fn[] = "nb_random_permutation";
-    if (out != NULL) {
-        *out = NULL;
+size_t nbi_rng_permutation_scratch(int64_t n) {
+    return (size_t)n * (2 * sizeof(uint32_t) + sizeof(int64_t));
+}
+
+void nbi_rng_permutation(uint32_t k0, uint32_t k1, int64_t n, int64_t *idx, void *scratch) {
+    if (n <= 0) {
+        return;
     }
-    uint32_t k0, k1;
-    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
-    if (st != NB_OK) {
-        return st;
-    }
-    nb_ctx *ctx = key->hdr.ctx;
-    if (n < 0 || n > ((int64_t)1 << 40)) {
-        return nbi_err(ctx, NB_ERR_INVALID, "%s: n is %lld; it must be between 0 and 2^40", fn,
-                       (long long)n);
-    }
-    st = nbi_array_new(ctx, fn, NB_DTYPE_I64, 1, &n, out);
-    if (st != NB_OK || n == 0) {
-        return st;
-    }
-    size_t bytes = (size_t)n * (2 * sizeof(uint32_t) + sizeof(int64_t));
-    unsigned char *tmp = nbi_alloc(ctx, bytes, 8);
-    if (tmp == NULL) {
-        nb_array_destroy(*out);
-        *out = NULL;
-        return nbi_oom(ctx, fn, bytes);
-    }
-    int64_t *idx = (*out)->data, *tidx = (int64_t *)(void *)tmp;
+    int64_t *tidx = scratch;
     uint32_t *sk = (uint32_t *)(void *)(tidx + n), *tkey = sk + n;
     for (int64_t i = 0; i < n; i++) {
         idx[i] = i;
@@ -400,6 +269,162 @@ nb_status nb_random_permutation(const nb_array *key, int64_t n, nb_array **out) 
         k0 = n0;
         k1 = n1;
     }
+}
+
+/* ---- the eager calls ---------------------------------------------------------------- */
+
+/* The two words of key, or an error naming fn. */
+static nb_status nbi_key_words(const nb_array *key, const char *fn, uint32_t *k0, uint32_t *k1) {
+    if (nb_array_check(key) != NB_OK) {
+        return NB_ERR_MISUSE;
+    }
+    if (key->dtype != NB_DTYPE_I32 || key->rank != 1 || key->shape[0] != 2) {
+        char sig[NBI_SIG_CAP];
+        nbi_sig(sig, sizeof sig, key->dtype, key->rank, key->shape);
+        return nbi_err(key->hdr.ctx, NB_ERR_SHAPE,
+                       "%s: a key is an i32[2] array, got %s (make one with nb_random_key, or "
+                       "take a row of nb_random_split's result)",
+                       fn, sig);
+    }
+    const int32_t *w = key->data;
+    *k0 = (uint32_t)w[0];
+    *k1 = (uint32_t)w[1];
+    return NB_OK;
+}
+
+static nb_status nbi_key_new(nb_ctx *ctx, const char *fn, const int32_t *words, nb_array **out) {
+    int64_t two = 2;
+    nb_status st = nbi_array_new(ctx, fn, NB_DTYPE_I32, 1, &two, out);
+    if (st == NB_OK) {
+        memcpy((*out)->data, words, 2 * sizeof(int32_t));
+    }
+    return st;
+}
+
+nb_status nb_random_key(nb_ctx *ctx, uint64_t seed, nb_array **out) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (ctx == NULL || out == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE, "nb_random_key: ctx or out is NULL");
+    }
+    int32_t w[2] = {(int32_t)(uint32_t)(seed >> 32), (int32_t)(uint32_t)seed};
+    return nbi_key_new(ctx, "nb_random_key", w, out);
+}
+
+nb_status nb_random_split(const nb_array *key, int64_t n, nb_array **out) {
+    static const char fn[] = "nb_random_split";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    uint32_t k0, k1;
+    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    if (st != NB_OK) {
+        return st;
+    }
+    if (n < 1 || n > NBI_RNG_SPLIT_MAX) {
+        return nbi_err(key->hdr.ctx, NB_ERR_INVALID, "%s: n is %lld; it must be between 1 and 2^32",
+                       fn, (long long)n);
+    }
+    int64_t shape[2] = {n, 2};
+    st = nbi_array_new(key->hdr.ctx, fn, NB_DTYPE_I32, 2, shape, out);
+    if (st == NB_OK) {
+        nbi_rng_split(k0, k1, n, (*out)->data);
+    }
+    return st;
+}
+
+nb_status nb_random_fold_in(const nb_array *key, uint32_t data, nb_array **out) {
+    static const char fn[] = "nb_random_fold_in";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    uint32_t k0, k1;
+    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    if (st != NB_OK) {
+        return st;
+    }
+    int32_t w[2];
+    nbi_rng_fold_in(k0, k1, data, w);
+    return nbi_key_new(key->hdr.ctx, fn, w, out);
+}
+
+/* The samplers of nbi_rng_fill: key words, parameter checks, the new array, the fill. */
+static nb_status nbi_sample(const nb_array *key, const char *fn, nbi_rng_kind kind, nb_dtype dtype,
+                            double a, double b, int rank, const int64_t *shape, nb_array **out) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    uint32_t k0, k1;
+    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    if (st != NB_OK) {
+        return st;
+    }
+    char msg[256];
+    st = nbi_rng_check(kind, dtype, a, b, msg, sizeof msg);
+    if (st != NB_OK) {
+        return nbi_err(key->hdr.ctx, st, "%s: %s", fn, msg);
+    }
+    st = nbi_array_new(key->hdr.ctx, fn, nbi_rng_dtype(kind, dtype), rank, shape, out);
+    if (st == NB_OK) {
+        nbi_rng_fill(kind, dtype, a, b, k0, k1, (*out)->data, 0, (*out)->size);
+    }
+    return st;
+}
+
+nb_status nb_random_bits(const nb_array *key, int rank, const int64_t *shape, nb_array **out) {
+    return nbi_sample(key, "nb_random_bits", NBI_RNG_BITS, NB_DTYPE_I32, 0, 0, rank, shape, out);
+}
+
+nb_status nb_random_uniform(const nb_array *key, nb_dtype dtype, int rank, const int64_t *shape,
+                            double lo, double hi, nb_array **out) {
+    return nbi_sample(key, "nb_random_uniform", NBI_RNG_UNIFORM, dtype, lo, hi, rank, shape, out);
+}
+
+nb_status nb_random_normal(const nb_array *key, nb_dtype dtype, int rank, const int64_t *shape,
+                           nb_array **out) {
+    return nbi_sample(key, "nb_random_normal", NBI_RNG_NORMAL, dtype, 0, 0, rank, shape, out);
+}
+
+nb_status nb_random_truncated_normal(const nb_array *key, nb_dtype dtype, double lower,
+                                     double upper, int rank, const int64_t *shape, nb_array **out) {
+    return nbi_sample(key, "nb_random_truncated_normal", NBI_RNG_TRUNCATED_NORMAL, dtype, lower,
+                      upper, rank, shape, out);
+}
+
+nb_status nb_random_bernoulli(const nb_array *key, double p, int rank, const int64_t *shape,
+                              nb_array **out) {
+    return nbi_sample(key, "nb_random_bernoulli", NBI_RNG_BERNOULLI, NB_DTYPE_BOOL, p, 0, rank,
+                      shape, out);
+}
+
+nb_status nb_random_permutation(const nb_array *key, int64_t n, nb_array **out) {
+    static const char fn[] = "nb_random_permutation";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    uint32_t k0, k1;
+    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_ctx *ctx = key->hdr.ctx;
+    if (n < 0 || n > NBI_RNG_PERM_MAX) {
+        return nbi_err(ctx, NB_ERR_INVALID, "%s: n is %lld; it must be between 0 and 2^40", fn,
+                       (long long)n);
+    }
+    st = nbi_array_new(ctx, fn, NB_DTYPE_I64, 1, &n, out);
+    if (st != NB_OK || n == 0) {
+        return st;
+    }
+    size_t bytes = nbi_rng_permutation_scratch(n);
+    void *tmp = nbi_alloc(ctx, bytes, 8);
+    if (tmp == NULL) {
+        nb_array_destroy(*out);
+        *out = NULL;
+        return nbi_oom(ctx, fn, bytes);
+    }
+    nbi_rng_permutation(k0, k1, n, (*out)->data, tmp);
     nbi_free(ctx, tmp, bytes);
     return NB_OK;
 }

@@ -12,7 +12,8 @@
  *
  * Tolerances (relative to the reference, plus the same amount times the inputs' scale as
  * an absolute floor for results near 0):
- *   - exact: integer and bool results, shape ops, selects, casts, comparisons, max/min;
+ *   - exact: integer and bool results, shape ops, selects, casts, comparisons, max/min,
+ *     and the random samplers (against their eager twins, the same bits);
  *   - 4 ulp of the result dtype for single correctly-rounded or SLEEF u10 (<= 1 ulp)
  *     functions and for tanh (SLEEF u35, <= 3.5 ulp), 16 ulp for ones composed of several roundings
  * (sigmoid, softplus, gelu, rsqrt, pow);
@@ -488,6 +489,133 @@ static double rf_id(double x) {
 /* identity has no public builder: gradient transforms emit it (src/ad/transforms.c) */
 static nb_var *nbt_identity(nb_var *x) {
     return nbi_emit(nb_var_trace(x), NBI_OP_IDENTITY, 1, &x, NULL);
+}
+
+/* ---- random numbers: the traced samplers against their eager twins ------------------ */
+/* The reference of an nb_rng_* op is the eager nb_random_* call on the same key value,
+ * which tests/core/test_random.c checks against JAX; the results must be the same bits
+ * (TOL_EXACT). c->ip[0] = rank, c->lp[0] = shape (or lp[0][0] = n for split and
+ * permutation), c->to = dtype, c->ip[1] = the row of RNG_BOUNDS. */
+static const double RNG_BOUNDS[][2] = {{0, 1},   {-2, 3}, {-2, 1}, {0.5, INFINITY},
+                                       {0.3, 0}, {0, 0},  {1, 0}};
+static nb_var *b_rng(nb_trace *tr, nb_var *const *in, const tcase *c) {
+    (void)tr;
+    const double *bd = RNG_BOUNDS[c->ip[1]];
+    switch (c->op) {
+    case NBI_OP_RNG_SPLIT:
+        return nb_rng_split(in[0], c->lp[0][0]);
+    case NBI_OP_RNG_FOLD_IN:
+        return nb_rng_fold_in(in[0], in[1]);
+    case NBI_OP_RNG_BITS:
+        return nb_rng_bits(in[0], c->ip[0], c->lp[0]);
+    case NBI_OP_RNG_UNIFORM:
+        return nb_rng_uniform(in[0], c->to, c->ip[0], c->lp[0], bd[0], bd[1]);
+    case NBI_OP_RNG_NORMAL:
+        return nb_rng_normal(in[0], c->to, c->ip[0], c->lp[0]);
+    case NBI_OP_RNG_TRUNCATED_NORMAL:
+        return nb_rng_truncated_normal(in[0], c->to, bd[0], bd[1], c->ip[0], c->lp[0]);
+    case NBI_OP_RNG_BERNOULLI:
+        return nb_rng_bernoulli(in[0], bd[0], c->ip[0], c->lp[0]);
+    default:
+        return nb_rng_permutation(in[0], c->lp[0][0]);
+    }
+}
+static void r_rng(const rarr *in, int n, rarr *out, const tcase *c) {
+    (void)n;
+    nb_ctx *ctx = NULL;
+    nb_array *key = NULL, *a = NULL;
+    NBT_OK(ctx, nb_ctx_create(NULL, &ctx));
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, &key));
+    ((int32_t *)nb_array_data(key))[0] = (int32_t)in[0].v[0];
+    ((int32_t *)nb_array_data(key))[1] = (int32_t)in[0].v[1];
+    const double *bd = RNG_BOUNDS[c->ip[1]];
+    switch (c->op) {
+    case NBI_OP_RNG_SPLIT:
+        NBT_OK(ctx, nb_random_split(key, c->lp[0][0], &a));
+        break;
+    case NBI_OP_RNG_FOLD_IN: /* the low 32 bits of the data */
+        NBT_OK(ctx, nb_random_fold_in(key, (uint32_t)(int64_t)in[1].v[0], &a));
+        break;
+    case NBI_OP_RNG_BITS:
+        NBT_OK(ctx, nb_random_bits(key, c->ip[0], c->lp[0], &a));
+        break;
+    case NBI_OP_RNG_UNIFORM:
+        NBT_OK(ctx, nb_random_uniform(key, c->to, c->ip[0], c->lp[0], bd[0], bd[1], &a));
+        break;
+    case NBI_OP_RNG_NORMAL:
+        NBT_OK(ctx, nb_random_normal(key, c->to, c->ip[0], c->lp[0], &a));
+        break;
+    case NBI_OP_RNG_TRUNCATED_NORMAL:
+        NBT_OK(ctx, nb_random_truncated_normal(key, c->to, bd[0], bd[1], c->ip[0], c->lp[0], &a));
+        break;
+    case NBI_OP_RNG_BERNOULLI:
+        NBT_OK(ctx, nb_random_bernoulli(key, bd[0], c->ip[0], c->lp[0], &a));
+        break;
+    default:
+        NBT_OK(ctx, nb_random_permutation(key, c->lp[0][0], &a));
+        break;
+    }
+    out->rank = nb_array_rank(a);
+    memcpy(out->shape, nb_array_shape(a), (size_t)out->rank * sizeof(int64_t));
+    out->n = nb_array_size(a);
+    for (int64_t i = 0; i < out->n; i++) {
+        NBT_OK(ctx, nb_array_get_flat(a, i, &out->v[i]));
+    }
+    nb_array_destroy(a);
+    nb_array_destroy(key);
+    nb_ctx_destroy(ctx);
+}
+
+static void rng_cases(void) {
+    static const struct {
+        int rank;
+        int64_t shape[3];
+    } S[] = {{0, {0}}, {1, {0}}, {2, {3, 4}}, {3, {2, 3, 5}}, {2, {100, 170}}};
+    static const int64_t ns[] = {1, 5};
+    for (size_t i = 0; i < 2; i++) {
+        tcase *c = add_case(NBI_OP_RNG_SPLIT, 1, b_rng, r_rng, TOL_EXACT, 0);
+        set_in(c, 0, NB_DTYPE_I32, DOM_ANY, 1, (int64_t[]){2});
+        c->lp[0][0] = ns[i];
+        snprintf(c->label, sizeof c->label, "rng_split n=%lld", (long long)ns[i]);
+    }
+    for (int k = 0; k < 2; k++) {
+        nb_dtype d = k ? NB_DTYPE_I64 : NB_DTYPE_I32;
+        tcase *c = add_case(NBI_OP_RNG_FOLD_IN, 2, b_rng, r_rng, TOL_EXACT, 0);
+        set_in(c, 0, NB_DTYPE_I32, DOM_ANY, 1, (int64_t[]){2});
+        set_in(c, 1, d, DOM_ANY, 0, NULL);
+        snprintf(c->label, sizeof c->label, "rng_fold_in data %s", nb_dtype_name(d));
+    }
+    static const nbi_op samplers[] = {NBI_OP_RNG_BITS, NBI_OP_RNG_UNIFORM, NBI_OP_RNG_NORMAL,
+                                      NBI_OP_RNG_TRUNCATED_NORMAL, NBI_OP_RNG_BERNOULLI};
+    for (size_t o = 0; o < sizeof samplers / sizeof samplers[0]; o++) {
+        for (size_t s = 0; s < sizeof S / sizeof S[0]; s++) {
+            for (int k = 0; k < 2; k++) {
+                nbi_op op = samplers[o];
+                bool has_dtype = op != NBI_OP_RNG_BITS && op != NBI_OP_RNG_BERNOULLI;
+                if (k == 1 && !has_dtype && op != NBI_OP_RNG_BERNOULLI) {
+                    continue;
+                }
+                tcase *c = add_case(op, 1, b_rng, r_rng, TOL_EXACT, 0);
+                set_in(c, 0, NB_DTYPE_I32, DOM_ANY, 1, (int64_t[]){2});
+                c->ip[0] = S[s].rank;
+                memcpy(c->lp[0], S[s].shape, sizeof S[s].shape);
+                c->to = k ? NB_DTYPE_F64 : NB_DTYPE_F32;
+                c->ip[1] = op == NBI_OP_RNG_UNIFORM            ? k
+                           : op == NBI_OP_RNG_TRUNCATED_NORMAL ? 2 + k
+                           : op == NBI_OP_RNG_BERNOULLI        ? (int)(4 + (s + k) % 3)
+                                                               : 0;
+                snprintf(c->label, sizeof c->label, "%s %s rank %d #%zu bounds %d", nbi_op_name(op),
+                         has_dtype ? nb_dtype_name(c->to) : "", S[s].rank, s, c->ip[1]);
+            }
+        }
+    }
+    static const int64_t pn[] = {0, 1, 10, 37, 3000};
+    for (size_t i = 0; i < sizeof pn / sizeof pn[0]; i++) {
+        tcase *c = add_case(NBI_OP_RNG_PERMUTATION, 1, b_rng, r_rng, TOL_EXACT, 0);
+        set_in(c, 0, NB_DTYPE_I32, DOM_ANY, 1, (int64_t[]){2});
+        c->lp[0][0] = pn[i];
+        snprintf(c->label, sizeof c->label, "rng_permutation n=%lld", (long long)pn[i]);
+    }
 }
 
 /* ---- reductions --------------------------------------------------------------------- */
@@ -1282,6 +1410,8 @@ static void build_specs(void) {
             snprintf(c->label, sizeof c->label, "matmul %s #%zu", nb_dtype_name(NUMERIC[k]), s);
         }
     }
+    /* random numbers */
+    rng_cases();
 }
 
 /* ---- running a case ----------------------------------------------------------------- */

@@ -96,6 +96,15 @@ static const struct {
     {NBI_OP_ONE_HOT, "its only input is integer indices (one_hot case checks a null cotangent)"},
     {NBI_OP_FUSED, "made by the fusion pass after autodiff: gradients are taken of the "
                    "unfused ops"},
+    {NBI_OP_RNG_SPLIT, "integer key in, integer keys out"},
+    {NBI_OP_RNG_FOLD_IN, "integer key and data in, integer key out"},
+    {NBI_OP_RNG_BITS, "integer key in, integer output"},
+    {NBI_OP_RNG_UNIFORM, "a sample: a function of the integer key alone, a constant to "
+                         "autodiff (random.h; tests/core/test_random_trace.c checks grad)"},
+    {NBI_OP_RNG_NORMAL, "a sample of the integer key: a constant to autodiff (random.h)"},
+    {NBI_OP_RNG_TRUNCATED_NORMAL, "a sample of the integer key: a constant to autodiff"},
+    {NBI_OP_RNG_BERNOULLI, "bool output"},
+    {NBI_OP_RNG_PERMUTATION, "integer output"},
 };
 
 /* ---- cases -------------------------------------------------------------------------- */
