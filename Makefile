@@ -2,7 +2,7 @@
 #
 #   make / make build   install missing Debian packages, configure build/ once, build
 #   make test           build, then every ctest suite (output on failure, -j2)
-#   make run            build, then ./build/tools/nabla demo
+#   make run            build, then ./build/tools/nabla train (the training demo)
 #   make bench          build, then run every program in build/benchmarks/
 #   make asan           the same build in build-asan/ with ASan + UBSan
 #   make test-asan      asan, then every ctest suite there
@@ -45,7 +45,7 @@ test: build
 	$(RUN) $(CTEST) --preset default -j $(JOBS)
 
 run: build
-	./build/tools/nabla demo
+	./build/tools/nabla train
 
 # Every benchmark, each printing its own table (peers in benchmarks/peers/ run when their
 # virtualenv exists: see benchmarks/README.md).

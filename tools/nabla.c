@@ -1,12 +1,14 @@
 /*
  * nabla -- the command-line tool.
  *
+ *     nabla train      an MLP trained on the UCI digits with Adam: one jitted, donated
+ *                      train step (what `make run` shows); see train.c
  *     nabla demo       a tour of arrays and pytrees, then an MLP forward traced, compiled
- *                      and run on the digits data (what `make run` shows)
+ *                      and run on the digits data
  *     nabla version    the library version
- *
- * Later issues add `train` and `bench`.
  */
+#include "commands.h"
+
 #include <nabla/nabla.h>
 
 #include <math.h>
@@ -444,6 +446,8 @@ static int cmd_demo(const char *data_dir) {
 static void usage(FILE *f) {
     fprintf(f, "usage: nabla <command>\n\n"
                "commands:\n"
+               "  train [options]     train an MLP on the UCI digits with Adam (see\n"
+               "                      nabla train --help)\n"
                "  demo [--data DIR]   a tour of arrays and pytrees, then an MLP forward on\n"
                "                      DIR/digits.csv.gz (default DIR: data)\n"
                "  version   print the library version\n");
@@ -453,6 +457,9 @@ int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (strcmp(argv[1], "train") == 0) {
+        return nabla_cmd_train(argc - 2, argv + 2);
     }
     if (strcmp(argv[1], "demo") == 0) {
         const char *data_dir = "data";

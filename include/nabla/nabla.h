@@ -17,8 +17,13 @@
  *     nabla/trace.h  -- symbolic values (nb_var) and the primitive ops that build the IR
  *     nabla/fn.h     -- functions, filtered jit, the compile cache, trace accounting
  *     nabla/ad.h     -- grad, value_and_grad, vjp, jvp (filtered: null slots)
- *     nabla/data.h   -- loading data sets (CSV, plain or gzip)
- *     nabla/random.h -- Threefry-2x32 keys: split, fold_in, bits, uniform (as jax.random)
+ *     nabla/data.h   -- data sets: CSV (plain or gzip), train/test split, standardising,
+ *                       shuffled minibatches from a key
+ *     nabla/random.h -- Threefry-2x32 keys and samplers, eager and traced (as jax.random)
+ *     nabla/optim.h  -- optimizers as gradient transformations (Optax's), schedules,
+ *                       apply_updates; state from the gradient template
+ *     nabla/nn.h     -- layers as pytrees (Linear, MLP, LayerNorm, Embedding, Dropout,
+ *                       Conv2d, Sequential) with Equinox's initialisation
  *
  * Rules that hold everywhere (details in core.h):
  *     - every fallible call returns an nb_status; results come back in out-parameters;
@@ -83,6 +88,7 @@
 #include "core.h"
 #include "data.h"
 #include "fn.h"
+#include "nn.h"
 #include "optim.h"
 #include "random.h"
 #include "trace.h"

@@ -1208,6 +1208,115 @@ static void test_errors(void **unused) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- out of memory: every allocation of a build / init / update / apply scenario -------- */
+static nb_status scenario_optim(nb_ctx *ctx) {
+    nb_tree *params = NULL, *tmpl = NULL, *state = NULL, *grads = NULL, *updates = NULL;
+    nb_tree *ns = NULL, *np = NULL, *parts[3] = {NULL, NULL, NULL}, *opt = NULL, *t = NULL;
+    nb_tree *f = NULL, *mask = NULL, *masked = NULL, *sched = NULL;
+    nb_array *w = NULL, *b = NULL;
+    nb_status st = nb_array_full(ctx, NB_DTYPE_F32, 2, (int64_t[]){3, 2}, 0.5, &w);
+    if (st == NB_OK) {
+        st = nb_array_full(ctx, NB_DTYPE_F32, 1, (int64_t[]){2}, 0.25, &b);
+    }
+    nb_tree *lw = NULL, *lb = NULL;
+    if (st == NB_OK) {
+        st = nb_tree_array(w, &lw);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_array(b, &lb);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_dict(ctx, 2, (const char *[]){"w", "b"}, (nb_tree *[]){lw, lb}, &params);
+    }
+    if (st == NB_OK) {
+        st = nb_grad_template(params, NULL, &tmpl);
+    }
+    if (st == NB_OK) {
+        st = nb_schedule_cosine_decay(ctx, 0.1, 10, 0.0, 1.0, &sched);
+    }
+    nb_optim_opts o = nb_optim_opts_default();
+    o.schedule = sched;
+    if (st == NB_OK) {
+        st = nb_optim_clip_by_global_norm(ctx, 1.0, &parts[0]);
+    }
+    if (st == NB_OK) {
+        st = nb_optim_adamw(ctx, 0.0, &o, &parts[1]);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_bool(ctx, true, &t);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_bool(ctx, false, &f);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_dict(ctx, 2, (const char *[]){"w", "b"}, (nb_tree *[]){t, f}, &mask);
+    }
+    if (st == NB_OK) {
+        st = nb_optim_masked(parts[1], mask, &masked);
+    }
+    if (st == NB_OK) {
+        st = nb_optim_sgd(ctx, 0.1, NULL, &parts[2]);
+    }
+    if (st == NB_OK) {
+        st = nb_optim_chain(ctx, 3, (const nb_tree *const[]){parts[0], masked, parts[2]}, &opt);
+    }
+    if (st == NB_OK) {
+        st = nb_optim_init(opt, tmpl, &state);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_map(tmpl, fill_cb, &(int){0}, 0, &grads);
+    }
+    if (st == NB_OK) {
+        st = nb_optim_update_eager(opt, grads, state, params, &updates, &ns);
+    }
+    if (st == NB_OK) {
+        st = nb_apply_updates_eager(params, updates, &np);
+    }
+    double v = 0.0;
+    if (st == NB_OK) {
+        st = nb_optim_get_hyper(ns, "weight_decay", &v);
+    }
+    nb_tree *ts[] = {params,   tmpl, state, grads, updates, ns,     np,    parts[0], parts[1],
+                     parts[2], opt,  t,     f,     mask,    masked, sched, lw,       lb};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        nb_tree_destroy(ts[i]);
+    }
+    nb_array_destroy(w);
+    nb_array_destroy(b);
+    nb_ctx_clear_cache(ctx);
+    return st;
+}
+
+static void test_out_of_memory(void **unused) {
+    (void)unused;
+    int points = 0;
+    for (int64_t k = 1; k < 100000; k++) {
+        nbt_alloc st = {0};
+        nb_ctx *ctx = nbt_ctx_with(&st);
+        st.fail_at = st.n_calls + k;
+        nb_status s = scenario_optim(ctx);
+        bool injected = st.n_failed > 0;
+        st.fail_at = 0;
+        if (injected && s != NB_ERR_OOM) {
+            fail_msg("allocation %lld failed but the scenario returned %s: %s", (long long)k,
+                     nb_status_name(s), nb_ctx_errmsg(ctx));
+        }
+        if (!injected) {
+            NBT_OK(ctx, s);
+        }
+        nbt_assert_no_live(ctx);
+        nb_ctx_destroy(ctx);
+        NBT_EQ_I64(st.n_live, 0);
+        if (!injected) {
+            break;
+        }
+        points++;
+    }
+    printf("optimizer scenario: %d allocation failure points, each NB_ERR_OOM without leaks\n",
+           points);
+    assert_true(points > 100);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_equations),
@@ -1218,6 +1327,7 @@ int main(void) {
         cmocka_unit_test(test_failure5),
         cmocka_unit_test(test_no_retrace),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,0 +1,181 @@
+/*
+ * nabla/nn.h -- neural-network layers as pytrees: Linear, MLP, LayerNorm, Embedding,
+ * Dropout, Conv2d, Sequential.
+ *
+ * The C form of Equinox's modules. A layer is a dict tree holding its parameter arrays
+ * (dynamic leaves: traced, differentiated, updated by optimizers) and its configuration as
+ * static leaves (sizes, flags, the activation function as a function-reference leaf, and
+ * a "kind" string naming the layer), e.g. a Linear layer prints as
+ *     dict { kind: "linear"  weight: f32[out,in]  bias: f32[out]  in_features: 3 ... }
+ * Models are trees of layers: put them in dicts and lists like any other parameters, pass
+ * them as args[0] to nb_grad, save them, map over them. Changing a static leaf (an
+ * activation, a dropout flag) retraces, as changing a static field does in Equinox.
+ *
+ * Each layer has two halves:
+ *   - an eager init function (nb_nn_<layer>_init) that takes the sizes, options, dtype
+ *     (NB_DTYPE_F32 or NB_DTYPE_F64) and a PRNG key (an i32[2] array from nb_random_key or
+ *     a row of nb_random_split, see random.h) and returns a new tree;
+ *   - a traced apply function (nb_nn_<layer>) for use inside a function body, taking the
+ *     layer as the body received it -- a subtree of args or self whose array leaves are
+ *     vars (array leaves that are still concrete arrays are used as constants) -- and
+ *     returning a var. Like every op it never needs its result checked: a wrong input
+ *     shape or a tree that is not the layer it should be is a sticky trace error whose
+ *     message names the layer kind, the leaf path, the shapes and the fix.
+ *
+ * Initialisation follows Equinox's rules exactly (tests/nn checks values against
+ * Equinox's own; uniform draws are bit-identical, normal draws within a few ULP):
+ *   - Linear(in, out): keys = split(key, 2); weight [out, in] ~ U(-lim, lim) with key 0,
+ *     bias [out] ~ U(-lim, lim) with key 1, lim = 1/sqrt(in) (both, as PyTorch);
+ *   - MLP(in, out, width, depth): keys = split(key, depth + 1); layer i (depth + 1
+ *     Linears: in->width, width->width x (depth-1), width->out; one in->out Linear when
+ *     depth is 0) is made with key i;
+ *   - LayerNorm(shape): weight ones, bias zeros;
+ *   - Embedding(num, dim): weight [num, dim] ~ N(0, 1) with key itself;
+ *   - Conv2d(in, out, (kh, kw), groups): keys = split(key, 2); weight [out, in/groups, kh,
+ *     kw] and bias [out, 1, 1] ~ U(-lim, lim), lim = 1/sqrt(in/groups * kh * kw).
+ * and the forward computations are Equinox's, extended to leading batch dims where
+ * Equinox would need vmap: Linear y = x W^T + b on [..., in]; LayerNorm over the trailing
+ * dims with the biased variance (jnp.var); Conv2d as lax.conv_general_dilated on [C,H,W]
+ * or [N,C,H,W]; Dropout as jnp.where(bernoulli(key, 1-p), x / (1-p), 0).
+ *
+ * Conv2d is computed by im2col: the padded input is cut into kh*kw strided slices, stacked
+ * into a [in/groups*kh*kw, N*Ho*Wo] matrix per group, and multiplied by the weight
+ * reshaped to [out/groups, in/groups*kh*kw] in one matrix product (BLIS). Everything is
+ * built from traced primitives, so gradients, jit and fusion come for free.
+ *
+ * Statuses of the init functions: NB_OK; NB_ERR_MISUSE (NULL ctx, key or out, a destroyed
+ * key); NB_ERR_SHAPE (key is not an i32[2] array); NB_ERR_INVALID (a size < 1 or > 2^31, a
+ * dtype other than f32/f64, p outside [0, 1), groups that do not divide the channels, ...
+ * with a message on the context saying which argument and why); NB_ERR_OVERFLOW (a
+ * parameter array too large to allocate); NB_ERR_OOM. On failure *out is NULL. They
+ * allocate; the tree returned is yours to destroy (nb_tree_destroy).
+ *
+ * Thread rule: as for the context the trees are made on (one thread at a time).
+ */
+#ifndef NABLA_NN_H
+#define NABLA_NN_H
+
+#include "array.h"
+#include "core.h"
+#include "trace.h"
+#include "tree.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An activation: a traced elementwise function, e.g. nb_relu, nb_tanh, nb_sigmoid,
+ * nb_gelu, nb_softplus, nb_nn_identity, or one of your own. Stored in layer trees as a
+ * function-reference leaf (static: compared by pointer and name). */
+typedef nb_var *(*nb_nn_activation)(nb_var *x);
+
+/* ---- options ------------------------------------------------------------------------ */
+typedef struct nb_nn_mlp_opts {
+    nb_nn_activation activation;       /* after every hidden layer; default nb_relu */
+    nb_nn_activation final_activation; /* after the output layer; default nb_nn_identity */
+    /* Names stored with the function references (shown in messages and retrace reasons).
+     * NULL (default): "relu", "tanh", "sigmoid", "gelu", "softplus", "identity" for those
+     * functions, "activation" for any other. */
+    const char *activation_name;
+    const char *final_activation_name;
+    bool use_bias;       /* bias on the hidden layers; default true */
+    bool use_final_bias; /* bias on the output layer; default true */
+} nb_nn_mlp_opts;
+
+NB_API nb_nn_mlp_opts nb_nn_mlp_opts_default(void);
+
+typedef struct nb_nn_conv2d_opts {
+    int64_t stride[2];     /* (sh, sw) >= 1; default (1, 1) */
+    int64_t padding[2][2]; /* zeros added {{top, bottom}, {left, right}}, >= 0; default 0 */
+    int64_t dilation[2];   /* (dh, dw) >= 1: kernel taps dh rows apart; default (1, 1) */
+    int64_t groups;        /* >= 1, dividing in and out channels; default 1 */
+    bool use_bias;         /* default true */
+} nb_nn_conv2d_opts;
+
+NB_API nb_nn_conv2d_opts nb_nn_conv2d_opts_default(void);
+
+/* ---- init (eager) ------------------------------------------------------------------- */
+/* Linear: dict {kind "linear", weight [out, in], bias [out] (null without bias),
+ * in_features, out_features, use_bias}. in, out >= 1. */
+NB_API nb_status nb_nn_linear_init(nb_ctx *ctx, int64_t in, int64_t out, bool use_bias,
+                                   nb_dtype dtype, const nb_array *key, nb_tree **layer);
+/* MLP: dict {kind "mlp", layers: list of depth + 1 Linears, activation, final_activation
+ * (fn leaves), in_size, out_size, width_size, depth, use_bias, use_final_bias}.
+ * in, out >= 1; depth >= 0; width >= 1 when depth > 0. opts may be NULL (defaults). */
+NB_API nb_status nb_nn_mlp_init(nb_ctx *ctx, int64_t in, int64_t out, int64_t width, int64_t depth,
+                                const nb_nn_mlp_opts *opts, nb_dtype dtype, const nb_array *key,
+                                nb_tree **layer);
+/* LayerNorm over trailing dims of the given shape (rank 1..8, dims >= 1): dict {kind
+ * "layer_norm", weight (ones of shape, or null), bias (zeros, or null), shape (a tuple of
+ * ints), eps, use_weight, use_bias}. eps >= 0 and finite (Equinox's default is 1e-5). */
+NB_API nb_status nb_nn_layer_norm_init(nb_ctx *ctx, int rank, const int64_t *shape, double eps,
+                                       bool use_weight, bool use_bias, nb_dtype dtype,
+                                       nb_tree **layer);
+/* Embedding: dict {kind "embedding", weight [num, dim] ~ N(0, 1), num_embeddings,
+ * embedding_size}. num, dim >= 1. */
+NB_API nb_status nb_nn_embedding_init(nb_ctx *ctx, int64_t num, int64_t dim, nb_dtype dtype,
+                                      const nb_array *key, nb_tree **layer);
+/* Dropout: dict {kind "dropout", p, inference}. 0 <= p < 1 (Equinox's default is 0.5);
+ * no parameters, so no key or dtype. */
+NB_API nb_status nb_nn_dropout_init(nb_ctx *ctx, double p, bool inference, nb_tree **layer);
+/* Conv2d: dict {kind "conv2d", weight [out, in/groups, kh, kw], bias [out, 1, 1] (or null),
+ * in_channels, out_channels, kernel_size, stride, dilation (tuples of 2 ints), padding (a
+ * tuple of 2 (lo, hi) tuples), groups, use_bias}. in, out, kh, kw >= 1; opts may be NULL. */
+NB_API nb_status nb_nn_conv2d_init(nb_ctx *ctx, int64_t in, int64_t out, int64_t kh, int64_t kw,
+                                   const nb_nn_conv2d_opts *opts, nb_dtype dtype,
+                                   const nb_array *key, nb_tree **layer);
+/* Sequential: dict {kind "sequential", layers: list of the n >= 0 layers (borrowed; the
+ * tree takes references)}; a layer may be any layer tree above, another sequential, or an
+ * activation leaf (nb_nn_activation_leaf), as Equinox's Sequential with Lambda. */
+NB_API nb_status nb_nn_sequential_init(nb_ctx *ctx, int n, nb_tree *const *layers, nb_tree **layer);
+/* A function-reference leaf holding an activation (name NULL: as in nb_nn_mlp_opts). */
+NB_API nb_status nb_nn_activation_leaf(nb_ctx *ctx, nb_nn_activation fn, const char *name,
+                                       nb_tree **leaf);
+
+/* ---- utilities (eager) -------------------------------------------------------------- */
+/* The number of parameters of a model: the total element count of its float array leaves
+ * (frozen ones included). NB_ERR_MISUSE for a NULL or destroyed tree. Never allocates. */
+NB_API nb_status nb_nn_count_params(const nb_tree *model, int64_t *count);
+/* A copy of model with every bool leaf stored under the key "inference" (the flag of each
+ * Dropout, at any depth) set to inference -- Equinox's nn.inference_mode. The arrays are
+ * shared, not copied. Returns a new reference; allocates. */
+NB_API nb_status nb_nn_inference_mode(const nb_tree *model, bool inference, nb_tree **out);
+
+/* ---- apply (traced) ----------------------------------------------------------------- */
+/* Each returns a var of x's dtype (the layer's parameters must have it too), or the
+ * trace's poison after a sticky error. */
+
+/* x, the identity activation. */
+NB_API nb_var *nb_nn_identity(nb_var *x);
+/* [..., in] -> [..., out]: x W^T + b (rank-1 x gives [out]). One matrix product: leading
+ * dims are folded into the rows. */
+NB_API nb_var *nb_nn_linear(nb_trace *tr, const nb_tree *layer, nb_var *x);
+/* [..., in] -> [..., out]: Linears with the activation between them, the final activation
+ * after the last. */
+NB_API nb_var *nb_nn_mlp(nb_trace *tr, const nb_tree *layer, nb_var *x);
+/* [..., *shape] -> same shape: (x - mean) / sqrt(var + eps) * weight + bias, mean and
+ * biased variance over the trailing rank(shape) dims. */
+NB_API nb_var *nb_nn_layer_norm(nb_trace *tr, const nb_tree *layer, nb_var *x);
+/* Integer indices (i32 or i64) of any shape S -> S + [dim]: rows of the weight (nb_take;
+ * out-of-range and negative indices are clamped into [0, num), never read outside). */
+NB_API nb_var *nb_nn_embedding(nb_trace *tr, const nb_tree *layer, nb_var *indices);
+/* Training mode: where(bernoulli(key, 1 - p, x.shape), x / (1 - p), 0), with key a traced
+ * i32[2] PRNG key (pass a fresh one each step, e.g. an argument made by nb_random_split
+ * or nb_random_fold_in). Identity (key unused, may be NULL) when the layer's inference
+ * flag is set or p == 0. The mask is nb_random_bernoulli(key, 1 - p, x.shape) bit for
+ * bit. */
+NB_API nb_var *nb_nn_dropout(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *key);
+/* [C, H, W] -> [O, Ho, Wo] or [N, C, H, W] -> [N, O, Ho, Wo], with
+ * Ho = (H + top + bottom - dh (kh - 1) - 1) / sh + 1 (rounded down; likewise Wo); the
+ * padded input must hold at least one dilated kernel. */
+NB_API nb_var *nb_nn_conv2d(nb_trace *tr, const nb_tree *layer, nb_var *x);
+/* Any layer above, dispatched on its "kind" leaf; a function-reference leaf is applied as
+ * an activation; a sequential applies its layers in order. key (may be NULL) is for
+ * dropout: a sequential gives its layer i the key nb_rng_split(key, n)[i], as Equinox's
+ * Sequential; a dropout in training mode with a NULL key is an error. */
+NB_API nb_var *nb_nn_apply(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *key);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NABLA_NN_H */
