@@ -183,6 +183,11 @@ NB_API nb_status nb_optim_chain(nb_ctx *ctx, int n, const nb_tree *const *parts,
  * there is a gradient, null elsewhere). Eager: a new tree of new arrays. */
 NB_API nb_status nb_optim_init(const nb_tree *opt, const nb_tree *template_, nb_tree **state);
 
+/* The same inside a trace: template's leaves may be vars or arrays; the state's moments are
+ * new vars, its hyperparameters opt's (vars when opt came in as an argument, constants when
+ * they are arrays). Owned by the trace; NULL after a sticky error. */
+NB_API const nb_tree *nb_optim_init_in(nb_trace *tr, const nb_tree *opt, const nb_tree *template_);
+
 /* Inside a trace: the updates (grads' structure; null where grads are null) and the new
  * state (state's structure, dtypes and shapes) for grads. opt may be the optimizer tree
  * itself or the var tree a body received for it; state likewise (array leaves are used as

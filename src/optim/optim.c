@@ -877,8 +877,8 @@ nb_status nb_optim_init(const nb_tree *opt, const nb_tree *template_, nb_tree **
     for (int64_t i = 0; st == NB_OK && i < nb_tree_len(leaves); i++) {
         if (nb_tree_kind_of(nb_tree_child(leaves, i)) != NB_TREE_KIND_ARRAY) {
             st = nbi_err(in.ctx, NB_ERR_INVALID,
-                         "nb_optim_init: the template holds symbolic values (inside a trace); "
-                         "use it eagerly on the tree nb_grad_template gives");
+                         "nb_optim_init: the template holds symbolic values; inside a trace use "
+                         "nb_optim_init_in");
         }
     }
     nb_tree_destroy(leaves);
@@ -886,6 +886,29 @@ nb_status nb_optim_init(const nb_tree *opt, const nb_tree *template_, nb_tree **
         st = nbo_init_rec(&in, opt, template_, state);
     }
     return st;
+}
+
+const nb_tree *nb_optim_init_in(nb_trace *tr, const nb_tree *opt, const nb_tree *template_) {
+    if (tr == NULL || nb_trace_status(tr) != NB_OK) {
+        return NULL;
+    }
+    if (nb_tree_check(opt) != NB_OK || nb_tree_check(template_) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "nb_optim_init_in: NULL or destroyed opt or template");
+        return NULL;
+    }
+    nbo_init in = {nb_trace_ctx(tr), tr, 0.0};
+    nb_tree *state = NULL;
+    nb_status st = nbo_init_rec(&in, opt, template_, &state);
+    if (st != NB_OK) {
+        if (nb_trace_status(tr) == NB_OK) {
+            nbi_trace_err(tr, st, "%s", nb_ctx_errmsg(in.ctx));
+        }
+        return NULL;
+    }
+    if (nbi_trace_own(tr, state) != NB_OK) {
+        return NULL;
+    }
+    return state;
 }
 
 /* ---- update ---------------------------------------------------------------------------- */

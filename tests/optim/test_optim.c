@@ -1114,6 +1114,50 @@ static void test_no_retrace(void **unused) {
     nb_ctx_destroy(ctx);
 }
 
+/* init inside a trace: init + one update in one jitted function equals the eager path */
+static nb_status init_update_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                  nb_tree **out) {
+    const nb_tree *params = nb_tree_child(args, 0), *grads = nb_tree_child(args, 1);
+    const nb_tree *state = nb_optim_init_in(tr, self, grads);
+    if (state == NULL) {
+        return nb_trace_status(tr);
+    }
+    const nb_tree *up = NULL, *ns = NULL;
+    nb_status st = nb_optim_update(tr, self, grads, state, params, &up, &ns);
+    if (st != NB_OK) {
+        return st;
+    }
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){(nb_tree *)up, (nb_tree *)ns}, out);
+}
+
+static void test_init_in_trace(void **unused) {
+    (void)unused;
+    nb_ctx *ctx = NULL;
+    assert_int_equal(nb_ctx_create(NULL, &ctx), NB_OK);
+    nb_tree *params = model_params(ctx, NB_DTYPE_F32), *tmpl = NULL, *grads = NULL;
+    NBT_OK(ctx, nb_grad_template(params, NULL, &tmpl));
+    NBT_OK(ctx, nb_tree_map(tmpl, fill_cb, &(int){3}, 0, &grads));
+    nb_tree *opt = NULL, *state = NULL, *up = NULL, *ns = NULL, *args = NULL, *res = NULL;
+    nb_optim_opts o = nb_optim_opts_default();
+    o.centered = true;
+    o.momentum = 0.5;
+    NBT_OK(ctx, nb_optim_rmsprop(ctx, 0.1, &o, &opt));
+    NBT_OK(ctx, nb_optim_init(opt, tmpl, &state));
+    NBT_OK(ctx, nb_optim_update_eager(opt, grads, state, params, &up, &ns));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){params, grads}, &args));
+    NBT_OK(ctx, nb_eval(ctx, init_update_body, opt, args, &res));
+    bool eq = false;
+    NBT_OK(ctx, nb_tree_equal(nb_tree_child(res, 0), up, &eq));
+    assert_true(eq);
+    NBT_OK(ctx, nb_tree_equal(nb_tree_child(res, 1), ns, &eq));
+    assert_true(eq);
+    nb_tree *ts[] = {params, tmpl, grads, opt, state, up, ns, args, res};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        nb_tree_destroy(ts[i]);
+    }
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- bad input: clear errors ----------------------------------------------------------- */
 static void test_errors(void **unused) {
     (void)unused;
@@ -1326,6 +1370,7 @@ int main(void) {
         cmocka_unit_test(test_structure_invariance),
         cmocka_unit_test(test_failure5),
         cmocka_unit_test(test_no_retrace),
+        cmocka_unit_test(test_init_in_trace),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_out_of_memory),
     };
