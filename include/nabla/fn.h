@@ -92,7 +92,9 @@ typedef struct nb_call_opts {
      * donate that array; nulls and other leaves: not donated), or a single bool leaf
      * (true: donate every array). A donated array may be overwritten with an output of the
      * same dtype and shape, which is then returned as that same array -- so a training
-     * step updates parameters in place. Donation never changes results: where the output
+     * step updates parameters in place (an output subtree whose every array went back into
+     * the args subtree it came from, with the same static structure, is returned as that
+     * args subtree itself, retained). Donation never changes results: where the output
      * is made while the array is still to be read, it is made elsewhere and copied in.
      * Do not read a donated array's data after the call except through the outputs. */
     const nb_tree *donate;

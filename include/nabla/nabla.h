@@ -20,6 +20,8 @@
  *     nabla/data.h   -- data sets: CSV (plain or gzip), train/test split, standardising,
  *                       shuffled minibatches from a key
  *     nabla/random.h -- Threefry-2x32 keys and samplers, eager and traced (as jax.random)
+ *     nabla/loops.h  -- while_loop, fori_loop, scan, cond, switch inside traces, with
+ *                       closure conversion and Equinox's loop kinds
  *     nabla/optim.h  -- optimizers as gradient transformations (Optax's), schedules,
  *                       apply_updates; state from the gradient template
  *     nabla/nn.h     -- layers as pytrees (Linear, MLP, LayerNorm, Embedding, Dropout,
@@ -88,6 +90,7 @@
 #include "core.h"
 #include "data.h"
 #include "fn.h"
+#include "loops.h"
 #include "nn.h"
 #include "optim.h"
 #include "random.h"

@@ -57,7 +57,9 @@
  *   masked(inner, mask)             inner on the leaves where mask is true; others unchanged
  *   chain(t1, ..., tn)              t1 first; state is the tuple of their states
  * Every optimizer takes its learning rate as a constant or a schedule (opts.schedule),
- * evaluated at the count before the increment (0 on the first step).
+ * evaluated at the count before the increment (0 on the first step). Divisions by the
+ * bias corrections are multiplications by their reciprocals, computed once per step in f64
+ * (as PyTorch's step-size form): the same values to rounding, and no per-element divide.
  *
  * Schedules (Optax's, count c):
  *   constant(v)                                  v

@@ -58,7 +58,9 @@ static bool *nbi_active(nb_trace *tr, int32_t begin, int32_t end, int n_seed,
     for (int32_t i = begin; i < end; i++) {
         nb_var *v = tr->g.nodes[i];
         const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
-        if (act[i] || info->vjp == NULL || !nbi_is_float_var(v)) {
+        /* a loop's value is a byte buffer of its carry: active like a float value, so that
+         * its rule runs (and reports what reverse mode through it needs) */
+        if (act[i] || info->vjp == NULL || (!nbi_is_float_var(v) && v->op != NBI_OP_WHILE)) {
             continue;
         }
         for (int32_t j = 0; j < v->n_in; j++) {
@@ -74,6 +76,7 @@ static bool *nbi_active(nb_trace *tr, int32_t begin, int32_t end, int n_seed,
 nb_status nbi_vjp_region(nb_trace *tr, int32_t begin, int32_t end, int n_out, nb_var *const *outs,
                          nb_var *const *out_ct, int n_wrt, nb_var *const *wrt, nb_var **wrt_ct) {
     bool *act = nbi_active(tr, begin, end, n_wrt, wrt);
+    nb_var ***loop_ct = NULL; /* per while node: its carry leaves' cotangents */
     nb_var **ct = nbi_arena_alloc(&tr->arena, ((size_t)end + 1) * sizeof(nb_var *));
     nb_var **in_ct = nbi_arena_alloc(&tr->arena, 64 * sizeof(nb_var *));
     if (act == NULL || ct == NULL || in_ct == NULL) {
@@ -92,6 +95,27 @@ nb_status nbi_vjp_region(nb_trace *tr, int32_t begin, int32_t end, int n_out, nb
             continue;
         }
         const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
+        if (v->op == NBI_OP_CALL_OUTPUT && v->in[0]->op == NBI_OP_WHILE) {
+            /* a loop's outputs: gather their cotangents for the loop's own rule */
+            nb_var *w = v->in[0];
+            int64_t k = v->at.ivalue, n_carry = w->at.a[2];
+            if (loop_ct == NULL) {
+                loop_ct = nbi_arena_alloc(&tr->arena, ((size_t)end + 1) * sizeof(nb_var **));
+            }
+            if (loop_ct != NULL && loop_ct[w->id] == NULL) {
+                loop_ct[w->id] =
+                    nbi_arena_alloc(&tr->arena, (size_t)(n_carry + 1) * sizeof(nb_var *));
+            }
+            if (loop_ct == NULL || loop_ct[w->id] == NULL) {
+                return nbi_trace_err(tr, NB_ERR_OOM, "out of memory in reverse mode");
+            }
+            nb_var **slot = &loop_ct[w->id][k];
+            *slot = *slot ? nb_add(*slot, ct[i]) : ct[i];
+            if (ct[w->id] == NULL) {
+                ct[w->id] = ct[i]; /* marks the loop as reached */
+            }
+            continue;
+        }
         if (v->n_in > 64) {
             in_ct = nbi_arena_alloc(&tr->arena, (size_t)v->n_in * sizeof(nb_var *));
             if (in_ct == NULL) {
@@ -99,7 +123,18 @@ nb_status nbi_vjp_region(nb_trace *tr, int32_t begin, int32_t end, int n_out, nb
             }
         }
         memset(in_ct, 0, (size_t)v->n_in * sizeof(nb_var *));
-        info->vjp(tr, v, ct[i], in_ct);
+        if (v->op == NBI_OP_WHILE) {
+            nb_var **cts = loop_ct != NULL ? loop_ct[i] : NULL;
+            if (cts == NULL) {
+                cts = nbi_arena_alloc(&tr->arena, (size_t)(v->at.a[2] + 1) * sizeof(nb_var *));
+                if (cts == NULL) {
+                    return nbi_trace_err(tr, NB_ERR_OOM, "out of memory in reverse mode");
+                }
+            }
+            nbi_while_vjp(tr, v, cts, in_ct);
+        } else {
+            info->vjp(tr, v, ct[i], in_ct);
+        }
         for (int32_t j = 0; j < v->n_in; j++) {
             nb_var *x = v->in[j];
             if (in_ct[j] == NULL || (info->nondiff & (1u << j)) || !act[x->id]) {
@@ -133,7 +168,8 @@ nb_status nbi_jvp_region(nb_trace *tr, int32_t begin, int32_t end, int n_in, nb_
     for (int32_t i = begin; i < end && tr->status == NB_OK; i++) {
         nb_var *v = tr->g.nodes[i];
         const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
-        if (info->jvp == NULL || !nbi_is_float_var(v) || tan[i] != NULL) {
+        if (info->jvp == NULL || (!nbi_is_float_var(v) && v->op != NBI_OP_WHILE) ||
+            tan[i] != NULL) {
             continue;
         }
         bool any = false;

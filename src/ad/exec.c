@@ -14,6 +14,10 @@
  * overwrite the input it reads at the same index, so an output may take the buffer of an
  * input last read by the kernel that makes it.) The slots of outputs written in place are
  * never touched, so their pages are never faulted in. Running allocates nothing.
+ *
+ * A fused node that stores several values (fused_output nodes) is one instruction making
+ * several values: each gets its slot (or takes over an input's) when the kernel runs, and
+ * the kernel gets their buffers in nbi_kargs.outs.
  */
 #include "ad/ir.h"
 
@@ -22,7 +26,9 @@
 typedef struct nbi_instr {
     int32_t node; /* index into nodes */
     int32_t n_in;
-    int32_t *in; /* value (node) indices of the inputs */
+    int32_t *in;     /* value (node) indices of the inputs */
+    int32_t n_store; /* a fused node's stored values: */
+    int32_t *store;  /* the fused_output node of each (-1: none left) */
 } nbi_instr;
 
 struct nbi_exec {
@@ -160,7 +166,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
                    nbi_round64((size_t)(g->n_inputs + 1) * sizeof(int32_t)) * 2 +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* last use */ +
                    nbi_round64((size_t)(n + 1) * sizeof(nbi_block)) +
-                   nbi_round64((size_t)n_fused * sizeof(nbi_fprog));
+                   nbi_round64((size_t)n_fused * sizeof(nbi_fprog)) +
+                   nbi_round64((size_t)n_fused * NBI_FUSE_MAX_STORE * sizeof(int32_t));
     unsigned char *mem = nbi_alloc(ctx, bytes, 64);
     if (mem == NULL) {
         return nbi_oom(ctx, fn, bytes);
@@ -188,6 +195,11 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     int32_t *last_use = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     nbi_block *free_blocks = nbi_carve(&p, (size_t)(n + 1) * sizeof(nbi_block));
     nbi_fprog *progs = nbi_carve(&p, (size_t)n_fused * sizeof(nbi_fprog));
+    int32_t *stores = nbi_carve(&p, (size_t)n_fused * NBI_FUSE_MAX_STORE * sizeof(int32_t));
+    nbi_fprog *const progs0 = progs;
+    for (int32_t f = 0; f < n_fused * NBI_FUSE_MAX_STORE; f++) {
+        stores[f] = -1;
+    }
 
     /* Copy the nodes, remapping inputs into the copy. */
     int64_t k_in = 0;
@@ -207,6 +219,9 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
             *progs = *(const nbi_fprog *)src->at.callee;
             dst->at.callee = progs++;
             nbi_fused_prepare(dst); /* its inputs are earlier nodes, already copied */
+        } else if (src->op == NBI_OP_FUSED_OUTPUT) { /* value k of its fused node's kernel */
+            ptrdiff_t f = (const nbi_fprog *)dst->in[0]->at.callee - progs0;
+            stores[f * NBI_FUSE_MAX_STORE + src->at.ivalue] = i;
         }
     }
     e->n_inputs = g->n_inputs;
@@ -234,6 +249,9 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
             nb_array_retain(e->nodes[i].at.array);
         } else if (e->nodes[i].op == NBI_OP_CALL) {
             ((nbi_exec *)e->nodes[i].at.callee)->refcount++;
+        } else if (e->nodes[i].op == NBI_OP_WHILE) {
+            ((nbi_exec *)e->nodes[i].at.callee)->refcount++;
+            ((nbi_exec *)e->nodes[i].at.callee2)->refcount++;
         }
     }
 
@@ -246,13 +264,18 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     e->max_in = 1;
     for (int32_t i = 0; i < n; i++) {
         const nb_var *v = &e->nodes[i];
-        if (v->op == NBI_OP_PARAM) {
-            continue;
+        if (v->op == NBI_OP_PARAM || v->op == NBI_OP_FUSED_OUTPUT) {
+            continue; /* fused outputs: made by their fused node's instruction */
         }
         nbi_instr *ins = &e->instrs[n_instr];
         ins->node = i;
         ins->n_in = v->n_in;
         ins->in = instr_in + k_ins;
+        if (v->op == NBI_OP_FUSED) {
+            const nbi_fprog *fp = v->at.callee;
+            ins->n_store = fp->n_store;
+            ins->store = stores + (fp - progs0) * NBI_FUSE_MAX_STORE;
+        }
         for (int32_t j = 0; j < v->n_in; j++) {
             ins->in[j] = v->in[j]->id;
             last_use[v->in[j]->id] = n_instr;
@@ -278,6 +301,11 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     for (int32_t t = 0; t < n_instr; t++) {
         if (e->out_of[e->instrs[t].node] == -1) {
             e->out_of[e->instrs[t].node] = -2 - t; /* the producing instruction, for now */
+        }
+        for (int32_t s = 0; s < e->instrs[t].n_store; s++) {
+            if (e->instrs[t].store[s] >= 0) {
+                e->out_of[e->instrs[t].store[s]] = -2 - t;
+            }
         }
     }
     for (int32_t i = 0; i < g->n_outputs; i++) {
@@ -311,29 +339,46 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     for (int32_t t = 0; t < n_instr; t++) {
         const nbi_instr *ins = &e->instrs[t];
         const nb_var *v = &e->nodes[ins->node];
-        int32_t reused = -1;
-        for (int32_t j = 0; j < ins->n_in && reused < 0; j++) {
-            int32_t src = ins->in[j];
-            bool dup = false;
-            for (int32_t q = 0; q < ins->n_in; q++) {
-                dup = dup || (q != j && ins->in[q] == src);
-            }
-            if (!dup && e->param_of[src] < 0 && e->offset[src] >= 0 && last_use[src] == t &&
-                nbi_value_bytes(&e->nodes[src]) == nbi_value_bytes(v) &&
-                nbi_inplace_ok(v, &e->nodes[src])) {
-                reused = src;
+        /* the values the instruction makes: its node's, then those a fused node stores */
+        int32_t made[1 + NBI_FUSE_MAX_STORE], reused[1 + NBI_FUSE_MAX_STORE], n_made = 0;
+        made[n_made++] = ins->node;
+        for (int32_t s = 0; s < ins->n_store; s++) {
+            if (ins->store[s] >= 0) {
+                made[n_made++] = ins->store[s];
             }
         }
-        e->offset[ins->node] =
-            reused >= 0 ? e->offset[reused] : (int64_t)nbi_plan_take(&pl, nbi_value_bytes(v));
+        for (int32_t m = 0; m < n_made; m++) {
+            const nb_var *o = &e->nodes[made[m]];
+            reused[m] = -1;
+            for (int32_t j = 0; j < ins->n_in && reused[m] < 0; j++) {
+                int32_t src = ins->in[j];
+                bool dup = false;
+                for (int32_t q = 0; q < ins->n_in; q++) {
+                    dup = dup || (q != j && ins->in[q] == src);
+                }
+                for (int32_t q = 0; q < m; q++) { /* one output per input's slot */
+                    dup = dup || reused[q] == src;
+                }
+                if (!dup && e->param_of[src] < 0 && e->offset[src] >= 0 && last_use[src] == t &&
+                    nbi_value_bytes(&e->nodes[src]) == nbi_value_bytes(o) &&
+                    nbi_inplace_ok(o, &e->nodes[src])) {
+                    reused[m] = src;
+                }
+            }
+            e->offset[made[m]] = reused[m] >= 0 ? e->offset[reused[m]]
+                                                : (int64_t)nbi_plan_take(&pl, nbi_value_bytes(o));
+        }
         const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
         if (info->scratch != NULL) {
             size_t s = nbi_round64(info->scratch(v));
             scratch = s > scratch ? s : scratch;
         }
-        if (last_use[ins->node] < 0) {
-            /* Computed but never read (DCE removes these; a traced graph may have them). */
-            nbi_plan_give(&pl, (size_t)e->offset[ins->node], nbi_value_bytes(v));
+        for (int32_t m = 0; m < n_made; m++) {
+            if (last_use[made[m]] < 0) {
+                /* Computed but never read (DCE removes these; a traced graph may have them).
+                 * Given back only now: the kernel writes all its values at once. */
+                nbi_plan_give(&pl, (size_t)e->offset[made[m]], nbi_value_bytes(&e->nodes[made[m]]));
+            }
         }
         for (int32_t j = 0; j < ins->n_in; j++) {
             int32_t src = ins->in[j];
@@ -341,7 +386,10 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
             for (int32_t q = 0; q < j; q++) {
                 dup = dup || ins->in[q] == src;
             }
-            if (!dup && src != reused && last_use[src] == t && e->offset[src] >= 0) {
+            for (int32_t q = 0; q < n_made; q++) {
+                dup = dup || reused[q] == src;
+            }
+            if (!dup && last_use[src] == t && e->offset[src] >= 0) {
                 nbi_plan_give(&pl, (size_t)e->offset[src], nbi_value_bytes(&e->nodes[src]));
             }
         }
@@ -386,6 +434,9 @@ void nbi_exec_destroy(nbi_exec *e) {
             nb_array_destroy(e->nodes[i].at.array);
         } else if (e->nodes[i].op == NBI_OP_CALL) {
             nbi_exec_destroy(e->nodes[i].at.callee);
+        } else if (e->nodes[i].op == NBI_OP_WHILE) {
+            nbi_exec_destroy(e->nodes[i].at.callee);
+            nbi_exec_destroy(e->nodes[i].at.callee2);
         }
     }
     nb_ctx *ctx = e->ctx;
@@ -399,11 +450,17 @@ void nbi_exec_destroy(nbi_exec *e) {
 
 /* May the kernel of instruction t, which makes output node o, write into the buffer of
  * the input node x it reads? Only where it reads each element before writing it, at the
- * same index: an elementwise map (or fused chain) of x's own shape and element size. */
+ * same index: an elementwise map (or fused chain) of x's own shape and element size. A
+ * value a fused node stores (o a fused_output) is its kernel's like the node's own: copied
+ * out at the end of each tile, after the tile's last read -- also when the kernel then
+ * reduces the tile (each element is visited once). */
 static bool nbi_inplace_ok(const nb_var *o, const nb_var *x) {
     /* a fused kernel reading a view (slice, pad) reads x elsewhere than it writes */
-    const nbi_fprog *fp = o->op == NBI_OP_FUSED ? o->at.callee : NULL;
-    bool map = (fp != NULL && fp->view_mask == 0 && fp->red_op == 0) || nbi_is_map(o);
+    const nb_var *mk = o->op == NBI_OP_FUSED_OUTPUT ? o->in[0] : o;
+    const nbi_fprog *fp = mk->op == NBI_OP_FUSED ? mk->at.callee : NULL;
+    bool map =
+        (fp != NULL && fp->view_mask == 0 && (fp->red_op == 0 || o->op == NBI_OP_FUSED_OUTPUT)) ||
+        nbi_is_map(o);
     if (!map || x->rank != o->rank || nb_dtype_size(x->dtype) != nb_dtype_size(o->dtype)) {
         return false;
     }
@@ -458,6 +515,13 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
                             : oi >= 0 && e->out_direct[oi] ? (const void *)outputs[oi]
                                                            : (const void *)(ws + e->offset[src]);
         }
+        void *stored[NBI_FUSE_MAX_STORE];
+        for (int32_t s = 0; s < ins->n_store; s++) {
+            int32_t x = ins->store[s], xo = x >= 0 ? e->out_of[x] : -1;
+            stored[s] = x < 0                          ? NULL
+                        : xo >= 0 && e->out_direct[xo] ? outputs[xo]
+                                                       : (void *)(ws + e->offset[x]);
+        }
         int32_t oi = e->out_of[ins->node];
         nbi_kargs k = {.node = v,
                        .out = oi >= 0 && e->out_direct[oi] ? outputs[oi]
@@ -465,7 +529,8 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
                        .in = e->in_ptrs,
                        .scratch = ws + e->scratch_off,
                        .pool = e->pool,
-                       .n_workers = e->n_workers};
+                       .n_workers = e->n_workers,
+                       .outs = ins->n_store > 0 ? stored : NULL};
         nbi_op_get((nbi_op)v->op)->kernel(&k);
     }
     for (int32_t i = 0; i < e->n_outputs; i++) {

@@ -58,7 +58,8 @@ typedef struct nbi_attrs {
     int64_t ivalue;         /* param index, one_hot depth, output index of a call */
     nb_dtype to;            /* cast / one_hot dtype */
     nb_array *array;        /* constant data (a reference held by the graph's owner) */
-    void *callee;           /* call: the sub-executable (nbi_exec *) */
+    void *callee;           /* call: the sub-executable (nbi_exec *); while: the body's */
+    void *callee2;          /* while: the cond's executable */
 } nbi_attrs;
 
 struct nb_var {
@@ -100,6 +101,7 @@ typedef struct nbi_kargs {
     void *scratch;         /* scratch_bytes(node) bytes, 64-byte aligned */
     nbi_pool *pool;        /* the context's threads (NULL: run serially) */
     int n_workers;         /* scratch holds this many per-worker slices of scratch_fn bytes */
+    void *const *outs;     /* a fused node's stored values: fused_output k's buffer (NULL: none) */
 } nbi_kargs;
 
 /* Split n items into chunks of `chunk` (a size fixed by the data, never by the thread
@@ -259,9 +261,13 @@ NBI_HIDDEN bool nbi_use_avx2(void);
 /* A fused elementwise program (op_fused.c): plain data, copied by value. Instruction i
  * computes register i from operands src[] (>= 0: register, < 0: external input -src-1)
  * over the program's index space (map_rank, map_shape); the last instruction's register is
- * the node's output, or, with a trailing reduction (red_op != 0), the value reduced. */
+ * the node's output, or, with a trailing reduction (red_op != 0), the value reduced. The
+ * registers store[k] (n_store of them) are outputs too: fused_output nodes {index=k} that
+ * read the fused node stand for them, and the kernel writes them into those nodes' buffers
+ * (nbi_kargs.outs) -- one pass makes every value the cluster owes the rest of the graph. */
 #define NBI_FUSE_MAX_INSTR 32
 #define NBI_FUSE_MAX_EXT 16
+#define NBI_FUSE_MAX_STORE 8
 typedef struct nbi_finstr {
     uint16_t op;
     uint8_t n_in;
@@ -273,6 +279,8 @@ typedef struct nbi_fprog {
     int32_t n_instr;
     int32_t n_ext;
     nbi_finstr ins[NBI_FUSE_MAX_INSTR];
+    int32_t n_store;
+    int16_t store[NBI_FUSE_MAX_STORE]; /* registers stored as fused_output 0, 1, ... */
     /* The index space the instructions run over: the node's own shape, or the shape the
      * trailing reduction reduces. */
     int32_t map_rank;
@@ -306,8 +314,8 @@ typedef struct nbi_fprog {
 } nbi_fprog;
 /* Compute node's plan (node: a fused node of an executable, with its inputs set). */
 NBI_HIDDEN void nbi_fused_prepare(nb_var *node);
-/* Fuse chains of same-shape elementwise ops whose intermediates have no other use, with
- * the reduction that consumes them when it reduces innermost dims. */
+/* Fuse clusters of same-shape elementwise ops, with the reduction that consumes them when
+ * it reduces innermost dims; members needed outside a cluster are stored by its kernel. */
 NBI_HIDDEN nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 
 /* A reduction fed in pieces (op_reduce.c): the same result, bit for bit, as the reduction
@@ -371,6 +379,20 @@ NBI_HIDDEN nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
  * DCE. */
 NBI_HIDDEN nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 
+/* ---- callees of control flow (jit.c) ------------------------------------------------- */
+/* The executable of f traced on args (a tree of vars of tr, arrays and static leaves),
+ * found in or added to f's cache entry exactly as a non-inlined nb_apply does (the key: f's
+ * body, the static parts of its self and of args, and the signatures of their leaves -- no
+ * traced value is hashed), and the operands in the executable's input order: f's self
+ * leaves (vars of tr lifted as operands: closure conversion; arrays as constants), then
+ * args' leaves. ops live in tr's arena; out_def and exec are owned by the cache entry. */
+typedef struct nbi_callee_info {
+    struct nbi_exec *exec;
+    nb_var **ops;
+    int64_t n_ops, n_self;
+    const nb_treedef *out_def;
+} nbi_callee_info;
+
 /* ---- executables -------------------------------------------------------------------- */
 typedef struct nbi_exec nbi_exec;
 /* Compile a graph (the graph and its arena may be freed afterwards). */
@@ -392,6 +414,14 @@ NBI_HIDDEN int32_t nbi_exec_n_outputs(const nbi_exec *e);
 /* dtype/shape of output i. */
 NBI_HIDDEN const nb_var *nbi_exec_output(const nbi_exec *e, int32_t i);
 NBI_HIDDEN size_t nbi_exec_workspace_bytes(const nbi_exec *e);
+NBI_HIDDEN nb_status nbi_callee(nb_trace *tr, nb_fn *f, const nb_tree *args, const char *who,
+                                nbi_callee_info *out);
+/* Derivatives through a while op (src/loops/loop.c): record why they cannot be taken (the
+ * loop's kind and the fix), for reverse mode or forward mode. */
+NBI_HIDDEN void nbi_while_report(nb_trace *tr, const nb_var *w, bool reverse);
+/* Reverse mode through while op w: cts[i] is the cotangent of carry leaf i (NULL: zero);
+ * sets in_ct[j] for w's operands (src/loops/loop.c). */
+NBI_HIDDEN void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct);
 
 /* Evaluate one node's kernel on concrete buffers (constant folding, reference runs). */
 NBI_HIDDEN void nbi_run_kernel(const nb_var *node, void *out, const void *const *in, void *scratch);

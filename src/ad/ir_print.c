@@ -109,6 +109,7 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
         }
         break;
     case NBI_OP_CALL_OUTPUT:
+    case NBI_OP_FUSED_OUTPUT:
         nbi_sbuf_printf(s, " {index=%lld}", (long long)a->ivalue);
         break;
     case NBI_OP_RNG_SPLIT:
@@ -152,6 +153,9 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
                 }
                 nbi_sbuf_putc(s, ')');
             }
+        }
+        for (int32_t k = 0; k < p->n_store; k++) { /* ; store r2, r5: fused_output 0, 1 */
+            nbi_sbuf_printf(s, "%sr%d", k ? ", " : "; store ", (int)p->store[k]);
         }
         if (p->red_op != 0) { /* ; then sum(axes=[1], keepdims=false) */
             int64_t ax[NB_MAX_RANK];

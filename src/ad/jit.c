@@ -6,9 +6,13 @@
  * its bound data. Two nb_fns built separately from the same body with equal bound static
  * data have the same identity. Each identity keeps its trace accounting and a list of
  * *entries*, one per argument signature: the treedef of the arguments plus (dtype, shape)
- * of every dynamic leaf of the bound data and the arguments. A lookup hashes the call's
- * signature without allocating, then compares the whole key. Traced values are never
- * hashed: vars enter keys only as (dtype, shape).
+ * of every dynamic leaf of the bound data and the arguments. A lookup compares the whole
+ * key without allocating: the arguments' treedef (an args tree already seen to match is
+ * known by its serial, any other is compared by its memoised hash, then node by node), then
+ * (dtype, shape) leaf by leaf. Traced values are never hashed: vars enter keys only as
+ * (dtype, shape). A function memoises its identity; an entry keeps, per donate-spec
+ * treedef, where each output goes and which output subtrees are args' own (nbi_dplan), so
+ * a cache hit builds no key, no path string and no output subtree that is donated in place.
  *
  * Accounting is done where a function's body (or wrapper) is traced, not where it is
  * called: so nb_max_traces counts the same whether it wraps a jitted function or is
@@ -43,15 +47,35 @@ typedef struct nbi_layer {
     const nb_tree *rule_self[2];
 } nbi_layer;
 
+/* How an entry runs under one donate spec, resolved once per (entry, spec treedef): the
+ * input array each output is written into, and the output subtrees that are args' own
+ * subtrees -- every leaf donated into the array it came from, the same static structure --
+ * which a call returns as they are instead of building them. */
+typedef struct nbi_dplan {
+    struct nbi_dplan *next;
+    nb_treedef *donate_def; /* the spec's treedef (owned), NULL for a plan not cached */
+    uint64_t donate_hash;   /* nbi_tree_def_hash of the spec */
+    uint64_t donate_serial; /* the serial of the last spec tree seen to match donate_def */
+    int32_t *take;          /* per output: the leaf (self's, then args') it goes into, or -1 */
+    int32_t *reuse;   /* per out_def node: the args_def node returned as is, or -1; NULL: none */
+    bool *donated;    /* per output: take >= 0; NULL when no output is donated */
+    bool *covered;    /* per output: inside a reused subtree (no leaf is made for it) */
+    void *mem;        /* take, reuse, donated, covered */
+    size_t mem_bytes; /* of mem */
+} nbi_dplan;
+
 typedef struct nbi_entry {
     struct nbi_entry *next;
     uint64_t hash;
     nb_treedef *args_def;
+    uint64_t args_hash;   /* nbi_tree_def_hash of args (== for any args matching args_def) */
+    uint64_t args_serial; /* the serial of the last args tree seen to match args_def */
     int64_t n_leaves;
     nbi_leafsig *sigs;
     nbi_exec *exec;
     nb_treedef *out_def;
     int32_t n_out;
+    nbi_dplan *plans;
 } nbi_entry;
 
 typedef struct nbi_ident {
@@ -74,8 +98,14 @@ typedef struct nbi_jit_state {
     size_t n_buckets;
     size_t n_idents;
     uint64_t trace_counter;
+    uint64_t gen; /* bumped when the cache is cleared: functions' identity memos go stale */
     const nb_tree **leafbuf;
     int64_t leafcap;
+    nb_tree **nodebuf; /* a call's args nodes in pre-order (indexed as its treedef's nodes) */
+    int64_t nodecap;
+    void **scratch; /* a call's buffer pointers and output arrays (scratch_busy: in use) */
+    size_t scratch_bytes;
+    bool scratch_busy;
 } nbi_jit_state;
 
 /* ---- functions ---------------------------------------------------------------------- */
@@ -262,7 +292,23 @@ static void nbi_layers_free(nbi_layer *layers, int n) {
     }
 }
 
+static void nbi_dplan_free(nb_ctx *ctx, nbi_dplan *dp) {
+    if (dp == NULL) {
+        return;
+    }
+    nb_treedef_destroy(dp->donate_def);
+    if (dp->mem != NULL) {
+        nbi_free(ctx, dp->mem, dp->mem_bytes);
+    }
+    nbi_free(ctx, dp, sizeof *dp);
+}
+
 static void nbi_entry_free(nb_ctx *ctx, nbi_entry *e) {
+    while (e->plans != NULL) {
+        nbi_dplan *next = e->plans->next;
+        nbi_dplan_free(ctx, e->plans);
+        e->plans = next;
+    }
     nb_treedef_destroy(e->args_def);
     nb_treedef_destroy(e->out_def);
     nbi_exec_destroy(e->exec);
@@ -302,6 +348,7 @@ static void nbi_jit_clear(nbi_jit_state *s) {
         s->buckets[b] = NULL;
     }
     s->n_idents = 0;
+    s->gen++;
 }
 
 static void nbi_jit_free(nb_ctx *ctx, void *state) {
@@ -313,6 +360,12 @@ static void nbi_jit_free(nb_ctx *ctx, void *state) {
     nbi_free(ctx, s->buckets, s->n_buckets * sizeof(nbi_ident *));
     if (s->leafbuf != NULL) {
         nbi_free(ctx, s->leafbuf, (size_t)s->leafcap * sizeof(const nb_tree *));
+    }
+    if (s->nodebuf != NULL) {
+        nbi_free(ctx, s->nodebuf, (size_t)s->nodecap * sizeof(nb_tree *));
+    }
+    if (s->scratch != NULL) {
+        nbi_free(ctx, s->scratch, s->scratch_bytes);
     }
     nbi_free(ctx, s, sizeof *s);
 }
@@ -329,6 +382,7 @@ static nbi_jit_state *nbi_jit_get(nb_ctx *ctx, const char *fn) {
     }
     memset(s, 0, sizeof *s);
     s->ctx = ctx;
+    s->gen = 1;
     s->n_buckets = 64;
     s->buckets = nbi_alloc(ctx, s->n_buckets * sizeof(nbi_ident *), 8);
     if (s->buckets == NULL) {
@@ -481,6 +535,21 @@ static nbi_ident *nbi_ident_find(nbi_jit_state *s, const nb_fn *f, bool create, 
     return id;
 }
 
+/* nbi_ident_find through f's memo: a function's identity never changes (its wrappers, body
+ * and bound data are fixed when it is made), so it is looked up once per cache generation. */
+static nbi_ident *nbi_ident_of(nbi_jit_state *s, const nb_fn *f, bool create, const char *fn) {
+    if (f->jit_gen == s->gen && f->jit_ident != NULL) {
+        return f->jit_ident;
+    }
+    nbi_ident *id = nbi_ident_find(s, f, create, fn);
+    if (id != NULL) {
+        nb_fn *m = (nb_fn *)f; /* a memo of an immutable value, not a change to it */
+        m->jit_ident = id;
+        m->jit_gen = s->gen;
+    }
+    return id;
+}
+
 /* ---- signatures --------------------------------------------------------------------- */
 
 static void nbi_collect(const nb_tree *t, const nb_tree **out, int64_t *k) {
@@ -508,11 +577,25 @@ static void nbi_leaf_sig(const nb_tree *leaf, nbi_leafsig *s) {
     }
 }
 
+static bool nbi_sig_eq(const nbi_leafsig *s, nb_dtype dtype, int rank, const int64_t *shape) {
+    if ((int32_t)dtype != s->dtype || rank != s->rank) {
+        return false;
+    }
+    for (int r = 0; r < rank; r++) {
+        if (shape[r] != s->shape[r]) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static bool nbi_leaf_sig_eq(const nb_tree *leaf, const nbi_leafsig *s) {
-    nbi_leafsig t;
-    nbi_leaf_sig(leaf, &t);
-    return t.dtype == s->dtype && t.rank == s->rank &&
-           memcmp(t.shape, s->shape, (size_t)t.rank * sizeof(int64_t)) == 0;
+    if (leaf->kind == NB_TREE_KIND_ARRAY) {
+        const nb_array *a = leaf->u.array;
+        return nbi_sig_eq(s, a->dtype, a->rank, a->shape);
+    }
+    const nb_var *v = leaf->u.var.var;
+    return nbi_sig_eq(s, v->dtype, v->rank, v->shape);
 }
 
 static uint64_t nbi_key_hash(const nb_tree *args, const nb_tree *const *leaves, int64_t n) {
@@ -529,17 +612,54 @@ static uint64_t nbi_key_hash(const nb_tree *args, const nb_tree *const *leaves, 
     return h;
 }
 
+/* Does args have e's args treedef? A tree once seen to match is known by its serial (trees
+ * are immutable and serials never reused); any other is compared in full. */
+static bool nbi_entry_args_match(nbi_entry *e, const nb_tree *args) {
+    if (args->serial == e->args_serial) {
+        return true;
+    }
+    if (nbi_tree_def_hash(args) != e->args_hash || !nbi_tree_def_match(args, e->args_def)) {
+        return false;
+    }
+    e->args_serial = args->serial;
+    return true;
+}
+
+static bool nbi_entry_sigs_match(const nbi_entry *e, const nb_tree *const *leaves, int64_t n) {
+    if (e->n_leaves != n) {
+        return false;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (!nbi_leaf_sig_eq(leaves[i], &e->sigs[i])) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static nbi_entry *nbi_entry_find(nbi_ident *id, uint64_t h, const nb_tree *args,
                                  const nb_tree *const *leaves, int64_t n) {
     for (nbi_entry *e = id->entries; e != NULL; e = e->next) {
-        if (e->hash != h || e->n_leaves != n || !nbi_tree_def_match(args, e->args_def)) {
-            continue;
+        if (e->hash == h && e->n_leaves == n && nbi_entry_args_match(e, args) &&
+            nbi_entry_sigs_match(e, leaves, n)) {
+            return e;
         }
-        bool same = true;
-        for (int64_t i = 0; i < n && same; i++) {
-            same = nbi_leaf_sig_eq(leaves[i], &e->sigs[i]);
-        }
-        if (same) {
+    }
+    return NULL;
+}
+
+/* nbi_entry_find without the key's hash (a call from outside a trace): the whole key is
+ * compared, entry by entry; the entry found moves to the front. */
+static nbi_entry *nbi_entry_hit(nbi_ident *id, const nb_tree *args, const nb_tree *const *leaves,
+                                int64_t n) {
+    for (nbi_entry *e = id->entries, *prev = NULL; e != NULL; prev = e, e = e->next) {
+        if (e->n_leaves == n && nbi_entry_args_match(e, args) &&
+            nbi_entry_sigs_match(e, leaves, n)) {
+            if (prev != NULL) {
+                prev->next = e->next;
+                e->next = id->entries;
+                id->entries = e;
+            }
             return e;
         }
     }
@@ -763,7 +883,7 @@ nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self, const 
     }
     if (!tr->quiet) {
         nbi_jit_state *s = nbi_jit_get(tr->ctx, "trace");
-        nbi_ident *id = s ? nbi_ident_find(s, f, true, "trace") : NULL;
+        nbi_ident *id = s ? nbi_ident_of(s, f, true, "trace") : NULL;
         if (id == NULL) {
             return nbi_trace_err(tr, NB_ERR_OOM, "out of memory in the compile cache");
         }
@@ -973,6 +1093,8 @@ static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn 
             nbi_leaf_sig(leaves[i], &e->sigs[i]);
         }
         e->hash = hash;
+        e->args_hash = nbi_tree_def_hash(args);
+        e->args_serial = args->serial;
         e->exec = exec;
         e->out_def = out_def;
         e->n_out = nbi_exec_n_outputs(exec);
@@ -1015,7 +1137,31 @@ static nb_status nbi_leafbuf(nbi_jit_state *s, int64_t n) {
     return NB_OK;
 }
 
-/* Collect self's then args' dynamic leaves into the state's buffer. */
+typedef struct nbi_walk {
+    const nb_tree **leaves;
+    int64_t n_leaves;
+    nb_tree **nodes;
+    int64_t n_nodes, cap_nodes;
+} nbi_walk;
+
+/* Pre-order over args: every node into nodes (while there is room; n_nodes counts them
+ * all), every dynamic leaf into leaves. */
+static void nbi_walk_args(const nb_tree *t, nbi_walk *w) {
+    if (w->n_nodes < w->cap_nodes) {
+        w->nodes[w->n_nodes] = (nb_tree *)t;
+    }
+    w->n_nodes++;
+    if (t->kind == NB_TREE_KIND_ARRAY || t->kind == NB_TREE_KIND_VAR) {
+        w->leaves[w->n_leaves++] = t;
+        return;
+    }
+    for (int64_t i = 0; i < t->n; i++) {
+        nbi_walk_args(t->children[i], w);
+    }
+}
+
+/* Collect self's then args' dynamic leaves into the state's leaf buffer, and args' nodes in
+ * pre-order into its node buffer. */
 static nb_status nbi_gather(nbi_jit_state *s, const nb_tree *self, const nb_tree *args,
                             int64_t *n) {
     int64_t total = (self ? self->n_leaves : 0) + args->n_leaves;
@@ -1027,12 +1173,32 @@ static nb_status nbi_gather(nbi_jit_state *s, const nb_tree *self, const nb_tree
     if (self != NULL) {
         nbi_collect(self, s->leafbuf, &k);
     }
-    nbi_collect(args, s->leafbuf, &k);
-    *n = k;
+    nbi_walk w = {s->leafbuf, k, s->nodebuf, 0, s->nodecap};
+    nbi_walk_args(args, &w);
+    if (w.n_nodes > s->nodecap) { /* the first call with this many nodes: grow, walk again */
+        int64_t cap = s->nodecap ? s->nodecap : 64;
+        while (cap < w.n_nodes) {
+            cap *= 2;
+        }
+        nb_tree **b = nbi_alloc(s->ctx, (size_t)cap * sizeof(nb_tree *), 8);
+        if (b == NULL) {
+            return nbi_oom(s->ctx, "nb_fn_call", (size_t)cap * sizeof(nb_tree *));
+        }
+        if (s->nodebuf != NULL) {
+            nbi_free(s->ctx, s->nodebuf, (size_t)s->nodecap * sizeof(nb_tree *));
+        }
+        s->nodebuf = b;
+        s->nodecap = cap;
+        w = (nbi_walk){s->leafbuf, k, s->nodebuf, 0, s->nodecap};
+        nbi_walk_args(args, &w);
+    }
+    *n = w.n_leaves;
     return NB_OK;
 }
 
-/* Per args leaf: donated? (spec: NULL, a bool leaf, or a tree of args' structure.) */
+/* Per args leaf: donated? (spec: NULL, a bool leaf, or a tree of args' structure.) Without
+ * a path (NULL), a mismatch returns NB_ERR_STRUCTURE with no message: walk again with one
+ * to say where (paths are built only for messages). */
 static nb_status nbi_donate_walk(nb_ctx *ctx, const nb_tree *a, const nb_tree *d, bool all,
                                  bool *flags, int64_t *k, nbi_path *path) {
     if (a->kind == NB_TREE_KIND_ARRAY || a->kind == NB_TREE_KIND_VAR) {
@@ -1040,6 +1206,9 @@ static nb_status nbi_donate_walk(nb_ctx *ctx, const nb_tree *a, const nb_tree *d
         if (d != NULL && d->kind == NB_TREE_KIND_BOOL) {
             on = d->u.b;
         } else if (d != NULL && d->kind != NB_TREE_KIND_NULL && !all) {
+            if (path == NULL) {
+                return NB_ERR_STRUCTURE;
+            }
             return nbi_err(ctx, NB_ERR_STRUCTURE,
                            "nb_fn_call_ex: the donate tree has %s at %s where args has an array "
                            "(use a bool leaf)",
@@ -1051,6 +1220,9 @@ static nb_status nbi_donate_walk(nb_ctx *ctx, const nb_tree *a, const nb_tree *d
     bool sub_all = all || (d != NULL && d->kind == NB_TREE_KIND_BOOL && d->u.b);
     bool d_node = d != NULL && nbi_tree_kind_is_node(d->kind);
     if (d_node && (d->kind != a->kind || d->n != a->n)) {
+        if (path == NULL) {
+            return NB_ERR_STRUCTURE;
+        }
         return nbi_err(ctx, NB_ERR_STRUCTURE,
                        "nb_fn_call_ex: the donate tree does not match args at %s (%s of %lld vs "
                        "%s of %lld)",
@@ -1058,15 +1230,20 @@ static nb_status nbi_donate_walk(nb_ctx *ctx, const nb_tree *a, const nb_tree *d
                        nb_tree_kind_name(a->kind), (long long)a->n);
     }
     for (int64_t i = 0; i < a->n; i++) {
-        nbi_path_mark m = nbi_path_save(path);
-        if (a->kind == NB_TREE_KIND_DICT) {
-            nbi_path_push_key(path, a->keys[i]);
-        } else {
-            nbi_path_push_index(path, i);
+        nbi_path_mark m = {0, false};
+        if (path != NULL) {
+            m = nbi_path_save(path);
+            if (a->kind == NB_TREE_KIND_DICT) {
+                nbi_path_push_key(path, a->keys[i]);
+            } else {
+                nbi_path_push_index(path, i);
+            }
         }
         nb_status st = nbi_donate_walk(ctx, a->children[i], d_node ? d->children[i] : NULL, sub_all,
                                        flags, k, path);
-        nbi_path_restore(path, m);
+        if (path != NULL) {
+            nbi_path_restore(path, m);
+        }
         if (st != NB_OK) {
             return st;
         }
@@ -1074,68 +1251,237 @@ static nb_status nbi_donate_walk(nb_ctx *ctx, const nb_tree *a, const nb_tree *d
     return NB_OK;
 }
 
+/* Resolve donate (a live spec) against e's args: which output goes into which donated
+ * input array (the first unused donated args leaf of its dtype and shape, in leaf order),
+ * and which output subtrees can be returned as args' own. The result depends only on e and
+ * the spec's treedef. A spec of this context is cached with its treedef; one of another is
+ * not (*out is then the caller's to free). */
+static nb_status nbi_dplan_make(nbi_jit_state *s, const nbi_entry *e, const nb_tree *args,
+                                const nb_tree *donate, int64_t first_arg, nbi_dplan **out) {
+    static const char fn[] = "nb_fn_call_ex";
+    nb_ctx *ctx = s->ctx;
+    *out = NULL;
+    const nb_treedef *ad = e->args_def, *od = e->out_def;
+    int64_t n = e->n_leaves, n_args = n - first_arg, n_out = e->n_out;
+    nbi_dplan *dp = nbi_alloc(ctx, sizeof *dp, 8);
+    if (dp == NULL) {
+        return nbi_oom(ctx, fn, sizeof *dp);
+    }
+    memset(dp, 0, sizeof *dp);
+    /* temporary: extents of both treedefs, args leaf -> its node, then the flags */
+    size_t tbytes =
+        ((size_t)(ad->n_nodes + od->n_nodes) * 3 + (size_t)n_args + 1) * sizeof(int32_t) +
+        (size_t)n_args * 2 + 1;
+    int32_t *tmp = nbi_alloc(ctx, tbytes, 8);
+    dp->mem_bytes = (size_t)(n_out + od->n_nodes + 1) * sizeof(int32_t) + (size_t)n_out * 2 + 1;
+    dp->mem = nbi_alloc(ctx, dp->mem_bytes, 8);
+    nb_status st = NB_OK;
+    if (tmp == NULL || dp->mem == NULL) {
+        st = nbi_oom(ctx, fn, tmp == NULL ? tbytes : dp->mem_bytes);
+    }
+    if (st == NB_OK && donate->hdr.ctx == ctx) {
+        st = nb_tree_treedef(donate, &dp->donate_def);
+        dp->donate_hash = nbi_tree_def_hash(donate);
+        dp->donate_serial = donate->serial;
+    }
+    if (st != NB_OK) {
+        if (tmp != NULL) {
+            nbi_free(ctx, tmp, tbytes);
+        }
+        nbi_dplan_free(ctx, dp);
+        return st;
+    }
+    int32_t *a_size = tmp, *a_first = a_size + ad->n_nodes, *a_nleaf = a_first + ad->n_nodes;
+    int32_t *o_size = a_nleaf + ad->n_nodes, *o_first = o_size + od->n_nodes;
+    int32_t *o_nleaf = o_first + od->n_nodes, *leaf_node = o_nleaf + od->n_nodes;
+    bool *flags = (bool *)(leaf_node + n_args + 1), *used = flags + n_args;
+    dp->take = dp->mem;
+    dp->reuse = dp->take + n_out;
+    dp->donated = (bool *)(dp->reuse + od->n_nodes + 1);
+    dp->covered = dp->donated + n_out;
+    memset(dp->donated, 0, (size_t)n_out * 2);
+    memset(used, 0, (size_t)n_args);
+    int64_t k = 0;
+    st = nbi_donate_walk(ctx, args, donate, false, flags, &k, NULL);
+    if (st != NB_OK) {
+        nbi_path path;
+        nbi_path_init(&path);
+        nbi_path_push_key(&path, "args");
+        k = 0;
+        st = nbi_donate_walk(ctx, args, donate, false, flags, &k, &path);
+    }
+    bool any = false;
+    for (int64_t i = 0; i < n_out && st == NB_OK; i++) {
+        const nb_var *o = nbi_exec_output(e->exec, (int32_t)i);
+        dp->take[i] = -1;
+        for (int64_t j = 0; j < n_args; j++) {
+            if (flags[j] && !used[j] &&
+                nbi_sig_eq(&e->sigs[first_arg + j], o->dtype, o->rank, o->shape)) {
+                used[j] = true;
+                dp->take[i] = (int32_t)(first_arg + j);
+                dp->donated[i] = any = true;
+                break;
+            }
+        }
+    }
+    if (st == NB_OK && any) {
+        /* An output subtree whose leaves went, in order, into the leaves of an args subtree
+         * of the same definition is that subtree. Nodes whose first leaf is leaf a run in
+         * pre-order up to a's own node. */
+        nbi_treedef_extents(ad, a_size, a_first, a_nleaf);
+        nbi_treedef_extents(od, o_size, o_first, o_nleaf);
+        for (int64_t m = 0; m < ad->n_nodes; m++) {
+            if (ad->nodes[m].kind == NB_TREE_KIND_ARRAY) {
+                leaf_node[a_first[m]] = (int32_t)m;
+            }
+        }
+        bool reused = false;
+        for (int64_t q = 0; q < od->n_nodes; q++) {
+            dp->reuse[q] = -1;
+        }
+        for (int64_t q = 0; q < od->n_nodes;) {
+            int32_t nl = o_nleaf[q], ol = o_first[q], found = -1;
+            bool ok = nl > 0 && dp->take[ol] >= first_arg;
+            for (int32_t t = 1; ok && t < nl; t++) {
+                ok = dp->take[ol + t] == dp->take[ol] + t;
+            }
+            int32_t a0 = ok ? dp->take[ol] - (int32_t)first_arg : 0;
+            for (int32_t m = ok ? leaf_node[a0] : -1; m >= 0 && a_first[m] == a0 && found < 0;
+                 m--) {
+                if (a_size[m] == o_size[q] && a_nleaf[m] == nl &&
+                    nbi_treedef_sub_equal(od, q, ad, m)) {
+                    found = m;
+                }
+            }
+            if (found >= 0) {
+                dp->reuse[q] = found;
+                memset(dp->covered + ol, 1, (size_t)nl);
+                reused = true;
+                q += o_size[q];
+            } else {
+                q++;
+            }
+        }
+        if (!reused) {
+            dp->reuse = NULL;
+        }
+    }
+    if (st == NB_OK && !any) {
+        dp->donated = NULL;
+        dp->covered = NULL;
+        dp->reuse = NULL;
+    }
+    nbi_free(ctx, tmp, tbytes);
+    if (st != NB_OK) {
+        nbi_dplan_free(ctx, dp);
+        return st;
+    }
+    *out = dp;
+    return NB_OK;
+}
+
+/* The plan of e under the live spec donate: a cached one whose spec treedef matches (the
+ * same spec tree is known by its serial), or a new one. *temp: not cached, free it. */
+static nb_status nbi_dplan_get(nbi_jit_state *s, nbi_entry *e, const nb_tree *args,
+                               const nb_tree *donate, int64_t first_arg, nbi_dplan **out,
+                               bool *temp) {
+    *temp = false;
+    bool mine = donate->hdr.ctx == s->ctx; /* serials and treedefs are per context */
+    for (nbi_dplan *dp = e->plans; mine && dp != NULL; dp = dp->next) {
+        if (dp->donate_serial == donate->serial || (dp->donate_hash == nbi_tree_def_hash(donate) &&
+                                                    nbi_tree_def_match(donate, dp->donate_def))) {
+            dp->donate_serial = donate->serial;
+            *out = dp;
+            return NB_OK;
+        }
+    }
+    nb_status st = nbi_dplan_make(s, e, args, donate, first_arg, out);
+    if (st == NB_OK && mine) {
+        (*out)->next = e->plans;
+        e->plans = *out;
+    } else if (st == NB_OK) {
+        *temp = true;
+    }
+    return st;
+}
+
+/* Run e on the gathered leaves (self's then args') under plan dp (NULL: nothing donated)
+ * and build the output tree: new arrays for the outputs not donated, args' own arrays (and
+ * subtrees, nodes: args' nodes in pre-order) for the others. */
 static nb_status nbi_run_entry(nbi_jit_state *s, const nbi_entry *e, const nb_tree *const *leaves,
-                               int64_t n_leaves, int64_t first_arg, const bool *donate,
+                               int64_t n_leaves, const nbi_dplan *dp, nb_tree *const *nodes,
                                nb_tree **out) {
     nb_ctx *ctx = s->ctx;
     static const char fn[] = "nb_fn_call";
-    size_t tbytes = (size_t)(n_leaves + e->n_out + 1) * sizeof(nb_array *) +
-                    (size_t)(e->n_out + 1) * sizeof(nb_tree *) + (size_t)n_leaves + 1 +
-                    (size_t)e->n_out + 1;
-    unsigned char *tmp = nbi_alloc(ctx, tbytes, 8);
-    if (tmp == NULL) {
-        return nbi_oom(ctx, fn, tbytes);
+    int32_t n_out = e->n_out;
+    /* in[n_leaves], out[n_out] buffer pointers, out arrays [n_out], out leaves [n_out] */
+    size_t bytes = (size_t)(n_leaves + 3 * (int64_t)n_out + 1) * sizeof(void *);
+    void **buf = s->scratch;
+    bool own = s->scratch_busy; /* a call made while another runs: a buffer of its own */
+    if (!own && bytes > s->scratch_bytes) {
+        if (s->scratch != NULL) {
+            nbi_free(ctx, s->scratch, s->scratch_bytes);
+        }
+        s->scratch_bytes = bytes * 2;
+        s->scratch = nbi_alloc(ctx, s->scratch_bytes, 8);
+        if (s->scratch == NULL) {
+            s->scratch_bytes = 0;
+            return nbi_oom(ctx, fn, bytes * 2);
+        }
+        buf = s->scratch;
+    } else if (own) {
+        buf = nbi_alloc(ctx, bytes, 8);
+        if (buf == NULL) {
+            return nbi_oom(ctx, fn, bytes);
+        }
     }
-    nb_array **ins = (nb_array **)tmp;
-    nb_array **outs = ins + n_leaves;
-    nb_tree **out_leaves = (nb_tree **)(outs + e->n_out + 1);
-    bool *used = (bool *)(out_leaves + e->n_out + 1);
-    bool *donated = used + n_leaves + 1; /* per output: an input's array */
-    memset(used, 0, (size_t)n_leaves + 1 + (size_t)e->n_out + 1);
+    s->scratch_busy = true;
+    const void **in_ptr = (const void **)buf;
+    void **out_ptr = buf + n_leaves;
+    nb_array **outs = (nb_array **)(out_ptr + n_out);
+    nb_tree **out_leaves = (nb_tree **)(outs + n_out);
     for (int64_t i = 0; i < n_leaves; i++) {
-        ins[i] = leaves[i]->u.array;
+        in_ptr[i] = leaves[i]->u.array->data;
     }
     nb_status st = NB_OK;
-    int32_t made = 0;
-    for (int32_t i = 0; i < e->n_out && st == NB_OK; i++) {
-        const nb_var *o = nbi_exec_output(e->exec, i);
-        outs[i] = NULL;
-        for (int64_t j = first_arg; donate != NULL && j < n_leaves && outs[i] == NULL; j++) {
-            const nb_array *a = ins[j];
-            if (donate[j - first_arg] && !used[j] && a->dtype == o->dtype && a->rank == o->rank &&
-                memcmp(a->shape, o->shape, (size_t)o->rank * sizeof(int64_t)) == 0) {
-                used[j] = true;
-                donated[i] = true;
-                outs[i] = nb_array_retain(ins[j]);
-            }
-        }
-        if (outs[i] == NULL) {
+    int32_t made = 0; /* outputs 0..made-1 have their array */
+    for (int32_t i = 0; i < n_out && st == NB_OK; i++) {
+        int32_t j = dp != NULL ? dp->take[i] : -1;
+        out_leaves[i] = NULL;
+        if (j >= 0) {
+            outs[i] = leaves[j]->u.array; /* borrowed: args hold it */
+        } else {
+            const nb_var *o = nbi_exec_output(e->exec, i);
             st = nbi_array_new(ctx, fn, o->dtype, o->rank, o->shape, &outs[i]);
         }
         if (st == NB_OK) {
+            out_ptr[i] = outs[i]->data;
             made++;
         }
     }
     if (st == NB_OK) {
-        nbi_exec_run(e->exec, ins, outs, donated);
+        nbi_exec_run_raw(e->exec, in_ptr, out_ptr, dp != NULL ? dp->donated : NULL);
     }
-    int32_t n_leaf_trees = 0;
     for (int32_t i = 0; i < made && st == NB_OK; i++) {
-        st = nb_tree_array(outs[i], &out_leaves[i]);
-        if (st == NB_OK) {
-            n_leaf_trees++;
+        if (dp == NULL || dp->covered == NULL || !dp->covered[i]) {
+            st = nb_tree_array(outs[i], &out_leaves[i]);
         }
     }
     if (st == NB_OK) {
-        st = nbi_tree_unflatten_leaves(e->out_def, out_leaves, out);
-    }
-    for (int32_t i = 0; i < n_leaf_trees; i++) {
-        nb_tree_destroy(out_leaves[i]);
+        st = nbi_tree_unflatten_reuse(e->out_def, out_leaves, dp != NULL ? dp->reuse : NULL, nodes,
+                                      out);
     }
     for (int32_t i = 0; i < made; i++) {
-        nb_array_destroy(outs[i]);
+        nb_tree_destroy(out_leaves[i]);
+        if (dp == NULL || dp->take[i] < 0) {
+            nb_array_destroy(outs[i]);
+        }
     }
-    nbi_free(ctx, tmp, tbytes);
+    if (own) {
+        nbi_free(ctx, buf, bytes);
+    } else {
+        s->scratch_busy = false;
+    }
     return st;
 }
 
@@ -1161,7 +1507,7 @@ nb_status nb_fn_call_ex(nb_fn *f, const nb_tree *args, const nb_call_opts *opts,
     if (s == NULL) {
         return NB_ERR_OOM;
     }
-    nbi_ident *id = nbi_ident_find(s, f, true, fn);
+    nbi_ident *id = nbi_ident_of(s, f, true, fn);
     if (id == NULL) {
         return NB_ERR_OOM;
     }
@@ -1181,8 +1527,7 @@ nb_status nb_fn_call_ex(nb_fn *f, const nb_tree *args, const nb_call_opts *opts,
         }
     }
     int64_t first_arg = p->self ? p->self->n_leaves : 0;
-    uint64_t h = nbi_key_hash(args, s->leafbuf, n);
-    nbi_entry *e = nbi_entry_find(id, h, args, s->leafbuf, n);
+    nbi_entry *e = nbi_entry_hit(id, args, s->leafbuf, n);
     if (e != NULL) {
         id->stats.n_hits++;
     } else {
@@ -1195,7 +1540,7 @@ nb_status nb_fn_call_ex(nb_fn *f, const nb_tree *args, const nb_call_opts *opts,
         if (n > 0) {
             memcpy(mine, s->leafbuf, (size_t)n * sizeof(const nb_tree *));
         }
-        st = nbi_compile_entry(s, id, f, args, mine, n, h, &e);
+        st = nbi_compile_entry(s, id, f, args, mine, n, nbi_key_hash(args, mine, n), &e);
         nbi_free(ctx, mine, bytes);
         if (st != NB_OK) {
             return st;
@@ -1205,28 +1550,20 @@ nb_status nb_fn_call_ex(nb_fn *f, const nb_tree *args, const nb_call_opts *opts,
             return st;
         }
     }
-    bool *donate = NULL;
-    size_t dbytes = (size_t)(args->n_leaves + 1);
+    nbi_dplan *dp = NULL;
+    bool temp = false;
     if (opts != NULL && opts->donate != NULL) {
         if (nb_tree_check(opts->donate) != NB_OK) {
             return nbi_err(ctx, NB_ERR_MISUSE, "%s: opts->donate is a destroyed tree", fn);
         }
-        donate = nbi_alloc(ctx, dbytes, 8);
-        if (donate == NULL) {
-            return nbi_oom(ctx, fn, dbytes);
-        }
-        int64_t k = 0;
-        nbi_path path;
-        nbi_path_init(&path);
-        nbi_path_push_key(&path, "args");
-        st = nbi_donate_walk(ctx, args, opts->donate, false, donate, &k, &path);
+        st = nbi_dplan_get(s, e, args, opts->donate, first_arg, &dp, &temp);
     }
     if (st == NB_OK) {
         id->stats.workspace_bytes = nbi_exec_workspace_bytes(e->exec);
-        st = nbi_run_entry(s, e, s->leafbuf, n, first_arg, donate, out);
+        st = nbi_run_entry(s, e, s->leafbuf, n, dp, s->nodebuf, out);
     }
-    if (donate != NULL) {
-        nbi_free(ctx, donate, dbytes);
+    if (temp) {
+        nbi_dplan_free(ctx, dp);
     }
     return st;
 }
@@ -1252,6 +1589,67 @@ nb_status nb_eval(nb_ctx *ctx, nb_fn_body body, const nb_tree *self, const nb_tr
     return st;
 }
 
+/* ---- callees of control flow ----------------------------------------------------- */
+
+nb_status nbi_callee(nb_trace *tr, nb_fn *f, const nb_tree *args, const char *who,
+                     nbi_callee_info *out) {
+    memset(out, 0, sizeof *out);
+    nb_ctx *ctx = tr->ctx;
+    nbi_jit_state *s = nbi_jit_get(ctx, who);
+    nbi_ident *id = s ? nbi_ident_find(s, f, true, who) : NULL;
+    if (id == NULL) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory in the compile cache", who);
+    }
+    const nb_fn *p = nbi_fn_plain(f);
+    int64_t n_self = p->self ? p->self->n_leaves : 0;
+    int64_t n = n_self + args->n_leaves;
+    const nb_tree **leaves = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_tree *));
+    nb_var **ops = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_var *));
+    if (leaves == NULL || ops == NULL) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+    }
+    int64_t k = 0;
+    if (p->self != NULL) {
+        nbi_collect(p->self, leaves, &k);
+    }
+    nbi_collect(args, leaves, &k);
+    for (int64_t i = 0; i < n; i++) {
+        if (leaves[i]->kind == NB_TREE_KIND_VAR) {
+            ops[i] = leaves[i]->u.var.var;
+            if (ops[i]->tr != tr) {
+                return nbi_trace_err(tr, NB_ERR_INVALID,
+                                     "%s: operand %lld of '%s' is a var of another trace (a "
+                                     "function's bound data may hold vars of the trace it is "
+                                     "called in, not of others)",
+                                     who, (long long)i, f->name);
+            }
+        } else {
+            ops[i] = nb_constant(tr, leaves[i]->u.array);
+        }
+    }
+    if (tr->status != NB_OK) {
+        return tr->status;
+    }
+    uint64_t h = nbi_key_hash(args, leaves, n);
+    nbi_entry *e = nbi_entry_find(id, h, args, leaves, n);
+    if (e != NULL) {
+        id->stats.n_hits++;
+    } else {
+        nb_status st = nbi_compile_entry(s, id, f, args, leaves, n, h, &e);
+        if (st != NB_OK) {
+            char msg[NBI_ERRMSG_CAP];
+            snprintf(msg, sizeof msg, "%s", nb_ctx_errmsg(ctx));
+            return nbi_trace_err(tr, st, "%s", msg);
+        }
+    }
+    out->exec = e->exec;
+    out->ops = ops;
+    out->n_ops = n;
+    out->n_self = n_self;
+    out->out_def = e->out_def;
+    return NB_OK;
+}
+
 /* ---- calls inside a trace ----------------------------------------------------------- */
 
 /* A call to f's own cached executable: operands are its self and args leaves (vars of tr,
@@ -1259,7 +1657,7 @@ nb_status nb_eval(nb_ctx *ctx, nb_fn_body body, const nb_tree *self, const nb_tr
 static const nb_tree *nbi_apply_call(nb_trace *tr, const nb_fn *f, const nb_tree *args) {
     nb_ctx *ctx = tr->ctx;
     nbi_jit_state *s = nbi_jit_get(ctx, "nb_apply");
-    nbi_ident *id = s ? nbi_ident_find(s, f, true, "nb_apply") : NULL;
+    nbi_ident *id = s ? nbi_ident_of(s, f, true, "nb_apply") : NULL;
     if (id == NULL) {
         nbi_trace_err(tr, NB_ERR_OOM, "nb_apply: out of memory in the compile cache");
         return NULL;
@@ -1428,7 +1826,7 @@ nb_status nb_fn_stats_get(const nb_fn *f, nb_fn_stats *out) {
     }
     memset(out, 0, sizeof *out);
     nbi_jit_state *s = *nbi_ctx_jit_slot(f->hdr.ctx);
-    nbi_ident *id = s ? nbi_ident_find(s, f, false, "nb_fn_stats_get") : NULL;
+    nbi_ident *id = s ? nbi_ident_of(s, f, false, "nb_fn_stats_get") : NULL;
     if (id != NULL) {
         *out = id->stats;
     }
@@ -1443,7 +1841,7 @@ nb_status nb_fn_retrace_reason(const nb_fn *f, int64_t i, char *buf, size_t cap,
         return NB_ERR_MISUSE;
     }
     nbi_jit_state *s = *nbi_ctx_jit_slot(f->hdr.ctx);
-    nbi_ident *id = s ? nbi_ident_find(s, f, false, "nb_fn_retrace_reason") : NULL;
+    nbi_ident *id = s ? nbi_ident_of(s, f, false, "nb_fn_retrace_reason") : NULL;
     if (id == NULL || i < 0 || i >= id->stats.n_retraces) {
         return nbi_err(f->hdr.ctx, NB_ERR_INDEX,
                        "nb_fn_retrace_reason: retrace %lld of '%s' does not exist (it has %lld)",

@@ -10,6 +10,12 @@
  * Every element is computed by the same code on the same values as without fusion, so
  * results are bit-identical to the unfused program and for any thread count.
  *
+ * Stored values (registers a multi-output program also writes, fused_output nodes) stay in
+ * their tiles until every instruction of the tile has run, and are then copied out. So
+ * all of a tile's reads of the inputs come before any write of an output: an output may
+ * share a buffer with an input read at the same index (the memory plan's in-place slots,
+ * donated state updated in place) however the instructions are ordered.
+ *
  * A trailing reduction (sum, max, min over the innermost dims) consumes the last
  * instruction's tile instead of storing it: each output's run of red_n elements is fed,
  * tile by tile, into a reduction stream that performs the reduction kernel's own
@@ -42,11 +48,10 @@ static int64_t nbi_shape_size_of(const nbi_fprog *p) {
     return nbi_shape_size(p->map_rank, p->map_shape);
 }
 
-/* Per worker: the tiles; the first worker's slice also holds the partial results of
+/* Per worker: n_slots tiles; the first worker's slice also holds the partial results of
  * segmented reductions (8 bytes each). */
-static size_t nbi_fused_worker_bytes(const nb_var *node) {
-    const nbi_fprog *p = node->at.callee;
-    size_t tiles = (size_t)(p->n_instr + p->n_ext + 1) * NBI_FUSE_TILE_BYTES + 64;
+static size_t nbi_fused_bytes(const nbi_fprog *p, int32_t n_slots) {
+    size_t tiles = (size_t)n_slots * NBI_FUSE_TILE_BYTES + 64;
     if (p->red_op != 0 && nbi_fused_segs(p) > 1) {
         tiles += (size_t)(nbi_shape_size_of(p) / p->red_n * nbi_fused_segs(p)) * 8 + 64;
     }
@@ -57,7 +62,8 @@ static size_t nbi_fused_worker_bytes(const nb_var *node) {
  * in the program's plan bytes), not on every run. */
 typedef struct nbi_fplan {
     size_t worker_bytes;
-    int r; /* the index space (map shape) */
+    int32_t n_slots; /* tiles per worker */
+    int r;           /* the index space (map shape) */
     int64_t size;
     int64_t rows_per_piece, segs; /* reductions: whole runs per piece, or segments per run */
     int64_t strides[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
@@ -78,6 +84,7 @@ typedef struct nbi_fused_job {
     const nbi_fprog *p;
     const nbi_fplan *pl;
     const int64_t *shape;                            /* p->map_shape */
+    void *const *outs;                               /* stored values' buffers, or NULL */
     unsigned char *partials;                         /* segment results (segs > 1) */
     const unsigned char *ext_base[NBI_FUSE_MAX_EXT]; /* where element 0 is read, this run */
 } nbi_fused_job;
@@ -250,7 +257,7 @@ static void nbi_fused_gather(int r, const int64_t *shape, const int64_t *st, con
 }
 
 /* Evaluate the program over elements [t0, t0 + n) of the index space (n <= the tile);
- * the last instruction writes to dst. */
+ * the last instruction writes to dst, then the stored registers go to their buffers. */
 static void nbi_fused_tile(const nbi_fused_job *j, unsigned char *base, int64_t t0, int64_t n,
                            void *dst) {
     const nbi_kargs *k = j->k;
@@ -301,6 +308,16 @@ static void nbi_fused_tile(const nbi_fused_job *j, unsigned char *base, int64_t 
         } else {
             nbi_ew_tile((nbi_op)in->op, in->dtype, in->in_dtype, in->n_in, o, ops, sc, n);
         }
+    }
+    for (int32_t s = 0; s < p->n_store && j->outs != NULL; s++) {
+        int32_t r = p->store[s];
+        if (j->outs[s] == NULL) {
+            continue;
+        }
+        size_t es = nb_dtype_size(p->ins[r].dtype);
+        const unsigned char *v =
+            r == p->n_instr - 1 ? dst : base + (size_t)j->pl->reg_slot[r] * tile_bytes;
+        memcpy((unsigned char *)j->outs[s] + (size_t)t0 * es, v, (size_t)n * es);
     }
 }
 
@@ -384,7 +401,7 @@ static void nbi_fused_reduce_piece(void *ud, int64_t t, int worker) {
 
 /* Tile slots: one per gathered input, then results share slots by lifetime (a slot is
  * reused once its value has been read for the last time, never by the instruction that
- * reads it, so no kernel runs in place). */
+ * reads it, so no kernel runs in place; a stored value keeps its slot to the tile's end). */
 static void nbi_fused_slots(const nbi_fprog *p, nbi_fplan *pl) {
     int32_t n_slots = 0, last[NBI_FUSE_MAX_INSTR], free_list[NBI_FUSE_MAX_INSTR], n_free = 0;
     for (int32_t e = 0; e < p->n_ext; e++) {
@@ -397,6 +414,9 @@ static void nbi_fused_slots(const nbi_fprog *p, nbi_fplan *pl) {
                 last[p->ins[i].src[a]] = i;
             }
         }
+    }
+    for (int32_t s = 0; s < p->n_store; s++) {
+        last[p->store[s]] = p->n_instr; /* copied out after the last instruction */
     }
     pl->out_slot = p->red_op != 0 ? n_slots++ : -1; /* the values reduced, else the output */
     for (int32_t i = 0; i < p->n_instr; i++) {
@@ -421,6 +441,7 @@ static void nbi_fused_slots(const nbi_fprog *p, nbi_fplan *pl) {
      * better in quarter tiles: its first instruction's loads from memory then interleave
      * with the compute that hides them (tanh(x*a + b)*c over 1e7 floats: 1.70 -> 1.52 ns
      * per element; the same loop in plain C: 1.64 -> 1.28). */
+    pl->n_slots = n_slots;
     bool stream = p->red_op == 0 && p->n_instr <= 8 &&
                   nbi_shape_size(p->map_rank, p->map_shape) > 4 * NBI_FUSE_TILE;
     pl->tile = stream ? NBI_FUSE_TILE / 4 : NBI_FUSE_TILE;
@@ -460,7 +481,6 @@ static void nbi_fused_plan(const nb_var *node, nbi_fplan *pl) {
     memset(pl, 0, sizeof *pl);
     pl->r = p->map_rank;
     pl->size = nbi_shape_size(p->map_rank, p->map_shape);
-    pl->worker_bytes = (nbi_fused_worker_bytes(node) + 63) / 64 * 64;
     const int64_t *shape = p->map_shape;
     for (int32_t e = 0; e < p->n_ext; e++) {
         const nb_var *x = node->in[e];
@@ -494,6 +514,7 @@ static void nbi_fused_plan(const nb_var *node, nbi_fplan *pl) {
         }
     }
     nbi_fused_slots(p, pl);
+    pl->worker_bytes = (nbi_fused_bytes(p, pl->n_slots) + 63) / 64 * 64;
     for (int32_t i = 0; i < p->n_instr; i++) {
         const nbi_finstr *in = &p->ins[i];
         nbi_ew_resolve((nbi_op)in->op, in->dtype, in->in_dtype, in->n_in, &pl->fast[i]);
@@ -528,6 +549,7 @@ static void nbi_k_fused(const nbi_kargs *k) {
     j.pl = pl;
     j.shape = p->map_shape;
     j.partials = NULL;
+    j.outs = p->n_store > 0 ? k->outs : NULL;
     for (int32_t e = 0; e < p->n_ext; e++) {
         j.ext_base[e] = (const unsigned char *)k->in[e] + pl->ext_off[e];
     }
@@ -537,8 +559,7 @@ static void nbi_k_fused(const nbi_kargs *k) {
     }
     int64_t rows = node->size;
     if (pl->segs > 1) {
-        j.partials =
-            nbi_fused_base(&j, 0) + (size_t)(p->n_instr + p->n_ext + 1) * NBI_FUSE_TILE_BYTES;
+        j.partials = nbi_fused_base(&j, 0) + (size_t)pl->n_slots * NBI_FUSE_TILE_BYTES;
         nbi_pool_run(k->pool, rows * pl->segs, nbi_fused_reduce_piece, &j);
         size_t es = nb_dtype_size(node->dtype);
         for (int64_t row = 0; row < rows; row++) {
@@ -554,6 +575,15 @@ static void nbi_k_fused(const nbi_kargs *k) {
 
 /* The output: the map shape (every external input that is not a view broadcasts to it),
  * reduced over red_axes when there is a trailing reduction; the last instruction's dtype. */
+/* Scratch: the planned slots of an executable's node, else as many as there can be. */
+static size_t nbi_fused_worker_bytes(const nb_var *node) {
+    const nbi_fprog *p = node->at.callee;
+    if (p->planned) {
+        return ((const nbi_fplan *)(const void *)p->plan)->worker_bytes;
+    }
+    return nbi_fused_bytes(p, p->n_instr + p->n_ext + 1);
+}
+
 static nb_status nbi_infer_fused(nb_trace *tr, nb_var *p) {
     const nbi_fprog *prog = p->at.callee;
     for (int32_t e = 0; e < p->n_in; e++) {
@@ -594,3 +624,29 @@ const nbi_op_info nbi_opinfo_fused = {.name = "fused",
                                       .infer = nbi_infer_fused,
                                       .kernel = nbi_k_fused,
                                       .scratch = nbi_fused_worker_bytes};
+
+/* fused_output {index=k}: register store[k] of its fused node's program, over the map
+ * shape. The fused node's kernel writes it (the executor hands over its buffer in
+ * nbi_kargs.outs), so it has nothing of its own to run. */
+static nb_status nbi_infer_fused_output(nb_trace *tr, nb_var *p) {
+    const nb_var *f = p->in[0];
+    const nbi_fprog *prog = f->op == NBI_OP_FUSED ? f->at.callee : NULL;
+    if (prog == NULL || p->at.ivalue < 0 || p->at.ivalue >= prog->n_store) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL, "fused_output: index %lld of a %s",
+                             (long long)p->at.ivalue,
+                             prog == NULL ? "node that is not fused" : "program storing less");
+    }
+    p->dtype = prog->ins[prog->store[p->at.ivalue]].dtype;
+    p->rank = (int8_t)prog->map_rank;
+    memcpy(p->shape, prog->map_shape, sizeof p->shape);
+    return NB_OK;
+}
+
+static void nbi_k_fused_output(const nbi_kargs *k) {
+    (void)k; /* made by the fused node's kernel; never run as an instruction */
+}
+
+const nbi_op_info nbi_opinfo_fused_output = {.name = "fused_output",
+                                             .n_in = 1,
+                                             .infer = nbi_infer_fused_output,
+                                             .kernel = nbi_k_fused_output};

@@ -310,5 +310,33 @@ const nbi_op_info nbi_opinfo_call = {.name = "call",
                                      .infer = nbi_infer_call,
                                      .kernel = nbi_k_call,
                                      .scratch = nbi_scratch_call};
-const nbi_op_info nbi_opinfo_call_output = {
-    .name = "call_output", .n_in = 1, .infer = nbi_infer_call_output, .kernel = nbi_k_call_output};
+/* Calls are inlined before differentiating, so a call_output reached by a derivative reads
+ * a loop's carry; the loop's own rule reports first (it runs before, or fails the trace). */
+static void nbi_vjp_call_output(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) {
+    (void)ct;
+    (void)in_ct;
+    if (node->in[0]->op == NBI_OP_WHILE) {
+        nbi_while_report(tr, node->in[0], true);
+    } else if (tr->status == NB_OK) {
+        nbi_trace_err(tr, NB_ERR_INTERNAL, "reverse mode reached the output of a %s op",
+                      nbi_op_name((nbi_op)node->in[0]->op));
+    }
+}
+
+static nb_var *nbi_jvp_call_output(nb_trace *tr, nb_var *node, nb_var *const *tan) {
+    (void)tan;
+    if (node->in[0]->op == NBI_OP_WHILE) {
+        nbi_while_report(tr, node->in[0], false);
+    } else if (tr->status == NB_OK) {
+        nbi_trace_err(tr, NB_ERR_INTERNAL, "forward mode reached the output of a %s op",
+                      nbi_op_name((nbi_op)node->in[0]->op));
+    }
+    return NULL;
+}
+
+const nbi_op_info nbi_opinfo_call_output = {.name = "call_output",
+                                            .n_in = 1,
+                                            .infer = nbi_infer_call_output,
+                                            .kernel = nbi_k_call_output,
+                                            .vjp = nbi_vjp_call_output,
+                                            .jvp = nbi_jvp_call_output};

@@ -107,7 +107,7 @@ static uint64_t nbi_bits(double d) {
 static bool nbi_attrs_equal(const nbi_attrs *a, const nbi_attrs *b) {
     if (a->n_axes != b->n_axes || a->axis != b->axis || a->keepdims != b->keepdims ||
         nbi_bits(a->value) != nbi_bits(b->value) || a->ivalue != b->ivalue || a->to != b->to ||
-        a->array != b->array || a->callee != b->callee) {
+        a->array != b->array || a->callee != b->callee || a->callee2 != b->callee2) {
         return false;
     }
     for (int i = 0; i < NB_MAX_RANK; i++) {
@@ -256,7 +256,8 @@ nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     for (int32_t i = 0; i < in->n_nodes; i++) {
         const nb_var *v = in->nodes[i];
         bool foldable = !nbi_is_const_source(v) && v->op != NBI_OP_PARAM && v->op != NBI_OP_CALL &&
-                        v->op != NBI_OP_CALL_OUTPUT && v->n_in > 0 && v->size <= NBI_FOLD_MAX_ELEMS;
+                        v->op != NBI_OP_CALL_OUTPUT && v->op != NBI_OP_WHILE && v->n_in > 0 &&
+                        v->size <= NBI_FOLD_MAX_ELEMS;
         for (int32_t j = 0; foldable && j < v->n_in; j++) {
             foldable = nbi_is_const_source(map[v->in[j]->id]) &&
                        map[v->in[j]->id]->size <= NBI_FOLD_MAX_ELEMS;
@@ -565,15 +566,21 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
 }
 
 /* ---- elementwise fusion ---------------------------------------------------------------
- * A cluster grows from its root (the last node, the one used outside) backwards through
- * inputs that are elementwise, have the root's shape, and have exactly one use -- inside
- * the cluster. Each cluster of two or more nodes becomes one fused node whose program
- * replays the members in order (op_fused.c). An external input that is a slice, a pad or
- * an explicit broadcast to the root's shape is read through a view of the node it slices,
- * pads or broadcasts instead (no copy); that node stays only if something else uses it.
- * A sum, max or min over the innermost dims whose input is a cluster's root used nowhere
- * else takes the cluster in as its trailing reduction: the mapped values are reduced tile
- * by tile and never stored. Such a cluster is closed: nothing fuses it further. */
+ * A cluster grows from its root (its last node) backwards through inputs that are
+ * elementwise and have the root's shape, and sideways to earlier clusters of that shape
+ * that read one of its inputs of that shape (siblings: the input is then read once). Each
+ * cluster of two or more nodes becomes one fused node whose program replays the members
+ * in order (op_fused.c), in the root's place; a member needed outside the cluster (an
+ * output of the graph, or read by a node outside) is stored by the same kernel as a
+ * fused_output node -- Adam's new moments and parameters come from one pass over g, mu,
+ * nu and p. So a cluster may only take in a node none of whose readers outside comes
+ * before the root (they would read the value before the fused node makes it). An
+ * external input that is a slice, a pad or an explicit broadcast to the root's shape is
+ * read through a view of the node it slices, pads or broadcasts instead (no copy); that
+ * node stays only if something else uses it. A sum, max or min over the innermost dims
+ * whose input is a cluster's root takes the cluster in as its trailing reduction: the
+ * mapped values are reduced tile by tile (and stored only where needed elsewhere). Such a
+ * cluster is closed: nothing fuses it further. */
 
 bool nbi_is_map(const nb_var *v) {
     return nbi_op_get((nbi_op)v->op)->elementwise && v->op != NBI_OP_IDENTITY &&
@@ -1013,35 +1020,43 @@ nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     return nbi_pass_end(ctx, in, out, map, "remat");
 }
 
-/* Move cluster r's members into cluster i (ahead of i's own, which come later in the
- * graph); fresh: i has no members yet (a reduction taking r). */
-static void nbi_fuse_merge(int32_t *root, int32_t *head, int32_t *tail, int32_t *next, int32_t r,
-                           int32_t i, bool fresh) {
-    for (int32_t m = head[r]; m >= 0; m = next[m]) {
-        root[m] = i;
+/* The fusion pass's clusters. root[i]: node i's cluster, named by its root's index (-1:
+ * none); a cluster's members as a list: head[root], then next[] (-1 ends it), tail[root];
+ * size: its members (a reduction root counts one); closed: a reduction took it. Each
+ * node's distinct readers, in graph order: cons[cstart[i]] .. cons[cstart[i + 1] - 1]. */
+typedef struct nbi_fuse {
+    const nbi_graph *g;
+    int32_t *root, *size, *head, *tail, *next, *cstart, *cons;
+    bool *closed, *is_out;
+} nbi_fuse;
+
+/* Move cluster r's members into cluster i (the program orders members by their place in
+ * the graph, not by this list); fresh: i has no members yet (a reduction taking r). */
+static void nbi_fuse_merge(nbi_fuse *f, int32_t r, int32_t i, bool fresh) {
+    for (int32_t m = f->head[r]; m >= 0; m = f->next[m]) {
+        f->root[m] = i;
     }
     if (fresh) {
-        head[i] = head[r];
-        tail[i] = tail[r];
+        f->head[i] = f->head[r];
+        f->tail[i] = f->tail[r];
     } else {
-        next[tail[r]] = head[i];
-        head[i] = head[r];
+        f->next[f->tail[r]] = f->head[i];
+        f->head[i] = f->head[r];
     }
-    root[i] = i;
+    f->root[i] = i;
 }
 
 /* The distinct inputs from outside that clusters a and b would read together. */
-static int32_t nbi_fuse_ext_count(const nbi_graph *g, const int32_t *root, const int32_t *head,
-                                  const int32_t *next, int32_t a, int32_t b) {
+static int32_t nbi_fuse_ext_count(const nbi_fuse *f, int32_t a, int32_t b) {
     const nb_var *seen[3 * NBI_FUSE_MAX_INSTR + 3];
     int32_t n = 0;
     int32_t lists[2] = {a, b};
     for (int l = 0; l < 2; l++) {
-        for (int32_t m = head[lists[l]]; m >= 0; m = next[m]) {
-            const nb_var *v = g->nodes[m];
+        for (int32_t m = f->head[lists[l]]; m >= 0; m = f->next[m]) {
+            const nb_var *v = f->g->nodes[m];
             for (int32_t j = 0; j < v->n_in; j++) {
                 const nb_var *w = v->in[j];
-                if (root[w->id] == a || root[w->id] == b) {
+                if (f->root[w->id] == a || f->root[w->id] == b) {
                     continue;
                 }
                 int32_t q = 0;
@@ -1057,34 +1072,139 @@ static int32_t nbi_fuse_ext_count(const nbi_graph *g, const int32_t *root, const
     return n;
 }
 
+/* May cluster a join node i's cluster (i's own, or a new one when i is a reduction taking
+ * a), i staying the root? The fused node takes i's place, so a member it stores is only
+ * made there: every reader outside the two clusters must come after i. And at most
+ * NBI_FUSE_MAX_STORE members besides i are stored (outputs, values read outside). */
+static bool nbi_fuse_place_ok(const nbi_fuse *f, int32_t a, int32_t i) {
+    int32_t n_store = 0;
+    int32_t lists[2] = {a, f->root[i] == i ? i : -1};
+    for (int l = 0; l < 2; l++) {
+        for (int32_t m = lists[l] >= 0 ? f->head[lists[l]] : -1; m >= 0; m = f->next[m]) {
+            bool stored = f->is_out[m];
+            for (int32_t q = f->cstart[m]; q < f->cstart[m + 1]; q++) {
+                int32_t c = f->cons[q];
+                if (c == i || f->root[c] == a || f->root[c] == i) {
+                    continue;
+                }
+                if (c < i) {
+                    return false;
+                }
+                stored = true;
+            }
+            n_store += m != i && stored;
+        }
+    }
+    return n_store <= NBI_FUSE_MAX_STORE;
+}
+
+/* Merge map cluster r into i's when it has i's shape and the bounds hold. */
+static bool nbi_fuse_try(nbi_fuse *f, int32_t r, int32_t i) {
+    if (r < 0 || r == i || f->closed[r] || !nbi_same_shape(f->g->nodes[r], f->g->nodes[i]) ||
+        f->size[r] + f->size[i] > NBI_FUSE_MAX_INSTR ||
+        nbi_fuse_ext_count(f, r, i) > NBI_FUSE_MAX_EXT || !nbi_fuse_place_ok(f, r, i)) {
+        return false;
+    }
+    nbi_fuse_merge(f, r, i, false);
+    f->size[i] += f->size[r];
+    return true;
+}
+
+/* Sibling clusters tried per node: each try costs a pass over both member lists. */
+#define NBI_FUSE_SIBLING_TRIES 8
+
+/* Is cluster r's root stored whatever happens: no reader of it could take r in later (a
+ * map of its shape, a reduction fusion accepts)? Only such a cluster joins a sibling: the
+ * root would be stored by the merged kernel instead of fused into its reader. */
+static bool nbi_fuse_settled(const nbi_fuse *f, int32_t r) {
+    const nb_var *u = f->g->nodes[r];
+    for (int32_t q = f->cstart[r]; q < f->cstart[r + 1]; q++) {
+        const nb_var *c = f->g->nodes[f->cons[q]];
+        if ((nbi_fusible(c) && nbi_same_shape(c, u)) ||
+            (nbi_fuse_reduction_ok(c) && c->in[0] == u)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Node i's cluster, grown: its inputs' clusters, then earlier clusters of its shape that
+ * read an input of that shape it reads (that input then read once for both). */
+static void nbi_fuse_grow(nbi_fuse *f, int32_t i) {
+    const nb_var *v = f->g->nodes[i];
+    for (int32_t j = 0; j < v->n_in; j++) {
+        nbi_fuse_try(f, f->root[v->in[j]->id], i);
+    }
+    int tries = 0;
+    for (int32_t m = f->head[i]; m >= 0 && tries < NBI_FUSE_SIBLING_TRIES; m = f->next[m]) {
+        const nb_var *u = f->g->nodes[m];
+        for (int32_t j = 0; j < u->n_in && tries < NBI_FUSE_SIBLING_TRIES; j++) {
+            const nb_var *x = u->in[j];
+            if (f->root[x->id] == i || !nbi_same_shape(x, v) || nbi_input_repeats(u, j)) {
+                continue;
+            }
+            for (int32_t q = f->cstart[x->id];
+                 q < f->cstart[x->id + 1] && f->cons[q] < i && tries < NBI_FUSE_SIBLING_TRIES;
+                 q++) {
+                int32_t r = f->root[f->cons[q]];
+                if (r >= 0 && r != i && !f->closed[r] && nbi_fuse_settled(f, r)) {
+                    tries++;
+                    nbi_fuse_try(f, r, i);
+                }
+            }
+        }
+    }
+}
+
 nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     nb_var **map = NULL;
     nb_status st = nbi_pass_begin(ctx, in, out, &map, "fuse");
     if (st != NB_OK) {
         return st;
     }
-    int32_t n = in->n_nodes;
-    int32_t *uses = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
-    int32_t *root = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
-    int32_t *size = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
-    bool *closed = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(bool));
-    /* each cluster's members as a list: head[root], then next[] (-1 ends it), tail[root] */
-    int32_t *head = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
-    int32_t *tail = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
-    int32_t *next = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
-    if (uses == NULL || root == NULL || size == NULL || closed == NULL || head == NULL ||
-        tail == NULL || next == NULL) {
+    int32_t n = in->n_nodes, n_edges = 0;
+    for (int32_t i = 0; i < n; i++) {
+        n_edges += in->nodes[i]->n_in;
+    }
+    nbi_fuse f = {.g = in};
+    size_t ib = (size_t)(n + 1) * sizeof(int32_t), bb = (size_t)(n + 1) * sizeof(bool);
+    f.root = nbi_arena_alloc(in->arena, ib);
+    f.size = nbi_arena_alloc(in->arena, ib);
+    f.head = nbi_arena_alloc(in->arena, ib);
+    f.tail = nbi_arena_alloc(in->arena, ib);
+    f.next = nbi_arena_alloc(in->arena, ib);
+    f.cstart = nbi_arena_alloc(in->arena, ib + sizeof(int32_t));
+    f.cons = nbi_arena_alloc(in->arena, (size_t)(n_edges + 1) * sizeof(int32_t));
+    f.closed = nbi_arena_alloc(in->arena, bb);
+    f.is_out = nbi_arena_alloc(in->arena, bb);
+    int32_t *members = nbi_arena_alloc(in->arena, ib);
+    if (f.root == NULL || f.size == NULL || f.head == NULL || f.tail == NULL || f.next == NULL ||
+        f.cstart == NULL || f.cons == NULL || f.closed == NULL || f.is_out == NULL ||
+        members == NULL) {
         return nbi_err(ctx, NB_ERR_OOM, "fuse: out of memory");
     }
-    for (int32_t i = 0; i < n; i++) { /* uses: consumers (x + x uses x once) */
+    /* readers: x + x reads x once; cstart[i + 1] counts first, then is the fill cursor */
+    for (int32_t i = 0; i < n; i++) {
         const nb_var *v = in->nodes[i];
         for (int32_t j = 0; j < v->n_in; j++) {
-            uses[v->in[j]->id] += nbi_input_repeats(v, j) ? 0 : 1;
+            f.cstart[v->in[j]->id + 1] += nbi_input_repeats(v, j) ? 0 : 1;
         }
-        root[i] = -1;
+        f.root[i] = -1;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        f.cstart[i + 1] += f.cstart[i];
+        members[i] = f.cstart[i];
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = in->nodes[i];
+        for (int32_t j = 0; j < v->n_in; j++) {
+            if (!nbi_input_repeats(v, j)) {
+                f.cons[members[v->in[j]->id]++] = i;
+            }
+        }
     }
     for (int32_t i = 0; i < in->n_outputs; i++) {
-        uses[in->outputs[i]->id] += 2; /* an output is used outside: never a member */
+        f.is_out[in->outputs[i]->id] = true;
     }
     for (int32_t i = 0; i < n; i++) {
         const nb_var *v = in->nodes[i];
@@ -1093,39 +1213,25 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
             continue;
         }
         if (red) {
-            int32_t r = root[v->in[0]->id];
-            if (r != v->in[0]->id || uses[r] != 1 || closed[r]) {
+            int32_t r = f.root[v->in[0]->id];
+            if (r != v->in[0]->id || f.closed[r] || !nbi_fuse_place_ok(&f, r, i)) {
                 continue;
             }
-            nbi_fuse_merge(root, head, tail, next, r, i, true);
-            size[i] = size[r] + 1; /* + 1: the reduction (never a lone member) */
-            closed[i] = true;
+            nbi_fuse_merge(&f, r, i, true);
+            f.size[i] = f.size[r] + 1; /* + 1: the reduction (never a lone member) */
+            f.closed[i] = true;
             continue;
         }
-        root[i] = i;
-        size[i] = 1;
-        head[i] = tail[i] = i;
-        next[i] = -1;
-        for (int32_t j = 0; j < v->n_in; j++) {
-            const nb_var *u = v->in[j];
-            int32_t r = root[u->id];
-            /* dtypes may differ (casts, comparisons); shapes may not */
-            if (r < 0 || r == i || closed[r] || uses[u->id] != 1 || !nbi_same_shape(u, v) ||
-                size[r] + size[i] > NBI_FUSE_MAX_INSTR ||
-                nbi_fuse_ext_count(in, root, head, next, r, i) > NBI_FUSE_MAX_EXT) {
-                continue;
-            }
-            nbi_fuse_merge(root, head, tail, next, r, i, false); /* u's cluster into v's */
-            size[i] += size[r];
-        }
+        f.root[i] = i;
+        f.size[i] = 1;
+        f.head[i] = f.tail[i] = i;
+        f.next[i] = -1;
+        nbi_fuse_grow(&f, i);
     }
     int32_t k = 0;
-    int32_t *members = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
-    if (members == NULL) {
-        return nbi_err(ctx, NB_ERR_OOM, "fuse: out of memory");
-    }
     for (int32_t i = 0; i < n; i++) {
         const nb_var *v = in->nodes[i];
+        const int32_t *root = f.root, *size = f.size;
         /* a lone op is worth a fused node too when it reads a view instead of a copy */
         bool lone_view = false;
         for (int32_t j = 0; root[i] == i && size[i] == 1 && j < v->n_in; j++) {
@@ -1147,7 +1253,7 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         }
         /* the members in order, and their external inputs; a reduction root is not an
          * instruction but the program's trailing reduction, over its input's shape */
-        bool red = closed[i];
+        bool red = f.closed[i];
         const nb_var *mapv = red ? v->in[0] : v;
         int32_t nm = 0;
         for (int32_t m = 0; m < i + (red ? 0 : 1); m++) {
@@ -1179,6 +1285,19 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
             fi->n_in = (uint8_t)m->n_in;
             fi->dtype = m->dtype;
             fi->in_dtype = m->in[0]->dtype;
+            /* stored: needed outside (the last map of a reduction too; a map root is the
+             * node's own output) */
+            bool stored = f.is_out[m->id] && (red || m->id != i);
+            for (int32_t q = f.cstart[m->id]; q < f.cstart[m->id + 1] && (red || m->id != i); q++) {
+                stored = stored || root[f.cons[q]] != i;
+            }
+            if (stored && prog->n_store == NBI_FUSE_MAX_STORE) {
+                ok = false;
+                break;
+            }
+            if (stored) {
+                prog->store[prog->n_store++] = (int16_t)a;
+            }
             for (int32_t j = 0; j < m->n_in; j++) {
                 const nb_var *src = m->in[j];
                 int32_t reg = -1;
@@ -1213,7 +1332,7 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         }
         if (!ok) {
             return nbi_err(ctx, prog == NULL ? NB_ERR_OOM : NB_ERR_INTERNAL, "fuse: %s",
-                           prog == NULL ? "out of memory" : "too many inputs");
+                           prog == NULL ? "out of memory" : "too many inputs or stored values");
         }
         prog->n_instr = nm;
         prog->n_ext = n_ext;
@@ -1228,6 +1347,24 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         proto.in = ext;
         proto.at.callee = prog;
         map[i] = nbi_graph_add(out, &proto);
+        /* the stored members, right after: their readers all come later (place_ok) */
+        for (int32_t s = 0; map[i] != NULL && s < prog->n_store; s++) {
+            const nb_var *m = in->nodes[members[prog->store[s]]];
+            nb_var *fin[1] = {map[i]};
+            memset(&proto, 0, sizeof proto);
+            proto.op = NBI_OP_FUSED_OUTPUT;
+            proto.dtype = m->dtype;
+            proto.rank = m->rank;
+            memcpy(proto.shape, m->shape, sizeof proto.shape);
+            proto.size = m->size;
+            proto.n_in = 1;
+            proto.in = fin;
+            proto.at.ivalue = s;
+            map[m->id] = nbi_graph_add(out, &proto);
+            if (map[m->id] == NULL) {
+                map[i] = NULL;
+            }
+        }
         if (map[i] == NULL) {
             return nbi_err(ctx, NB_ERR_OOM, "fuse: out of memory");
         }

@@ -106,6 +106,7 @@ struct nb_ctx {
     size_t bytes_peak;
     int64_t n_allocs;
     int64_t n_alloc_failures;
+    uint64_t tree_serial; /* the last serial given to a tree node (nbi_ctx_serial) */
 };
 
 static size_t nbi_max3(size_t a, size_t b, size_t c) {
@@ -115,6 +116,7 @@ static size_t nbi_max3(size_t a, size_t b, size_t c) {
 
 static size_t nbi_block_size(void) {
     size_t s = nbi_max3(sizeof(struct nb_array), sizeof(struct nb_tree), sizeof(struct nb_treedef));
+    s = s > sizeof(struct nb_fn) ? s : sizeof(struct nb_fn);
     return (s + 15) / 16 * 16;
 }
 
@@ -265,6 +267,10 @@ nb_status nbi_ctx_pool(nb_ctx *ctx, nbi_pool **out) {
     }
     *out = ctx->pool;
     return NB_OK;
+}
+
+uint64_t nbi_ctx_serial(nb_ctx *ctx) {
+    return ++ctx->tree_serial;
 }
 
 void **nbi_ctx_jit_slot(nb_ctx *ctx) {

@@ -71,6 +71,7 @@ struct nb_tree {
     int32_t depth;      /* 0 for a leaf, 1 + the deepest child for a node */
     bool def_hash_ok;   /* def_hash holds nbi_tree_def_hash (computed on first use: the */
     uint64_t def_hash;  /* tree is immutable once built, so it never goes stale) */
+    uint64_t serial;    /* unique in its context, never reused: names this node for memos */
     nb_tree **children; /* node: n entries, inside aux */
     char **keys;        /* dict: n entries, inside aux */
     void *aux;          /* one allocation: children, keys and key chars, or string chars */
@@ -143,6 +144,8 @@ struct nb_fn {
     nb_fn *fwd, *bwd; /* CUSTOM_VJP: the rule's two halves (references) */
     char *name;       /* copied */
     size_t name_size;
+    void *jit_ident;  /* jit.c's memo: this function's cache identity, valid while */
+    uint64_t jit_gen; /* the cache's generation is jit_gen (0: none yet) */
 };
 
 struct nb_treedef {
@@ -217,6 +220,8 @@ NBI_HIDDEN nb_status nbi_ctx_pool(nb_ctx *ctx, nbi_pool **out);
 /* The compile cache hangs off the context; the ad module installs a function that frees it,
  * called first thing by nb_ctx_destroy (while every object is still alive). */
 NBI_HIDDEN void **nbi_ctx_jit_slot(nb_ctx *ctx);
+/* A fresh serial for a tree node: 1, 2, 3, ... per context, never reused. */
+NBI_HIDDEN uint64_t nbi_ctx_serial(nb_ctx *ctx);
 NBI_HIDDEN void nbi_ctx_set_jit_free(nb_ctx *ctx, void (*fn)(nb_ctx *ctx, void *state));
 
 /* ---- overflow-checked sizes ---------------------------------------------------------- */
@@ -334,6 +339,20 @@ NBI_HIDDEN nb_status nbi_tree_unflatten_leaves(const nb_treedef *def, nb_tree *c
                                                nb_tree **out);
 /* Does t have exactly the treedef d (same as nb_treedef_equal of t's treedef and d)? */
 NBI_HIDDEN bool nbi_tree_def_match(const nb_tree *t, const nb_treedef *d);
+/* Per node of d (pre-order): the number of nodes of its subtree (size), the index of its
+ * first dynamic leaf among d's (first_leaf) and its number of dynamic leaves (n_leaves). */
+NBI_HIDDEN void nbi_treedef_extents(const nb_treedef *d, int32_t *size, int32_t *first_leaf,
+                                    int32_t *n_leaves);
+/* Do the subtrees at node ia of a and node ib of b have the same definition? The key under
+ * which each root sits in its parent is not compared. */
+NBI_HIDDEN bool nbi_treedef_sub_equal(const nb_treedef *a, int64_t ia, const nb_treedef *b,
+                                      int64_t ib);
+/* nbi_tree_unflatten_leaves, except that a node k of def with reuse[k] >= 0 becomes
+ * pool[reuse[k]] (retained), which the caller vouches has exactly the definition of k's
+ * subtree; the entries of leaves under such a node are not read (may be NULL). */
+NBI_HIDDEN nb_status nbi_tree_unflatten_reuse(const nb_treedef *def, nb_tree *const *leaves,
+                                              const int32_t *reuse, nb_tree *const *pool,
+                                              nb_tree **out);
 
 /* Describe a leaf or node briefly for messages: "null", "f32[2,3]", "int 3", "fn 'relu'",
  * "list of 3", "dict with keys (a, b)". */

@@ -40,6 +40,7 @@ static nb_tree *nbi_tree_new(nb_ctx *ctx, nb_tree_kind kind, const char *fn) {
     nb_tree *t = nbi_obj_new(ctx, NBI_MAGIC_TREE, fn);
     if (t != NULL) {
         t->kind = kind;
+        t->serial = nbi_ctx_serial(ctx);
         nbi_count_add(ctx, NBI_COUNT_TREE, 1);
     }
     return t;
@@ -1062,6 +1063,56 @@ static bool nbi_tdnode_equal(const nbi_tdnode *a, const nbi_tdnode *b) {
     }
 }
 
+static int64_t nbi_td_extent(const nb_treedef *d, int64_t i, int32_t *leaf, int32_t *size,
+                             int32_t *first_leaf, int32_t *n_leaves) {
+    int64_t start = i;
+    int32_t leaf0 = *leaf;
+    const nbi_tdnode *nd = &d->nodes[i++];
+    if (nd->kind == NB_TREE_KIND_ARRAY || nd->kind == NB_TREE_KIND_VAR) {
+        (*leaf)++;
+    }
+    for (int64_t c = 0; c < nd->n; c++) {
+        i = nbi_td_extent(d, i, leaf, size, first_leaf, n_leaves);
+    }
+    size[start] = (int32_t)(i - start);
+    first_leaf[start] = leaf0;
+    n_leaves[start] = *leaf - leaf0;
+    return i;
+}
+
+void nbi_treedef_extents(const nb_treedef *d, int32_t *size, int32_t *first_leaf,
+                         int32_t *n_leaves) {
+    int32_t leaf = 0;
+    nbi_td_extent(d, 0, &leaf, size, first_leaf, n_leaves);
+}
+
+/* The index of the node after the subtree at node i. */
+static int64_t nbi_td_skip(const nb_treedef *d, int64_t i) {
+    int64_t n = d->nodes[i++].n;
+    for (int64_t c = 0; c < n; c++) {
+        i = nbi_td_skip(d, i);
+    }
+    return i;
+}
+
+bool nbi_treedef_sub_equal(const nb_treedef *a, int64_t ia, const nb_treedef *b, int64_t ib) {
+    int64_t ea = nbi_td_skip(a, ia), eb = nbi_td_skip(b, ib);
+    if (ea - ia != eb - ib) {
+        return false;
+    }
+    nbi_tdnode ra = a->nodes[ia], rb = b->nodes[ib];
+    ra.key = rb.key = NULL; /* where the roots sit is their parents' business */
+    if (!nbi_tdnode_equal(&ra, &rb)) {
+        return false;
+    }
+    for (int64_t k = 1; k < ea - ia; k++) {
+        if (!nbi_tdnode_equal(&a->nodes[ia + k], &b->nodes[ib + k])) {
+            return false;
+        }
+    }
+    return true;
+}
+
 bool nb_treedef_equal(const nb_treedef *a, const nb_treedef *b) {
     if (!nbi_obj_live(a, NBI_MAGIC_TREEDEF) || !nbi_obj_live(b, NBI_MAGIC_TREEDEF)) {
         return false;
@@ -1194,10 +1245,19 @@ nb_status nb_tree_flatten(const nb_tree *t, nb_tree **leaves, nb_treedef **def) 
     return NB_OK;
 }
 
-/* Rebuild the subtree at node index *i; leaves come from src in order. */
+/* Rebuild the subtree at node index *i; leaves come from src in order. A node k with
+ * reuse[k] >= 0 (reuse may be NULL) is pool[reuse[k]], retained. */
 static nb_status nbi_unflatten_rec(nb_ctx *ctx, const nb_treedef *d, int64_t *i,
-                                   nb_tree *const *src, int64_t *leaf, nb_tree **out) {
+                                   nb_tree *const *src, int64_t *leaf, const int32_t *reuse,
+                                   nb_tree *const *pool, nb_tree **out) {
     static const char fn[] = "nb_tree_unflatten";
+    if (reuse != NULL && reuse[*i] >= 0) {
+        nb_tree *r = pool[reuse[*i]];
+        *i = nbi_td_skip(d, *i);
+        *leaf += r->n_leaves;
+        *out = nb_tree_retain(r);
+        return NB_OK;
+    }
     const nbi_tdnode *nd = &d->nodes[(*i)++];
     nb_status st = NB_OK;
     switch (nd->kind) {
@@ -1245,7 +1305,7 @@ static nb_status nbi_unflatten_rec(nb_ctx *ctx, const nb_treedef *d, int64_t *i,
         for (int64_t c = 0; c < n; c++) {
             keys[c] = d->nodes[*i].key;
             items[c] = NULL;
-            st = nbi_unflatten_rec(ctx, d, i, src, leaf, &items[c]);
+            st = nbi_unflatten_rec(ctx, d, i, src, leaf, reuse, pool, &items[c]);
             if (st != NB_OK) {
                 nbi_release_items(c, items);
                 if (bytes > 0) {
@@ -1292,11 +1352,18 @@ nb_status nb_tree_unflatten(const nb_treedef *def, const nb_tree *leaves, nb_tre
                        (long long)def->n_leaves, (long long)leaves->n);
     }
     int64_t i = 0, leaf = 0;
-    return nbi_unflatten_rec(ctx, def, &i, leaves->children, &leaf, out);
+    return nbi_unflatten_rec(ctx, def, &i, leaves->children, &leaf, NULL, NULL, out);
 }
 
 nb_status nbi_tree_unflatten_leaves(const nb_treedef *def, nb_tree *const *leaves, nb_tree **out) {
     *out = NULL;
     int64_t i = 0, leaf = 0;
-    return nbi_unflatten_rec(def->hdr.ctx, def, &i, leaves, &leaf, out);
+    return nbi_unflatten_rec(def->hdr.ctx, def, &i, leaves, &leaf, NULL, NULL, out);
+}
+
+nb_status nbi_tree_unflatten_reuse(const nb_treedef *def, nb_tree *const *leaves,
+                                   const int32_t *reuse, nb_tree *const *pool, nb_tree **out) {
+    *out = NULL;
+    int64_t i = 0, leaf = 0;
+    return nbi_unflatten_rec(def->hdr.ctx, def, &i, leaves, &leaf, reuse, pool, out);
 }

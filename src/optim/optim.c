@@ -1439,17 +1439,22 @@ static nb_status nbo_update_leafwise(nbo_run *r, const nb_tree *opt, const nb_tr
             nb_var *bc1 = nb_sub(one, nb_pow(b1, t)), *bc2 = nb_sub(one, nb_pow(b2, t));
             nb_var *bc1n = nb_sub(one, nb_pow(b1, nb_add(t, one)));
             nb_var *c1 = nb_sub(one, b1), *c2 = nb_sub(one, b2);
+            nb_var *rbc1 = nb_reciprocal(bc1), *rbc2 = nb_reciprocal(bc2);
+            nb_var *rbc1n = nb_reciprocal(bc1n);
             bool nesterov = nbo_flag(opt, "nesterov");
             for (int64_t i = 0; i < r->n; i++) {
                 nb_var *g = r->u[i];
                 nb_var *mu = nb_add(nb_mul(nbo_as(c1, g), g), nb_mul(nbo_as(b1, g), ms.m[0][i]));
                 nb_var *nu =
                     nb_add(nb_mul(nbo_as(c2, g), nb_square(g)), nb_mul(nbo_as(b2, g), ms.m[1][i]));
+                /* dividing by the bias corrections = multiplying by their reciprocals,
+                 * computed once per step in f64 (a multiply per element instead of a
+                 * divide: the same values to rounding, as PyTorch's step_size form) */
                 nb_var *mu_hat = nesterov
-                                     ? nb_add(nb_div(nb_mul(nbo_as(b1, g), mu), nbo_as(bc1n, g)),
-                                              nb_div(nb_mul(nbo_as(c1, g), g), nbo_as(bc1, g)))
-                                     : nb_div(mu, nbo_as(bc1, g));
-                nb_var *nu_hat = nb_div(nu, nbo_as(bc2, g));
+                                     ? nb_add(nb_mul(nb_mul(nbo_as(b1, g), mu), nbo_as(rbc1n, g)),
+                                              nb_mul(nb_mul(nbo_as(c1, g), g), nbo_as(rbc1, g)))
+                                     : nb_mul(mu, nbo_as(rbc1, g));
+                nb_var *nu_hat = nb_mul(nu, nbo_as(rbc2, g));
                 r->u[i] = nb_div(
                     mu_hat, nb_add(nb_sqrt(nb_add(nu_hat, nbo_as(eps_root, g))), nbo_as(eps, g)));
                 ms.m[0][i] = mu;

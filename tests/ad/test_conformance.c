@@ -1268,9 +1268,13 @@ static void build_specs(void) {
     g_covered_by[NBI_OP_PARAM] = "every case here (inputs are params)";
     g_covered_by[NBI_OP_CALL] = "test_call_op below, and test_jit.c test_call_not_inlined";
     g_covered_by[NBI_OP_CALL_OUTPUT] = "test_call_op below, and test_jit.c";
+    g_covered_by[NBI_OP_WHILE] = "tests/loops/test_loops.c (while, fori, scan, cond, switch "
+                                 "against C loops)";
     g_covered_by[NBI_OP_CUSTOM_VJP] = "test_grad.c test_custom_vjp (forward: a copy)";
     g_covered_by[NBI_OP_FUSED] = "test_passes.c test_fusion_is_bit_identical (made only by the "
                                  "fusion pass; every case here with a chain runs fused)";
+    g_covered_by[NBI_OP_FUSED_OUTPUT] = "test_passes.c test_fusion_multi_output (made only by "
+                                        "the fusion pass, beside a fused node)";
     /* reductions */
     reduce_cases(NBI_OP_SUM, nb_sum, NUMERIC, 4);
     reduce_cases(NBI_OP_PROD, nb_prod, NUMERIC, 4);

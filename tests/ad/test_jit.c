@@ -651,6 +651,341 @@ static void test_donate(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- the cache-hit fast paths ------------------------------------------------------- */
+/* A hit compares the whole key, however it got there (an args tree seen before, an equal
+ * one, one differing in a shape or a static leaf); donation is resolved once per donate
+ * spec structure and must give what the spec allows, no more. */
+
+/* args (x, y, ...) -> (x + 1, y * 2) */
+static nb_status body_pair(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_tree *a = nb_leaf(nb_add(nb_get(tr, args, "[0]"), nb_scalar(tr, 1.0)));
+    nb_tree *b = nb_leaf(nb_mul(nb_get(tr, args, "[1]"), nb_scalar(tr, 2.0)));
+    if (a == NULL || b == NULL) {
+        return nb_trace_status(tr);
+    }
+    return nb_tree_tuple(ctx, 2, (nb_tree *[]){a, b}, out);
+}
+
+/* args ({w, n: int}, y) -> ({w: w + 1, n: n + self}, y * 2) */
+static nb_status body_nested(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    int64_t k = 0, d = 0;
+    if (nb_tree_get_int(nb_tree_get(nb_tree_child(args, 0), "n"), &k) != NB_OK ||
+        nb_tree_get_int(self, &d) != NB_OK) {
+        return nb_trace_fail(tr, NB_ERR_INVALID, "nested: args[0].n and self must be ints");
+    }
+    nb_tree *w = nb_leaf(nb_add(nb_get(tr, args, "[0].w"), nb_scalar(tr, 1.0)));
+    nb_tree *y = nb_leaf(nb_mul(nb_get(tr, args, "[1]"), nb_scalar(tr, 2.0)));
+    nb_tree *n = NULL, *p = NULL;
+    nb_status st = w != NULL && y != NULL ? nb_tree_int(ctx, k + d, &n) : nb_trace_status(tr);
+    if (st == NB_OK) {
+        st = nb_tree_dict(ctx, 2, (const char *[]){"w", "n"}, (nb_tree *[]){w, n}, &p);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 2, (nb_tree *[]){p, y}, out);
+    }
+    nb_tree_destroy(p);
+    nb_tree_destroy(n);
+    return st;
+}
+
+static nb_tree *bools2(nb_ctx *ctx, bool a, bool b) {
+    nb_tree *x = NULL, *y = NULL;
+    NBT_OK(ctx, nb_tree_bool(ctx, a, &x));
+    NBT_OK(ctx, nb_tree_bool(ctx, b, &y));
+    nb_tree *t = tuple2(ctx, x, y);
+    nb_tree_destroy(x);
+    nb_tree_destroy(y);
+    return t;
+}
+
+static nb_array *child_array(const nb_tree *t, const char *path) {
+    const nb_tree *leaf = NULL;
+    if (nb_tree_lookup(t, path, &leaf) != NB_OK || nb_tree_get_array(leaf) == NULL) {
+        fail_msg("no array at '%s'", path);
+    }
+    return nb_tree_get_array(leaf);
+}
+
+static double at1(const nb_array *a) {
+    double v = 0;
+    NBT_OK(NULL, nb_array_get_flat(a, 1, &v));
+    return v;
+}
+
+static void test_hit_compares_the_whole_key(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "pair", body_pair, NULL, &f));
+    nb_tree *x = arr_leaf(ctx, 4, 0), *y = arr_leaf(ctx, 4, 10), *x5 = arr_leaf(ctx, 5, 0);
+    nb_tree *three = NULL, *four = NULL, *out = NULL;
+    NBT_OK(ctx, nb_tree_int(ctx, 3, &three));
+    NBT_OK(ctx, nb_tree_int(ctx, 4, &four));
+    nb_tree *a3 = NULL, *b3 = NULL, *a4 = NULL, *c3 = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){x, y, three}, &a3));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){x, y, three}, &b3));  /* equal to a3 */
+    NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){x, y, four}, &a4));   /* a static differs */
+    NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){x5, y, three}, &c3)); /* a shape differs */
+    struct {
+        nb_tree *args;
+        int64_t traces, hits;
+        const char *reason;
+    } calls[] = {
+        {a3, 1, 0, NULL},
+        {a3, 1, 1, NULL},
+        {b3, 1, 2, NULL},
+        {a4, 2, 2, "args[2]: static 3 → 4"},
+        {a4, 2, 3, NULL},
+        {a3, 2, 4, NULL},
+        {c3, 3, 4, "args[0]: f32[4] → f32[5]"},
+        {a3, 3, 5, NULL},
+        {c3, 3, 6, NULL},
+        {b3, 3, 7, NULL},
+        {a4, 3, 8, NULL},
+    };
+    int64_t retraces = 0;
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+        NBT_OK(ctx, nb_fn_call(f, calls[i].args, &out));
+        nb_fn_stats s = stats_of(f);
+        if (s.n_traces != calls[i].traces || s.n_hits != calls[i].hits) {
+            fail_msg("call %zu: %lld traces, %lld hits; wanted %lld, %lld", i,
+                     (long long)s.n_traces, (long long)s.n_hits, (long long)calls[i].traces,
+                     (long long)calls[i].hits);
+        }
+        if (calls[i].reason != NULL) {
+            char buf[256];
+            NBT_OK(ctx, nb_fn_retrace_reason(f, retraces++, buf, sizeof buf, NULL));
+            NBT_STREQ(buf, calls[i].reason);
+        }
+        /* the right executable ran: shapes and values of this call's arrays */
+        nb_array *o0 = child_array(out, "[0]");
+        NBT_EQ_I64(nb_array_size(o0),
+                   nb_array_size(nb_tree_get_array(nb_tree_child(calls[i].args, 0))));
+        NBT_EQ_F64(at1(o0), 2.0);
+        NBT_EQ_F64(at1(child_array(out, "[1]")), 22.0);
+        nb_tree_destroy(out);
+    }
+    /* After the cache is cleared, a function traces again (and counts from zero). */
+    nb_ctx_clear_cache(ctx);
+    NBT_OK(ctx, nb_fn_call(f, a3, &out));
+    nb_tree_destroy(out);
+    NBT_OK(ctx, nb_fn_call(f, a3, &out));
+    nb_tree_destroy(out);
+    nb_fn_stats s = stats_of(f);
+    NBT_EQ_I64(s.n_traces, 1);
+    NBT_EQ_I64(s.n_hits, 1);
+    nb_tree *all[] = {a3, b3, a4, c3, three, four, x, y, x5};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        nb_tree_destroy(all[i]);
+    }
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+static void test_donate_plans(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx(), *ctx2 = nbt_ctx();
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "pair", body_pair, NULL, &f));
+    nb_tree *x = arr_leaf(ctx, 4, 0), *y = arr_leaf(ctx, 4, 10), *out = NULL;
+    nb_array *xa = nb_tree_get_array(x), *ya = nb_tree_get_array(y);
+    nb_tree *args = tuple2(ctx, x, y);
+    nb_tree *tf = bools2(ctx, true, false), *ft = bools2(ctx, false, true);
+    nb_tree *tf2 = bools2(ctx, true, false), *tf_other = bools2(ctx2, true, false);
+    nb_tree *all = NULL;
+    NBT_OK(ctx, nb_tree_bool(ctx, true, &all));
+    nb_call_opts o = nb_call_opts_default();
+    /* Each output goes into the first donated input array of its dtype and shape not yet
+     * taken, in leaf order (X: x's array, Y: y's, 0: a new one). */
+    enum { NEW, X, Y };
+    double xv = 1, yv = 11; /* element 1 of x and y */
+    struct {
+        nb_tree *spec;
+        int o0, o1;
+    } calls[] = {
+        {tf, X, NEW}, {tf, X, NEW}, {ft, Y, NEW}, {NULL, NEW, NEW},   {tf2, X, NEW},
+        {ft, Y, NEW}, {all, X, Y},  {all, X, Y},  {tf_other, X, NEW}, {tf, X, NEW},
+    };
+    for (size_t i = 0; i < sizeof calls / sizeof calls[0]; i++) {
+        o.donate = calls[i].spec;
+        NBT_OK(ctx, nb_fn_call_ex(f, args, &o, &out));
+        nb_array *o0 = child_array(out, "[0]"), *o1 = child_array(out, "[1]");
+        int w0 = o0 == xa ? X : o0 == ya ? Y : NEW, w1 = o1 == xa ? X : o1 == ya ? Y : NEW;
+        if (w0 != calls[i].o0 || w1 != calls[i].o1) {
+            fail_msg("call %zu: outputs in %d, %d; wanted %d, %d", i, w0, w1, calls[i].o0,
+                     calls[i].o1);
+        }
+        NBT_EQ_F64(at1(o0), xv + 1);
+        NBT_EQ_F64(at1(o1), yv * 2);
+        double x1 = w0 == X ? xv + 1 : xv, y1 = w0 == Y ? xv + 1 : w1 == Y ? yv * 2 : yv;
+        xv = x1;
+        yv = y1;
+        NBT_EQ_F64(at1(xa), xv); /* a donated array is an output; the others are untouched */
+        NBT_EQ_F64(at1(ya), yv);
+        /* every output donated into the array it came from: args' own tree comes back */
+        NBT_TRUE((out == args) == (w0 == X && w1 == Y));
+        nb_tree_destroy(out);
+    }
+    NBT_EQ_I64(stats_of(f).n_traces, 1);
+    /* A spec that does not match args names where, every time (a failed spec is not kept). */
+    nb_tree *inner = NULL, *bad = NULL;
+    NBT_OK(ctx, nb_tree_list(ctx, 1, &all, &inner));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){all, inner}, &bad));
+    o.donate = bad;
+    for (int i = 0; i < 2; i++) {
+        NBT_STATUS(ctx, NB_ERR_STRUCTURE, nb_fn_call_ex(f, args, &o, &out));
+        NBT_ERRMSG_HAS(ctx, "the donate tree has list at args[1] where args has an array");
+        NBT_TRUE(out == NULL);
+    }
+    NBT_EQ_F64(at1(xa), xv); /* nothing ran */
+    /* A frozen leaf is returned unfrozen (the output's own structure), still in place. */
+    nb_tree *fx = NULL, *fargs = NULL;
+    NBT_OK(ctx, nb_tree_freeze(x, &fx));
+    fargs = tuple2(ctx, fx, y);
+    o.donate = all;
+    NBT_OK(ctx, nb_fn_call_ex(f, fargs, &o, &out));
+    NBT_TRUE(out != fargs);
+    NBT_TRUE(child_array(out, "[0]") == xa && child_array(out, "[1]") == ya);
+    NBT_TRUE(!nb_tree_is_frozen(nb_tree_child(out, 0)));
+    NBT_EQ_F64(at1(xa), xv + 1);
+    nb_tree_destroy(out);
+    nb_tree *trees[] = {fargs, fx, bad, inner, all, tf_other, tf2, ft, tf, args, x, y};
+    for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
+        nb_tree_destroy(trees[i]);
+    }
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nbt_assert_no_live(ctx2);
+    nb_ctx_destroy(ctx2);
+    nb_ctx_destroy(ctx);
+}
+
+/* Output subtrees with static leaves: returned as args' own only when every static value
+ * is the same. */
+static void test_donate_nested(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_tree *zero = NULL, *one = NULL, *all = NULL, *n3 = NULL;
+    NBT_OK(ctx, nb_tree_int(ctx, 0, &zero));
+    NBT_OK(ctx, nb_tree_int(ctx, 1, &one));
+    NBT_OK(ctx, nb_tree_bool(ctx, true, &all));
+    NBT_OK(ctx, nb_tree_int(ctx, 3, &n3));
+    nb_tree *w = arr_leaf(ctx, 4, 0), *y = arr_leaf(ctx, 4, 10), *p = NULL;
+    NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"w", "n"}, (nb_tree *[]){w, n3}, &p));
+    nb_tree *args = tuple2(ctx, p, y);
+    nb_call_opts o = nb_call_opts_default();
+    o.donate = all;
+    for (int d = 0; d < 2; d++) {
+        nb_fn *f = NULL;
+        NBT_OK(ctx, nb_fn_create(ctx, "nested", body_nested, d ? one : zero, &f));
+        for (int rep = 0; rep < 2; rep++) {
+            nb_tree *out = NULL;
+            NBT_OK(ctx, nb_fn_call_ex(f, args, &o, &out));
+            NBT_TRUE(child_array(out, "[0].w") == nb_tree_get_array(w));
+            NBT_TRUE(child_array(out, "[1]") == nb_tree_get_array(y));
+            int64_t n = 0;
+            const nb_tree *nt = NULL;
+            NBT_OK(ctx, nb_tree_lookup(out, "[0].n", &nt));
+            NBT_OK(ctx, nb_tree_get_int(nt, &n));
+            NBT_EQ_I64(n, 3 + d);
+            NBT_TRUE((nb_tree_child(out, 0) == p) == (d == 0));
+            NBT_TRUE((out == args) == (d == 0));
+            nb_tree_destroy(out);
+        }
+        nb_fn_destroy(f);
+    }
+    NBT_EQ_F64(at1(nb_tree_get_array(w)), 1.0 + 4);
+    nb_tree *trees[] = {args, p, w, y, n3, all, one, zero};
+    for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
+        nb_tree_destroy(trees[i]);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* Allocation failures while a donate spec is resolved and kept, and in the calls after. */
+static nb_status scenario_donate(nb_ctx *ctx) {
+    nb_fn *f = NULL;
+    nb_tree *x = NULL, *y = NULL, *args = NULL, *t = NULL, *spec = NULL, *out = NULL;
+    nb_array *a = NULL, *b = NULL;
+    nb_status st = nb_fn_create(ctx, "pair", body_pair, NULL, &f);
+    if (st == NB_OK) {
+        st = nb_array_zeros(ctx, NB_DTYPE_F32, 1, (int64_t[]){4}, &a);
+    }
+    if (st == NB_OK) {
+        st = nb_array_zeros(ctx, NB_DTYPE_F32, 1, (int64_t[]){4}, &b);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_array(a, &x);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_array(b, &y);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 2, (nb_tree *[]){x, y}, &args);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_bool(ctx, true, &t);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 2, (nb_tree *[]){t, t}, &spec);
+    }
+    nb_call_opts o = nb_call_opts_default();
+    o.donate = spec;
+    for (int i = 0; i < 3 && st == NB_OK; i++) {
+        st = nb_fn_call_ex(f, args, i == 1 ? NULL : &o, &out);
+        nb_tree_destroy(out);
+        out = NULL;
+    }
+    nb_tree_destroy(spec);
+    nb_tree_destroy(t);
+    nb_tree_destroy(args);
+    nb_tree_destroy(y);
+    nb_tree_destroy(x);
+    nb_array_destroy(b);
+    nb_array_destroy(a);
+    nb_fn_destroy(f);
+    nb_ctx_clear_cache(ctx);
+    return st;
+}
+
+static void test_fault_jit_donate(void **state) {
+    (void)state;
+    int points = 0;
+    for (int64_t k = 1;; k++) {
+        nbt_alloc al = {0};
+        nb_ctx *ctx = nbt_ctx_with(&al);
+        al.fail_at = al.n_calls + k;
+        nb_status st = scenario_donate(ctx);
+        bool injected = al.n_failed > 0;
+        al.fail_at = 0;
+        if (!injected) {
+            NBT_OK(ctx, st);
+        } else if (st != NB_ERR_OOM) {
+            fail_msg("allocation %lld failed but the scenario returned %s: %s", (long long)k,
+                     nb_status_name(st), nb_ctx_errmsg(ctx));
+        }
+        nbt_assert_no_live(ctx);
+        NBT_OK(ctx, scenario_donate(ctx)); /* the context still works */
+        nbt_assert_no_live(ctx);
+        nb_ctx_destroy(ctx);
+        NBT_EQ_I64(al.n_live, 0);
+        if (!injected) {
+            break;
+        }
+        points++;
+        if (k > 20000) {
+            fail_msg("scenario never completed");
+        }
+    }
+    NBT_TRUE(points > 10);
+}
+
 /* Donation hazards. The kernel that makes an output writes it straight into the caller's
  * array -- unless that array is a donated input some kernel still has to read. Each body
  * below has an output whose donated buffer would be read after (or, by a kernel that is
@@ -693,6 +1028,14 @@ HAZARD_BODY(hz_fused, 1, nb_add(nb_mul(nb_tanh(x), x), x))
 HAZARD_BODY(hz_dup, 3, nb_mul(x, nb_scalar(tr, 3.0)), nb_mul(x, nb_scalar(tr, 3.0)),
             nb_sum(nb_exp(x), NULL, 0, false))
 HAZARD_BODY(hz_chain, 2, nb_exp(x), nb_mul(nb_exp(x), nb_scalar(tr, 2.0)))
+/* one fused kernel making two outputs, the first (stored, also read inside) taking x's
+ * array while the kernel still reads x for the second: in place, element by element */
+HAZARD_BODY(hz_multi, 2, nb_mul(nb_sin(nb_mul(x, x)), x),
+            nb_add(nb_mul(nb_mul(nb_sin(nb_mul(x, x)), x), nb_scalar(tr, 2.0)), x))
+/* the same kernel also reading x reversed (a view): not in place */
+HAZARD_BODY(hz_multi_view, 2, nb_mul(nb_sin(nb_mul(x, x)), x),
+            nb_add(nb_mul(nb_sin(nb_mul(x, x)), x),
+                   nb_slice(x, (int64_t[]){2, 2}, (int64_t[]){-4, -4}, (int64_t[]){-1, -1})))
 
 /* a 3x3 f32 matrix, not symmetric */
 static nb_tree *mat3_leaf(nb_ctx *ctx) {
@@ -707,10 +1050,12 @@ static nb_tree *mat3_leaf(nb_ctx *ctx) {
 
 static void test_donate_hazards(void **state) {
     (void)state;
-    nb_fn_body bodies[] = {hz_read_after, hz_read_before, hz_matmul, hz_transpose, hz_softmax,
-                           hz_sum_bcast,  hz_fused,       hz_dup,    hz_chain};
-    const char *names[] = {"read_after", "read_before", "matmul", "transpose", "softmax",
-                           "sum_bcast",  "fused",       "dup",    "chain"};
+    nb_fn_body bodies[] = {hz_read_after, hz_read_before, hz_matmul,    hz_transpose,
+                           hz_softmax,    hz_sum_bcast,   hz_fused,     hz_dup,
+                           hz_chain,      hz_multi,       hz_multi_view};
+    const char *names[] = {"read_after", "read_before", "matmul",    "transpose",
+                           "softmax",    "sum_bcast",   "fused",     "dup",
+                           "chain",      "multi",       "multi_view"};
     for (int threads = 1; threads <= 2; threads++) {
         nb_ctx_opts co = nb_ctx_opts_default();
         co.n_threads = threads;
@@ -939,6 +1284,10 @@ int main(void) {
         cmocka_unit_test(test_misuse),
         cmocka_unit_test(test_donate),
         cmocka_unit_test(test_donate_hazards),
+        cmocka_unit_test(test_hit_compares_the_whole_key),
+        cmocka_unit_test(test_donate_plans),
+        cmocka_unit_test(test_donate_nested),
+        cmocka_unit_test(test_fault_jit_donate),
         cmocka_unit_test(test_eval_goes_through_the_cache),
         cmocka_unit_test(test_weak_scalars),
         cmocka_unit_test(test_fault_jit_call),

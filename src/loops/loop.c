@@ -1,0 +1,1312 @@
+/*
+ * loop.c -- structured control flow inside traces (nabla/loops.h): the while op, and
+ * fori_loop, scan, cond and switch built on it.
+ *
+ * The while op. Its operands are, in order, the cond function's lifted operands (its bound
+ * data's leaves: closure conversion, see nbi_callee), the body's, and the initial carry.
+ * at.callee is the body's executable, at.callee2 the cond's; at.a[0..2] count the three
+ * operand groups, at.a[3] is max_steps (0: none), at.a[4] the loop kind. Its value is one
+ * byte buffer holding the final carry laid out as a call's outputs (each leaf at a 64-byte
+ * aligned offset), so call_output nodes read the leaves out of it, as for calls.
+ *
+ * The kernel keeps two carry buffers in its scratch and ping-pongs between them: cond and
+ * body run on the current one, the body writes the next one; nothing is allocated while
+ * the loop runs. The executables run serially, one after the other, each with its own
+ * workspace; a kernel inside them may still use the thread pool.
+ */
+#include "ad/ir.h"
+#include "nabla/loops.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* What reverse mode needs to rebuild a loop (its functions' bodies and bound data, the
+ * carry's structure), kept in the trace's arena; the while node points at it (at.a[6]). */
+typedef struct nbl_record {
+    nb_fn_body cond_body, body_body;
+    const char *cond_name, *body_name;
+    const nb_tree *cond_self, *body_self; /* owned by the trace; NULL for none */
+    const nb_tree *carry;                 /* the initial carry as traced (vars, statics) */
+} nbl_record;
+
+nb_loop_opts nb_loop_opts_default(void) {
+    nb_loop_opts o;
+    memset(&o, 0, sizeof o);
+    o.kind = NB_LOOP_LAX;
+    return o;
+}
+
+/* ---- the while op ------------------------------------------------------------------- */
+
+static size_t nbl_leaf_bytes(const nb_var *o) {
+    return ((size_t)o->size * nb_dtype_size(o->dtype) + 63) / 64 * 64;
+}
+
+static size_t nbl_carry_bytes(const nbi_exec *body) {
+    size_t off = 0;
+    for (int32_t i = 0; i < nbi_exec_n_outputs(body); i++) {
+        off += nbl_leaf_bytes(nbi_exec_output(body, i));
+    }
+    return off;
+}
+
+/* scratch: two carry buffers, then the pointer arrays of the cond's and the body's inputs,
+ * the body's outputs and the current carry, then the cond's output. */
+static size_t nbi_scratch_while(const nb_var *node) {
+    const nbi_exec *body = node->at.callee;
+    int64_t nc = node->at.a[0], nb = node->at.a[1], ncar = node->at.a[2];
+    size_t bytes = 2 * nbl_carry_bytes(body);
+    bytes += (size_t)(nc + ncar + nb + ncar + ncar + ncar) * sizeof(void *);
+    return bytes + 64;
+}
+
+static void nbi_k_while(const nbi_kargs *k) {
+    const nb_var *n = k->node;
+    const nbi_exec *body = n->at.callee, *cond = n->at.callee2;
+    int64_t nc = n->at.a[0], nb = n->at.a[1], ncar = n->at.a[2], max_steps = n->at.a[3];
+    size_t cb = nbl_carry_bytes(body);
+    unsigned char *buf[2] = {k->scratch, (unsigned char *)k->scratch + cb};
+    const void **cond_in = (const void **)((unsigned char *)k->scratch + 2 * cb);
+    const void **body_in = cond_in + nc + ncar;
+    void **body_out = (void **)(body_in + nb + ncar);
+    const void **cur = (const void **)(body_out + ncar);
+    bool *flag = (bool *)(cur + ncar);
+    for (int64_t i = 0; i < nc; i++) {
+        cond_in[i] = k->in[i];
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        body_in[i] = k->in[nc + i];
+    }
+    for (int64_t i = 0; i < ncar; i++) {
+        cur[i] = k->in[nc + nb + i];
+    }
+    int next = 0;
+    for (int64_t step = 0; max_steps <= 0 || step < max_steps; step++) {
+        for (int64_t i = 0; i < ncar; i++) {
+            cond_in[nc + i] = cur[i];
+        }
+        void *flag_out = flag;
+        nbi_exec_run_raw(cond, cond_in, &flag_out, NULL);
+        if (!*flag) {
+            break;
+        }
+        size_t off = 0;
+        for (int64_t i = 0; i < ncar; i++) {
+            body_in[nb + i] = cur[i];
+            body_out[i] = buf[next] + off;
+            off += nbl_leaf_bytes(nbi_exec_output(body, (int32_t)i));
+        }
+        nbi_exec_run_raw(body, body_in, body_out, NULL);
+        for (int64_t i = 0; i < ncar; i++) {
+            cur[i] = body_out[i];
+        }
+        next ^= 1;
+    }
+    size_t off = 0;
+    for (int64_t i = 0; i < ncar; i++) {
+        const nb_var *o = nbi_exec_output(body, (int32_t)i);
+        size_t bytes = (size_t)o->size * nb_dtype_size(o->dtype);
+        if (bytes > 0) {
+            memcpy((unsigned char *)k->out + off, cur[i], bytes);
+        }
+        off += nbl_leaf_bytes(o);
+    }
+}
+
+static nb_status nbi_infer_while(nb_trace *tr, nb_var *p) {
+    (void)tr;
+    p->dtype = NB_DTYPE_BOOL;
+    p->rank = 1;
+    p->shape[0] = (int64_t)nbl_carry_bytes(p->at.callee);
+    return NB_OK;
+}
+
+#define NBL_REVERSE_FIX                                                                            \
+    "reverse mode through a loop of kind lax (forward only) -- make it NB_LOOP_CHECKPOINTED with " \
+    "max_steps or checkpoints (bounded memory), or NB_LOOP_BOUNDED with max_steps"
+
+void nbi_while_report(nb_trace *tr, const nb_var *w, bool reverse) {
+    if (tr->status != NB_OK) {
+        return;
+    }
+    if (!reverse) {
+        nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
+                      "forward mode (jvp) through loops is not built yet (issue 7); nothing was "
+                      "computed");
+    } else if (w->at.a[4] == NB_LOOP_LAX) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s", NBL_REVERSE_FIX);
+    } else {
+        nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
+                      "reverse mode through a checkpointed loop is not built yet (issue 7); "
+                      "NB_LOOP_BOUNDED with max_steps differentiates it, storing every step");
+    }
+}
+
+static void nbi_vjp_while(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) {
+    (void)ct;
+    (void)in_ct;
+    nbi_while_report(tr, node, true);
+}
+
+static nb_var *nbi_jvp_while(nb_trace *tr, nb_var *node, nb_var *const *tan) {
+    (void)tan;
+    nbi_while_report(tr, node, false);
+    return NULL;
+}
+
+const nbi_op_info nbi_opinfo_while = {.name = "while",
+                                      .n_in = -1,
+                                      .infer = nbi_infer_while,
+                                      .kernel = nbi_k_while,
+                                      .scratch = nbi_scratch_while,
+                                      .vjp = nbi_vjp_while,
+                                      .jvp = nbi_jvp_while};
+
+/* ---- building ----------------------------------------------------------------------- */
+
+static bool nbl_plain_ok(nb_trace *tr, const char *who, const char *role, const nb_fn *f) {
+    if (nb_fn_check(f) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: the %s function is NULL or destroyed", who, role);
+        return false;
+    }
+    return true;
+}
+
+/* A tree of t's treedef whose dynamic leaves are vars of tr (arrays become constants):
+ * the carry as the loop passes it around. */
+static const nb_tree *nbl_as_vars(nb_trace *tr, const char *who, const nb_tree *t, nb_var ***vars,
+                                  int64_t *n) {
+    nb_tree *leaves = NULL;
+    nb_treedef *def = NULL;
+    if (nb_tree_flatten(t, &leaves, &def) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return NULL;
+    }
+    int64_t m = nb_tree_len(leaves);
+    nb_var **v = nbi_arena_alloc(&tr->arena, (size_t)(m + 1) * sizeof(nb_var *));
+    nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(m + 1) * sizeof(nb_tree *));
+    const nb_tree *res = NULL;
+    if (v == NULL || items == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+    } else {
+        for (int64_t i = 0; i < m; i++) {
+            const nb_tree *l = nb_tree_child(leaves, i);
+            v[i] = nb_tree_kind_of(l) == NB_TREE_KIND_VAR ? nb_var_of(tr, l)
+                                                          : nb_constant(tr, nb_tree_get_array(l));
+            if (v[i] != NULL && v[i]->tr != tr && !nb_var_is_poison(v[i])) {
+                nbi_trace_err(tr, NB_ERR_INVALID, "%s: the carry holds a var of another trace",
+                              who);
+            }
+            items[i] = nb_leaf(v[i]);
+        }
+        nb_tree *list = NULL, *out = NULL;
+        if (tr->status == NB_OK && nb_tree_list(tr->ctx, m, items, &list) == NB_OK &&
+            nb_tree_unflatten(def, list, &out) == NB_OK && nbi_trace_own(tr, out) == NB_OK) {
+            res = out;
+        } else if (tr->status == NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        }
+        nb_tree_destroy(list);
+    }
+    nb_tree_destroy(leaves);
+    nb_treedef_destroy(def);
+    *vars = v;
+    *n = m;
+    return tr->status == NB_OK ? res : NULL;
+}
+
+/* The body's output must be the carry: same treedef, dtypes and shapes. */
+static bool nbl_check_carry(nb_trace *tr, const char *who, const nb_fn *body,
+                            const nbi_callee_info *ci, const nb_tree *carry, nb_var *const *cv,
+                            int64_t ncar) {
+    nb_treedef *cdef = NULL;
+    if (nb_tree_treedef(carry, &cdef) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return false;
+    }
+    bool ok = nb_treedef_equal(cdef, ci->out_def);
+    if (!ok) {
+        char a[512], b[512];
+        nb_treedef_format(cdef, a, sizeof a, NULL);
+        nb_treedef_format(ci->out_def, b, sizeof b, NULL);
+        nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                      "%s: the body '%s' returns %s but the carry is %s; a body returns a tree of "
+                      "the carry's structure",
+                      who, nb_fn_name(body), b, a);
+    }
+    nb_treedef_destroy(cdef);
+    for (int64_t i = 0; ok && i < ncar; i++) {
+        const nb_var *o = nbi_exec_output(ci->exec, (int32_t)i);
+        bool same = o->dtype == cv[i]->dtype && o->rank == cv[i]->rank;
+        for (int d = 0; same && d < o->rank; d++) {
+            same = o->shape[d] == cv[i]->shape[d];
+        }
+        if (!same) {
+            char path[NB_PATH_MAX], sa[96], sb[96];
+            nb_tree_leaf_path(carry, i, path, sizeof path, NULL);
+            nbi_var_sig(sa, sizeof sa, cv[i]);
+            nbi_var_sig(sb, sizeof sb, o);
+            nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                          "%s: the body '%s' returns %s at %s where the carry is %s; a loop's "
+                          "carry keeps its dtypes and shapes",
+                          who, nb_fn_name(body), sb, path[0] ? path : "<root>", sa);
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+static bool nbl_unwrap(nb_trace *tr, const char *who, const char *role, const nb_fn *f,
+                       nb_fn_body *body, const nb_tree **self);
+
+static bool nbl_record_fill(nb_trace *tr, const char *who, nbl_record *rec, const nb_fn *cond,
+                            const nb_fn *body, const nb_tree *carry) {
+    if (!nbl_unwrap(tr, who, "cond", cond, &rec->cond_body, &rec->cond_self) ||
+        !nbl_unwrap(tr, who, "body", body, &rec->body_body, &rec->body_self)) {
+        return false;
+    }
+    const nb_tree *selfs[2] = {rec->cond_self, rec->body_self};
+    for (int k = 0; k < 2; k++) {
+        if (selfs[k] != NULL && nbi_trace_own(tr, nb_tree_retain((nb_tree *)selfs[k])) != NB_OK) {
+            return false;
+        }
+    }
+    const char *names[2] = {nb_fn_name(cond), nb_fn_name(body)};
+    char *copies[2];
+    for (int k = 0; k < 2; k++) {
+        size_t len = strlen(names[k]) + 1;
+        copies[k] = nbi_arena_alloc(&tr->arena, len);
+        if (copies[k] == NULL) {
+            nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+            return false;
+        }
+        memcpy(copies[k], names[k], len);
+    }
+    rec->cond_name = copies[0];
+    rec->body_name = copies[1];
+    rec->carry = carry;
+    return true;
+}
+
+static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_fn *body,
+                                const nb_tree *init, const nb_loop_opts *opts) {
+    if (tr == NULL || nb_trace_status(tr) != NB_OK) {
+        return NULL;
+    }
+    nb_loop_opts o = opts != NULL ? *opts : nb_loop_opts_default();
+    if (!nbl_plain_ok(tr, who, "cond", cond) || !nbl_plain_ok(tr, who, "body", body)) {
+        return NULL;
+    }
+    if (nb_tree_check(init) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: the initial carry is NULL or destroyed", who);
+        return NULL;
+    }
+    if ((int)o.kind < NB_LOOP_LAX || (int)o.kind > NB_LOOP_BOUNDED || o.max_steps < 0 ||
+        o.checkpoints < 0) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: bad options (kind %d, max_steps %lld, checkpoints %lld): kind is lax, "
+                      "checkpointed or bounded; counts are >= 0",
+                      who, (int)o.kind, (long long)o.max_steps, (long long)o.checkpoints);
+        return NULL;
+    }
+    if (o.kind == NB_LOOP_CHECKPOINTED && o.max_steps == 0 && o.checkpoints == 0) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: a checkpointed loop needs max_steps or checkpoints (as in Equinox): "
+                      "give max_steps (checkpoints then default to "
+                      "floor(-1.5 + sqrt(2 max_steps + 0.25)) + 1) or checkpoints",
+                      who);
+        return NULL;
+    }
+    if (o.kind == NB_LOOP_BOUNDED && o.max_steps == 0) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: a bounded loop stores every step and needs max_steps to size its tape",
+                      who);
+        return NULL;
+    }
+    nb_var **cv = NULL;
+    int64_t ncar = 0;
+    const nb_tree *carry = nbl_as_vars(tr, who, init, &cv, &ncar);
+    if (carry == NULL) {
+        return NULL;
+    }
+    nbl_record *rec = nbi_arena_alloc(&tr->arena, sizeof *rec);
+    if (rec == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return NULL;
+    }
+    if (!nbl_record_fill(tr, who, rec, cond, body, carry)) {
+        return NULL;
+    }
+    nbi_callee_info ci_c, ci_b;
+    if (nbi_callee(tr, cond, carry, who, &ci_c) != NB_OK ||
+        nbi_callee(tr, body, carry, who, &ci_b) != NB_OK) {
+        return NULL;
+    }
+    if (nbi_exec_n_outputs(ci_c.exec) != 1 || nbi_exec_output(ci_c.exec, 0)->rank != 0 ||
+        nbi_exec_output(ci_c.exec, 0)->dtype != NB_DTYPE_BOOL) {
+        char sig[96] = "several outputs";
+        if (nbi_exec_n_outputs(ci_c.exec) == 1) {
+            nbi_var_sig(sig, sizeof sig, nbi_exec_output(ci_c.exec, 0));
+        }
+        nbi_trace_err(tr, NB_ERR_SHAPE, "%s: the cond '%s' returns %s; it must return a 0-d bool",
+                      who, nb_fn_name(cond), sig);
+        return NULL;
+    }
+    if (!nbl_check_carry(tr, who, body, &ci_b, carry, cv, ncar)) {
+        return NULL;
+    }
+    int64_t n_ops = ci_c.n_self + ci_b.n_self + ncar;
+    nb_var **ops = nbi_arena_alloc(&tr->arena, (size_t)(n_ops + 1) * sizeof(nb_var *));
+    if (ops == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return NULL;
+    }
+    memcpy(ops, ci_c.ops, (size_t)ci_c.n_self * sizeof(nb_var *));
+    memcpy(ops + ci_c.n_self, ci_b.ops, (size_t)ci_b.n_self * sizeof(nb_var *));
+    memcpy(ops + ci_c.n_self + ci_b.n_self, cv, (size_t)ncar * sizeof(nb_var *));
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.callee = ci_b.exec;
+    at.callee2 = ci_c.exec;
+    at.a[0] = ci_c.n_self;
+    at.a[1] = ci_b.n_self;
+    at.a[2] = ncar;
+    at.a[3] = o.max_steps;
+    at.a[4] = o.kind;
+    at.a[5] = o.checkpoints;
+    at.a[6] = (int64_t)(intptr_t)rec;
+    nb_var *w = nbi_emit(tr, NBI_OP_WHILE, (int)n_ops, ops, &at);
+    nb_tree **outl = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_tree *));
+    if (outl == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return NULL;
+    }
+    size_t off = 0;
+    for (int64_t i = 0; i < ncar; i++) {
+        memset(&at, 0, sizeof at);
+        at.ivalue = i;
+        at.a[0] = (int64_t)off;
+        off += nbl_leaf_bytes(nbi_exec_output(ci_b.exec, (int32_t)i));
+        outl[i] = nb_leaf(nbi_emit(tr, NBI_OP_CALL_OUTPUT, 1, &w, &at));
+        if (outl[i] == NULL) {
+            return NULL;
+        }
+    }
+    if (tr->status != NB_OK) {
+        return NULL;
+    }
+    nb_tree *list = NULL, *res = NULL;
+    nb_status st = nb_tree_list(tr->ctx, ncar, outl, &list);
+    if (st == NB_OK) {
+        st = nb_tree_unflatten(ci_b.out_def, list, &res);
+    }
+    nb_tree_destroy(list);
+    if (st != NB_OK || nbi_trace_own(tr, res) != NB_OK) {
+        nbi_trace_err(tr, st != NB_OK ? st : NB_ERR_OOM, "%s: out of memory", who);
+        return NULL;
+    }
+    return res;
+}
+
+const nb_tree *nb_while_loop(nb_trace *tr, nb_fn *cond, nb_fn *body, const nb_tree *init,
+                             const nb_loop_opts *opts) {
+    return nbl_while(tr, "nb_while_loop", cond, body, init, opts);
+}
+
+/* ---- fori_loop, scan, cond, switch: while loops of wrapper functions ------------------- */
+
+/* The wrappers below call the user's function body directly, with the user's bound data
+ * moved into the wrapper's own (self.self): its vars of the enclosing trace are lifted like
+ * any others, and the wrapper's cache key holds the user's body pointer (self.fn). */
+static bool nbl_unwrap(nb_trace *tr, const char *who, const char *role, const nb_fn *f,
+                       nb_fn_body *body, const nb_tree **self) {
+    if (nb_fn_check(f) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: the %s function is NULL or destroyed", who, role);
+        return false;
+    }
+    while (f->kind == NBI_FN_JIT || f->kind == NBI_FN_MAXTRACES) {
+        f = f->inner;
+    }
+    if (f->kind != NBI_FN_PLAIN) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: the %s function '%s' is a transformed function (grad, vjp, jvp, "
+                      "custom_vjp); give a function made by nb_fn_create (or nb_jit of one) and "
+                      "transform the function that contains the loop instead",
+                      who, role, f->name);
+        return false;
+    }
+    *body = f->body;
+    *self = f->self;
+    return true;
+}
+
+/* A wrapper function: body wbody, self dict(fn=<user body>, self=<user self or null>,
+ * extra...). Returns a new function (NULL after a sticky error). */
+static nb_fn *nbl_wrapper(nb_trace *tr, const char *who, const char *name, nb_fn_body wbody,
+                          nb_fn_body ubody, const char *uname, const nb_tree *uself, int n_extra,
+                          const char *const *keys, nb_tree *const *vals) {
+    nb_ctx *ctx = tr->ctx;
+    const char *k[8] = {"fn", "self"};
+    nb_tree *v[8] = {NULL, NULL};
+    nb_status st = nb_tree_fnref(ctx, (nb_fnptr)ubody, uname, &v[0]);
+    if (st == NB_OK) {
+        st = uself != NULL ? (v[1] = nb_tree_retain((nb_tree *)uself), NB_OK)
+                           : nb_tree_null(ctx, &v[1]);
+    }
+    for (int i = 0; i < n_extra; i++) {
+        k[2 + i] = keys[i];
+        v[2 + i] = nb_tree_retain(vals[i]);
+    }
+    nb_tree *wself = NULL;
+    nb_fn *f = NULL;
+    if (st == NB_OK) {
+        st = nb_tree_dict(ctx, 2 + n_extra, k, v, &wself);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, name, wbody, wself, &f);
+    }
+    for (int i = 0; i < 2 + n_extra; i++) {
+        nb_tree_destroy(v[i]);
+    }
+    nb_tree_destroy(wself);
+    if (st != NB_OK) {
+        nbi_trace_err(tr, st, "%s: out of memory", who);
+        return NULL;
+    }
+    return f;
+}
+
+/* Call the user's body stored in a wrapper's self on args; *out a new reference. */
+static nb_status nbl_call_user(nb_trace *tr, const nb_tree *wself, const nb_tree *args,
+                               nb_tree **out) {
+    nb_fnptr fp = NULL;
+    const char *name = NULL;
+    nb_tree_get_fnref(nb_tree_get(wself, "fn"), &fp, &name);
+    const nb_tree *uself = nb_tree_get(wself, "self");
+    if (nb_tree_kind_of(uself) == NB_TREE_KIND_NULL) {
+        uself = NULL;
+    }
+    *out = NULL;
+    nb_status st = ((nb_fn_body)fp)(tr, uself, args, out);
+    if (tr->status != NB_OK) {
+        st = tr->status;
+    }
+    if (st != NB_OK) {
+        nb_tree_destroy(*out);
+        *out = NULL;
+        if (tr->status == NB_OK) {
+            nbi_trace_err(tr, st, "the function '%s' failed: %s", name, nb_ctx_errmsg(tr->ctx));
+        }
+    } else if (*out == NULL) {
+        st = nbi_trace_err(tr, NB_ERR_MISUSE, "the function '%s' returned no output", name);
+    }
+    return st;
+}
+
+static nb_var *nbl_i32(nb_trace *tr, int64_t v) {
+    return nb_scalar_typed(tr, NB_DTYPE_I32, (double)v);
+}
+
+/* fori: the carry is (i, carry); cond: i < hi; body: (i + 1, user((i, carry))). */
+static nb_status nbl_fori_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    int64_t hi = 0;
+    nb_tree_get_int(nb_tree_get(self, "hi"), &hi);
+    return nb_return(nb_lt(nb_get(tr, args, "[0]"), nbl_i32(tr, hi)), out);
+}
+
+static nb_status nbl_fori_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    nb_tree *res = NULL;
+    nb_status st = nbl_call_user(tr, self, args, &res);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_tree *i1 = nb_leaf(nb_add(nb_get(tr, args, "[0]"), nbl_i32(tr, 1)));
+    st = i1 == NULL ? nb_trace_status(tr) : nb_tree_tuple(tr->ctx, 2, (nb_tree *[]){i1, res}, out);
+    nb_tree_destroy(res);
+    return st;
+}
+
+static nb_status nbl_const_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                nb_tree **out) {
+    (void)args;
+    return nb_return(nb_var_of(tr, nb_tree_get(self, "pred")), out);
+}
+
+/* The tuple (a, b) as a trace-owned tree. */
+static const nb_tree *nbl_pair(nb_trace *tr, const nb_tree *a, const nb_tree *b) {
+    nb_tree *t = NULL;
+    if (nb_tree_tuple(tr->ctx, 2, (nb_tree *[]){(nb_tree *)a, (nb_tree *)b}, &t) != NB_OK ||
+        nbi_trace_own(tr, t) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+        return NULL;
+    }
+    return t;
+}
+
+const nb_tree *nb_fori_loop(nb_trace *tr, int64_t lo, int64_t hi, nb_fn *body, const nb_tree *init,
+                            const nb_loop_opts *opts) {
+    static const char who[] = "nb_fori_loop";
+    if (tr == NULL || tr->status != NB_OK) {
+        return NULL;
+    }
+    nb_fn_body ub = NULL;
+    const nb_tree *us = NULL;
+    if (!nbl_unwrap(tr, who, "body", body, &ub, &us)) {
+        return NULL;
+    }
+    if (nb_tree_check(init) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: the initial carry is NULL or destroyed", who);
+        return NULL;
+    }
+    if (lo < INT32_MIN || hi > INT32_MAX || lo > INT32_MAX || hi < INT32_MIN) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: bounds [%lld, %lld) outside the i32 range", who,
+                      (long long)lo, (long long)hi);
+        return NULL;
+    }
+    nb_loop_opts o = opts != NULL ? *opts : nb_loop_opts_default();
+    int64_t trips = hi > lo ? hi - lo : 0;
+    if (o.max_steps == 0 || o.max_steps > trips) {
+        o.max_steps = trips; /* the trip count is known */
+    }
+    if (trips == 0) {
+        return init;
+    }
+    nb_tree *hi_leaf = NULL;
+    if (nb_tree_int(tr->ctx, hi, &hi_leaf) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return NULL;
+    }
+    nb_fn *c = NULL, *b = NULL;
+    nb_tree *cself = NULL;
+    if (nb_tree_dict(tr->ctx, 1, (const char *[]){"hi"}, &hi_leaf, &cself) == NB_OK) {
+        nb_fn_create(tr->ctx, "fori_cond", nbl_fori_cond, cself, &c);
+    }
+    nb_tree_destroy(cself);
+    nb_tree_destroy(hi_leaf);
+    b = nbl_wrapper(tr, who, "fori_body", nbl_fori_body, ub, body->name, us, 0, NULL, NULL);
+    const nb_tree *res = NULL;
+    if (c == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+    } else if (b != NULL) {
+        const nb_tree *carry = nbl_pair(tr, nb_leaf(nbl_i32(tr, lo)), init);
+        const nb_tree *w = carry ? nbl_while(tr, who, c, b, carry, &o) : NULL;
+        res = w != NULL ? nb_tree_child(w, 1) : NULL;
+    }
+    nb_fn_destroy(c);
+    nb_fn_destroy(b);
+    return res;
+}
+
+/* cond / switch: branch k runs as a while loop of at most one step whose cond is
+ * (index == k), over the carry (out, operand); the loops are chained, so exactly the
+ * chosen branch runs. */
+static nb_status nbl_branch_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    nb_tree *res = NULL;
+    nb_status st = nbl_call_user(tr, self, nb_tree_child(args, 1), &res);
+    if (st != NB_OK) {
+        return st;
+    }
+    st = nb_tree_tuple(tr->ctx, 2, (nb_tree *[]){res, (nb_tree *)nb_tree_child(args, 1)}, out);
+    nb_tree_destroy(res);
+    return st;
+}
+
+/* Zero vars of the output signature of f on args (f traced through the cache). */
+static const nb_tree *nbl_zeros_of(nb_trace *tr, const char *who, nb_fn *f, const nb_tree *args) {
+    nbi_callee_info ci;
+    if (nbi_callee(tr, f, args, who, &ci) != NB_OK) {
+        return NULL;
+    }
+    int32_t n = nbi_exec_n_outputs(ci.exec);
+    nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_tree *));
+    if (items == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return NULL;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *o = nbi_exec_output(ci.exec, i);
+        items[i] = nb_leaf(nb_full(tr, o->dtype, o->rank, o->shape, 0.0));
+    }
+    nb_tree *list = NULL, *res = NULL;
+    if (tr->status == NB_OK && nb_tree_list(tr->ctx, n, items, &list) == NB_OK &&
+        nb_tree_unflatten(ci.out_def, list, &res) == NB_OK && nbi_trace_own(tr, res) == NB_OK) {
+        nb_tree_destroy(list);
+        return res;
+    }
+    nb_tree_destroy(list);
+    if (tr->status == NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+    }
+    return NULL;
+}
+
+const nb_tree *nb_switch(nb_trace *tr, nb_var *index, int n, nb_fn *const *branches,
+                         const nb_tree *operand) {
+    static const char who[] = "nb_switch";
+    if (tr == NULL || tr->status != NB_OK) {
+        return NULL;
+    }
+    if (index == NULL || nb_var_is_poison(index)) {
+        return NULL;
+    }
+    if (n < 1 || branches == NULL || nb_tree_check(operand) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: needs n >= 1 branches and an operand tree", who);
+        return NULL;
+    }
+    if (index->rank != 0 || nb_dtype_is_float(index->dtype) || index->dtype == NB_DTYPE_BOOL) {
+        char sig[96];
+        nbi_var_sig(sig, sizeof sig, index);
+        nbi_trace_err(tr, NB_ERR_SHAPE, "%s: the index is %s; it must be a 0-d integer var", who,
+                      sig);
+        return NULL;
+    }
+    nb_fn_body ub[64];
+    const nb_tree *us[64];
+    if (n > 64) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: %d branches (at most 64)", who, n);
+        return NULL;
+    }
+    for (int k = 0; k < n; k++) {
+        if (!nbl_unwrap(tr, who, "branch", branches[k], &ub[k], &us[k])) {
+            return NULL;
+        }
+    }
+    nb_var *idx =
+        nb_minimum(nb_maximum(nb_cast(index, NB_DTYPE_I64), nb_scalar_typed(tr, NB_DTYPE_I64, 0.0)),
+                   nb_scalar_typed(tr, NB_DTYPE_I64, (double)(n - 1)));
+    const nb_tree *out = nbl_zeros_of(tr, who, branches[0], operand);
+    const nb_tree *carry = out != NULL ? nbl_pair(tr, out, operand) : NULL;
+    nb_loop_opts o = nb_loop_opts_default();
+    o.max_steps = 1;
+    for (int k = 0; k < n && carry != NULL; k++) {
+        nb_tree *pred = nb_leaf(nb_eq(idx, nb_scalar_typed(tr, NB_DTYPE_I64, (double)k)));
+        nb_tree *cself = NULL;
+        nb_fn *c = NULL, *b = NULL;
+        if (pred != NULL &&
+            nb_tree_dict(tr->ctx, 1, (const char *[]){"pred"}, &pred, &cself) == NB_OK) {
+            nb_fn_create(tr->ctx, "branch_cond", nbl_const_cond, cself, &c);
+        }
+        nb_tree_destroy(cself);
+        b = nbl_wrapper(tr, who, "branch", nbl_branch_body, ub[k], branches[k]->name, us[k], 0,
+                        NULL, NULL);
+        if (c == NULL && tr->status == NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        }
+        carry = (c != NULL && b != NULL) ? nbl_while(tr, who, c, b, carry, &o) : NULL;
+        nb_fn_destroy(c);
+        nb_fn_destroy(b);
+    }
+    return carry != NULL ? nb_tree_child(carry, 0) : NULL;
+}
+
+const nb_tree *nb_cond(nb_trace *tr, nb_var *pred, nb_fn *true_fn, nb_fn *false_fn,
+                       const nb_tree *operand) {
+    if (tr == NULL || tr->status != NB_OK || pred == NULL || nb_var_is_poison(pred)) {
+        return NULL;
+    }
+    if (pred->rank != 0 || pred->dtype != NB_DTYPE_BOOL) {
+        char sig[96];
+        nbi_var_sig(sig, sizeof sig, pred);
+        nbi_trace_err(tr, NB_ERR_SHAPE, "nb_cond: the predicate is %s; it must be a 0-d bool", sig);
+        return NULL;
+    }
+    /* branch 0 is false, 1 is true (lax.cond's order) */
+    nb_fn *br[2] = {false_fn, true_fn};
+    return nb_switch(tr, nb_cast(pred, NB_DTYPE_I32), 2, br, operand);
+}
+
+/* scan: the carry is (i, carry, ys); x_i are slices of the wrapper's self.xs (lifted). */
+static nb_status nbl_scan_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    nb_var *i = nb_get(tr, args, "[0]");
+    const nb_tree *xs = nb_tree_get(self, "xs");
+    nb_tree *xi = NULL;
+    nb_status st = NB_OK;
+    if (nb_tree_kind_of(xs) == NB_TREE_KIND_NULL) {
+        st = nb_tree_null(tr->ctx, &xi);
+    } else {
+        nb_tree *leaves = NULL;
+        nb_treedef *def = NULL;
+        st = nb_tree_flatten(xs, &leaves, &def);
+        int64_t m = st == NB_OK ? nb_tree_len(leaves) : 0;
+        nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(m + 1) * sizeof(nb_tree *));
+        for (int64_t k = 0; st == NB_OK && k < m; k++) {
+            nb_var *x = nb_var_of(tr, nb_tree_child(leaves, k));
+            nb_var *starts[NB_MAX_RANK];
+            int64_t sizes[NB_MAX_RANK];
+            starts[0] = i;
+            sizes[0] = 1;
+            for (int d = 1; d < nb_var_rank(x); d++) {
+                starts[d] = nbl_i32(tr, 0);
+                sizes[d] = nb_var_dim(x, d);
+            }
+            nb_var *sl = nb_dynamic_slice(x, starts, sizes);
+            items[k] = nb_leaf(nb_reshape(sl, nb_var_rank(x) - 1, nb_var_shape(x) + 1));
+        }
+        nb_tree *list = NULL;
+        if (st == NB_OK && tr->status == NB_OK && items != NULL) {
+            st = nb_tree_list(tr->ctx, m, items, &list);
+            if (st == NB_OK) {
+                st = nb_tree_unflatten(def, list, &xi);
+            }
+        }
+        nb_tree_destroy(list);
+        nb_tree_destroy(leaves);
+        nb_treedef_destroy(def);
+    }
+    if (st != NB_OK || tr->status != NB_OK) {
+        nb_tree_destroy(xi);
+        return tr->status != NB_OK ? tr->status : st;
+    }
+    nb_tree *uargs = NULL, *res = NULL;
+    st = nb_tree_tuple(tr->ctx, 2, (nb_tree *[]){(nb_tree *)nb_tree_child(args, 1), xi}, &uargs);
+    nb_tree_destroy(xi);
+    if (st == NB_OK) {
+        st = nbl_call_user(tr, self, uargs, &res);
+    }
+    nb_tree_destroy(uargs);
+    if (st != NB_OK) {
+        return st;
+    }
+    if (nb_tree_kind_of(res) != NB_TREE_KIND_TUPLE || nb_tree_len(res) != 2) {
+        nb_tree_destroy(res);
+        return nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                             "nb_scan: the body must return the pair (carry, y)");
+    }
+    /* ys[i] = y */
+    const nb_tree *ys = nb_tree_child(args, 2), *y = nb_tree_child(res, 1);
+    nb_tree *yl = NULL, *ysl = NULL;
+    nb_treedef *ydef = NULL;
+    st = nb_tree_flatten(y, &yl, NULL);
+    if (st == NB_OK) {
+        st = nb_tree_flatten(ys, &ysl, &ydef);
+    }
+    int64_t m = st == NB_OK ? nb_tree_len(ysl) : 0;
+    nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(m + 1) * sizeof(nb_tree *));
+    if (st == NB_OK && (items == NULL || nb_tree_len(yl) != m)) {
+        st = nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                           "nb_scan: the body's y changed structure between traces");
+    }
+    for (int64_t k = 0; st == NB_OK && k < m; k++) {
+        nb_var *buf = nb_var_of(tr, nb_tree_child(ysl, k));
+        nb_var *yk = nb_var_of(tr, nb_tree_child(yl, k));
+        nb_var *starts[NB_MAX_RANK];
+        starts[0] = i;
+        for (int d = 1; d < nb_var_rank(buf); d++) {
+            starts[d] = nbl_i32(tr, 0);
+        }
+        items[k] = nb_leaf(nb_dynamic_update_slice(buf, nb_expand_dims(yk, 0), starts));
+    }
+    nb_tree *list = NULL, *ys2 = NULL;
+    if (st == NB_OK && tr->status == NB_OK) {
+        st = nb_tree_list(tr->ctx, m, items, &list);
+        if (st == NB_OK) {
+            st = nb_tree_unflatten(ydef, list, &ys2);
+        }
+    }
+    nb_tree *i1 = nb_leaf(nb_add(i, nbl_i32(tr, 1)));
+    if (st == NB_OK && tr->status == NB_OK && i1 != NULL) {
+        st = nb_tree_tuple(tr->ctx, 3, (nb_tree *[]){i1, (nb_tree *)nb_tree_child(res, 0), ys2},
+                           out);
+    }
+    nb_tree_destroy(list);
+    nb_tree_destroy(ys2);
+    nb_tree_destroy(yl);
+    nb_tree_destroy(ysl);
+    nb_treedef_destroy(ydef);
+    nb_tree_destroy(res);
+    return tr->status != NB_OK ? tr->status : st;
+}
+
+/* The user's body traced on (init, x_0) to learn y's signature. */
+static nb_status nbl_scan_probe(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                nb_tree **out) {
+    nb_tree *res = NULL;
+    nb_status st = nbl_call_user(tr, self, args, &res);
+    if (st != NB_OK) {
+        return st;
+    }
+    if (nb_tree_kind_of(res) != NB_TREE_KIND_TUPLE || nb_tree_len(res) != 2) {
+        nb_tree_destroy(res);
+        return nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                             "nb_scan: the body must return the pair (carry, y)");
+    }
+    *out = nb_tree_retain((nb_tree *)nb_tree_child(res, 1));
+    nb_tree_destroy(res);
+    return NB_OK;
+}
+
+const nb_tree *nb_scan(nb_trace *tr, nb_fn *body, const nb_tree *init, const nb_tree *xs,
+                       int64_t length, const nb_loop_opts *opts) {
+    static const char who[] = "nb_scan";
+    if (tr == NULL || tr->status != NB_OK) {
+        return NULL;
+    }
+    nb_fn_body ub = NULL;
+    const nb_tree *us = NULL;
+    if (!nbl_unwrap(tr, who, "body", body, &ub, &us)) {
+        return NULL;
+    }
+    if (nb_tree_check(init) != NB_OK || (xs != NULL && nb_tree_check(xs) != NB_OK)) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: NULL or destroyed init or xs", who);
+        return NULL;
+    }
+    if (length < 1 || length > INT32_MAX) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: length %lld must be in [1, 2^31)", who,
+                      (long long)length);
+        return NULL;
+    }
+    /* every xs leaf: a var (or array) with leading dim length */
+    nb_tree *xl = NULL, *x0l = NULL, *x0 = NULL, *null = NULL;
+    nb_treedef *xdef = NULL;
+    nb_status st = nb_tree_null(tr->ctx, &null);
+    if (st == NB_OK && xs != NULL) {
+        st = nb_tree_flatten(xs, &xl, &xdef);
+    }
+    int64_t m = xl != NULL ? nb_tree_len(xl) : 0;
+    nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(m + 1) * sizeof(nb_tree *));
+    if (items == NULL) {
+        st = NB_ERR_OOM;
+    }
+    for (int64_t k = 0; st == NB_OK && k < m; k++) {
+        const nb_tree *l = nb_tree_child(xl, k);
+        nb_var *x = nb_tree_kind_of(l) == NB_TREE_KIND_VAR ? nb_var_of(tr, l)
+                                                           : nb_constant(tr, nb_tree_get_array(l));
+        if (nb_var_rank(x) < 1 || nb_var_dim(x, 0) != length) {
+            char path[NB_PATH_MAX], sig[96];
+            nb_tree_leaf_path(xs, k, path, sizeof path, NULL);
+            nbi_var_sig(sig, sizeof sig, x);
+            nbi_trace_err(tr, NB_ERR_SHAPE,
+                          "%s: xs%s%s is %s; every xs leaf needs leading dim length %lld", who,
+                          path[0] && path[0] != '[' ? "." : "", path, sig, (long long)length);
+            break;
+        }
+        nb_var *starts[NB_MAX_RANK];
+        int64_t sizes[NB_MAX_RANK];
+        for (int d = 0; d < nb_var_rank(x); d++) {
+            starts[d] = nbl_i32(tr, 0);
+            sizes[d] = d == 0 ? 1 : nb_var_dim(x, d);
+        }
+        items[k] = nb_leaf(nb_reshape(nb_dynamic_slice(x, starts, sizes), nb_var_rank(x) - 1,
+                                      nb_var_shape(x) + 1));
+    }
+    if (st == NB_OK && tr->status == NB_OK && xs != NULL) {
+        st = nb_tree_list(tr->ctx, m, items, &x0l);
+        if (st == NB_OK) {
+            st = nb_tree_unflatten(xdef, x0l, &x0);
+        }
+    }
+    nb_tree_destroy(xl);
+    nb_tree_destroy(x0l);
+    nb_treedef_destroy(xdef);
+    const nb_tree *res = NULL;
+    nb_fn *probe = NULL, *b = NULL, *c = NULL;
+    if (st != NB_OK && tr->status == NB_OK) {
+        nbi_trace_err(tr, st, "%s: out of memory", who);
+    }
+    if (tr->status == NB_OK) {
+        const nb_tree *pargs = nbl_pair(tr, init, x0 != NULL ? x0 : null);
+        probe =
+            nbl_wrapper(tr, who, "scan_probe", nbl_scan_probe, ub, body->name, us, 0, NULL, NULL);
+        const nb_tree *y0 = (pargs && probe) ? nbl_zeros_of(tr, who, probe, pargs) : NULL;
+        /* ys buffers: zeros of [length, *y.shape] */
+        nb_tree *yl = NULL, *ylist = NULL, *ys = NULL;
+        nb_treedef *ydef = NULL;
+        if (y0 != NULL && nb_tree_flatten(y0, &yl, &ydef) == NB_OK) {
+            int64_t ny = nb_tree_len(yl);
+            nb_tree **yi = nbi_arena_alloc(&tr->arena, (size_t)(ny + 1) * sizeof(nb_tree *));
+            for (int64_t k = 0; yi != NULL && k < ny; k++) {
+                nb_var *y = nb_var_of(tr, nb_tree_child(yl, k));
+                int64_t shape[NB_MAX_RANK];
+                shape[0] = length;
+                if (nb_var_rank(y) + 1 > NB_MAX_RANK) {
+                    nbi_trace_err(tr, NB_ERR_SHAPE, "%s: y has rank %d; stacked it exceeds %d", who,
+                                  nb_var_rank(y), NB_MAX_RANK);
+                    break;
+                }
+                memcpy(shape + 1, nb_var_shape(y), (size_t)nb_var_rank(y) * sizeof(int64_t));
+                yi[k] = nb_leaf(nb_full(tr, nb_var_dtype(y), nb_var_rank(y) + 1, shape, 0.0));
+            }
+            if (yi != NULL && tr->status == NB_OK &&
+                nb_tree_list(tr->ctx, ny, yi, &ylist) == NB_OK &&
+                nb_tree_unflatten(ydef, ylist, &ys) == NB_OK && nbi_trace_own(tr, ys) == NB_OK) {
+                nb_tree *hi_leaf = NULL, *cself = NULL;
+                if (nb_tree_int(tr->ctx, length, &hi_leaf) == NB_OK &&
+                    nb_tree_dict(tr->ctx, 1, (const char *[]){"hi"}, &hi_leaf, &cself) == NB_OK) {
+                    nb_fn_create(tr->ctx, "scan_cond", nbl_fori_cond, cself, &c);
+                }
+                nb_tree_destroy(hi_leaf);
+                nb_tree_destroy(cself);
+                nb_tree *xsv = x0 != NULL ? (nb_tree *)xs : null;
+                b = nbl_wrapper(tr, who, "scan_body", nbl_scan_body, ub, body->name, us, 1,
+                                (const char *[]){"xs"}, &xsv);
+                nb_tree *carry = NULL;
+                nb_tree *i0 = nb_leaf(nbl_i32(tr, 0));
+                if (c != NULL && b != NULL && i0 != NULL &&
+                    nb_tree_tuple(tr->ctx, 3, (nb_tree *[]){i0, (nb_tree *)init, ys}, &carry) ==
+                        NB_OK &&
+                    nbi_trace_own(tr, carry) == NB_OK) {
+                    nb_loop_opts o = opts != NULL ? *opts : nb_loop_opts_default();
+                    if (o.max_steps == 0 || o.max_steps > length) {
+                        o.max_steps = length;
+                    }
+                    const nb_tree *w = nbl_while(tr, who, c, b, carry, &o);
+                    if (w != NULL) {
+                        res = nbl_pair(tr, nb_tree_child(w, 1), nb_tree_child(w, 2));
+                    }
+                } else if (tr->status == NB_OK) {
+                    nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+                }
+            } else if (tr->status == NB_OK) {
+                nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+            }
+        }
+        nb_tree_destroy(yl);
+        nb_tree_destroy(ylist);
+        nb_treedef_destroy(ydef);
+    }
+    nb_tree_destroy(x0);
+    nb_tree_destroy(null);
+    nb_fn_destroy(probe);
+    nb_fn_destroy(b);
+    nb_fn_destroy(c);
+    return tr->status == NB_OK ? res : NULL;
+}
+
+/* ---- reverse mode: bounded loops (every step's carry on a tape) ------------------------ */
+
+/* Flat (dynamic) leaves of t as vars of tr, arrays as constants; n of them. */
+static nb_var **nbl_leaf_vars(nb_trace *tr, const nb_tree *t, int64_t *n) {
+    nb_tree *leaves = NULL;
+    *n = 0;
+    if (t == NULL || nb_tree_kind_of(t) == NB_TREE_KIND_NULL) {
+        return nbi_arena_alloc(&tr->arena, sizeof(nb_var *));
+    }
+    if (nb_tree_flatten(t, &leaves, NULL) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+        return NULL;
+    }
+    int64_t m = nb_tree_len(leaves);
+    nb_var **v = nbi_arena_alloc(&tr->arena, (size_t)(m + 1) * sizeof(nb_var *));
+    for (int64_t i = 0; v != NULL && i < m; i++) {
+        const nb_tree *l = nb_tree_child(leaves, i);
+        v[i] = nb_tree_kind_of(l) == NB_TREE_KIND_VAR ? nb_var_of(tr, l)
+                                                      : nb_constant(tr, nb_tree_get_array(l));
+    }
+    nb_tree_destroy(leaves);
+    if (v == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+    }
+    *n = m;
+    return v;
+}
+
+/* A trace-owned tree of def's structure holding vars v. */
+static const nb_tree *nbl_tree_like(nb_trace *tr, const nb_tree *like, nb_var *const *v,
+                                    int64_t n) {
+    nb_treedef *def = NULL;
+    nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_tree *));
+    nb_tree *list = NULL, *out = NULL;
+    if (items == NULL || nb_tree_treedef(like, &def) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        items[i] = nb_leaf(v[i]);
+    }
+    if (tr->status == NB_OK && nb_tree_list(tr->ctx, n, items, &list) == NB_OK &&
+        nb_tree_unflatten(def, list, &out) == NB_OK && nbi_trace_own(tr, out) == NB_OK) {
+        nb_tree_destroy(list);
+        nb_treedef_destroy(def);
+        return out;
+    }
+    nb_tree_destroy(list);
+    nb_treedef_destroy(def);
+    if (tr->status == NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+    }
+    return NULL;
+}
+
+static nb_var *nbl_tape_read(nb_trace *tr, nb_var *tape, nb_var *k) {
+    nb_var *starts[NB_MAX_RANK];
+    int64_t sizes[NB_MAX_RANK];
+    for (int d = 0; d < nb_var_rank(tape); d++) {
+        starts[d] = d == 0 ? k : nbl_i32(tr, 0);
+        sizes[d] = d == 0 ? 1 : nb_var_dim(tape, d);
+    }
+    return nb_reshape(nb_dynamic_slice(tape, starts, sizes), nb_var_rank(tape) - 1,
+                      nb_var_shape(tape) + 1);
+}
+
+static nb_var *nbl_tape_write(nb_trace *tr, nb_var *tape, nb_var *k, nb_var *x) {
+    nb_var *starts[NB_MAX_RANK];
+    for (int d = 0; d < nb_var_rank(tape); d++) {
+        starts[d] = d == 0 ? k : nbl_i32(tr, 0);
+    }
+    return nb_dynamic_update_slice(tape, nb_expand_dims(x, 0), starts);
+}
+
+/* taped cond: self = dict(fn, self, n); args = (i, c, tapes): i < n && cond(c) */
+static nb_status nbl_taped_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                nb_tree **out) {
+    int64_t n = 0;
+    nb_tree_get_int(nb_tree_get(self, "n"), &n);
+    nb_tree *res = NULL;
+    nb_status st = nbl_call_user(tr, self, nb_tree_child(args, 1), &res);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_var *c = nb_var_of(tr, res);
+    nb_tree_destroy(res);
+    return nb_return(nb_logical_and(nb_lt(nb_get(tr, args, "[0]"), nbl_i32(tr, n)), c), out);
+}
+
+/* taped body: self = dict(fn, self); args = (i, c, tapes) -> (i + 1, body(c), tapes[i] = c) */
+static nb_status nbl_taped_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                nb_tree **out) {
+    nb_var *i = nb_get(tr, args, "[0]");
+    const nb_tree *c = nb_tree_child(args, 1), *tapes = nb_tree_child(args, 2);
+    int64_t nc = 0, nt = 0;
+    nb_var **cv = nbl_leaf_vars(tr, c, &nc), **tv = nbl_leaf_vars(tr, tapes, &nt);
+    if (cv == NULL || tv == NULL || nc != nt) {
+        return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_INTERNAL;
+    }
+    nb_var **nv = nbi_arena_alloc(&tr->arena, (size_t)(nt + 1) * sizeof(nb_var *));
+    for (int64_t k = 0; nv != NULL && k < nt; k++) {
+        nv[k] = nbl_tape_write(tr, tv[k], i, cv[k]);
+    }
+    const nb_tree *nt_tree = nv ? nbl_tree_like(tr, tapes, nv, nt) : NULL;
+    nb_tree *res = NULL;
+    nb_status st = nt_tree ? nbl_call_user(tr, self, c, &res) : nb_trace_status(tr);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_tree *i1 = nb_leaf(nb_add(i, nbl_i32(tr, 1)));
+    st = nb_tree_tuple(tr->ctx, 3, (nb_tree *[]){i1, res, (nb_tree *)nt_tree}, out);
+    nb_tree_destroy(res);
+    return st;
+}
+
+/* reverse cond: args = (k, ...): k >= 0 */
+static nb_status nbl_rev_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)self;
+    return nb_return(nb_ge(nb_get(tr, args, "[0]"), nbl_i32(tr, 0)), out);
+}
+
+/* reverse body: self = dict(fn, self, tapes, carry (a tree of the carry's structure));
+ * args = (k, ct_c, ct_self) -> (k - 1, ct of c_k, ct_self + ct of self at step k). The body
+ * is traced again on c_k = tapes[k] and differentiated in place (nbi_vjp_region). */
+static nb_status nbl_rev_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    nb_var *k = nb_get(tr, args, "[0]");
+    const nb_tree *ct_c = nb_tree_child(args, 1), *ct_s = nb_tree_child(args, 2);
+    const nb_tree *uself = nb_tree_get(self, "self");
+    int64_t nt = 0, nct = 0, ns = 0, nacc = 0;
+    nb_var **tv = nbl_leaf_vars(tr, nb_tree_get(self, "tapes"), &nt);
+    nb_var **ctv = nbl_leaf_vars(tr, ct_c, &nct);
+    nb_var **sv =
+        nbl_leaf_vars(tr, nb_tree_kind_of(uself) == NB_TREE_KIND_NULL ? NULL : uself, &ns);
+    nb_var **acc = nbl_leaf_vars(tr, ct_s, &nacc);
+    if (tv == NULL || ctv == NULL || sv == NULL || acc == NULL) {
+        return nb_trace_status(tr);
+    }
+    if (nt != nct || nacc != ns) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL, "loop reverse: %lld tapes for %lld carry leaves",
+                             (long long)nt, (long long)nct);
+    }
+    int32_t begin = tr->g.n_nodes;
+    nb_var **wrt = nbi_arena_alloc(&tr->arena, (size_t)(ns + nt + 1) * sizeof(nb_var *));
+    nb_var **wct = nbi_arena_alloc(&tr->arena, (size_t)(ns + nt + 1) * sizeof(nb_var *));
+    if (wrt == NULL || wct == NULL) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+    }
+    for (int64_t j = 0; j < ns; j++) {
+        wrt[j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &sv[j], NULL);
+    }
+    for (int64_t j = 0; j < nt; j++) {
+        nb_var *ck = nbl_tape_read(tr, tv[j], k);
+        wrt[ns + j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &ck, NULL);
+    }
+    const nb_tree *s_tree = ns > 0 ? nbl_tree_like(tr, uself, wrt, ns) : NULL;
+    const nb_tree *c_tree = nbl_tree_like(tr, nb_tree_get(self, "carry"), wrt + ns, nt);
+    if ((ns > 0 && s_tree == NULL) || c_tree == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_fnptr fp = NULL;
+    const char *name = NULL;
+    nb_tree_get_fnref(nb_tree_get(self, "fn"), &fp, &name);
+    nb_tree *res = NULL;
+    nb_status st = ((nb_fn_body)fp)(tr, s_tree, c_tree, &res);
+    if (st != NB_OK || tr->status != NB_OK) {
+        nb_tree_destroy(res);
+        return tr->status != NB_OK ? tr->status : st;
+    }
+    int64_t no = 0;
+    nb_var **ov = nbl_leaf_vars(tr, res, &no);
+    nb_tree_destroy(res);
+    if (ov == NULL || no != nt) {
+        return nb_trace_status(tr) != NB_OK
+                   ? nb_trace_status(tr)
+                   : nbi_trace_err(tr, NB_ERR_INTERNAL, "loop reverse: the body changed");
+    }
+    int32_t end = tr->g.n_nodes;
+    nb_var **oct = nbi_arena_alloc(&tr->arena, (size_t)(no + 1) * sizeof(nb_var *));
+    for (int64_t j = 0; oct != NULL && j < no; j++) {
+        oct[j] = nbi_is_float_var(ov[j]) ? ctv[j] : NULL;
+    }
+    st = oct == NULL ? NB_ERR_OOM
+                     : nbi_vjp_region(tr, begin, end, (int)no, ov, oct, (int)(ns + nt), wrt, wct);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_var **nacc_v = nbi_arena_alloc(&tr->arena, (size_t)(ns + 1) * sizeof(nb_var *));
+    for (int64_t j = 0; nacc_v != NULL && j < ns; j++) {
+        nacc_v[j] = nbi_is_float_var(acc[j]) ? nb_add(acc[j], wct[j]) : acc[j];
+    }
+    nb_var **nct_v = nbi_arena_alloc(&tr->arena, (size_t)(nt + 1) * sizeof(nb_var *));
+    for (int64_t j = 0; nct_v != NULL && j < nt; j++) {
+        nct_v[j] = nbi_is_float_var(ctv[j]) ? wct[ns + j] : ctv[j];
+    }
+    const nb_tree *t1 = nct_v ? nbl_tree_like(tr, ct_c, nct_v, nt) : NULL;
+    const nb_tree *t2 = nacc_v ? nbl_tree_like(tr, ct_s, nacc_v, ns) : NULL;
+    nb_tree *km = nb_leaf(nb_sub(k, nbl_i32(tr, 1)));
+    if (t1 == NULL || t2 == NULL || km == NULL) {
+        return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_OOM;
+    }
+    return nb_tree_tuple(tr->ctx, 3, (nb_tree *[]){km, (nb_tree *)t1, (nb_tree *)t2}, out);
+}
+
+/* zeros like each var, as a trace-owned tuple */
+static const nb_tree *nbl_zeros_tuple(nb_trace *tr, nb_var *const *v, int64_t n) {
+    nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_tree *));
+    nb_tree *t = NULL;
+    for (int64_t i = 0; items != NULL && i < n; i++) {
+        items[i] = nb_leaf(nb_full(tr, v[i]->dtype, v[i]->rank, v[i]->shape, 0.0));
+    }
+    if (items == NULL || tr->status != NB_OK || nb_tree_tuple(tr->ctx, n, items, &t) != NB_OK ||
+        nbi_trace_own(tr, t) != NB_OK) {
+        if (tr->status == NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+        }
+        return NULL;
+    }
+    return t;
+}
+
+void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) {
+    static const char who[] = "reverse mode through a loop";
+    if (w->at.a[4] != NB_LOOP_BOUNDED) {
+        nbi_while_report(tr, w, true);
+        return;
+    }
+    const nbl_record *rec = (const nbl_record *)(intptr_t)w->at.a[6];
+    int64_t nc = w->at.a[0], nb = w->at.a[1], ncar = w->at.a[2], n_max = w->at.a[3];
+    nb_var *const *carry0 = w->in + nc + nb;
+    /* forward again, writing every step's carry on a tape: zeros [n_max, *leaf] */
+    nb_var **tapes0 = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));
+    if (tapes0 == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return;
+    }
+    for (int64_t j = 0; j < ncar; j++) {
+        int64_t shape[NB_MAX_RANK];
+        if (carry0[j]->rank + 1 > NB_MAX_RANK) {
+            nbi_trace_err(tr, NB_ERR_SHAPE, "%s: a carry leaf of rank %d cannot be taped", who,
+                          carry0[j]->rank);
+            return;
+        }
+        shape[0] = n_max;
+        memcpy(shape + 1, carry0[j]->shape, (size_t)carry0[j]->rank * sizeof(int64_t));
+        tapes0[j] = nb_full(tr, carry0[j]->dtype, carry0[j]->rank + 1, shape, 0.0);
+    }
+    nb_tree **ti = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_tree *));
+    nb_tree *tapes = NULL;
+    for (int64_t j = 0; ti != NULL && j < ncar; j++) {
+        ti[j] = nb_leaf(tapes0[j]);
+    }
+    if (ti == NULL || tr->status != NB_OK || nb_tree_tuple(tr->ctx, ncar, ti, &tapes) != NB_OK ||
+        nbi_trace_own(tr, tapes) != NB_OK) {
+        if (tr->status == NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        }
+        return;
+    }
+    nb_tree *nl = NULL;
+    nb_fn *fc = NULL, *fb = NULL, *rc = NULL, *rb = NULL;
+    nb_loop_opts o = nb_loop_opts_default();
+    o.max_steps = n_max;
+    const nb_tree *fwd = NULL, *rev = NULL;
+    nb_status st = nb_tree_int(tr->ctx, n_max, &nl);
+    if (st == NB_OK) {
+        fc = nbl_wrapper(tr, who, "taped_cond", nbl_taped_cond, rec->cond_body, rec->cond_name,
+                         rec->cond_self, 1, (const char *[]){"n"}, &nl);
+        fb = nbl_wrapper(tr, who, "taped_body", nbl_taped_body, rec->body_body, rec->body_name,
+                         rec->body_self, 0, NULL, NULL);
+    }
+    const nb_tree *init = NULL;
+    if (fc != NULL && fb != NULL) {
+        nb_tree *i0 = nb_leaf(nbl_i32(tr, 0)), *t = NULL;
+        if (i0 != NULL &&
+            nb_tree_tuple(tr->ctx, 3, (nb_tree *[]){i0, (nb_tree *)rec->carry, tapes}, &t) ==
+                NB_OK &&
+            nbi_trace_own(tr, t) == NB_OK) {
+            init = t;
+        }
+    }
+    fwd = init != NULL ? nbl_while(tr, who, fc, fb, init, &o) : NULL;
+    /* backward from step n - 1 down to 0 */
+    if (fwd != NULL) {
+        nb_tree *tl = (nb_tree *)nb_tree_child(fwd, 2);
+        const char *keys[2] = {"tapes", "carry"};
+        nb_tree *vals[2] = {tl, (nb_tree *)rec->carry};
+        rc = NULL;
+        st = nb_fn_create(tr->ctx, "reverse_cond", nbl_rev_cond, NULL, &rc);
+        rb = st == NB_OK ? nbl_wrapper(tr, who, "reverse_body", nbl_rev_body, rec->body_body,
+                                       rec->body_name, rec->body_self, 2, keys, vals)
+                         : NULL;
+        /* the carry's cotangent: the given ones, zeros where none (and for integer leaves) */
+        nb_var **ct0 = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));
+        for (int64_t j = 0; ct0 != NULL && j < ncar; j++) {
+            ct0[j] = (cts[j] != NULL && nbi_is_float_var(carry0[j]))
+                         ? cts[j]
+                         : nb_full(tr, carry0[j]->dtype, carry0[j]->rank, carry0[j]->shape, 0.0);
+        }
+        int64_t ns = 0;
+        nb_var **sv = nbl_leaf_vars(tr, rec->body_self, &ns);
+        const nb_tree *ct_c = ct0 ? nbl_tree_like(tr, rec->carry, ct0, ncar) : NULL;
+        const nb_tree *ct_s = sv ? nbl_zeros_tuple(tr, sv, ns) : NULL;
+        nb_var *steps = nb_var_of(tr, nb_tree_child(fwd, 0));
+        nb_tree *k0 = nb_leaf(nb_sub(steps, nbl_i32(tr, 1))), *t = NULL;
+        if (rb != NULL && ct_c != NULL && ct_s != NULL && k0 != NULL &&
+            nb_tree_tuple(tr->ctx, 3, (nb_tree *[]){k0, (nb_tree *)ct_c, (nb_tree *)ct_s}, &t) ==
+                NB_OK &&
+            nbi_trace_own(tr, t) == NB_OK) {
+            rev = nbl_while(tr, who, rc, rb, t, &o);
+        }
+    }
+    if (rev != NULL) {
+        int64_t m = 0, ms = 0;
+        nb_var **cc = nbl_leaf_vars(tr, nb_tree_child(rev, 1), &m);
+        nb_var **cs = nbl_leaf_vars(tr, nb_tree_child(rev, 2), &ms);
+        for (int64_t j = 0; cs != NULL && j < ms && j < nb; j++) {
+            in_ct[nc + j] = nbi_is_float_var(w->in[nc + j]) ? cs[j] : NULL;
+        }
+        for (int64_t j = 0; cc != NULL && j < m && j < ncar; j++) {
+            in_ct[nc + nb + j] = nbi_is_float_var(carry0[j]) ? cc[j] : NULL;
+        }
+    } else if (tr->status == NB_OK) {
+        nbi_trace_err(tr, st != NB_OK ? st : NB_ERR_OOM, "%s: building the reverse loop failed",
+                      who);
+    }
+    nb_tree_destroy(nl);
+    nb_fn_destroy(fc);
+    nb_fn_destroy(fb);
+    nb_fn_destroy(rc);
+    nb_fn_destroy(rb);
+}

@@ -1,0 +1,689 @@
+/*
+ * test_loops.c -- control flow inside traces (nabla/loops.h): while_loop, fori_loop, scan,
+ * cond and switch against plain C loops; closure conversion (the seeds' failure 4: a cond
+ * that closes over a traced threshold, a body over traced weights; no retrace with new
+ * data); nesting; max_steps; errors, including reverse mode through a lax loop.
+ */
+#include "nbtest.h"
+
+#include <nabla/nabla.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static nb_tree *leaf_of(nb_array *a) {
+    nb_tree *t = NULL;
+    assert_int_equal(nb_tree_array(a, &t), NB_OK);
+    nb_array_destroy(a);
+    return t;
+}
+
+static nb_tree *tuple_take(nb_ctx *ctx, int n, nb_tree **items) {
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, n, items, &t));
+    for (int i = 0; i < n; i++) {
+        nb_tree_destroy(items[i]);
+    }
+    return t;
+}
+
+static nb_tree *vec_f64(nb_ctx *ctx, int64_t n, const double *v) {
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 1, (int64_t[]){n}, v, &a));
+    return leaf_of(a);
+}
+
+/* ---- while: (i, x) -> (i + 1, 0.5 x + 1) while i < n -------------------------------- */
+
+static nb_status w_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    int64_t n = 0;
+    nb_tree_get_int(nb_tree_get(self, "n"), &n);
+    return nb_return(nb_lt(nb_get(tr, args, "[0]"), nb_scalar_typed(tr, NB_DTYPE_I32, (double)n)),
+                     out);
+}
+
+static nb_status w_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *i = nb_get(tr, args, "[0]"), *x = nb_get(tr, args, "[1]");
+    nb_tree *a = nb_leaf(nb_add(i, nb_scalar_typed(tr, NB_DTYPE_I32, 1)));
+    nb_tree *b = nb_leaf(nb_add(nb_mul(x, nb_scalar(tr, 0.5)), nb_scalar(tr, 1.0)));
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){a, b}, out);
+}
+
+static nb_fn *g_cond, *g_body;
+
+static nb_status w_outer(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_tree *carry = NULL;
+    nb_status st = nb_tree_tuple(nb_trace_ctx(tr), 2,
+                                 (nb_tree *[]){nb_leaf(nb_scalar_typed(tr, NB_DTYPE_I32, 0)),
+                                               (nb_tree *)nb_tree_child(args, 0)},
+                                 &carry);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_loop_opts o = nb_loop_opts_default();
+    int64_t max_steps = 0;
+    nb_tree_get_int(nb_tree_child(args, 1), &max_steps);
+    o.max_steps = max_steps;
+    const nb_tree *res = nb_while_loop(tr, g_cond, g_body, carry, &o);
+    nb_tree_destroy(carry);
+    if (res == NULL) {
+        return nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)res);
+    return NB_OK;
+}
+
+static void test_while(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_tree *cself = NULL, *nleaf = NULL;
+    NBT_OK(ctx, nb_tree_int(ctx, 10, &nleaf));
+    NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"n"}, &nleaf, &cself));
+    NBT_OK(ctx, nb_fn_create(ctx, "w_cond", w_cond, cself, &g_cond));
+    NBT_OK(ctx, nb_fn_create(ctx, "w_body", w_body, NULL, &g_body));
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "outer", w_outer, NULL, &f));
+    for (int trial = 0; trial < 3; trial++) {
+        double x0[3] = {1.0 + trial, -2.0, 0.25 * trial};
+        for (int maxs = 0; maxs <= 4; maxs += 4) {
+            nb_tree *ms = NULL, *res = NULL;
+            NBT_OK(ctx, nb_tree_int(ctx, maxs, &ms));
+            nb_tree *args = tuple_take(ctx, 2, (nb_tree *[]){vec_f64(ctx, 3, x0), ms});
+            NBT_OK(ctx, nb_fn_call(f, args, &res));
+            int steps = maxs > 0 ? maxs : 10;
+            const int32_t *i = nb_array_data(nb_tree_get_array(nb_tree_child(res, 0)));
+            const double *x = nb_array_data(nb_tree_get_array(nb_tree_child(res, 1)));
+            NBT_EQ_I64(*i, steps);
+            for (int k = 0; k < 3; k++) {
+                double want = x0[k];
+                for (int s = 0; s < steps; s++) {
+                    want = want * 0.5 + 1.0;
+                }
+                NBT_EQ_F64(x[k], want);
+            }
+            nb_tree_destroy(args);
+            nb_tree_destroy(res);
+        }
+    }
+    nb_fn_stats st;
+    NBT_OK(ctx, nb_fn_stats_get(f, &st));
+    NBT_EQ_I64(st.n_traces, 2); /* max_steps 0 and 4 are two static values */
+    NBT_OK(ctx, nb_fn_stats_get(g_body, &st));
+    NBT_EQ_I64(st.n_traces, 1); /* the body's sub-graph was traced once */
+    nb_fn_destroy(f);
+    nb_fn_destroy(g_cond);
+    nb_fn_destroy(g_body);
+    nb_tree_destroy(cself);
+    nb_tree_destroy(nleaf);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- failure 4: cond closes over a traced threshold, body over traced weights ---------- */
+/* outer(params = {w: f64[n,n], scale: f64[]}, x0): thr = scale * 1e-9 (traced);
+ * while ||x||^2 > thr: x = tanh(W x) (W contracting). Returns (x, steps). */
+
+static nb_status f4_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_var *x = nb_get(tr, args, "[1]");
+    return nb_return(nb_gt(nb_sum(nb_square(x), NULL, 0, false), nb_get(tr, self, "thr")), out);
+}
+
+static nb_status f4_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_var *x = nb_get(tr, args, "[1]");
+    nb_var *w = nb_get(tr, self, "w");
+    nb_tree *a = nb_leaf(nb_add(nb_get(tr, args, "[0]"), nb_scalar_typed(tr, NB_DTYPE_I32, 1)));
+    nb_tree *b = nb_leaf(nb_tanh(nb_matmul(w, x)));
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){a, b}, out);
+}
+
+static nb_status f4_outer(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *thr = nb_mul(nb_get(tr, args, "[0].scale"), nb_scalar(tr, 1e-9));
+    nb_tree *cself = NULL, *bself = NULL, *carry = NULL;
+    nb_fn *c = NULL, *b = NULL;
+    nb_status st =
+        nb_tree_dict(ctx, 1, (const char *[]){"thr"}, (nb_tree *[]){nb_leaf(thr)}, &cself);
+    if (st == NB_OK) {
+        st = nb_tree_dict(ctx, 1, (const char *[]){"w"},
+                          (nb_tree *[]){(nb_tree *)nb_tree_get(nb_tree_child(args, 0), "w")},
+                          &bself);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "f4_cond", f4_cond, cself, &c);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "f4_body", f4_body, bself, &b);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 2,
+                           (nb_tree *[]){nb_leaf(nb_scalar_typed(tr, NB_DTYPE_I32, 0)),
+                                         (nb_tree *)nb_tree_child(args, 1)},
+                           &carry);
+    }
+    const nb_tree *res = st == NB_OK ? nb_while_loop(tr, c, b, carry, NULL) : NULL;
+    if (res != NULL) {
+        *out = nb_tree_retain((nb_tree *)res);
+    }
+    nb_tree_destroy(cself);
+    nb_tree_destroy(bself);
+    nb_tree_destroy(carry);
+    nb_fn_destroy(c);
+    nb_fn_destroy(b);
+    return res != NULL ? NB_OK : (st != NB_OK ? st : nb_trace_status(tr));
+}
+
+#define F4_N 6
+
+static nb_status f4_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_tree *res = NULL;
+    nb_status st = f4_outer(tr, self, args, &res);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_var *x = nb_var_of(tr, nb_tree_child(res, 1));
+    nb_tree_destroy(res);
+    return nb_return(nb_sum(x, NULL, 0, false), out);
+}
+
+static nb_tree *f4_params(nb_ctx *ctx, double scale, double wscale) {
+    double w[F4_N * F4_N];
+    for (int i = 0; i < F4_N * F4_N; i++) {
+        w[i] = wscale * sin(1.0 + 0.7 * i) / 2.0;
+    }
+    nb_array *wa = NULL, *sa = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 2, (int64_t[]){F4_N, F4_N}, w, &wa));
+    NBT_OK(ctx, nb_array_scalar(ctx, NB_DTYPE_F64, scale, &sa));
+    nb_tree *lw = leaf_of(wa), *ls = leaf_of(sa), *t = NULL;
+    NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"w", "scale"}, (nb_tree *[]){lw, ls}, &t));
+    nb_tree_destroy(lw);
+    nb_tree_destroy(ls);
+    return t;
+}
+
+/* the same loop in C */
+static int f4_reference(double scale, double wscale, const double *x0, double *x) {
+    double w[F4_N * F4_N], y[F4_N];
+    for (int i = 0; i < F4_N * F4_N; i++) {
+        w[i] = wscale * sin(1.0 + 0.7 * i) / 2.0;
+    }
+    memcpy(x, x0, F4_N * sizeof(double));
+    int steps = 0;
+    for (;;) {
+        double s = 0.0;
+        for (int i = 0; i < F4_N; i++) {
+            s += x[i] * x[i];
+        }
+        if (!(s > scale * 1e-9)) {
+            break;
+        }
+        for (int i = 0; i < F4_N; i++) {
+            double a = 0.0;
+            for (int j = 0; j < F4_N; j++) {
+                a += w[i * F4_N + j] * x[j];
+            }
+            y[i] = tanh(a);
+        }
+        memcpy(x, y, sizeof y);
+        steps++;
+    }
+    return steps;
+}
+
+static void test_failure4_closures(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL, *jf = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "f4_outer", f4_outer, NULL, &f));
+    nb_jit_opts jo = nb_jit_opts_default();
+    jo.max_traces = 1;
+    NBT_OK(ctx, nb_jit(f, &jo, &jf));
+    for (int trial = 0; trial < 4; trial++) {
+        double scale = 1.0 + trial, wscale = 0.9 + 0.1 * trial, x0[F4_N], want[F4_N];
+        for (int i = 0; i < F4_N; i++) {
+            x0[i] = cos(0.3 * i + trial);
+        }
+        int steps = f4_reference(scale, wscale, x0, want);
+        nb_tree *args = tuple_take(
+            ctx, 2, (nb_tree *[]){f4_params(ctx, scale, wscale), vec_f64(ctx, F4_N, x0)});
+        nb_tree *res = NULL;
+        NBT_OK(ctx, nb_fn_call(jf, args, &res));
+        const int32_t *n = nb_array_data(nb_tree_get_array(nb_tree_child(res, 0)));
+        const double *x = nb_array_data(nb_tree_get_array(nb_tree_child(res, 1)));
+        NBT_EQ_I64(*n, steps);
+        assert_true(steps > 3);
+        for (int i = 0; i < F4_N; i++) {
+            NBT_NEAR(x[i], want[i], 1e-15);
+        }
+        nb_tree_destroy(args);
+        nb_tree_destroy(res);
+    }
+    nb_fn_stats st;
+    NBT_OK(ctx, nb_fn_stats_get(jf, &st));
+    NBT_EQ_I64(st.n_traces, 1); /* new data, new traced threshold and weights: no retrace */
+    NBT_EQ_I64(st.n_hits, 3);
+
+    /* reverse mode through the (lax) loop: an error naming the fix, nothing leaked */
+    nb_fn *lf = NULL, *g = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "f4_loss", f4_loss, NULL, &lf));
+    NBT_OK(ctx, nb_grad(lf, NULL, &g));
+    double x0[F4_N] = {1, 0.5, -0.5, 0.25, 0.1, -1};
+    nb_tree *args =
+        tuple_take(ctx, 2, (nb_tree *[]){f4_params(ctx, 1.0, 1.0), vec_f64(ctx, F4_N, x0)});
+    nb_tree *res = NULL;
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_fn_call(g, args, &res));
+    NBT_ERRMSG_HAS(ctx, "reverse mode through a loop of kind lax");
+    NBT_ERRMSG_HAS(ctx, "NB_LOOP_CHECKPOINTED with max_steps or checkpoints");
+    assert_null(res);
+    /* forward mode likewise says what is missing */
+    nb_fn *jv = NULL;
+    NBT_OK(ctx, nb_jvp(lf, &jv));
+    nb_tree *pt = tuple_take(ctx, 2, (nb_tree *[]){nb_tree_retain(args), nb_tree_retain(args)});
+    NBT_STATUS(ctx, NB_ERR_UNSUPPORTED, nb_fn_call(jv, pt, &res));
+    NBT_ERRMSG_HAS(ctx, "forward mode (jvp) through loops is not built yet");
+    nb_tree_destroy(pt);
+    nb_fn_destroy(jv);
+    nb_tree_destroy(args);
+    nb_fn_destroy(g);
+    nb_fn_destroy(lf);
+    nb_fn_destroy(jf);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- fori, scan, cond, switch, nesting ------------------------------------------------- */
+
+/* fori body: x = 1.1 x + i (self.k scales: closure over a traced value) */
+static nb_status fo_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_var *i = nb_cast(nb_get(tr, args, "[0]"), NB_DTYPE_F64), *x = nb_get(tr, args, "[1]");
+    return nb_return(nb_add(nb_mul(x, nb_get(tr, self, "k")), i), out);
+}
+
+/* inner while of the nested test: halve x until sum(|x|) < lim (a carry-only cond) */
+static nb_status in_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_gt(nb_sum(nb_abs(nb_var_of(tr, args)), NULL, 0, false), nb_scalar(tr, 1.0)),
+                     out);
+}
+static nb_status in_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_mul(nb_var_of(tr, args), nb_scalar(tr, 0.5)), out);
+}
+static nb_fn *g_in_cond, *g_in_body;
+
+/* nested: for i: x = while(sum|x| > 1: x/2)(x * (i + 3)) */
+static nb_status ne_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *i = nb_cast(nb_get(tr, args, "[0]"), NB_DTYPE_F64);
+    nb_var *x = nb_mul(nb_get(tr, args, "[1]"), nb_add(i, nb_scalar(tr, 3.0)));
+    const nb_tree *r = nb_while_loop(tr, g_in_cond, g_in_body, nb_leaf(x), NULL);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
+/* scan body: (c, x) -> (c + x, c * x) */
+static nb_status sc_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *c = nb_get(tr, args, "[0]"), *x = nb_get(tr, args, "[1]");
+    return nb_tree_tuple(nb_trace_ctx(tr), 2,
+                         (nb_tree *[]){nb_leaf(nb_add(c, x)), nb_leaf(nb_mul(c, x))}, out);
+}
+
+static nb_status br_double(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_mul(nb_var_of(tr, args), nb_scalar(tr, 2.0)), out);
+}
+static nb_status br_minus(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_sub(nb_var_of(tr, args), nb_scalar(tr, 1.0)), out);
+}
+static nb_status br_square(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_square(nb_var_of(tr, args)), out);
+}
+
+/* args = (x f64[3], xs f64[5,2], k f64[], idx i32[]) ->
+ *   (fori(0, 7) x, nested(0, 3) x, scan carry, scan ys, cond(sum x > 0), switch(idx)) */
+static nb_status cf_outer(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *x = nb_get(tr, args, "[0]");
+    nb_tree *kself = NULL;
+    nb_fn *fb = NULL, *nb = NULL, *sb = NULL, *b0 = NULL, *b1 = NULL, *b2 = NULL;
+    nb_tree *kleaf = (nb_tree *)nb_tree_child(args, 2);
+    nb_status st = nb_tree_dict(ctx, 1, (const char *[]){"k"}, &kleaf, &kself);
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "fo_body", fo_body, kself, &fb);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "ne_body", ne_body, NULL, &nb);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "sc_body", sc_body, NULL, &sb);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "double", br_double, NULL, &b0);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "minus1", br_minus, NULL, &b1);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "square", br_square, NULL, &b2);
+    }
+    const nb_tree *r1 = st == NB_OK ? nb_fori_loop(tr, 0, 7, fb, nb_leaf(x), NULL) : NULL;
+    const nb_tree *r2 = r1 ? nb_fori_loop(tr, 0, 3, nb, nb_leaf(x), NULL) : NULL;
+    nb_var *c0 = nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){2}, 0.5);
+    const nb_tree *r3 = r2 ? nb_scan(tr, sb, nb_leaf(c0), nb_tree_child(args, 1), 5, NULL) : NULL;
+    nb_var *pred = nb_gt(nb_sum(x, NULL, 0, false), nb_scalar(tr, 0.0));
+    const nb_tree *r4 = r3 ? nb_cond(tr, pred, b0, b1, nb_leaf(x)) : NULL;
+    const nb_tree *r5 =
+        r4 ? nb_switch(tr, nb_get(tr, args, "[3]"), 3, (nb_fn *[]){b0, b1, b2}, nb_leaf(x)) : NULL;
+    if (r5 != NULL) {
+        st = nb_tree_tuple(
+            ctx, 6,
+            (nb_tree *[]){(nb_tree *)r1, (nb_tree *)r2, (nb_tree *)nb_tree_child(r3, 0),
+                          (nb_tree *)nb_tree_child(r3, 1), (nb_tree *)r4, (nb_tree *)r5},
+            out);
+    }
+    nb_tree_destroy(kself);
+    nb_fn *fs[] = {fb, nb, sb, b0, b1, b2};
+    for (int i = 0; i < 6; i++) {
+        nb_fn_destroy(fs[i]);
+    }
+    return r5 != NULL ? st : (st != NB_OK ? st : nb_trace_status(tr));
+}
+
+static void test_fori_scan_cond(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    NBT_OK(ctx, nb_fn_create(ctx, "in_cond", in_cond, NULL, &g_in_cond));
+    NBT_OK(ctx, nb_fn_create(ctx, "in_body", in_body, NULL, &g_in_body));
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "cf_outer", cf_outer, NULL, &f));
+    for (int trial = 0; trial < 4; trial++) {
+        double x[3] = {0.5 - trial, 1.25, -0.75 + 0.5 * trial}, xs[10], k = 1.1 + 0.01 * trial;
+        for (int i = 0; i < 10; i++) {
+            xs[i] = sin(0.4 * i + trial);
+        }
+        nb_array *xsa = NULL, *ka = NULL, *ia = NULL;
+        NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 2, (int64_t[]){5, 2}, xs, &xsa));
+        NBT_OK(ctx, nb_array_scalar(ctx, NB_DTYPE_F64, k, &ka));
+        NBT_OK(ctx, nb_array_scalar(ctx, NB_DTYPE_I32, trial == 3 ? 7 : trial - 1, &ia));
+        nb_tree *args = tuple_take(
+            ctx, 4, (nb_tree *[]){vec_f64(ctx, 3, x), leaf_of(xsa), leaf_of(ka), leaf_of(ia)});
+        nb_tree *res = NULL;
+        NBT_OK(ctx, nb_fn_call(f, args, &res));
+        const double *r[6];
+        for (int i = 0; i < 6; i++) {
+            r[i] = nb_array_data(nb_tree_get_array(nb_tree_child(res, i)));
+        }
+        double sum = x[0] + x[1] + x[2];
+        for (int j = 0; j < 3; j++) {
+            double v = x[j];
+            for (int i = 0; i < 7; i++) {
+                v = v * k + i;
+            }
+            NBT_EQ_F64(r[0][j], v);
+        }
+        double n[3] = {x[0], x[1], x[2]};
+        for (int i = 0; i < 3; i++) {
+            for (int j = 0; j < 3; j++) {
+                n[j] *= i + 3.0;
+            }
+            while (fabs(n[0]) + fabs(n[1]) + fabs(n[2]) > 1.0) {
+                for (int j = 0; j < 3; j++) {
+                    n[j] *= 0.5;
+                }
+            }
+        }
+        for (int j = 0; j < 3; j++) {
+            NBT_EQ_F64(r[1][j], n[j]);
+        }
+        double c[2] = {0.5, 0.5};
+        for (int i = 0; i < 5; i++) {
+            for (int j = 0; j < 2; j++) {
+                NBT_EQ_F64(r[3][i * 2 + j], c[j] * xs[i * 2 + j]);
+                c[j] += xs[i * 2 + j];
+            }
+        }
+        NBT_EQ_F64(r[2][0], c[0]);
+        NBT_EQ_F64(r[2][1], c[1]);
+        int idx = trial == 3 ? 2 : (trial - 1 < 0 ? 0 : trial - 1); /* clamped */
+        for (int j = 0; j < 3; j++) {
+            NBT_EQ_F64(r[4][j], sum > 0 ? 2 * x[j] : x[j] - 1);
+            double want = idx == 0 ? 2 * x[j] : idx == 1 ? x[j] - 1 : x[j] * x[j];
+            NBT_EQ_F64(r[5][j], want);
+        }
+        nb_tree_destroy(args);
+        nb_tree_destroy(res);
+    }
+    nb_fn_stats st;
+    NBT_OK(ctx, nb_fn_stats_get(f, &st));
+    NBT_EQ_I64(st.n_traces, 1);
+    nb_fn_destroy(f);
+    nb_fn_destroy(g_in_cond);
+    nb_fn_destroy(g_in_body);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- reverse mode: bounded loops ------------------------------------------------------ */
+/* loss(p = {w f64[R,R], b f64[R], x0 f64[R]}) = sum(x_T^2), x_{t+1} = tanh(w x_t + b) + 0.1 t,
+ * T = RT_STEPS, as a bounded fori loop whose body closes over w and b -- and unrolled. */
+#define RT_N 8
+#define RT_STEPS 30
+
+static nb_status rt_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_var *t = nb_cast(nb_get(tr, args, "[0]"), NB_DTYPE_F64), *x = nb_get(tr, args, "[1]");
+    nb_var *y = nb_tanh(nb_add(nb_matmul(nb_get(tr, self, "w"), x), nb_get(tr, self, "b")));
+    return nb_return(nb_add(y, nb_mul(t, nb_scalar(tr, 0.1))), out);
+}
+
+static nb_status rt_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    bool unrolled = false;
+    nb_tree_get_bool(nb_tree_get(self, "unrolled"), &unrolled);
+    const nb_tree *p = nb_tree_child(args, 0);
+    nb_var *x = nb_get(tr, p, "x0");
+    if (unrolled) {
+        nb_var *w = nb_get(tr, p, "w"), *b = nb_get(tr, p, "b");
+        for (int t = 0; t < RT_STEPS; t++) {
+            x = nb_add(nb_tanh(nb_add(nb_matmul(w, x), b)), nb_scalar(tr, 0.1 * t));
+        }
+    } else {
+        nb_tree *bself = NULL;
+        nb_fn *body = NULL;
+        nb_status st = nb_tree_dict(
+            nb_trace_ctx(tr), 2, (const char *[]){"w", "b"},
+            (nb_tree *[]){(nb_tree *)nb_tree_get(p, "w"), (nb_tree *)nb_tree_get(p, "b")}, &bself);
+        if (st == NB_OK) {
+            st = nb_fn_create(nb_trace_ctx(tr), "rt_body", rt_body, bself, &body);
+        }
+        nb_tree_destroy(bself);
+        if (st != NB_OK) {
+            return st;
+        }
+        nb_loop_opts o = nb_loop_opts_default();
+        o.kind = NB_LOOP_BOUNDED;
+        o.max_steps = RT_STEPS;
+        const nb_tree *r = nb_fori_loop(tr, 0, RT_STEPS, body, nb_leaf(x), &o);
+        nb_fn_destroy(body);
+        if (r == NULL) {
+            return nb_trace_status(tr);
+        }
+        x = nb_var_of(tr, r);
+    }
+    return nb_return(nb_sum(nb_square(x), NULL, 0, false), out);
+}
+
+static nb_tree *rt_params(nb_ctx *ctx, const double *w, const double *b, const double *x0) {
+    nb_array *wa = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 2, (int64_t[]){RT_N, RT_N}, w, &wa));
+    nb_tree *lw = leaf_of(wa), *lb = vec_f64(ctx, RT_N, b), *lx = vec_f64(ctx, RT_N, x0), *t = NULL;
+    NBT_OK(ctx,
+           nb_tree_dict(ctx, 3, (const char *[]){"w", "b", "x0"}, (nb_tree *[]){lw, lb, lx}, &t));
+    nb_tree_destroy(lw);
+    nb_tree_destroy(lb);
+    nb_tree_destroy(lx);
+    return t;
+}
+
+static double rt_eval(nb_ctx *ctx, nb_fn *f, const double *w, const double *b, const double *x0) {
+    nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){rt_params(ctx, w, b, x0)}), *res = NULL;
+    NBT_OK(ctx, nb_fn_call(f, args, &res));
+    double v = *(const double *)nb_array_data(nb_tree_get_array(res));
+    nb_tree_destroy(args);
+    nb_tree_destroy(res);
+    return v;
+}
+
+static void test_bounded_reverse(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f[2] = {NULL, NULL}, *g[2] = {NULL, NULL};
+    for (int u = 0; u < 2; u++) {
+        nb_tree *fl = NULL, *self = NULL;
+        NBT_OK(ctx, nb_tree_bool(ctx, u == 1, &fl));
+        NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"unrolled"}, &fl, &self));
+        NBT_OK(ctx, nb_fn_create(ctx, "rt_loss", rt_loss, self, &f[u]));
+        NBT_OK(ctx, nb_grad(f[u], NULL, &g[u]));
+        nb_tree_destroy(fl);
+        nb_tree_destroy(self);
+    }
+    double w[RT_N * RT_N], b[RT_N], x0[RT_N];
+    for (int i = 0; i < RT_N * RT_N; i++) {
+        w[i] = 0.6 * sin(0.37 * i + 0.2);
+    }
+    for (int i = 0; i < RT_N; i++) {
+        b[i] = 0.1 * cos(1.1 * i);
+        x0[i] = 0.5 * sin(2.0 * i + 1.0);
+    }
+    nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){rt_params(ctx, w, b, x0)});
+    nb_tree *gr[2] = {NULL, NULL};
+    for (int u = 0; u < 2; u++) {
+        NBT_OK(ctx, nb_fn_call(g[u], args, &gr[u]));
+    }
+    NBT_NEAR(rt_eval(ctx, f[0], w, b, x0), rt_eval(ctx, f[1], w, b, x0), 1e-12);
+    /* the loop's gradient against the unrolled graph's, and central differences */
+    const char *names[3] = {"w", "b", "x0"};
+    double *vals[3] = {w, b, x0};
+    int sizes[3] = {RT_N * RT_N, RT_N, RT_N};
+    double worst_unrolled = 0.0, worst_fd = 0.0;
+    for (int k = 0; k < 3; k++) {
+        const double *ga = nb_array_data(nb_tree_get_array(nb_tree_get(gr[0], names[k])));
+        const double *gb = nb_array_data(nb_tree_get_array(nb_tree_get(gr[1], names[k])));
+        for (int i = 0; i < sizes[k]; i++) {
+            worst_unrolled = fmax(worst_unrolled, fabs(ga[i] - gb[i]) / fmax(1e-12, fabs(gb[i])));
+            if (i % 7 == 0) {
+                double h = 1e-6, keep = vals[k][i];
+                vals[k][i] = keep + h;
+                double up = rt_eval(ctx, f[1], w, b, x0);
+                vals[k][i] = keep - h;
+                double dn = rt_eval(ctx, f[1], w, b, x0);
+                vals[k][i] = keep;
+                double fd = (up - dn) / (2 * h);
+                /* central differences with h = 1e-6 are good to ~1e-8 absolute here */
+                worst_fd = fmax(worst_fd, fabs(ga[i] - fd) / (1e-7 + 1e-6 * fabs(fd)));
+            }
+        }
+    }
+    printf("bounded loop gradient: max rel diff vs unrolled %.3g; vs central differences %.3g "
+           "of the tolerance 1e-7 + 1e-6 |fd|\n",
+           worst_unrolled, worst_fd);
+    NBT_EQ_F64(worst_unrolled, 0.0); /* the same ops in the same order: the same bits */
+    assert_true(worst_fd <= 1.0);
+    for (int u = 0; u < 2; u++) {
+        nb_tree_destroy(gr[u]);
+        nb_fn_destroy(g[u]);
+        nb_fn_destroy(f[u]);
+    }
+    nb_tree_destroy(args);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- errors ------------------------------------------------------------------------------ */
+static nb_status bad_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_tree *a = nb_leaf(nb_get(tr, args, "[0]"));
+    nb_tree *b = nb_leaf(nb_cast(nb_get(tr, args, "[1]"), NB_DTYPE_F32));
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){a, b}, out);
+}
+static nb_status bad_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_get(tr, args, "[1]"), out);
+}
+
+static nb_status err_outer(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    int64_t which = 0;
+    nb_tree_get_int(nb_tree_get(self, "which"), &which);
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_fn *c = NULL, *b = NULL;
+    nb_tree *nl = NULL, *cself = NULL;
+    nb_tree_int(ctx, 3, &nl);
+    nb_tree_dict(ctx, 1, (const char *[]){"n"}, &nl, &cself);
+    nb_fn_create(ctx, "cond", which == 1 ? bad_cond : w_cond, cself, &c);
+    nb_fn_create(ctx, "body", which == 0 ? bad_body : w_body, NULL, &b);
+    nb_tree *carry = NULL;
+    nb_tree_tuple(ctx, 2,
+                  (nb_tree *[]){nb_leaf(nb_scalar_typed(tr, NB_DTYPE_I32, 0)),
+                                (nb_tree *)nb_tree_child(args, 0)},
+                  &carry);
+    nb_loop_opts o = nb_loop_opts_default();
+    o.kind = which == 2 ? NB_LOOP_CHECKPOINTED : NB_LOOP_LAX;
+    const nb_tree *r = nb_while_loop(tr, c, b, carry, &o);
+    nb_tree_destroy(carry);
+    nb_tree_destroy(nl);
+    nb_tree_destroy(cself);
+    nb_fn_destroy(c);
+    nb_fn_destroy(b);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    const char *want[3] = {
+        "nb_while_loop: the body 'body' returns f32[3] at [1] where the carry is f64[3]",
+        "nb_while_loop: the cond 'cond' returns f64[3]; it must return a 0-d bool",
+        "a checkpointed loop needs max_steps or checkpoints"};
+    const nb_status want_st[3] = {NB_ERR_STRUCTURE, NB_ERR_SHAPE, NB_ERR_INVALID};
+    for (int which = 0; which < 3; which++) {
+        nb_tree *wl = NULL, *self = NULL;
+        NBT_OK(ctx, nb_tree_int(ctx, which, &wl));
+        NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"which"}, &wl, &self));
+        nb_fn *f = NULL;
+        NBT_OK(ctx, nb_fn_create(ctx, "err_outer", err_outer, self, &f));
+        double x[3] = {1, 2, 3};
+        nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x)});
+        nb_tree *res = NULL;
+        NBT_STATUS(ctx, want_st[which], nb_fn_call(f, args, &res));
+        NBT_ERRMSG_HAS(ctx, want[which]);
+        assert_null(res);
+        nb_tree_destroy(args);
+        nb_fn_destroy(f);
+        nb_tree_destroy(self);
+        nb_tree_destroy(wl);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_while),          cmocka_unit_test(test_failure4_closures),
+        cmocka_unit_test(test_fori_scan_cond), cmocka_unit_test(test_bounded_reverse),
+        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
