@@ -17,7 +17,7 @@
  * re-tracing the enclosing function with new data does not retrace the loop.
  *
  * Kinds (Equinox's names):
- *   NB_LOOP_LAX            forward evaluation only; reverse mode through it is an error
+ *   NB_LOOP_LAX            forward evaluation and jvp; reverse mode through it is an error
  *                          whose message names the fix (checkpointed with max_steps or
  *                          checkpoints);
  *   NB_LOOP_CHECKPOINTED   reverse mode with bounded memory (needs max_steps or checkpoints;
@@ -30,9 +30,10 @@
  * tape of max_steps rows, then a reverse loop that retraces the body on each taped carry and
  * differentiates it in place: the gradients are those of the unrolled loop, bit for bit, and
  * reach the carry's initial value and every var the body closes over (the cond's lifted
- * values get none: a bool has no derivative). Status of this issue's work: checkpointed
- * reversal (revolve / online schedules) and forward mode (jvp) through loops are still to
- * come; both are reported as NB_ERR_UNSUPPORTED naming what to use instead.
+ * values get none: a bool has no derivative). Forward mode (jvp) through a loop of any kind
+ * runs one loop over (carry, tangent) whose body is the body's jvp, also bit for bit the
+ * unrolled loop's. Still to come: checkpointed reversal (revolve / online schedules),
+ * reported as NB_ERR_UNSUPPORTED naming NB_LOOP_BOUNDED as what works today.
  *
  * Errors follow the trace's sticky rule (nabla/trace.h): a body whose output does not have
  * the carry's structure, dtypes and shapes is NB_ERR_STRUCTURE naming the first differing

@@ -154,6 +154,7 @@ nb_status nbi_vjp_region(nb_trace *tr, int32_t begin, int32_t end, int n_out, nb
 nb_status nbi_jvp_region(nb_trace *tr, int32_t begin, int32_t end, int n_in, nb_var *const *ins,
                          nb_var *const *in_tan, int n_out, nb_var *const *outs, nb_var **out_tan) {
     nb_var **tan = nbi_arena_alloc(&tr->arena, ((size_t)end + 1) * sizeof(nb_var *));
+    nb_var ***loop_tan = NULL; /* per while node: its carry leaves' tangents */
     nb_var **args = nbi_arena_alloc(&tr->arena, 64 * sizeof(nb_var *));
     if (tan == NULL || args == NULL) {
         return nbi_trace_err(tr, NB_ERR_OOM, "out of memory in forward mode");
@@ -173,6 +174,12 @@ nb_status nbi_jvp_region(nb_trace *tr, int32_t begin, int32_t end, int n_in, nb_
             continue;
         }
         bool any = false;
+        if (v->op == NBI_OP_CALL_OUTPUT && v->in[0]->op == NBI_OP_WHILE) {
+            /* a loop's output: its tangent was made with the loop's */
+            nb_var **lt = loop_tan != NULL ? loop_tan[v->in[0]->id] : NULL;
+            tan[i] = lt != NULL ? lt[v->at.ivalue] : NULL;
+            continue;
+        }
         if (v->n_in > 64) {
             args = nbi_arena_alloc(&tr->arena, (size_t)v->n_in * sizeof(nb_var *));
             if (args == NULL) {
@@ -182,6 +189,22 @@ nb_status nbi_jvp_region(nb_trace *tr, int32_t begin, int32_t end, int n_in, nb_
         for (int32_t j = 0; j < v->n_in; j++) {
             args[j] = (info->nondiff & (1u << j)) ? NULL : tan[v->in[j]->id];
             any = any || args[j] != NULL;
+        }
+        if (any && v->op == NBI_OP_WHILE) {
+            if (v->at.a[4] != NB_LOOP_LAX && v->at.a[4] != NB_LOOP_BOUNDED &&
+                v->at.a[4] != NB_LOOP_CHECKPOINTED) {
+                return nbi_trace_err(tr, NB_ERR_INTERNAL, "a loop of unknown kind");
+            }
+            if (loop_tan == NULL) {
+                loop_tan = nbi_arena_alloc(&tr->arena, ((size_t)end + 1) * sizeof(nb_var **));
+            }
+            nb_var **lt = nbi_arena_alloc(&tr->arena, (size_t)(v->at.a[2] + 1) * sizeof(nb_var *));
+            if (loop_tan == NULL || lt == NULL) {
+                return nbi_trace_err(tr, NB_ERR_OOM, "out of memory in forward mode");
+            }
+            nbi_while_jvp(tr, v, args, lt);
+            loop_tan[i] = lt;
+            continue;
         }
         if (any) {
             tan[i] = info->jvp(tr, v, args);

@@ -422,6 +422,9 @@ NBI_HIDDEN void nbi_while_report(nb_trace *tr, const nb_var *w, bool reverse);
 /* Reverse mode through while op w: cts[i] is the cotangent of carry leaf i (NULL: zero);
  * sets in_ct[j] for w's operands (src/loops/loop.c). */
 NBI_HIDDEN void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct);
+/* Forward mode through w: in_tan[j] the tangent of operand j (NULL: zero); sets
+ * out_tan[i] for carry leaf i (NULL for integer leaves). */
+NBI_HIDDEN void nbi_while_jvp(nb_trace *tr, nb_var *w, nb_var *const *in_tan, nb_var **out_tan);
 
 /* Evaluate one node's kernel on concrete buffers (constant folding, reference runs). */
 NBI_HIDDEN void nbi_run_kernel(const nb_var *node, void *out, const void *const *in, void *scratch);

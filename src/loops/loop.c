@@ -1310,3 +1310,139 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
     nb_fn_destroy(rc);
     nb_fn_destroy(rb);
 }
+
+/* ---- forward mode: a loop over (carry, tangent) ---------------------------------------- */
+
+/* jvp cond: self = dict(fn, self); args = (c, dc): cond(c) */
+static nb_status nbl_jvp_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    return nbl_call_user(tr, self, nb_tree_child(args, 0), out);
+}
+
+/* jvp body: self = dict(fn, self, dself (a tuple: the tangents of self's leaves));
+ * args = (c, dc) -> (body(c), d body(c)[dself, dc]), the tangent by nbi_jvp_region. */
+static nb_status nbl_jvp_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    const nb_tree *uself = nb_tree_get(self, "self"), *c = nb_tree_child(args, 0);
+    const nb_tree *dc = nb_tree_child(args, 1);
+    int64_t ns = 0, nds = 0, nc = 0, ndc = 0;
+    nb_var **sv =
+        nbl_leaf_vars(tr, nb_tree_kind_of(uself) == NB_TREE_KIND_NULL ? NULL : uself, &ns);
+    nb_var **dsv = nbl_leaf_vars(tr, nb_tree_get(self, "dself"), &nds);
+    nb_var **cv = nbl_leaf_vars(tr, c, &nc), **dcv = nbl_leaf_vars(tr, dc, &ndc);
+    if (sv == NULL || dsv == NULL || cv == NULL || dcv == NULL) {
+        return nb_trace_status(tr);
+    }
+    if (ns != nds || nc != ndc) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL, "loop jvp: tangent counts differ");
+    }
+    int32_t begin = tr->g.n_nodes;
+    nb_var **ins = nbi_arena_alloc(&tr->arena, (size_t)(ns + nc + 1) * sizeof(nb_var *));
+    nb_var **tans = nbi_arena_alloc(&tr->arena, (size_t)(ns + nc + 1) * sizeof(nb_var *));
+    if (ins == NULL || tans == NULL) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+    }
+    for (int64_t j = 0; j < ns; j++) {
+        ins[j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &sv[j], NULL);
+        tans[j] = nbi_is_float_var(sv[j]) ? dsv[j] : NULL;
+    }
+    for (int64_t j = 0; j < nc; j++) {
+        ins[ns + j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &cv[j], NULL);
+        tans[ns + j] = nbi_is_float_var(cv[j]) ? dcv[j] : NULL;
+    }
+    const nb_tree *s_tree = ns > 0 ? nbl_tree_like(tr, uself, ins, ns) : NULL;
+    const nb_tree *c_tree = nbl_tree_like(tr, c, ins + ns, nc);
+    if ((ns > 0 && s_tree == NULL) || c_tree == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_fnptr fp = NULL;
+    const char *name = NULL;
+    nb_tree_get_fnref(nb_tree_get(self, "fn"), &fp, &name);
+    nb_tree *res = NULL;
+    nb_status st = ((nb_fn_body)fp)(tr, s_tree, c_tree, &res);
+    if (st != NB_OK || tr->status != NB_OK) {
+        nb_tree_destroy(res);
+        return tr->status != NB_OK ? tr->status : st;
+    }
+    int64_t no = 0;
+    nb_var **ov = nbl_leaf_vars(tr, res, &no);
+    nb_var **ot = nbi_arena_alloc(&tr->arena, (size_t)(no + 1) * sizeof(nb_var *));
+    if (ov == NULL || ot == NULL || no != nc) {
+        nb_tree_destroy(res);
+        return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_INTERNAL;
+    }
+    int32_t end = tr->g.n_nodes;
+    st = nbi_jvp_region(tr, begin, end, (int)(ns + nc), ins, tans, (int)no, ov, ot);
+    if (st != NB_OK) {
+        nb_tree_destroy(res);
+        return st;
+    }
+    for (int64_t j = 0; j < no; j++) {
+        if (!nbi_is_float_var(ov[j])) {
+            ot[j] = dcv[j]; /* an integer leaf's "tangent" placeholder stays as it is */
+        }
+    }
+    const nb_tree *dres = nbl_tree_like(tr, dc, ot, no);
+    if (dres == NULL) {
+        nb_tree_destroy(res);
+        return nb_trace_status(tr);
+    }
+    st = nb_tree_tuple(tr->ctx, 2, (nb_tree *[]){res, (nb_tree *)dres}, out);
+    nb_tree_destroy(res);
+    return st;
+}
+
+void nbi_while_jvp(nb_trace *tr, nb_var *w, nb_var *const *in_tan, nb_var **out_tan) {
+    static const char who[] = "forward mode through a loop";
+    const nbl_record *rec = (const nbl_record *)(intptr_t)w->at.a[6];
+    int64_t nc = w->at.a[0], nb = w->at.a[1], ncar = w->at.a[2];
+    nb_var *const *carry0 = w->in + nc + nb;
+    /* the tangents of the body's lifted operands (zeros where none), and of the carry */
+    nb_var **ds = nbi_arena_alloc(&tr->arena, (size_t)(nb + 1) * sizeof(nb_var *));
+    nb_var **dc = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));
+    if (ds == NULL || dc == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return;
+    }
+    for (int64_t j = 0; j < nb; j++) {
+        nb_var *x = w->in[nc + j];
+        ds[j] =
+            in_tan[nc + j] != NULL ? in_tan[nc + j] : nb_full(tr, x->dtype, x->rank, x->shape, 0.0);
+    }
+    for (int64_t j = 0; j < ncar; j++) {
+        nb_var *x = carry0[j];
+        dc[j] = in_tan[nc + nb + j] != NULL ? in_tan[nc + nb + j]
+                                            : nb_full(tr, x->dtype, x->rank, x->shape, 0.0);
+    }
+    nb_tree **di = nbi_arena_alloc(&tr->arena, (size_t)(nb + 1) * sizeof(nb_tree *));
+    nb_tree *dself = NULL;
+    for (int64_t j = 0; di != NULL && j < nb; j++) {
+        di[j] = nb_leaf(ds[j]);
+    }
+    if (di == NULL || tr->status != NB_OK || nb_tree_tuple(tr->ctx, nb, di, &dself) != NB_OK) {
+        if (tr->status == NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        }
+        return;
+    }
+    nb_fn *fc = nbl_wrapper(tr, who, "jvp_cond", nbl_jvp_cond, rec->cond_body, rec->cond_name,
+                            rec->cond_self, 0, NULL, NULL);
+    nb_fn *fb = nbl_wrapper(tr, who, "jvp_body", nbl_jvp_body, rec->body_body, rec->body_name,
+                            rec->body_self, 1, (const char *[]){"dself"}, &dself);
+    nb_tree_destroy(dself);
+    const nb_tree *dct = nbl_tree_like(tr, rec->carry, dc, ncar);
+    const nb_tree *init = (fc && fb && dct) ? nbl_pair(tr, rec->carry, dct) : NULL;
+    nb_loop_opts o = nb_loop_opts_default();
+    o.max_steps = w->at.a[3];
+    const nb_tree *res = init != NULL ? nbl_while(tr, who, fc, fb, init, &o) : NULL;
+    nb_fn_destroy(fc);
+    nb_fn_destroy(fb);
+    if (res == NULL) {
+        return;
+    }
+    int64_t m = 0;
+    nb_var **tv = nbl_leaf_vars(tr, nb_tree_child(res, 1), &m);
+    for (int64_t j = 0; tv != NULL && j < m && j < ncar; j++) {
+        out_tan[j] = nbi_is_float_var(carry0[j]) ? tv[j] : NULL;
+    }
+}
