@@ -65,6 +65,22 @@ typedef struct nb_loop_opts {
 
 NB_API nb_loop_opts nb_loop_opts_default(void);
 
+/* What the last checkpointed reversal run on this thread did (the counters of its schedule,
+ * as the kernel executed it). */
+typedef struct nb_loop_stats {
+    int64_t primal_steps;         /* steps of the forward sweep (the loop's trip count) */
+    int64_t recomputed_steps;     /* steps run again during the reversal (unrecorded) */
+    int64_t taped_steps;          /* steps recorded and reversed (= primal_steps) */
+    int64_t checkpoints;          /* slots the schedule had */
+    int64_t peak_checkpoints;     /* most slots holding a state at once */
+    size_t state_bytes;           /* bytes of one loop state (the carry) */
+    size_t peak_checkpoint_bytes; /* peak_checkpoints * state_bytes */
+} nb_loop_stats;
+
+/* Copy the counters of the last checkpointed reversal this thread ran into *out (zeros
+ * before the first). NB_ERR_MISUSE for NULL. Never allocates. */
+NB_API nb_status nb_loop_last_stats(nb_loop_stats *out);
+
 /* while cond(carry): carry = body(carry). cond is called on the carry tree (as its args)
  * and returns a 0-d bool var; body returns a tree of the carry's structure, dtypes and
  * shapes. init: a tree of vars (or arrays, used as constants) and static leaves. Returns

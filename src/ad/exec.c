@@ -249,9 +249,12 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
             nb_array_retain(e->nodes[i].at.array);
         } else if (e->nodes[i].op == NBI_OP_CALL) {
             ((nbi_exec *)e->nodes[i].at.callee)->refcount++;
-        } else if (e->nodes[i].op == NBI_OP_WHILE) {
+        } else if (e->nodes[i].op == NBI_OP_WHILE || e->nodes[i].op == NBI_OP_LOOP_REVERSE) {
             ((nbi_exec *)e->nodes[i].at.callee)->refcount++;
             ((nbi_exec *)e->nodes[i].at.callee2)->refcount++;
+            if (e->nodes[i].at.callee3 != NULL) {
+                ((nbi_exec *)e->nodes[i].at.callee3)->refcount++;
+            }
         }
     }
 
@@ -434,9 +437,10 @@ void nbi_exec_destroy(nbi_exec *e) {
             nb_array_destroy(e->nodes[i].at.array);
         } else if (e->nodes[i].op == NBI_OP_CALL) {
             nbi_exec_destroy(e->nodes[i].at.callee);
-        } else if (e->nodes[i].op == NBI_OP_WHILE) {
+        } else if (e->nodes[i].op == NBI_OP_WHILE || e->nodes[i].op == NBI_OP_LOOP_REVERSE) {
             nbi_exec_destroy(e->nodes[i].at.callee);
             nbi_exec_destroy(e->nodes[i].at.callee2);
+            nbi_exec_destroy(e->nodes[i].at.callee3); /* NULL-safe */
         }
     }
     nb_ctx *ctx = e->ctx;

@@ -59,7 +59,8 @@ typedef struct nbi_attrs {
     nb_dtype to;            /* cast / one_hot dtype */
     nb_array *array;        /* constant data (a reference held by the graph's owner) */
     void *callee;           /* call: the sub-executable (nbi_exec *); while: the body's */
-    void *callee2;          /* while: the cond's executable */
+    void *callee2;          /* while, loop_reverse: the cond's executable */
+    void *callee3;          /* loop_reverse: the body's executable (callee: its vjp's) */
 } nbi_attrs;
 
 struct nb_var {

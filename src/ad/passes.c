@@ -107,7 +107,8 @@ static uint64_t nbi_bits(double d) {
 static bool nbi_attrs_equal(const nbi_attrs *a, const nbi_attrs *b) {
     if (a->n_axes != b->n_axes || a->axis != b->axis || a->keepdims != b->keepdims ||
         nbi_bits(a->value) != nbi_bits(b->value) || a->ivalue != b->ivalue || a->to != b->to ||
-        a->array != b->array || a->callee != b->callee || a->callee2 != b->callee2) {
+        a->array != b->array || a->callee != b->callee || a->callee2 != b->callee2 ||
+        a->callee3 != b->callee3) {
         return false;
     }
     for (int i = 0; i < NB_MAX_RANK; i++) {
@@ -256,7 +257,8 @@ nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     for (int32_t i = 0; i < in->n_nodes; i++) {
         const nb_var *v = in->nodes[i];
         bool foldable = !nbi_is_const_source(v) && v->op != NBI_OP_PARAM && v->op != NBI_OP_CALL &&
-                        v->op != NBI_OP_CALL_OUTPUT && v->op != NBI_OP_WHILE && v->n_in > 0 &&
+                        v->op != NBI_OP_CALL_OUTPUT && v->op != NBI_OP_WHILE &&
+                        v->op != NBI_OP_LOOP_REVERSE && v->n_in > 0 &&
                         v->size <= NBI_FOLD_MAX_ELEMS;
         for (int32_t j = 0; foldable && j < v->n_in; j++) {
             foldable = nbi_is_const_source(map[v->in[j]->id]) &&

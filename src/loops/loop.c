@@ -15,6 +15,7 @@
  * workspace; a kernel inside them may still use the thread pool.
  */
 #include "ad/ir.h"
+#include "loops/checkpoint.h"
 #include "nabla/loops.h"
 
 #include <math.h>
@@ -1099,42 +1100,36 @@ static nb_status nbl_rev_cond(nb_trace *tr, const nb_tree *self, const nb_tree *
     return nb_return(nb_ge(nb_get(tr, args, "[0]"), nbl_i32(tr, 0)), out);
 }
 
-/* reverse body: self = dict(fn, self, tapes, carry (a tree of the carry's structure));
- * args = (k, ct_c, ct_self) -> (k - 1, ct of c_k, ct_self + ct of self at step k). The body
- * is traced again on c_k = tapes[k] and differentiated in place (nbi_vjp_region). */
-static nb_status nbl_rev_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                              nb_tree **out) {
-    nb_var *k = nb_get(tr, args, "[0]");
-    const nb_tree *ct_c = nb_tree_child(args, 1), *ct_s = nb_tree_child(args, 2);
+/* The reverse of one step inside a wrapper's trace: the body (self.fn on self.self) is
+ * traced again on the carry leaves cv (n_c of them, structure like `carry`) and
+ * differentiated in place: *ct_prev (n_c) gets the cotangent of the step's input carry for
+ * the output cotangents ctv, *ct_self (n_s) that of self.self's leaves. Integer leaves pass
+ * their "cotangent" through unchanged. */
+static nb_status nbl_step_vjp(nb_trace *tr, const nb_tree *self, const nb_tree *carry,
+                              nb_var *const *cv, nb_var *const *ctv, int64_t n_c, nb_var ***ct_prev,
+                              nb_var ***ct_self, int64_t *n_s) {
     const nb_tree *uself = nb_tree_get(self, "self");
-    int64_t nt = 0, nct = 0, ns = 0, nacc = 0;
-    nb_var **tv = nbl_leaf_vars(tr, nb_tree_get(self, "tapes"), &nt);
-    nb_var **ctv = nbl_leaf_vars(tr, ct_c, &nct);
+    int64_t ns = 0;
     nb_var **sv =
         nbl_leaf_vars(tr, nb_tree_kind_of(uself) == NB_TREE_KIND_NULL ? NULL : uself, &ns);
-    nb_var **acc = nbl_leaf_vars(tr, ct_s, &nacc);
-    if (tv == NULL || ctv == NULL || sv == NULL || acc == NULL) {
+    if (sv == NULL) {
         return nb_trace_status(tr);
     }
-    if (nt != nct || nacc != ns) {
-        return nbi_trace_err(tr, NB_ERR_INTERNAL, "loop reverse: %lld tapes for %lld carry leaves",
-                             (long long)nt, (long long)nct);
-    }
     int32_t begin = tr->g.n_nodes;
-    nb_var **wrt = nbi_arena_alloc(&tr->arena, (size_t)(ns + nt + 1) * sizeof(nb_var *));
-    nb_var **wct = nbi_arena_alloc(&tr->arena, (size_t)(ns + nt + 1) * sizeof(nb_var *));
+    nb_var **wrt = nbi_arena_alloc(&tr->arena, (size_t)(ns + n_c + 1) * sizeof(nb_var *));
+    nb_var **wct = nbi_arena_alloc(&tr->arena, (size_t)(ns + n_c + 1) * sizeof(nb_var *));
     if (wrt == NULL || wct == NULL) {
         return nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
     }
     for (int64_t j = 0; j < ns; j++) {
         wrt[j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &sv[j], NULL);
     }
-    for (int64_t j = 0; j < nt; j++) {
-        nb_var *ck = nbl_tape_read(tr, tv[j], k);
-        wrt[ns + j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &ck, NULL);
+    for (int64_t j = 0; j < n_c; j++) {
+        nb_var *x = cv[j];
+        wrt[ns + j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &x, NULL);
     }
     const nb_tree *s_tree = ns > 0 ? nbl_tree_like(tr, uself, wrt, ns) : NULL;
-    const nb_tree *c_tree = nbl_tree_like(tr, nb_tree_get(self, "carry"), wrt + ns, nt);
+    const nb_tree *c_tree = nbl_tree_like(tr, carry, wrt + ns, n_c);
     if ((ns > 0 && s_tree == NULL) || c_tree == NULL) {
         return nb_trace_status(tr);
     }
@@ -1150,7 +1145,7 @@ static nb_status nbl_rev_body(nb_trace *tr, const nb_tree *self, const nb_tree *
     int64_t no = 0;
     nb_var **ov = nbl_leaf_vars(tr, res, &no);
     nb_tree_destroy(res);
-    if (ov == NULL || no != nt) {
+    if (ov == NULL || no != n_c) {
         return nb_trace_status(tr) != NB_OK
                    ? nb_trace_status(tr)
                    : nbi_trace_err(tr, NB_ERR_INTERNAL, "loop reverse: the body changed");
@@ -1161,25 +1156,92 @@ static nb_status nbl_rev_body(nb_trace *tr, const nb_tree *self, const nb_tree *
         oct[j] = nbi_is_float_var(ov[j]) ? ctv[j] : NULL;
     }
     st = oct == NULL ? NB_ERR_OOM
-                     : nbi_vjp_region(tr, begin, end, (int)no, ov, oct, (int)(ns + nt), wrt, wct);
+                     : nbi_vjp_region(tr, begin, end, (int)no, ov, oct, (int)(ns + n_c), wrt, wct);
     if (st != NB_OK) {
         return st;
     }
+    for (int64_t j = 0; j < n_c; j++) {
+        if (!nbi_is_float_var(ctv[j])) {
+            wct[ns + j] = ctv[j];
+        }
+    }
+    *ct_self = wct;
+    *ct_prev = wct + ns;
+    *n_s = ns;
+    return NB_OK;
+}
+
+/* reverse body: self = dict(fn, self, tapes, carry (a tree of the carry's structure));
+ * args = (k, ct_c, ct_self) -> (k - 1, ct of c_k, ct_self + ct of self at step k). */
+static nb_status nbl_rev_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    nb_var *k = nb_get(tr, args, "[0]");
+    const nb_tree *ct_c = nb_tree_child(args, 1), *ct_s = nb_tree_child(args, 2);
+    int64_t nt = 0, nct = 0, nacc = 0, ns = 0;
+    nb_var **tv = nbl_leaf_vars(tr, nb_tree_get(self, "tapes"), &nt);
+    nb_var **ctv = nbl_leaf_vars(tr, ct_c, &nct);
+    nb_var **acc = nbl_leaf_vars(tr, ct_s, &nacc);
+    nb_var **cv = nbi_arena_alloc(&tr->arena, (size_t)(nt + 1) * sizeof(nb_var *));
+    if (tv == NULL || ctv == NULL || acc == NULL || cv == NULL) {
+        return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_OOM;
+    }
+    if (nt != nct) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL, "loop reverse: %lld tapes for %lld carry leaves",
+                             (long long)nt, (long long)nct);
+    }
+    for (int64_t j = 0; j < nt; j++) {
+        cv[j] = nbl_tape_read(tr, tv[j], k);
+    }
+    nb_var **cprev = NULL, **cself = NULL;
+    nb_status st =
+        nbl_step_vjp(tr, self, nb_tree_get(self, "carry"), cv, ctv, nt, &cprev, &cself, &ns);
+    if (st != NB_OK) {
+        return st;
+    }
+    if (ns != nacc) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL, "loop reverse: self changed");
+    }
     nb_var **nacc_v = nbi_arena_alloc(&tr->arena, (size_t)(ns + 1) * sizeof(nb_var *));
     for (int64_t j = 0; nacc_v != NULL && j < ns; j++) {
-        nacc_v[j] = nbi_is_float_var(acc[j]) ? nb_add(acc[j], wct[j]) : acc[j];
+        nacc_v[j] = nbi_is_float_var(acc[j]) ? nb_add(acc[j], cself[j]) : acc[j];
     }
-    nb_var **nct_v = nbi_arena_alloc(&tr->arena, (size_t)(nt + 1) * sizeof(nb_var *));
-    for (int64_t j = 0; nct_v != NULL && j < nt; j++) {
-        nct_v[j] = nbi_is_float_var(ctv[j]) ? wct[ns + j] : ctv[j];
-    }
-    const nb_tree *t1 = nct_v ? nbl_tree_like(tr, ct_c, nct_v, nt) : NULL;
+    const nb_tree *t1 = nbl_tree_like(tr, ct_c, cprev, nt);
     const nb_tree *t2 = nacc_v ? nbl_tree_like(tr, ct_s, nacc_v, ns) : NULL;
     nb_tree *km = nb_leaf(nb_sub(k, nbl_i32(tr, 1)));
     if (t1 == NULL || t2 == NULL || km == NULL) {
         return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_OOM;
     }
     return nb_tree_tuple(tr->ctx, 3, (nb_tree *[]){km, (nb_tree *)t1, (nb_tree *)t2}, out);
+}
+
+/* one step's reverse as a function: self = dict(fn, self); args = (c, ct_c) ->
+ * (ct of c, tuple of the cts of self's leaves) -- what a checkpointed reversal's TAPE runs */
+static nb_status nbl_step_vjp_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                   nb_tree **out) {
+    const nb_tree *c = nb_tree_child(args, 0), *ct_c = nb_tree_child(args, 1);
+    int64_t nc = 0, nct = 0, ns = 0;
+    nb_var **cv = nbl_leaf_vars(tr, c, &nc), **ctv = nbl_leaf_vars(tr, ct_c, &nct);
+    if (cv == NULL || ctv == NULL || nc != nct) {
+        return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_INTERNAL;
+    }
+    nb_var **cprev = NULL, **cself = NULL;
+    nb_status st = nbl_step_vjp(tr, self, c, cv, ctv, nc, &cprev, &cself, &ns);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_tree *t1 = nbl_tree_like(tr, ct_c, cprev, nc);
+    nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(ns + 1) * sizeof(nb_tree *));
+    nb_tree *t2 = NULL;
+    for (int64_t j = 0; items != NULL && j < ns; j++) {
+        items[j] = nb_leaf(cself[j]);
+    }
+    if (t1 == NULL || items == NULL || tr->status != NB_OK ||
+        nb_tree_tuple(tr->ctx, ns, items, &t2) != NB_OK) {
+        return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_OOM;
+    }
+    st = nb_tree_tuple(tr->ctx, 2, (nb_tree *[]){(nb_tree *)t1, t2}, out);
+    nb_tree_destroy(t2);
+    return st;
 }
 
 /* zeros like each var, as a trace-owned tuple */
@@ -1199,8 +1261,86 @@ static const nb_tree *nbl_zeros_tuple(nb_trace *tr, nb_var *const *v, int64_t n)
     return t;
 }
 
+static void nbl_vjp_checkpointed(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) {
+    static const char who[] = "reverse mode through a checkpointed loop";
+    const nbl_record *rec = (const nbl_record *)(intptr_t)w->at.a[6];
+    int64_t nc = w->at.a[0], nb = w->at.a[1], ncar = w->at.a[2], n_max = w->at.a[3];
+    int64_t ckpts = w->at.a[5] > 0 ? w->at.a[5] : nbl_ckpt_default_count(n_max);
+    nb_var *const *carry0 = w->in + nc + nb;
+    nb_var **ct0 = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));
+    if (ct0 == NULL || ckpts < 1) {
+        nbi_trace_err(tr, ct0 == NULL ? NB_ERR_OOM : NB_ERR_INVALID, "%s: %s", who,
+                      ct0 == NULL ? "out of memory" : "no checkpoints");
+        return;
+    }
+    for (int64_t j = 0; j < ncar; j++) {
+        ct0[j] = (cts[j] != NULL && nbi_is_float_var(carry0[j]))
+                     ? cts[j]
+                     : nb_full(tr, carry0[j]->dtype, carry0[j]->rank, carry0[j]->shape, 0.0);
+    }
+    const nb_tree *ct_tree = nbl_tree_like(tr, rec->carry, ct0, ncar);
+    const nb_tree *args = ct_tree ? nbl_pair(tr, rec->carry, ct_tree) : NULL;
+    nb_fn *sv = args ? nbl_wrapper(tr, who, "step_vjp", nbl_step_vjp_body, rec->body_body,
+                                   rec->body_name, rec->body_self, 0, NULL, NULL)
+                     : NULL;
+    nbi_callee_info ci;
+    if (sv == NULL || nbi_callee(tr, sv, args, who, &ci) != NB_OK) {
+        nb_fn_destroy(sv);
+        return;
+    }
+    nb_fn_destroy(sv);
+    int64_t nv = ci.n_self, n_ops = nc + nb + nv + 2 * ncar;
+    int32_t nvo = nbi_exec_n_outputs(ci.exec);
+    if (nv != nb || nvo != (int32_t)(ncar + nb)) {
+        nbi_trace_err(tr, NB_ERR_INTERNAL,
+                      "%s: the step's reverse has %lld operands and %d "
+                      "outputs for %lld carry leaves and %lld lifted operands",
+                      who, (long long)nv, (int)nvo, (long long)ncar, (long long)nb);
+        return;
+    }
+    nb_var **ops = nbi_arena_alloc(&tr->arena, (size_t)(n_ops + 1) * sizeof(nb_var *));
+    if (ops == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return;
+    }
+    memcpy(ops, w->in, (size_t)(nc + nb) * sizeof(nb_var *));
+    memcpy(ops + nc + nb, ci.ops, (size_t)nv * sizeof(nb_var *));
+    memcpy(ops + nc + nb + nv, carry0, (size_t)ncar * sizeof(nb_var *));
+    memcpy(ops + nc + nb + nv + ncar, ct0, (size_t)ncar * sizeof(nb_var *));
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.callee = ci.exec;
+    at.callee2 = w->at.callee2;
+    at.callee3 = w->at.callee;
+    at.a[0] = nc;
+    at.a[1] = nb;
+    at.a[2] = ncar;
+    at.a[3] = n_max;
+    at.a[4] = ckpts;
+    at.a[5] = nv;
+    nb_var *r = nbi_emit(tr, NBI_OP_LOOP_REVERSE, (int)n_ops, ops, &at);
+    size_t off = 0;
+    for (int32_t i = 0; i < nvo && tr->status == NB_OK; i++) {
+        memset(&at, 0, sizeof at);
+        at.ivalue = i;
+        at.a[0] = (int64_t)off;
+        off += nbl_leaf_bytes(nbi_exec_output(ci.exec, i));
+        nb_var *o = nbi_emit(tr, NBI_OP_CALL_OUTPUT, 1, &r, &at);
+        if (i < ncar) {
+            in_ct[nc + nb + i] = nbi_is_float_var(carry0[i]) ? o : NULL;
+        } else {
+            nb_var *x = w->in[nc + (i - ncar)];
+            in_ct[nc + (i - ncar)] = nbi_is_float_var(x) ? o : NULL;
+        }
+    }
+}
+
 void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) {
     static const char who[] = "reverse mode through a loop";
+    if (w->at.a[4] == NB_LOOP_CHECKPOINTED) {
+        nbl_vjp_checkpointed(tr, w, cts, in_ct);
+        return;
+    }
     if (w->at.a[4] != NB_LOOP_BOUNDED) {
         nbi_while_report(tr, w, true);
         return;
@@ -1310,6 +1450,242 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
     nb_fn_destroy(rc);
     nb_fn_destroy(rb);
 }
+
+/* ---- reverse mode: checkpointed loops (a kernel following a schedule) ----------------- */
+
+/* The loop_reverse op. Operands: the cond's lifted operands (a[0]), the body's (a[1]), the
+ * step vjp's (a[5], the body's again), the initial carry (a[2] leaves) and the cotangent of
+ * the final carry (a[2]). callee: the step vjp's executable ((c, ct) -> (ct of c, cts of the
+ * body's self)), callee2 the cond's, callee3 the body's. a[3] max_steps, a[4] checkpoints.
+ * Its value is the step vjp's outputs laid out as a call's: the cotangent of the initial
+ * carry, then the body's self cotangents summed over the steps (in the order the steps are
+ * reversed, as the bounded reversal sums them: the same bits). The kernel runs the loop
+ * forward with the online schedule's checkpoints (src/loops/checkpoint.h), then follows the
+ * reversal's actions: ADVANCE reruns the body, TAKESHOT/RESTORE copy states, TAPE runs the
+ * step vjp. No allocation: states, slots and the schedule's workspace live in its scratch. */
+
+static _Thread_local nb_loop_stats nbl_last_stats;
+
+nb_status nb_loop_last_stats(nb_loop_stats *out) {
+    if (out == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    *out = nbl_last_stats;
+    return NB_OK;
+}
+
+typedef struct nbl_rev_layout {
+    size_t state;               /* bytes of one packed carry */
+    size_t vjp_out;             /* bytes of the step vjp's packed outputs */
+    size_t off_w[2], off_slots; /* working states, slots */
+    size_t off_ct[2], off_acc;  /* carry cotangents, self accumulators */
+    size_t off_vout, off_ptrs, off_work;
+    size_t n_ptrs, n_work, total;
+} nbl_rev_layout;
+
+static size_t nbl_outs_bytes(const nbi_exec *e, int32_t first, int32_t n) {
+    size_t off = 0;
+    for (int32_t i = first; i < first + n; i++) {
+        off += nbl_leaf_bytes(nbi_exec_output(e, i));
+    }
+    return off;
+}
+
+static nbl_rev_layout nbl_rev_plan(const nb_var *node) {
+    const nbi_exec *vjp = node->at.callee;
+    int64_t nc = node->at.a[0], nb = node->at.a[1], ncar = node->at.a[2], c = node->at.a[4];
+    int64_t nv = node->at.a[5];
+    int32_t nvo = nbi_exec_n_outputs(vjp);
+    nbl_rev_layout L;
+    memset(&L, 0, sizeof L);
+    L.state = nbl_outs_bytes(vjp, 0, (int32_t)ncar);
+    L.vjp_out = nbl_outs_bytes(vjp, 0, nvo);
+    size_t off = 0;
+    L.off_w[0] = off;
+    off += L.state;
+    L.off_w[1] = off;
+    off += L.state;
+    L.off_slots = off;
+    off += (size_t)c * L.state;
+    L.off_ct[0] = off;
+    off += L.state;
+    L.off_ct[1] = off;
+    off += L.state;
+    L.off_acc = off;
+    off += L.vjp_out - L.state;
+    L.off_vout = off;
+    off += L.vjp_out;
+    L.off_ptrs = off;
+    L.n_ptrs = (size_t)(nc + ncar) + (size_t)(nb + ncar) + (size_t)ncar + (size_t)(nv + 2 * ncar) +
+               (size_t)nvo + 8;
+    off += L.n_ptrs * sizeof(void *);
+    off = (off + 63) / 64 * 64;
+    L.off_work = off;
+    L.n_work = nbl_online_work_len(c) + nbl_ckpt_rev_work_len(c);
+    off += L.n_work * sizeof(int64_t);
+    L.total = off + 64;
+    return L;
+}
+
+static size_t nbi_scratch_loop_reverse(const nb_var *node) {
+    return nbl_rev_plan(node).total;
+}
+
+/* leaf offsets inside a packed carry (leaf i of the step vjp's first ncar outputs) */
+static void nbl_leaf_ptrs(const nbi_exec *vjp, int32_t first, int32_t n, unsigned char *base,
+                          const void **out) {
+    size_t off = 0;
+    for (int32_t i = 0; i < n; i++) {
+        out[i] = base + off;
+        off += nbl_leaf_bytes(nbi_exec_output(vjp, first + i));
+    }
+}
+
+static void nbi_k_loop_reverse(const nbi_kargs *k) {
+    const nb_var *n = k->node;
+    const nbi_exec *vjp = n->at.callee, *cond = n->at.callee2, *body = n->at.callee3;
+    int64_t nc = n->at.a[0], nb = n->at.a[1], ncar = n->at.a[2], max_steps = n->at.a[3];
+    int64_t c = n->at.a[4], nv = n->at.a[5];
+    int32_t nvo = nbi_exec_n_outputs(vjp);
+    nbl_rev_layout L = nbl_rev_plan(n);
+    unsigned char *S = k->scratch;
+    const void **cond_in = (const void **)(S + L.off_ptrs);
+    const void **body_in = cond_in + nc + ncar;
+    void **body_out = (void **)(body_in + nb + ncar);
+    const void **vjp_in = (const void **)(body_out + ncar);
+    void **vjp_out = (void **)(vjp_in + nv + 2 * ncar);
+    bool *flag = (bool *)(vjp_out + nvo);
+    int64_t *work = (int64_t *)(S + L.off_work);
+    const void *const *ops_cond = k->in, *const *ops_body = k->in + nc;
+    const void *const *ops_vjp = k->in + nc + nb, *const *carry0 = k->in + nc + nb + nv;
+    const void *const *ct_final = carry0 + ncar;
+    for (int64_t i = 0; i < nc; i++) {
+        cond_in[i] = ops_cond[i];
+    }
+    for (int64_t i = 0; i < nb; i++) {
+        body_in[i] = ops_body[i];
+    }
+    for (int64_t i = 0; i < nv; i++) {
+        vjp_in[i] = ops_vjp[i];
+    }
+    /* the working state: x_0 copied into W[0] */
+    int w = 0;
+    size_t off = 0;
+    for (int64_t i = 0; i < ncar; i++) {
+        const nb_var *o = nbi_exec_output(vjp, (int32_t)i);
+        size_t bytes = (size_t)o->size * nb_dtype_size(o->dtype);
+        if (bytes > 0) {
+            memcpy(S + L.off_w[0] + off, carry0[i], bytes);
+        }
+        off += nbl_leaf_bytes(o);
+    }
+    nbl_online on;
+    nbl_online_start(&on, c, work, nbl_online_work_len(c));
+    /* forward sweep */
+    int64_t steps = 0;
+    for (; max_steps <= 0 || steps < max_steps; steps++) {
+        nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], cond_in + nc);
+        void *fo = flag;
+        nbi_exec_run_raw(cond, cond_in, &fo, NULL);
+        if (!*flag) {
+            break;
+        }
+        int64_t slot = nbl_online_next(&on);
+        if (slot >= 0) {
+            memcpy(S + L.off_slots + (size_t)slot * L.state, S + L.off_w[w], L.state);
+        }
+        nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], body_in + nb);
+        nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w ^ 1], (const void **)body_out);
+        nbi_exec_run_raw(body, body_in, body_out, NULL);
+        w ^= 1;
+    }
+    /* the reversal */
+    nbl_ckpt_rev rev;
+    nbl_online_reverse_start(&rev, &on, work + nbl_online_work_len(c), nbl_ckpt_rev_work_len(c));
+    int ct = 0;
+    off = 0;
+    for (int64_t i = 0; i < ncar; i++) {
+        const nb_var *o = nbi_exec_output(vjp, (int32_t)i);
+        size_t bytes = (size_t)o->size * nb_dtype_size(o->dtype);
+        if (bytes > 0) {
+            memcpy(S + L.off_ct[0] + off, ct_final[i], bytes);
+        }
+        off += nbl_leaf_bytes(o);
+    }
+    memset(S + L.off_acc, 0, L.vjp_out - L.state);
+    nbl_ckpt_action act;
+    for (;;) {
+        if (nbl_ckpt_next(&rev, &act) != NB_OK || act.op == NBL_CKPT_DONE) {
+            break;
+        }
+        if (act.op == NBL_CKPT_ADVANCE) {
+            for (int64_t s = 0; s < act.count; s++) {
+                nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], body_in + nb);
+                nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w ^ 1], (const void **)body_out);
+                nbi_exec_run_raw(body, body_in, body_out, NULL);
+                w ^= 1;
+            }
+        } else if (act.op == NBL_CKPT_TAKESHOT) {
+            memcpy(S + L.off_slots + (size_t)act.slot * L.state, S + L.off_w[w], L.state);
+        } else if (act.op == NBL_CKPT_RESTORE) {
+            memcpy(S + L.off_w[w], S + L.off_slots + (size_t)act.slot * L.state, L.state);
+        } else if (act.op == NBL_CKPT_TAPE) {
+            nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], vjp_in + nv);
+            nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_ct[ct], vjp_in + nv + ncar);
+            /* outputs: the previous cotangent into the other ct buffer, self cts after */
+            nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_ct[ct ^ 1], (const void **)vjp_out);
+            nbl_leaf_ptrs(vjp, (int32_t)ncar, nvo - (int32_t)ncar, S + L.off_vout,
+                          (const void **)(vjp_out + ncar));
+            nbi_exec_run_raw(vjp, vjp_in, vjp_out, NULL);
+            ct ^= 1;
+            /* acc += this step's self cotangents, in step order (as the bounded reversal) */
+            size_t o2 = 0;
+            for (int32_t i = (int32_t)ncar; i < nvo; i++) {
+                const nb_var *o = nbi_exec_output(vjp, i);
+                unsigned char *acc = S + L.off_acc + o2, *add = S + L.off_vout + o2;
+                if (o->dtype == NB_DTYPE_F32) {
+                    float *a = (float *)(void *)acc;
+                    const float *b = (const float *)(const void *)add;
+                    for (int64_t e = 0; e < o->size; e++) {
+                        a[e] = a[e] + b[e];
+                    }
+                } else if (o->dtype == NB_DTYPE_F64) {
+                    double *a = (double *)(void *)acc;
+                    const double *b = (const double *)(const void *)add;
+                    for (int64_t e = 0; e < o->size; e++) {
+                        a[e] = a[e] + b[e];
+                    }
+                }
+                o2 += nbl_leaf_bytes(o);
+            }
+        }
+    }
+    memcpy(k->out, S + L.off_ct[ct], L.state);
+    memcpy((unsigned char *)k->out + L.state, S + L.off_acc, L.vjp_out - L.state);
+    nb_loop_stats *ls = &nbl_last_stats;
+    ls->primal_steps = rev.counts.forward;
+    ls->recomputed_steps = rev.counts.recomputed;
+    ls->taped_steps = rev.counts.taped;
+    ls->checkpoints = c;
+    ls->peak_checkpoints = rev.counts.peak_slots;
+    ls->state_bytes = L.state;
+    ls->peak_checkpoint_bytes = (size_t)rev.counts.peak_slots * L.state;
+}
+
+static nb_status nbi_infer_loop_reverse(nb_trace *tr, nb_var *p) {
+    (void)tr;
+    p->dtype = NB_DTYPE_BOOL;
+    p->rank = 1;
+    const nbi_exec *vjp = p->at.callee;
+    p->shape[0] = (int64_t)nbl_outs_bytes(vjp, 0, nbi_exec_n_outputs(vjp));
+    return NB_OK;
+}
+
+const nbi_op_info nbi_opinfo_loop_reverse = {.name = "loop_reverse",
+                                             .n_in = -1,
+                                             .infer = nbi_infer_loop_reverse,
+                                             .kernel = nbi_k_loop_reverse,
+                                             .scratch = nbi_scratch_loop_reverse};
 
 /* ---- forward mode: a loop over (carry, tangent) ---------------------------------------- */
 

@@ -1268,6 +1268,8 @@ static void build_specs(void) {
     g_covered_by[NBI_OP_PARAM] = "every case here (inputs are params)";
     g_covered_by[NBI_OP_CALL] = "test_call_op below, and test_jit.c test_call_not_inlined";
     g_covered_by[NBI_OP_CALL_OUTPUT] = "test_call_op below, and test_jit.c";
+    g_covered_by[NBI_OP_LOOP_REVERSE] = "tests/loops/test_loops.c (checkpointed reversal: "
+                                        "bits equal to the bounded reversal's)";
     g_covered_by[NBI_OP_WHILE] = "tests/loops/test_loops.c (while, fori, scan, cond, switch "
                                  "against C loops)";
     g_covered_by[NBI_OP_CUSTOM_VJP] = "test_grad.c test_custom_vjp (forward: a copy)";

@@ -96,6 +96,8 @@ static const struct {
     {NBI_OP_FUSED, "made by the fusion pass after autodiff: gradients are taken of the "
                    "unfused ops"},
     {NBI_OP_FUSED_OUTPUT, "made by the fusion pass after autodiff, like fused"},
+    {NBI_OP_LOOP_REVERSE, "made by reverse mode through a checkpointed loop: derivatives of "
+                          "derivatives through loops are not built"},
     {NBI_OP_RNG_SPLIT, "integer key in, integer keys out"},
     {NBI_OP_RNG_FOLD_IN, "integer key and data in, integer key out"},
     {NBI_OP_RNG_BITS, "integer key in, integer output"},

@@ -140,7 +140,6 @@ static nb_status f4_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
 }
 
 static nb_status f4_outer(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
-    (void)self;
     nb_ctx *ctx = nb_trace_ctx(tr);
     nb_var *thr = nb_mul(nb_get(tr, args, "[0].scale"), nb_scalar(tr, 1e-9));
     nb_tree *cself = NULL, *bself = NULL, *carry = NULL;
@@ -164,7 +163,17 @@ static nb_status f4_outer(nb_trace *tr, const nb_tree *self, const nb_tree *args
                                          (nb_tree *)nb_tree_child(args, 1)},
                            &carry);
     }
-    const nb_tree *res = st == NB_OK ? nb_while_loop(tr, c, b, carry, NULL) : NULL;
+    nb_loop_opts o = nb_loop_opts_default();
+    int64_t ck = 0;
+    if (self != NULL) {
+        nb_tree_get_int(nb_tree_get(self, "checkpoints"), &ck);
+    }
+    if (ck > 0) {
+        o.kind = NB_LOOP_CHECKPOINTED;
+        o.max_steps = 200;
+        o.checkpoints = ck;
+    }
+    const nb_tree *res = st == NB_OK ? nb_while_loop(tr, c, b, carry, &o) : NULL;
     if (res != NULL) {
         *out = nb_tree_retain((nb_tree *)res);
     }
@@ -332,6 +341,52 @@ static void test_failure4_closures(void **state) {
     nb_tree_destroy(args);
     nb_fn_destroy(g);
     nb_fn_destroy(lf);
+
+    /* the same while loop made checkpointed (3 slots): grad w.r.t. the weights it closes
+     * over matches central differences, under jit, tracing once for new data */
+    nb_tree *ckl = NULL, *ckself = NULL;
+    NBT_OK(ctx, nb_tree_int(ctx, 3, &ckl));
+    NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"checkpoints"}, &ckl, &ckself));
+    nb_fn *lf2 = NULL, *g2 = NULL, *jg2 = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "f4_loss", f4_loss, ckself, &lf2));
+    NBT_OK(ctx, nb_grad(lf2, NULL, &g2));
+    NBT_OK(ctx, nb_jit(g2, &jo, &jg2));
+    for (int trial = 0; trial < 2; trial++) {
+        double x1[F4_N];
+        for (int i = 0; i < F4_N; i++) {
+            x1[i] = cos(0.3 * i + trial);
+        }
+        nb_tree *a1 = tuple_take(
+            ctx, 2, (nb_tree *[]){f4_params(ctx, 1.0 + trial, 1.0), vec_f64(ctx, F4_N, x1)});
+        nb_tree *gres = NULL;
+        NBT_OK(ctx, nb_fn_call(jg2, a1, &gres));
+        const nb_tree *wl = NULL;
+        NBT_OK(ctx, nb_tree_lookup(a1, "[0].w", &wl));
+        double *wv = nb_array_data(nb_tree_get_array(wl));
+        const double *gw = nb_array_data(nb_tree_get_array(nb_tree_get(gres, "w")));
+        for (int i = 0; i < F4_N * F4_N; i += 5) {
+            double keep = wv[i], h = 1e-7, vals[2];
+            for (int sg = 0; sg < 2; sg++) {
+                wv[i] = keep + (sg ? -h : h);
+                nb_tree *r2 = NULL;
+                NBT_OK(ctx, nb_fn_call(lf2, a1, &r2));
+                vals[sg] = *(const double *)nb_array_data(nb_tree_get_array(r2));
+                nb_tree_destroy(r2);
+            }
+            wv[i] = keep;
+            double fdw = (vals[0] - vals[1]) / (2 * h);
+            NBT_NEAR(gw[i], fdw, 1e-7 + 1e-5 * fabs(fdw));
+        }
+        nb_tree_destroy(gres);
+        nb_tree_destroy(a1);
+    }
+    NBT_OK(ctx, nb_fn_stats_get(jg2, &st));
+    NBT_EQ_I64(st.n_traces, 1);
+    nb_fn_destroy(jg2);
+    nb_fn_destroy(g2);
+    nb_fn_destroy(lf2);
+    nb_tree_destroy(ckself);
+    nb_tree_destroy(ckl);
     nb_fn_destroy(jf);
     nb_fn_destroy(f);
     nbt_assert_no_live(ctx);
@@ -553,8 +608,11 @@ static nb_status rt_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
             return st;
         }
         nb_loop_opts o = nb_loop_opts_default();
-        o.kind = NB_LOOP_BOUNDED;
+        int64_t ck = 0;
+        nb_tree_get_int(nb_tree_get(self, "checkpoints"), &ck);
+        o.kind = ck > 0 ? NB_LOOP_CHECKPOINTED : NB_LOOP_BOUNDED;
         o.max_steps = RT_STEPS;
+        o.checkpoints = ck;
         const nb_tree *r = nb_fori_loop(tr, 0, RT_STEPS, body, nb_leaf(x), &o);
         nb_fn_destroy(body);
         if (r == NULL) {
@@ -664,12 +722,202 @@ static void test_bounded_reverse(void **state) {
     }
     printf("jvp through a bounded fori loop %.17g, unrolled %.17g\n", jv_out[0], jv_out[1]);
     NBT_EQ_F64(jv_out[0], jv_out[1]);
+    /* checkpointed reversal with c slots: the same gradient bits, the schedule's counters */
+    const int64_t cs[4] = {2, 5, 10, 40};
+    for (int q = 0; q < 4; q++) {
+        nb_tree *fl = NULL, *cl = NULL, *self = NULL, *gc = NULL;
+        nb_fn *fc = NULL, *gfc = NULL;
+        NBT_OK(ctx, nb_tree_bool(ctx, false, &fl));
+        NBT_OK(ctx, nb_tree_int(ctx, cs[q], &cl));
+        NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"unrolled", "checkpoints"},
+                                 (nb_tree *[]){fl, cl}, &self));
+        NBT_OK(ctx, nb_fn_create(ctx, "rt_loss", rt_loss, self, &fc));
+        NBT_OK(ctx, nb_grad(fc, NULL, &gfc));
+        NBT_OK(ctx, nb_fn_call(gfc, args, &gc));
+        bool eq = false;
+        NBT_OK(ctx, nb_tree_equal(gc, gr[0], &eq));
+        nb_loop_stats ls;
+        NBT_OK(ctx, nb_loop_last_stats(&ls));
+        printf("checkpointed c = %lld: gradient %s the bounded one; primal %lld, recomputed "
+               "%lld, taped %lld, peak checkpoints %lld (%zu bytes)\n",
+               (long long)cs[q], eq ? "bit-identical to" : "DIFFERS from",
+               (long long)ls.primal_steps, (long long)ls.recomputed_steps,
+               (long long)ls.taped_steps, (long long)ls.peak_checkpoints, ls.peak_checkpoint_bytes);
+        assert_true(eq);
+        NBT_EQ_I64(ls.primal_steps, RT_STEPS);
+        NBT_EQ_I64(ls.taped_steps, RT_STEPS);
+        assert_true(ls.peak_checkpoints <= cs[q]);
+        NBT_EQ_I64(ls.peak_checkpoint_bytes, (size_t)ls.peak_checkpoints * ls.state_bytes);
+        int64_t limit = (cs[q] + 1) * (cs[q] + 2) / 2 - 1;
+        if (RT_STEPS <= cs[q]) {
+            NBT_EQ_I64(ls.recomputed_steps, 0);
+        } else if (RT_STEPS <= limit) {
+            NBT_EQ_I64(ls.recomputed_steps, RT_STEPS - cs[q]); /* Stumm-Walther optimal */
+        } else {
+            assert_true(ls.recomputed_steps > RT_STEPS - cs[q]);
+        }
+        nb_tree_destroy(gc);
+        nb_fn_destroy(gfc);
+        nb_fn_destroy(fc);
+        nb_tree_destroy(self);
+        nb_tree_destroy(fl);
+        nb_tree_destroy(cl);
+    }
     for (int u = 0; u < 2; u++) {
         nb_tree_destroy(gr[u]);
         nb_fn_destroy(g[u]);
         nb_fn_destroy(f[u]);
     }
     nb_tree_destroy(args);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- the rows: 1000 steps of a matmul + tanh recurrence, and 10^5 steps ----------- */
+#define LG_N 100
+
+static nb_status lg_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_var *x = nb_get(tr, args, "[1]");
+    nb_var *y = nb_tanh(nb_add(nb_matmul(nb_get(tr, self, "w"), x), nb_get(tr, self, "b")));
+    return nb_return(y, out);
+}
+
+/* self = {steps, checkpoints (0: bounded)}; args = ({w, b, x0}) -> sum(x_T) */
+static nb_status lg_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    int64_t steps = 0, ck = 0;
+    nb_tree_get_int(nb_tree_get(self, "steps"), &steps);
+    nb_tree_get_int(nb_tree_get(self, "checkpoints"), &ck);
+    const nb_tree *p = nb_tree_child(args, 0);
+    nb_tree *bself = NULL;
+    nb_fn *body = NULL;
+    nb_status st = nb_tree_dict(
+        nb_trace_ctx(tr), 2, (const char *[]){"w", "b"},
+        (nb_tree *[]){(nb_tree *)nb_tree_get(p, "w"), (nb_tree *)nb_tree_get(p, "b")}, &bself);
+    if (st == NB_OK) {
+        st = nb_fn_create(nb_trace_ctx(tr), "lg_body", lg_body, bself, &body);
+    }
+    nb_tree_destroy(bself);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_loop_opts o = nb_loop_opts_default();
+    o.kind = ck > 0 ? NB_LOOP_CHECKPOINTED : NB_LOOP_BOUNDED;
+    o.max_steps = steps;
+    o.checkpoints = ck;
+    const nb_tree *r = nb_fori_loop(tr, 0, steps, body, nb_tree_get(p, "x0"), &o);
+    nb_fn_destroy(body);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    return nb_return(nb_sum(nb_var_of(tr, r), NULL, 0, false), out);
+}
+
+static nb_tree *lg_grad(nb_ctx *ctx, const nb_tree *args, int64_t steps, int64_t ck,
+                        nb_loop_stats *ls, double *loss) {
+    nb_tree *sl = NULL, *cl = NULL, *self = NULL, *res = NULL;
+    nb_fn *f = NULL, *g = NULL;
+    NBT_OK(ctx, nb_tree_int(ctx, steps, &sl));
+    NBT_OK(ctx, nb_tree_int(ctx, ck, &cl));
+    NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"steps", "checkpoints"},
+                             (nb_tree *[]){sl, cl}, &self));
+    NBT_OK(ctx, nb_fn_create(ctx, "lg_loss", lg_loss, self, &f));
+    nb_grad_opts go = nb_grad_opts_default();
+    NBT_OK(ctx, nb_value_and_grad(f, &go, &g));
+    NBT_OK(ctx, nb_fn_call(g, args, &res));
+    *loss = *(const double *)nb_array_data(nb_tree_get_array(nb_tree_child(res, 0)));
+    nb_tree *grads = nb_tree_retain((nb_tree *)nb_tree_child(res, 1));
+    if (ls != NULL) {
+        NBT_OK(ctx, nb_loop_last_stats(ls));
+    }
+    nb_tree_destroy(res);
+    nb_fn_destroy(g);
+    nb_fn_destroy(f);
+    nb_tree_destroy(self);
+    nb_tree_destroy(sl);
+    nb_tree_destroy(cl);
+    return grads;
+}
+
+static nb_tree *lg_args(nb_ctx *ctx, double wscale) {
+    static double w[LG_N * LG_N], b[LG_N], x0[LG_N];
+    for (int i = 0; i < LG_N * LG_N; i++) {
+        w[i] = wscale * sin(0.731 * i + 0.3) / sqrt((double)LG_N);
+    }
+    for (int i = 0; i < LG_N; i++) {
+        b[i] = 0.05 * cos(0.37 * i);
+        x0[i] = 0.3 * sin(1.7 * i);
+    }
+    nb_array *wa = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 2, (int64_t[]){LG_N, LG_N}, w, &wa));
+    nb_tree *lw = leaf_of(wa), *lb = vec_f64(ctx, LG_N, b), *lx = vec_f64(ctx, LG_N, x0), *p = NULL;
+    NBT_OK(ctx,
+           nb_tree_dict(ctx, 3, (const char *[]){"w", "b", "x0"}, (nb_tree *[]){lw, lb, lx}, &p));
+    nb_tree_destroy(lw);
+    nb_tree_destroy(lb);
+    nb_tree_destroy(lx);
+    return tuple_take(ctx, 1, (nb_tree *[]){p});
+}
+
+static void test_checkpointed_rows(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_tree *args = lg_args(ctx, 1.2);
+    double loss_b = 0.0, loss = 0.0;
+    nb_tree *gb = lg_grad(ctx, args, 1000, 0, NULL, &loss_b);
+    const int64_t cs[3] = {2, 10, 50};
+    for (int q = 0; q < 3; q++) {
+        nb_loop_stats ls;
+        nb_tree *gc = lg_grad(ctx, args, 1000, cs[q], &ls, &loss);
+        bool eq = false;
+        NBT_OK(ctx, nb_tree_equal(gc, gb, &eq));
+        printf("1000 steps, state f64[%d], c = %lld: bit-identical to bounded: %s; recomputed "
+               "%lld (%.2f per step), peak checkpoint bytes %zu (bounded tape: %zu)\n",
+               LG_N, (long long)cs[q], eq ? "yes" : "NO", (long long)ls.recomputed_steps,
+               (double)ls.recomputed_steps / 1000.0, ls.peak_checkpoint_bytes,
+               (size_t)1000 * ls.state_bytes);
+        assert_true(eq);
+        NBT_EQ_F64(loss, loss_b);
+        NBT_EQ_I64(ls.taped_steps, 1000);
+        assert_true(ls.peak_checkpoints <= cs[q]);
+        nb_tree_destroy(gc);
+    }
+    /* central differences on a few entries of w, b and x0 */
+    const char *names[3] = {"w", "b", "x0"};
+    for (int k = 0; k < 3; k++) {
+        const nb_tree *leaf = NULL;
+        char path[32];
+        snprintf(path, sizeof path, "[0].%s", names[k]);
+        NBT_OK(ctx, nb_tree_lookup(args, path, &leaf));
+        double *v = nb_array_data(nb_tree_get_array(leaf));
+        const double *g = nb_array_data(nb_tree_get_array(nb_tree_get(gb, names[k])));
+        for (int i = 0; i < 3; i++) {
+            int at = i * 37 % (k == 0 ? LG_N * LG_N : LG_N);
+            double keep = v[at], h = 1e-6, up = 0.0, dn = 0.0;
+            v[at] = keep + h;
+            nb_tree_destroy(lg_grad(ctx, args, 1000, 0, NULL, &up));
+            v[at] = keep - h;
+            nb_tree_destroy(lg_grad(ctx, args, 1000, 0, NULL, &dn));
+            v[at] = keep;
+            double fd = (up - dn) / (2 * h);
+            NBT_NEAR(g[at], fd, 1e-6 + 1e-5 * fabs(fd));
+        }
+    }
+    nb_tree_destroy(gb);
+    nb_tree_destroy(args);
+    /* 10^5 steps with 100 checkpoints: at most 100 states held (a bounded tape: 10^5) */
+    nb_tree *a2 = lg_args(ctx, 0.5);
+    nb_loop_stats ls;
+    nb_tree *g2 = lg_grad(ctx, a2, 100000, 100, &ls, &loss);
+    printf("10^5 steps, c = 100: peak checkpoints %lld (%zu bytes; a bounded tape would be %zu), "
+           "recomputed %lld (%.2f per step)\n",
+           (long long)ls.peak_checkpoints, ls.peak_checkpoint_bytes,
+           (size_t)100000 * ls.state_bytes, (long long)ls.recomputed_steps,
+           (double)ls.recomputed_steps / 1e5);
+    assert_true(ls.peak_checkpoints <= 100);
+    NBT_EQ_I64(ls.taped_steps, 100000);
+    assert_true(isfinite(loss));
+    nb_tree_destroy(g2);
+    nb_tree_destroy(a2);
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
 }
@@ -747,8 +995,11 @@ static void test_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_while),          cmocka_unit_test(test_failure4_closures),
-        cmocka_unit_test(test_fori_scan_cond), cmocka_unit_test(test_bounded_reverse),
+        cmocka_unit_test(test_while),
+        cmocka_unit_test(test_failure4_closures),
+        cmocka_unit_test(test_fori_scan_cond),
+        cmocka_unit_test(test_bounded_reverse),
+        cmocka_unit_test(test_checkpointed_rows),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
