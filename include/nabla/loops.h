@@ -68,8 +68,12 @@ NB_API nb_loop_opts nb_loop_opts_default(void);
 /* What the last checkpointed reversal run on this thread did (the counters of its schedule,
  * as the kernel executed it). */
 typedef struct nb_loop_stats {
-    int64_t primal_steps;         /* steps of the forward sweep (the loop's trip count) */
-    int64_t recomputed_steps;     /* steps run again during the reversal (unrecorded) */
+    int64_t primal_steps;         /* the loop's trip count */
+    int64_t forward_sweep_steps;  /* unrecorded steps of the reversal's first forward sweep:
+                                     the trip count (online: x_0 to x_n), or one less
+                                     (offline: x_0 to x_{n-1}; the last step is taped) */
+    int64_t recomputed_steps;     /* unrecorded steps run after that */
+    bool offline;                 /* revolve (a known trip count: fori, scan) or online */
     int64_t taped_steps;          /* steps recorded and reversed (= primal_steps) */
     int64_t checkpoints;          /* slots the schedule had */
     int64_t peak_checkpoints;     /* most slots holding a state at once */

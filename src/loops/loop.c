@@ -290,8 +290,11 @@ static bool nbl_record_fill(nb_trace *tr, const char *who, nbl_record *rec, cons
     return true;
 }
 
+/* known_trips > 0: the loop runs exactly that many steps (fori, scan), so reversing it can
+ * follow the offline (revolve) schedule. */
 static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_fn *body,
-                                const nb_tree *init, const nb_loop_opts *opts) {
+                                const nb_tree *init, const nb_loop_opts *opts,
+                                int64_t known_trips) {
     if (tr == NULL || nb_trace_status(tr) != NB_OK) {
         return NULL;
     }
@@ -377,6 +380,7 @@ static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_f
     at.a[4] = o.kind;
     at.a[5] = o.checkpoints;
     at.a[6] = (int64_t)(intptr_t)rec;
+    at.a[7] = known_trips;
     nb_var *w = nbi_emit(tr, NBI_OP_WHILE, (int)n_ops, ops, &at);
     nb_tree **outl = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_tree *));
     if (outl == NULL) {
@@ -412,7 +416,7 @@ static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_f
 
 const nb_tree *nb_while_loop(nb_trace *tr, nb_fn *cond, nb_fn *body, const nb_tree *init,
                              const nb_loop_opts *opts) {
-    return nbl_while(tr, "nb_while_loop", cond, body, init, opts);
+    return nbl_while(tr, "nb_while_loop", cond, body, init, opts, 0);
 }
 
 /* ---- fori_loop, scan, cond, switch: while loops of wrapper functions ------------------- */
@@ -593,7 +597,7 @@ const nb_tree *nb_fori_loop(nb_trace *tr, int64_t lo, int64_t hi, nb_fn *body, c
         nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
     } else if (b != NULL) {
         const nb_tree *carry = nbl_pair(tr, nb_leaf(nbl_i32(tr, lo)), init);
-        const nb_tree *w = carry ? nbl_while(tr, who, c, b, carry, &o) : NULL;
+        const nb_tree *w = carry ? nbl_while(tr, who, c, b, carry, &o, trips) : NULL;
         res = w != NULL ? nb_tree_child(w, 1) : NULL;
     }
     nb_fn_destroy(c);
@@ -697,7 +701,7 @@ const nb_tree *nb_switch(nb_trace *tr, nb_var *index, int n, nb_fn *const *branc
         if (c == NULL && tr->status == NB_OK) {
             nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
         }
-        carry = (c != NULL && b != NULL) ? nbl_while(tr, who, c, b, carry, &o) : NULL;
+        carry = (c != NULL && b != NULL) ? nbl_while(tr, who, c, b, carry, &o, 0) : NULL;
         nb_fn_destroy(c);
         nb_fn_destroy(b);
     }
@@ -955,7 +959,7 @@ const nb_tree *nb_scan(nb_trace *tr, nb_fn *body, const nb_tree *init, const nb_
                     if (o.max_steps == 0 || o.max_steps > length) {
                         o.max_steps = length;
                     }
-                    const nb_tree *w = nbl_while(tr, who, c, b, carry, &o);
+                    const nb_tree *w = nbl_while(tr, who, c, b, carry, &o, length);
                     if (w != NULL) {
                         res = nbl_pair(tr, nb_tree_child(w, 1), nb_tree_child(w, 2));
                     }
@@ -1318,6 +1322,7 @@ static void nbl_vjp_checkpointed(nb_trace *tr, nb_var *w, nb_var *const *cts, nb
     at.a[3] = n_max;
     at.a[4] = ckpts;
     at.a[5] = nv;
+    at.a[6] = w->at.a[7] > 0 && (n_max <= 0 || w->at.a[7] <= n_max) ? w->at.a[7] : 0;
     nb_var *r = nbi_emit(tr, NBI_OP_LOOP_REVERSE, (int)n_ops, ops, &at);
     size_t off = 0;
     for (int32_t i = 0; i < nvo && tr->status == NB_OK; i++) {
@@ -1399,7 +1404,7 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
             init = t;
         }
     }
-    fwd = init != NULL ? nbl_while(tr, who, fc, fb, init, &o) : NULL;
+    fwd = init != NULL ? nbl_while(tr, who, fc, fb, init, &o, 0) : NULL;
     /* backward from step n - 1 down to 0 */
     if (fwd != NULL) {
         nb_tree *tl = (nb_tree *)nb_tree_child(fwd, 2);
@@ -1427,7 +1432,7 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
             nb_tree_tuple(tr->ctx, 3, (nb_tree *[]){k0, (nb_tree *)ct_c, (nb_tree *)ct_s}, &t) ==
                 NB_OK &&
             nbi_trace_own(tr, t) == NB_OK) {
-            rev = nbl_while(tr, who, rc, rb, t, &o);
+            rev = nbl_while(tr, who, rc, rb, t, &o, 0);
         }
     }
     if (rev != NULL) {
@@ -1580,10 +1585,16 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
         off += nbl_leaf_bytes(o);
     }
     nbl_online on;
+    nbl_ckpt_rev rev;
+    int64_t known = n->at.a[6];
     nbl_online_start(&on, c, work, nbl_online_work_len(c));
-    /* forward sweep */
+    if (known > 0) {
+        /* a known trip count: revolve drives the forward sweep too */
+        nbl_revolve_start(&rev, known, c, work + nbl_online_work_len(c), nbl_ckpt_rev_work_len(c));
+    }
+    /* forward sweep (online) */
     int64_t steps = 0;
-    for (; max_steps <= 0 || steps < max_steps; steps++) {
+    for (; known == 0 && (max_steps <= 0 || steps < max_steps); steps++) {
         nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], cond_in + nc);
         void *fo = flag;
         nbi_exec_run_raw(cond, cond_in, &fo, NULL);
@@ -1600,8 +1611,10 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
         w ^= 1;
     }
     /* the reversal */
-    nbl_ckpt_rev rev;
-    nbl_online_reverse_start(&rev, &on, work + nbl_online_work_len(c), nbl_ckpt_rev_work_len(c));
+    if (known == 0) {
+        nbl_online_reverse_start(&rev, &on, work + nbl_online_work_len(c),
+                                 nbl_ckpt_rev_work_len(c));
+    }
     int ct = 0;
     off = 0;
     for (int64_t i = 0; i < ncar; i++) {
@@ -1663,7 +1676,9 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
     memcpy(k->out, S + L.off_ct[ct], L.state);
     memcpy((unsigned char *)k->out + L.state, S + L.off_acc, L.vjp_out - L.state);
     nb_loop_stats *ls = &nbl_last_stats;
-    ls->primal_steps = rev.counts.forward;
+    ls->primal_steps = rev.counts.taped; /* the trip count */
+    ls->forward_sweep_steps = rev.counts.forward;
+    ls->offline = known > 0;
     ls->recomputed_steps = rev.counts.recomputed;
     ls->taped_steps = rev.counts.taped;
     ls->checkpoints = c;
@@ -1810,7 +1825,7 @@ void nbi_while_jvp(nb_trace *tr, nb_var *w, nb_var *const *in_tan, nb_var **out_
     const nb_tree *init = (fc && fb && dct) ? nbl_pair(tr, rec->carry, dct) : NULL;
     nb_loop_opts o = nb_loop_opts_default();
     o.max_steps = w->at.a[3];
-    const nb_tree *res = init != NULL ? nbl_while(tr, who, fc, fb, init, &o) : NULL;
+    const nb_tree *res = init != NULL ? nbl_while(tr, who, fc, fb, init, &o, 0) : NULL;
     nb_fn_destroy(fc);
     nb_fn_destroy(fb);
     if (res == NULL) {

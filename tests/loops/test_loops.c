@@ -6,6 +6,8 @@
  */
 #include "nbtest.h"
 
+#include "loops/checkpoint.h"
+
 #include <nabla/nabla.h>
 
 #include <math.h>
@@ -360,6 +362,22 @@ static void test_failure4_closures(void **state) {
             ctx, 2, (nb_tree *[]){f4_params(ctx, 1.0 + trial, 1.0), vec_f64(ctx, F4_N, x1)});
         nb_tree *gres = NULL;
         NBT_OK(ctx, nb_fn_call(jg2, a1, &gres));
+        /* a while loop: the online schedule, its counters those of the simulation */
+        nb_loop_stats ls;
+        NBT_OK(ctx, nb_loop_last_stats(&ls));
+        nbl_ckpt_counts want;
+        int64_t work[256];
+        NBT_OK(ctx, nbl_online_simulate(ls.taped_steps, 3, work, 256, &want));
+        assert_false(ls.offline);
+        assert_true(ls.taped_steps > 5);
+        NBT_EQ_I64(ls.forward_sweep_steps, want.forward);
+        NBT_EQ_I64(ls.recomputed_steps, want.recomputed);
+        NBT_EQ_I64(ls.peak_checkpoints, want.peak_slots);
+        if (ls.taped_steps <= nbl_online_optimal_limit(3)) {
+            NBT_EQ_I64(ls.recomputed_steps, ls.taped_steps - 3); /* Stumm-Walther optimal */
+        } else {
+            assert_true(ls.recomputed_steps >= nbl_ckpt_min_recomputations(ls.taped_steps, 3));
+        }
         const nb_tree *wl = NULL;
         NBT_OK(ctx, nb_tree_lookup(a1, "[0].w", &wl));
         double *wv = nb_array_data(nb_tree_get_array(wl));
@@ -748,14 +766,11 @@ static void test_bounded_reverse(void **state) {
         NBT_EQ_I64(ls.taped_steps, RT_STEPS);
         assert_true(ls.peak_checkpoints <= cs[q]);
         NBT_EQ_I64(ls.peak_checkpoint_bytes, (size_t)ls.peak_checkpoints * ls.state_bytes);
-        int64_t limit = (cs[q] + 1) * (cs[q] + 2) / 2 - 1;
-        if (RT_STEPS <= cs[q]) {
-            NBT_EQ_I64(ls.recomputed_steps, 0);
-        } else if (RT_STEPS <= limit) {
-            NBT_EQ_I64(ls.recomputed_steps, RT_STEPS - cs[q]); /* Stumm-Walther optimal */
-        } else {
-            assert_true(ls.recomputed_steps > RT_STEPS - cs[q]);
-        }
+        /* a fori loop: the trip count is known, so the offline (revolve) schedule runs,
+         * with exactly Griewank's t(l, c) unrecorded steps */
+        assert_true(ls.offline);
+        NBT_EQ_I64(ls.forward_sweep_steps + ls.recomputed_steps,
+                   nbl_revolve_advances(RT_STEPS, cs[q]));
         nb_tree_destroy(gc);
         nb_fn_destroy(gfc);
         nb_fn_destroy(fc);
@@ -870,15 +885,30 @@ static void test_checkpointed_rows(void **state) {
         nb_tree *gc = lg_grad(ctx, args, 1000, cs[q], &ls, &loss);
         bool eq = false;
         NBT_OK(ctx, nb_tree_equal(gc, gb, &eq));
-        printf("1000 steps, state f64[%d], c = %lld: bit-identical to bounded: %s; recomputed "
-               "%lld (%.2f per step), peak checkpoint bytes %zu (bounded tape: %zu)\n",
-               LG_N, (long long)cs[q], eq ? "yes" : "NO", (long long)ls.recomputed_steps,
-               (double)ls.recomputed_steps / 1000.0, ls.peak_checkpoint_bytes,
-               (size_t)1000 * ls.state_bytes);
+        printf("1000 steps, state f64[%d], c = %lld: bit-identical to bounded: %s; revolve "
+               "advances %lld + %lld (%.2f per step), peak checkpoint bytes %zu (bounded tape: "
+               "%zu)\n",
+               LG_N, (long long)cs[q], eq ? "yes" : "NO", (long long)ls.forward_sweep_steps,
+               (long long)ls.recomputed_steps,
+               (double)(ls.forward_sweep_steps + ls.recomputed_steps) / 1000.0,
+               ls.peak_checkpoint_bytes, (size_t)1000 * ls.state_bytes);
         assert_true(eq);
         NBT_EQ_F64(loss, loss_b);
         NBT_EQ_I64(ls.taped_steps, 1000);
         assert_true(ls.peak_checkpoints <= cs[q]);
+        /* the executed reversal's counters are the schedule's (simulated alone) */
+        nbl_ckpt_counts want;
+        size_t wl = nbl_ckpt_rev_work_len(cs[q]);
+        int64_t *work = calloc(wl, sizeof(int64_t));
+        assert_non_null(work);
+        NBT_OK(ctx, nbl_revolve_simulate(1000, cs[q], work, wl, &want));
+        free(work);
+        assert_true(ls.offline);
+        NBT_EQ_I64(ls.forward_sweep_steps, want.forward);
+        NBT_EQ_I64(ls.forward_sweep_steps + ls.recomputed_steps, nbl_revolve_advances(1000, cs[q]));
+        NBT_EQ_I64(ls.recomputed_steps, want.recomputed);
+        NBT_EQ_I64(ls.taped_steps, want.taped);
+        NBT_EQ_I64(ls.peak_checkpoints, want.peak_slots);
         nb_tree_destroy(gc);
     }
     /* central differences on a few entries of w, b and x0 */
@@ -918,6 +948,42 @@ static void test_checkpointed_rows(void **state) {
     assert_true(isfinite(loss));
     nb_tree_destroy(g2);
     nb_tree_destroy(a2);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- no allocation per iteration --------------------------------------------------------- */
+static void test_no_allocation_per_step(void **state) {
+    (void)state;
+    nbt_alloc al = {0};
+    nb_ctx *ctx = nbt_ctx_with(&al);
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "f4_outer", f4_outer, NULL, &f));
+    int64_t calls[2] = {0, 0}, steps[2] = {0, 0};
+    for (int run = 0; run < 3; run++) {
+        /* a threshold 1e-9 * scale: scale 1e8 stops after a few steps, 1 after many more */
+        double scale = run == 1 ? 1e8 : 1.0, x0[F4_N];
+        for (int i = 0; i < F4_N; i++) {
+            x0[i] = cos(0.3 * i);
+        }
+        nb_tree *args =
+            tuple_take(ctx, 2, (nb_tree *[]){f4_params(ctx, scale, 1.0), vec_f64(ctx, F4_N, x0)});
+        nb_tree *res = NULL;
+        int64_t before = al.n_calls;
+        NBT_OK(ctx, nb_fn_call(f, args, &res));
+        if (run > 0) { /* run 0 traced and compiled */
+            calls[run - 1] = al.n_calls - before;
+            steps[run - 1] =
+                *(const int32_t *)nb_array_data(nb_tree_get_array(nb_tree_child(res, 0)));
+        }
+        nb_tree_destroy(res);
+        nb_tree_destroy(args);
+    }
+    printf("allocations per call: %lld for %lld loop steps, %lld for %lld steps\n",
+           (long long)calls[0], (long long)steps[0], (long long)calls[1], (long long)steps[1]);
+    assert_true(steps[1] > steps[0] + 3);
+    NBT_EQ_I64(calls[0], calls[1]);
+    nb_fn_destroy(f);
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
 }
@@ -1001,6 +1067,7 @@ int main(void) {
         cmocka_unit_test(test_bounded_reverse),
         cmocka_unit_test(test_checkpointed_rows),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_no_allocation_per_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
