@@ -61,6 +61,12 @@ typedef struct nb_loop_opts {
     nb_loop_kind kind;   /* default NB_LOOP_LAX */
     int64_t max_steps;   /* 0 (default): unbounded (lax only) */
     int64_t checkpoints; /* 0 (default): Equinox's default for max_steps (checkpointed) */
+    /* NULL (default), or Equinox's buffers: a tree of bools shaped like the carry (or a
+     * prefix of it) marking the carry leaves the body only writes into, at distinct indices
+     * of their first axis (saved outputs), never reads. Reverse mode keeps them out of
+     * checkpoints and tapes: the body's derivative does not depend on their values. scan's
+     * stacked outputs are buffers already. Borrowed for the call. */
+    const nb_tree *buffers;
 } nb_loop_opts;
 
 NB_API nb_loop_opts nb_loop_opts_default(void);
@@ -77,8 +83,10 @@ typedef struct nb_loop_stats {
     int64_t taped_steps;          /* steps recorded and reversed (= primal_steps) */
     int64_t checkpoints;          /* slots the schedule had */
     int64_t peak_checkpoints;     /* most slots holding a state at once */
-    size_t state_bytes;           /* bytes of one loop state (the carry) */
-    size_t peak_checkpoint_bytes; /* peak_checkpoints * state_bytes */
+    size_t state_bytes;           /* bytes of one checkpoint: the carry without its buffers */
+    size_t buffer_bytes;          /* bytes of the buffers (held once, never checkpointed) */
+    size_t peak_checkpoint_bytes; /* peak_checkpoints * state_bytes (+ buffer_bytes: the
+                                     peak memory of the reversal's states) */
 } nb_loop_stats;
 
 /* Copy the counters of the last checkpointed reversal this thread ran into *out (zeros

@@ -258,6 +258,63 @@ static bool nbl_check_carry(nb_trace *tr, const char *who, const nb_fn *body,
     return ok;
 }
 
+/* Buffers: carry leaf j is a buffer when bit j of at.b[] is set (at most 512 leaves). */
+#define NBL_MAX_BUF_LEAVES (64 * NB_MAX_RANK)
+
+static bool nbl_is_buf(const nb_var *w, int64_t j) {
+    return j < NBL_MAX_BUF_LEAVES && ((uint64_t)w->at.b[j / 64] >> (j % 64)) & 1u;
+}
+
+/* Walk the carry t with the buffers mask m (bools, a prefix of t's structure), setting bit k
+ * of bits for every dynamic leaf marked true. */
+static bool nbl_mask_rec(nb_trace *tr, const char *who, const nb_tree *t, const nb_tree *m,
+                         int have, bool val, uint64_t *bits, int64_t *k, int depth) {
+    if (depth > NB_TREE_MAX_DEPTH) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: buffers: the carry nests too deeply", who);
+        return false;
+    }
+    if (!have && nb_tree_kind_of(m) == NB_TREE_KIND_BOOL) {
+        nb_tree_get_bool(m, &val);
+        have = 1;
+    }
+    if (nb_tree_is_leaf(t)) {
+        if (!have) {
+            nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                          "%s: buffers holds a %s where the carry has a leaf; give a bool there",
+                          who, nb_tree_kind_name(nb_tree_kind_of(m)));
+            return false;
+        }
+        if (nb_tree_is_dynamic(t)) {
+            if (val) {
+                if (*k >= NBL_MAX_BUF_LEAVES) {
+                    nbi_trace_err(tr, NB_ERR_INVALID, "%s: buffers among more than %d carry leaves",
+                                  who, NBL_MAX_BUF_LEAVES);
+                    return false;
+                }
+                bits[*k / 64] |= (uint64_t)1 << (*k % 64);
+            }
+            (*k)++;
+        }
+        return true;
+    }
+    int64_t n = nb_tree_len(t);
+    if (!have && (nb_tree_kind_of(m) != nb_tree_kind_of(t) || nb_tree_len(m) != n)) {
+        nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                      "%s: buffers does not fit the carry: %s of %lld vs %s of %lld (a tree of "
+                      "bools shaped like the carry, or a prefix of it)",
+                      who, nb_tree_kind_name(nb_tree_kind_of(m)), (long long)nb_tree_len(m),
+                      nb_tree_kind_name(nb_tree_kind_of(t)), (long long)n);
+        return false;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if (!nbl_mask_rec(tr, who, nb_tree_child(t, i), have ? m : nb_tree_child(m, i), have, val,
+                          bits, k, depth + 1)) {
+            return false;
+        }
+    }
+    return true;
+}
+
 static bool nbl_unwrap(nb_trace *tr, const char *who, const char *role, const nb_fn *f,
                        nb_fn_body *body, const nb_tree **self);
 
@@ -334,6 +391,28 @@ static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_f
     if (carry == NULL) {
         return NULL;
     }
+    uint64_t bufbits[NB_MAX_RANK] = {0};
+    if (o.buffers != NULL) {
+        int64_t k = 0;
+        if (nb_tree_check(o.buffers) != NB_OK) {
+            nbi_trace_err(tr, NB_ERR_MISUSE, "%s: buffers is a destroyed tree", who);
+            return NULL;
+        }
+        if (!nbl_mask_rec(tr, who, carry, o.buffers, 0, false, bufbits, &k, 0)) {
+            return NULL;
+        }
+        for (int64_t j = 0; j < ncar; j++) {
+            if ((bufbits[j / 64] >> (j % 64) & 1u) && cv[j]->rank < 1) {
+                char path[NB_PATH_MAX];
+                nb_tree_leaf_path(carry, j, path, sizeof path, NULL);
+                nbi_trace_err(tr, NB_ERR_SHAPE,
+                              "%s: the buffer at %s is 0-d; a buffer is an array the body writes "
+                              "at distinct indices of its first axis",
+                              who, path[0] ? path : "<root>");
+                return NULL;
+            }
+        }
+    }
     nbl_record *rec = nbi_arena_alloc(&tr->arena, sizeof *rec);
     if (rec == NULL) {
         nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
@@ -381,6 +460,9 @@ static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_f
     at.a[5] = o.checkpoints;
     at.a[6] = (int64_t)(intptr_t)rec;
     at.a[7] = known_trips;
+    for (int i = 0; i < NB_MAX_RANK; i++) {
+        at.b[i] = (int64_t)bufbits[i];
+    }
     nb_var *w = nbi_emit(tr, NBI_OP_WHILE, (int)n_ops, ops, &at);
     nb_tree **outl = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_tree *));
     if (outl == NULL) {
@@ -551,6 +633,32 @@ static const nb_tree *nbl_pair(nb_trace *tr, const nb_tree *a, const nb_tree *b)
     return t;
 }
 
+/* A trace-owned tuple of n masks for a wrapper's carry: false, or the user's buffers at
+ * position user_at, true at position true_at (-1: none). */
+static const nb_tree *nbl_buf_mask(nb_trace *tr, int n, int user_at, const nb_tree *user,
+                                   int true_at) {
+    nb_tree *items[4] = {NULL, NULL, NULL, NULL}, *t = NULL;
+    nb_status st = NB_OK;
+    for (int i = 0; i < n && st == NB_OK; i++) {
+        if (i == user_at && user != NULL) {
+            items[i] = nb_tree_retain((nb_tree *)user);
+        } else {
+            st = nb_tree_bool(tr->ctx, i == true_at, &items[i]);
+        }
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(tr->ctx, n, items, &t);
+    }
+    for (int i = 0; i < n; i++) {
+        nb_tree_destroy(items[i]);
+    }
+    if (st != NB_OK || nbi_trace_own(tr, t) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+        return NULL;
+    }
+    return t;
+}
+
 const nb_tree *nb_fori_loop(nb_trace *tr, int64_t lo, int64_t hi, nb_fn *body, const nb_tree *init,
                             const nb_loop_opts *opts) {
     static const char who[] = "nb_fori_loop";
@@ -597,7 +705,11 @@ const nb_tree *nb_fori_loop(nb_trace *tr, int64_t lo, int64_t hi, nb_fn *body, c
         nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
     } else if (b != NULL) {
         const nb_tree *carry = nbl_pair(tr, nb_leaf(nbl_i32(tr, lo)), init);
-        const nb_tree *w = carry ? nbl_while(tr, who, c, b, carry, &o, trips) : NULL;
+        if (o.buffers != NULL) {
+            o.buffers = nbl_buf_mask(tr, 2, 1, o.buffers, -1);
+        }
+        const nb_tree *w =
+            carry && tr->status == NB_OK ? nbl_while(tr, who, c, b, carry, &o, trips) : NULL;
         res = w != NULL ? nb_tree_child(w, 1) : NULL;
     }
     nb_fn_destroy(c);
@@ -959,6 +1071,8 @@ const nb_tree *nb_scan(nb_trace *tr, nb_fn *body, const nb_tree *init, const nb_
                     if (o.max_steps == 0 || o.max_steps > length) {
                         o.max_steps = length;
                     }
+                    /* the stacked outputs are buffers: written once per step, never read */
+                    o.buffers = nbl_buf_mask(tr, 3, 1, o.buffers, 2);
                     const nb_tree *w = nbl_while(tr, who, c, b, carry, &o, length);
                     if (w != NULL) {
                         res = nbl_pair(tr, nb_tree_child(w, 1), nb_tree_child(w, 2));
@@ -1082,8 +1196,11 @@ static nb_status nbl_taped_body(nb_trace *tr, const nb_tree *self, const nb_tree
         return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_INTERNAL;
     }
     nb_var **nv = nbi_arena_alloc(&tr->arena, (size_t)(nt + 1) * sizeof(nb_var *));
+    const nb_tree *bm = nb_tree_get(self, "bufmask");
     for (int64_t k = 0; nv != NULL && k < nt; k++) {
-        nv[k] = nbl_tape_write(tr, tv[k], i, cv[k]);
+        bool buf = false;
+        nb_tree_get_bool(nb_tree_child(bm, k), &buf);
+        nv[k] = buf ? tv[k] : nbl_tape_write(tr, tv[k], i, cv[k]); /* buffers: not taped */
     }
     const nb_tree *nt_tree = nv ? nbl_tree_like(tr, tapes, nv, nt) : NULL;
     nb_tree *res = NULL;
@@ -1193,8 +1310,12 @@ static nb_status nbl_rev_body(nb_trace *tr, const nb_tree *self, const nb_tree *
         return nbi_trace_err(tr, NB_ERR_INTERNAL, "loop reverse: %lld tapes for %lld carry leaves",
                              (long long)nt, (long long)nct);
     }
+    const nb_tree *bm = nb_tree_get(self, "bufmask");
     for (int64_t j = 0; j < nt; j++) {
-        cv[j] = nbl_tape_read(tr, tv[j], k);
+        bool buf = false;
+        nb_tree_get_bool(nb_tree_child(bm, j), &buf);
+        /* a buffer's value does not enter the body's derivative: its 1-row tape of zeros */
+        cv[j] = nbl_tape_read(tr, tv[j], buf ? nbl_i32(tr, 0) : k);
     }
     nb_var **cprev = NULL, **cself = NULL;
     nb_status st =
@@ -1323,6 +1444,9 @@ static void nbl_vjp_checkpointed(nb_trace *tr, nb_var *w, nb_var *const *cts, nb
     at.a[4] = ckpts;
     at.a[5] = nv;
     at.a[6] = w->at.a[7] > 0 && (n_max <= 0 || w->at.a[7] <= n_max) ? w->at.a[7] : 0;
+    for (int i = 0; i < NB_MAX_RANK; i++) {
+        at.b[i] = w->at.b[i];
+    }
     nb_var *r = nbi_emit(tr, NBI_OP_LOOP_REVERSE, (int)n_ops, ops, &at);
     size_t off = 0;
     for (int32_t i = 0; i < nvo && tr->status == NB_OK; i++) {
@@ -1366,9 +1490,26 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
                           carry0[j]->rank);
             return;
         }
-        shape[0] = n_max;
+        shape[0] = nbl_is_buf(w, j) ? 1 : n_max;
         memcpy(shape + 1, carry0[j]->shape, (size_t)carry0[j]->rank * sizeof(int64_t));
         tapes0[j] = nb_full(tr, carry0[j]->dtype, carry0[j]->rank + 1, shape, 0.0);
+    }
+    nb_tree **bmi = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_tree *));
+    nb_tree *bufmask = NULL;
+    bool bm_ok = bmi != NULL;
+    for (int64_t j = 0; bm_ok && j < ncar; j++) {
+        bm_ok = nb_tree_bool(tr->ctx, nbl_is_buf(w, j), &bmi[j]) == NB_OK;
+    }
+    if (bm_ok) {
+        bm_ok = nb_tree_tuple(tr->ctx, ncar, bmi, &bufmask) == NB_OK &&
+                nbi_trace_own(tr, bufmask) == NB_OK;
+    }
+    for (int64_t j = 0; bmi != NULL && j < ncar; j++) {
+        nb_tree_destroy(bmi[j]);
+    }
+    if (!bm_ok) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return;
     }
     nb_tree **ti = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_tree *));
     nb_tree *tapes = NULL;
@@ -1392,7 +1533,7 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
         fc = nbl_wrapper(tr, who, "taped_cond", nbl_taped_cond, rec->cond_body, rec->cond_name,
                          rec->cond_self, 1, (const char *[]){"n"}, &nl);
         fb = nbl_wrapper(tr, who, "taped_body", nbl_taped_body, rec->body_body, rec->body_name,
-                         rec->body_self, 0, NULL, NULL);
+                         rec->body_self, 1, (const char *[]){"bufmask"}, &bufmask);
     }
     const nb_tree *init = NULL;
     if (fc != NULL && fb != NULL) {
@@ -1408,12 +1549,12 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
     /* backward from step n - 1 down to 0 */
     if (fwd != NULL) {
         nb_tree *tl = (nb_tree *)nb_tree_child(fwd, 2);
-        const char *keys[2] = {"tapes", "carry"};
-        nb_tree *vals[2] = {tl, (nb_tree *)rec->carry};
+        const char *keys[3] = {"tapes", "carry", "bufmask"};
+        nb_tree *vals[3] = {tl, (nb_tree *)rec->carry, bufmask};
         rc = NULL;
         st = nb_fn_create(tr->ctx, "reverse_cond", nbl_rev_cond, NULL, &rc);
         rb = st == NB_OK ? nbl_wrapper(tr, who, "reverse_body", nbl_rev_body, rec->body_body,
-                                       rec->body_name, rec->body_self, 2, keys, vals)
+                                       rec->body_name, rec->body_self, 3, keys, vals)
                          : NULL;
         /* the carry's cotangent: the given ones, zeros where none (and for integer leaves) */
         nb_var **ct0 = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));
@@ -1481,6 +1622,7 @@ nb_status nb_loop_last_stats(nb_loop_stats *out) {
 
 typedef struct nbl_rev_layout {
     size_t state;               /* bytes of one packed carry */
+    size_t slot_state;          /* bytes of a checkpoint: the carry without its buffers */
     size_t vjp_out;             /* bytes of the step vjp's packed outputs */
     size_t off_w[2], off_slots; /* working states, slots */
     size_t off_ct[2], off_acc;  /* carry cotangents, self accumulators */
@@ -1504,6 +1646,9 @@ static nbl_rev_layout nbl_rev_plan(const nb_var *node) {
     nbl_rev_layout L;
     memset(&L, 0, sizeof L);
     L.state = nbl_outs_bytes(vjp, 0, (int32_t)ncar);
+    for (int64_t j = 0; j < ncar; j++) {
+        L.slot_state += nbl_is_buf(node, j) ? 0 : nbl_leaf_bytes(nbi_exec_output(vjp, (int32_t)j));
+    }
     L.vjp_out = nbl_outs_bytes(vjp, 0, nvo);
     size_t off = 0;
     L.off_w[0] = off;
@@ -1511,7 +1656,7 @@ static nbl_rev_layout nbl_rev_plan(const nb_var *node) {
     L.off_w[1] = off;
     off += L.state;
     L.off_slots = off;
-    off += (size_t)c * L.state;
+    off += (size_t)c * L.slot_state;
     L.off_ct[0] = off;
     off += L.state;
     L.off_ct[1] = off;
@@ -1543,6 +1688,24 @@ static void nbl_leaf_ptrs(const nbi_exec *vjp, int32_t first, int32_t n, unsigne
     for (int32_t i = 0; i < n; i++) {
         out[i] = base + off;
         off += nbl_leaf_bytes(nbi_exec_output(vjp, first + i));
+    }
+}
+
+/* Copy the non-buffer leaves of a packed carry into a slot (to_slot) or back. */
+static void nbl_slot_copy(const nb_var *node, const nbi_exec *vjp, int64_t ncar,
+                          unsigned char *state, unsigned char *slot, bool to_slot) {
+    size_t off = 0, soff = 0;
+    for (int64_t j = 0; j < ncar; j++) {
+        size_t bytes = nbl_leaf_bytes(nbi_exec_output(vjp, (int32_t)j));
+        if (!nbl_is_buf(node, j)) {
+            if (to_slot) {
+                memcpy(slot + soff, state + off, bytes);
+            } else {
+                memcpy(state + off, slot + soff, bytes);
+            }
+            soff += bytes;
+        }
+        off += bytes;
     }
 }
 
@@ -1603,7 +1766,8 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
         }
         int64_t slot = nbl_online_next(&on);
         if (slot >= 0) {
-            memcpy(S + L.off_slots + (size_t)slot * L.state, S + L.off_w[w], L.state);
+            nbl_slot_copy(n, vjp, ncar, S + L.off_w[w],
+                          S + L.off_slots + (size_t)slot * L.slot_state, true);
         }
         nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], body_in + nb);
         nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w ^ 1], (const void **)body_out);
@@ -1639,9 +1803,11 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
                 w ^= 1;
             }
         } else if (act.op == NBL_CKPT_TAKESHOT) {
-            memcpy(S + L.off_slots + (size_t)act.slot * L.state, S + L.off_w[w], L.state);
+            nbl_slot_copy(n, vjp, ncar, S + L.off_w[w],
+                          S + L.off_slots + (size_t)act.slot * L.slot_state, true);
         } else if (act.op == NBL_CKPT_RESTORE) {
-            memcpy(S + L.off_w[w], S + L.off_slots + (size_t)act.slot * L.state, L.state);
+            nbl_slot_copy(n, vjp, ncar, S + L.off_w[w],
+                          S + L.off_slots + (size_t)act.slot * L.slot_state, false);
         } else if (act.op == NBL_CKPT_TAPE) {
             nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], vjp_in + nv);
             nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_ct[ct], vjp_in + nv + ncar);
@@ -1683,8 +1849,9 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
     ls->taped_steps = rev.counts.taped;
     ls->checkpoints = c;
     ls->peak_checkpoints = rev.counts.peak_slots;
-    ls->state_bytes = L.state;
-    ls->peak_checkpoint_bytes = (size_t)rev.counts.peak_slots * L.state;
+    ls->state_bytes = L.slot_state;
+    ls->buffer_bytes = L.state - L.slot_state;
+    ls->peak_checkpoint_bytes = (size_t)rev.counts.peak_slots * L.slot_state;
 }
 
 static nb_status nbi_infer_loop_reverse(nb_trace *tr, nb_var *p) {
