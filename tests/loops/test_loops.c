@@ -1058,6 +1058,125 @@ static void test_scan_buffers(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* user buffers through nb_loop_opts.buffers: fori over (x, out) writing out[i] = x */
+#define UB_STEPS 40
+
+static nb_status ub_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_var *i = nb_get(tr, args, "[0]"), *x = nb_get(tr, args, "[1].x");
+    nb_var *buf = nb_get(tr, args, "[1].out");
+    nb_var *starts[2] = {i, nb_scalar_typed(tr, NB_DTYPE_I32, 0)};
+    nb_var *nbuf = nb_dynamic_update_slice(buf, nb_expand_dims(x, 0), starts);
+    nb_var *nx = nb_tanh(nb_matmul(nb_get(tr, self, "w"), x));
+    nb_tree *d = NULL;
+    nb_status st = nb_tree_dict(nb_trace_ctx(tr), 2, (const char *[]){"x", "out"},
+                                (nb_tree *[]){nb_leaf(nx), nb_leaf(nbuf)}, &d);
+    *out = d;
+    return st;
+}
+
+static nb_status ub_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    int64_t ck = 0, bad = 0;
+    nb_tree_get_int(nb_tree_get(self, "checkpoints"), &ck);
+    nb_tree_get_int(nb_tree_get(self, "bad"), &bad);
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    const nb_tree *p = nb_tree_child(args, 0);
+    nb_tree *bself = NULL, *carry = NULL, *mask = NULL, *t = NULL, *f = NULL;
+    nb_fn *body = NULL;
+    nb_var *out0 = nb_full(tr, NB_DTYPE_F64, 2, (int64_t[]){UB_STEPS, 8}, 0.0);
+    nb_status st = nb_tree_dict(ctx, 1, (const char *[]){"w"},
+                                (nb_tree *[]){(nb_tree *)nb_tree_get(p, "w")}, &bself);
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "ub_body", ub_body, bself, &body);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_dict(ctx, 2, (const char *[]){"x", "out"},
+                          (nb_tree *[]){(nb_tree *)nb_tree_get(p, "x0"), nb_leaf(out0)}, &carry);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_bool(ctx, true, &t);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_bool(ctx, false, &f);
+    }
+    if (st == NB_OK) {
+        /* bad: a list where the carry is a dict */
+        st = bad ? nb_tree_list(ctx, 2, (nb_tree *[]){f, t}, &mask)
+                 : nb_tree_dict(ctx, 2, (const char *[]){"x", "out"}, (nb_tree *[]){f, t}, &mask);
+    }
+    nb_loop_opts o = nb_loop_opts_default();
+    o.kind = ck > 0 ? NB_LOOP_CHECKPOINTED : NB_LOOP_BOUNDED;
+    o.max_steps = UB_STEPS;
+    o.checkpoints = ck;
+    o.buffers = mask;
+    const nb_tree *r = st == NB_OK ? nb_fori_loop(tr, 0, UB_STEPS, body, carry, &o) : NULL;
+    nb_fn_destroy(body);
+    nb_tree *ts[] = {bself, carry, mask, t, f};
+    for (int i = 0; i < 5; i++) {
+        nb_tree_destroy(ts[i]);
+    }
+    if (r == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    nb_var *o1 = nb_get(tr, r, "out"), *x = nb_get(tr, r, "x");
+    return nb_return(nb_add(nb_sum(nb_square(o1), NULL, 0, false), nb_sum(x, NULL, 0, false)), out);
+}
+
+static void test_user_buffers(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    double w[64], x0[8];
+    for (int i = 0; i < 64; i++) {
+        w[i] = 0.8 * sin(0.3 * i + 1.0) / sqrt(8.0);
+    }
+    for (int i = 0; i < 8; i++) {
+        x0[i] = cos(0.7 * i);
+    }
+    nb_array *wa = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 2, (int64_t[]){8, 8}, w, &wa));
+    nb_tree *lw = leaf_of(wa), *lx = vec_f64(ctx, 8, x0), *p = NULL;
+    NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"w", "x0"}, (nb_tree *[]){lw, lx}, &p));
+    nb_tree_destroy(lw);
+    nb_tree_destroy(lx);
+    nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){p});
+    nb_tree *g[2] = {NULL, NULL};
+    nb_loop_stats ls;
+    for (int q = 0; q < 3; q++) {
+        nb_tree *cl = NULL, *bl = NULL, *self = NULL, *res = NULL;
+        nb_fn *f = NULL, *gf = NULL;
+        NBT_OK(ctx, nb_tree_int(ctx, q == 0 ? 0 : 3, &cl));
+        NBT_OK(ctx, nb_tree_int(ctx, q == 2, &bl));
+        NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"checkpoints", "bad"},
+                                 (nb_tree *[]){cl, bl}, &self));
+        NBT_OK(ctx, nb_fn_create(ctx, "ub_loss", ub_loss, self, &f));
+        NBT_OK(ctx, nb_grad(f, NULL, &gf));
+        if (q < 2) {
+            NBT_OK(ctx, nb_fn_call(gf, args, &res));
+            g[q] = res;
+        } else {
+            NBT_STATUS(ctx, NB_ERR_STRUCTURE, nb_fn_call(gf, args, &res));
+            NBT_ERRMSG_HAS(ctx, "buffers does not fit the carry");
+        }
+        if (q == 1) {
+            NBT_OK(ctx, nb_loop_last_stats(&ls));
+        }
+        nb_fn_destroy(gf);
+        nb_fn_destroy(f);
+        nb_tree_destroy(self);
+        nb_tree_destroy(cl);
+        nb_tree_destroy(bl);
+    }
+    bool eq = false;
+    NBT_OK(ctx, nb_tree_equal(g[0], g[1], &eq));
+    assert_true(eq);
+    assert_true(ls.buffer_bytes >= (size_t)UB_STEPS * 8 * sizeof(double));
+    assert_true(ls.state_bytes < 256);
+    nb_tree_destroy(g[0]);
+    nb_tree_destroy(g[1]);
+    nb_tree_destroy(args);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- no allocation per iteration --------------------------------------------------------- */
 static void test_no_allocation_per_step(void **state) {
     (void)state;
@@ -1174,6 +1293,7 @@ int main(void) {
         cmocka_unit_test(test_checkpointed_rows),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_scan_buffers),
+        cmocka_unit_test(test_user_buffers),
         cmocka_unit_test(test_no_allocation_per_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
