@@ -245,7 +245,7 @@ static void nbi_mm_f64(const nbi_mm_geom *g, const void *a, const void *b, void 
     bli_rntm_set_num_threads(1, &rntm);
     double one = 1.0, zero = 0.0;
     bli_dgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, g->m, g->n, g->k, &one, (double *)a, g->a_rs,
-                 g->a_cs, (double *)b, g->b_rs, g->b_cs, &zero, c, g->n, 1, NULL, &rntm);
+                 g->a_cs, (double *)b, g->b_rs, g->b_cs, &zero, c, g->c_rs, 1, NULL, &rntm);
 }
 
 /* Integers: row i of c accumulates a[i, p] * b[p, :] for p = 0, 1, ..., k-1, in the unsigned

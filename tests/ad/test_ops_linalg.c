@@ -329,6 +329,16 @@ static void test_matmul_large(void **state) {
             (int64_t[]){1030, 300}, false);
     lt_case(NB_DTYPE_F64, 2, (int64_t[]){1100, 3}, 2, (int64_t[]){3, 5}, 2, (int64_t[]){1100, 5},
             false);
+    /* f64 products wide enough to be cut into column blocks: each block's rows are the full
+     * output's rows apart (a regression: the f64 path once wrote them n-of-the-block apart,
+     * so an outer product such as a weight gradient of a 256-wide layer came out wrong, and
+     * differently for 2 threads) */
+    lt_case(NB_DTYPE_F64, 2, (int64_t[]){256, 1}, 2, (int64_t[]){1, 256}, 2, (int64_t[]){256, 256},
+            false);
+    lt_case(NB_DTYPE_F64, 2, (int64_t[]){40, 50}, 2, (int64_t[]){50, 700}, 2, (int64_t[]){40, 700},
+            false);
+    lt_case(NB_DTYPE_F32, 2, (int64_t[]){256, 1}, 2, (int64_t[]){1, 700}, 2, (int64_t[]){256, 700},
+            false);
 }
 
 static void test_matmul_1d_2d(void **state) {

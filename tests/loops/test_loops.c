@@ -789,7 +789,7 @@ static void test_bounded_reverse(void **state) {
 }
 
 /* ---- the rows: 1000 steps of a matmul + tanh recurrence, and 10^5 steps ----------- */
-#define LG_N 100
+#define LG_N 256
 
 static nb_status lg_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     nb_var *x = nb_get(tr, args, "[1]");
@@ -875,7 +875,10 @@ static nb_tree *lg_args(nb_ctx *ctx, double wscale) {
 
 static void test_checkpointed_rows(void **state) {
     (void)state;
-    nb_ctx *ctx = nbt_ctx();
+    nb_ctx_opts co_ = nb_ctx_opts_default();
+    co_.n_threads = getenv("NBT_THREADS") ? atoi(getenv("NBT_THREADS")) : 0;
+    nb_ctx *ctx = NULL;
+    NBT_OK(ctx, nb_ctx_create(&co_, &ctx));
     nb_tree *args = lg_args(ctx, 1.2);
     double loss_b = 0.0, loss = 0.0;
     nb_tree *gb = lg_grad(ctx, args, 1000, 0, NULL, &loss_b);
@@ -885,6 +888,12 @@ static void test_checkpointed_rows(void **state) {
         nb_tree *gc = lg_grad(ctx, args, 1000, cs[q], &ls, &loss);
         bool eq = false;
         NBT_OK(ctx, nb_tree_equal(gc, gb, &eq));
+        if (!eq) {
+            char how[256];
+            bool differ = false;
+            nb_tree_diff(gc, gb, NB_TREE_DIFF_VALUES, &differ, how, sizeof how, NULL);
+            printf("differs: %s\n", how);
+        }
         printf("1000 steps, state f64[%d], c = %lld: bit-identical to bounded: %s; revolve "
                "advances %lld + %lld (%.2f per step), peak checkpoint bytes %zu (bounded tape: "
                "%zu)\n",
