@@ -315,6 +315,71 @@ static bool nbl_mask_rec(nb_trace *tr, const char *who, const nb_tree *t, const 
     return true;
 }
 
+static nb_fn *nbl_wrapper(nb_trace *tr, const char *who, const char *name, nb_fn_body wbody,
+                          nb_fn_body ubody, const char *uname, const nb_tree *uself, int n_extra,
+                          const char *const *keys, nb_tree *const *vals);
+static nb_status nbl_call_user(nb_trace *tr, const nb_tree *wself, const nb_tree *args,
+                               nb_tree **out);
+
+/* The body of a loop with buffers, traced through this guard: buffers are write-only, so
+ * a buffer (or what a dynamic_update_slice into it made) may only be the updated operand of
+ * another dynamic_update_slice or an output; any other use is a read, reported with the
+ * buffer's path. self = dict(fn, self, bufmask (a tuple of bools per carry leaf)). */
+static nb_status nbl_guard_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                nb_tree **out) {
+    nb_tree *leaves = NULL;
+    if (nb_tree_flatten(args, &leaves, NULL) != NB_OK) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+    }
+    int32_t begin = tr->g.n_nodes;
+    nb_status st = nbl_call_user(tr, self, args, out);
+    int32_t end = tr->g.n_nodes;
+    const nb_tree *bm = nb_tree_get(self, "bufmask");
+    int64_t *src =
+        st == NB_OK ? nbi_arena_alloc(&tr->arena, ((size_t)end + 1) * sizeof(int64_t)) : NULL;
+    if (st == NB_OK && src == NULL) {
+        st = nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+    }
+    if (st == NB_OK) {
+        /* src[id] = 1 + the carry leaf a buffer value comes from, 0 for other values */
+        for (int64_t j = 0; j < nb_tree_len(leaves); j++) {
+            bool buf = false;
+            nb_tree_get_bool(nb_tree_child(bm, j), &buf);
+            const nb_tree *l = nb_tree_child(leaves, j);
+            if (buf && nb_tree_kind_of(l) == NB_TREE_KIND_VAR) {
+                src[nb_var_of(tr, l)->id] = j + 1;
+            }
+        }
+        for (int32_t i = begin; i < end && st == NB_OK; i++) {
+            const nb_var *v = tr->g.nodes[i];
+            for (int32_t k = 0; k < v->n_in && st == NB_OK; k++) {
+                int64_t from = v->in[k]->id < end ? src[v->in[k]->id] : 0;
+                if (from == 0) {
+                    continue;
+                }
+                if (v->op == NBI_OP_DYN_UPDATE && k == 0) {
+                    src[v->id] = from;
+                    continue;
+                }
+                char path[NB_PATH_MAX];
+                nb_tree_leaf_path(args, from - 1, path, sizeof path, NULL);
+                st = nbi_trace_err(tr, NB_ERR_INVALID,
+                                   "the loop body reads the buffer at %s (op %s); buffers are "
+                                   "written at distinct indices with nb_dynamic_update_slice and "
+                                   "never read -- take it out of nb_loop_opts.buffers, or read "
+                                   "the value from the carry before it goes into the buffer",
+                                   path[0] ? path : "<root>", nbi_op_name((nbi_op)v->op));
+            }
+        }
+    }
+    nb_tree_destroy(leaves);
+    if (st != NB_OK && *out != NULL) {
+        nb_tree_destroy(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
 static bool nbl_unwrap(nb_trace *tr, const char *who, const char *role, const nb_fn *f,
                        nb_fn_body *body, const nb_tree **self);
 
@@ -422,8 +487,41 @@ static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_f
         return NULL;
     }
     nbi_callee_info ci_c, ci_b;
-    if (nbi_callee(tr, cond, carry, who, &ci_c) != NB_OK ||
-        nbi_callee(tr, body, carry, who, &ci_b) != NB_OK) {
+    nb_fn *guard = NULL;
+    bool any_buf = false;
+    for (int i = 0; i < NB_MAX_RANK; i++) {
+        any_buf = any_buf || bufbits[i] != 0;
+    }
+    if (any_buf) {
+        /* the body through the buffer guard (same output, same lifted operands) */
+        nb_tree **bi = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_tree *));
+        nb_tree *bufmask = NULL;
+        bool ok = bi != NULL;
+        for (int64_t j = 0; ok && j < ncar; j++) {
+            ok = nb_tree_bool(tr->ctx, (bufbits[j / 64] >> (j % 64)) & 1u, &bi[j]) == NB_OK;
+        }
+        ok = ok && nb_tree_tuple(tr->ctx, ncar, bi, &bufmask) == NB_OK;
+        for (int64_t j = 0; bi != NULL && j < ncar; j++) {
+            nb_tree_destroy(bi[j]);
+        }
+        if (ok) {
+            guard = nbl_wrapper(tr, who, nb_fn_name(body), nbl_guard_body, rec->body_body,
+                                rec->body_name, rec->body_self, 1, (const char *[]){"bufmask"},
+                                &bufmask);
+        } else {
+            nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        }
+        nb_tree_destroy(bufmask);
+        if (guard == NULL) {
+            return NULL;
+        }
+    }
+    nb_status cst = nbi_callee(tr, cond, carry, who, &ci_c);
+    if (cst == NB_OK) {
+        cst = nbi_callee(tr, guard != NULL ? guard : body, carry, who, &ci_b);
+    }
+    nb_fn_destroy(guard);
+    if (cst != NB_OK) {
         return NULL;
     }
     if (nbi_exec_n_outputs(ci_c.exec) != 1 || nbi_exec_output(ci_c.exec, 0)->rank != 0 ||
