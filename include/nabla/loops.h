@@ -65,7 +65,11 @@ typedef struct nb_loop_opts {
      * prefix of it) marking the carry leaves the body only writes into, at distinct indices
      * of their first axis (saved outputs), never reads. Reverse mode keeps them out of
      * checkpoints and tapes: the body's derivative does not depend on their values. scan's
-     * stacked outputs are buffers already. Borrowed for the call. */
+     * stacked outputs are buffers already. Both rules are checked while tracing, with an
+     * error naming the buffer's path: a read is any use but as the buffer operand of
+     * nb_dynamic_update_slice; a write must be one row per step at a step counter (a 0-d
+     * integer carry leaf the body returns plus 1), so no row is written twice. Borrowed
+     * for the call. */
     const nb_tree *buffers;
 } nb_loop_opts;
 

@@ -321,6 +321,83 @@ static nb_fn *nbl_wrapper(nb_trace *tr, const char *who, const char *name, nb_fn
 static nb_status nbl_call_user(nb_trace *tr, const nb_tree *wself, const nb_tree *args,
                                nb_tree **out);
 
+/* Is v the constant 1 (a full node of value 1, as nb_scalar_typed makes)? */
+static bool nbl_is_one(const nb_var *v) {
+    return v->op == NBI_OP_FULL && v->size == 1 && v->at.value == 1.0;
+}
+
+/* Distinct writes, proved while tracing: every buffer leaf comes out as at most one
+ * dynamic_update_slice of its input, writing one row (axis 0) at a step counter -- a 0-d
+ * integer carry leaf the body returns as itself + 1 -- so no row is written twice. */
+static nb_status nbl_guard_writes(nb_trace *tr, const nb_tree *args, const nb_tree *in_leaves,
+                                  const nb_tree *out, const int64_t *src, const nb_tree *bm) {
+    nb_tree *ol = NULL;
+    if (nb_tree_flatten(out, &ol, NULL) != NB_OK) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+    }
+    int64_t n = nb_tree_len(in_leaves);
+    nb_status st = NB_OK;
+    if (nb_tree_len(ol) != n) {
+        nb_tree_destroy(ol);
+        return NB_OK; /* the carry check reports the mismatch */
+    }
+    for (int64_t j = 0; j < n && st == NB_OK; j++) {
+        bool buf = false;
+        nb_tree_get_bool(nb_tree_child(bm, j), &buf);
+        const nb_tree *il = nb_tree_child(in_leaves, j), *olj = nb_tree_child(ol, j);
+        if (!buf || nb_tree_kind_of(il) != NB_TREE_KIND_VAR ||
+            nb_tree_kind_of(olj) != NB_TREE_KIND_VAR) {
+            continue;
+        }
+        nb_var *p = nb_var_of(tr, il), *o = nb_var_of(tr, olj);
+        const char *why = NULL;
+        if (o != p) {
+            if (o->op != NBI_OP_DYN_UPDATE || o->in[0] != p ||
+                (o->id < tr->g.n_nodes && src[o->id] != j + 1)) {
+                why = o->op == NBI_OP_DYN_UPDATE && o->in[0]->op == NBI_OP_DYN_UPDATE
+                          ? "it is written more than once in a step"
+                          : "it is not the input buffer with one nb_dynamic_update_slice into it";
+            } else if (o->in[1]->rank < 1 || o->in[1]->shape[0] != 1) {
+                why = "a write covers more than one row of its first axis";
+            } else {
+                /* the row: a counter, maybe cast */
+                const nb_var *idx = o->in[2];
+                if (idx->op == NBI_OP_CAST) {
+                    idx = idx->in[0];
+                }
+                bool counter = false;
+                for (int64_t c = 0; c < n && !counter; c++) {
+                    const nb_tree *ic = nb_tree_child(in_leaves, c), *oc = nb_tree_child(ol, c);
+                    if (nb_tree_kind_of(ic) != NB_TREE_KIND_VAR ||
+                        nb_tree_kind_of(oc) != NB_TREE_KIND_VAR) {
+                        continue;
+                    }
+                    const nb_var *pc = nb_var_of(tr, ic), *occ = nb_var_of(tr, oc);
+                    counter = pc == idx && pc->rank == 0 && !nb_dtype_is_float(pc->dtype) &&
+                              pc->dtype != NB_DTYPE_BOOL && occ->op == NBI_OP_ADD &&
+                              ((occ->in[0] == pc && nbl_is_one(occ->in[1])) ||
+                               (occ->in[1] == pc && nbl_is_one(occ->in[0])));
+                }
+                if (!counter) {
+                    why = "its row index is not the loop's step counter";
+                }
+            }
+        }
+        if (why != NULL) {
+            char path[NB_PATH_MAX];
+            nb_tree_leaf_path(args, j, path, sizeof path, NULL);
+            st = nbi_trace_err(tr, NB_ERR_INVALID,
+                               "the loop body's writes to the buffer at %s are not provably at "
+                               "distinct indices: %s -- write one row per step with "
+                               "nb_dynamic_update_slice at a step counter (a carry integer the "
+                               "body returns plus 1), or take it out of nb_loop_opts.buffers",
+                               path[0] ? path : "<root>", why);
+        }
+    }
+    nb_tree_destroy(ol);
+    return st;
+}
+
 /* The body of a loop with buffers, traced through this guard: buffers are write-only, so
  * a buffer (or what a dynamic_update_slice into it made) may only be the updated operand of
  * another dynamic_update_slice or an output; any other use is a read, reported with the
@@ -371,6 +448,9 @@ static nb_status nbl_guard_body(nb_trace *tr, const nb_tree *self, const nb_tree
                                    path[0] ? path : "<root>", nbi_op_name((nbi_op)v->op));
             }
         }
+    }
+    if (st == NB_OK) {
+        st = nbl_guard_writes(tr, args, leaves, *out, src, bm);
     }
     nb_tree_destroy(leaves);
     if (st != NB_OK && *out != NULL) {

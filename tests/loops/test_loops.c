@@ -1092,11 +1092,16 @@ static void test_scan_buffers(void **state) {
 static nb_status ub_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     nb_var *i = nb_get(tr, args, "[0]"), *x = nb_get(tr, args, "[1].x");
     nb_var *buf = nb_get(tr, args, "[1].out");
-    nb_var *starts[2] = {i, nb_scalar_typed(tr, NB_DTYPE_I32, 0)};
+    int64_t misuse = 0;
+    nb_tree_get_int(nb_tree_get(self, "misuse"), &misuse);
+    nb_var *zero = nb_scalar_typed(tr, NB_DTYPE_I32, 0);
+    nb_var *starts[2] = {misuse == 4 ? zero : i, zero};
     nb_var *nbuf = nb_dynamic_update_slice(buf, nb_expand_dims(x, 0), starts);
+    if (misuse == 3) { /* a second write in the same step */
+        nbuf = nb_dynamic_update_slice(nbuf, nb_expand_dims(x, 0), starts);
+    }
     nb_var *nx = nb_tanh(nb_matmul(nb_get(tr, self, "w"), x));
-    bool reads = false;
-    nb_tree_get_bool(nb_tree_get(self, "reads"), &reads);
+    bool reads = misuse == 2;
     if (reads) { /* a misuse: reading the buffer */
         nx = nb_add(nx, nb_sum(buf, NULL, 0, false));
     }
@@ -1117,9 +1122,9 @@ static nb_status ub_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
     nb_fn *body = NULL;
     nb_var *out0 = nb_full(tr, NB_DTYPE_F64, 2, (int64_t[]){UB_STEPS, 8}, 0.0);
     nb_tree *rl = NULL;
-    nb_status st = nb_tree_bool(ctx, bad == 2, &rl);
+    nb_status st = nb_tree_int(ctx, bad, &rl);
     if (st == NB_OK) {
-        st = nb_tree_dict(ctx, 2, (const char *[]){"w", "reads"},
+        st = nb_tree_dict(ctx, 2, (const char *[]){"w", "misuse"},
                           (nb_tree *[]){(nb_tree *)nb_tree_get(p, "w"), rl}, &bself);
     }
     nb_tree_destroy(rl);
@@ -1179,7 +1184,7 @@ static void test_user_buffers(void **state) {
     nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){p});
     nb_tree *g[2] = {NULL, NULL};
     nb_loop_stats ls;
-    for (int q = 0; q < 4; q++) {
+    for (int q = 0; q < 6; q++) {
         nb_tree *cl = NULL, *bl = NULL, *self = NULL, *res = NULL;
         nb_fn *f = NULL, *gf = NULL;
         NBT_OK(ctx, nb_tree_int(ctx, q == 0 ? 0 : 3, &cl));
@@ -1194,9 +1199,15 @@ static void test_user_buffers(void **state) {
         } else if (q == 2) {
             NBT_STATUS(ctx, NB_ERR_STRUCTURE, nb_fn_call(gf, args, &res));
             NBT_ERRMSG_HAS(ctx, "buffers does not fit the carry");
-        } else {
+        } else if (q == 3) {
             NBT_STATUS(ctx, NB_ERR_INVALID, nb_fn_call(gf, args, &res));
             NBT_ERRMSG_HAS(ctx, "the loop body reads the buffer at [1].out (op sum)");
+        } else {
+            NBT_STATUS(ctx, NB_ERR_INVALID, nb_fn_call(gf, args, &res));
+            NBT_ERRMSG_HAS(ctx, "the loop body's writes to the buffer at [1].out are not "
+                                "provably at distinct indices");
+            NBT_ERRMSG_HAS(ctx, q == 4 ? "written more than once in a step"
+                                       : "its row index is not the loop's step counter");
         }
         if (q == 1) {
             NBT_OK(ctx, nb_loop_last_stats(&ls));
