@@ -459,6 +459,17 @@ void nbi_exec_destroy(nbi_exec *e) {
  * out at the end of each tile, after the tile's last read -- also when the kernel then
  * reduces the tile (each element is visited once). */
 static bool nbi_inplace_ok(const nb_var *o, const nb_var *x) {
+    if (o->op == NBI_OP_DYN_UPDATE) {
+        /* writing into its own data operand: the kernel skips the copy and writes only the
+         * update's block (a loop's tape or buffer row costs a row, not the whole array) --
+         * as long as x is not also the update or a start index */
+        for (int32_t j = 1; j < o->n_in; j++) {
+            if (o->in[j] == x) {
+                return false;
+            }
+        }
+        return o->in[0] == x && x->dtype == o->dtype;
+    }
     /* a fused kernel reading a view (slice, pad) reads x elsewhere than it writes */
     const nb_var *mk = o->op == NBI_OP_FUSED_OUTPUT ? o->in[0] : o;
     const nbi_fprog *fp = mk->op == NBI_OP_FUSED ? mk->at.callee : NULL;

@@ -200,7 +200,7 @@ static void nbi_k_iota(const nbi_kargs *k) {
 
 static void nbi_k_copy(const nbi_kargs *k) {
     const nb_var *n = k->node;
-    if (n->size > 0) {
+    if (n->size > 0 && k->out != k->in[0]) { /* in place: nothing to do */
         memcpy(k->out, k->in[0], (size_t)n->size * nb_dtype_size(n->dtype));
     }
 }

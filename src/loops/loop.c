@@ -52,66 +52,55 @@ static size_t nbl_carry_bytes(const nbi_exec *body) {
     return off;
 }
 
-/* scratch: two carry buffers, then the pointer arrays of the cond's and the body's inputs,
- * the body's outputs and the current carry, then the cond's output. */
+/* The carry lives in the node's own output (k->out, one packed buffer): the initial carry is
+ * copied in, then the body runs in place -- its outputs are its carry inputs' buffers,
+ * donated, so an elementwise update or a dynamic_update_slice into a buffer writes where it
+ * reads (a row of a loop's tape costs a row, not the whole tape), and the executable copies
+ * through its workspace only where an output is made while its buffer is still to be read.
+ * scratch: the pointer arrays of the cond's and the body's inputs, the body's outputs, the
+ * donated flags and the cond's output. */
 static size_t nbi_scratch_while(const nb_var *node) {
-    const nbi_exec *body = node->at.callee;
     int64_t nc = node->at.a[0], nb = node->at.a[1], ncar = node->at.a[2];
-    size_t bytes = 2 * nbl_carry_bytes(body);
-    bytes += (size_t)(nc + ncar + nb + ncar + ncar + ncar) * sizeof(void *);
-    return bytes + 64;
+    size_t bytes = (size_t)(nc + ncar + nb + ncar + ncar) * sizeof(void *);
+    return bytes + (size_t)ncar + 64;
 }
 
 static void nbi_k_while(const nbi_kargs *k) {
     const nb_var *n = k->node;
     const nbi_exec *body = n->at.callee, *cond = n->at.callee2;
     int64_t nc = n->at.a[0], nb = n->at.a[1], ncar = n->at.a[2], max_steps = n->at.a[3];
-    size_t cb = nbl_carry_bytes(body);
-    unsigned char *buf[2] = {k->scratch, (unsigned char *)k->scratch + cb};
-    const void **cond_in = (const void **)((unsigned char *)k->scratch + 2 * cb);
+    unsigned char *w = k->out;
+    const void **cond_in = (const void **)k->scratch;
     const void **body_in = cond_in + nc + ncar;
     void **body_out = (void **)(body_in + nb + ncar);
-    const void **cur = (const void **)(body_out + ncar);
-    bool *flag = (bool *)(cur + ncar);
+    bool *donated = (bool *)(body_out + ncar);
+    bool *flag = donated + ncar;
     for (int64_t i = 0; i < nc; i++) {
         cond_in[i] = k->in[i];
     }
     for (int64_t i = 0; i < nb; i++) {
         body_in[i] = k->in[nc + i];
     }
-    for (int64_t i = 0; i < ncar; i++) {
-        cur[i] = k->in[nc + nb + i];
-    }
-    int next = 0;
-    for (int64_t step = 0; max_steps <= 0 || step < max_steps; step++) {
-        for (int64_t i = 0; i < ncar; i++) {
-            cond_in[nc + i] = cur[i];
-        }
-        void *flag_out = flag;
-        nbi_exec_run_raw(cond, cond_in, &flag_out, NULL);
-        if (!*flag) {
-            break;
-        }
-        size_t off = 0;
-        for (int64_t i = 0; i < ncar; i++) {
-            body_in[nb + i] = cur[i];
-            body_out[i] = buf[next] + off;
-            off += nbl_leaf_bytes(nbi_exec_output(body, (int32_t)i));
-        }
-        nbi_exec_run_raw(body, body_in, body_out, NULL);
-        for (int64_t i = 0; i < ncar; i++) {
-            cur[i] = body_out[i];
-        }
-        next ^= 1;
-    }
     size_t off = 0;
     for (int64_t i = 0; i < ncar; i++) {
         const nb_var *o = nbi_exec_output(body, (int32_t)i);
         size_t bytes = (size_t)o->size * nb_dtype_size(o->dtype);
         if (bytes > 0) {
-            memcpy((unsigned char *)k->out + off, cur[i], bytes);
+            memcpy(w + off, k->in[nc + nb + i], bytes);
         }
+        cond_in[nc + i] = w + off;
+        body_in[nb + i] = w + off;
+        body_out[i] = w + off;
+        donated[i] = true;
         off += nbl_leaf_bytes(o);
+    }
+    for (int64_t step = 0; max_steps <= 0 || step < max_steps; step++) {
+        void *flag_out = flag;
+        nbi_exec_run_raw(cond, cond_in, &flag_out, NULL);
+        if (!*flag) {
+            break;
+        }
+        nbi_exec_run_raw(body, body_in, body_out, donated);
     }
 }
 
@@ -1845,7 +1834,7 @@ static nbl_rev_layout nbl_rev_plan(const nb_var *node) {
     off += L.vjp_out;
     L.off_ptrs = off;
     L.n_ptrs = (size_t)(nc + ncar) + (size_t)(nb + ncar) + (size_t)ncar + (size_t)(nv + 2 * ncar) +
-               (size_t)nvo + 8;
+               (size_t)nvo + 8 + (size_t)ncar / sizeof(void *) + 1; /* + the donated flags */
     off += L.n_ptrs * sizeof(void *);
     off = (off + 63) / 64 * 64;
     L.off_work = off;
@@ -1901,6 +1890,10 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
     const void **vjp_in = (const void **)(body_out + ncar);
     void **vjp_out = (void **)(vjp_in + nv + 2 * ncar);
     bool *flag = (bool *)(vjp_out + nvo);
+    bool *donated = flag + 1;
+    for (int64_t i = 0; i < ncar; i++) {
+        donated[i] = true; /* the body runs in place on the working state (see nbi_k_while) */
+    }
     int64_t *work = (int64_t *)(S + L.off_work);
     const void *const *ops_cond = k->in, *const *ops_body = k->in + nc;
     const void *const *ops_vjp = k->in + nc + nb, *const *carry0 = k->in + nc + nb + nv;
@@ -1948,9 +1941,8 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
                           S + L.off_slots + (size_t)slot * L.slot_state, true);
         }
         nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], body_in + nb);
-        nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w ^ 1], (const void **)body_out);
-        nbi_exec_run_raw(body, body_in, body_out, NULL);
-        w ^= 1;
+        nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], (const void **)body_out);
+        nbi_exec_run_raw(body, body_in, body_out, donated);
     }
     /* the reversal */
     if (known == 0) {
@@ -1974,11 +1966,10 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
             break;
         }
         if (act.op == NBL_CKPT_ADVANCE) {
+            nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], body_in + nb);
+            nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], (const void **)body_out);
             for (int64_t s = 0; s < act.count; s++) {
-                nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], body_in + nb);
-                nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w ^ 1], (const void **)body_out);
-                nbi_exec_run_raw(body, body_in, body_out, NULL);
-                w ^= 1;
+                nbi_exec_run_raw(body, body_in, body_out, donated);
             }
         } else if (act.op == NBL_CKPT_TAKESHOT) {
             nbl_slot_copy(n, vjp, ncar, S + L.off_w[w],
