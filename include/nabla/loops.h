@@ -32,8 +32,11 @@
  * reach the carry's initial value and every var the body closes over (the cond's lifted
  * values get none: a bool has no derivative). Forward mode (jvp) through a loop of any kind
  * runs one loop over (carry, tangent) whose body is the body's jvp, also bit for bit the
- * unrolled loop's. Still to come: checkpointed reversal (revolve / online schedules),
- * reported as NB_ERR_UNSUPPORTED naming NB_LOOP_BOUNDED as what works today.
+ * unrolled loop's. Checkpointed reversal follows Griewank-Walther revolve when the trip
+ * count is known (fori, scan) and an online schedule for while loops (src/loops/checkpoint.h),
+ * with the same gradient bits as the bounded reversal. cond and switch differentiate in
+ * both modes (their branches run as one-step bounded loops). Second derivatives through
+ * loops (reverse of reverse) are not supported.
  *
  * Errors follow the trace's sticky rule (nabla/trace.h): a body whose output does not have
  * the carry's structure, dtypes and shapes is NB_ERR_STRUCTURE naming the first differing

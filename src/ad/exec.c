@@ -42,13 +42,14 @@ struct nbi_exec {
     nbi_instr *instrs;
     int32_t n_inputs;
     int32_t n_outputs;
-    int32_t *outputs;    /* node index of each output (always a workspace value) */
-    int32_t *out_instr;  /* per output: the instruction that makes it */
-    int32_t *out_first;  /* per output: the first output with the same node */
-    int32_t *out_of;     /* per node: the first output it is, or -1 */
-    int32_t *param_last; /* per input: the last instruction reading it, or -1 */
-    int32_t *param_node; /* per input: its PARAM node, or -1 */
-    bool *out_direct;    /* per output, per run: written into the caller's buffer (in ws) */
+    int32_t *outputs;     /* node index of each output (always a workspace value) */
+    int32_t *out_instr;   /* per output: the instruction that makes it */
+    int32_t *out_first;   /* per output: the first output with the same node */
+    int32_t *out_of;      /* per node: the first output it is, or -1 */
+    int32_t *param_last;  /* per input: the last instruction reading it, or -1 */
+    int64_t *param_bytes; /* per input: its data bytes (0 when unused) */
+    int32_t *param_node;  /* per input: its PARAM node, or -1 */
+    bool *out_direct;     /* per output, per run: written into the caller's buffer (in ws) */
     int32_t max_in;
     size_t ws_bytes;    /* planned values */
     size_t scratch_off; /* kernel scratch, after the values */
@@ -164,6 +165,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
                    nbi_round64((size_t)(g->n_outputs + 1) * sizeof(int32_t)) * 3 +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* out_of */ +
                    nbi_round64((size_t)(g->n_inputs + 1) * sizeof(int32_t)) * 2 +
+                   nbi_round64((size_t)(g->n_inputs + 1) * sizeof(int64_t)) /* param_bytes */ +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* last use */ +
                    nbi_round64((size_t)(n + 1) * sizeof(nbi_block)) +
                    nbi_round64((size_t)n_fused * sizeof(nbi_fprog)) +
@@ -192,6 +194,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     e->out_of = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     e->param_last = nbi_carve(&p, (size_t)(g->n_inputs + 1) * sizeof(int32_t));
     e->param_node = nbi_carve(&p, (size_t)(g->n_inputs + 1) * sizeof(int32_t));
+    e->param_bytes = nbi_carve(&p, (size_t)(g->n_inputs + 1) * sizeof(int64_t));
     int32_t *last_use = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     nbi_block *free_blocks = nbi_carve(&p, (size_t)(n + 1) * sizeof(nbi_block));
     nbi_fprog *progs = nbi_carve(&p, (size_t)n_fused * sizeof(nbi_fprog));
@@ -299,6 +302,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
         if (e->param_of[i] >= 0) {
             e->param_last[e->param_of[i]] = last_use[i];
             e->param_node[e->param_of[i]] = i;
+            e->param_bytes[e->param_of[i]] =
+                e->nodes[i].size * (int64_t)nb_dtype_size(e->nodes[i].dtype);
         }
     }
     for (int32_t t = 0; t < n_instr; t++) {
@@ -503,15 +508,15 @@ static void nbi_plan_outputs(const nbi_exec *e, const void *const *inputs, void 
             if (e->param_node[p] < 0 || e->param_last[p] < e->out_instr[i]) {
                 continue; /* unused, or read only before the output is made */
             }
-            const nb_var *x = &e->nodes[e->param_node[p]];
             const unsigned char *xb = inputs[p];
-            size_t xbytes = (size_t)x->size * nb_dtype_size(x->dtype);
+            size_t xbytes = (size_t)e->param_bytes[p];
             if (obytes == 0 || xbytes == 0 || xb + xbytes <= ob || ob + obytes <= xb) {
                 continue; /* no overlap */
             }
             /* overlaps an input still to be read: only the making kernel itself may read
              * it, at the same index */
-            ok = xb == ob && e->param_last[p] == e->out_instr[i] && nbi_inplace_ok(o, x);
+            ok = xb == ob && e->param_last[p] == e->out_instr[i] &&
+                 nbi_inplace_ok(o, &e->nodes[e->param_node[p]]);
         }
         e->out_direct[i] = ok;
     }

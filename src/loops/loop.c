@@ -116,20 +116,18 @@ static nb_status nbi_infer_while(nb_trace *tr, nb_var *p) {
     "reverse mode through a loop of kind lax (forward only) -- make it NB_LOOP_CHECKPOINTED with " \
     "max_steps or checkpoints (bounded memory), or NB_LOOP_BOUNDED with max_steps"
 
+/* Reverse mode reaches a while op only through nbi_while_vjp, forward mode only through
+ * nbi_while_jvp (autodiff.c special-cases the op); what remains to report is reverse mode
+ * through a lax loop -- and, as an internal error, anything else. */
 void nbi_while_report(nb_trace *tr, const nb_var *w, bool reverse) {
     if (tr->status != NB_OK) {
         return;
     }
-    if (!reverse) {
-        nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
-                      "forward mode (jvp) through loops is not built yet (issue 7); nothing was "
-                      "computed");
-    } else if (w->at.a[4] == NB_LOOP_LAX) {
+    if (reverse && w->at.a[4] == NB_LOOP_LAX) {
         nbi_trace_err(tr, NB_ERR_INVALID, "%s", NBL_REVERSE_FIX);
     } else {
-        nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
-                      "reverse mode through a checkpointed loop is not built yet (issue 7); "
-                      "NB_LOOP_BOUNDED with max_steps differentiates it, storing every step");
+        nbi_trace_err(tr, NB_ERR_INTERNAL, "%s mode reached a loop's generic rule",
+                      reverse ? "reverse" : "forward");
     }
 }
 
@@ -483,6 +481,37 @@ static bool nbl_record_fill(nb_trace *tr, const char *who, nbl_record *rec, cons
 
 /* known_trips > 0: the loop runs exactly that many steps (fori, scan), so reversing it can
  * follow the offline (revolve) schedule. */
+/* The loop options' rules (Equinox's); checkpoints are capped at max_steps (more slots
+ * than steps never help). */
+static bool nbl_check_opts(nb_trace *tr, const char *who, nb_loop_opts *o) {
+    if ((int)o->kind < NB_LOOP_LAX || (int)o->kind > NB_LOOP_BOUNDED || o->max_steps < 0 ||
+        o->checkpoints < 0 || o->checkpoints > ((int64_t)1 << 40)) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: bad options (kind %d, max_steps %lld, checkpoints %lld): kind is lax, "
+                      "checkpointed or bounded; max_steps >= 0; 0 <= checkpoints <= 2^40",
+                      who, (int)o->kind, (long long)o->max_steps, (long long)o->checkpoints);
+        return false;
+    }
+    if (o->kind == NB_LOOP_CHECKPOINTED && o->max_steps == 0 && o->checkpoints == 0) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: a checkpointed loop needs max_steps or checkpoints (as in Equinox): "
+                      "give max_steps (checkpoints then default to "
+                      "floor(-1.5 + sqrt(2 max_steps + 0.25)) + 1) or checkpoints",
+                      who);
+        return false;
+    }
+    if (o->kind == NB_LOOP_BOUNDED && o->max_steps == 0) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: a bounded loop stores every step and needs max_steps to size its tape",
+                      who);
+        return false;
+    }
+    if (o->max_steps > 0 && o->checkpoints > o->max_steps) {
+        o->checkpoints = o->max_steps;
+    }
+    return true;
+}
+
 static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_fn *body,
                                 const nb_tree *init, const nb_loop_opts *opts,
                                 int64_t known_trips) {
@@ -497,26 +526,7 @@ static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_f
         nbi_trace_err(tr, NB_ERR_MISUSE, "%s: the initial carry is NULL or destroyed", who);
         return NULL;
     }
-    if ((int)o.kind < NB_LOOP_LAX || (int)o.kind > NB_LOOP_BOUNDED || o.max_steps < 0 ||
-        o.checkpoints < 0) {
-        nbi_trace_err(tr, NB_ERR_INVALID,
-                      "%s: bad options (kind %d, max_steps %lld, checkpoints %lld): kind is lax, "
-                      "checkpointed or bounded; counts are >= 0",
-                      who, (int)o.kind, (long long)o.max_steps, (long long)o.checkpoints);
-        return NULL;
-    }
-    if (o.kind == NB_LOOP_CHECKPOINTED && o.max_steps == 0 && o.checkpoints == 0) {
-        nbi_trace_err(tr, NB_ERR_INVALID,
-                      "%s: a checkpointed loop needs max_steps or checkpoints (as in Equinox): "
-                      "give max_steps (checkpoints then default to "
-                      "floor(-1.5 + sqrt(2 max_steps + 0.25)) + 1) or checkpoints",
-                      who);
-        return NULL;
-    }
-    if (o.kind == NB_LOOP_BOUNDED && o.max_steps == 0) {
-        nbi_trace_err(tr, NB_ERR_INVALID,
-                      "%s: a bounded loop stores every step and needs max_steps to size its tape",
-                      who);
+    if (!nbl_check_opts(tr, who, &o)) {
         return NULL;
     }
     nb_var **cv = NULL;
@@ -848,11 +858,20 @@ const nb_tree *nb_fori_loop(nb_trace *tr, int64_t lo, int64_t hi, nb_fn *body, c
     }
     nb_loop_opts o = opts != NULL ? *opts : nb_loop_opts_default();
     int64_t trips = hi > lo ? hi - lo : 0;
+    if (trips == 0) {
+        nb_loop_opts chk = o;
+        chk.max_steps = chk.max_steps > 0 ? chk.max_steps : 1;
+        if (!nbl_check_opts(tr, who, &chk)) {
+            return NULL;
+        }
+    }
     if (o.max_steps == 0 || o.max_steps > trips) {
         o.max_steps = trips; /* the trip count is known */
     }
     if (trips == 0) {
-        return init;
+        nb_var **cv = NULL;
+        int64_t ncv = 0;
+        return nbl_as_vars(tr, who, init, &cv, &ncv); /* the carry, trace-owned */
     }
     nb_tree *hi_leaf = NULL;
     if (nb_tree_int(tr->ctx, hi, &hi_leaf) != NB_OK) {
@@ -966,6 +985,7 @@ const nb_tree *nb_switch(nb_trace *tr, nb_var *index, int n, nb_fn *const *branc
     const nb_tree *carry = out != NULL ? nbl_pair(tr, out, operand) : NULL;
     nb_loop_opts o = nb_loop_opts_default();
     o.max_steps = 1;
+    o.kind = NB_LOOP_BOUNDED; /* reverse mode through a branch: a one-row tape */
     for (int k = 0; k < n && carry != NULL; k++) {
         nb_tree *pred = nb_leaf(nb_eq(idx, nb_scalar_typed(tr, NB_DTYPE_I64, (double)k)));
         nb_tree *cself = NULL;
@@ -1416,7 +1436,10 @@ static nb_status nbl_step_vjp(nb_trace *tr, const nb_tree *self, const nb_tree *
         nb_var *x = cv[j];
         wrt[ns + j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &x, NULL);
     }
-    const nb_tree *s_tree = ns > 0 ? nbl_tree_like(tr, uself, wrt, ns) : NULL;
+    /* bound data without arrays (static leaves only) is passed as it is */
+    const nb_tree *s_tree = ns > 0 ? nbl_tree_like(tr, uself, wrt, ns)
+                            : nb_tree_kind_of(uself) == NB_TREE_KIND_NULL ? NULL
+                                                                          : uself;
     const nb_tree *c_tree = nbl_tree_like(tr, carry, wrt + ns, n_c);
     if ((ns > 0 && s_tree == NULL) || c_tree == NULL) {
         return nb_trace_status(tr);
@@ -2077,7 +2100,10 @@ static nb_status nbl_jvp_body(nb_trace *tr, const nb_tree *self, const nb_tree *
         ins[ns + j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &cv[j], NULL);
         tans[ns + j] = nbi_is_float_var(cv[j]) ? dcv[j] : NULL;
     }
-    const nb_tree *s_tree = ns > 0 ? nbl_tree_like(tr, uself, ins, ns) : NULL;
+    /* bound data without arrays (static leaves only) is passed as it is */
+    const nb_tree *s_tree = ns > 0 ? nbl_tree_like(tr, uself, ins, ns)
+                            : nb_tree_kind_of(uself) == NB_TREE_KIND_NULL ? NULL
+                                                                          : uself;
     const nb_tree *c_tree = nbl_tree_like(tr, c, ins + ns, nc);
     if ((ns > 0 && s_tree == NULL) || c_tree == NULL) {
         return nb_trace_status(tr);

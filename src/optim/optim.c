@@ -533,6 +533,12 @@ nb_status nb_optim_chain(nb_ctx *ctx, int n, const nb_tree *const *parts, nb_tre
                    ? nbi_err(ctx, NB_ERR_INVALID, "nb_optim_chain: needs at least one part")
                    : NB_ERR_MISUSE;
     }
+    if (n > 64) {
+        return nbi_err(ctx, NB_ERR_INVALID,
+                       "nb_optim_chain: %d parts (at most 64; chain chains "
+                       "to nest more)",
+                       n);
+    }
     for (int i = 0; i < n; i++) {
         if (nb_tree_check(parts[i]) != NB_OK) {
             return NB_ERR_MISUSE;
@@ -2028,9 +2034,12 @@ static int64_t nbo_hyper_walk(const nb_tree *t, const char *name, bool set, doub
             found++;
         }
     }
-    if (k == NB_TREE_KIND_DICT || k == NB_TREE_KIND_LIST || k == NB_TREE_KIND_TUPLE) {
+    /* only through the states' own structure: a chain's tuple and a masked state's
+     * "inner" -- never into moments (a parameter dict could hold a key named like a
+     * hyperparameter) */
+    if (k == NB_TREE_KIND_TUPLE || (k == NB_TREE_KIND_DICT && nb_tree_get(t, "inner") != NULL)) {
         for (int64_t i = 0; i < nb_tree_len(t); i++) {
-            if (k == NB_TREE_KIND_DICT && strcmp(nb_tree_key(t, i), "hyper") == 0) {
+            if (k == NB_TREE_KIND_DICT && strcmp(nb_tree_key(t, i), "inner") != 0) {
                 continue;
             }
             int64_t f = nbo_hyper_walk(nb_tree_child(t, i), name, set, value, depth + 1);
@@ -2054,6 +2063,10 @@ static nb_status nbo_hyper_missing(const nb_tree *state, const char *who, const 
 nb_status nb_optim_set_hyper(const nb_tree *state, const char *name, double value) {
     if (nb_tree_check(state) != NB_OK || name == NULL) {
         return NB_ERR_MISUSE;
+    }
+    if (!isfinite(value)) {
+        return nbi_err(nb_tree_ctx(state), NB_ERR_INVALID,
+                       "nb_optim_set_hyper: %s = %g must be finite", name, value);
     }
     if (nbo_hyper_walk(state, name, true, &value, 0) == 0) {
         return nbo_hyper_missing(state, "nb_optim_set_hyper", name);

@@ -1266,6 +1266,75 @@ static void test_no_allocation_per_step(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- reverse mode through cond, zero-trip fori, option limits ------------------------------ */
+static nb_fn *g_b0, *g_b1;
+
+static nb_status cg_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]");
+    const nb_tree *r =
+        nb_cond(tr, nb_gt(nb_sum(x, NULL, 0, false), nb_scalar(tr, 0.0)), g_b0, g_b1, nb_leaf(x));
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    /* a fori loop of zero trips is the identity on its carry */
+    const nb_tree *z = nb_fori_loop(tr, 3, 3, g_b0, r, NULL);
+    if (z == NULL) {
+        return nb_trace_status(tr);
+    }
+    return nb_return(nb_sum(nb_square(nb_var_of(tr, z)), NULL, 0, false), out);
+}
+
+static nb_status big_ck(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_loop_opts o = nb_loop_opts_default();
+    o.kind = NB_LOOP_CHECKPOINTED;
+    o.checkpoints = (int64_t)1 << 61;
+    const nb_tree *r = nb_fori_loop(tr, 0, 3, g_b0, nb_tree_child(args, 0), &o);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
+static void test_cond_reverse_and_limits(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    NBT_OK(ctx, nb_fn_create(ctx, "double", br_double, NULL, &g_b0));
+    NBT_OK(ctx, nb_fn_create(ctx, "minus1", br_minus, NULL, &g_b1));
+    nb_fn *f = NULL, *g = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "cg_loss", cg_loss, NULL, &f));
+    NBT_OK(ctx, nb_grad(f, NULL, &g));
+    for (int trial = 0; trial < 2; trial++) {
+        double x[3] = {trial ? 1.0 : -1.0, 0.5, trial ? 0.25 : -0.75};
+        nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x)}), *res = NULL;
+        NBT_OK(ctx, nb_fn_call(g, args, &res));
+        const double *gx = nb_array_data(nb_tree_get_array(res));
+        for (int j = 0; j < 3; j++) {
+            /* sum > 0: y = 2x, d/dx sum(y^2) = 8x; else y = x - 1: 2(x - 1) */
+            NBT_EQ_F64(gx[j], trial ? 8.0 * x[j] : 2.0 * (x[j] - 1.0));
+        }
+        nb_tree_destroy(res);
+        nb_tree_destroy(args);
+    }
+    /* an absurd checkpoint count is an error, not a crash */
+    nb_fn *bf = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "big_ck", big_ck, NULL, &bf));
+    double x[3] = {1, 2, 3};
+    nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x)}), *res = NULL;
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_fn_call(bf, args, &res));
+    NBT_ERRMSG_HAS(ctx, "0 <= checkpoints <= 2^40");
+    nb_tree_destroy(args);
+    nb_fn_destroy(bf);
+    nb_fn_destroy(g);
+    nb_fn_destroy(f);
+    nb_fn_destroy(g_b0);
+    nb_fn_destroy(g_b1);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- errors ------------------------------------------------------------------------------ */
 static nb_status bad_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
@@ -1347,6 +1416,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_scan_buffers),
         cmocka_unit_test(test_user_buffers),
+        cmocka_unit_test(test_cond_reverse_and_limits),
         cmocka_unit_test(test_no_allocation_per_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

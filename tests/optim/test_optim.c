@@ -1185,6 +1185,17 @@ static void test_errors(void **unused) {
     NBT_STATUS(ctx, NB_ERR_MISUSE, nb_optim_adam(NULL, 0.1, NULL, &opt));
     NBT_STATUS(ctx, NB_ERR_MISUSE, nb_optim_init(NULL, NULL, &opt));
     NBT_STATUS(ctx, NB_ERR_INVALID, nb_optim_chain(ctx, 0, NULL, &opt));
+    {
+        nb_tree *one = NULL;
+        NBT_OK(ctx, nb_optim_sgd(ctx, 0.1, NULL, &one));
+        const nb_tree *many[65];
+        for (int i = 0; i < 65; i++) {
+            many[i] = one;
+        }
+        NBT_STATUS(ctx, NB_ERR_INVALID, nb_optim_chain(ctx, 65, many, &opt));
+        NBT_ERRMSG_HAS(ctx, "at most 64");
+        nb_tree_destroy(one);
+    }
 
     /* grads that do not fit */
     nb_tree *params = model_params(ctx, NB_DTYPE_F32), *tmpl = NULL, *state = NULL;
