@@ -24,12 +24,18 @@
 
 /* What reverse mode needs to rebuild a loop (its functions' bodies and bound data, the
  * carry's structure), kept in the trace's arena; the while node points at it (at.a[6]). */
-typedef struct nbl_record {
+typedef struct nbl_record nbl_record;
+struct nbl_record {
     nb_fn_body cond_body, body_body;
     const char *cond_name, *body_name;
     const nb_tree *cond_self, *body_self; /* owned by the trace; NULL for none */
     const nb_tree *carry;                 /* the initial carry as traced (vars, statics) */
-} nbl_record;
+};
+
+static nb_fn_body nbl_record_body(const nb_var *w) {
+    const nbl_record *rec = (const nbl_record *)(intptr_t)w->at.a[6];
+    return rec != NULL ? rec->body_body : NULL;
+}
 
 nb_loop_opts nb_loop_opts_default(void) {
     nb_loop_opts o;
@@ -119,11 +125,26 @@ static nb_status nbi_infer_while(nb_trace *tr, nb_var *p) {
 /* Reverse mode reaches a while op only through nbi_while_vjp, forward mode only through
  * nbi_while_jvp (autodiff.c special-cases the op); what remains to report is reverse mode
  * through a lax loop -- and, as an internal error, anything else. */
+static nb_status nbl_taped_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                nb_tree **out);
+static nb_status nbl_rev_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out);
+static nb_status nbl_jvp_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out);
+
+static nb_fn_body nbl_record_body(const nb_var *w);
+
 void nbi_while_report(nb_trace *tr, const nb_var *w, bool reverse) {
     if (tr->status != NB_OK) {
         return;
     }
-    if (reverse && w->at.a[4] == NB_LOOP_LAX) {
+    nb_fn_body b = nbl_record_body(w);
+    if (reverse && (b == nbl_taped_body || b == nbl_rev_body || b == nbl_jvp_body)) {
+        nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
+                      "reverse mode through the derivative of a loop (a second derivative "
+                      "through a loop) is not supported; forward mode over reverse (jvp of "
+                      "grad) is");
+    } else if (reverse && w->at.a[4] == NB_LOOP_LAX) {
         nbi_trace_err(tr, NB_ERR_INVALID, "%s", NBL_REVERSE_FIX);
     } else {
         nbi_trace_err(tr, NB_ERR_INTERNAL, "%s mode reached a loop's generic rule",

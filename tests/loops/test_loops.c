@@ -1285,6 +1285,19 @@ static nb_status cg_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
     return nb_return(nb_sum(nb_square(nb_var_of(tr, z)), NULL, 0, false), out);
 }
 
+static nb_fn *g_cg_grad;
+
+/* sum of the gradient: differentiating it again is a second derivative through the loops */
+static nb_status cg_grad_sum(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)self;
+    const nb_tree *gr = nb_apply(tr, g_cg_grad, args);
+    if (gr == NULL) {
+        return nb_trace_status(tr);
+    }
+    return nb_return(nb_sum(nb_var_of(tr, gr), NULL, 0, false), out);
+}
+
 static nb_status big_ck(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
     nb_loop_opts o = nb_loop_opts_default();
@@ -1317,6 +1330,20 @@ static void test_cond_reverse_and_limits(void **state) {
         }
         nb_tree_destroy(res);
         nb_tree_destroy(args);
+    }
+    /* a second derivative through the loops: refused with what works instead */
+    {
+        g_cg_grad = g;
+        nb_fn *hs = NULL, *hg = NULL;
+        NBT_OK(ctx, nb_fn_create(ctx, "cg_grad_sum", cg_grad_sum, NULL, &hs));
+        NBT_OK(ctx, nb_grad(hs, NULL, &hg));
+        double x2[3] = {1.0, 0.5, 0.25};
+        nb_tree *a2 = tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x2)}), *r2 = NULL;
+        NBT_STATUS(ctx, NB_ERR_UNSUPPORTED, nb_fn_call(hg, a2, &r2));
+        NBT_ERRMSG_HAS(ctx, "a second derivative through a loop) is not supported");
+        nb_tree_destroy(a2);
+        nb_fn_destroy(hg);
+        nb_fn_destroy(hs);
     }
     /* an absurd checkpoint count is an error, not a crash */
     nb_fn *bf = NULL;
