@@ -169,7 +169,8 @@ nb_status nbi_jvp_region(nb_trace *tr, int32_t begin, int32_t end, int n_in, nb_
     for (int32_t i = begin; i < end && tr->status == NB_OK; i++) {
         nb_var *v = tr->g.nodes[i];
         const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
-        if (info->jvp == NULL || (!nbi_is_float_var(v) && v->op != NBI_OP_WHILE) ||
+        if ((info->jvp == NULL && v->op != NBI_OP_LOOP_REVERSE) ||
+            (!nbi_is_float_var(v) && v->op != NBI_OP_WHILE && v->op != NBI_OP_LOOP_REVERSE) ||
             tan[i] != NULL) {
             continue;
         }
@@ -189,6 +190,11 @@ nb_status nbi_jvp_region(nb_trace *tr, int32_t begin, int32_t end, int n_in, nb_
         for (int32_t j = 0; j < v->n_in; j++) {
             args[j] = (info->nondiff & (1u << j)) ? NULL : tan[v->in[j]->id];
             any = any || args[j] != NULL;
+        }
+        if (any && v->op == NBI_OP_LOOP_REVERSE) {
+            return nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
+                                 "forward mode through the reverse of a checkpointed loop (a "
+                                 "second derivative through a loop) is not supported");
         }
         if (any && v->op == NBI_OP_WHILE) {
             if (v->at.a[4] != NB_LOOP_LAX && v->at.a[4] != NB_LOOP_BOUNDED &&

@@ -142,8 +142,7 @@ void nbi_while_report(nb_trace *tr, const nb_var *w, bool reverse) {
     if (reverse && (b == nbl_taped_body || b == nbl_rev_body || b == nbl_jvp_body)) {
         nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
                       "reverse mode through the derivative of a loop (a second derivative "
-                      "through a loop) is not supported; forward mode over reverse (jvp of "
-                      "grad) is");
+                      "through a loop) is not supported");
     } else if (reverse && w->at.a[4] == NB_LOOP_LAX) {
         nbi_trace_err(tr, NB_ERR_INVALID, "%s", NBL_REVERSE_FIX);
     } else {

@@ -762,6 +762,18 @@ static void test_bounded_reverse(void **state) {
                (long long)ls.primal_steps, (long long)ls.recomputed_steps,
                (long long)ls.taped_steps, (long long)ls.peak_checkpoints, ls.peak_checkpoint_bytes);
         assert_true(eq);
+        if (q == 0) {
+            /* jvp of a checkpointed grad: a second derivative through the loop, refused */
+            nb_fn *jg = NULL;
+            NBT_OK(ctx, nb_jvp(gfc, &jg));
+            nb_tree *pt = tuple_take(ctx, 2,
+                                     (nb_tree *[]){nb_tree_retain(args), nb_tree_retain(args)}),
+                    *jr = NULL;
+            NBT_STATUS(ctx, NB_ERR_UNSUPPORTED, nb_fn_call(jg, pt, &jr));
+            NBT_ERRMSG_HAS(ctx, "reverse of a checkpointed loop");
+            nb_tree_destroy(pt);
+            nb_fn_destroy(jg);
+        }
         NBT_EQ_I64(ls.primal_steps, RT_STEPS);
         NBT_EQ_I64(ls.taped_steps, RT_STEPS);
         assert_true(ls.peak_checkpoints <= cs[q]);
