@@ -2,10 +2,12 @@
  * nabla/loops.h -- structured control flow inside traces: while_loop, fori_loop, scan, cond
  * and switch (JAX's lax control flow with Equinox's loop kinds).
  *
- * The functions given to a loop (cond, body, branches) are nb_fns, traced once each into a
- * sub-graph that is compiled into its own executable and run by the loop op inside the
- * enclosing executable: no allocation per iteration, loops nest, and the enclosing function
- * is traced once however many steps run.
+ * The functions given to a loop (cond, body, branches) are nb_fns made by nb_fn_create (or
+ * nb_jit of one; a grad/vjp/jvp-transformed function is refused: transform the function
+ * that contains the loop instead), traced once each into a sub-graph that is compiled into
+ * its own executable and run by the loop op inside the enclosing executable: no allocation
+ * per iteration, loops nest, and the enclosing function is traced once however many steps
+ * run.
  *
  * Closure conversion. A function's bound data (its self tree) may hold vars of the
  * enclosing trace -- a threshold computed from the parameters, a weight matrix. Those are
