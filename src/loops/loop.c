@@ -1428,6 +1428,60 @@ static nb_status nbl_rev_cond(nb_trace *tr, const nb_tree *self, const nb_tree *
     return nb_return(nb_ge(nb_get(tr, args, "[0]"), nbl_i32(tr, 0)), out);
 }
 
+/* Trace the body stored in a wrapper's self (self.fn on self.self) once more, on fresh
+ * identity copies of self.self's leaves and of the carry leaves cv (n_c, structure like
+ * `carry`) -- the values derivatives are taken with respect to. *begin is the region's
+ * first node, *ids the ns + n_c identity vars (*n_s = ns), *ov the body's n_c output
+ * leaves, *res its output tree (a new reference). */
+static nb_status nbl_retrace(nb_trace *tr, const nb_tree *self, const nb_tree *carry,
+                             nb_var *const *cv, int64_t n_c, int32_t *begin, nb_var ***ids,
+                             int64_t *n_s, nb_var ***ov, nb_tree **res) {
+    *res = NULL;
+    const nb_tree *uself = nb_tree_get(self, "self");
+    int64_t ns = 0;
+    nb_var **sv =
+        nbl_leaf_vars(tr, nb_tree_kind_of(uself) == NB_TREE_KIND_NULL ? NULL : uself, &ns);
+    nb_var **id = nbi_arena_alloc(&tr->arena, (size_t)(ns + n_c + 1) * sizeof(nb_var *));
+    if (sv == NULL || id == NULL) {
+        return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr)
+                                            : nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+    }
+    *begin = tr->g.n_nodes;
+    for (int64_t j = 0; j < ns + n_c; j++) {
+        nb_var *x = j < ns ? sv[j] : cv[j - ns];
+        id[j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &x, NULL);
+    }
+    /* bound data without arrays (static leaves only) is passed as it is */
+    const nb_tree *s_tree = ns > 0 ? nbl_tree_like(tr, uself, id, ns)
+                            : nb_tree_kind_of(uself) == NB_TREE_KIND_NULL ? NULL
+                                                                          : uself;
+    const nb_tree *c_tree = nbl_tree_like(tr, carry, id + ns, n_c);
+    if ((ns > 0 && s_tree == NULL) || c_tree == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_fnptr fp = NULL;
+    const char *name = NULL;
+    nb_tree_get_fnref(nb_tree_get(self, "fn"), &fp, &name);
+    nb_status st = ((nb_fn_body)fp)(tr, s_tree, c_tree, res);
+    if (st != NB_OK || tr->status != NB_OK) {
+        nb_tree_destroy(*res);
+        *res = NULL;
+        return tr->status != NB_OK ? tr->status : st;
+    }
+    int64_t no = 0;
+    *ov = nbl_leaf_vars(tr, *res, &no);
+    if (*ov == NULL || no != n_c) {
+        nb_tree_destroy(*res);
+        *res = NULL;
+        return nb_trace_status(tr) != NB_OK
+                   ? nb_trace_status(tr)
+                   : nbi_trace_err(tr, NB_ERR_INTERNAL, "loop derivative: the body changed");
+    }
+    *ids = id;
+    *n_s = ns;
+    return NB_OK;
+}
+
 /* The reverse of one step inside a wrapper's trace: the body (self.fn on self.self) is
  * traced again on the carry leaves cv (n_c of them, structure like `carry`) and
  * differentiated in place: *ct_prev (n_c) gets the cotangent of the step's input carry for
@@ -1436,58 +1490,25 @@ static nb_status nbl_rev_cond(nb_trace *tr, const nb_tree *self, const nb_tree *
 static nb_status nbl_step_vjp(nb_trace *tr, const nb_tree *self, const nb_tree *carry,
                               nb_var *const *cv, nb_var *const *ctv, int64_t n_c, nb_var ***ct_prev,
                               nb_var ***ct_self, int64_t *n_s) {
-    const nb_tree *uself = nb_tree_get(self, "self");
+    int32_t begin = 0;
     int64_t ns = 0;
-    nb_var **sv =
-        nbl_leaf_vars(tr, nb_tree_kind_of(uself) == NB_TREE_KIND_NULL ? NULL : uself, &ns);
-    if (sv == NULL) {
-        return nb_trace_status(tr);
-    }
-    int32_t begin = tr->g.n_nodes;
-    nb_var **wrt = nbi_arena_alloc(&tr->arena, (size_t)(ns + n_c + 1) * sizeof(nb_var *));
-    nb_var **wct = nbi_arena_alloc(&tr->arena, (size_t)(ns + n_c + 1) * sizeof(nb_var *));
-    if (wrt == NULL || wct == NULL) {
-        return nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
-    }
-    for (int64_t j = 0; j < ns; j++) {
-        wrt[j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &sv[j], NULL);
-    }
-    for (int64_t j = 0; j < n_c; j++) {
-        nb_var *x = cv[j];
-        wrt[ns + j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &x, NULL);
-    }
-    /* bound data without arrays (static leaves only) is passed as it is */
-    const nb_tree *s_tree = ns > 0 ? nbl_tree_like(tr, uself, wrt, ns)
-                            : nb_tree_kind_of(uself) == NB_TREE_KIND_NULL ? NULL
-                                                                          : uself;
-    const nb_tree *c_tree = nbl_tree_like(tr, carry, wrt + ns, n_c);
-    if ((ns > 0 && s_tree == NULL) || c_tree == NULL) {
-        return nb_trace_status(tr);
-    }
-    nb_fnptr fp = NULL;
-    const char *name = NULL;
-    nb_tree_get_fnref(nb_tree_get(self, "fn"), &fp, &name);
+    nb_var **wrt = NULL, **ov = NULL;
     nb_tree *res = NULL;
-    nb_status st = ((nb_fn_body)fp)(tr, s_tree, c_tree, &res);
-    if (st != NB_OK || tr->status != NB_OK) {
-        nb_tree_destroy(res);
-        return tr->status != NB_OK ? tr->status : st;
-    }
-    int64_t no = 0;
-    nb_var **ov = nbl_leaf_vars(tr, res, &no);
+    nb_status st = nbl_retrace(tr, self, carry, cv, n_c, &begin, &wrt, &ns, &ov, &res);
     nb_tree_destroy(res);
-    if (ov == NULL || no != n_c) {
-        return nb_trace_status(tr) != NB_OK
-                   ? nb_trace_status(tr)
-                   : nbi_trace_err(tr, NB_ERR_INTERNAL, "loop reverse: the body changed");
+    if (st != NB_OK) {
+        return st;
     }
     int32_t end = tr->g.n_nodes;
-    nb_var **oct = nbi_arena_alloc(&tr->arena, (size_t)(no + 1) * sizeof(nb_var *));
-    for (int64_t j = 0; oct != NULL && j < no; j++) {
+    nb_var **wct = nbi_arena_alloc(&tr->arena, (size_t)(ns + n_c + 1) * sizeof(nb_var *));
+    nb_var **oct = nbi_arena_alloc(&tr->arena, (size_t)(n_c + 1) * sizeof(nb_var *));
+    if (wct == NULL || oct == NULL) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+    }
+    for (int64_t j = 0; j < n_c; j++) {
         oct[j] = nbi_is_float_var(ov[j]) ? ctv[j] : NULL;
     }
-    st = oct == NULL ? NB_ERR_OOM
-                     : nbi_vjp_region(tr, begin, end, (int)no, ov, oct, (int)(ns + n_c), wrt, wct);
+    st = nbi_vjp_region(tr, begin, end, (int)n_c, ov, oct, (int)(ns + n_c), wrt, wct);
     if (st != NB_OK) {
         return st;
     }
@@ -2093,69 +2114,47 @@ static nb_status nbl_jvp_cond(nb_trace *tr, const nb_tree *self, const nb_tree *
  * args = (c, dc) -> (body(c), d body(c)[dself, dc]), the tangent by nbi_jvp_region. */
 static nb_status nbl_jvp_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                               nb_tree **out) {
-    const nb_tree *uself = nb_tree_get(self, "self"), *c = nb_tree_child(args, 0);
-    const nb_tree *dc = nb_tree_child(args, 1);
-    int64_t ns = 0, nds = 0, nc = 0, ndc = 0;
-    nb_var **sv =
-        nbl_leaf_vars(tr, nb_tree_kind_of(uself) == NB_TREE_KIND_NULL ? NULL : uself, &ns);
+    const nb_tree *c = nb_tree_child(args, 0), *dc = nb_tree_child(args, 1);
+    int64_t nds = 0, nc = 0, ndc = 0, ns = 0;
     nb_var **dsv = nbl_leaf_vars(tr, nb_tree_get(self, "dself"), &nds);
     nb_var **cv = nbl_leaf_vars(tr, c, &nc), **dcv = nbl_leaf_vars(tr, dc, &ndc);
-    if (sv == NULL || dsv == NULL || cv == NULL || dcv == NULL) {
+    if (dsv == NULL || cv == NULL || dcv == NULL) {
         return nb_trace_status(tr);
     }
-    if (ns != nds || nc != ndc) {
+    if (nc != ndc) {
         return nbi_trace_err(tr, NB_ERR_INTERNAL, "loop jvp: tangent counts differ");
     }
-    int32_t begin = tr->g.n_nodes;
-    nb_var **ins = nbi_arena_alloc(&tr->arena, (size_t)(ns + nc + 1) * sizeof(nb_var *));
-    nb_var **tans = nbi_arena_alloc(&tr->arena, (size_t)(ns + nc + 1) * sizeof(nb_var *));
-    if (ins == NULL || tans == NULL) {
-        return nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
-    }
-    for (int64_t j = 0; j < ns; j++) {
-        ins[j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &sv[j], NULL);
-        tans[j] = nbi_is_float_var(sv[j]) ? dsv[j] : NULL;
-    }
-    for (int64_t j = 0; j < nc; j++) {
-        ins[ns + j] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &cv[j], NULL);
-        tans[ns + j] = nbi_is_float_var(cv[j]) ? dcv[j] : NULL;
-    }
-    /* bound data without arrays (static leaves only) is passed as it is */
-    const nb_tree *s_tree = ns > 0 ? nbl_tree_like(tr, uself, ins, ns)
-                            : nb_tree_kind_of(uself) == NB_TREE_KIND_NULL ? NULL
-                                                                          : uself;
-    const nb_tree *c_tree = nbl_tree_like(tr, c, ins + ns, nc);
-    if ((ns > 0 && s_tree == NULL) || c_tree == NULL) {
-        return nb_trace_status(tr);
-    }
-    nb_fnptr fp = NULL;
-    const char *name = NULL;
-    nb_tree_get_fnref(nb_tree_get(self, "fn"), &fp, &name);
+    int32_t begin = 0;
+    nb_var **ins = NULL, **ov = NULL;
     nb_tree *res = NULL;
-    nb_status st = ((nb_fn_body)fp)(tr, s_tree, c_tree, &res);
-    if (st != NB_OK || tr->status != NB_OK) {
-        nb_tree_destroy(res);
-        return tr->status != NB_OK ? tr->status : st;
-    }
-    int64_t no = 0;
-    nb_var **ov = nbl_leaf_vars(tr, res, &no);
-    nb_var **ot = nbi_arena_alloc(&tr->arena, (size_t)(no + 1) * sizeof(nb_var *));
-    if (ov == NULL || ot == NULL || no != nc) {
-        nb_tree_destroy(res);
-        return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_INTERNAL;
+    nb_status st = nbl_retrace(tr, self, c, cv, nc, &begin, &ins, &ns, &ov, &res);
+    if (st != NB_OK) {
+        return st;
     }
     int32_t end = tr->g.n_nodes;
-    st = nbi_jvp_region(tr, begin, end, (int)(ns + nc), ins, tans, (int)no, ov, ot);
+    nb_var **tans = nbi_arena_alloc(&tr->arena, (size_t)(ns + nc + 1) * sizeof(nb_var *));
+    nb_var **ot = nbi_arena_alloc(&tr->arena, (size_t)(nc + 1) * sizeof(nb_var *));
+    if (ns != nds || tans == NULL || ot == NULL) {
+        nb_tree_destroy(res);
+        return tans == NULL || ot == NULL
+                   ? nbi_trace_err(tr, NB_ERR_OOM, "out of memory")
+                   : nbi_trace_err(tr, NB_ERR_INTERNAL, "loop jvp: tangent counts differ");
+    }
+    for (int64_t j = 0; j < ns + nc; j++) {
+        nb_var *x = ins[j]->in[0], *t = j < ns ? dsv[j] : dcv[j - ns];
+        tans[j] = nbi_is_float_var(x) ? t : NULL;
+    }
+    st = nbi_jvp_region(tr, begin, end, (int)(ns + nc), ins, tans, (int)nc, ov, ot);
     if (st != NB_OK) {
         nb_tree_destroy(res);
         return st;
     }
-    for (int64_t j = 0; j < no; j++) {
+    for (int64_t j = 0; j < nc; j++) {
         if (!nbi_is_float_var(ov[j])) {
             ot[j] = dcv[j]; /* an integer leaf's "tangent" placeholder stays as it is */
         }
     }
-    const nb_tree *dres = nbl_tree_like(tr, dc, ot, no);
+    const nb_tree *dres = nbl_tree_like(tr, dc, ot, nc);
     if (dres == NULL) {
         nb_tree_destroy(res);
         return nb_trace_status(tr);

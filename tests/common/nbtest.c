@@ -90,3 +90,40 @@ nb_tree *nbt_leaf(nb_ctx *ctx, nb_dtype dtype, int rank, const int64_t *shape) {
     nb_array_destroy(a);
     return t;
 }
+
+int nbt_oom_sweep(const char *name, nb_status (*scenario)(nb_ctx *ctx), bool check_msg,
+                  bool rerun) {
+    int points = 0;
+    for (int64_t k = 1;; k++) {
+        nbt_alloc al;
+        memset(&al, 0, sizeof al);
+        nb_ctx *ctx = nbt_ctx_with(&al);
+        al.fail_at = al.n_calls + k;
+        nb_status s = scenario(ctx);
+        bool injected = al.n_failed > 0;
+        al.fail_at = 0;
+        if (injected) {
+            points++;
+            if (s != NB_ERR_OOM ||
+                (check_msg && strstr(nb_ctx_errmsg(ctx), "out of memory") == NULL)) {
+                fail_msg("%s: allocation %lld failed but the scenario returned %s: %s", name,
+                         (long long)k, nb_status_name(s), nb_ctx_errmsg(ctx));
+            }
+        } else {
+            NBT_OK(ctx, s);
+        }
+        nbt_assert_no_live(ctx);
+        if (rerun && injected) {
+            nb_ctx_clear_error(ctx);
+            NBT_OK(ctx, scenario(ctx)); /* the context still works */
+        }
+        nb_ctx_destroy(ctx);
+        NBT_EQ_I64(al.n_live, 0);
+        if (!injected) {
+            break;
+        }
+    }
+    print_message("%s: %d allocation failure points, each NB_ERR_OOM without leaks\n", name,
+                  points);
+    return points;
+}

@@ -113,6 +113,14 @@ nb_ctx *nbt_ctx(void);
  * granularity, stronger than LeakSanitizer at exit because objects live in pools). */
 void nbt_assert_no_live(nb_ctx *ctx);
 
+/* Allocation-failure sweep: run scenario in a fresh context (nbt_alloc_make) failing its
+ * k-th allocation, for k = 1, 2, ... until a run completes without an injected failure.
+ * Every failed run must return NB_ERR_OOM (and, with check_msg, a message containing "out
+ * of memory"); with rerun, the scenario must then succeed in the same context; every
+ * context must end with nothing live. Returns the number of failure points. name is for
+ * messages. */
+int nbt_oom_sweep(const char *name, nb_status (*scenario)(nb_ctx *ctx), bool check_msg, bool rerun);
+
 /* Build helpers that fail the test on error (for tests whose subject is elsewhere). */
 nb_array *nbt_arr_f32(nb_ctx *ctx, int rank, const int64_t *shape, const float *data);
 nb_array *nbt_arr_f64(nb_ctx *ctx, int rank, const int64_t *shape, const double *data);

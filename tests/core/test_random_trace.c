@@ -631,32 +631,7 @@ static nb_status scenario_trace(nb_ctx *ctx) {
 
 static void test_allocation_failures(void **state) {
     (void)state;
-    int points = 0;
-    for (int64_t k = 1;; k++) {
-        nbt_alloc al;
-        memset(&al, 0, sizeof al);
-        nb_ctx *ctx = nbt_ctx_with(&al);
-        al.fail_at = al.n_calls + k;
-        nb_status s = scenario_trace(ctx);
-        bool injected = al.n_failed > 0;
-        al.fail_at = 0;
-        if (injected) {
-            points++;
-            if (s != NB_ERR_OOM || strstr(nb_ctx_errmsg(ctx), "out of memory") == NULL) {
-                fail_msg("allocation %lld failed, the scenario returned %s: %s", (long long)k,
-                         nb_status_name(s), nb_ctx_errmsg(ctx));
-            }
-        }
-        nbt_assert_no_live(ctx);
-        nb_ctx_clear_error(ctx);
-        NBT_OK(ctx, scenario_trace(ctx));
-        nb_ctx_destroy(ctx);
-        NBT_EQ_I64(al.n_live, 0);
-        if (!injected) {
-            break;
-        }
-    }
-    print_message("scenario_trace: %d allocation failure points\n", points);
+    int points = nbt_oom_sweep("scenario_trace", scenario_trace, true, true);
     NBT_TRUE(points >= 10);
 }
 

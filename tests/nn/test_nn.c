@@ -1321,30 +1321,7 @@ static nb_status scenario_init(nb_ctx *ctx) {
 
 static void test_init_out_of_memory(void **state) {
     (void)state;
-    int points = 0;
-    for (int64_t k = 1; k < 100000; k++) {
-        nbt_alloc st = {0};
-        nb_ctx *ctx = nbt_ctx_with(&st);
-        st.fail_at = st.n_calls + k;
-        nb_status s = scenario_init(ctx);
-        bool injected = st.n_failed > 0;
-        st.fail_at = 0;
-        if (injected && s != NB_ERR_OOM) {
-            fail_msg("allocation %lld failed but the scenario returned %s: %s", (long long)k,
-                     nb_status_name(s), nb_ctx_errmsg(ctx));
-        }
-        if (!injected) {
-            NBT_OK(ctx, s);
-        }
-        nbt_assert_no_live(ctx);
-        nb_ctx_destroy(ctx);
-        NBT_EQ_I64(st.n_live, 0);
-        if (!injected) {
-            break;
-        }
-        points++;
-    }
-    print_message("%d allocation failure points, each OOM without leaks\n", points);
+    int points = nbt_oom_sweep("scenario_init", scenario_init, false, false);
     NBT_TRUE(points > 10);
 }
 
