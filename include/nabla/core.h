@@ -79,7 +79,8 @@ NB_API int nb_version_number(void);
     X(ERR_RETRACE, -13, "a function was traced more often than max_traces allows")                 \
     X(ERR_UNSUPPORTED, -14, "operation not supported for these operands")                          \
     X(ERR_IO, -15, "a file could not be opened, read or written")                                  \
-    X(ERR_FORMAT, -16, "malformed file contents")
+    X(ERR_FORMAT, -16, "malformed file contents")                                                  \
+    X(ERR_RUNTIME, -17, "a run-time check failed (e.g. an ODE solve that did not reach t1)")
 
 #define NB_STATUS_ENUM_(name, value, desc) NB_##name = value,
 typedef enum nb_status { NB_STATUS_LIST(NB_STATUS_ENUM_) } nb_status;

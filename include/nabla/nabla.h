@@ -26,6 +26,8 @@
  *                       apply_updates; state from the gradient template
  *     nabla/nn.h     -- layers as pytrees (Linear, MLP, LayerNorm, Embedding, Dropout,
  *                       Conv2d, Sequential) with Equinox's initialisation
+ *     nabla/ode.h    -- diffeqsolve (Diffrax's): Runge-Kutta solvers, PID step control,
+ *                       dense output, adjoints through checkpointed loops
  *
  * Rules that hold everywhere (details in core.h):
  *     - every fallible call returns an nb_status; results come back in out-parameters;
@@ -92,6 +94,7 @@
 #include "fn.h"
 #include "loops.h"
 #include "nn.h"
+#include "ode.h"
 #include "optim.h"
 #include "random.h"
 #include "trace.h"

@@ -18,6 +18,7 @@ struct nbi_arena_ref {
     nbi_arena_ref *next;
     nb_array *array;
     nb_tree *tree;
+    nb_fn *fn;
 };
 
 static size_t nbi_chunk_header(void) {
@@ -59,32 +60,39 @@ void *nbi_arena_alloc(nbi_arena *a, size_t size) {
     return p;
 }
 
-static bool nbi_arena_ref_add(nbi_arena *a, nb_array *x, nb_tree *t) {
+static bool nbi_arena_ref_add(nbi_arena *a, nb_array *x, nb_tree *t, nb_fn *f) {
     nbi_arena_ref *r = nbi_arena_alloc(a, sizeof *r);
     if (r == NULL) {
         nb_array_destroy(x);
         nb_tree_destroy(t);
+        nb_fn_destroy(f);
         return false;
     }
     r->array = x;
     r->tree = t;
+    r->fn = f;
     r->next = a->refs;
     a->refs = r;
     return true;
 }
 
 bool nbi_arena_own_array(nbi_arena *a, nb_array *x) {
-    return nbi_arena_ref_add(a, x, NULL);
+    return nbi_arena_ref_add(a, x, NULL, NULL);
 }
 
 bool nbi_arena_own_tree(nbi_arena *a, nb_tree *t) {
-    return nbi_arena_ref_add(a, NULL, t);
+    return nbi_arena_ref_add(a, NULL, t, NULL);
+}
+
+bool nbi_arena_own_fn(nbi_arena *a, nb_fn *f) {
+    return nbi_arena_ref_add(a, NULL, NULL, f);
 }
 
 void nbi_arena_free_all(nbi_arena *a) {
     for (nbi_arena_ref *r = a->refs; r != NULL; r = r->next) {
         nb_tree_destroy(r->tree);
         nb_array_destroy(r->array);
+        nb_fn_destroy(r->fn);
     }
     a->refs = NULL;
     nbi_arena_chunk *c = a->head;

@@ -19,7 +19,7 @@ typedef struct nbi_arena_ref nbi_arena_ref;
 typedef struct nbi_arena {
     nb_ctx *ctx;
     nbi_arena_chunk *head;
-    nbi_arena_ref *refs; /* arrays and trees released with the arena */
+    nbi_arena_ref *refs; /* arrays, trees and functions released with the arena */
     size_t used_total;
 } nbi_arena;
 
@@ -30,6 +30,7 @@ NBI_HIDDEN void *nbi_arena_alloc(nbi_arena *a, size_t size);
  * released at once and false returned. */
 NBI_HIDDEN bool nbi_arena_own_array(nbi_arena *a, nb_array *x);
 NBI_HIDDEN bool nbi_arena_own_tree(nbi_arena *a, nb_tree *t);
+NBI_HIDDEN bool nbi_arena_own_fn(nbi_arena *a, nb_fn *f);
 NBI_HIDDEN void nbi_arena_free_all(nbi_arena *a);
 
 /* ---- ops ---------------------------------------------------------------------------- */
@@ -420,6 +421,20 @@ NBI_HIDDEN nb_status nbi_callee(nb_trace *tr, nb_fn *f, const nb_tree *args, con
 /* Derivatives through a while op (src/loops/loop.c): record why they cannot be taken (the
  * loop's kind and the fix), for reverse mode or forward mode. */
 NBI_HIDDEN void nbi_while_report(nb_trace *tr, const nb_var *w, bool reverse);
+
+/* ---- run-time checks (op_misc.c) -------------------------------------------------------
+ * check(x, fail, vals) is x; when it runs with fail (a 0-d bool) true, it records vals
+ * (f64[n], n <= NBI_CHECK_VALUES) and fmt on the running thread -- the first failure of a
+ * run wins -- and the top-level call (nb_fn_call) then fails with NB_ERR_RUNTIME and the
+ * message fmt writes from vals. Never folded at compile time; the derivative of x passes
+ * through. */
+#define NBI_CHECK_VALUES 8
+typedef void (*nbi_check_fmt)(char *buf, size_t cap, const double *vals);
+NBI_HIDDEN nb_var *nbi_check(nb_var *x, nb_var *fail, nb_var *vals, nbi_check_fmt fmt);
+/* Clear the running thread's failure record (before a run). */
+NBI_HIDDEN void nbi_check_clear(void);
+/* NB_OK, or the recorded failure as NB_ERR_RUNTIME with its message on ctx (clears it). */
+NBI_HIDDEN nb_status nbi_check_take(nb_ctx *ctx);
 /* Reverse mode through while op w: cts[i] is the cotangent of carry leaf i (NULL: zero);
  * sets in_ct[j] for w's operands (src/loops/loop.c). */
 NBI_HIDDEN void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct);

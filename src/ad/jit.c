@@ -1460,7 +1460,9 @@ static nb_status nbi_run_entry(nbi_jit_state *s, const nbi_entry *e, const nb_tr
         }
     }
     if (st == NB_OK) {
+        nbi_check_clear();
         nbi_exec_run_raw(e->exec, in_ptr, out_ptr, dp != NULL ? dp->donated : NULL);
+        st = nbi_check_take(ctx); /* a failed run-time check: no outputs */
     }
     for (int32_t i = 0; i < made && st == NB_OK; i++) {
         if (dp == NULL || dp->covered == NULL || !dp->covered[i]) {

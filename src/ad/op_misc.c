@@ -340,3 +340,78 @@ const nbi_op_info nbi_opinfo_call_output = {.name = "call_output",
                                             .kernel = nbi_k_call_output,
                                             .vjp = nbi_vjp_call_output,
                                             .jvp = nbi_jvp_call_output};
+
+/* ---- run-time checks ------------------------------------------------------------------ */
+
+typedef struct nbi_check_state {
+    bool set;
+    nbi_check_fmt fmt;
+    double vals[NBI_CHECK_VALUES];
+} nbi_check_state;
+
+static _Thread_local nbi_check_state nbi_check_tl;
+
+static void nbi_k_check(const nbi_kargs *k) {
+    const nb_var *n = k->node;
+    if (n->size > 0 && k->out != k->in[0]) {
+        memcpy(k->out, k->in[0], (size_t)n->size * nb_dtype_size(n->dtype));
+    }
+    if (!nbi_check_tl.set && *(const bool *)k->in[1]) {
+        nbi_check_tl.set = true;
+        nbi_check_tl.fmt = (nbi_check_fmt)(uintptr_t)n->at.callee;
+        int64_t m = n->in[2]->size < NBI_CHECK_VALUES ? n->in[2]->size : NBI_CHECK_VALUES;
+        memset(nbi_check_tl.vals, 0, sizeof nbi_check_tl.vals);
+        memcpy(nbi_check_tl.vals, k->in[2], (size_t)m * sizeof(double));
+    }
+}
+
+static nb_status nbi_infer_check(nb_trace *tr, nb_var *p) {
+    const nb_var *f = p->in[1], *v = p->in[2];
+    if (f->dtype != NB_DTYPE_BOOL || f->rank != 0 || v->dtype != NB_DTYPE_F64 || v->rank != 1) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL, "check: needs a 0-d bool and f64 values");
+    }
+    p->dtype = p->in[0]->dtype;
+    p->rank = p->in[0]->rank;
+    memcpy(p->shape, p->in[0]->shape, sizeof p->shape);
+    return NB_OK;
+}
+
+nb_var *nbi_check(nb_var *x, nb_var *fail, nb_var *vals, nbi_check_fmt fmt) {
+    nb_var *in[3] = {x, fail, vals};
+    bool poisoned = false;
+    nb_trace *tr = nbi_trace_of(3, in, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.callee = (void *)(uintptr_t)fmt;
+    return nbi_emit(tr, NBI_OP_CHECK, 3, in, &at);
+}
+
+void nbi_check_clear(void) {
+    nbi_check_tl.set = false;
+}
+
+nb_status nbi_check_take(nb_ctx *ctx) {
+    if (!nbi_check_tl.set) {
+        return NB_OK;
+    }
+    nbi_check_tl.set = false;
+    char msg[512] = "a run-time check failed";
+    if (nbi_check_tl.fmt != NULL) {
+        nbi_check_tl.fmt(msg, sizeof msg, nbi_check_tl.vals);
+    }
+    return nbi_err(ctx, NB_ERR_RUNTIME, "%s", msg);
+}
+
+const nbi_op_info nbi_opinfo_check = {.name = "check",
+                                      .n_in = 3,
+                                      .infer = nbi_infer_check,
+                                      .kernel = nbi_k_check,
+                                      .nondiff = 6,
+                                      .vjp = nbi_vjp_identity,
+                                      .jvp = nbi_jvp_identity};

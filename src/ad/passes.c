@@ -258,7 +258,7 @@ nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         const nb_var *v = in->nodes[i];
         bool foldable = !nbi_is_const_source(v) && v->op != NBI_OP_PARAM && v->op != NBI_OP_CALL &&
                         v->op != NBI_OP_CALL_OUTPUT && v->op != NBI_OP_WHILE &&
-                        v->op != NBI_OP_LOOP_REVERSE && v->n_in > 0 &&
+                        v->op != NBI_OP_LOOP_REVERSE && v->op != NBI_OP_CHECK && v->n_in > 0 &&
                         v->size <= NBI_FOLD_MAX_ELEMS;
         for (int32_t j = 0; foldable && j < v->n_in; j++) {
             foldable = nbi_is_const_source(map[v->in[j]->id]) &&

@@ -630,7 +630,13 @@ static nb_status nbi_trace_custom(nb_trace *tr, const nb_fn *g, const nb_tree *s
         nb_tree_destroy(fr);
         return nbi_trace_err(tr, NB_ERR_OOM, "nb_custom_vjp: out of memory");
     }
+    /* the rule runs when the trace is differentiated, maybe after the caller released g
+     * (a custom_vjp made and dropped inside a body): the trace keeps bwd alive */
     rec->bwd = g->bwd;
+    if (!nbi_arena_own_fn(&tr->arena, nb_fn_retain(g->bwd))) {
+        nb_tree_destroy(fr);
+        return nbi_trace_err(tr, NB_ERR_OOM, "nb_custom_vjp: out of memory");
+    }
     rec->args = nb_tree_retain((nb_tree *)args);
     rec->res = nb_tree_retain(fr->children[1]);
     if (nbi_trace_own(tr, rec->args) != NB_OK || nbi_trace_own(tr, rec->res) != NB_OK) {

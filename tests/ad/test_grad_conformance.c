@@ -1448,6 +1448,8 @@ static const struct {
                    "what a loop of a given kind cannot do)"},
     {NBI_OP_CALL_OUTPUT, "tests/loops/test_loops.c: it reads a loop's carry (a call's outputs "
                          "are inlined before autodiff); its rule defers to the loop's"},
+    {NBI_OP_CHECK, "tests/ode/test_ode.c test_lv_gradients: gradients through a solve with "
+                   "throw_on_failure (checks on every output) equal those without, bit for bit"},
 };
 
 /* ---- the tests ---------------------------------------------------------------------- */

@@ -1,0 +1,175 @@
+/*
+ * nabla/ode.h -- differential equations: Diffrax's diffeqsolve in C.
+ *
+ * nb_diffeqsolve solves dy/dt = f(t, y, args) from t0 to t1 inside a trace, written with
+ * the traced ops and the loops of nabla/loops.h: it jits and differentiates like any other
+ * function (with respect to y0, to args' array leaves and to vars the term closes over).
+ *
+ *   term        an nb_fn (nb_fn_create, or nb_jit of one) called on the tuple (t, y, args):
+ *               t a 0-d var of the state's dtype, y a tree of y0's structure, args the args
+ *               tree; it returns dy/dt as a tree of y0's structure, dtypes and shapes.
+ *   y0          a tree of float vars, all of one dtype (f32 or f64): the state's dtype,
+ *               which is also the dtype of t.
+ *   args        a tree (vars, static leaves, nulls; may be NULL), passed through to the term.
+ *   t0, t1, dt0 static times (a change retraces); t1 < t0 integrates backwards in time
+ *               (dt0 then has the sign of t1 - t0, as in Diffrax). dt0 = 0
+ *               with an adaptive controller picks the first step automatically (Hairer's
+ *               algorithm, as Diffrax with dt0=None).
+ *
+ * Solvers: explicit Runge-Kutta with their Butcher tableaus (src/ode/tableau.c). The
+ * embedded error estimates of heun, midpoint, ralston (Euler), bosh3, dopri5, tsit5 and
+ * dopri8 drive the adaptive controller; euler and rk4 have none (constant steps only).
+ * Dense output uses each method's own interpolant (dopri5 and tsit5: order 5; dopri8:
+ * Diffrax's, order 6) or the cubic Hermite interpolant through both ends' states and
+ * derivatives f(t0, y0), f(t1, y1) (euler, heun, midpoint, ralston, bosh3, rk4: as accurate
+ * as the method, orders 1, 2, 2, 2, 3, 4). Diffrax differs for four of these: its euler
+ * interpolates linearly, and its heun, midpoint and ralston use an inner stage as the end
+ * slope (the same orders, other values). Saving at given times never changes the steps
+ * taken (Diffrax's steps, bit for bit in count: tests/ode/test_ode.c).
+ *
+ * Step-size control: constant steps of dt0, or Diffrax's PID controller with its defaults
+ * (pcoeff 0, icoeff 1, dcoeff 0: an I controller; factormin 0.2, factormax 10, safety 0.9).
+ * The error norm is the RMS over every element of the state tree of
+ * err / (atol + rtol max(|y0|, |y1|)); a step is kept when it is < 1 (or when dt is at dtmin
+ * and force_dtmin). The step-size factor is not differentiated (as Diffrax): derivatives
+ * are those of the solve with its steps held fixed.
+ *
+ * Adjoints (how reverse mode goes through the solve):
+ *   NB_ADJOINT_RECURSIVE_CHECKPOINT  (default) the solve's while loop is checkpointed
+ *       (NB_LOOP_CHECKPOINTED): memory bounded by `checkpoints` states (0: Equinox's default
+ *       for max_steps), the gradient exactly that of the discrete solve;
+ *   NB_ADJOINT_DIRECT                the loop is bounded (NB_LOOP_BOUNDED): every step
+ *       stored; the same gradient bits as the recursive checkpoint, faster for small
+ *       problems;
+ *   NB_ADJOINT_BACKSOLVE             the continuous adjoint: reverse mode solves the
+ *       augmented system (y, a, a_args) backwards from t1 to t0 with its own solver and
+ *       tolerances (NB_ADJOINT_BACKSOLVE's solver and controller; by default the forward
+ *       ones). O(1) memory in the number of steps; the gradient approximates the exact one
+ *       to the tolerances. SaveAt t1 only; state, args and the term's bound data float
+ *       leaves of one dtype; forward mode (jvp) through it is an error (custom_vjp).
+ *
+ * The solution is a dict (owned by the trace):
+ *   ts       [n] save times (the state's dtype)
+ *   ys       y0's structure, each leaf with a leading axis of n rows
+ *   result   i32[]: an nb_ode_result
+ *   t_final  the time the solve reached (t1 when successful)
+ *   stats    dict(num_steps, num_accepted_steps, num_rejected_steps): i32[] each
+ * with n = 1 for SaveAt t1 (row 0 = y(t1)), n = n_ts for SaveAt ts, and n = max_steps for
+ * SaveAt steps: row i is the state after accepted step i, rows from num_accepted_steps on
+ * hold +inf in ts and ys (as Diffrax). A failed solve (result != successful) never hangs:
+ * the loop runs at most max_steps steps; its rows that were not reached hold +inf, and
+ * with SaveAt t1 row 0 holds the state at t_final. With opts.throw_on_failure the
+ * enclosing function's call instead fails with NB_ERR_RUNTIME and a message naming the
+ * result and the time reached.
+ *
+ * Errors while tracing (sticky, nabla/trace.h): a term that is not a plain or jitted
+ * function, or returns a tree that differs from y0's (naming the first differing path,
+ * dtype and shape); y0 leaves that are not float vars of one dtype; bad options
+ * (NB_ERR_INVALID naming the option and the fix: rk4 or euler with an adaptive controller,
+ * dt0 = 0 with constant steps, dt0 pointing away from t1, unsorted ts or ts outside
+ * [t0, t1], max_steps < 1, backsolve with SaveAt steps).
+ */
+#ifndef NABLA_ODE_H
+#define NABLA_ODE_H
+
+#include "core.h"
+#include "fn.h"
+#include "trace.h"
+#include "tree.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum nb_ode_solver {
+    NB_ODE_EULER = 0,    /* order 1, no error estimate */
+    NB_ODE_HEUN = 1,     /* order 2, embedded Euler */
+    NB_ODE_MIDPOINT = 2, /* order 2, embedded Euler */
+    NB_ODE_RALSTON = 3,  /* order 2, embedded Euler */
+    NB_ODE_BOSH3 = 4,    /* Bogacki-Shampine 3(2), FSAL */
+    NB_ODE_RK4 = 5,      /* classical order 4, no error estimate */
+    NB_ODE_DOPRI5 = 6,   /* Dormand-Prince 5(4), FSAL */
+    NB_ODE_TSIT5 = 7,    /* Tsitouras 5(4), FSAL */
+    NB_ODE_DOPRI8 = 8    /* Prince-Dormand 8(7) (RK8(7)13M + FSAL stage, as Diffrax's) */
+} nb_ode_solver;
+
+/* "euler", "heun", ... ("unknown" otherwise). */
+NB_API const char *nb_ode_solver_name(nb_ode_solver solver);
+/* The order of the solver's solution (0 for an unknown solver). */
+NB_API int nb_ode_solver_order(nb_ode_solver solver);
+
+typedef struct nb_ode_controller {
+    bool adaptive;                 /* false: constant steps of dt0 */
+    double rtol, atol;             /* adaptive: the tolerances (both > 0, or one of them 0) */
+    double pcoeff, icoeff, dcoeff; /* Diffrax's PID coefficients: 0, 1, 0 */
+    double factormin, factormax;   /* bounds of the step-size factor: 0.2, 10 */
+    double safety;                 /* 0.9 */
+    double dtmin, dtmax;           /* bounds of |dt|; 0: none */
+    bool force_dtmin;              /* at dtmin, keep the step instead of failing */
+} nb_ode_controller;
+
+/* Constant steps. */
+NB_API nb_ode_controller nb_ode_constant_step(void);
+/* A PID controller with Diffrax's defaults and the given tolerances. */
+NB_API nb_ode_controller nb_ode_pid(double rtol, double atol);
+
+typedef enum nb_saveat_kind {
+    NB_SAVEAT_T1 = 0,   /* the state at t1 only (default) */
+    NB_SAVEAT_TS = 1,   /* the states at the given times (dense output) */
+    NB_SAVEAT_STEPS = 2 /* the state after every accepted step */
+} nb_saveat_kind;
+
+typedef struct nb_ode_saveat {
+    nb_saveat_kind kind;
+    const double *ts; /* NB_SAVEAT_TS: n_ts times, monotone in the direction of t0 -> t1 and
+                         within [t0, t1] (copied into the trace: static data) */
+    int64_t n_ts;
+} nb_ode_saveat;
+
+typedef enum nb_ode_adjoint_kind {
+    NB_ADJOINT_RECURSIVE_CHECKPOINT = 0,
+    NB_ADJOINT_DIRECT = 1,
+    NB_ADJOINT_BACKSOLVE = 2
+} nb_ode_adjoint_kind;
+
+typedef struct nb_ode_adjoint {
+    nb_ode_adjoint_kind kind;
+    int64_t checkpoints; /* recursive checkpoint: 0 (default) for Equinox's default */
+    /* backsolve: the adjoint system's solver and controller; solver -1 (default) means the
+     * forward solver, and a controller with adaptive == false and rtol == 0 the forward
+     * controller. */
+    int solver;
+    nb_ode_controller controller;
+} nb_ode_adjoint;
+
+typedef struct nb_ode_opts {
+    nb_ode_solver solver;         /* default NB_ODE_TSIT5 */
+    double t0, t1, dt0;           /* default 0, 1, 0 */
+    nb_ode_saveat saveat;         /* default t1 */
+    nb_ode_controller controller; /* default constant steps */
+    nb_ode_adjoint adjoint;       /* default recursive checkpoint */
+    int64_t max_steps;            /* default 4096: steps tried, accepted or rejected */
+    bool throw_on_failure;        /* default false: report through result */
+} nb_ode_opts;
+
+NB_API nb_ode_opts nb_ode_opts_default(void);
+
+typedef enum nb_ode_result {
+    NB_ODE_SUCCESSFUL = 0,
+    NB_ODE_MAX_STEPS_REACHED = 1, /* max_steps steps were taken before t1 */
+    NB_ODE_DT_UNDERFLOW = 2,      /* the step fell below dtmin, or to where t + dt == t */
+    NB_ODE_NONFINITE = 3          /* the state or its derivative became NaN or infinite */
+} nb_ode_result;
+
+/* "successful", "max_steps reached", ... ("unknown result" otherwise). */
+NB_API const char *nb_ode_result_string(int result);
+
+/* Solve; returns the solution dict (above), owned by the trace, or NULL after a sticky
+ * error. opts may be NULL (defaults). */
+NB_API const nb_tree *nb_diffeqsolve(nb_trace *tr, nb_fn *term, const nb_tree *y0,
+                                     const nb_tree *args, const nb_ode_opts *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* NABLA_ODE_H */

@@ -1,0 +1,1763 @@
+/*
+ * solve.c -- nb_diffeqsolve (nabla/ode.h): explicit Runge-Kutta steps, the PID controller,
+ * SaveAt and the adjoints, all as traced ops inside one while loop (nabla/loops.h).
+ *
+ * Time runs internally from tau0 = s t0 to tau1 = s t1 with s = +1, or -1 for a solve
+ * backwards in time (Diffrax's trick): the term is called at t = s tau and its derivative
+ * multiplied by s, so every comparison below is "forwards". Negation is exact.
+ *
+ * The loop's carry (a tuple):
+ *   [0] t       the time reached (internal)         [1] tn   the end of the next step
+ *   [2] y       the state (y0's tree)               [3] fy   s f(t, y): the next first stage
+ *   [4] steps   i32 steps tried (the loop's counter) [5] acc  i32 steps kept
+ *   [6] result  i32 nb_ode_result                   [7] pie, [8] ppie: the PID's last two
+ *                                                        inverse scaled errors of kept steps
+ *   [9] save    null (SaveAt t1); a tuple of one [n_ts, N] leaf per state leaf (ts: dense
+ *               output written where a kept step passes a save time); or (ts_buf, ys_buf)
+ *               buffers of max_steps rows written at `steps` (every step tried: +inf rows
+ *               for rejected ones, compacted after the loop)
+ * Carrying f(t, y) makes every method first-same-as-last: a step evaluates stages 2..s and
+ * f(t + h, y1), which is both the Hermite interpolant's end slope and the next step's first
+ * stage, so non-FSAL methods cost no more than their stage count either.
+ */
+#include "ad/ir.h"
+#include "core/internal.h"
+#include "nabla/loops.h"
+#include "nabla/ode.h"
+#include "ode/tableau.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* ---- options ------------------------------------------------------------------------ */
+
+nb_ode_controller nb_ode_constant_step(void) {
+    nb_ode_controller c;
+    memset(&c, 0, sizeof c);
+    c.icoeff = 1.0;
+    c.factormin = 0.2;
+    c.factormax = 10.0;
+    c.safety = 0.9;
+    return c;
+}
+
+nb_ode_controller nb_ode_pid(double rtol, double atol) {
+    nb_ode_controller c = nb_ode_constant_step();
+    c.adaptive = true;
+    c.rtol = rtol;
+    c.atol = atol;
+    return c;
+}
+
+nb_ode_opts nb_ode_opts_default(void) {
+    nb_ode_opts o;
+    memset(&o, 0, sizeof o);
+    o.solver = NB_ODE_TSIT5;
+    o.t0 = 0.0;
+    o.t1 = 1.0;
+    o.dt0 = 0.0;
+    o.saveat.kind = NB_SAVEAT_T1;
+    o.controller = nb_ode_constant_step();
+    o.adjoint.kind = NB_ADJOINT_RECURSIVE_CHECKPOINT;
+    o.adjoint.solver = -1;
+    o.adjoint.controller = nb_ode_constant_step();
+    o.max_steps = 4096;
+    return o;
+}
+
+const char *nb_ode_result_string(int result) {
+    switch (result) {
+    case NB_ODE_SUCCESSFUL:
+        return "successful";
+    case NB_ODE_MAX_STEPS_REACHED:
+        return "max_steps reached";
+    case NB_ODE_DT_UNDERFLOW:
+        return "step size underflow";
+    case NB_ODE_NONFINITE:
+        return "non-finite state";
+    default:
+        return "unknown result";
+    }
+}
+
+/* The static configuration a step body reads from its self: a tuple of floats. */
+enum {
+    CFG_SOLVER,
+    CFG_ADAPTIVE,
+    CFG_RTOL,
+    CFG_ATOL,
+    CFG_PCOEFF,
+    CFG_ICOEFF,
+    CFG_DCOEFF,
+    CFG_FACTORMIN,
+    CFG_FACTORMAX,
+    CFG_SAFETY,
+    CFG_DTMIN,
+    CFG_DTMAX,
+    CFG_FORCE_DTMIN,
+    CFG_SIGN,
+    CFG_T1,  /* internal end time */
+    CFG_DT0, /* constant steps: the step (internal, > 0) */
+    CFG_SAVEAT,
+    CFG_N_TS,
+    CFG_COUNT
+};
+
+typedef struct nbo_cfg {
+    double v[CFG_COUNT];
+    const nbo_tableau *tab;
+} nbo_cfg;
+
+/* ---- small builders ---------------------------------------------------------------- */
+
+/* A trace-owned node (tuple or list) of n items (borrowed); NULL after a sticky error. */
+static nb_tree *nbo_tuple(nb_trace *tr, int64_t n, nb_tree *const *items) {
+    nb_tree *t = NULL;
+    for (int64_t i = 0; i < n; i++) {
+        if (items[i] == NULL) {
+            return NULL; /* an item failed: its error is on the trace */
+        }
+    }
+    if (nb_tree_tuple(tr->ctx, n, items, &t) != NB_OK || nbi_trace_own(tr, t) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return NULL;
+    }
+    return t;
+}
+
+static nb_tree *nbo_null(nb_trace *tr) {
+    nb_tree *t = NULL;
+    if (nb_tree_null(tr->ctx, &t) != NB_OK || nbi_trace_own(tr, t) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return NULL;
+    }
+    return t;
+}
+
+static nb_tree *nbo_float(nb_trace *tr, double x) {
+    nb_tree *t = NULL;
+    if (nb_tree_float(tr->ctx, x, &t) != NB_OK || nbi_trace_own(tr, t) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return NULL;
+    }
+    return t;
+}
+
+static nb_var *nbo_i32(nb_trace *tr, int64_t v) {
+    return nb_scalar_typed(tr, NB_DTYPE_I32, (double)v);
+}
+
+/* The vars of a tree's dynamic leaves, into a trace-lifetime array (NULL on failure). */
+static nb_var **nbo_leaves(nb_trace *tr, const nb_tree *t, int64_t *n, nb_treedef **def) {
+    nb_tree *list = NULL;
+    if (nb_tree_flatten(t, &list, def) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return NULL;
+    }
+    *n = nb_tree_len(list);
+    nb_var **v = nbi_arena_alloc(&tr->arena, (size_t)(*n > 0 ? *n : 1) * sizeof *v);
+    if (v == NULL) {
+        nb_tree_destroy(list);
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return NULL;
+    }
+    for (int64_t i = 0; i < *n; i++) {
+        v[i] = nb_var_of(tr, nb_tree_child(list, i));
+    }
+    nb_tree_destroy(list);
+    return v;
+}
+
+/* A trace-owned tree of def's structure holding the vars v as leaves. */
+static nb_tree *nbo_build(nb_trace *tr, const nb_treedef *def, int64_t n, nb_var *const *v) {
+    nb_tree **l = nbi_arena_alloc(&tr->arena, (size_t)(n > 0 ? n : 1) * sizeof *l);
+    if (l == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return NULL;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        if ((l[i] = nb_leaf(v[i])) == NULL) {
+            return NULL;
+        }
+    }
+    nb_tree *t = NULL;
+    if (nbi_tree_unflatten_leaves(def, l, &t) != NB_OK || nbi_trace_own(tr, t) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return NULL;
+    }
+    return t;
+}
+
+static nb_var **nbo_vars(nb_trace *tr, int64_t n) {
+    nb_var **v = nbi_arena_alloc(&tr->arena, (size_t)(n > 0 ? n : 1) * sizeof *v);
+    if (v == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+    }
+    return v;
+}
+
+static nb_var *nbo_isfinite(nb_var *x) { /* x - x == 0: false for inf and NaN */
+    return nb_eq(nb_sub(x, x), nb_scalar(nb_var_trace(x), 0.0));
+}
+
+static bool nbo_cfg_read(nb_trace *tr, const nb_tree *self, nbo_cfg *cfg) {
+    const nb_tree *c = nb_tree_get(self, "cfg");
+    if (nb_tree_len(c) != CFG_COUNT) {
+        nbi_trace_err(tr, NB_ERR_INTERNAL, "nb_diffeqsolve: bad step configuration");
+        return false;
+    }
+    for (int i = 0; i < CFG_COUNT; i++) {
+        nb_tree_get_float(nb_tree_child(c, i), &cfg->v[i]);
+    }
+    cfg->tab = nbo_tableau_get((int)cfg->v[CFG_SOLVER]);
+    if (cfg->tab == NULL) {
+        nbi_trace_err(tr, NB_ERR_INTERNAL, "nb_diffeqsolve: no tableau");
+        return false;
+    }
+    return true;
+}
+
+/* ---- the term ------------------------------------------------------------------------ */
+
+/* fy[i] = s f(s tau, y, args) for the state leaves yv (tree ydef). self holds fn (the term's
+ * body), self (its bound data or null), args (or null). */
+static bool nbo_term(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau,
+                     const nb_treedef *ydef, int64_t L, nb_var *const *yv, nb_var **fy) {
+    nb_fnptr fp = NULL;
+    const char *name = NULL;
+    nb_tree_get_fnref(nb_tree_get(self, "fn"), &fp, &name);
+    const nb_tree *uself = nb_tree_get(self, "self");
+    if (nb_tree_kind_of(uself) == NB_TREE_KIND_NULL) {
+        uself = NULL;
+    }
+    nb_tree *ytree = nbo_build(tr, ydef, L, yv);
+    nb_var *t = sign < 0 ? nb_neg(tau) : tau;
+    nb_tree *targs =
+        ytree != NULL
+            ? nbo_tuple(tr, 3,
+                        (nb_tree *[]){nb_leaf(t), ytree, (nb_tree *)nb_tree_get(self, "args")})
+            : NULL;
+    if (targs == NULL) {
+        return false;
+    }
+    nb_tree *out = NULL;
+    nb_status st = ((nb_fn_body)fp)(tr, uself, targs, &out);
+    if (tr->status != NB_OK) {
+        st = tr->status;
+    }
+    if (st != NB_OK || out == NULL) {
+        nb_tree_destroy(out);
+        if (tr->status == NB_OK) {
+            nbi_trace_err(tr, st != NB_OK ? st : NB_ERR_MISUSE, "nb_diffeqsolve: the term '%s' %s",
+                          name, st != NB_OK ? "failed" : "returned no output");
+        }
+        return false;
+    }
+    bool ok = nbi_tree_def_match(out, ydef);
+    nb_tree *list = NULL;
+    if (ok && nb_tree_flatten(out, &list, NULL) != NB_OK) {
+        nb_tree_destroy(out);
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return false;
+    }
+    char path[NB_PATH_MAX], a[64], b[64];
+    for (int64_t i = 0; ok && i < L; i++) {
+        const nb_tree *li = nb_tree_child(list, i);
+        nb_var *v = nb_tree_kind_of(li) == NB_TREE_KIND_VAR ? nb_var_of(tr, li) : NULL;
+        if (v == NULL || v->dtype != yv[i]->dtype || v->rank != yv[i]->rank ||
+            memcmp(v->shape, yv[i]->shape, (size_t)v->rank * sizeof *v->shape) != 0) {
+            nb_tree_leaf_path(out, i, path, sizeof path, NULL);
+            nbi_trace_err(tr, NB_ERR_SHAPE,
+                          "nb_diffeqsolve: the term '%s' returned %s at y%s%s where the state has "
+                          "%s -- return dy/dt with y0's structure, dtypes and shapes",
+                          name, v != NULL ? nbi_var_sig(a, sizeof a, v) : "a non-var leaf",
+                          path[0] == '[' || path[0] == 0 ? "" : ".", path,
+                          nbi_var_sig(b, sizeof b, yv[i]));
+            ok = false;
+            break;
+        }
+        fy[i] = sign < 0 ? nb_neg(v) : v;
+    }
+    if (!ok && tr->status == NB_OK) {
+        char want[256], got[256];
+        nb_treedef *od = NULL;
+        nb_tree_treedef(out, &od);
+        nb_treedef_format(ydef, want, sizeof want, NULL);
+        nb_treedef_format(od, got, sizeof got, NULL);
+        nb_treedef_destroy(od);
+        nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                      "nb_diffeqsolve: the term '%s' returned %s where the state is %s -- "
+                      "return dy/dt with y0's structure",
+                      name, got, want);
+    }
+    nb_tree_destroy(list);
+    nb_tree_destroy(out);
+    return ok;
+}
+
+/* ---- one step ----------------------------------------------------------------------- */
+
+/* y + h sum_j w_j k[j][i] for each leaf i (k: n stages of L leaves, w[j] == 0 skipped). */
+static void nbo_combine(nb_trace *tr, int64_t L, nb_var *const *y, nb_var *h, int n,
+                        nb_var *const *const *k, const double *w, nb_var **out) {
+    for (int64_t i = 0; i < L; i++) {
+        nb_var *acc = NULL;
+        for (int j = 0; j < n; j++) {
+            if (w[j] == 0.0) {
+                continue;
+            }
+            nb_var *term = nb_mul(k[j][i], nb_scalar(tr, w[j]));
+            acc = acc == NULL ? term : nb_add(acc, term);
+        }
+        out[i] = acc == NULL ? y[i] : nb_add(y[i], nb_mul(h, acc));
+    }
+}
+
+/* The step body. self: fn, self, args (the term), cfg, ts (internal save times or null). */
+static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    nbo_cfg cfg;
+    if (!nbo_cfg_read(tr, self, &cfg)) {
+        return tr->status;
+    }
+    const nbo_tableau *tab = cfg.tab;
+    double sign = cfg.v[CFG_SIGN], tau1 = cfg.v[CFG_T1];
+    bool adaptive = cfg.v[CFG_ADAPTIVE] != 0.0;
+    int saveat = (int)cfg.v[CFG_SAVEAT];
+    nb_var *t = nb_get(tr, args, "[0]"), *tn = nb_get(tr, args, "[1]");
+    nb_dtype dt = nb_var_dtype(t);
+    int64_t L = 0, Lf = 0;
+    nb_treedef *ydef = NULL;
+    nb_var **y = nbo_leaves(tr, nb_tree_child(args, 2), &L, &ydef);
+    nb_var **fy = y != NULL ? nbo_leaves(tr, nb_tree_child(args, 3), &Lf, NULL) : NULL;
+    if (fy == NULL) {
+        nb_treedef_destroy(ydef);
+        return tr->status;
+    }
+    nb_var *steps = nb_get(tr, args, "[4]"), *acc = nb_get(tr, args, "[5]");
+    nb_var *result = nb_get(tr, args, "[6]");
+    nb_var *pie = nb_get(tr, args, "[7]"), *ppie = nb_get(tr, args, "[8]");
+    nb_var *h = nb_sub(tn, t);
+
+    /* stages: k[0] = fy; k[stages] (non-FSAL) = f(tn, y1); extra dense stages after it */
+    int S = tab->dense_stages > tab->stages ? tab->dense_stages : tab->stages;
+    int nk = S + 1;
+    nb_var ***k = nbi_arena_alloc(&tr->arena, (size_t)nk * sizeof *k);
+    nb_var **y1 = nbo_vars(tr, L), **f1 = NULL, **tmp = nbo_vars(tr, L);
+    if (k == NULL || y1 == NULL || tmp == NULL) {
+        nb_treedef_destroy(ydef);
+        return nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+    }
+    k[0] = fy;
+    bool ok = true;
+    int s = tab->stages;
+    for (int i = 1; i < s && ok; i++) {
+        k[i] = nbo_vars(tr, L);
+        nbo_combine(tr, L, y, h, i, (nb_var *const *const *)k, tab->a + (size_t)i * S, tmp);
+        bool last_fsal = tab->fsal && i == s - 1;
+        nb_var *ti =
+            last_fsal || tab->c[i] == 1.0 ? tn : nb_add(t, nb_mul(h, nb_scalar(tr, tab->c[i])));
+        if (last_fsal) {
+            memcpy(y1, tmp, (size_t)L * sizeof *y1);
+        }
+        ok = k[i] != NULL && nbo_term(tr, self, sign, ti, ydef, L, tmp, k[i]);
+        tmp = nbo_vars(tr, L);
+        ok = ok && tmp != NULL;
+    }
+    if (ok && tab->fsal) {
+        f1 = k[s - 1];
+    } else if (ok) {
+        nbo_combine(tr, L, y, h, s, (nb_var *const *const *)k, tab->b, y1);
+        f1 = nbo_vars(tr, L);
+        ok = f1 != NULL && nbo_term(tr, self, sign, tn, ydef, L, y1, f1);
+        k[s] = f1;
+    }
+    if (!ok) {
+        nb_treedef_destroy(ydef);
+        return tr->status != NB_OK ? tr->status : NB_ERR_OOM;
+    }
+
+    /* accept or reject, and the next step */
+    nb_var *keep, *tn_new, *res_new = result, *pie_new = pie, *ppie_new = ppie;
+    nb_var *t_new;
+    nb_var *bad_state = NULL; /* this step's state or slope is not finite */
+    {
+        nb_var *fin = NULL;
+        for (int64_t i = 0; i < L; i++) {
+            nb_var *a = nbo_isfinite(nb_sum(nb_add(y1[i], f1[i]), NULL, 0, false));
+            fin = fin == NULL ? a : nb_logical_and(fin, a);
+        }
+        bad_state = fin == NULL ? nb_scalar_typed(tr, NB_DTYPE_BOOL, 0) : nb_logical_not(fin);
+    }
+    if (adaptive) {
+        double rtol = cfg.v[CFG_RTOL], atol = cfg.v[CFG_ATOL];
+        nb_var *sq = NULL;
+        double count = 0.0;
+        for (int64_t i = 0; i < L; i++) {
+            nb_var *err = NULL;
+            for (int j = 0; j < s; j++) {
+                if (tab->e[j] == 0.0) {
+                    continue;
+                }
+                nb_var *term = nb_mul(k[j][i], nb_scalar(tr, tab->e[j]));
+                err = err == NULL ? term : nb_add(err, term);
+            }
+            err = nb_mul(h, err);
+            nb_var *scale =
+                nb_add(nb_scalar(tr, atol),
+                       nb_mul(nb_scalar(tr, rtol), nb_maximum(nb_abs(y[i]), nb_abs(y1[i]))));
+            nb_var *q = nb_sum(nb_square(nb_div(err, scale)), NULL, 0, false);
+            sq = sq == NULL ? q : nb_add(sq, q);
+            count += (double)nb_var_size(y[i]);
+        }
+        nb_var *scaled = nb_sqrt(nb_div(sq, nb_scalar(tr, count > 0 ? count : 1.0)));
+        nb_var *finite = nbo_isfinite(scaled);
+        scaled = nb_select(finite, scaled, nb_scalar_typed(tr, dt, INFINITY));
+        keep = nb_lt(scaled, nb_scalar(tr, 1.0));
+        double dtmin = cfg.v[CFG_DTMIN], dtmax = cfg.v[CFG_DTMAX];
+        bool force = cfg.v[CFG_FORCE_DTMIN] != 0.0;
+        if (dtmin > 0 && force) {
+            keep = nb_logical_or(keep, nb_le(h, nb_scalar(tr, dtmin)));
+        }
+        nb_var *inv = nb_div(nb_scalar(tr, 1.0), scaled);
+        double order = tab->error_order > 0 ? tab->error_order : 1;
+        double pc = cfg.v[CFG_PCOEFF], ic = cfg.v[CFG_ICOEFF], dc = cfg.v[CFG_DCOEFF];
+        double c1 = (ic + pc + dc) / order, c2 = -(pc + 2.0 * dc) / order, c3 = dc / order;
+        nb_var *factor = nb_scalar(tr, cfg.v[CFG_SAFETY]);
+        if (c1 != 0.0) {
+            factor = nb_mul(factor, nb_pow(inv, nb_scalar(tr, c1)));
+        }
+        if (c2 != 0.0) {
+            factor = nb_mul(factor, nb_pow(pie, nb_scalar(tr, c2)));
+        }
+        if (c3 != 0.0) {
+            factor = nb_mul(factor, nb_pow(ppie, nb_scalar(tr, c3)));
+        }
+        nb_var *fmin = nb_select(keep, nb_scalar_typed(tr, dt, 1.0),
+                                 nb_scalar_typed(tr, dt, cfg.v[CFG_FACTORMIN]));
+        factor = nb_minimum(nb_maximum(factor, fmin), nb_scalar(tr, cfg.v[CFG_FACTORMAX]));
+        factor = nb_stop_gradient(factor);
+        nb_var *dtn = nb_mul(h, factor);
+        if (dtmin > 0) {
+            if (!force) {
+                res_new = nb_select(nb_lt(dtn, nb_scalar(tr, dtmin)),
+                                    nbo_i32(tr, NB_ODE_DT_UNDERFLOW), res_new);
+            }
+            dtn = nb_maximum(dtn, nb_scalar(tr, dtmin));
+        }
+        if (dtmax > 0) {
+            dtn = nb_minimum(dtn, nb_scalar(tr, dtmax));
+        }
+        t_new = nb_select(keep, tn, t);
+        tn_new = nb_add(t_new, nb_stop_gradient(dtn));
+        pie_new = nb_select(keep, inv, pie);
+        ppie_new = nb_select(keep, pie, ppie);
+        (void)finite;
+    } else {
+        keep = nb_logical_not(bad_state);
+        res_new = nb_select(bad_state, nbo_i32(tr, NB_ODE_NONFINITE), res_new);
+        t_new = nb_select(keep, tn, t);
+        tn_new = nb_add(t_new, nb_scalar(tr, cfg.v[CFG_DT0]));
+    }
+    /* land on t1 exactly (Diffrax's tolerance: no sliver of a last step) */
+    double tol = dt == NB_DTYPE_F64 ? 1e-10 : 1e-6;
+    nb_var *t1v = nb_scalar_typed(tr, dt, tau1);
+    tn_new = nb_select(nb_gt(tn_new, nb_scalar(tr, tau1 - tol)), t1v, tn_new);
+    /* a step that no longer moves t: underflow (or a state gone non-finite) */
+    nb_var *stuck = nb_logical_and(nb_lt(t_new, t1v), nb_le(tn_new, t_new));
+    res_new = nb_select(
+        nb_logical_and(stuck, nb_eq(res_new, nbo_i32(tr, 0))),
+        nb_select(bad_state, nbo_i32(tr, NB_ODE_NONFINITE), nbo_i32(tr, NB_ODE_DT_UNDERFLOW)),
+        res_new);
+
+    nb_var **y_new = nbo_vars(tr, L), **fy_new = nbo_vars(tr, L);
+    if (y_new == NULL || fy_new == NULL) {
+        nb_treedef_destroy(ydef);
+        return tr->status;
+    }
+    for (int64_t i = 0; i < L; i++) {
+        y_new[i] = nb_select(keep, y1[i], y[i]);
+        fy_new[i] = nb_select(keep, f1[i], fy[i]);
+    }
+
+    /* saving */
+    nb_tree *save = NULL;
+    if (saveat == NB_SAVEAT_TS) {
+        nb_var *TS = nb_get(tr, self, "ts");
+        int64_t n = nb_var_size(TS);
+        const nb_tree *sv = nb_tree_child(args, 9);
+        nb_var *theta = nb_div(nb_sub(TS, t), h);
+        nb_var *mask = nb_logical_and(keep, nb_logical_and(nb_gt(TS, t), nb_le(TS, tn)));
+        mask = nb_reshape(mask, 2, (int64_t[]){n, 1});
+        nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(L > 0 ? L : 1) * sizeof *items);
+        if (items == NULL) {
+            nb_treedef_destroy(ydef);
+            return nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        }
+        /* extra dense-output stages */
+        for (int i = (tab->extra_uses_f1 ? s + 1 : s); i < tab->dense_stages && ok; i++) {
+            k[i] = nbo_vars(tr, L);
+            nbo_combine(tr, L, y, h, i, (nb_var *const *const *)k, tab->a + (size_t)i * S, tmp);
+            nb_var *ti = nb_add(t, nb_mul(h, nb_scalar(tr, tab->c[i])));
+            ok = k[i] != NULL && nbo_term(tr, self, sign, ti, ydef, L, tmp, k[i]);
+            tmp = nbo_vars(tr, L);
+            ok = ok && tmp != NULL;
+        }
+        if (!ok) {
+            nb_treedef_destroy(ydef);
+            return tr->status;
+        }
+        nb_var *th = nb_reshape(theta, 2, (int64_t[]){n, 1});
+        for (int64_t i = 0; i < L; i++) {
+            int64_t N = nb_var_size(y[i]);
+            nb_var *y0f = nb_reshape(y[i], 2, (int64_t[]){1, N});
+            nb_var *val;
+            if (tab->dense_degree == 0) {
+                /* Hermite: y0 + (y1 - y0) h01 + h (h10 f0 + h11 f1) */
+                nb_var *t2 = nb_square(th), *t3 = nb_mul(t2, th);
+                nb_var *h01 =
+                    nb_sub(nb_mul(nb_scalar(tr, 3.0), t2), nb_mul(nb_scalar(tr, 2.0), t3));
+                nb_var *h10 = nb_add(nb_sub(t3, nb_mul(nb_scalar(tr, 2.0), t2)), th);
+                nb_var *h11 = nb_sub(t3, t2);
+                nb_var *y1f = nb_reshape(y1[i], 2, (int64_t[]){1, N});
+                nb_var *f0f = nb_reshape(k[0][i], 2, (int64_t[]){1, N});
+                nb_var *f1f = nb_reshape(f1[i], 2, (int64_t[]){1, N});
+                val = nb_add(nb_add(y0f, nb_mul(nb_sub(y1f, y0f), h01)),
+                             nb_mul(h, nb_add(nb_mul(h10, f0f), nb_mul(h11, f1f))));
+            } else {
+                nb_var *sum = NULL;
+                for (int j = 0; j < tab->dense_stages; j++) {
+                    const double *d = tab->dense + (size_t)j * tab->dense_degree;
+                    nb_var *bj = NULL, *pw = th;
+                    for (int p = 0; p < tab->dense_degree; p++) {
+                        if (p > 0) {
+                            pw = nb_mul(pw, th);
+                        }
+                        if (d[p] != 0.0) {
+                            nb_var *term = nb_mul(pw, nb_scalar(tr, d[p]));
+                            bj = bj == NULL ? term : nb_add(bj, term);
+                        }
+                    }
+                    if (bj == NULL) {
+                        continue;
+                    }
+                    nb_var *kj = nb_reshape(k[j][i], 2, (int64_t[]){1, N});
+                    nb_var *term = nb_mul(bj, kj);
+                    sum = sum == NULL ? term : nb_add(sum, term);
+                }
+                val = sum == NULL ? nb_broadcast_to(y0f, 2, (int64_t[]){n, N})
+                                  : nb_add(y0f, nb_mul(h, sum));
+            }
+            nb_var *old = nb_var_of(tr, nb_tree_child(sv, i));
+            items[i] = nb_leaf(nb_select(mask, val, old));
+        }
+        save = nbo_tuple(tr, L, items);
+    } else if (saveat == NB_SAVEAT_STEPS) {
+        const nb_tree *sv = nb_tree_child(args, 9);
+        nb_var *tsb = nb_var_of(tr, nb_tree_child(sv, 0));
+        nb_var *inf = nb_scalar_typed(tr, dt, INFINITY);
+        nb_var *zero = nbo_i32(tr, 0);
+        nb_var *trow =
+            nb_reshape(nb_select(keep, sign < 0 ? nb_neg(tn) : tn, inf), 1, (int64_t[]){1});
+        nb_tree *ts_item = nb_leaf(nb_dynamic_update_slice(tsb, trow, (nb_var *[]){steps}));
+        nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(L > 0 ? L : 1) * sizeof *items);
+        if (items == NULL) {
+            nb_treedef_destroy(ydef);
+            return nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        }
+        const nb_tree *ysb = nb_tree_child(sv, 1);
+        for (int64_t i = 0; i < L; i++) {
+            nb_var *buf = nb_var_of(tr, nb_tree_child(ysb, i));
+            int64_t N = nb_var_size(y[i]);
+            nb_var *row = nb_reshape(nb_select(keep, y1[i], inf), 2, (int64_t[]){1, N});
+            items[i] = nb_leaf(nb_dynamic_update_slice(buf, row, (nb_var *[]){steps, zero}));
+        }
+        nb_tree *ys_item = nbo_tuple(tr, L, items);
+        save = nbo_tuple(tr, 2, (nb_tree *[]){ts_item, ys_item});
+    } else {
+        save = nbo_null(tr);
+    }
+
+    nb_var *one = nbo_i32(tr, 1);
+    nb_tree *ytree = nbo_build(tr, ydef, L, y_new);
+    nb_tree *fytree = nbo_build(tr, ydef, L, fy_new);
+    nb_treedef_destroy(ydef);
+    nb_tree *res = nbo_tuple(
+        tr, 10,
+        (nb_tree *[]){nb_leaf(t_new), nb_leaf(tn_new), ytree, fytree, nb_leaf(nb_add(steps, one)),
+                      nb_leaf(nb_add(acc, nb_cast(keep, NB_DTYPE_I32))), nb_leaf(res_new),
+                      nb_leaf(pie_new), nb_leaf(ppie_new), save});
+    if (res == NULL) {
+        return tr->status != NB_OK ? tr->status : NB_ERR_OOM;
+    }
+    *out = nb_tree_retain(res);
+    return NB_OK;
+}
+
+/* while t < t1 and result == successful */
+static nb_status nbo_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    double tau1 = 0.0;
+    nb_tree_get_float(nb_tree_get(self, "t1"), &tau1);
+    nb_var *t = nb_get(tr, args, "[0]");
+    return nb_return(nb_logical_and(nb_lt(t, nb_scalar(tr, tau1)),
+                                    nb_eq(nb_get(tr, args, "[6]"), nbo_i32(tr, 0))),
+                     out);
+}
+
+/* ---- compaction of SaveAt steps ------------------------------------------------------- */
+
+/* scan over rows i: idx[count] = i; count += finite(ts[i]). The j-th kept row is idx[j]. */
+static nb_status nbo_compact_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                  nb_tree **out) {
+    (void)self;
+    nb_var *count = nb_get(tr, args, "[0][0]"), *idx = nb_get(tr, args, "[0][1]");
+    nb_var *i = nb_get(tr, args, "[0][2]");
+    nb_var *tsi = nb_get(tr, args, "[1]");
+    nb_var *fin = nbo_isfinite(tsi);
+    nb_var *idx2 =
+        nb_dynamic_update_slice(idx, nb_reshape(i, 1, (int64_t[]){1}), (nb_var *[]){count});
+    nb_var *c2 = nb_add(count, nb_cast(fin, NB_DTYPE_I32));
+    nb_var *i2 = nb_add(i, nbo_i32(tr, 1));
+    nb_tree *carry = nbo_tuple(tr, 3, (nb_tree *[]){nb_leaf(c2), nb_leaf(idx2), nb_leaf(i2)});
+    nb_tree *res = carry != NULL ? nbo_tuple(tr, 2, (nb_tree *[]){carry, nbo_null(tr)}) : NULL;
+    if (res == NULL) {
+        return tr->status;
+    }
+    *out = nb_tree_retain(res);
+    return NB_OK;
+}
+
+/* ---- throw_on_failure: the message of a failed solve ------------------------------------ */
+
+/* vals: t reached, result, max_steps, t1 (external times) */
+static void nbo_fail_msg(char *buf, size_t cap, const double *v) {
+    int r = (int)v[1];
+    const char *fix = r == NB_ODE_MAX_STEPS_REACHED
+                          ? "raise max_steps, loosen rtol/atol, or check whether the problem is "
+                            "stiff there"
+                      : r == NB_ODE_DT_UNDERFLOW
+                          ? "the step size fell below dtmin or to the resolution of t: the "
+                            "problem may be stiff or singular there"
+                          : "the state or its derivative became NaN or infinite: check the "
+                            "vector field there";
+    snprintf(buf, cap,
+             "nb_diffeqsolve: the solve stopped at t = %.17g before t1 = %.17g: %s (max_steps "
+             "%.0f) -- %s; or set throw_on_failure = false and read the solution's result",
+             v[0], v[3], nb_ode_result_string(r), v[2], fix);
+}
+
+/* ---- nb_diffeqsolve ----------------------------------------------------------------- */
+
+static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
+    static const char who[] = "nb_diffeqsolve";
+    const nbo_tableau *tab = nbo_tableau_get((int)o->solver);
+    const nb_ode_controller *c = &o->controller;
+    double dir = o->t1 >= o->t0 ? 1.0 : -1.0;
+    if (tab == NULL) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: unknown solver %d -- use an nb_ode_solver value",
+                      who, (int)o->solver);
+        return false;
+    }
+    if (!isfinite(o->t0) || !isfinite(o->t1) || !isfinite(o->dt0)) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: t0 = %g, t1 = %g, dt0 = %g must be finite", who,
+                      o->t0, o->t1, o->dt0);
+        return false;
+    }
+    if (o->max_steps < 1) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: max_steps = %lld must be >= 1", who,
+                      (long long)o->max_steps);
+        return false;
+    }
+    if (o->dt0 != 0.0 && o->dt0 * dir < 0 && o->t0 != o->t1) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: dt0 = %g points away from t1 = %g (t0 = %g) -- give dt0 with the sign "
+                      "of t1 - t0",
+                      who, o->dt0, o->t1, o->t0);
+        return false;
+    }
+    if (c->adaptive) {
+        if (tab->e == NULL) {
+            nbi_trace_err(tr, NB_ERR_INVALID,
+                          "%s: solver %s has no error estimate, so it cannot be used with an "
+                          "adaptive controller -- use constant steps (nb_ode_constant_step) or "
+                          "a solver with one (heun, bosh3, dopri5, tsit5, dopri8)",
+                          who, tab->name);
+            return false;
+        }
+        if (!(c->rtol >= 0) || !(c->atol >= 0) || c->rtol + c->atol <= 0 || !isfinite(c->rtol) ||
+            !isfinite(c->atol)) {
+            nbi_trace_err(tr, NB_ERR_INVALID,
+                          "%s: rtol = %g, atol = %g: both must be >= 0 and finite, and one > 0",
+                          who, c->rtol, c->atol);
+            return false;
+        }
+        if (!(c->factormin > 0 && c->factormin <= 1 && c->factormax >= 1 && c->safety > 0 &&
+              c->dtmin >= 0 && c->dtmax >= 0 && (c->dtmax == 0 || c->dtmax >= c->dtmin))) {
+            nbi_trace_err(tr, NB_ERR_INVALID,
+                          "%s: controller factormin = %g (0, 1], factormax = %g >= 1, safety = "
+                          "%g > 0, 0 <= dtmin = %g <= dtmax = %g (0: none) do not hold",
+                          who, c->factormin, c->factormax, c->safety, c->dtmin, c->dtmax);
+            return false;
+        }
+    } else if (o->dt0 == 0.0 && o->t0 != o->t1) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: constant steps need dt0 != 0 -- give dt0, or use an adaptive "
+                      "controller (nb_ode_pid) that can choose the first step",
+                      who);
+        return false;
+    }
+    if (o->saveat.kind == NB_SAVEAT_TS) {
+        if (o->saveat.n_ts < 1 || o->saveat.ts == NULL) {
+            nbi_trace_err(tr, NB_ERR_INVALID, "%s: SaveAt ts needs n_ts >= 1 times (got %lld)", who,
+                          (long long)o->saveat.n_ts);
+            return false;
+        }
+        for (int64_t i = 0; i < o->saveat.n_ts; i++) {
+            double ti = o->saveat.ts[i] * dir;
+            double prev = i > 0 ? o->saveat.ts[i - 1] * dir : o->t0 * dir;
+            if (!isfinite(ti) || ti < prev || ti > o->t1 * dir) {
+                nbi_trace_err(tr, NB_ERR_INVALID,
+                              "%s: SaveAt ts[%lld] = %g is %s -- times must be finite, within "
+                              "[t0, t1] = [%g, %g] and sorted from t0 towards t1",
+                              who, (long long)i, o->saveat.ts[i],
+                              !isfinite(ti)      ? "not finite"
+                              : ti > o->t1 * dir ? "beyond t1"
+                              : i > 0            ? "out of order"
+                                                 : "before t0",
+                              o->t0, o->t1);
+                return false;
+            }
+        }
+    } else if (o->saveat.kind != NB_SAVEAT_T1 && o->saveat.kind != NB_SAVEAT_STEPS) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: unknown SaveAt kind %d", who, (int)o->saveat.kind);
+        return false;
+    }
+    if (o->adjoint.kind != NB_ADJOINT_RECURSIVE_CHECKPOINT &&
+        o->adjoint.kind != NB_ADJOINT_DIRECT && o->adjoint.kind != NB_ADJOINT_BACKSOLVE) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: unknown adjoint %d", who, (int)o->adjoint.kind);
+        return false;
+    }
+    if (o->adjoint.checkpoints < 0) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: adjoint checkpoints = %lld must be >= 0", who,
+                      (long long)o->adjoint.checkpoints);
+        return false;
+    }
+    if (o->adjoint.kind == NB_ADJOINT_BACKSOLVE && o->saveat.kind != NB_SAVEAT_T1) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: the backsolve adjoint saves only at t1, not %s -- use SaveAt t1, or "
+                      "the recursive checkpoint adjoint",
+                      who, o->saveat.kind == NB_SAVEAT_TS ? "at given times" : "every step");
+        return false;
+    }
+    return true;
+}
+
+/* The term's body and bound data (through jit/max_traces wrappers). */
+static bool nbo_unwrap(nb_trace *tr, const nb_fn *f, nb_fn_body *body, const nb_tree **self) {
+    if (nb_fn_check(f) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "nb_diffeqsolve: the term is NULL or destroyed");
+        return false;
+    }
+    while (f->kind == NBI_FN_JIT || f->kind == NBI_FN_MAXTRACES) {
+        f = f->inner;
+    }
+    if (f->kind != NBI_FN_PLAIN) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "nb_diffeqsolve: the term '%s' is a transformed function (grad, vjp, jvp, "
+                      "custom_vjp); give a function made by nb_fn_create (or nb_jit of one)",
+                      f->name);
+        return false;
+    }
+    *body = f->body;
+    *self = f->self;
+    return true;
+}
+
+typedef struct nbo_solve {
+    nb_ode_opts o;
+    const nbo_tableau *tab;
+    double sign, tau0, tau1;
+    nb_dtype dtype;
+    nb_tree *tself; /* dict(fn, self, args): what the term needs, trace-owned */
+    nb_treedef *ydef;
+    int64_t L;
+    nb_var **y0;
+} nbo_solve;
+
+/* The first step: Hairer's algorithm (as Diffrax's PID controller with dt0 = None). */
+static nb_var *nbo_initial_step(nb_trace *tr, nbo_solve *S, nb_var *const *fy0) {
+    const nb_ode_controller *c = &S->o.controller;
+    nb_var *t0 = nb_scalar_typed(tr, S->dtype, S->tau0);
+    nb_var *d0 = NULL, *d1 = NULL;
+    double count = 0;
+    nb_var **scale = nbo_vars(tr, S->L), **y1 = nbo_vars(tr, S->L), **f1 = nbo_vars(tr, S->L);
+    if (scale == NULL || y1 == NULL || f1 == NULL) {
+        return NULL;
+    }
+    for (int64_t i = 0; i < S->L; i++) {
+        scale[i] = nb_add(nb_scalar(tr, c->atol), nb_mul(nb_abs(S->y0[i]), nb_scalar(tr, c->rtol)));
+        nb_var *a = nb_sum(nb_square(nb_div(S->y0[i], scale[i])), NULL, 0, false);
+        nb_var *b = nb_sum(nb_square(nb_div(fy0[i], scale[i])), NULL, 0, false);
+        d0 = d0 == NULL ? a : nb_add(d0, a);
+        d1 = d1 == NULL ? b : nb_add(d1, b);
+        count += (double)nb_var_size(S->y0[i]);
+    }
+    nb_var *cnt = nb_scalar(tr, count);
+    d0 = nb_sqrt(nb_div(d0, cnt));
+    d1 = nb_sqrt(nb_div(d1, cnt));
+    nb_var *small = nb_logical_or(nb_lt(d0, nb_scalar(tr, 1e-5)), nb_lt(d1, nb_scalar(tr, 1e-5)));
+    nb_var *d1s = nb_select(small, nb_scalar_typed(tr, S->dtype, 1.0), d1);
+    nb_var *h0 = nb_select(small, nb_scalar_typed(tr, S->dtype, 1e-6),
+                           nb_mul(nb_scalar(tr, 0.01), nb_div(d0, d1s)));
+    h0 = nb_minimum(h0, nb_scalar(tr, S->tau1 - S->tau0));
+    for (int64_t i = 0; i < S->L; i++) {
+        y1[i] = nb_add(S->y0[i], nb_mul(h0, fy0[i]));
+    }
+    if (!nbo_term(tr, S->tself, S->sign, nb_add(t0, h0), S->ydef, S->L, y1, f1)) {
+        return NULL;
+    }
+    nb_var *d2 = NULL;
+    for (int64_t i = 0; i < S->L; i++) {
+        nb_var *a = nb_sum(nb_square(nb_div(nb_sub(f1[i], fy0[i]), scale[i])), NULL, 0, false);
+        d2 = d2 == NULL ? a : nb_add(d2, a);
+    }
+    d2 = nb_div(nb_sqrt(nb_div(d2, cnt)), h0);
+    nb_var *maxd = nb_maximum(d1, d2);
+    double order = S->tab->error_order > 0 ? S->tab->error_order : 1;
+    nb_var *h1 =
+        nb_select(nb_le(maxd, nb_scalar(tr, 1e-15)),
+                  nb_maximum(nb_scalar_typed(tr, S->dtype, 1e-6), nb_mul(h0, nb_scalar(tr, 1e-3))),
+                  nb_pow(nb_div(nb_scalar(tr, 0.01), maxd), nb_scalar(tr, 1.0 / order)));
+    return nb_stop_gradient(nb_minimum(nb_mul(h0, nb_scalar(tr, 100.0)), h1));
+}
+
+/* The solve with the term given as its body (a fnref leaf) and bound data; opts checked.
+ * kind: the loop's kind (the adjoint). Returns the trace-owned solution or NULL. */
+static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuself,
+                               const nb_tree *y0, const nb_tree *args, const nb_ode_opts *opts,
+                               nb_loop_kind kind) {
+    static const char who[] = "nb_diffeqsolve";
+    nbo_solve S;
+    memset(&S, 0, sizeof S);
+    S.o = *opts;
+    S.tab = nbo_tableau_get((int)S.o.solver);
+    S.sign = S.o.t1 >= S.o.t0 ? 1.0 : -1.0;
+    S.tau0 = S.sign * S.o.t0;
+    S.tau1 = S.sign * S.o.t1;
+
+    /* the state */
+    S.y0 = nbo_leaves(tr, y0, &S.L, &S.ydef);
+    if (S.y0 == NULL) {
+        return NULL;
+    }
+    const nb_tree *result_tree = NULL;
+    char path[NB_PATH_MAX], sig[64];
+    if (S.L == 0) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: y0 has no array leaves -- give the initial state "
+                      "as a tree of float vars",
+                      who);
+        goto done;
+    }
+    for (int64_t i = 0; i < S.L; i++) {
+        nb_var *v = S.y0[i];
+        if (nb_var_is_poison(v)) {
+            goto done;
+        }
+        if (i == 0) {
+            S.dtype = v->dtype;
+        }
+        if (!nb_dtype_is_float(v->dtype) || v->dtype != S.dtype ||
+            (v->dtype != NB_DTYPE_F32 && v->dtype != NB_DTYPE_F64)) {
+            nb_tree_leaf_path(y0, i, path, sizeof path, NULL);
+            nbi_trace_err(tr, NB_ERR_DTYPE,
+                          "%s: y0%s is %s; every state leaf must be f32 or f64, all of one "
+                          "dtype (the first leaf is %s) -- cast it",
+                          who, path, nbi_var_sig(sig, sizeof sig, v), nb_dtype_name(S.dtype));
+            goto done;
+        }
+    }
+    {
+        nb_ctx *ctx = tr->ctx;
+        nb_tree *us = tuself != NULL ? (nb_tree *)tuself : nbo_null(tr);
+        nb_tree *ua = args != NULL ? (nb_tree *)args : nbo_null(tr);
+        nb_tree *d = NULL;
+        if (us == NULL || ua == NULL ||
+            nb_tree_dict(ctx, 3, (const char *[]){"fn", "self", "args"},
+                         (nb_tree *[]){fnref, us, ua}, &d) != NB_OK ||
+            nbi_trace_own(tr, d) != NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+            goto done;
+        }
+        S.tself = d;
+    }
+    result_tree = NULL;
+    {
+        nb_dtype dt = S.dtype;
+        const nb_ode_opts *o = &S.o;
+        int64_t L = S.L, M = o->max_steps;
+        nb_var *tau0 = nb_scalar_typed(tr, dt, S.tau0);
+        nb_var **fy0 = nbo_vars(tr, L);
+        if (fy0 == NULL || !nbo_term(tr, S.tself, S.sign, tau0, S.ydef, L, S.y0, fy0)) {
+            goto done;
+        }
+        nb_var *first;
+        if (o->dt0 != 0.0) {
+            first = nb_scalar_typed(tr, dt, fabs(o->dt0));
+        } else {
+            first = nbo_initial_step(tr, &S, fy0);
+            if (first == NULL) {
+                goto done;
+            }
+        }
+        nb_var *t1v = nb_scalar_typed(tr, dt, S.tau1);
+        double tol = dt == NB_DTYPE_F64 ? 1e-10 : 1e-6;
+        nb_var *tn0 = nb_minimum(nb_add(tau0, first), t1v);
+        tn0 = nb_select(nb_gt(tn0, nb_scalar(tr, S.tau1 - tol)), t1v, tn0);
+
+        /* the save part of the carry */
+        nb_tree *save = NULL;
+        nb_var *TS = NULL;
+        int64_t nts = o->saveat.n_ts;
+        nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)L * sizeof *items);
+        if (items == NULL) {
+            nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+            goto done;
+        }
+        if (o->saveat.kind == NB_SAVEAT_TS) {
+            nb_array *a = NULL;
+            if (nb_array_zeros(tr->ctx, dt, 1, (int64_t[]){nts}, &a) != NB_OK) {
+                nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+                goto done;
+            }
+            for (int64_t j = 0; j < nts; j++) {
+                double v = S.sign * o->saveat.ts[j];
+                if (dt == NB_DTYPE_F64) {
+                    ((double *)nb_array_data(a))[j] = v;
+                } else {
+                    ((float *)nb_array_data(a))[j] = (float)v;
+                }
+            }
+            TS = nb_constant(tr, a);
+            nb_array_destroy(a);
+            nb_var *at0 = nb_reshape(nb_le(TS, tau0), 2, (int64_t[]){nts, 1});
+            for (int64_t i = 0; i < L; i++) {
+                int64_t N = nb_var_size(S.y0[i]);
+                nb_var *row = nb_reshape(S.y0[i], 2, (int64_t[]){1, N});
+                nb_var *inf = nb_full(tr, dt, 2, (int64_t[]){nts, N}, INFINITY);
+                items[i] =
+                    nb_leaf(nb_select(at0, nb_broadcast_to(row, 2, (int64_t[]){nts, N}), inf));
+            }
+            save = nbo_tuple(tr, L, items);
+        } else if (o->saveat.kind == NB_SAVEAT_STEPS) {
+            for (int64_t i = 0; i < L; i++) {
+                items[i] =
+                    nb_leaf(nb_full(tr, dt, 2, (int64_t[]){M, nb_var_size(S.y0[i])}, INFINITY));
+            }
+            nb_tree *ys = nbo_tuple(tr, L, items);
+            save = nbo_tuple(
+                tr, 2, (nb_tree *[]){nb_leaf(nb_full(tr, dt, 1, (int64_t[]){M}, INFINITY)), ys});
+        } else {
+            save = nbo_null(tr);
+        }
+        nb_tree *ytree = nbo_build(tr, S.ydef, L, S.y0);
+        nb_tree *fytree = nbo_build(tr, S.ydef, L, fy0);
+        nb_tree *init =
+            nbo_tuple(tr, 10,
+                      (nb_tree *[]){nb_leaf(tau0), nb_leaf(tn0), ytree, fytree,
+                                    nb_leaf(nbo_i32(tr, 0)), nb_leaf(nbo_i32(tr, 0)),
+                                    nb_leaf(nbo_i32(tr, 0)), nb_leaf(nb_scalar_typed(tr, dt, 1.0)),
+                                    nb_leaf(nb_scalar_typed(tr, dt, 1.0)), save});
+        if (init == NULL) {
+            goto done;
+        }
+
+        /* the step and cond functions */
+        const nb_ode_controller *c = &o->controller;
+        double cfgv[CFG_COUNT] = {0};
+        cfgv[CFG_SOLVER] = (double)o->solver;
+        cfgv[CFG_ADAPTIVE] = c->adaptive ? 1.0 : 0.0;
+        if (c->adaptive) {
+            cfgv[CFG_RTOL] = c->rtol;
+            cfgv[CFG_ATOL] = c->atol;
+            cfgv[CFG_PCOEFF] = c->pcoeff;
+            cfgv[CFG_ICOEFF] = c->icoeff;
+            cfgv[CFG_DCOEFF] = c->dcoeff;
+            cfgv[CFG_FACTORMIN] = c->factormin;
+            cfgv[CFG_FACTORMAX] = c->factormax;
+            cfgv[CFG_SAFETY] = c->safety;
+            cfgv[CFG_DTMIN] = c->dtmin;
+            cfgv[CFG_DTMAX] = c->dtmax;
+            cfgv[CFG_FORCE_DTMIN] = c->force_dtmin ? 1.0 : 0.0;
+        } else {
+            cfgv[CFG_DT0] = fabs(o->dt0);
+        }
+        cfgv[CFG_SIGN] = S.sign;
+        cfgv[CFG_T1] = S.tau1;
+        cfgv[CFG_SAVEAT] = (double)o->saveat.kind;
+        cfgv[CFG_N_TS] = (double)(o->saveat.kind == NB_SAVEAT_TS ? nts : 0);
+        nb_tree *ci[CFG_COUNT];
+        for (int i = 0; i < CFG_COUNT; i++) {
+            ci[i] = nbo_float(tr, cfgv[i]);
+        }
+        nb_tree *cfg = nbo_tuple(tr, CFG_COUNT, ci);
+        nb_tree *tsleaf = TS != NULL ? nb_leaf(TS) : nbo_null(tr);
+        nb_tree *bself = NULL, *cself = NULL;
+        nb_fn *bf = NULL, *cf = NULL;
+        nb_status st = cfg != NULL && tsleaf != NULL ? NB_OK : NB_ERR_OOM;
+        if (st == NB_OK) {
+            st = nb_tree_dict(tr->ctx, 5, (const char *[]){"fn", "self", "args", "cfg", "ts"},
+                              (nb_tree *[]){(nb_tree *)nb_tree_get(S.tself, "fn"),
+                                            (nb_tree *)nb_tree_get(S.tself, "self"),
+                                            (nb_tree *)nb_tree_get(S.tself, "args"), cfg, tsleaf},
+                              &bself);
+        }
+        if (st == NB_OK) {
+            st = nb_tree_dict(tr->ctx, 1, (const char *[]){"t1"},
+                              (nb_tree *[]){nbo_float(tr, S.tau1)}, &cself);
+        }
+        if (st == NB_OK) {
+            st = nb_fn_create(tr->ctx, "diffeqsolve_step", nbo_step_body, bself, &bf);
+        }
+        if (st == NB_OK) {
+            st = nb_fn_create(tr->ctx, "diffeqsolve_cond", nbo_cond, cself, &cf);
+        }
+        nb_tree_destroy(bself);
+        nb_tree_destroy(cself);
+        if (st != NB_OK) {
+            nb_fn_destroy(bf);
+            nb_fn_destroy(cf);
+            if (tr->status == NB_OK) {
+                nbi_trace_err(tr, st, "%s: out of memory", who);
+            }
+            goto done;
+        }
+        nb_loop_opts lo = nb_loop_opts_default();
+        lo.max_steps = M;
+        lo.kind = kind;
+        lo.checkpoints = o->adjoint.checkpoints;
+        nb_tree *bufmask = NULL;
+        if (o->saveat.kind == NB_SAVEAT_STEPS) {
+            nb_tree *bi[10];
+            for (int i = 0; i < 10; i++) {
+                bi[i] = NULL;
+                if (nb_tree_bool(tr->ctx, i == 9, &bi[i]) != NB_OK ||
+                    nbi_trace_own(tr, bi[i]) != NB_OK) {
+                    bi[i] = NULL;
+                    nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+                }
+            }
+            bufmask = nbo_tuple(tr, 10, bi);
+            lo.buffers = bufmask;
+        }
+        const nb_tree *fin = tr->status == NB_OK ? nb_while_loop(tr, cf, bf, init, &lo) : NULL;
+        nb_fn_destroy(bf);
+        nb_fn_destroy(cf);
+        if (fin == NULL) {
+            goto done;
+        }
+
+        /* the solution */
+        nb_var *t = nb_var_of(tr, nb_tree_child(fin, 0));
+        nb_var *result = nb_var_of(tr, nb_tree_child(fin, 6));
+        result = nb_select(nb_logical_and(nb_eq(result, nbo_i32(tr, 0)), nb_lt(t, t1v)),
+                           nbo_i32(tr, NB_ODE_MAX_STEPS_REACHED), result);
+        nb_var *steps = nb_var_of(tr, nb_tree_child(fin, 4));
+        nb_var *accv = nb_var_of(tr, nb_tree_child(fin, 5));
+        nb_var *t_ext = S.sign < 0 ? nb_neg(t) : t;
+        int64_t L2 = 0;
+        nb_var **yf = nbo_leaves(tr, nb_tree_child(fin, 2), &L2, NULL);
+        nb_var **ys = nbo_vars(tr, L);
+        if (yf == NULL || ys == NULL) {
+            goto done;
+        }
+        nb_var *tsv;
+        const nb_tree *fsave = nb_tree_child(fin, 9);
+        if (o->saveat.kind == NB_SAVEAT_T1) {
+            tsv = nb_reshape(t_ext, 1, (int64_t[]){1});
+            for (int64_t i = 0; i < L; i++) {
+                ys[i] = nb_expand_dims(yf[i], 0);
+            }
+        } else if (o->saveat.kind == NB_SAVEAT_TS) {
+            nb_array *a = NULL;
+            if (nb_array_zeros(tr->ctx, dt, 1, (int64_t[]){nts}, &a) != NB_OK) {
+                nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+                goto done;
+            }
+            for (int64_t j = 0; j < nts; j++) {
+                if (dt == NB_DTYPE_F64) {
+                    ((double *)nb_array_data(a))[j] = o->saveat.ts[j];
+                } else {
+                    ((float *)nb_array_data(a))[j] = (float)o->saveat.ts[j];
+                }
+            }
+            tsv = nb_constant(tr, a);
+            nb_array_destroy(a);
+            for (int64_t i = 0; i < L; i++) {
+                nb_var *v = nb_var_of(tr, nb_tree_child(fsave, i));
+                int64_t r = S.y0[i]->rank;
+                int64_t shp[NB_MAX_RANK + 1];
+                shp[0] = nts;
+                memcpy(shp + 1, S.y0[i]->shape, (size_t)r * sizeof *shp);
+                ys[i] = nb_reshape(v, (int)r + 1, shp);
+            }
+        } else {
+            /* compact the rows of kept steps to the front */
+            nb_var *tsb = nb_var_of(tr, nb_tree_child(fsave, 0));
+            nb_tree *cinit =
+                nbo_tuple(tr, 3,
+                          (nb_tree *[]){nb_leaf(nbo_i32(tr, 0)),
+                                        nb_leaf(nb_full(tr, NB_DTYPE_I32, 1, (int64_t[]){M}, 0.0)),
+                                        nb_leaf(nbo_i32(tr, 0))});
+            nb_fn *cb = NULL;
+            if (cinit == NULL || nb_fn_create(tr->ctx, "diffeqsolve_compact", nbo_compact_body,
+                                              NULL, &cb) != NB_OK) {
+                if (tr->status == NB_OK) {
+                    nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+                }
+                goto done;
+            }
+            const nb_tree *cr = nb_scan(tr, cb, cinit, nb_leaf(nb_stop_gradient(tsb)), M, NULL);
+            nb_fn_destroy(cb);
+            if (cr == NULL) {
+                goto done;
+            }
+            nb_var *count = nb_get(tr, cr, "[0][0]"), *idx = nb_get(tr, cr, "[0][1]");
+            nb_var *valid = nb_lt(nb_iota(tr, NB_DTYPE_I32, 1, (int64_t[]){M}, 0), count);
+            nb_var *inf = nb_scalar_typed(tr, dt, INFINITY);
+            tsv = nb_select(valid, nb_take(tsb, idx, 0), inf);
+            nb_var *valid2 = nb_reshape(valid, 2, (int64_t[]){M, 1});
+            const nb_tree *ysb = nb_tree_child(fsave, 1);
+            for (int64_t i = 0; i < L; i++) {
+                nb_var *v =
+                    nb_select(valid2, nb_take(nb_var_of(tr, nb_tree_child(ysb, i)), idx, 0), inf);
+                int64_t r = S.y0[i]->rank;
+                int64_t shp[NB_MAX_RANK + 1];
+                shp[0] = M;
+                memcpy(shp + 1, S.y0[i]->shape, (size_t)r * sizeof *shp);
+                ys[i] = nb_reshape(v, (int)r + 1, shp);
+            }
+        }
+        if (o->throw_on_failure) {
+            /* every output goes through the check, so any use of the solution raises */
+            nb_var *fail = nb_ne(result, nbo_i32(tr, 0));
+            nb_var *vals = nb_concatenate(
+                4,
+                (nb_var *[]){nb_reshape(nb_cast(t_ext, NB_DTYPE_F64), 1, (int64_t[]){1}),
+                             nb_reshape(nb_cast(result, NB_DTYPE_F64), 1, (int64_t[]){1}),
+                             nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){1}, (double)M),
+                             nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){1}, o->t1)},
+                0);
+            for (int64_t i = 0; i < L; i++) {
+                ys[i] = nbi_check(ys[i], fail, vals, nbo_fail_msg);
+            }
+            tsv = nbi_check(tsv, fail, vals, nbo_fail_msg);
+            t_ext = nbi_check(t_ext, fail, vals, nbo_fail_msg);
+            result = nbi_check(result, fail, vals, nbo_fail_msg);
+            steps = nbi_check(steps, fail, vals, nbo_fail_msg);
+            accv = nbi_check(accv, fail, vals, nbo_fail_msg);
+        }
+        nb_tree *ystree = nbo_build(tr, S.ydef, L, ys);
+        nb_tree *stats = NULL, *sol = NULL;
+        if (ystree != NULL &&
+            nb_tree_dict(tr->ctx, 3,
+                         (const char *[]){"num_steps", "num_accepted_steps", "num_rejected_steps"},
+                         (nb_tree *[]){nb_leaf(steps), nb_leaf(accv), nb_leaf(nb_sub(steps, accv))},
+                         &stats) == NB_OK &&
+            nbi_trace_own(tr, stats) == NB_OK &&
+            nb_tree_dict(
+                tr->ctx, 5, (const char *[]){"ts", "ys", "result", "t_final", "stats"},
+                (nb_tree *[]){nb_leaf(tsv), ystree, nb_leaf(result), nb_leaf(t_ext), stats},
+                &sol) == NB_OK &&
+            nbi_trace_own(tr, sol) == NB_OK) {
+            result_tree = sol;
+        } else if (tr->status == NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        }
+    }
+done:
+    nb_treedef_destroy(S.ydef);
+    return tr->status == NB_OK ? result_tree : NULL;
+}
+
+/* ---- options as static data (for the backsolve adjoint's functions) --------------------- */
+
+enum { OPT_CTRL = 12, OPT_HEAD = 4 + OPT_CTRL + 4 + 2 + OPT_CTRL + 1 };
+
+static void nbo_ctrl_enc(const nb_ode_controller *c, double *v) {
+    double w[OPT_CTRL] = {c->adaptive, c->rtol,   c->atol,      c->pcoeff,
+                          c->icoeff,   c->dcoeff, c->factormin, c->factormax,
+                          c->safety,   c->dtmin,  c->dtmax,     c->force_dtmin};
+    memcpy(v, w, sizeof w);
+}
+
+static void nbo_ctrl_dec(const double *v, nb_ode_controller *c) {
+    c->adaptive = v[0] != 0;
+    c->rtol = v[1];
+    c->atol = v[2];
+    c->pcoeff = v[3];
+    c->icoeff = v[4];
+    c->dcoeff = v[5];
+    c->factormin = v[6];
+    c->factormax = v[7];
+    c->safety = v[8];
+    c->dtmin = v[9];
+    c->dtmax = v[10];
+    c->force_dtmin = v[11] != 0;
+}
+
+/* A trace-owned tuple of floats holding o (ts included). */
+static nb_tree *nbo_opts_enc(nb_trace *tr, const nb_ode_opts *o) {
+    int64_t nts = o->saveat.kind == NB_SAVEAT_TS ? o->saveat.n_ts : 0;
+    int64_t n = OPT_HEAD + nts;
+    double *v = nbi_arena_alloc(&tr->arena, (size_t)n * sizeof *v);
+    nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)n * sizeof *items);
+    if (v == NULL || items == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return NULL;
+    }
+    v[0] = o->solver;
+    v[1] = o->t0;
+    v[2] = o->t1;
+    v[3] = o->dt0;
+    nbo_ctrl_enc(&o->controller, v + 4);
+    double *w = v + 4 + OPT_CTRL;
+    w[0] = o->saveat.kind;
+    w[1] = (double)o->max_steps;
+    w[2] = o->throw_on_failure;
+    w[3] = o->adjoint.kind;
+    w[4] = (double)o->adjoint.checkpoints;
+    w[5] = o->adjoint.solver;
+    nbo_ctrl_enc(&o->adjoint.controller, w + 6);
+    w[6 + OPT_CTRL] = (double)nts;
+    for (int64_t i = 0; i < nts; i++) {
+        v[OPT_HEAD + i] = o->saveat.ts[i];
+    }
+    for (int64_t i = 0; i < n; i++) {
+        items[i] = nbo_float(tr, v[i]);
+    }
+    return nbo_tuple(tr, n, items);
+}
+
+static bool nbo_opts_dec(nb_trace *tr, const nb_tree *t, nb_ode_opts *o) {
+    int64_t n = nb_tree_len(t);
+    double *v = n >= OPT_HEAD ? nbi_arena_alloc(&tr->arena, (size_t)n * sizeof *v) : NULL;
+    if (v == NULL) {
+        nbi_trace_err(tr, NB_ERR_INTERNAL, "nb_diffeqsolve: bad options record");
+        return false;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        nb_tree_get_float(nb_tree_child(t, i), &v[i]);
+    }
+    *o = nb_ode_opts_default();
+    o->solver = (nb_ode_solver)v[0];
+    o->t0 = v[1];
+    o->t1 = v[2];
+    o->dt0 = v[3];
+    nbo_ctrl_dec(v + 4, &o->controller);
+    const double *w = v + 4 + OPT_CTRL;
+    o->saveat.kind = (nb_saveat_kind)w[0];
+    o->max_steps = (int64_t)w[1];
+    o->throw_on_failure = w[2] != 0;
+    o->adjoint.kind = (nb_ode_adjoint_kind)w[3];
+    o->adjoint.checkpoints = (int64_t)w[4];
+    o->adjoint.solver = (int)w[5];
+    nbo_ctrl_dec(w + 6, &o->adjoint.controller);
+    o->saveat.n_ts = (int64_t)w[6 + OPT_CTRL];
+    o->saveat.ts = o->saveat.n_ts > 0 ? v + OPT_HEAD : NULL;
+    return true;
+}
+
+/* ---- the backsolve adjoint ---------------------------------------------------------------
+ * A custom_vjp around a forward-only solve. Its argument is (y0, args, self) -- the term's
+ * bound data is an argument so that its vars get cotangents too -- and its output one
+ * vector (custom_vjp's contract): every ys leaf flattened, then t_final, result, num_steps
+ * and num_accepted_steps as floats (exact). The rule solves the augmented system
+ *     dy/dt = f(t, y),  da/dt = -a^T df/dy,  dg/dt = -a^T df/d(args, self)
+ * from t1 (y(t1), a = the cotangent of y(t1), g = 0) back to t0, where a and g are the
+ * cotangents of y0 and of the float leaves of (args, self). */
+
+static nb_var *nbo_pack(nb_trace *tr, const nb_tree *sol, int64_t L) {
+    nb_dtype dt = nb_var_dtype(nb_get(tr, sol, "t_final"));
+    nb_var **parts = nbo_vars(tr, L + 4);
+    if (parts == NULL) {
+        return NULL;
+    }
+    const nb_tree *ys = nb_tree_get(sol, "ys");
+    int64_t n = 0;
+    nb_var **yl = nbo_leaves(tr, ys, &n, NULL);
+    if (yl == NULL || n != L) {
+        return NULL;
+    }
+    for (int64_t i = 0; i < L; i++) {
+        parts[i] = nb_reshape(yl[i], 1, (int64_t[]){-1});
+    }
+    static const char *const tail[4] = {"t_final", "result", "stats.num_steps",
+                                        "stats.num_accepted_steps"};
+    for (int i = 0; i < 4; i++) {
+        parts[L + i] = nb_reshape(nb_cast(nb_get(tr, sol, "%s", tail[i]), dt), 1, (int64_t[]){1});
+    }
+    return nb_concatenate((int)(L + 4), parts, 0);
+}
+
+/* The solution dict from a packed vector (SaveAt t1: one row). */
+static const nb_tree *nbo_unpack(nb_trace *tr, nb_var *p, const nb_treedef *ydef, int64_t L,
+                                 nb_var *const *y0) {
+    nb_var **ys = nbo_vars(tr, L);
+    if (ys == NULL) {
+        return NULL;
+    }
+    int64_t off = 0;
+    for (int64_t i = 0; i < L; i++) {
+        int64_t N = nb_var_size(y0[i]), shp[NB_MAX_RANK + 1];
+        shp[0] = 1;
+        memcpy(shp + 1, y0[i]->shape, (size_t)y0[i]->rank * sizeof *shp);
+        ys[i] = nb_reshape(nb_slice(p, (int64_t[]){off}, (int64_t[]){off + N}, NULL),
+                           y0[i]->rank + 1, shp);
+        off += N;
+    }
+    nb_var *sc[4];
+    for (int i = 0; i < 4; i++) {
+        sc[i] =
+            nb_reshape(nb_slice(p, (int64_t[]){off + i}, (int64_t[]){off + i + 1}, NULL), 0, NULL);
+    }
+    nb_var *steps = nb_cast(sc[2], NB_DTYPE_I32), *acc = nb_cast(sc[3], NB_DTYPE_I32);
+    nb_tree *ystree = nbo_build(tr, ydef, L, ys), *stats = NULL, *sol = NULL;
+    if (ystree != NULL &&
+        nb_tree_dict(tr->ctx, 3,
+                     (const char *[]){"num_steps", "num_accepted_steps", "num_rejected_steps"},
+                     (nb_tree *[]){nb_leaf(steps), nb_leaf(acc), nb_leaf(nb_sub(steps, acc))},
+                     &stats) == NB_OK &&
+        nbi_trace_own(tr, stats) == NB_OK &&
+        nb_tree_dict(tr->ctx, 5, (const char *[]){"ts", "ys", "result", "t_final", "stats"},
+                     (nb_tree *[]){nb_leaf(nb_reshape(sc[0], 1, (int64_t[]){1})), ystree,
+                                   nb_leaf(nb_cast(sc[1], NB_DTYPE_I32)), nb_leaf(sc[0]), stats},
+                     &sol) == NB_OK &&
+        nbi_trace_own(tr, sol) == NB_OK) {
+        return sol;
+    }
+    if (tr->status == NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+    }
+    return NULL;
+}
+
+/* Float var leaves of t (depth first), with the matching leaves of ct (a tree of t's
+ * structure with nulls, or NULL): appended to vars/cts from *n on (cap entries). */
+static void nbo_float_leaves(const nb_tree *t, const nb_tree *ct, nb_var **vars,
+                             const nb_tree **cts, int64_t *n, int64_t cap) {
+    if (t == NULL) {
+        return;
+    }
+    nb_tree_kind k = nb_tree_kind_of(t);
+    if (k == NB_TREE_KIND_LIST || k == NB_TREE_KIND_TUPLE || k == NB_TREE_KIND_DICT) {
+        bool node = ct != NULL && nb_tree_len(ct) == nb_tree_len(t) && !nb_tree_is_leaf(ct);
+        for (int64_t i = 0; i < nb_tree_len(t); i++) {
+            nbo_float_leaves(nb_tree_child(t, i), node ? nb_tree_child(ct, i) : NULL, vars, cts, n,
+                             cap);
+        }
+        return;
+    }
+    if (k == NB_TREE_KIND_VAR && *n < cap) {
+        nb_var *v = (nb_var *)t->u.var.var;
+        if (nb_dtype_is_float(v->dtype)) {
+            vars[*n] = v;
+            if (cts != NULL) {
+                cts[*n] = ct != NULL && nb_tree_kind_of(ct) == NB_TREE_KIND_VAR ? ct : NULL;
+            }
+            (*n)++;
+        }
+    }
+}
+
+/* A trace-owned tree of t's structure with vals[*k..] at its float var leaves (in the order
+ * of nbo_float_leaves) and null everywhere else: the cotangent tree custom_vjp wants. */
+static nb_tree *nbo_rebuild(nb_trace *tr, const nb_tree *t, nb_var *const *vals, int64_t *k) {
+    if (t == NULL) {
+        return nbo_null(tr);
+    }
+    nb_tree_kind kind = nb_tree_kind_of(t);
+    if (kind == NB_TREE_KIND_LIST || kind == NB_TREE_KIND_TUPLE || kind == NB_TREE_KIND_DICT) {
+        int64_t n = nb_tree_len(t);
+        nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(n > 0 ? n : 1) * sizeof *items);
+        const char **keys = nbi_arena_alloc(&tr->arena, (size_t)(n > 0 ? n : 1) * sizeof *keys);
+        if (items == NULL || keys == NULL) {
+            nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+            return NULL;
+        }
+        for (int64_t i = 0; i < n; i++) {
+            if ((items[i] = nbo_rebuild(tr, nb_tree_child(t, i), vals, k)) == NULL) {
+                return NULL;
+            }
+            keys[i] = nb_tree_key(t, i);
+        }
+        nb_tree *out = NULL;
+        nb_status st = kind == NB_TREE_KIND_LIST    ? nb_tree_list(tr->ctx, n, items, &out)
+                       : kind == NB_TREE_KIND_TUPLE ? nb_tree_tuple(tr->ctx, n, items, &out)
+                                                    : nb_tree_dict(tr->ctx, n, keys, items, &out);
+        if (st != NB_OK || nbi_trace_own(tr, out) != NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+            return NULL;
+        }
+        return out;
+    }
+    if (kind == NB_TREE_KIND_VAR && nb_dtype_is_float(((nb_var *)t->u.var.var)->dtype)) {
+        return nb_leaf(vals[(*k)++]);
+    }
+    return nbo_null(tr);
+}
+
+/* The user's term as a function of (t, y, args, self), for nb_vjp. self: dict(fn). */
+static nb_status nbo_term_fn(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    nb_fnptr fp = NULL;
+    nb_tree_get_fnref(nb_tree_get(self, "fn"), &fp, NULL);
+    const nb_tree *uself = nb_tree_child(args, 3);
+    if (nb_tree_kind_of(uself) == NB_TREE_KIND_NULL) {
+        uself = NULL;
+    }
+    nb_tree *targs = nbo_tuple(tr, 3,
+                               (nb_tree *[]){(nb_tree *)nb_tree_child(args, 0),
+                                             (nb_tree *)nb_tree_child(args, 1),
+                                             (nb_tree *)nb_tree_child(args, 2)});
+    if (targs == NULL) {
+        return tr->status;
+    }
+    return ((nb_fn_body)fp)(tr, uself, targs, out);
+}
+
+/* The augmented vector field. args = (t, z = dict(y, a, g), (args, self)); self: dict(fn). */
+static nb_status nbo_aug_term(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    nb_ctx *ctx = tr->ctx;
+    const nb_tree *z = nb_tree_child(args, 1), *aux = nb_tree_child(args, 2);
+    const nb_tree *ua = nb_tree_child(aux, 0), *us = nb_tree_child(aux, 1);
+    nb_fn *tf = NULL, *vf = NULL;
+    nb_status st = nb_fn_create(ctx, "backsolve_term", nbo_term_fn, self, &tf);
+    if (st == NB_OK) {
+        st = nb_vjp(tf, &vf);
+    }
+    nb_fn_destroy(tf);
+    if (st != NB_OK) {
+        return nbi_trace_err(tr, st, "nb_diffeqsolve: backsolve: out of memory");
+    }
+    nb_tree *prim =
+        nbo_tuple(tr, 4,
+                  (nb_tree *[]){(nb_tree *)nb_tree_child(args, 0), (nb_tree *)nb_tree_get(z, "y"),
+                                (nb_tree *)ua, (nb_tree *)us});
+    nb_tree *call =
+        prim != NULL ? nbo_tuple(tr, 2, (nb_tree *[]){prim, (nb_tree *)nb_tree_get(z, "a")}) : NULL;
+    const nb_tree *r = call != NULL ? nb_apply(tr, vf, call) : NULL;
+    nb_fn_destroy(vf);
+    if (r == NULL) {
+        return tr->status;
+    }
+    const nb_tree *fy = nb_tree_child(r, 0), *cts = nb_tree_child(r, 1);
+    /* da/dt = -ct_y */
+    int64_t L = 0;
+    nb_treedef *ydef = NULL;
+    nb_var **cy = nbo_leaves(tr, nb_tree_child(cts, 1), &L, &ydef);
+    int64_t La = 0;
+    nb_var **al = cy != NULL ? nbo_leaves(tr, nb_tree_get(z, "a"), &La, NULL) : NULL;
+    if (al == NULL) {
+        nb_treedef_destroy(ydef);
+        return tr->status;
+    }
+    /* the ct tree drops nulls only where y has non-float leaves: y is all float */
+    nb_var **da = nbo_vars(tr, La);
+    for (int64_t i = 0; da != NULL && i < La; i++) {
+        da[i] = i < L ? nb_neg(cy[i]) : nbi_zeros_like(tr, al[i]);
+    }
+    nb_treedef_destroy(ydef);
+    nb_treedef *adef = NULL;
+    nb_tree_treedef(nb_tree_get(z, "a"), &adef);
+    nb_tree *atree = da != NULL && adef != NULL ? nbo_build(tr, adef, La, da) : NULL;
+    nb_treedef_destroy(adef);
+    /* dg/dt = -ct of the float leaves of (args, self) */
+    const nb_tree *g = nb_tree_get(z, "g");
+    int64_t ng = nb_tree_len(g), n = 0;
+    nb_var **pv = nbo_vars(tr, ng);
+    const nb_tree **pc = nbi_arena_alloc(&tr->arena, (size_t)(ng > 0 ? ng : 1) * sizeof *pc);
+    nb_tree **gi = nbi_arena_alloc(&tr->arena, (size_t)(ng > 0 ? ng : 1) * sizeof *gi);
+    if (atree == NULL || pv == NULL || pc == NULL || gi == NULL) {
+        return tr->status != NB_OK ? tr->status : nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+    }
+    nbo_float_leaves(ua, nb_tree_child(cts, 2), pv, pc, &n, ng);
+    nbo_float_leaves(us, nb_tree_child(cts, 3), pv, pc, &n, ng);
+    for (int64_t i = 0; i < ng; i++) {
+        nb_var *gv = nb_var_of(tr, nb_tree_child(g, i));
+        gi[i] =
+            nb_leaf(i < n && pc[i] != NULL ? nb_neg(nb_var_of(tr, pc[i])) : nbi_zeros_like(tr, gv));
+    }
+    nb_tree *gtree = nbo_tuple(tr, ng, gi);
+    if (gtree == NULL) {
+        return tr->status;
+    }
+    return nb_tree_dict(ctx, 3, (const char *[]){"y", "a", "g"},
+                        (nb_tree *[]){(nb_tree *)fy, atree, gtree}, out);
+}
+
+/* Forward solve for the custom_vjp: args = (y0, args, self); self = dict(fn, cfg). */
+static const nb_tree *nbo_bs_solve(nb_trace *tr, const nb_tree *self, const nb_tree *args) {
+    nb_ode_opts o;
+    if (!nbo_opts_dec(tr, nb_tree_get(self, "cfg"), &o)) {
+        return NULL;
+    }
+    const nb_tree *us = nb_tree_child(args, 2), *ua = nb_tree_child(args, 1);
+    return nbo_core(tr, (nb_tree *)nb_tree_get(self, "fn"),
+                    nb_tree_kind_of(us) == NB_TREE_KIND_NULL ? NULL : us, nb_tree_child(args, 0),
+                    nb_tree_kind_of(ua) == NB_TREE_KIND_NULL ? NULL : ua, &o, NB_LOOP_LAX);
+}
+
+static nb_status nbo_bs_primal(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    const nb_tree *sol = nbo_bs_solve(tr, self, args);
+    if (sol == NULL) {
+        return tr->status;
+    }
+    return nb_return(nbo_pack(tr, sol, nb_tree_num_leaves(nb_tree_child(args, 0))), out);
+}
+
+static nb_status nbo_bs_fwd(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    const nb_tree *sol = nbo_bs_solve(tr, self, args);
+    if (sol == NULL) {
+        return tr->status;
+    }
+    int64_t L = 0;
+    nb_treedef *ydef = NULL;
+    nb_var **ys = nbo_leaves(tr, nb_tree_get(sol, "ys"), &L, &ydef);
+    nb_var **y0 = ys != NULL ? nbo_leaves(tr, nb_tree_child(args, 0), &L, NULL) : NULL;
+    nb_var **yT = nbo_vars(tr, L);
+    if (y0 == NULL || yT == NULL) {
+        nb_treedef_destroy(ydef);
+        return tr->status;
+    }
+    for (int64_t i = 0; i < L; i++) {
+        yT[i] = nb_reshape(ys[i], y0[i]->rank, y0[i]->shape);
+    }
+    nb_tree *yTt = nbo_build(tr, ydef, L, yT);
+    nb_treedef_destroy(ydef);
+    nb_var *p = nbo_pack(tr, sol, L);
+    nb_tree *res = yTt != NULL ? nbo_tuple(tr, 3,
+                                           (nb_tree *[]){yTt, (nb_tree *)nb_tree_child(args, 1),
+                                                         (nb_tree *)nb_tree_child(args, 2)})
+                               : NULL;
+    nb_tree *pair =
+        res != NULL && p != NULL ? nbo_tuple(tr, 2, (nb_tree *[]){nb_leaf(p), res}) : NULL;
+    if (pair == NULL) {
+        return tr->status;
+    }
+    *out = nb_tree_retain(pair);
+    return NB_OK;
+}
+
+static nb_status nbo_bs_bwd(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    static const char who[] = "nb_diffeqsolve: backsolve";
+    nb_ode_opts o;
+    if (!nbo_opts_dec(tr, nb_tree_get(self, "cfg"), &o)) {
+        return tr->status;
+    }
+    const nb_tree *res = nb_tree_child(args, 0);
+    nb_var *ct = nb_var_of(tr, nb_tree_child(args, 1));
+    const nb_tree *yT = nb_tree_child(res, 0), *ua = nb_tree_child(res, 1),
+                  *us = nb_tree_child(res, 2);
+    int64_t L = 0;
+    nb_treedef *ydef = NULL;
+    nb_var **yl = nbo_leaves(tr, yT, &L, &ydef);
+    nb_var **al = nbo_vars(tr, L);
+    if (yl == NULL || al == NULL) {
+        nb_treedef_destroy(ydef);
+        return tr->status;
+    }
+    int64_t off = 0;
+    for (int64_t i = 0; i < L; i++) {
+        int64_t N = nb_var_size(yl[i]);
+        al[i] = nb_reshape(nb_slice(ct, (int64_t[]){off}, (int64_t[]){off + N}, NULL), yl[i]->rank,
+                           yl[i]->shape);
+        off += N;
+    }
+    /* the float leaves of (args, self), and their accumulators g = 0 */
+    int64_t cap = nb_tree_num_leaves(ua) + nb_tree_num_leaves(us) + 1, np = 0;
+    nb_var **pv = nbo_vars(tr, cap);
+    if (pv == NULL) {
+        nb_treedef_destroy(ydef);
+        return tr->status;
+    }
+    nbo_float_leaves(ua, NULL, pv, NULL, &np, cap);
+    nbo_float_leaves(us, NULL, pv, NULL, &np, cap);
+    nb_dtype dt = yl[0]->dtype;
+    nb_tree **gi = nbi_arena_alloc(&tr->arena, (size_t)(np > 0 ? np : 1) * sizeof *gi);
+    if (gi == NULL) {
+        nb_treedef_destroy(ydef);
+        return nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+    }
+    for (int64_t i = 0; i < np; i++) {
+        if (pv[i]->dtype != dt) {
+            char sig[64];
+            nb_treedef_destroy(ydef);
+            return nbi_trace_err(tr, NB_ERR_DTYPE,
+                                 "%s: a float leaf of the term's args or bound data is %s while "
+                                 "the state is %s -- the augmented system integrates them "
+                                 "together: give them the state's dtype (or use the recursive "
+                                 "checkpoint adjoint)",
+                                 who, nbi_var_sig(sig, sizeof sig, pv[i]), nb_dtype_name(dt));
+        }
+        gi[i] = nb_leaf(nbi_zeros_like(tr, pv[i]));
+    }
+    nb_tree *ytree = nbo_build(tr, ydef, L, yl), *atree = nbo_build(tr, ydef, L, al);
+    nb_tree *gtree = nbo_tuple(tr, np, gi);
+    nb_treedef_destroy(ydef);
+    nb_tree *z = NULL;
+    if (ytree == NULL || atree == NULL || gtree == NULL ||
+        nb_tree_dict(tr->ctx, 3, (const char *[]){"y", "a", "g"},
+                     (nb_tree *[]){ytree, atree, gtree}, &z) != NB_OK ||
+        nbi_trace_own(tr, z) != NB_OK) {
+        return tr->status != NB_OK ? tr->status
+                                   : nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+    }
+    /* the adjoint solve: from t1 back to t0 */
+    nb_ode_opts b = o;
+    b.t0 = o.t1;
+    b.t1 = o.t0;
+    b.dt0 = -o.dt0;
+    b.solver = o.adjoint.solver >= 0 ? (nb_ode_solver)o.adjoint.solver : o.solver;
+    if (o.adjoint.controller.adaptive || o.adjoint.controller.rtol > 0) {
+        b.controller = o.adjoint.controller;
+    }
+    b.saveat.kind = NB_SAVEAT_T1;
+    b.saveat.ts = NULL;
+    b.saveat.n_ts = 0;
+    b.throw_on_failure = false;
+    b.adjoint.kind = NB_ADJOINT_DIRECT;
+    if (!nbo_check_opts(tr, &b)) {
+        return tr->status;
+    }
+    nb_tree *fnref = NULL, *aself = NULL;
+    if (nb_tree_fnref(tr->ctx, (nb_fnptr)nbo_aug_term, "backsolve_adjoint", &fnref) != NB_OK ||
+        nbi_trace_own(tr, fnref) != NB_OK ||
+        nb_tree_dict(tr->ctx, 1, (const char *[]){"fn"},
+                     (nb_tree *[]){(nb_tree *)nb_tree_get(self, "fn")}, &aself) != NB_OK ||
+        nbi_trace_own(tr, aself) != NB_OK) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+    }
+    nb_tree *aux = nbo_tuple(tr, 2, (nb_tree *[]){(nb_tree *)ua, (nb_tree *)us});
+    const nb_tree *sol = aux != NULL ? nbo_core(tr, fnref, aself, z, aux, &b, NB_LOOP_LAX) : NULL;
+    if (sol == NULL) {
+        return tr->status;
+    }
+    /* cotangents: a(t0) for y0, g(t0) for the float leaves of (args, self) */
+    const nb_tree *ys = nb_tree_get(sol, "ys");
+    int64_t La = 0, Lg = 0;
+    nb_var **a0 = nbo_leaves(tr, nb_tree_get(ys, "a"), &La, NULL);
+    nb_var **g0 = a0 != NULL ? nbo_leaves(tr, nb_tree_get(ys, "g"), &Lg, NULL) : NULL;
+    if (g0 == NULL) {
+        return tr->status;
+    }
+    for (int64_t i = 0; i < La; i++) {
+        a0[i] = nb_reshape(a0[i], yl[i]->rank, yl[i]->shape);
+    }
+    for (int64_t i = 0; i < Lg; i++) {
+        g0[i] = nb_reshape(g0[i], pv[i]->rank, pv[i]->shape);
+    }
+    int64_t k0 = 0, k1 = 0;
+    nb_tree *c0 = nbo_rebuild(tr, yT, a0, &k0);
+    nb_tree *c1 = nbo_rebuild(tr, nb_tree_kind_of(ua) == NB_TREE_KIND_NULL ? NULL : ua, g0, &k1);
+    nb_tree *c2 = nbo_rebuild(tr, nb_tree_kind_of(us) == NB_TREE_KIND_NULL ? NULL : us, g0, &k1);
+    nb_tree *r =
+        c0 != NULL && c1 != NULL && c2 != NULL ? nbo_tuple(tr, 3, (nb_tree *[]){c0, c1, c2}) : NULL;
+    if (r == NULL) {
+        return tr->status;
+    }
+    *out = nb_tree_retain(r);
+    return NB_OK;
+}
+
+static const nb_tree *nbo_backsolve(nb_trace *tr, nb_tree *fnref, const nb_tree *tuself,
+                                    const nb_tree *y0, const nb_tree *args, const nb_ode_opts *o) {
+    static const char who[] = "nb_diffeqsolve";
+    nb_tree *cfg = nbo_opts_enc(tr, o), *self = NULL;
+    nb_fn *f = NULL, *fwd = NULL, *bwd = NULL, *cv = NULL;
+    nb_status st = cfg != NULL ? NB_OK : NB_ERR_OOM;
+    if (st == NB_OK) {
+        st = nb_tree_dict(tr->ctx, 2, (const char *[]){"fn", "cfg"}, (nb_tree *[]){fnref, cfg},
+                          &self);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(tr->ctx, "diffeqsolve_backsolve", nbo_bs_primal, self, &f);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(tr->ctx, "diffeqsolve_backsolve_fwd", nbo_bs_fwd, self, &fwd);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(tr->ctx, "diffeqsolve_backsolve_bwd", nbo_bs_bwd, self, &bwd);
+    }
+    if (st == NB_OK) {
+        st = nb_custom_vjp(f, fwd, bwd, &cv);
+    }
+    nb_tree_destroy(self);
+    nb_fn_destroy(f);
+    nb_fn_destroy(fwd);
+    nb_fn_destroy(bwd);
+    nb_tree *call = NULL;
+    if (st == NB_OK) {
+        call = nbo_tuple(tr, 3,
+                         (nb_tree *[]){(nb_tree *)y0, args != NULL ? (nb_tree *)args : nbo_null(tr),
+                                       tuself != NULL ? (nb_tree *)tuself : nbo_null(tr)});
+    }
+    if (st != NB_OK) {
+        nb_fn_destroy(cv);
+        nbi_trace_err(tr, st, "%s: out of memory", who);
+        return NULL;
+    }
+    const nb_tree *r = call != NULL ? nb_apply(tr, cv, call) : NULL;
+    nb_fn_destroy(cv);
+    if (r == NULL) {
+        return NULL;
+    }
+    int64_t L = 0;
+    nb_treedef *ydef = NULL;
+    nb_var **yl = nbo_leaves(tr, y0, &L, &ydef);
+    const nb_tree *sol = yl != NULL ? nbo_unpack(tr, nb_var_of(tr, r), ydef, L, yl) : NULL;
+    nb_treedef_destroy(ydef);
+    return sol;
+}
+
+/* ---- the entry point ----------------------------------------------------------------- */
+
+const nb_tree *nb_diffeqsolve(nb_trace *tr, nb_fn *term, const nb_tree *y0, const nb_tree *args,
+                              const nb_ode_opts *opts) {
+    static const char who[] = "nb_diffeqsolve";
+    if (tr == NULL || tr->status != NB_OK) {
+        return NULL;
+    }
+    nb_ode_opts o = opts != NULL ? *opts : nb_ode_opts_default();
+    if (nb_tree_check(y0) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: y0 is NULL or destroyed", who);
+        return NULL;
+    }
+    if (args != NULL && nb_tree_check(args) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: args is destroyed", who);
+        return NULL;
+    }
+    nb_fn_body tbody = NULL;
+    const nb_tree *tuself = NULL;
+    if (!nbo_unwrap(tr, term, &tbody, &tuself) || !nbo_check_opts(tr, &o)) {
+        return NULL;
+    }
+    nb_tree *fnref = NULL;
+    if (nb_tree_fnref(tr->ctx, (nb_fnptr)tbody, term->name, &fnref) != NB_OK ||
+        nbi_trace_own(tr, fnref) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return NULL;
+    }
+    const nb_tree *sol;
+    if (o.adjoint.kind == NB_ADJOINT_BACKSOLVE) {
+        sol = nbo_backsolve(tr, fnref, tuself, y0, args, &o);
+    } else {
+        sol =
+            nbo_core(tr, fnref, tuself, y0, args, &o,
+                     o.adjoint.kind == NB_ADJOINT_DIRECT ? NB_LOOP_BOUNDED : NB_LOOP_CHECKPOINTED);
+    }
+    return tr->status == NB_OK ? sol : NULL;
+}

@@ -1,0 +1,515 @@
+/*
+ * tableau.c -- the explicit Runge-Kutta methods of nabla/ode.h as data (see tableau.h for the
+ * layout), and nb_ode_solver_name / nb_ode_solver_order.
+ *
+ * The methods are Diffrax's (diffrax 0.7.2, diffrax/_solver/<method>.py), so that an adaptive
+ * solve can be compared with Diffrax's step for step: the same c, a, b, error weights and
+ * FSAL property. Every c, a, b and e number below (and dopri8's dense coefficients) is
+ * transcribed from Diffrax's source with all its digits and its arithmetic kept (Diffrax's `35 /
+ * 384` is `35.0 / 384.0` here, its b_error entry `35 / 384 - 1951 / 21600` is the same difference
+ * here), so each double is bit for bit the float64 Diffrax uses; tests/ode/test_tableau.c checks
+ * that, and the order conditions. The exception is classical RK4, which Diffrax does not have
+ * (Kutta 1901).
+ *
+ * Error weights: e is Diffrax's `b_error` as it stands (Diffrax computes the error estimate
+ * as h sum_i b_error_i f_i, never as a difference of two solutions). For bosh3, dopri5, tsit5
+ * and dopri8 that is b - bhat. For heun, midpoint and ralston Diffrax writes it as
+ * bhat - b with bhat Euler's weights (1, 0): the sign is the opposite of tableau.h's
+ * b - bhat, and it does not matter, since only |err| reaches the controller's norm.
+ *
+ * error_order is Diffrax's AbstractSolver.error_order(terms) for an ODE, which returns
+ * solver.order(terms) (its docstring: an estimate from methods of orders p and q = p - 1 has
+ * local order min(p, q) + 1 = p). The PID controller uses it as the exponent 1/error_order
+ * of its step-size factor, and the initial-step selection (dt0 = None) as well. Euler and RK4
+ * have no estimate: 0.
+ *
+ * Dense output, against Diffrax's `interpolation_cls`:
+ *   euler        Diffrax: LocalLinearInterpolation, y0 + theta (y1 - y0), i.e. B_0 = theta
+ *                (order 1). Here: dense_degree 0, the solver's cubic Hermite through
+ *                (y0, f0, y1, f(t1, y1)) -- same order 1 globally, different values.
+ *   heun, midpoint, ralston
+ *                Diffrax: ThirdOrderHermitePolynomialInterpolation.from_k, a cubic Hermite
+ *                through (y0, k[0], y1, k[-1]) where k[-1] = h f of the LAST STAGE, not
+ *                h f(t1, y1): f(t0 + h, y0 + h f0) for heun, f(t0 + h/2, .) for midpoint,
+ *                f(t0 + 2h/3, .) for ralston. Written in this file's form that is degree 3
+ *                with, for s = 2 stages,
+ *                  B_i(theta) = [i == 0] theta + (3 b_i - 2 [i == 0] - [i == 1]) theta^2
+ *                               + ([i == 0] + [i == 1] - 2 b_i) theta^3,
+ *                of global order 2. Here: dense_degree 0 (the true Hermite cubic with
+ *                f(t1, y1)), also of global order 2 for these order-2 methods.
+ *   bosh3        Diffrax: the same from_k Hermite; bosh3 is FSAL, so k[-1] = h f(t1, y1) and
+ *                it is exactly the solver's Hermite cubic: dense_degree 0 (order 3).
+ *   rk4          (not in Diffrax) dense_degree 0: Hermite cubic, order 4.
+ *   dopri5       Diffrax: FourthOrderPolynomialInterpolation, the quartic through y0, f0, y1,
+ *                f1 = k[6] and y_mid = y0 + h sum_i c_mid_i f_i (dopri5.py's c_mid). Substituting
+ *                y1 and y_mid gives this file's quartic B_i exactly (rationals below).
+ *   tsit5        Diffrax: _Tsit5Interpolation, y0 + h sum_i b_i(theta) f_i with b_i(theta)
+ *                as products of factors (Tsitouras 2011); expanded to monomials below.
+ *   dopri8       Diffrax: _Dopri8Interpolation, y0 + h sum_i theta p_i(theta) f_i with p_i of
+ *                degree 5 (`eval_coeffs`, cited to Bogacki and Shampine 1990): degree 6 here,
+ *                over the 14 stages of the step (the 14th is FSAL's f(t1, y1)); no extra
+ *                stages. Its order conditions hold up to order 5 only (the test checks every
+ *                rooted tree), so its global error is O(h^6), not the 8 of Diffrax's docstring;
+ *                and its 20-digit coefficients give B_i(1) = b_i only to ~1e-12 (the
+ *                interpolant ends ~1e-12 h |f| away from y1). Kept as Diffrax has it.
+ *
+ * dopri8 is Diffrax's Dopri8: Prince and Dormand's RK8(7)13M (J. Comp. Appl. Math 7, 1981)
+ * with an FSAL 14th stage, order 8 with an embedded order-7 estimate -- not Hairer's DOP853
+ * (which has an order 5 and 3 estimate and extra dense-output stages).
+ */
+#include "ode/tableau.h"
+
+#include "core/internal.h"
+#include "nabla/ode.h"
+
+#include <stddef.h>
+
+/* ---- euler: y1 = y0 + h f0 (Diffrax's Euler, diffrax/_solver/euler.py) ----------------- */
+
+static const double euler_c[1] = {0.0};
+static const double euler_a[1 * 1] = {0.0};
+static const double euler_b[1] = {1.0};
+
+/* ---- heun (diffrax/_solver/heun.py): explicit trapezoidal rule, embedded Euler ------------ */
+
+/* clang-format off */
+static const double heun_c[2] = {
+    0.0, 1.0,
+};
+static const double heun_a[2 * 2] = {
+    [1 * 2] = 1.0,
+};
+static const double heun_b[2] = {
+    0.5, 0.5,
+};
+static const double heun_e[2] = {
+    0.5, -0.5,
+};
+/* clang-format on */
+
+/* ---- midpoint (diffrax/_solver/midpoint.py), embedded Euler --------------------------------- */
+
+/* clang-format off */
+static const double midpoint_c[2] = {
+    0.0, 0.5,
+};
+static const double midpoint_a[2 * 2] = {
+    [1 * 2] = 0.5,
+};
+static const double midpoint_b[2] = {
+    0.0, 1.0,
+};
+static const double midpoint_e[2] = {
+    1.0, -1.0,
+};
+/* clang-format on */
+
+/* ---- ralston (diffrax/_solver/ralston.py): Ralston's 2/3 method, embedded Euler --------- */
+
+/* clang-format off */
+static const double ralston_c[2] = {
+    0.0, 2.0 / 3.0,
+};
+static const double ralston_a[2 * 2] = {
+    [1 * 2] = 2.0 / 3.0,
+};
+static const double ralston_b[2] = {
+    0.25, 0.75,
+};
+static const double ralston_e[2] = {
+    0.75, -0.75,
+};
+/* clang-format on */
+
+/* ---- bosh3 (diffrax/_solver/bosh3.py): Bogacki and Shampine's 3(2), FSAL -------------------- */
+
+/* clang-format off */
+static const double bosh3_c[4] = {
+    0.0, 1.0 / 2.0, 3.0 / 4.0, 1.0,
+};
+static const double bosh3_a[4 * 4] = {
+    [1 * 4] = 1.0 / 2.0,
+    [2 * 4] = 0.0, 3.0 / 4.0,
+    [3 * 4] = 2.0 / 9.0, 1.0 / 3.0, 4.0 / 9.0,
+};
+static const double bosh3_b[4] = {
+    2.0 / 9.0, 1.0 / 3.0, 4.0 / 9.0, 0.0,
+};
+static const double bosh3_e[4] = {
+    2.0 / 9.0 - 7.0 / 24.0, 1.0 / 3.0 - 1.0 / 4.0, 4.0 / 9.0 - 1.0 / 3.0, -1.0 / 8.0,
+};
+/* clang-format on */
+
+/* ---- rk4: Kutta's classical method (Kutta 1901; Hairer, Norsett and Wanner, Solving ODE I,
+ * table II.1.2). Not a Diffrax solver. ------------------------------------------------------ */
+
+static const double rk4_c[4] = {
+    0.0,
+    1.0 / 2.0,
+    1.0 / 2.0,
+    1.0,
+};
+static const double rk4_a[4 * 4] = {
+    [1 * 4] = 1.0 / 2.0, [2 * 4] = 0.0, 1.0 / 2.0, [3 * 4] = 0.0, 0.0, 1.0,
+};
+static const double rk4_b[4] = {
+    1.0 / 6.0,
+    1.0 / 3.0,
+    1.0 / 3.0,
+    1.0 / 6.0,
+};
+
+/* ---- dopri5 (diffrax/_solver/dopri5.py): Dormand and Prince's 5(4), FSAL. The embedded
+ * weights are Diffrax's (its docstring credits Shampine, Math. Comp. 46, 1986): bhat =
+ * (1951/21600, 0, 22642/50085, 451/720, -12231/42400, 649/6300, 1/60), not the (5179/57600, 0,
+ * 7571/16695, 393/640, -92097/339200, 187/2100, 1/40) of Dormand and Prince's paper. ---- */
+
+/* clang-format off */
+static const double dopri5_c[7] = {
+    0.0, 1.0 / 5.0, 3.0 / 10.0, 4.0 / 5.0, 8.0 / 9.0, 1.0, 1.0,
+};
+static const double dopri5_a[7 * 7] = {
+    [1 * 7] = 1.0 / 5.0,
+    [2 * 7] = 3.0 / 40.0, 9.0 / 40.0,
+    [3 * 7] = 44.0 / 45.0, -56.0 / 15.0, 32.0 / 9.0,
+    [4 * 7] = 19372.0 / 6561.0, -25360.0 / 2187.0, 64448.0 / 6561.0, -212.0 / 729.0,
+    [5 * 7] = 9017.0 / 3168.0, -355.0 / 33.0, 46732.0 / 5247.0, 49.0 / 176.0, -5103.0 / 18656.0,
+    [6 * 7] = 35.0 / 384.0, 0.0, 500.0 / 1113.0, 125.0 / 192.0, -2187.0 / 6784.0, 11.0 / 84.0,
+};
+static const double dopri5_b[7] = {
+    35.0 / 384.0, 0.0, 500.0 / 1113.0, 125.0 / 192.0, -2187.0 / 6784.0, 11.0 / 84.0, 0.0,
+};
+static const double dopri5_e[7] = {
+    35.0 / 384.0 - 1951.0 / 21600.0, 0.0, 500.0 / 1113.0 - 22642.0 / 50085.0,
+    125.0 / 192.0 - 451.0 / 720.0, -2187.0 / 6784.0 - -12231.0 / 42400.0,
+    11.0 / 84.0 - 649.0 / 6300.0, -1.0 / 60.0,
+};
+/* clang-format on */
+
+/* Diffrax's quartic (_local_interpolation.py, FourthOrderPolynomialInterpolation, with
+ * dopri5.py's c_mid) as B_i(theta) = sum_p dense[i][p - 1] theta^p: with K_i = h f_i,
+ * y1 - y0 = sum_i b_i K_i and y_mid - y0 = sum_i c_mid_i K_i, its coefficients
+ *   theta^1: K_0
+ *   theta^2: K_6 - 4 K_0 - 5 (y1 - y0) + 16 (y_mid - y0)
+ *   theta^3: 5 K_0 - 3 K_6 + 14 (y1 - y0) - 32 (y_mid - y0)
+ *   theta^4: 2 (K_6 - K_0) - 8 (y1 - y0) + 16 (y_mid - y0)
+ * are linear in the K_i; the rationals are exact (computed in rational arithmetic). */
+/* clang-format off */
+static const double dopri5_dense[7 * 4] = {
+    1.0, -8048581381.0 / 2820520608.0, 8663915743.0 / 2820520608.0, -12715105075.0 / 11282082432.0,
+    0.0, 0.0, 0.0, 0.0,
+    0.0, 131558114200.0 / 32700410799.0,
+        -68118460800.0 / 10900136933.0, 87487479700.0 / 32700410799.0,
+    0.0, -1754552775.0 / 470086768.0, 14199869525.0 / 1410260304.0, -10690763975.0 / 1880347072.0,
+    0.0, 127303824393.0 / 49829197408.0,
+        -318862633887.0 / 49829197408.0, 701980252875.0 / 199316789632.0,
+    0.0, -282668133.0 / 205662961.0, 2019193451.0 / 616988883.0, -1453857185.0 / 822651844.0,
+    0.0, 40617522.0 / 29380423.0, -110615467.0 / 29380423.0, 69997945.0 / 29380423.0,
+};
+/* clang-format on */
+
+/* ---- tsit5 (diffrax/_solver/tsit5.py): Tsitouras' 5(4), FSAL (Tsitouras, Comput. Math.
+ * Appl. 62, 2011) ------------------------------------------------------------------------------ */
+
+/* clang-format off */
+static const double tsit5_c[7] = {
+    0.0,
+    161.0 / 1000.0,
+    327.0 / 1000.0,
+    9.0 / 10.0,
+    0.9800255409045096857298102862870245954942137979563024768854764293221195950761080302604,
+    1.0,
+    1.0,
+};
+static const double tsit5_a[7 * 7] = {
+    [1 * 7] = 161.0 / 1000.0,
+    [2 * 7] = -0.8480655492356988544426874250230774675121177393430391537369234245294192976164141156943e-2,
+              0.3354806554923569885444268742502307746751211773934303915373692342452941929761641411569,
+    [3 * 7] = 2.897153057105493432130432594192938764924887287701866490314866693455023795137503079289,
+              -6.359448489975074843148159912383825625952700647415626703305928850207288721235210244366,
+              4.362295432869581411017727318190886861027813359713760212991062156752264926097707165077,
+    [4 * 7] = 5.325864828439256604428877920840511317836476253097040101202360397727981648835607691791,
+              -11.74888356406282787774717033978577296188744178259862899288666928009020615663593781589,
+              7.495539342889836208304604784564358155658679161518186721010132816213648793440552049753,
+              -0.9249506636175524925650207933207191611349983406029535244034750452930469056411389539635e-1,
+    [5 * 7] = 5.861455442946420028659251486982647890394337666164814434818157239052507339770711679748,
+              -12.92096931784710929170611868178335939541780751955743459166312250439928519268343184452,
+              8.159367898576158643180400794539253485181918321135053305748355423955009222648673734986,
+              -0.7158497328140099722453054252582973869127213147363544882721139659546372402303777878835e-1,
+              -0.2826905039406838290900305721271224146717633626879770007617876201276764571291579142206e-1,
+    [6 * 7] = 0.9646076681806522951816731316512876333711995238157997181903319145764851595234062815396e-1,
+              1.0 / 100.0,
+              0.4798896504144995747752495322905965199130404621990332488332634944254542060153074523509,
+              1.379008574103741893192274821856872770756462643091360525934940067397245698027561293331,
+              -3.290069515436080679901047585711363850115683290894936158531296799594813811049925401677,
+              2.324710524099773982415355918398765796109060233222962411944060046314465391054716027841,
+};
+static const double tsit5_b[7] = {
+    0.9646076681806522951816731316512876333711995238157997181903319145764851595234062815396e-1,
+    1.0 / 100.0,
+    0.4798896504144995747752495322905965199130404621990332488332634944254542060153074523509,
+    1.379008574103741893192274821856872770756462643091360525934940067397245698027561293331,
+    -3.290069515436080679901047585711363850115683290894936158531296799594813811049925401677,
+    2.324710524099773982415355918398765796109060233222962411944060046314465391054716027841,
+    0.0,
+};
+static const double tsit5_e[7] = {
+    0.9646076681806522951816731316512876333711995238157997181903319145764851595234062815396e-1
+        - 0.9468075576583945807478876255758922856117527357724631226139574065785592789071067303271e-1,
+    1.0 / 100.0
+        - 0.9183565540343253096776363936645313759813746240984095238905939532922955247253608687270e-2,
+    0.4798896504144995747752495322905965199130404621990332488332634944254542060153074523509
+        - 0.4877705284247615707855642599631228241516691959761363774365216240304071651579571959813,
+    1.379008574103741893192274821856872770756462643091360525934940067397245698027561293331
+        - 1.234297566930478985655109673884237654035539930748192848315425833500484878378061439761,
+    -3.290069515436080679901047585711363850115683290894936158531296799594813811049925401677
+        + 2.707712349983525454881109975059321670689605166938197378763992255714444407154902012702,
+    2.324710524099773982415355918398765796109060233222962411944060046314465391054716027841
+        - 1.866628418170587035753719399566211498666255505244122593996591602841258328965767580089,
+    -1.0 / 66.0,
+};
+/* clang-format on */
+
+/* Diffrax's _Tsit5Interpolation writes b_i(theta) as products, e.g.
+ *   b_1 = -1.0530884977290216 t (t - 1.3299890189751412) (t^2 - 1.4364028541716351 t
+ *         + 0.7139816917074209),
+ *   b_7 = 2.5 (t - 1) (t - 0.6) t^2;
+ * the coefficients of theta^1..theta^4 below are those products multiplied out exactly
+ * (from Diffrax's decimals, in rational arithmetic), rounded to 21 digits. */
+/* clang-format off */
+static const double tsit5_dense[7 * 4] = {
+    0.999999999999999974283, -2.76370619727482591134, 2.91325546182191274375, -1.0530884977290216,
+    0.0, 0.13169999999999999727, -0.22339999999999999818, 0.1017,
+    0.0, 3.93029623689475152851, -5.94103387213150473470, 2.490627285651252793,
+    0.0, -12.4110771669336769837, 30.3381886302823215982, -16.54810288924490272,
+    0.0, 37.5093134165110391950, -88.1789048947664011014, 47.37952196281928122,
+    0.0, -27.8965262891972878059, 65.0918946747936715263, -34.87065786149660974,
+    0.0, 1.5, -4.0, 2.5,
+};
+/* clang-format on */
+
+/* ---- dopri8 (diffrax/_solver/dopri8.py): Prince and Dormand's RK8(7)13M, FSAL --------------- */
+
+/* clang-format off */
+static const double dopri8_c[14] = {
+    0.0, 1.0 / 18.0, 1.0 / 12.0, 1.0 / 8.0, 5.0 / 16.0, 3.0 / 8.0, 59.0 / 400.0, 93.0 / 200.0,
+    5490023248.0 / 9719169821.0, 13.0 / 20.0, 1201146811.0 / 1299019798.0, 1.0, 1.0, 1.0,
+};
+static const double dopri8_a[14 * 14] = {
+    [1 * 14] = 1.0 / 18.0,
+    [2 * 14] = 1.0 / 48.0, 1.0 / 16.0,
+    [3 * 14] = 1.0 / 32.0, 0.0, 3.0 / 32.0,
+    [4 * 14] = 5.0 / 16.0, 0.0, -75.0 / 64.0, 75.0 / 64.0,
+    [5 * 14] = 3.0 / 80.0, 0.0, 0.0, 3.0 / 16.0, 3.0 / 20.0,
+    [6 * 14] = 29443841.0 / 614563906.0, 0.0, 0.0, 77736538.0 / 692538347.0,
+               -28693883.0 / 1125000000.0, 23124283.0 / 1800000000.0,
+    [7 * 14] = 16016141.0 / 946692911.0, 0.0, 0.0, 61564180.0 / 158732637.0,
+               22789713.0 / 633445777.0, 545815736.0 / 2771057229.0, -180193667.0 / 1043307555.0,
+    [8 * 14] = 39632708.0 / 573591083.0, 0.0, 0.0, -433636366.0 / 683701615.0,
+               -421739975.0 / 2616292301.0, 100302831.0 / 723423059.0, 790204164.0 / 839813087.0,
+               800635310.0 / 3783071287.0,
+    [9 * 14] = 246121993.0 / 1340847787.0, 0.0, 0.0, -37695042795.0 / 15268766246.0,
+               -309121744.0 / 1061227803.0, -12992083.0 / 490766935.0, 6005943493.0 / 2108947869.0,
+               393006217.0 / 1396673457.0, 123872331.0 / 1001029789.0,
+    [10 * 14] = -1028468189.0 / 846180014.0, 0.0, 0.0, 8478235783.0 / 508512852.0,
+                1311729495.0 / 1432422823.0, -10304129995.0 / 1701304382.0,
+                -48777925059.0 / 3047939560.0, 15336726248.0 / 1032824649.0,
+                -45442868181.0 / 3398467696.0, 3065993473.0 / 597172653.0,
+    [11 * 14] = 185892177.0 / 718116043.0, 0.0, 0.0, -3185094517.0 / 667107341.0,
+                -477755414.0 / 1098053517.0, -703635378.0 / 230739211.0,
+                5731566787.0 / 1027545527.0, 5232866602.0 / 850066563.0,
+                -4093664535.0 / 808688257.0, 3962137247.0 / 1805957418.0, 65686358.0 / 487910083.0,
+    [12 * 14] = 403863854.0 / 491063109.0, 0.0, 0.0, -5068492393.0 / 434740067.0,
+                -411421997.0 / 543043805.0, 652783627.0 / 914296604.0, 11173962825.0 / 925320556.0,
+                -13158990841.0 / 6184727034.0, 3936647629.0 / 1978049680.0,
+                -160528059.0 / 685178525.0, 248638103.0 / 1413531060.0, 0.0,
+    [13 * 14] = 14005451.0 / 335480064.0, 0.0, 0.0, 0.0, 0.0, -59238493.0 / 1068277825.0,
+                181606767.0 / 758867731.0, 561292985.0 / 797845732.0, -1041891430.0 / 1371343529.0,
+                760417239.0 / 1151165299.0, 118820643.0 / 751138087.0, -528747749.0 / 2220607170.0,
+                1.0 / 4.0,
+};
+static const double dopri8_b[14] = {
+    14005451.0 / 335480064.0, 0.0, 0.0, 0.0, 0.0, -59238493.0 / 1068277825.0,
+    181606767.0 / 758867731.0, 561292985.0 / 797845732.0, -1041891430.0 / 1371343529.0,
+    760417239.0 / 1151165299.0, 118820643.0 / 751138087.0, -528747749.0 / 2220607170.0, 1.0 / 4.0,
+    0.0,
+};
+static const double dopri8_e[14] = {
+    14005451.0 / 335480064.0 - 13451932.0 / 455176623.0, 0.0, 0.0, 0.0, 0.0,
+    -59238493.0 / 1068277825.0 - -808719846.0 / 976000145.0,
+    181606767.0 / 758867731.0 - 1757004468.0 / 5645159321.0,
+    561292985.0 / 797845732.0 - 656045339.0 / 265891186.0,
+    -1041891430.0 / 1371343529.0 - -3867574721.0 / 1518517206.0,
+    760417239.0 / 1151165299.0 - 465885868.0 / 322736535.0,
+    118820643.0 / 751138087.0 - 53011238.0 / 667516719.0, -528747749.0 / 2220607170.0 - 2.0 / 45.0,
+    1.0 / 4.0, 0.0,
+};
+/* clang-format on */
+
+/* Diffrax's _Dopri8Interpolation: B_i(theta) = theta polyval(eval_coeffs[i], theta), so the
+ * coefficient of theta^p is eval_coeffs[i][6 - p]; rows 1-4 are zero. */
+/* clang-format off */
+static const double dopri8_dense[14 * 6] = {
+    [0 * 6] = 1.0, -6.6910181737837595697, 19.9990069333683970610, -30.0610568289666450593,
+              22.1396504998094068976, -6.3448349392860401388,
+    [5 * 6] = 0.0, -7.6142658045872677172, 52.2273532792945524050, -121.4999627731334642623,
+              116.4422149550342161651, -39.6107919852202505218,
+    [6 * 6] = 0.0, 10.7281392630428866124, -46.8919164181093621583, 83.1721004639847717481,
+              -67.1451318825957197185, 20.3761213808791436958,
+    [7 * 6] = 0.0, 0.5526637063753648783, -0.1890893225010595467, 9.5724507555993664382,
+              -16.5672243527496524646, 7.3347098826795362023,
+    [8 * 6] = 0.0, 4.2186562625665153803, -35.7075975946222072821, 87.8406057677205645007,
+              -89.9916014847245016028, 32.8801774352459155182,
+    [9 * 6] = 0.0, -0.6627209125361597559, 6.2736448083240352160, -17.4152107770762969005,
+              22.6237489648532849093, -10.1588990526426760954,
+    [10 * 6] = 0.0, -1.2636789001135462218, 10.3160881272450748458, -28.5903289514790976966,
+               32.2362340167355370113, -12.5401268098782561200,
+    [11 * 6] = 0.0, 5.4106037898590422230, -34.7650769866611817349, 81.6630950584341412934,
+               -82.1020315488359848644, 29.5553001484516038033,
+    [12 * 6] = 0.0, -7.0321379067945741781, 47.7457971078225540396, -114.9375291377009418170,
+               116.2662185791119533462, -41.7923486424390588923,
+    [13 * 6] = 0.0, 2.3537586759714983486, -19.0082099341608028453, 50.2558364226176017553,
+               -53.9020777466385396792, 20.3006925822100825485,
+};
+/* clang-format on */
+/* ---- the table ------------------------------------------------------------------------------ */
+
+static const nbo_tableau nbo_tableaus[] = {
+    [NB_ODE_EULER] = {.name = "euler",
+                      .stages = 1,
+                      .order = 1,
+                      .error_order = 0,
+                      .fsal = false,
+                      .c = euler_c,
+                      .a = euler_a,
+                      .b = euler_b,
+                      .e = NULL,
+                      .dense_stages = 1,
+                      .dense_degree = 0,
+                      .dense = NULL,
+                      .dense_order = 1},
+    [NB_ODE_HEUN] = {.name = "heun",
+                     .stages = 2,
+                     .order = 2,
+                     .error_order = 2,
+                     .fsal = false,
+                     .c = heun_c,
+                     .a = heun_a,
+                     .b = heun_b,
+                     .e = heun_e,
+                     .dense_stages = 2,
+                     .dense_degree = 0,
+                     .dense = NULL,
+                     .dense_order = 2},
+    [NB_ODE_MIDPOINT] = {.name = "midpoint",
+                         .stages = 2,
+                         .order = 2,
+                         .error_order = 2,
+                         .fsal = false,
+                         .c = midpoint_c,
+                         .a = midpoint_a,
+                         .b = midpoint_b,
+                         .e = midpoint_e,
+                         .dense_stages = 2,
+                         .dense_degree = 0,
+                         .dense = NULL,
+                         .dense_order = 2},
+    [NB_ODE_RALSTON] = {.name = "ralston",
+                        .stages = 2,
+                        .order = 2,
+                        .error_order = 2,
+                        .fsal = false,
+                        .c = ralston_c,
+                        .a = ralston_a,
+                        .b = ralston_b,
+                        .e = ralston_e,
+                        .dense_stages = 2,
+                        .dense_degree = 0,
+                        .dense = NULL,
+                        .dense_order = 2},
+    [NB_ODE_BOSH3] = {.name = "bosh3",
+                      .stages = 4,
+                      .order = 3,
+                      .error_order = 3,
+                      .fsal = true,
+                      .c = bosh3_c,
+                      .a = bosh3_a,
+                      .b = bosh3_b,
+                      .e = bosh3_e,
+                      .dense_stages = 4,
+                      .dense_degree = 0,
+                      .dense = NULL,
+                      .dense_order = 3},
+    [NB_ODE_RK4] = {.name = "rk4",
+                    .stages = 4,
+                    .order = 4,
+                    .error_order = 0,
+                    .fsal = false,
+                    .c = rk4_c,
+                    .a = rk4_a,
+                    .b = rk4_b,
+                    .e = NULL,
+                    .dense_stages = 4,
+                    .dense_degree = 0,
+                    .dense = NULL,
+                    .dense_order = 4},
+    [NB_ODE_DOPRI5] = {.name = "dopri5",
+                       .stages = 7,
+                       .order = 5,
+                       .error_order = 5,
+                       .fsal = true,
+                       .c = dopri5_c,
+                       .a = dopri5_a,
+                       .b = dopri5_b,
+                       .e = dopri5_e,
+                       .dense_stages = 7,
+                       .dense_degree = 4,
+                       .dense = dopri5_dense,
+                       .dense_order = 5},
+    [NB_ODE_TSIT5] = {.name = "tsit5",
+                      .stages = 7,
+                      .order = 5,
+                      .error_order = 5,
+                      .fsal = true,
+                      .c = tsit5_c,
+                      .a = tsit5_a,
+                      .b = tsit5_b,
+                      .e = tsit5_e,
+                      .dense_stages = 7,
+                      .dense_degree = 4,
+                      .dense = tsit5_dense,
+                      .dense_order = 5},
+    [NB_ODE_DOPRI8] = {.name = "dopri8",
+                       .stages = 14,
+                       .order = 8,
+                       .error_order = 8,
+                       .fsal = true,
+                       .c = dopri8_c,
+                       .a = dopri8_a,
+                       .b = dopri8_b,
+                       .e = dopri8_e,
+                       .dense_stages = 14,
+                       .dense_degree = 6,
+                       .dense = dopri8_dense,
+                       .dense_order = 6},
+};
+
+_Static_assert(sizeof nbo_tableaus / sizeof nbo_tableaus[0] == NB_ODE_DOPRI8 + 1,
+               "one tableau per nb_ode_solver");
+
+NBI_HIDDEN const nbo_tableau *nbo_tableau_get(int solver) {
+    if (solver < 0 || solver > NB_ODE_DOPRI8) {
+        return NULL;
+    }
+    return &nbo_tableaus[solver];
+}
+
+const char *nb_ode_solver_name(nb_ode_solver solver) {
+    const nbo_tableau *t = nbo_tableau_get((int)solver);
+    return t != NULL ? t->name : "unknown";
+}
+
+int nb_ode_solver_order(nb_ode_solver solver) {
+    const nbo_tableau *t = nbo_tableau_get((int)solver);
+    return t != NULL ? t->order : 0;
+}

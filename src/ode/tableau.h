@@ -1,0 +1,46 @@
+/*
+ * tableau.h -- the explicit Runge-Kutta methods of nabla/ode.h as data: Butcher tableaus,
+ * embedded error estimates and dense-output polynomials (src/ode/tableau.c).
+ *
+ * A step from (t0, y0) with step h computes stages
+ *     k_i = f(t0 + c_i h, y0 + h sum_{j<i} a_ij k_j),   i = 0 .. stages-1
+ * and the solution y1 = y0 + h sum_i b_i k_i. With an embedded method the local error
+ * estimate is h sum_i e_i k_i (e = b - bhat). FSAL: the last stage is f(t0 + h, y1), i.e.
+ * c_{s-1} = 1 and a_{s-1, j} = b_j.
+ *
+ * Dense output: y(t0 + theta h) = y0 + h sum_{i < dense_stages} B_i(theta) k_i, where
+ * B_i(theta) = sum_{p=1..dense_degree} dense[i * dense_degree + p - 1] theta^p. Stages beyond
+ * `stages` (i >= stages) are extra stages evaluated only for dense output, with their a and
+ * c rows in the same arrays (a and c have dense_stages rows). When extra_uses_f1 is set
+ * (non-FSAL methods whose interpolant needs f(t0 + h, y1), as DOP853's), stage index
+ * `stages` is f(t0 + h, y1) itself -- the solver always computes it (it is the next step's
+ * first stage), so its a row is unused and c = 1 -- and the extra stages follow it.
+ * dense_degree == 0: the method has no interpolant of its own and
+ * the solver uses the cubic Hermite interpolant through (y0, f(t0, y0), y1, f(t0 + h, y1)).
+ */
+#ifndef NABLA_ODE_TABLEAU_H
+#define NABLA_ODE_TABLEAU_H
+
+#include <stdbool.h>
+
+typedef struct nbo_tableau {
+    const char *name;    /* "tsit5", ... (for messages) */
+    int stages;          /* s: stages of the step */
+    int order;           /* order of y1 */
+    int error_order;     /* Diffrax's error order for the PID controller (0: no estimate) */
+    bool fsal;           /* the last stage is f(t0 + h, y1) */
+    const double *c;     /* dense_stages nodes (c[0] = 0) */
+    const double *a;     /* dense_stages x dense_stages, row-major, strictly lower */
+    const double *b;     /* stages weights of y1 */
+    const double *e;     /* stages weights of the error estimate (b - bhat), NULL: none */
+    int dense_stages;    /* stages [+ the f1 slot] + extra stages (== stages when none) */
+    bool extra_uses_f1;  /* stage index `stages` is f(t0 + h, y1) (see above) */
+    int dense_degree;    /* degree of the B_i polynomials (0: Hermite cubic) */
+    const double *dense; /* dense_stages x dense_degree coefficients of theta^1.. */
+    int dense_order;     /* the interpolant's order (global error O(h^dense_order)) */
+} nbo_tableau;
+
+/* The methods, indexed by nb_ode_solver (nabla/ode.h); NULL for an unknown index. */
+const nbo_tableau *nbo_tableau_get(int solver);
+
+#endif /* NABLA_ODE_TABLEAU_H */
