@@ -1290,6 +1290,8 @@ const nb_tree *nb_scan(nb_trace *tr, nb_fn *body, const nb_tree *init, const nb_
             } else if (tr->status == NB_OK) {
                 nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
             }
+        } else if (tr->status == NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
         }
         nb_tree_destroy(yl);
         nb_tree_destroy(ylist);

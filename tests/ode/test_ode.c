@@ -1184,6 +1184,128 @@ static void test_errors(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- allocation failures ------------------------------------------------------------- */
+
+/* dict(keys = f64 scalars), status-returning (no test assertions inside a sweep) */
+static nb_status try_scalars(nb_ctx *ctx, int n, const char *const *keys, const double *v,
+                             nb_tree **out) {
+    nb_tree *items[8] = {NULL};
+    nb_status st = NB_OK;
+    for (int i = 0; i < n && st == NB_OK; i++) {
+        nb_array *a = NULL;
+        st = nb_array_from_data(ctx, NB_DTYPE_F64, 0, NULL, &v[i], &a);
+        if (st == NB_OK) {
+            st = nb_tree_array(a, &items[i]);
+        }
+        nb_array_destroy(a);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_dict(ctx, n, keys, items, out);
+    }
+    for (int i = 0; i < n; i++) {
+        nb_tree_destroy(items[i]);
+    }
+    return st;
+}
+
+/* the gradient of an adaptive LV solve (recursive checkpoint, dense output) and a solve
+ * saving every step with throw_on_failure, under jit */
+static nb_status scenario_ode(nb_ctx *ctx) {
+    nb_tree *y0 = NULL, *p = NULL, *d = NULL, *args = NULL, *self = NULL, *res = NULL;
+    nb_tree *self2 = NULL, *res2 = NULL;
+    nb_tree *items[N_CFG] = {NULL};
+    nb_fn *f = NULL, *vg = NULL, *f2 = NULL, *j2 = NULL;
+    nb_status st = try_scalars(ctx, 2, (const char *[]){"x", "y"}, (double[]){1, 1}, &y0);
+    if (st == NB_OK) {
+        st =
+            try_scalars(ctx, 4, (const char *[]){"a", "b", "c", "d"}, (double[]){1.5, 1, 3, 1}, &p);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_dict(ctx, 2, (const char *[]){"y0", "p"}, (nb_tree *[]){y0, p}, &d);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 1, &d, &args);
+    }
+    for (int k = 0; k < 2 && st == NB_OK; k++) {
+        tcfg c = cfg_default();
+        c.problem = P_LV;
+        c.adaptive = 1;
+        c.rtol = c.atol = 1e-6;
+        c.t1 = 2.0;
+        c.dt0 = 0.01;
+        c.mode = k == 0;
+        c.saveat = k == 0 ? NB_SAVEAT_TS : NB_SAVEAT_STEPS;
+        c.max_steps = 64;
+        c.throw_ = k == 1;
+        double v[N_CFG] = {c.problem,
+                           c.solver,
+                           c.adaptive,
+                           c.saveat,
+                           c.adjoint,
+                           c.mode,
+                           c.rtol,
+                           c.atol,
+                           c.dt0,
+                           c.t0,
+                           c.t1,
+                           (double)c.max_steps,
+                           (double)c.checkpoints,
+                           c.bsolver,
+                           c.brtol,
+                           c.throw_};
+        for (int i = 0; i < N_CFG && st == NB_OK; i++) {
+            st = nb_tree_float(ctx, v[i], &items[i]);
+        }
+        if (st == NB_OK) {
+            st = nb_tree_dict(ctx, N_CFG, g_cfg_keys, items, k == 0 ? &self : &self2);
+        }
+        for (int i = 0; i < N_CFG; i++) {
+            nb_tree_destroy(items[i]);
+            items[i] = NULL;
+        }
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "solve", solve_body, self, &f);
+    }
+    if (st == NB_OK) {
+        nb_grad_opts go = nb_grad_opts_default();
+        go.has_aux = true;
+        st = nb_value_and_grad(f, &go, &vg);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_call(vg, args, &res);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "solve", solve_body, self2, &f2);
+    }
+    if (st == NB_OK) {
+        st = nb_jit(f2, NULL, &j2);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_call(j2, args, &res2);
+    }
+    nb_tree *ts[] = {y0, p, d, args, self, res, self2, res2};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        nb_tree_destroy(ts[i]);
+    }
+    nb_fn_destroy(vg);
+    nb_fn_destroy(f);
+    nb_fn_destroy(j2);
+    nb_fn_destroy(f2);
+    nb_ctx_clear_cache(ctx);
+    return st;
+}
+
+static void test_out_of_memory(void **state) {
+    (void)state;
+    memcpy(g_ts, (double[]){0.5, 1.0, 1.5, 2.0}, 4 * sizeof(double));
+    g_nts = 4;
+    int points = nbt_oom_sweep("scenario_ode", scenario_ode, false, false);
+    g_nts = 20;
+    print_message("allocation failures: %d points, each NB_ERR_OOM with nothing leaked\n", points);
+    assert_true(points > 100);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_convergence_order), cmocka_unit_test(test_lv_adaptive),
@@ -1191,6 +1313,7 @@ int main(void) {
         cmocka_unit_test(test_max_steps),         cmocka_unit_test(test_nonfinite_and_underflow),
         cmocka_unit_test(test_saveat_steps),      cmocka_unit_test(test_backwards),
         cmocka_unit_test(test_one_trace),         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
