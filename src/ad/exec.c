@@ -65,6 +65,9 @@ struct nbi_exec {
     size_t mem_bytes;
 };
 
+/* Constants up to this size live in the workspace for the executable's lifetime. */
+#define NBI_RESIDENT_MAX_BYTES ((size_t)64 * 1024)
+
 static size_t nbi_round64(size_t n) {
     return (n + 63) / 64 * 64;
 }
@@ -77,7 +80,7 @@ static void *nbi_carve(unsigned char **p, size_t bytes) {
 }
 
 static size_t nbi_value_bytes(const nb_var *v) {
-    return nbi_round64((size_t)v->size * nb_dtype_size(v->dtype));
+    return nbi_round64((size_t)v->size * nbi_dsize(v->dtype));
 }
 
 /* ---- the memory plan ---------------------------------------------------------------- */
@@ -167,6 +170,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
                    nbi_round64((size_t)(g->n_inputs + 1) * sizeof(int32_t)) * 2 +
                    nbi_round64((size_t)(g->n_inputs + 1) * sizeof(int64_t)) /* param_bytes */ +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* last use */ +
+                   nbi_round64((size_t)n * sizeof(bool)) /* resident */ +
                    nbi_round64((size_t)(n + 1) * sizeof(nbi_block)) +
                    nbi_round64((size_t)n_fused * sizeof(nbi_fprog)) +
                    nbi_round64((size_t)n_fused * NBI_FUSE_MAX_STORE * sizeof(int32_t));
@@ -196,6 +200,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     e->param_node = nbi_carve(&p, (size_t)(g->n_inputs + 1) * sizeof(int32_t));
     e->param_bytes = nbi_carve(&p, (size_t)(g->n_inputs + 1) * sizeof(int64_t));
     int32_t *last_use = nbi_carve(&p, (size_t)n * sizeof(int32_t));
+    bool *resident = nbi_carve(&p, (size_t)n * sizeof(bool));
     nbi_block *free_blocks = nbi_carve(&p, (size_t)(n + 1) * sizeof(nbi_block));
     nbi_fprog *progs = nbi_carve(&p, (size_t)n_fused * sizeof(nbi_fprog));
     int32_t *stores = nbi_carve(&p, (size_t)n_fused * NBI_FUSE_MAX_STORE * sizeof(int32_t));
@@ -261,6 +266,17 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
         }
     }
 
+    /* Resident constants: a small full, iota or constant node that is not an output is
+     * computed once, here, into a slot of the workspace that no other value ever takes; it
+     * has no instruction (a loop body re-ran every scalar coefficient each step). */
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = &e->nodes[i];
+        resident[i] = v->n_in == 0 && nbi_value_bytes(v) <= NBI_RESIDENT_MAX_BYTES &&
+                      (v->op == NBI_OP_FULL || v->op == NBI_OP_IOTA || v->op == NBI_OP_CONST);
+    }
+    for (int32_t i = 0; i < g->n_outputs; i++) {
+        resident[e->outputs[i]] = false;
+    }
     /* Instructions: every node with a kernel, in order. */
     for (int32_t i = 0; i < n; i++) {
         last_use[i] = -1;
@@ -270,7 +286,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     e->max_in = 1;
     for (int32_t i = 0; i < n; i++) {
         const nb_var *v = &e->nodes[i];
-        if (v->op == NBI_OP_PARAM || v->op == NBI_OP_FUSED_OUTPUT) {
+        if (v->op == NBI_OP_PARAM || v->op == NBI_OP_FUSED_OUTPUT || resident[i]) {
             continue; /* fused outputs: made by their fused node's instruction */
         }
         nbi_instr *ins = &e->instrs[n_instr];
@@ -303,7 +319,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
             e->param_last[e->param_of[i]] = last_use[i];
             e->param_node[e->param_of[i]] = i;
             e->param_bytes[e->param_of[i]] =
-                e->nodes[i].size * (int64_t)nb_dtype_size(e->nodes[i].dtype);
+                e->nodes[i].size * (int64_t)nbi_dsize(e->nodes[i].dtype);
         }
     }
     for (int32_t t = 0; t < n_instr; t++) {
@@ -344,6 +360,11 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     for (int32_t i = 0; i < n; i++) {
         e->offset[i] = -1;
     }
+    for (int32_t i = 0; i < n; i++) {
+        if (resident[i] && last_use[i] >= 0) { /* never given back, never written over */
+            e->offset[i] = (int64_t)nbi_plan_take(&pl, nbi_value_bytes(&e->nodes[i]));
+        }
+    }
     for (int32_t t = 0; t < n_instr; t++) {
         const nbi_instr *ins = &e->instrs[t];
         const nb_var *v = &e->nodes[ins->node];
@@ -367,8 +388,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
                 for (int32_t q = 0; q < m; q++) { /* one output per input's slot */
                     dup = dup || reused[q] == src;
                 }
-                if (!dup && e->param_of[src] < 0 && e->offset[src] >= 0 && last_use[src] == t &&
-                    nbi_value_bytes(&e->nodes[src]) == nbi_value_bytes(o) &&
+                if (!dup && e->param_of[src] < 0 && !resident[src] && e->offset[src] >= 0 &&
+                    last_use[src] == t && nbi_value_bytes(&e->nodes[src]) == nbi_value_bytes(o) &&
                     nbi_inplace_ok(o, &e->nodes[src])) {
                     reused[m] = src;
                 }
@@ -397,7 +418,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
             for (int32_t q = 0; q < n_made; q++) {
                 dup = dup || reused[q] == src;
             }
-            if (!dup && last_use[src] == t && e->offset[src] >= 0) {
+            if (!dup && last_use[src] == t && e->offset[src] >= 0 && !resident[src]) {
                 nbi_plan_give(&pl, (size_t)e->offset[src], nbi_value_bytes(&e->nodes[src]));
             }
         }
@@ -429,6 +450,12 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     e->io_out = (void **)(e->ws + e->ws_bytes + scratch + ptr_bytes + io_in_bytes);
     e->out_direct =
         (bool *)(e->ws + e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes);
+    for (int32_t i = 0; i < n; i++) {
+        if (resident[i] && e->offset[i] >= 0) {
+            nbi_kargs k = {.node = &e->nodes[i], .out = e->ws + e->offset[i]};
+            nbi_op_get((nbi_op)e->nodes[i].op)->kernel(&k);
+        }
+    }
     *out = e;
     return NB_OK;
 }
@@ -481,7 +508,7 @@ static bool nbi_inplace_ok(const nb_var *o, const nb_var *x) {
     bool map =
         (fp != NULL && fp->view_mask == 0 && (fp->red_op == 0 || o->op == NBI_OP_FUSED_OUTPUT)) ||
         nbi_is_map(o);
-    if (!map || x->rank != o->rank || nb_dtype_size(x->dtype) != nb_dtype_size(o->dtype)) {
+    if (!map || x->rank != o->rank || nbi_dsize(x->dtype) != nbi_dsize(o->dtype)) {
         return false;
     }
     for (int d = 0; d < o->rank; d++) {
@@ -503,7 +530,7 @@ static void nbi_plan_outputs(const nbi_exec *e, const void *const *inputs, void 
         }
         const nb_var *o = &e->nodes[e->outputs[i]];
         const unsigned char *ob = outputs[i];
-        size_t obytes = (size_t)o->size * nb_dtype_size(o->dtype);
+        size_t obytes = (size_t)o->size * nbi_dsize(o->dtype);
         for (int32_t p = 0; ok && p < e->n_inputs; p++) {
             if (e->param_node[p] < 0 || e->param_last[p] < e->out_instr[i]) {
                 continue; /* unused, or read only before the output is made */
@@ -555,7 +582,7 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
     }
     for (int32_t i = 0; i < e->n_outputs; i++) {
         const nb_var *o = &e->nodes[e->outputs[i]];
-        size_t nbytes = (size_t)o->size * nb_dtype_size(o->dtype);
+        size_t nbytes = (size_t)o->size * nbi_dsize(o->dtype);
         int32_t f = e->out_first[i];
         if (nbytes > 0 && !e->out_direct[i]) {
             memcpy(outputs[i], e->out_direct[f] ? outputs[f] : ws + e->offset[e->outputs[i]],

@@ -57,7 +57,7 @@ static nb_status nbi_infer_unary(nb_trace *tr, nb_var *p) {
                                  nbi_var_sig(sig, sizeof sig, x));
         }
     } else if (op == NBI_OP_CAST) {
-        if (nb_dtype_size(p->at.to) == 0) {
+        if (nbi_dsize(p->at.to) == 0) {
             return nbi_trace_err(tr, NB_ERR_DTYPE, "nb_cast: unknown target dtype %d",
                                  (int)p->at.to);
         }
@@ -576,7 +576,7 @@ static void nbi_unary_range(void *ud, int64_t first, int64_t n, int worker) {
     const nbi_kargs *k = ud;
     const nb_var *node = k->node;
     nbi_op op = (nbi_op)node->op;
-    size_t ei = nb_dtype_size(node->in[0]->dtype), eo = nb_dtype_size(node->dtype);
+    size_t ei = nbi_dsize(node->in[0]->dtype), eo = nbi_dsize(node->dtype);
     const unsigned char *in = (const unsigned char *)k->in[0] + (size_t)first * ei;
     unsigned char *out = (unsigned char *)k->out + (size_t)first * eo;
     if (op == NBI_OP_CAST) {
@@ -868,8 +868,8 @@ static void nbi_k_binary(const nbi_kargs *k) {
     memset(&j, 0, sizeof j);
     j.k = k;
     j.f = nbi_bin_fn_of((nbi_op)node->op, x->dtype);
-    j.eo = nb_dtype_size(node->dtype);
-    j.ei = nb_dtype_size(x->dtype);
+    j.eo = nbi_dsize(node->dtype);
+    j.ei = nbi_dsize(x->dtype);
     j.r = node->rank;
     if (j.r == 0) {
         j.f(k->out, k->in[0], k->in[1], 1, 0, 0);
@@ -889,7 +889,7 @@ static void nbi_k_select(const nbi_kargs *k) {
         return;
     }
     int r = node->rank;
-    size_t es = nb_dtype_size(node->dtype);
+    size_t es = nbi_dsize(node->dtype);
     int64_t st[3][NB_MAX_RANK] = {{0}}, idx[NB_MAX_RANK] = {0}, off[3] = {0, 0, 0};
     for (int j = 0; j < 3; j++) {
         nbi_bcast_strides(node->in[j]->rank, node->in[j]->shape, r, node->shape, st[j]);
@@ -952,7 +952,7 @@ void nbi_ew_tile(nbi_op op, nb_dtype dtype, nb_dtype in_dtype, int n_in, void *o
     }
     if (op == NBI_OP_SELECT) {
         const uint8_t *c = in[0];
-        size_t es = nb_dtype_size(dtype);
+        size_t es = nbi_dsize(dtype);
         int64_t s0 = scalar[0] ? 0 : 1, s1 = scalar[1] ? 0 : 1, s2 = scalar[2] ? 0 : 1;
 #define NBI_SELECT_TYPED(T)                                                                        \
     {                                                                                              \

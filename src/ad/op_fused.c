@@ -267,7 +267,7 @@ static void nbi_fused_tile(const nbi_fused_job *j, unsigned char *base, int64_t 
     const void *ext[NBI_FUSE_MAX_EXT];
     for (int32_t e = 0; e < p->n_ext; e++) {
         const nb_var *x = node->in[e];
-        size_t es = nb_dtype_size(x->dtype);
+        size_t es = nbi_dsize(x->dtype);
         if (j->pl->scalar[e]) {
             ext[e] = j->ext_base[e];
         } else if (j->pl->direct[e]) {
@@ -314,7 +314,7 @@ static void nbi_fused_tile(const nbi_fused_job *j, unsigned char *base, int64_t 
         if (j->outs[s] == NULL) {
             continue;
         }
-        size_t es = nb_dtype_size(p->ins[r].dtype);
+        size_t es = nbi_dsize(p->ins[r].dtype);
         const unsigned char *v =
             r == p->n_instr - 1 ? dst : base + (size_t)j->pl->reg_slot[r] * tile_bytes;
         memcpy((unsigned char *)j->outs[s] + (size_t)t0 * es, v, (size_t)n * es);
@@ -330,7 +330,7 @@ static unsigned char *nbi_fused_base(const nbi_fused_job *j, int worker) {
 static void nbi_fused_range(void *ud, int64_t first, int64_t count, int worker) {
     const nbi_fused_job *j = ud;
     unsigned char *base = nbi_fused_base(j, worker);
-    size_t es_out = nb_dtype_size(j->k->node->dtype);
+    size_t es_out = nbi_dsize(j->k->node->dtype);
     for (int64_t t0 = first; t0 < first + count; t0 += j->pl->tile) {
         int64_t n = first + count - t0 < j->pl->tile ? first + count - t0 : j->pl->tile;
         nbi_fused_tile(j, base, t0, n, (unsigned char *)j->k->out + (size_t)t0 * es_out);
@@ -354,7 +354,7 @@ static void nbi_fused_reduce_piece(void *ud, int64_t t, int worker) {
     const nbi_fprog *p = j->p;
     const nb_var *node = j->k->node;
     unsigned char *base = nbi_fused_base(j, worker);
-    size_t es = nb_dtype_size(node->dtype);
+    size_t es = nbi_dsize(node->dtype);
     nbi_rstream s;
     if (j->pl->segs > 1) {
         int64_t row = t / j->pl->segs, seg = t % j->pl->segs;
@@ -502,7 +502,7 @@ static void nbi_fused_plan(const nb_var *node, nbi_fplan *pl) {
             pl->direct[e] = same && !(p->pad_mask & (1u << e));
             pl->scalar[e] = x->size == 1 && pl->size > 1 && !(p->pad_mask & (1u << e));
             nbi_pad_bytes(x->dtype, p->pad_value[e], pl->padv[e]);
-            pl->ext_off[e] = p->view_off[e] * (int64_t)nb_dtype_size(x->dtype);
+            pl->ext_off[e] = p->view_off[e] * (int64_t)nbi_dsize(x->dtype);
         }
     }
     for (int32_t i = 0; i < p->n_instr; i++) { /* unary kernels read full tiles */
@@ -561,7 +561,7 @@ static void nbi_k_fused(const nbi_kargs *k) {
     if (pl->segs > 1) {
         j.partials = nbi_fused_base(&j, 0) + (size_t)pl->n_slots * NBI_FUSE_TILE_BYTES;
         nbi_pool_run(k->pool, rows * pl->segs, nbi_fused_reduce_piece, &j);
-        size_t es = nb_dtype_size(node->dtype);
+        size_t es = nbi_dsize(node->dtype);
         for (int64_t row = 0; row < rows; row++) {
             nbi_rstream_combine((nbi_op)p->red_op, node->dtype,
                                 j.partials + (size_t)(row * pl->segs) * es, pl->segs,

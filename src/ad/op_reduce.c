@@ -865,7 +865,7 @@ static void nbi_k_reduce(const nbi_kargs *k) {
         return;
     }
     if (p.nred == 1) { /* only size-1 axes reduced: each output is its one element */
-        memcpy(k->out, k->in[0], (size_t)node->size * nb_dtype_size(node->dtype));
+        memcpy(k->out, k->in[0], (size_t)node->size * nbi_dsize(node->dtype));
         return;
     }
 #define NBI_RUN(S, T)                                                                              \
@@ -904,7 +904,7 @@ static size_t nbi_scratch_reduce(const nb_var *node) {
         return 0;
     }
     int64_t w = p.inner < NBI_RCOLS ? p.inner : NBI_RCOLS;
-    return (size_t)nbi_psum_levels(p.nred) * (size_t)w * nb_dtype_size(node->dtype);
+    return (size_t)nbi_psum_levels(p.nred) * (size_t)w * nbi_dsize(node->dtype);
 }
 
 /* ---- argmax / argmin kernels -------------------------------------------------------- */

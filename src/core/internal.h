@@ -308,6 +308,11 @@ NBI_HIDDEN void nbi_threefry2x32(uint32_t k0, uint32_t k1, uint32_t x0, uint32_t
                                  uint32_t *y1);
 
 /* ---- arrays ------------------------------------------------------------------------- */
+/* nb_dtype_size for hot loops (inlined): 4, 8, 4, 8, 1; 0 for an unknown dtype. */
+static inline size_t nbi_dsize(nb_dtype dtype) {
+    return (unsigned)dtype < NB_DTYPE_COUNT ? (size_t)((0x18484u >> (4u * (unsigned)dtype)) & 15u)
+                                            : 0;
+}
 /* Validate dtype/rank/shape and compute size and bytes. fn names the caller in messages. */
 NBI_HIDDEN nb_status nbi_shape_check(nb_ctx *ctx, const char *fn, nb_dtype dtype, int rank,
                                      const int64_t *shape, int64_t *size, size_t *nbytes);

@@ -47,7 +47,7 @@ nb_loop_opts nb_loop_opts_default(void) {
 /* ---- the while op ------------------------------------------------------------------- */
 
 static size_t nbl_leaf_bytes(const nb_var *o) {
-    return ((size_t)o->size * nb_dtype_size(o->dtype) + 63) / 64 * 64;
+    return ((size_t)o->size * nbi_dsize(o->dtype) + 63) / 64 * 64;
 }
 
 static size_t nbl_carry_bytes(const nbi_exec *body) {
@@ -90,7 +90,7 @@ static void nbi_k_while(const nbi_kargs *k) {
     size_t off = 0;
     for (int64_t i = 0; i < ncar; i++) {
         const nb_var *o = nbi_exec_output(body, (int32_t)i);
-        size_t bytes = (size_t)o->size * nb_dtype_size(o->dtype);
+        size_t bytes = (size_t)o->size * nbi_dsize(o->dtype);
         if (bytes > 0) {
             memcpy(w + off, k->in[nc + nb + i], bytes);
         }
@@ -1978,7 +1978,7 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
     size_t off = 0;
     for (int64_t i = 0; i < ncar; i++) {
         const nb_var *o = nbi_exec_output(vjp, (int32_t)i);
-        size_t bytes = (size_t)o->size * nb_dtype_size(o->dtype);
+        size_t bytes = (size_t)o->size * nbi_dsize(o->dtype);
         if (bytes > 0) {
             memcpy(S + L.off_w[0] + off, carry0[i], bytes);
         }
@@ -2019,7 +2019,7 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
     off = 0;
     for (int64_t i = 0; i < ncar; i++) {
         const nb_var *o = nbi_exec_output(vjp, (int32_t)i);
-        size_t bytes = (size_t)o->size * nb_dtype_size(o->dtype);
+        size_t bytes = (size_t)o->size * nbi_dsize(o->dtype);
         if (bytes > 0) {
             memcpy(S + L.off_ct[0] + off, ct_final[i], bytes);
         }

@@ -381,8 +381,10 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     /* accept or reject, and the next step */
     nb_var *keep, *tn_new, *res_new = result, *pie_new = pie, *ppie_new = ppie;
     nb_var *t_new;
-    nb_var *bad_state = NULL; /* this step's state or slope is not finite */
-    {
+    /* this step's state or slope is not finite: with an error estimate, a non-finite
+     * estimate says so (every stage enters it); with constant steps, y1 and f1 are checked */
+    nb_var *bad_state = NULL;
+    if (!adaptive) {
         nb_var *fin = NULL;
         for (int64_t i = 0; i < L; i++) {
             nb_var *a = nbo_isfinite(nb_sum(nb_add(y1[i], f1[i]), NULL, 0, false));
@@ -413,6 +415,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         }
         nb_var *scaled = nb_sqrt(nb_div(sq, nb_scalar(tr, count > 0 ? count : 1.0)));
         nb_var *finite = nbo_isfinite(scaled);
+        bad_state = nb_logical_not(finite);
         scaled = nb_select(finite, scaled, nb_scalar_typed(tr, dt, INFINITY));
         keep = nb_lt(scaled, nb_scalar(tr, 1.0));
         double dtmin = cfg.v[CFG_DTMIN], dtmax = cfg.v[CFG_DTMAX];
@@ -453,7 +456,6 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         tn_new = nb_add(t_new, nb_stop_gradient(dtn));
         pie_new = nb_select(keep, inv, pie);
         ppie_new = nb_select(keep, pie, ppie);
-        (void)finite;
     } else {
         keep = nb_logical_not(bad_state);
         res_new = nb_select(bad_state, nbo_i32(tr, NB_ODE_NONFINITE), res_new);
