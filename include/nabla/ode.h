@@ -13,8 +13,10 @@
  *   args        a tree (vars, static leaves, nulls; may be NULL), passed through to the term.
  *   t0, t1, dt0 static times (a change retraces); t1 < t0 integrates backwards in time
  *               (dt0 then has the sign of t1 - t0, as in Diffrax). dt0 = 0
- *               with an adaptive controller picks the first step automatically (Hairer's
- *               algorithm, as Diffrax with dt0=None).
+ *               with an adaptive controller picks the first step automatically: Hairer's
+ *               algorithm, as Diffrax's PIDController implements it for a plain ODETerm
+ *               (Diffrax 0.7.2's diffeqsolve never reaches it -- it hands the controller a
+ *               wrapped term and starts from 0.01 -- so its dt0=None runs start at 0.01).
  *
  * Solvers: explicit Runge-Kutta with their Butcher tableaus (src/ode/tableau.c). The
  * embedded error estimates of heun, midpoint, ralston (Euler), bosh3, dopri5, tsit5 and
@@ -67,7 +69,7 @@
  * dtype and shape); y0 leaves that are not float vars of one dtype; bad options
  * (NB_ERR_INVALID naming the option and the fix: rk4 or euler with an adaptive controller,
  * dt0 = 0 with constant steps, dt0 pointing away from t1, unsorted ts or ts outside
- * [t0, t1], max_steps < 1, backsolve with SaveAt steps).
+ * [t0, t1], max_steps < 1, backsolve with SaveAt ts or steps).
  */
 #ifndef NABLA_ODE_H
 #define NABLA_ODE_H
