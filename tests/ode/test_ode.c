@@ -22,7 +22,7 @@
 
 /* ---- problems ------------------------------------------------------------------------ */
 
-enum { P_EXP, P_HARMONIC, P_TGROWTH, P_LOGISTIC, P_LV, P_BAD_SHAPE, P_BAD_STRUCT, P_NAN };
+enum { P_EXP, P_HARMONIC, P_TGROWTH, P_LOGISTIC, P_LV, P_BAD_SHAPE, P_BAD_STRUCT, P_NAN, P_TREE };
 
 static nb_status term_exp(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
@@ -95,8 +95,24 @@ static nb_status term_blowup(nb_trace *tr, const nb_tree *self, const nb_tree *a
     return nb_tree_dict(nb_trace_ctx(tr), 1, (const char *[]){"y"}, &l, out);
 }
 
-static const nb_fn_body g_terms[] = {term_exp, term_harmonic,  term_tgrowth,    term_logistic,
-                                     term_lv,  term_bad_shape, term_bad_struct, term_blowup};
+/* dy/dt = -y for every leaf of any state tree */
+static nb_status neg_cb(void *ud, const char *path, int n, const nb_tree *const *l, nb_tree **out) {
+    (void)path;
+    (void)n;
+    nb_trace *tr = ud;
+    *out = nb_tree_retain(nb_leaf(nb_neg(nb_var_of(tr, l[0]))));
+    return *out != NULL ? NB_OK : nb_trace_status(tr);
+}
+
+static nb_status term_decay_tree(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    (void)self;
+    return nb_tree_map(nb_tree_child(args, 1), neg_cb, tr, 0, out);
+}
+
+static const nb_fn_body g_terms[] = {term_exp,        term_harmonic, term_tgrowth,
+                                     term_logistic,   term_lv,       term_bad_shape,
+                                     term_bad_struct, term_blowup,   term_decay_tree};
 
 /* ---- the function under test: solve(params = dict(y0, p)) ---------------------------- */
 
@@ -727,6 +743,58 @@ static void test_lv_gradients(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+static double rel(double a, double b) {
+    return fabs(a - b) / fmax(fabs(b), 1e-300);
+}
+
+/* ---- forward mode: jvp through the solve equals the gradient's directional derivative -- */
+
+static void test_jvp(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    tcfg tc = cfg_default();
+    tc.problem = P_LV;
+    tc.adaptive = 1;
+    tc.rtol = tc.atol = 1e-8;
+    tc.t1 = 10.0;
+    tc.dt0 = 0.01;
+    tc.mode = 1;
+    double g[6];
+    int32_t r = -1;
+    lv_grad(ctx, &tc, g, &r);
+    /* jvp of the loss (the mode-1 body returns (loss, aux)) along each parameter */
+    nb_fn *f = solve_fn(ctx, &tc), *jf = NULL;
+    NBT_OK(ctx, nb_jvp(f, &jf));
+    static const char *const pk[4] = {"a", "b", "c", "d"};
+    double p[4] = {1.5, 1, 3, 1}, worst = 0;
+    for (int k = 0; k < 6; k++) {
+        double tp[4] = {0, 0, 0, 0}, ty[2] = {0, 0};
+        if (k < 4) {
+            tp[k] = 1;
+        } else {
+            ty[k - 4] = 1;
+        }
+        nb_tree *prim = lv_args(ctx, p[0], p[1], p[2], p[3], 1, 1);
+        nb_tree *tan = make_args(ctx, scalars(ctx, 2, (const char *[]){"x", "y"}, ty),
+                                 scalars(ctx, 4, pk, tp));
+        nb_tree *pt = NULL, *res = NULL;
+        NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){prim, tan}, &pt));
+        NBT_OK(ctx, nb_fn_call(jf, pt, &res));
+        double d = leaf_f64(res, "[1][0]", 0);
+        worst = fmax(worst, rel(d, g[k]));
+        nb_tree_destroy(res);
+        nb_tree_destroy(pt);
+        nb_tree_destroy(prim);
+        nb_tree_destroy(tan);
+    }
+    print_message("jvp through the solve vs the gradient: max rel difference %.2e\n", worst);
+    NBT_TRUE(worst < 1e-10);
+    nb_fn_destroy(jf);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- Diffrax: the same steps, states, gradients and dense output ------------------ */
 
 typedef struct dfx_run {
@@ -808,10 +876,6 @@ static nb_ode_solver solver_by_name(const char *name) {
     }
     fail_msg("unknown solver %s in diffrax.txt", name);
     return NB_ODE_EULER;
-}
-
-static double rel(double a, double b) {
-    return fabs(a - b) / fmax(fabs(b), 1e-300);
 }
 
 static void test_diffrax_oracle(void **state) {
@@ -1142,6 +1206,70 @@ static void test_one_trace(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- a tree state in f32, backwards in time, saved at given times ----------------------- */
+
+static void test_tree_f32_backwards_ts(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    float p[3] = {1.0f, -2.0f, 0.5f}, q[4] = {3.0f, 0.25f, -1.0f, 2.0f};
+    nb_tree *lp = NULL, *lq = NULL, *y0 = NULL;
+    NBT_OK(ctx, nb_tree_array(nbt_arr_f32(ctx, 1, (int64_t[]){3}, p), &lp));
+    NBT_OK(ctx, nb_tree_array(nbt_arr_f32(ctx, 2, (int64_t[]){2, 2}, q), &lq));
+    nb_array_destroy(nb_tree_get_array(lp)); /* the leaves hold the references */
+    nb_array_destroy(nb_tree_get_array(lq));
+    NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"p", "q"}, (nb_tree *[]){lp, lq}, &y0));
+    nb_tree_destroy(lp);
+    nb_tree_destroy(lq);
+    static const double ts[4] = {0.0, -0.25, -0.6, -1.0};
+    memcpy(g_ts, ts, sizeof ts);
+    g_nts = 4;
+    for (int adaptive = 0; adaptive < 2; adaptive++) {
+        tcfg tc = cfg_default();
+        tc.problem = P_TREE;
+        tc.adaptive = adaptive;
+        tc.rtol = tc.atol = 1e-6;
+        tc.t0 = 0.0;
+        tc.t1 = -1.0;
+        tc.dt0 = -0.05;
+        tc.saveat = NB_SAVEAT_TS;
+        nb_fn *f = solve_fn(ctx, &tc);
+        nb_tree *args = make_args(ctx, nb_tree_retain(y0), NULL), *sol = NULL;
+        NBT_OK(ctx, nb_fn_call(f, args, &sol));
+        NBT_EQ_I64(leaf_i32(sol, "result"), NB_ODE_SUCCESSFUL);
+        const nb_tree *yp = NULL, *yq = NULL;
+        NBT_OK(ctx, nb_tree_lookup(sol, "ys.p", &yp));
+        NBT_OK(ctx, nb_tree_lookup(sol, "ys.q", &yq));
+        nb_array *ap = nb_tree_get_array(yp), *aq = nb_tree_get_array(yq);
+        NBT_EQ_I64(nb_array_dtype(ap), NB_DTYPE_F32);
+        NBT_EQ_I64(nb_array_rank(aq), 3); /* [4, 2, 2] */
+        const float *vp = nb_array_data(ap), *vq = nb_array_data(aq);
+        double worst = 0;
+        for (int k = 0; k < 4; k++) {
+            double e = exp(-ts[k]);
+            for (int i = 0; i < 3; i++) {
+                worst = fmax(worst, fabs(vp[k * 3 + i] - p[i] * e) / fabs(p[i] * e));
+            }
+            for (int i = 0; i < 4; i++) {
+                worst = fmax(worst, fabs(vq[k * 4 + i] - q[i] * e) / fabs(q[i] * e));
+            }
+        }
+        const float *tsv = nb_array_data(nb_tree_get_array(nb_tree_get(sol, "ts")));
+        for (int k = 0; k < 4; k++) {
+            NBT_EQ_F64((double)tsv[k], (double)(float)ts[k]);
+        }
+        print_message("f32 tree state backwards, %s: max rel error %.2e\n",
+                      adaptive ? "adaptive" : "constant steps", worst);
+        NBT_TRUE(worst < 2e-5);
+        nb_tree_destroy(sol);
+        nb_tree_destroy(args);
+        nb_fn_destroy(f);
+    }
+    g_nts = 20;
+    nb_tree_destroy(y0);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- errors ------------------------------------------------------------------------------ */
 
 static void expect_error(nb_ctx *ctx, const tcfg *tc, nb_status want, const char *sub) {
@@ -1308,11 +1436,18 @@ static void test_out_of_memory(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_convergence_order), cmocka_unit_test(test_lv_adaptive),
-        cmocka_unit_test(test_lv_gradients),      cmocka_unit_test(test_diffrax_oracle),
-        cmocka_unit_test(test_max_steps),         cmocka_unit_test(test_nonfinite_and_underflow),
-        cmocka_unit_test(test_saveat_steps),      cmocka_unit_test(test_backwards),
-        cmocka_unit_test(test_one_trace),         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_convergence_order),
+        cmocka_unit_test(test_lv_adaptive),
+        cmocka_unit_test(test_lv_gradients),
+        cmocka_unit_test(test_diffrax_oracle),
+        cmocka_unit_test(test_jvp),
+        cmocka_unit_test(test_tree_f32_backwards_ts),
+        cmocka_unit_test(test_max_steps),
+        cmocka_unit_test(test_nonfinite_and_underflow),
+        cmocka_unit_test(test_saveat_steps),
+        cmocka_unit_test(test_backwards),
+        cmocka_unit_test(test_one_trace),
+        cmocka_unit_test(test_errors),
         cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
