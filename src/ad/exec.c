@@ -29,6 +29,10 @@ typedef struct nbi_instr {
     int32_t *in;     /* value (node) indices of the inputs */
     int32_t n_store; /* a fused node's stored values: */
     int32_t *store;  /* the fused_output node of each (-1: none left) */
+    /* Where each input and the output are when that is fixed at compile time (a value in
+     * the workspace that is not an output of the executable), else NULL: found per run. */
+    const void **fixed_in;
+    void *fixed_out;
 } nbi_instr;
 
 struct nbi_exec {
@@ -438,7 +442,9 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     size_t io_in_bytes = nbi_round64((size_t)(e->n_inputs + 1) * sizeof(void *));
     size_t io_out_bytes = nbi_round64((size_t)(e->n_outputs + 1) * sizeof(void *));
     size_t direct_bytes = nbi_round64((size_t)(e->n_outputs + 1) * sizeof(bool));
-    e->ws_alloc = e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes + direct_bytes;
+    size_t fixed_bytes = nbi_round64((size_t)(k_ins + 1) * sizeof(void *));
+    e->ws_alloc =
+        e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes + direct_bytes + fixed_bytes;
     e->ws = nbi_alloc(ctx, e->ws_alloc, 64);
     if (e->ws == NULL) {
         size_t want = e->ws_alloc;
@@ -450,6 +456,20 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
     e->io_out = (void **)(e->ws + e->ws_bytes + scratch + ptr_bytes + io_in_bytes);
     e->out_direct =
         (bool *)(e->ws + e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes);
+    const void **fixed = (const void **)(e->ws + e->ws_bytes + scratch + ptr_bytes + io_in_bytes +
+                                         io_out_bytes + direct_bytes);
+    for (int32_t t = 0; t < n_instr; t++) {
+        nbi_instr *ins = &e->instrs[t];
+        ins->fixed_in = fixed;
+        for (int32_t j = 0; j < ins->n_in; j++) {
+            int32_t src = ins->in[j];
+            fixed[j] = e->param_of[src] < 0 && e->out_of[src] < 0 && e->offset[src] >= 0
+                           ? (const void *)(e->ws + e->offset[src])
+                           : NULL;
+        }
+        fixed += ins->n_in;
+        ins->fixed_out = e->out_of[ins->node] < 0 ? (void *)(e->ws + e->offset[ins->node]) : NULL;
+    }
     for (int32_t i = 0; i < n; i++) {
         if (resident[i] && e->offset[i] >= 0) {
             nbi_kargs k = {.node = &e->nodes[i], .out = e->ws + e->offset[i]};
@@ -557,6 +577,11 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
         const nbi_instr *ins = &e->instrs[t];
         const nb_var *v = &e->nodes[ins->node];
         for (int32_t j = 0; j < ins->n_in; j++) {
+            const void *fx = ins->fixed_in[j];
+            if (fx != NULL) {
+                e->in_ptrs[j] = fx;
+                continue;
+            }
             int32_t src = ins->in[j], oi = e->out_of[src];
             e->in_ptrs[j] = e->param_of[src] >= 0          ? inputs[e->param_of[src]]
                             : oi >= 0 && e->out_direct[oi] ? (const void *)outputs[oi]
@@ -571,8 +596,9 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
         }
         int32_t oi = e->out_of[ins->node];
         nbi_kargs k = {.node = v,
-                       .out = oi >= 0 && e->out_direct[oi] ? outputs[oi]
-                                                           : (void *)(ws + e->offset[ins->node]),
+                       .out = ins->fixed_out != NULL         ? ins->fixed_out
+                              : oi >= 0 && e->out_direct[oi] ? outputs[oi]
+                                                             : (void *)(ws + e->offset[ins->node]),
                        .in = e->in_ptrs,
                        .scratch = ws + e->scratch_off,
                        .pool = e->pool,
