@@ -7,4 +7,8 @@
 /* `nabla train [options]` (train.c); argv holds the options only. Returns the exit code. */
 int nabla_cmd_train(int argc, char **argv);
 
+/* `nabla ode [options]` (ode.c): fit Lotka-Volterra's parameters through an ODE solve;
+ * argv holds the options only. Returns the exit code. */
+int nabla_cmd_ode(int argc, char **argv);
+
 #endif

@@ -448,6 +448,8 @@ static void usage(FILE *f) {
                "commands:\n"
                "  train [options]     train an MLP on the UCI digits with Adam (see\n"
                "                      nabla train --help)\n"
+               "  ode [options]       fit Lotka-Volterra's parameters to noisy data through an\n"
+               "                      adaptive ODE solve (see nabla ode --help)\n"
                "  demo [--data DIR]   a tour of arrays and pytrees, then an MLP forward on\n"
                "                      DIR/digits.csv.gz (default DIR: data)\n"
                "  version   print the library version\n");
@@ -460,6 +462,9 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "train") == 0) {
         return nabla_cmd_train(argc - 2, argv + 2);
+    }
+    if (strcmp(argv[1], "ode") == 0) {
+        return nabla_cmd_ode(argc - 2, argv + 2);
     }
     if (strcmp(argv[1], "demo") == 0) {
         const char *data_dir = "data";

@@ -41,8 +41,9 @@
  *       (NB_LOOP_CHECKPOINTED): memory bounded by `checkpoints` states (0: Equinox's default
  *       for max_steps), the gradient exactly that of the discrete solve;
  *   NB_ADJOINT_DIRECT                the loop is bounded (NB_LOOP_BOUNDED): every step
- *       stored; the same gradient bits as the recursive checkpoint, faster for small
- *       problems;
+ *       stored on a tape of max_steps rows (memory, and a per-call cost, that grow with
+ *       max_steps, as Diffrax's DirectAdjoint); no recomputation; the same gradient bits
+ *       as the recursive checkpoint;
  *   NB_ADJOINT_BACKSOLVE             the continuous adjoint: reverse mode solves the
  *       augmented system (y, a, a_args) backwards from t1 to t0 with its own solver and
  *       tolerances (NB_ADJOINT_BACKSOLVE's solver and controller; by default the forward
