@@ -408,10 +408,24 @@ nb_status nbi_check_take(nb_ctx *ctx) {
     return nbi_err(ctx, NB_ERR_RUNTIME, "%s", msg);
 }
 
+/* The derivatives pass through checked again: under nb_grad the checked value itself may
+ * be dead (only cotangents are outputs), so the check rides on the derivative. */
+static void nbi_vjp_check(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) {
+    (void)tr;
+    in_ct[0] = nbi_check(ct, node->in[1], node->in[2], (nbi_check_fmt)(uintptr_t)node->at.callee);
+}
+
+static nb_var *nbi_jvp_check(nb_trace *tr, nb_var *node, nb_var *const *tan) {
+    (void)tr;
+    return tan[0] == NULL ? NULL
+                          : nbi_check(tan[0], node->in[1], node->in[2],
+                                      (nbi_check_fmt)(uintptr_t)node->at.callee);
+}
+
 const nbi_op_info nbi_opinfo_check = {.name = "check",
                                       .n_in = 3,
                                       .infer = nbi_infer_check,
                                       .kernel = nbi_k_check,
                                       .nondiff = 6,
-                                      .vjp = nbi_vjp_identity,
-                                      .jvp = nbi_jvp_identity};
+                                      .vjp = nbi_vjp_check,
+                                      .jvp = nbi_jvp_check};

@@ -16,6 +16,7 @@
  *               output written where a kept step passes a save time); or (ts_buf, ys_buf)
  *               buffers of max_steps rows written at `steps` (every step tried: +inf rows
  *               for rejected ones, compacted after the loop)
+ *   [10] at_dtmin  bool: the next step was proposed at dtmin (force_dtmin then keeps it)
  * Carrying f(t, y) makes every method first-same-as-last: a step evaluates stages 2..s and
  * f(t + h, y1), which is both the Hermite interpolant's end slope and the next step's first
  * stage, so non-FSAL methods cost no more than their stage count either.
@@ -338,6 +339,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_var *steps = nb_get(tr, args, "[4]"), *acc = nb_get(tr, args, "[5]");
     nb_var *result = nb_get(tr, args, "[6]");
     nb_var *pie = nb_get(tr, args, "[7]"), *ppie = nb_get(tr, args, "[8]");
+    nb_var *at_dtmin = nb_get(tr, args, "[10]"), *at_dtmin_new = at_dtmin;
     nb_var *h = nb_sub(tn, t);
 
     /* stages: k[0] = fy; k[stages] (non-FSAL) = f(tn, y1); extra dense stages after it */
@@ -382,7 +384,9 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_var *keep, *tn_new, *res_new = result, *pie_new = pie, *ppie_new = ppie;
     nb_var *t_new;
     /* this step's state or slope is not finite: with an error estimate, a non-finite
-     * estimate says so (every stage enters it); with constant steps, y1 and f1 are checked */
+     * estimate says so (every stage but heun/midpoint/ralston's f(tn, y1) enters it: a NaN
+     * there is caught by the next step's estimate); with constant steps, y1 and f1 are
+     * checked */
     nb_var *bad_state = NULL;
     if (!adaptive) {
         nb_var *fin = NULL;
@@ -413,7 +417,10 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
             sq = sq == NULL ? q : nb_add(sq, q);
             count += (double)nb_var_size(y[i]);
         }
-        nb_var *scaled = nb_sqrt(nb_div(sq, nb_scalar(tr, count > 0 ? count : 1.0)));
+        /* the controller is not differentiated (as Diffrax): nor is the error that drives it
+         * -- sqrt'(0) and 1/0 would make 0 * inf = NaN cotangents when the error is 0 */
+        nb_var *scaled =
+            nb_stop_gradient(nb_sqrt(nb_div(sq, nb_scalar(tr, count > 0 ? count : 1.0))));
         nb_var *finite = nbo_isfinite(scaled);
         bad_state = nb_logical_not(finite);
         scaled = nb_select(finite, scaled, nb_scalar_typed(tr, dt, INFINITY));
@@ -421,7 +428,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         double dtmin = cfg.v[CFG_DTMIN], dtmax = cfg.v[CFG_DTMAX];
         bool force = cfg.v[CFG_FORCE_DTMIN] != 0.0;
         if (dtmin > 0 && force) {
-            keep = nb_logical_or(keep, nb_le(h, nb_scalar(tr, dtmin)));
+            keep = nb_logical_or(keep, at_dtmin); /* the step was proposed at dtmin */
         }
         nb_var *inv = nb_div(nb_scalar(tr, 1.0), scaled);
         double order = tab->error_order > 0 ? tab->error_order : 1;
@@ -447,6 +454,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
                 res_new = nb_select(nb_lt(dtn, nb_scalar(tr, dtmin)),
                                     nbo_i32(tr, NB_ODE_DT_UNDERFLOW), res_new);
             }
+            at_dtmin_new = nb_le(dtn, nb_scalar(tr, dtmin));
             dtn = nb_maximum(dtn, nb_scalar(tr, dtmin));
         }
         if (dtmax > 0) {
@@ -454,7 +462,12 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         }
         t_new = nb_select(keep, tn, t);
         tn_new = nb_add(t_new, nb_stop_gradient(dtn));
-        pie_new = nb_select(keep, inv, pie);
+        /* a zero or infinite error is remembered as 1 (as Diffrax): the P and D terms of the
+         * next factors stay finite */
+        nb_var *inv_keep = nb_select(
+            nb_logical_or(nb_eq(inv, nb_scalar(tr, 0.0)), nb_logical_not(nbo_isfinite(inv))),
+            nb_scalar_typed(tr, dt, 1.0), inv);
+        pie_new = nb_select(keep, inv_keep, pie);
         ppie_new = nb_select(keep, pie, ppie);
     } else {
         keep = nb_logical_not(bad_state);
@@ -462,10 +475,13 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         t_new = nb_select(keep, tn, t);
         tn_new = nb_add(t_new, nb_scalar(tr, cfg.v[CFG_DT0]));
     }
-    /* land on t1 exactly (Diffrax's tolerance: no sliver of a last step) */
+    /* land on t1 exactly (Diffrax's tolerance: no sliver of a last step); after a rejected
+     * step, halfway there instead (not the same step again) */
     double tol = dt == NB_DTYPE_F64 ? 1e-10 : 1e-6;
     nb_var *t1v = nb_scalar_typed(tr, dt, tau1);
-    tn_new = nb_select(nb_gt(tn_new, nb_scalar(tr, tau1 - tol)), t1v, tn_new);
+    nb_var *tclip =
+        nb_select(keep, t1v, nb_add(t_new, nb_mul(nb_scalar(tr, 0.5), nb_sub(t1v, t_new))));
+    tn_new = nb_select(nb_gt(tn_new, nb_scalar(tr, tau1 - tol)), tclip, tn_new);
     /* a step that no longer moves t: underflow (or a state gone non-finite) */
     nb_var *stuck = nb_logical_and(nb_lt(t_new, t1v), nb_le(tn_new, t_new));
     res_new = nb_select(
@@ -586,10 +602,10 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_tree *fytree = nbo_build(tr, ydef, L, fy_new);
     nb_treedef_destroy(ydef);
     nb_tree *res = nbo_tuple(
-        tr, 10,
+        tr, 11,
         (nb_tree *[]){nb_leaf(t_new), nb_leaf(tn_new), ytree, fytree, nb_leaf(nb_add(steps, one)),
                       nb_leaf(nb_add(acc, nb_cast(keep, NB_DTYPE_I32))), nb_leaf(res_new),
-                      nb_leaf(pie_new), nb_leaf(ppie_new), save});
+                      nb_leaf(pie_new), nb_leaf(ppie_new), save, nb_leaf(at_dtmin_new)});
     if (res == NULL) {
         return tr->status != NB_OK ? tr->status : NB_ERR_OOM;
     }
@@ -647,6 +663,16 @@ static void nbo_fail_msg(char *buf, size_t cap, const double *v) {
              "nb_diffeqsolve: the solve stopped at t = %.17g before t1 = %.17g: %s (max_steps "
              "%.0f) -- %s; or set throw_on_failure = false and read the solution's result",
              v[0], v[3], nb_ode_result_string(r), v[2], fix);
+}
+
+/* the same for the backsolve adjoint's own solve (from t1 back to t0) */
+static void nbo_fail_msg_adjoint(char *buf, size_t cap, const double *v) {
+    snprintf(buf, cap,
+             "nb_diffeqsolve: the backsolve adjoint's solve (from t1 back to t0) stopped at t = "
+             "%.17g before t0 = %.17g: %s (max_steps %.0f) -- raise max_steps, loosen the "
+             "adjoint's tolerances (nb_ode_adjoint.controller), or use the recursive checkpoint "
+             "adjoint",
+             v[0], v[3], nb_ode_result_string((int)v[1]), v[2]);
 }
 
 /* ---- nb_diffeqsolve ----------------------------------------------------------------- */
@@ -812,7 +838,6 @@ static nb_var *nbo_initial_step(nb_trace *tr, nbo_solve *S, nb_var *const *fy0) 
     nb_var *d1s = nb_select(small, nb_scalar_typed(tr, S->dtype, 1.0), d1);
     nb_var *h0 = nb_select(small, nb_scalar_typed(tr, S->dtype, 1e-6),
                            nb_mul(nb_scalar(tr, 0.01), nb_div(d0, d1s)));
-    h0 = nb_minimum(h0, nb_scalar(tr, S->tau1 - S->tau0));
     for (int64_t i = 0; i < S->L; i++) {
         y1[i] = nb_add(S->y0[i], nb_mul(h0, fy0[i]));
     }
@@ -913,6 +938,15 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
                 goto done;
             }
         }
+        /* the first step within [dtmin, dtmax] (as Diffrax's PIDController.init) */
+        nb_var *at_dtmin0 = nb_scalar_typed(tr, NB_DTYPE_BOOL, 0.0);
+        if (o->controller.adaptive && o->controller.dtmax > 0) {
+            first = nb_minimum(first, nb_scalar(tr, o->controller.dtmax));
+        }
+        if (o->controller.adaptive && o->controller.dtmin > 0) {
+            at_dtmin0 = nb_le(first, nb_scalar(tr, o->controller.dtmin));
+            first = nb_maximum(first, nb_scalar(tr, o->controller.dtmin));
+        }
         nb_var *t1v = nb_scalar_typed(tr, dt, S.tau1);
         double tol = dt == NB_DTYPE_F64 ? 1e-10 : 1e-6;
         nb_var *tn0 = nb_minimum(nb_add(tau0, first), t1v);
@@ -965,12 +999,12 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         }
         nb_tree *ytree = nbo_build(tr, S.ydef, L, S.y0);
         nb_tree *fytree = nbo_build(tr, S.ydef, L, fy0);
-        nb_tree *init =
-            nbo_tuple(tr, 10,
-                      (nb_tree *[]){nb_leaf(tau0), nb_leaf(tn0), ytree, fytree,
-                                    nb_leaf(nbo_i32(tr, 0)), nb_leaf(nbo_i32(tr, 0)),
-                                    nb_leaf(nbo_i32(tr, 0)), nb_leaf(nb_scalar_typed(tr, dt, 1.0)),
-                                    nb_leaf(nb_scalar_typed(tr, dt, 1.0)), save});
+        nb_tree *init = nbo_tuple(
+            tr, 11,
+            (nb_tree *[]){nb_leaf(tau0), nb_leaf(tn0), ytree, fytree, nb_leaf(nbo_i32(tr, 0)),
+                          nb_leaf(nbo_i32(tr, 0)), nb_leaf(nbo_i32(tr, 0)),
+                          nb_leaf(nb_scalar_typed(tr, dt, 1.0)),
+                          nb_leaf(nb_scalar_typed(tr, dt, 1.0)), save, nb_leaf(at_dtmin0)});
         if (init == NULL) {
             goto done;
         }
@@ -1041,8 +1075,8 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         lo.checkpoints = o->adjoint.checkpoints;
         nb_tree *bufmask = NULL;
         if (o->saveat.kind == NB_SAVEAT_STEPS) {
-            nb_tree *bi[10];
-            for (int i = 0; i < 10; i++) {
+            nb_tree *bi[11];
+            for (int i = 0; i < 11; i++) {
                 bi[i] = NULL;
                 if (nb_tree_bool(tr->ctx, i == 9, &bi[i]) != NB_OK ||
                     nbi_trace_own(tr, bi[i]) != NB_OK) {
@@ -1050,7 +1084,7 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
                     nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
                 }
             }
-            bufmask = nbo_tuple(tr, 10, bi);
+            bufmask = nbo_tuple(tr, 11, bi);
             lo.buffers = bufmask;
         }
         const nb_tree *fin = tr->status == NB_OK ? nb_while_loop(tr, cf, bf, init, &lo) : NULL;
@@ -1656,11 +1690,26 @@ static nb_status nbo_bs_bwd(nb_trace *tr, const nb_tree *self, const nb_tree *ar
     if (g0 == NULL) {
         return tr->status;
     }
-    for (int64_t i = 0; i < La; i++) {
-        a0[i] = nb_reshape(a0[i], yl[i]->rank, yl[i]->shape);
-    }
-    for (int64_t i = 0; i < Lg; i++) {
-        g0[i] = nb_reshape(g0[i], pv[i]->rank, pv[i]->shape);
+    /* a failed adjoint solve (max_steps, underflow, non-finite) never gives a gradient:
+     * NaN cotangents, or with throw_on_failure the call's NB_ERR_RUNTIME */
+    nb_var *bres = nb_get(tr, sol, "result");
+    nb_var *bfail = nb_ne(bres, nb_scalar_typed(tr, NB_DTYPE_I32, 0));
+    nb_var *vals = nb_concatenate(
+        4,
+        (nb_var *[]){
+            nb_reshape(nb_cast(nb_get(tr, sol, "t_final"), NB_DTYPE_F64), 1, (int64_t[]){1}),
+            nb_reshape(nb_cast(bres, NB_DTYPE_F64), 1, (int64_t[]){1}),
+            nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){1}, (double)b.max_steps),
+            nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){1}, b.t1)},
+        0);
+    for (int64_t i = 0; i < La + Lg; i++) {
+        nb_var **v = i < La ? &a0[i] : &g0[i - La];
+        const nb_var *like = i < La ? yl[i] : pv[i - La];
+        *v = nb_reshape(*v, like->rank, like->shape);
+        *v = nb_select(bfail, nb_scalar_typed(tr, like->dtype, NAN), *v);
+        if (o.throw_on_failure) {
+            *v = nbi_check(*v, bfail, vals, nbo_fail_msg_adjoint);
+        }
     }
     int64_t k0 = 0, k1 = 0;
     nb_tree *c0 = nbo_rebuild(tr, yT, a0, &k0);

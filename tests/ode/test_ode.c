@@ -22,7 +22,19 @@
 
 /* ---- problems ------------------------------------------------------------------------ */
 
-enum { P_EXP, P_HARMONIC, P_TGROWTH, P_LOGISTIC, P_LV, P_BAD_SHAPE, P_BAD_STRUCT, P_NAN, P_TREE };
+enum {
+    P_EXP,
+    P_HARMONIC,
+    P_TGROWTH,
+    P_LOGISTIC,
+    P_LV,
+    P_BAD_SHAPE,
+    P_BAD_STRUCT,
+    P_NAN,
+    P_TREE,
+    P_ZERO,
+    P_STIFF
+};
 
 static nb_status term_exp(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
@@ -110,9 +122,25 @@ static nb_status term_decay_tree(nb_trace *tr, const nb_tree *self, const nb_tre
     return nb_tree_map(nb_tree_child(args, 1), neg_cb, tr, 0, out);
 }
 
-static const nb_fn_body g_terms[] = {term_exp,        term_harmonic, term_tgrowth,
-                                     term_logistic,   term_lv,       term_bad_shape,
-                                     term_bad_struct, term_blowup,   term_decay_tree};
+/* dy/dt = 0 y: nothing moves, the error estimate is exactly 0 */
+static nb_status term_zero(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *y = nb_get(tr, args, "[1].y");
+    nb_tree *l = nb_leaf(nb_mul(y, nb_scalar(tr, 0.0)));
+    return nb_tree_dict(nb_trace_ctx(tr), 1, (const char *[]){"y"}, &l, out);
+}
+
+/* dy/dt = -1000 (y - cos t): stiff for an explicit method */
+static nb_status term_stiff(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *t = nb_get(tr, args, "[0]"), *y = nb_get(tr, args, "[1].y");
+    nb_tree *l = nb_leaf(nb_mul(nb_scalar(tr, -1000.0), nb_sub(y, nb_cos(t))));
+    return nb_tree_dict(nb_trace_ctx(tr), 1, (const char *[]){"y"}, &l, out);
+}
+
+static const nb_fn_body g_terms[] = {
+    term_exp,        term_harmonic, term_tgrowth,    term_logistic, term_lv,   term_bad_shape,
+    term_bad_struct, term_blowup,   term_decay_tree, term_zero,     term_stiff};
 
 /* ---- the function under test: solve(params = dict(y0, p)) ---------------------------- */
 
@@ -123,6 +151,8 @@ typedef struct tcfg {
     int bsolver;
     double brtol;
     int throw_;
+    double dtmin, dtmax, pcoeff, icoeff; /* the PID controller's (icoeff 0: its default 1) */
+    int force;
 } tcfg;
 
 static tcfg cfg_default(void) {
@@ -136,12 +166,13 @@ static tcfg cfg_default(void) {
 }
 
 static const char *const g_cfg_keys[] = {
-    "problem", "solver", "adaptive", "saveat",    "adjoint",     "mode",    "rtol",  "atol",
-    "dt0",     "t0",     "t1",       "max_steps", "checkpoints", "bsolver", "brtol", "throw"};
-enum { N_CFG = 16 };
+    "problem", "solver", "adaptive", "saveat", "adjoint",   "mode",        "rtol",
+    "atol",    "dt0",    "t0",       "t1",     "max_steps", "checkpoints", "bsolver",
+    "brtol",   "throw",  "dtmin",    "dtmax",  "pcoeff",    "icoeff",      "force"};
+enum { N_CFG = 21 };
 
-static nb_tree *cfg_tree(nb_ctx *ctx, const tcfg *c) {
-    double v[N_CFG] = {c->problem,
+static void cfg_values(const tcfg *c, double *v) {
+    double w[N_CFG] = {c->problem,
                        c->solver,
                        c->adaptive,
                        c->saveat,
@@ -156,7 +187,18 @@ static nb_tree *cfg_tree(nb_ctx *ctx, const tcfg *c) {
                        (double)c->checkpoints,
                        c->bsolver,
                        c->brtol,
-                       c->throw_};
+                       c->throw_,
+                       c->dtmin,
+                       c->dtmax,
+                       c->pcoeff,
+                       c->icoeff,
+                       c->force};
+    memcpy(v, w, sizeof w);
+}
+
+static nb_tree *cfg_tree(nb_ctx *ctx, const tcfg *c) {
+    double v[N_CFG];
+    cfg_values(c, v);
     nb_tree *items[N_CFG], *t = NULL;
     for (int i = 0; i < N_CFG; i++) {
         NBT_OK(ctx, nb_tree_float(ctx, v[i], &items[i]));
@@ -207,6 +249,13 @@ static nb_status solve_body(nb_trace *tr, const nb_tree *self, const nb_tree *ar
     }
     o.max_steps = (int64_t)cfg_get(self, "max_steps");
     o.throw_on_failure = cfg_get(self, "throw") != 0;
+    o.controller.dtmin = cfg_get(self, "dtmin");
+    o.controller.dtmax = cfg_get(self, "dtmax");
+    o.controller.force_dtmin = cfg_get(self, "force") != 0;
+    o.controller.pcoeff = cfg_get(self, "pcoeff");
+    if (cfg_get(self, "icoeff") != 0) {
+        o.controller.icoeff = cfg_get(self, "icoeff");
+    }
     const nb_tree *p = nb_tree_get(nb_tree_child(args, 0), "p");
     const nb_tree *sol = nb_diffeqsolve(tr, term, nb_tree_get(nb_tree_child(args, 0), "y0"),
                                         nb_tree_kind_of(p) == NB_TREE_KIND_NULL ? NULL : p, &o);
@@ -1018,8 +1067,10 @@ static void test_max_steps(void **state) {
         tc.mode = 1;
         lv_grad(ctx, &tc, g, &r);
         NBT_EQ_I64(r, NB_ODE_MAX_STEPS_REACHED);
+        /* checkpoint and direct: the derivative of what was computed; backsolve: its adjoint
+         * solve from t1 fails as well, and a failed adjoint solve gives NaN, never numbers */
         for (int i = 0; i < 6; i++) {
-            NBT_TRUE(isfinite(g[i]));
+            NBT_TRUE(adj == NB_ADJOINT_BACKSOLVE ? isnan(g[i]) : isfinite(g[i]));
         }
         /* throw_on_failure: the call fails with a message, under jit and under grad */
         tc.throw_ = 1;
@@ -1147,7 +1198,8 @@ static void test_saveat_steps(void **state) {
 static void test_backwards(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
-    /* exp decay from 0 to -1 (y(-1) = e), adaptive and constant steps; dt0 given either sign */
+    /* exp decay from 0 to -1 (y(-1) = e), adaptive and constant steps (dt0 has the sign of
+     * t1 - t0; the other sign is an error: test_errors) */
     for (int k = 0; k < 3; k++) {
         tcfg tc = cfg_default();
         tc.problem = P_EXP;
@@ -1270,6 +1322,168 @@ static void test_tree_f32_backwards_ts(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- the controller's corners (review findings) ------------------------------------------ */
+
+/* d sum(y(1)) / d y0 for a scalar state y, with the config's solve */
+static double dy1_dy0(nb_ctx *ctx, tcfg tc, double y0, nb_status *st_out) {
+    tc.mode = 1;
+    nb_fn *f = solve_fn(ctx, &tc), *g = NULL;
+    nb_grad_opts go = nb_grad_opts_default();
+    go.has_aux = true;
+    NBT_OK(ctx, nb_grad(f, &go, &g));
+    nb_tree *args = make_args(ctx, scalars(ctx, 1, (const char *[]){"y"}, &y0), NULL), *res = NULL;
+    *st_out = nb_fn_call(g, args, &res);
+    double v = *st_out == NB_OK ? leaf_f64(res, "[0].y0.y", 0) : NAN;
+    nb_tree_destroy(res);
+    nb_tree_destroy(args);
+    nb_fn_destroy(g);
+    nb_fn_destroy(f);
+    return v;
+}
+
+static void test_controller_corners(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_status st;
+    /* an error estimate of exactly 0 (nothing moves, or y0 = 0): finite gradients */
+    tcfg tc = cfg_default();
+    tc.adaptive = 1;
+    tc.rtol = tc.atol = 1e-6;
+    tc.dt0 = 0.1;
+    tc.problem = P_ZERO;
+    for (int adj = 0; adj < 2; adj++) {
+        tc.adjoint = adj;
+        double d = dy1_dy0(ctx, tc, 2.0, &st);
+        NBT_OK(ctx, st);
+        NBT_EQ_F64(d, 1.0);
+    }
+    tc.problem = P_EXP;
+    tc.adjoint = NB_ADJOINT_RECURSIVE_CHECKPOINT;
+    double d = dy1_dy0(ctx, tc, 0.0, &st);
+    NBT_OK(ctx, st);
+    NBT_NEAR(d, exp(-1.0), 1e-3);
+    /* a PI controller (pcoeff 0.4, icoeff 0.3) on a zero error: the remembered errors stay
+     * finite and the solve finishes */
+    tc = cfg_default();
+    tc.problem = P_ZERO;
+    tc.adaptive = 1;
+    tc.rtol = tc.atol = 1e-6;
+    tc.dt0 = 0.01;
+    tc.pcoeff = 0.4;
+    tc.icoeff = 0.3;
+    tc.max_steps = 200;
+    nb_fn *f = solve_fn(ctx, &tc);
+    nb_tree *args = make_args(ctx, scalars(ctx, 1, (const char *[]){"y"}, (double[]){1.0}), NULL),
+            *sol = NULL;
+    NBT_OK(ctx, nb_fn_call(f, args, &sol));
+    NBT_EQ_I64(leaf_i32(sol, "result"), NB_ODE_SUCCESSFUL);
+    nb_tree_destroy(sol);
+    nb_fn_destroy(f);
+    /* dtmax bounds every step, the first included (dt0 = 0.5 > dtmax = 0.01) */
+    tc = cfg_default();
+    tc.problem = P_EXP;
+    tc.adaptive = 1;
+    tc.rtol = tc.atol = 1e-3;
+    tc.dt0 = 0.5;
+    tc.dtmax = 0.01;
+    tc.saveat = NB_SAVEAT_STEPS;
+    tc.max_steps = 200;
+    f = solve_fn(ctx, &tc);
+    NBT_OK(ctx, nb_fn_call(f, args, &sol));
+    NBT_EQ_I64(leaf_i32(sol, "result"), NB_ODE_SUCCESSFUL);
+    int32_t acc = leaf_i32(sol, "stats.num_accepted_steps");
+    NBT_TRUE(acc >= 100);
+    double prev = 0.0;
+    for (int i = 0; i < acc; i++) {
+        double t = leaf_f64(sol, "ts", i);
+        NBT_TRUE(t - prev <= 0.01 * (1 + 1e-12));
+        prev = t;
+    }
+    nb_tree_destroy(sol);
+    nb_fn_destroy(f);
+    nb_tree_destroy(args);
+    /* dtmin on a stiff problem: without force_dtmin the solve reports the step-size
+     * underflow; with it, steps of dtmin are kept and the solve reaches t1 */
+    tc = cfg_default();
+    tc.problem = P_STIFF;
+    tc.solver = NB_ODE_DOPRI5;
+    tc.adaptive = 1;
+    tc.rtol = tc.atol = 1e-10;
+    tc.t0 = 0.1;
+    tc.t1 = 0.3;
+    tc.dt0 = 0.01;
+    tc.dtmin = 1e-3;
+    tc.max_steps = 1000;
+    args = make_args(ctx, scalars(ctx, 1, (const char *[]){"y"}, (double[]){cos(0.1)}), NULL);
+    for (int force = 0; force < 2; force++) {
+        tc.force = force;
+        f = solve_fn(ctx, &tc);
+        NBT_OK(ctx, nb_fn_call(f, args, &sol));
+        int32_t r = leaf_i32(sol, "result");
+        print_message("stiff problem, dtmin 1e-3, force_dtmin %d: %s after %d steps at t = %g\n",
+                      force, nb_ode_result_string(r), leaf_i32(sol, "stats.num_steps"),
+                      leaf_f64(sol, "t_final", 0));
+        if (force) {
+            NBT_EQ_I64(r, NB_ODE_SUCCESSFUL);
+            NBT_NEAR(leaf_f64(sol, "ys.y", 0), cos(0.3), 1e-3);
+        } else {
+            NBT_EQ_I64(r, NB_ODE_DT_UNDERFLOW);
+        }
+        nb_tree_destroy(sol);
+        nb_fn_destroy(f);
+    }
+    nb_tree_destroy(args);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* throw_on_failure under nb_grad (the checked values themselves are dead there), and the
+ * backsolve adjoint whose own solve fails */
+static void test_failures_under_grad(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_status st;
+    tcfg tc = cfg_default();
+    tc.problem = P_EXP;
+    tc.adaptive = 1;
+    tc.rtol = tc.atol = 1e-8;
+    tc.dt0 = 0.01;
+    tc.max_steps = 3;
+    tc.throw_ = 1;
+    for (int adj = 0; adj < 3; adj++) {
+        tc.adjoint = adj;
+        double d = dy1_dy0(ctx, tc, 1.0, &st);
+        NBT_EQ_I64(st, NB_ERR_RUNTIME);
+        NBT_ERRMSG_HAS(ctx, "max_steps reached (max_steps 3)");
+        NBT_TRUE(isnan(d));
+    }
+    /* backsolve: the forward solve succeeds, the adjoint's (at 1e-13, 12 steps) does not */
+    tc = cfg_default();
+    tc.problem = P_EXP;
+    tc.adaptive = 1;
+    tc.rtol = tc.atol = 1e-4;
+    tc.t1 = 3.0;
+    tc.dt0 = 0.1;
+    tc.max_steps = 12;
+    tc.adjoint = NB_ADJOINT_BACKSOLVE;
+    tc.brtol = 1e-13;
+    double d = dy1_dy0(ctx, tc, 1.0, &st);
+    NBT_OK(ctx, st);
+    NBT_TRUE(isnan(d)); /* never a wrong number */
+    tc.throw_ = 1;
+    d = dy1_dy0(ctx, tc, 1.0, &st);
+    NBT_EQ_I64(st, NB_ERR_RUNTIME);
+    NBT_ERRMSG_HAS(ctx, "the backsolve adjoint's solve (from t1 back to t0) stopped at t = ");
+    tc.throw_ = 0;
+    tc.brtol = 1e-6; /* enough steps at 1e-6: the gradient, e^-3 to the tolerances */
+    tc.max_steps = 100;
+    d = dy1_dy0(ctx, tc, 1.0, &st);
+    NBT_OK(ctx, st);
+    NBT_NEAR(d, exp(-3.0), 1e-4);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- errors ------------------------------------------------------------------------------ */
 
 static void expect_error(nb_ctx *ctx, const tcfg *tc, nb_status want, const char *sub) {
@@ -1365,22 +1579,8 @@ static nb_status scenario_ode(nb_ctx *ctx) {
         c.saveat = k == 0 ? NB_SAVEAT_TS : NB_SAVEAT_STEPS;
         c.max_steps = 64;
         c.throw_ = k == 1;
-        double v[N_CFG] = {c.problem,
-                           c.solver,
-                           c.adaptive,
-                           c.saveat,
-                           c.adjoint,
-                           c.mode,
-                           c.rtol,
-                           c.atol,
-                           c.dt0,
-                           c.t0,
-                           c.t1,
-                           (double)c.max_steps,
-                           (double)c.checkpoints,
-                           c.bsolver,
-                           c.brtol,
-                           c.throw_};
+        double v[N_CFG];
+        cfg_values(&c, v);
         for (int i = 0; i < N_CFG && st == NB_OK; i++) {
             st = nb_tree_float(ctx, v[i], &items[i]);
         }
@@ -1442,6 +1642,8 @@ int main(void) {
         cmocka_unit_test(test_diffrax_oracle),
         cmocka_unit_test(test_jvp),
         cmocka_unit_test(test_tree_f32_backwards_ts),
+        cmocka_unit_test(test_controller_corners),
+        cmocka_unit_test(test_failures_under_grad),
         cmocka_unit_test(test_max_steps),
         cmocka_unit_test(test_nonfinite_and_underflow),
         cmocka_unit_test(test_saveat_steps),
