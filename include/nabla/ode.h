@@ -63,7 +63,10 @@
  * the loop runs at most max_steps steps; its rows that were not reached hold +inf, and
  * with SaveAt t1 row 0 holds the state at t_final. With opts.throw_on_failure the
  * enclosing function's call instead fails with NB_ERR_RUNTIME and a message naming the
- * result and the time reached.
+ * result and the time reached -- also when only derivatives of the solution are computed
+ * (nb_grad). A derivative through a failed solve is that of what was computed (recursive
+ * checkpoint, direct); the backsolve adjoint's own backward solve, if it fails, gives NaN
+ * cotangents (or NB_ERR_RUNTIME with throw_on_failure), never a wrong number.
  *
  * Errors while tracing (sticky, nabla/trace.h): a term that is not a plain or jitted
  * function, or returns a tree that differs from y0's (naming the first differing path,
