@@ -68,13 +68,13 @@ static const double PAR[NP] = {1.5, 1.0, 3.0, 1.0};
 static const double X0 = 1.0, Y0 = 1.0;
 static const char *NAMES[6] = {"a", "b", "c", "d", "x0", "y0"};
 
-#define CHECK(call)                                                                       \
-    do {                                                                                  \
-        int rc_ = (call);                                                                 \
-        if (rc_ < 0) {                                                                    \
-            fprintf(stderr, "cvodes_lv: %s failed (%d) at line %d\n", #call, rc_, __LINE__); \
-            exit(1);                                                                      \
-        }                                                                                 \
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        int rc_ = (call);                                                                          \
+        if (rc_ < 0) {                                                                             \
+            fprintf(stderr, "cvodes_lv: %s failed (%d) at line %d\n", #call, rc_, __LINE__);       \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 /* ---- the problem ---- */
@@ -281,7 +281,8 @@ static void grad(lv_solver *s, double state[2], double g[6]) {
     CHECK(CVodeB(s->amem, T0, CV_NORMAL));
     CHECK(CVodeGetB(s->amem, s->which, &t, s->yB));
     CHECK(CVodeGetQuadB(s->amem, s->which, &t, s->qB));
-    for (int i = 0; i < NP; i++) g[i] = NV_Ith_S(s->qB, i);
+    for (int i = 0; i < NP; i++)
+        g[i] = NV_Ith_S(s->qB, i);
     g[4] = NV_Ith_S(s->yB, 0);
     g[5] = NV_Ith_S(s->yB, 1);
 }
@@ -290,13 +291,15 @@ static void grad(lv_solver *s, double state[2], double g[6]) {
 
 static int read_reference(const char *path, double state[2], double g[6]) {
     FILE *f = fopen(path, "r");
-    if (!f) return 0;
+    if (!f)
+        return 0;
     char line[512];
     int have_state = 0, have = 0;
     while (fgets(line, sizeof line, f)) {
         char name[32];
         double t, u, v;
-        if (line[0] == '#') continue;
+        if (line[0] == '#')
+            continue;
         /* The first state line is t = 10, the solve's end point. */
         if (!have_state && sscanf(line, "state %lf %lf %lf", &t, &u, &v) == 3 && t == T1) {
             state[0] = u;
@@ -318,7 +321,8 @@ static double max_rel(const double *u, const double *ref, int n) {
     double m = 0;
     for (int i = 0; i < n; i++) {
         double e = fabs(u[i] - ref[i]) / fabs(ref[i]);
-        if (e > m) m = e;
+        if (e > m)
+            m = e;
     }
     return m;
 }
@@ -353,7 +357,8 @@ static timing time_calls(lv_solver *s, int do_grad, int repeats, int inner) {
     }
     qsort(samples, (size_t)repeats, sizeof(double), cmp_double);
     timing t = {samples[repeats / 2], samples[0]};
-    if (repeats % 2 == 0) t.median = 0.5 * (samples[repeats / 2 - 1] + samples[repeats / 2]);
+    if (repeats % 2 == 0)
+        t.median = 0.5 * (samples[repeats / 2 - 1] + samples[repeats / 2]);
     free(samples);
     return t;
 }
@@ -379,7 +384,8 @@ static void run(const char *name, int lmm, double rtol, double atol, int repeats
     printf("cvodes_%s_grad_min_us %.3f\n", name, tg.min);
     printf("cvodes_%s_state %.17g %.17g\n", name, st[0], st[1]);
     printf("cvodes_%s_gradient", name);
-    for (int i = 0; i < 6; i++) printf(" %.17g", g[i]);
+    for (int i = 0; i < 6; i++)
+        printf(" %.17g", g[i]);
     printf("\n");
     printf("cvodes_%s_grad_state_err %.3g\n", name, max_rel(gst, ref_state, 2));
     printf("cvodes_%s_steps %ld %ld %ld %ld\n", name, nst, nfe, nstB, nfeB);
@@ -399,7 +405,8 @@ int main(int argc, char **argv) {
     const char *method = "both";
     const char *ref = "tests/ode/oracle/lotka_volterra.txt";
     for (int i = 1; i < argc; i++) {
-        if (i + 1 >= argc) usage();
+        if (i + 1 >= argc)
+            usage();
         if (!strcmp(argv[i], "--rtol"))
             rtol = atof(argv[++i]);
         else if (!strcmp(argv[i], "--atol"))
@@ -423,11 +430,14 @@ int main(int argc, char **argv) {
         else
             usage();
     }
-    if (repeats < 1 || inner < 1 || !(rtol > 0) || !(atol > 0)) usage();
+    if (repeats < 1 || inner < 1 || !(rtol > 0) || !(atol > 0))
+        usage();
     double ref_state[2], ref_grad[6];
     if (!read_reference(ref, ref_state, ref_grad)) {
-        fprintf(stderr, "cvodes_lv: cannot read the reference %s (run from the repository "
-                        "root, or pass --ref)\n", ref);
+        fprintf(stderr,
+                "cvodes_lv: cannot read the reference %s (run from the repository "
+                "root, or pass --ref)\n",
+                ref);
         return 1;
     }
     printf("sundials_version %s\n", SUNDIALS_VERSION);
@@ -438,6 +448,7 @@ int main(int argc, char **argv) {
         run("adams", CV_ADAMS, rtol, atol, repeats, inner, ref_state, ref_grad);
     if (both || !strcmp(method, "bdf"))
         run("bdf", CV_BDF, rtol, atol, repeats, inner, ref_state, ref_grad);
-    if (!both && strcmp(method, "adams") && strcmp(method, "bdf")) usage();
+    if (!both && strcmp(method, "adams") && strcmp(method, "bdf"))
+        usage();
     return 0;
 }
