@@ -28,6 +28,7 @@
  *                       Conv2d, Sequential) with Equinox's initialisation
  *     nabla/ode.h    -- diffeqsolve (Diffrax's): Runge-Kutta solvers, PID step control,
  *                       dense output, adjoints through checkpointed loops
+ *     nabla/io.h     -- pytrees on disk: safetensors files (atomic writes, validated reads)
  *
  * Rules that hold everywhere (details in core.h):
  *     - every fallible call returns an nb_status; results come back in out-parameters;
@@ -92,6 +93,7 @@
 #include "core.h"
 #include "data.h"
 #include "fn.h"
+#include "io.h"
 #include "loops.h"
 #include "nn.h"
 #include "ode.h"

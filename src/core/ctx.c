@@ -106,8 +106,24 @@ struct nb_ctx {
     size_t bytes_peak;
     int64_t n_allocs;
     int64_t n_alloc_failures;
-    uint64_t tree_serial; /* the last serial given to a tree node (nbi_ctx_serial) */
+    uint64_t tree_serial;     /* the last serial given to a tree node (nbi_ctx_serial) */
+    nb_write_hook write_hook; /* nabla/io.h: writes go through it when set */
+    void *write_ud;
 };
+
+nb_status nb_ctx_set_write_hook(nb_ctx *ctx, nb_write_hook hook, void *ud) {
+    if (ctx == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    ctx->write_hook = hook;
+    ctx->write_ud = ud;
+    return NB_OK;
+}
+
+nb_write_hook nbi_ctx_write_hook(nb_ctx *ctx, void **ud) {
+    *ud = ctx->write_ud;
+    return ctx->write_hook;
+}
 
 static size_t nbi_max3(size_t a, size_t b, size_t c) {
     size_t m = a > b ? a : b;

@@ -222,6 +222,8 @@ NBI_HIDDEN nb_status nbi_ctx_pool(nb_ctx *ctx, nbi_pool **out);
 NBI_HIDDEN void **nbi_ctx_jit_slot(nb_ctx *ctx);
 /* A fresh serial for a tree node: 1, 2, 3, ... per context, never reused. */
 NBI_HIDDEN uint64_t nbi_ctx_serial(nb_ctx *ctx);
+/* The context's write hook (nb_ctx_set_write_hook), or NULL for write(2). */
+NBI_HIDDEN nb_write_hook nbi_ctx_write_hook(nb_ctx *ctx, void **ud);
 NBI_HIDDEN void nbi_ctx_set_jit_free(nb_ctx *ctx, void (*fn)(nb_ctx *ctx, void *state));
 
 /* ---- overflow-checked sizes ---------------------------------------------------------- */
