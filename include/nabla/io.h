@@ -21,7 +21,8 @@
  * Writes are atomic. The file is written to a temporary file in the same directory,
  * flushed with fsync, renamed over the old one and the directory fsynced: after a crash or
  * a full disk, the path holds either the old complete file or the new complete file, never
- * a torn one, and a failed save leaves the old file untouched.
+ * a torn one, and a failed save leaves the old file untouched. (A process killed while
+ * saving may leave its temporary file, <path>.tmpXXXXXX, beside the target.)
  *
  * Reads never trust the file. Every length, offset, dtype, shape and size is validated
  * (with overflow checks) before a byte of data is read: the header is bounded by
@@ -66,6 +67,20 @@ NB_API nb_status nb_load_into(const nb_tree *tmpl, const char *path, nb_tree **o
  * embedding and fuzzing. name is used in messages. */
 NB_API nb_status nb_load_bytes(nb_ctx *ctx, const void *data, size_t size, const char *name,
                                nb_tree **out);
+
+/* ---- training checkpoints ------------------------------------------------------------- */
+/* One file holding a run's state: params, the optimizer state, the PRNG key and the step,
+ * saved atomically (nb_save) as dict(params, opt_state, key, step) -- step an i64[] array.
+ * Resuming from it continues a run bit for bit (tests/io/test_checkpoint_io.c). key may be
+ * NULL (saved as null). */
+NB_API nb_status nb_checkpoint_save(const char *path, const nb_tree *params,
+                                    const nb_tree *opt_state, const nb_array *key, int64_t step);
+/* Load a checkpoint into templates (the run's current params and optimizer state, or any
+ * trees of their structure, dtypes and shapes): mismatches are NB_ERR_STRUCTURE naming the
+ * first path. Outputs may be NULL when not wanted; *key is NULL if none was saved. */
+NB_API nb_status nb_checkpoint_load(const char *path, const nb_tree *params_template,
+                                    const nb_tree *opt_state_template, nb_tree **params,
+                                    nb_tree **opt_state, nb_array **key, int64_t *step);
 
 /* Writes go through this hook when set (fault injection: return -1 with errno set to
  * ENOSPC, or a short count, to simulate a full disk). NULL restores write(2). */

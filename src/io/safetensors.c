@@ -1561,3 +1561,112 @@ static nb_status nbs_build(nbs_parse *p, const nbs_src *src, const nb_tree *tmpl
     *out = r;
     return st;
 }
+
+/* ---- training checkpoints ------------------------------------------------------------------ */
+
+nb_status nb_checkpoint_save(const char *path, const nb_tree *params, const nb_tree *opt_state,
+                             const nb_array *key, int64_t step) {
+    if (path == NULL || nb_tree_check(params) != NB_OK || nb_tree_check(opt_state) != NB_OK) {
+        return NB_ERR_MISUSE;
+    }
+    nb_ctx *ctx = nb_tree_ctx(params);
+    nb_array *sa = NULL;
+    nb_tree *kl = NULL, *sl = NULL, *d = NULL;
+    nb_status st = nb_array_from_data(ctx, NB_DTYPE_I64, 0, NULL, &step, &sa);
+    if (st == NB_OK) {
+        st = nb_tree_array(sa, &sl);
+    }
+    if (st == NB_OK) {
+        st = key != NULL ? nb_tree_array((nb_array *)key, &kl) : nb_tree_null(ctx, &kl);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_dict(ctx, 4, (const char *[]){"params", "opt_state", "key", "step"},
+                          (nb_tree *[]){(nb_tree *)params, (nb_tree *)opt_state, kl, sl}, &d);
+    }
+    if (st == NB_OK) {
+        st = nb_save(d, path);
+    }
+    nb_tree_destroy(d);
+    nb_tree_destroy(kl);
+    nb_tree_destroy(sl);
+    nb_array_destroy(sa);
+    return st;
+}
+
+nb_status nb_checkpoint_load(const char *path, const nb_tree *params_template,
+                             const nb_tree *opt_state_template, nb_tree **params,
+                             nb_tree **opt_state, nb_array **key, int64_t *step) {
+    if (params != NULL) {
+        *params = NULL;
+    }
+    if (opt_state != NULL) {
+        *opt_state = NULL;
+    }
+    if (key != NULL) {
+        *key = NULL;
+    }
+    if (path == NULL || nb_tree_check(params_template) != NB_OK ||
+        nb_tree_check(opt_state_template) != NB_OK) {
+        return NB_ERR_MISUSE;
+    }
+    /* through templates only: the file's own tree may hold function references (a model's
+     * activations) that a file cannot restore, while the templates hold them */
+    nb_ctx *ctx = nb_tree_ctx(params_template);
+    nb_tree *tmpl = NULL, *sl = NULL, *kl = NULL, *kt = NULL, *got = NULL, *gk = NULL;
+    nb_array *sa = NULL, *ka = NULL;
+    int64_t zero = 0;
+    nb_status st = nb_array_from_data(ctx, NB_DTYPE_I64, 0, NULL, &zero, &sa);
+    if (st == NB_OK) {
+        st = nb_tree_array(sa, &sl);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_dict(
+            ctx, 3, (const char *[]){"params", "opt_state", "step"},
+            (nb_tree *[]){(nb_tree *)params_template, (nb_tree *)opt_state_template, sl}, &tmpl);
+    }
+    if (st == NB_OK) {
+        st = nb_load_into(tmpl, path, &got);
+    }
+    /* the key: an i32[2] under "key", or none */
+    if (st == NB_OK && key != NULL) {
+        st = nb_array_zeros(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, &ka);
+        if (st == NB_OK) {
+            st = nb_tree_array(ka, &kl);
+        }
+        if (st == NB_OK) {
+            st = nb_tree_dict(ctx, 1, (const char *[]){"key"}, &kl, &kt);
+        }
+        if (st == NB_OK) {
+            st = nb_load_into(kt, path, &gk);
+            if (st == NB_ERR_STRUCTURE) {
+                st = NB_OK; /* saved without a key */
+                nb_ctx_clear_error(ctx);
+            } else if (st == NB_OK) {
+                *key = nb_array_retain(nb_tree_get_array(nb_tree_get(gk, "key")));
+            }
+        }
+    }
+    if (st == NB_OK) {
+        if (step != NULL) {
+            *step = *(const int64_t *)nb_array_data(nb_tree_get_array(nb_tree_get(got, "step")));
+        }
+        if (params != NULL) {
+            *params = nb_tree_retain((nb_tree *)nb_tree_get(got, "params"));
+        }
+        if (opt_state != NULL) {
+            *opt_state = nb_tree_retain((nb_tree *)nb_tree_get(got, "opt_state"));
+        }
+    } else if (key != NULL && *key != NULL) {
+        nb_array_destroy(*key);
+        *key = NULL;
+    }
+    nb_tree_destroy(gk);
+    nb_tree_destroy(kt);
+    nb_tree_destroy(kl);
+    nb_array_destroy(ka);
+    nb_tree_destroy(got);
+    nb_tree_destroy(tmpl);
+    nb_tree_destroy(sl);
+    nb_array_destroy(sa);
+    return st;
+}
