@@ -1787,7 +1787,15 @@ const nb_tree *nb_apply(nb_trace *tr, nb_fn *f, const nb_tree *args) {
         }
     }
     nb_tree *res = NULL;
-    if (nbi_inline_call(tr, f, args, &res) != NB_OK || nbi_trace_own(tr, res) != NB_OK) {
+    nb_status st = nbi_inline_call(tr, f, args, &res);
+    if (st != NB_OK) {
+        if (tr->status == NB_OK) { /* a failure before the body ran (an allocation) */
+            nbi_trace_err(tr, st, "nb_apply: calling '%s' failed: %s", f->name,
+                          st == NB_ERR_OOM ? "out of memory" : nb_status_string(st));
+        }
+        return NULL;
+    }
+    if (nbi_trace_own(tr, res) != NB_OK) {
         return NULL;
     }
     return res;

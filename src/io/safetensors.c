@@ -360,7 +360,7 @@ nb_status nb_save(const nb_tree *tree, const char *path) {
             off += nbytes;
         }
         nbs_puts(&hdr, "}");
-        while ((8 + hdr.len) % 8 != 0) {
+        while (!hdr.oom && (8 + hdr.len) % 8 != 0) { /* (an out-of-memory buffer stops growing) */
             nbs_put(&hdr, " ", 1);
         }
         if (hdr.oom) {

@@ -281,10 +281,158 @@ static void test_kill_while_saving(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- allocation failures across a whole run: model, jitted step, steps, save, load ------- */
+
+static nb_fn *g_vg; /* value_and_grad of the MLP loss (per scenario context) */
+
+static nb_status mlp_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *p = nb_nn_mlp(tr, nb_tree_child(args, 0), nb_get(tr, args, "[1]"));
+    nb_var *r = nb_sub(p, nb_get(tr, args, "[2]"));
+    return nb_return(nb_mean(nb_square(r), NULL, 0, false), out);
+}
+
+/* self: the optimizer; args (params, state, x, y) -> (params', state', loss) */
+static nb_status train_step(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
+    nb_tree *gargs = NULL;
+    nb_status st = nb_tree_tuple(ctx, 3,
+                                 (nb_tree *[]){(nb_tree *)params, (nb_tree *)nb_tree_child(args, 2),
+                                               (nb_tree *)nb_tree_child(args, 3)},
+                                 &gargs);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_tree *vg = nb_apply(tr, g_vg, gargs);
+    nb_tree_destroy(gargs);
+    if (vg == NULL) {
+        return nb_trace_status(tr);
+    }
+    const nb_tree *upd = NULL, *ns = NULL;
+    st = nb_optim_update(tr, self, nb_tree_child(vg, 1), state, params, &upd, &ns);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_tree *np = nb_apply_updates(tr, params, upd);
+    if (np == NULL) {
+        return nb_trace_status(tr);
+    }
+    return nb_tree_tuple(
+        ctx, 3, (nb_tree *[]){(nb_tree *)np, (nb_tree *)ns, (nb_tree *)nb_tree_child(vg, 0)}, out);
+}
+
+static char g_fault_path[600];
+
+static nb_status scenario_run(nb_ctx *ctx) {
+    nb_array *key = NULL, *x = NULL, *y = NULL;
+    nb_tree *model = NULL, *opt = NULL, *tmpl = NULL, *state = NULL, *xl = NULL, *yl = NULL;
+    nb_tree *p2 = NULL, *s2 = NULL;
+    nb_fn *loss = NULL, *step = NULL, *jstep = NULL;
+    g_vg = NULL;
+    nb_status st = nb_random_key(ctx, 3, &key);
+    if (st == NB_OK) {
+        st = nb_nn_mlp_init(ctx, 4, 2, 8, 1, NULL, NB_DTYPE_F32, key, &model);
+    }
+    if (st == NB_OK) {
+        st = nb_optim_adam(ctx, 0.01, NULL, &opt);
+    }
+    if (st == NB_OK) {
+        st = nb_grad_template(model, NULL, &tmpl);
+    }
+    if (st == NB_OK) {
+        st = nb_optim_init(opt, tmpl, &state);
+    }
+    if (st == NB_OK) {
+        st = nb_random_normal(key, NB_DTYPE_F32, 2, (int64_t[]){8, 4}, &x);
+    }
+    if (st == NB_OK) {
+        st = nb_random_normal(key, NB_DTYPE_F32, 2, (int64_t[]){8, 2}, &y);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_array(x, &xl);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_array(y, &yl);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "mlp_loss", mlp_loss, NULL, &loss);
+    }
+    if (st == NB_OK) {
+        st = nb_value_and_grad(loss, NULL, &g_vg);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "train_step", train_step, opt, &step);
+    }
+    if (st == NB_OK) {
+        st = nb_jit(step, NULL, &jstep);
+    }
+    for (int i = 0; i < 3 && st == NB_OK; i++) {
+        nb_tree *args = NULL, *out = NULL;
+        st = nb_tree_tuple(ctx, 4, (nb_tree *[]){model, state, xl, yl}, &args);
+        if (st == NB_OK) {
+            st = nb_fn_call(jstep, args, &out);
+        }
+        if (st == NB_OK) {
+            nb_tree *np = nb_tree_retain((nb_tree *)nb_tree_child(out, 0));
+            nb_tree *ns = nb_tree_retain((nb_tree *)nb_tree_child(out, 1));
+            nb_tree_destroy(model);
+            nb_tree_destroy(state);
+            model = np;
+            state = ns;
+        }
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+    }
+    if (st == NB_OK) {
+        st = nb_checkpoint_save(g_fault_path, model, state, key, 3);
+    }
+    if (st == NB_OK) {
+        st = nb_checkpoint_load(g_fault_path, model, state, &p2, &s2, NULL, NULL);
+    }
+    if (st == NB_OK) {
+        bool eq = false;
+        st = nb_tree_equal(model, p2, &eq);
+        if (st == NB_OK && !eq) {
+            st = NB_ERR_INTERNAL;
+        }
+    }
+    nb_tree *ts[] = {model, opt, tmpl, state, xl, yl, p2, s2};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        nb_tree_destroy(ts[i]);
+    }
+    nb_fn_destroy(jstep);
+    nb_fn_destroy(step);
+    nb_fn_destroy(g_vg);
+    nb_fn_destroy(loss);
+    nb_array_destroy(key);
+    nb_array_destroy(x);
+    nb_array_destroy(y);
+    nb_ctx_clear_cache(ctx);
+    return st;
+}
+
+static void test_out_of_memory_run(void **state) {
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/nbt_oomrun_XXXXXX");
+    assert_non_null(mkdtemp(g_dir));
+    snprintf(g_fault_path, sizeof g_fault_path, "%s/run.ckpt", g_dir);
+    /* each allocation fails in turn: NB_ERR_OOM, nothing leaked, and the same context then
+     * runs the whole scenario (rerun) */
+    int points = nbt_oom_sweep("scenario_run", scenario_run, false, true);
+    print_message("model, jitted train step, 3 steps, checkpoint save and load: %d allocation "
+                  "failure points, each NB_ERR_OOM, nothing leaked, context usable after\n",
+                  points);
+    assert_true(points > 500);
+    unlink(g_fault_path);
+    rmdir(g_dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_resume),
         cmocka_unit_test(test_kill_while_saving),
+        cmocka_unit_test(test_out_of_memory_run),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
