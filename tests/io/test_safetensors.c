@@ -472,6 +472,69 @@ static void test_failed_writes(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- an independent reader: Python's standard library ----------------------------------- */
+
+/* tests/io/oracle/st_read.py validates the file strictly and prints one line per tensor,
+ * "<name> <dtype> <shape: comma list, or 'scalar'> <sha256>", then "metadata <k> <v>" lines.
+ * Skipped (with a message) where /usr/bin/python3 is missing. */
+static void test_python_reader(void **state) {
+    (void)state;
+    if (access("/usr/bin/python3", X_OK) != 0 || access(NBT_ORACLE_DIR "/st_read.py", R_OK) != 0) {
+        print_message("skipped: no /usr/bin/python3 or st_read.py\n");
+        return;
+    }
+    nb_ctx *ctx = nbt_ctx();
+    make_dir();
+    char path[512], cmd[1024];
+    snprintf(path, sizeof path, "%s/py.safetensors", g_dir);
+    nb_tree *t = sample_tree(ctx);
+    NBT_OK(ctx, nb_save(t, path));
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/st_read.py %s", NBT_ORACLE_DIR, path);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    /* the expected tensors: every array leaf under its dotted path */
+    static const struct {
+        const char *name, *dtype, *shape;
+    } want[] = {
+        {"cube", "F32", "2,2,2"},          {"ids", "I32", "0,3"},
+        {"layers.0.bias", "F32", "3"},     {"layers.0.weight", "F32", "3,2"},
+        {"layers.1.weight", "F64", "2,3"}, {"mask", "BOOL", "2,3"},
+        {"odd key \"q\"\n", "F32", "1"},   {"scale", "F64", "scalar"},
+        {"steps", "I64", "scalar"},
+    };
+    char line[4096];
+    int n = 0, meta = 0;
+    while (fgets(line, sizeof line, p) != NULL) {
+        if (strncmp(line, "metadata ", 9) == 0) {
+            meta += strncmp(line, "metadata format nabla", 21) == 0;
+            continue;
+        }
+        bool found = false;
+        for (size_t i = 0; i < sizeof want / sizeof want[0] && !found; i++) {
+            char expect[256];
+            snprintf(expect, sizeof expect, "%s %s %s ", want[i].name, want[i].dtype,
+                     want[i].shape);
+            found = strncmp(line, expect, strlen(expect)) == 0;
+        }
+        n += found;
+        if (!found && strchr(want[6].name, '\n') == NULL) {
+            print_message("st_read.py: %s", line);
+        }
+    }
+    int rc = pclose(p);
+    print_message("Python's standard-library reader accepted nabla's file: %d of %zu tensors "
+                  "matched by name, dtype and shape\n",
+                  n, sizeof want / sizeof want[0]);
+    NBT_EQ_I64(rc, 0);
+    NBT_EQ_I64(meta, 1);
+    /* the name with a newline is printed as is: its line is split; the rest must match */
+    NBT_TRUE(n >= (int)(sizeof want / sizeof want[0]) - 1);
+    nb_tree_destroy(t);
+    remove_dir();
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- allocation failures ------------------------------------------------------------------ */
 
 static nb_status scenario_io(nb_ctx *ctx) {
@@ -516,7 +579,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),    cmocka_unit_test(test_template_errors),
         cmocka_unit_test(test_foreign_file),  cmocka_unit_test(test_hostile),
-        cmocka_unit_test(test_failed_writes), cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_failed_writes), cmocka_unit_test(test_python_reader),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
