@@ -26,7 +26,8 @@
  *
  * Reads never trust the file. Every length, offset, dtype, shape and size is validated
  * (with overflow checks) before a byte of data is read: the header is bounded by
- * NB_SAFETENSORS_MAX_HEADER; names must be unique; tensors must tile the data buffer
+ * NB_SAFETENSORS_MAX_HEADER; names and metadata keys must be unique (the official library
+ * lets the last duplicate win, which hides data); tensors must tile the data buffer
  * exactly (no gap, no overlap, nothing past the end); BOOL bytes must be 0 or 1. Any
  * violation is NB_ERR_FORMAT with a message naming the file, the tensor and the rule;
  * files that cannot be opened or read are NB_ERR_IO with the system's reason.
@@ -45,8 +46,8 @@
 extern "C" {
 #endif
 
-/* Headers longer than this are refused (100 MiB, the official library's limit). */
-#define NB_SAFETENSORS_MAX_HEADER ((uint64_t)100 * 1024 * 1024)
+/* Headers longer than this are refused (the official library's limit, 10^8 bytes). */
+#define NB_SAFETENSORS_MAX_HEADER ((uint64_t)100000000)
 
 /* Save the array leaves of tree (arrays only: a tree holding vars is NB_ERR_KIND) to path,
  * atomically. Returns NB_OK, NB_ERR_MISUSE, NB_ERR_KIND, NB_ERR_IO (naming the path and the

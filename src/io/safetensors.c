@@ -795,6 +795,32 @@ static bool nbs_tensor_entry(nbs_parse *p, size_t name_off, size_t name_len) {
     return true;
 }
 
+typedef struct nbs_key {
+    size_t off, len;
+} nbs_key;
+
+static const char *g_nbs_keys_base; /* for the comparator (strings sorted in one parse) */
+
+static int nbs_cmp_key(const void *a, const void *b) {
+    const nbs_key *x = a, *y = b;
+    size_t n = x->len < y->len ? x->len : y->len;
+    int c = memcmp(g_nbs_keys_base + x->off, g_nbs_keys_base + y->off, n);
+    return c != 0 ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+/* Are the n keys (offsets into p->strings) distinct? */
+static bool nbs_keys_unique(nbs_parse *p, nbs_key *k, int64_t n) {
+    g_nbs_keys_base = p->strings.p;
+    qsort(k, (size_t)n, sizeof *k, nbs_cmp_key);
+    for (int64_t i = 1; i < n; i++) {
+        if (nbs_cmp_key(&k[i - 1], &k[i]) == 0) {
+            nbs_fail(p, "__metadata__ holds the key '%.64s' twice", p->strings.p + k[i].off);
+            return false;
+        }
+    }
+    return true;
+}
+
 static bool nbs_metadata(nbs_parse *p) {
     if (!nbs_expect(p, '{')) {
         return false;
@@ -804,18 +830,38 @@ static bool nbs_metadata(nbs_parse *p) {
         p->i++;
         return true;
     }
+    nbs_key *keys = NULL;
+    int64_t nk = 0, capk = 0;
+    bool ok = false;
     for (;;) {
         size_t ko = 0, kl = 0, vo = 0, vl = 0;
         if (!nbs_string(p, &ko, &kl) || !nbs_expect(p, ':')) {
-            return false;
+            break;
         }
+        if (nk == capk) {
+            int64_t cap = capk ? capk * 2 : 8;
+            nbs_key *q = nbi_alloc(p->ctx, (size_t)cap * sizeof *q, 16);
+            if (q == NULL) {
+                p->st = nbi_oom(p->ctx, p->who, (size_t)cap * sizeof *q);
+                break;
+            }
+            if (keys != NULL) {
+                memcpy(q, keys, (size_t)nk * sizeof *q);
+                nbi_free(p->ctx, keys, (size_t)capk * sizeof *keys);
+            }
+            keys = q;
+            capk = cap;
+        }
+        keys[nk].off = ko;
+        keys[nk].len = kl;
+        nk++;
         nbs_ws(p);
         if (p->i >= p->n || p->s[p->i] != '"') {
             nbs_fail(p, "a __metadata__ value that is not a string");
-            return false;
+            break;
         }
         if (!nbs_string(p, &vo, &vl)) {
-            return false;
+            break;
         }
         if (strcmp(nbs_str_at(p, ko), "nabla.tree") == 0) {
             p->tree = (char *)(uintptr_t)vo; /* an offset for now */
@@ -826,8 +872,13 @@ static bool nbs_metadata(nbs_parse *p) {
             p->i++;
             continue;
         }
-        return nbs_expect(p, '}');
+        ok = nbs_expect(p, '}') && nbs_keys_unique(p, keys, nk);
+        break;
     }
+    if (keys != NULL) {
+        nbi_free(p->ctx, keys, (size_t)capk * sizeof *keys);
+    }
+    return ok;
 }
 
 static int nbs_cmp_tensor_name(const void *a, const void *b) {
