@@ -4,7 +4,13 @@
  * once per epoch in the documented order, fresh shuffles per epoch, no allocation per
  * batch, misuse, and the UCI digits data through all of it.
  */
+#define _POSIX_C_SOURCE 200809L
+
 #include "nbtest.h"
+
+#include <stdio.h>
+#include <unistd.h>
+#include <zlib.h>
 
 #include <math.h>
 #include <stdlib.h>
@@ -587,9 +593,69 @@ static void test_digits(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- malformed rows: errors that name the file and the line ------------------------------ */
+
+static void write_text(const char *path, const char *text, bool gz) {
+    if (gz) {
+        gzFile g = gzopen(path, "wb");
+        assert_non_null(g);
+        assert_true(gzputs(g, text) >= 0);
+        gzclose(g);
+    } else {
+        FILE *f = fopen(path, "w");
+        assert_non_null(f);
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+static void test_csv_errors_name_file_and_line(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    static const struct {
+        const char *text, *msg;
+    } cases[] = {
+        {"1,2,0\n3,4,1\n5,6\n", ":3: expected 3 fields, found 2"},
+        {"1,2,0\n3,x,1\n", ":2: field 2 (\"x\") is not a finite number"},
+        {"1,2,0\n\n3,4,1.5\n", ":3: the label (last field, \"1.5\") is not an integer"},
+        {"1,2,0\n3,nan,1\n", ":2: field 2 (\"nan\") is not a finite number"},
+        {"", ": no data rows"},
+    };
+    char path[64];
+    for (int gz = 0; gz < 2; gz++) {
+        snprintf(path, sizeof path, "/tmp/nbt_csv_%d%s", (int)getpid(), gz ? ".csv.gz" : ".csv");
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            write_text(path, cases[c].text, gz);
+            nb_array *x = NULL, *y = NULL;
+            NBT_STATUS(ctx, NB_ERR_FORMAT, nb_csv_load(ctx, path, NULL, &x, &y));
+            NBT_ERRMSG_HAS(ctx, path);
+            NBT_ERRMSG_HAS(ctx, cases[c].msg);
+            assert_null(x);
+            assert_null(y);
+        }
+        remove(path);
+    }
+    /* a damaged gzip stream: an I/O or format error, never a crash */
+    snprintf(path, sizeof path, "/tmp/nbt_csv_%d.csv.gz", (int)getpid());
+    write_text(path, "1,2,0\n3,4,1\n5,6,0\n", true);
+    FILE *f = fopen(path, "r+b");
+    fseek(f, 12, SEEK_SET);
+    fputc(0x55, f);
+    fclose(f);
+    nb_array *x = NULL, *y = NULL;
+    nb_status st = nb_csv_load(ctx, path, NULL, &x, &y);
+    NBT_TRUE(st == NB_ERR_IO || st == NB_ERR_FORMAT || st == NB_OK);
+    nb_array_destroy(x);
+    nb_array_destroy(y);
+    remove(path);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_sizes_pairs_and_order),
+        cmocka_unit_test(test_csv_errors_name_file_and_line),
         cmocka_unit_test(test_split_rounding_dtypes_no_labels),
         cmocka_unit_test(test_split_errors),
         cmocka_unit_test(test_standardize),
