@@ -1805,6 +1805,9 @@ nb_var *nb_apply1(nb_trace *tr, nb_fn *f, nb_var *x) {
     if (tr == NULL) {
         return NULL;
     }
+    if (x == NULL && tr->status == NB_OK) {
+        return nbi_trace_errv(tr, NB_ERR_MISUSE, "nb_apply1: x is NULL");
+    }
     if (tr->status != NB_OK || x == NULL || (x->flags & NBI_NODE_POISON)) {
         return tr->poison;
     }
@@ -1831,6 +1834,9 @@ nb_var *nb_apply1(nb_trace *tr, nb_fn *f, nb_var *x) {
 /* ---- accounting and introspection --------------------------------------------------- */
 
 nb_status nb_fn_stats_get(const nb_fn *f, nb_fn_stats *out) {
+    if (out != NULL) {
+        memset(out, 0, sizeof *out);
+    }
     if (!nbi_fn_live(f) || out == NULL) {
         return NB_ERR_MISUSE;
     }

@@ -832,6 +832,15 @@ static nb_var *nbi_dyn_emit(nbi_op op, const char *fn, nb_var *x, nb_var *update
     int first = op == NBI_OP_DYN_UPDATE ? 2 : 1;
     bool poisoned;
     nb_trace *tr = nbi_trace_of(first, in, &poisoned);
+    if (tr == NULL && starts != NULL && starts[0] != NULL) {
+        /* x (and update) NULL: the start vars still name the trace (a NULL x with a non-NULL
+         * starts array has at least its first entry: x's rank is >= 1 or starts is NULL) */
+        tr = starts[0]->tr;
+        if (tr != NULL && tr->status == NB_OK) {
+            return nbi_trace_errv(tr, NB_ERR_MISUSE, "%s: x is NULL", fn);
+        }
+        return tr != NULL ? tr->poison : NULL;
+    }
     if (tr == NULL) {
         return NULL;
     }

@@ -253,10 +253,12 @@ void nb_ctx_clear_error(nb_ctx *ctx) {
 }
 
 nb_status nb_ctx_stats_get(const nb_ctx *ctx, nb_ctx_stats *out) {
+    if (out != NULL) {
+        memset(out, 0, sizeof *out);
+    }
     if (ctx == NULL || out == NULL) {
         return NB_ERR_MISUSE;
     }
-    memset(out, 0, sizeof *out);
     out->live_arrays = ctx->live[NBI_COUNT_ARRAY];
     out->live_trees = ctx->live[NBI_COUNT_TREE];
     out->live_treedefs = ctx->live[NBI_COUNT_TREEDEF];
@@ -408,7 +410,7 @@ void nbi_log(nb_ctx *ctx, nb_log_level level, const char *fmt, ...) {
 
 nb_status nb_tree_map_fail(nb_ctx *ctx, nb_status status, const char *fmt, ...) {
     if (ctx == NULL || fmt == NULL) {
-        return status;
+        return NB_ERR_MISUSE;
     }
     va_list ap;
     va_start(ap, fmt);

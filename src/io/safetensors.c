@@ -1656,6 +1656,9 @@ nb_status nb_checkpoint_load(const char *path, const nb_tree *params_template,
     if (key != NULL) {
         *key = NULL;
     }
+    if (step != NULL) {
+        *step = 0;
+    }
     if (path == NULL || nb_tree_check(params_template) != NB_OK ||
         nb_tree_check(opt_state_template) != NB_OK) {
         return NB_ERR_MISUSE;

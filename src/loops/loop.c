@@ -973,11 +973,16 @@ const nb_tree *nb_switch(nb_trace *tr, nb_var *index, int n, nb_fn *const *branc
     if (tr == NULL || tr->status != NB_OK) {
         return NULL;
     }
-    if (index == NULL || nb_var_is_poison(index)) {
+    if (index == NULL || nb_tree_check(operand) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: the index is NULL or the operand NULL or destroyed",
+                      who);
         return NULL;
     }
-    if (n < 1 || branches == NULL || nb_tree_check(operand) != NB_OK) {
-        nbi_trace_err(tr, NB_ERR_INVALID, "%s: needs n >= 1 branches and an operand tree", who);
+    if (nb_var_is_poison(index)) {
+        return NULL;
+    }
+    if (n < 1 || branches == NULL) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: needs n >= 1 branches", who);
         return NULL;
     }
     if (index->rank != 0 || nb_dtype_is_float(index->dtype) || index->dtype == NB_DTYPE_BOOL) {
@@ -1029,7 +1034,14 @@ const nb_tree *nb_switch(nb_trace *tr, nb_var *index, int n, nb_fn *const *branc
 
 const nb_tree *nb_cond(nb_trace *tr, nb_var *pred, nb_fn *true_fn, nb_fn *false_fn,
                        const nb_tree *operand) {
-    if (tr == NULL || tr->status != NB_OK || pred == NULL || nb_var_is_poison(pred)) {
+    if (tr == NULL || tr->status != NB_OK) {
+        return NULL;
+    }
+    if (pred == NULL || nb_tree_check(operand) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "nb_cond: pred is NULL or the operand NULL or destroyed");
+        return NULL;
+    }
+    if (nb_var_is_poison(pred)) {
         return NULL;
     }
     if (pred->rank != 0 || pred->dtype != NB_DTYPE_BOOL) {

@@ -1747,11 +1747,15 @@ nb_status nb_optim_update(nb_trace *tr, const nb_tree *opt, const nb_tree *grads
     if (new_state != NULL) {
         *new_state = NULL;
     }
-    if (tr == NULL || updates == NULL || new_state == NULL) {
+    if (tr == NULL) {
         return NB_ERR_MISUSE;
     }
     if (nb_trace_status(tr) != NB_OK) {
         return nb_trace_status(tr);
+    }
+    if (updates == NULL || new_state == NULL) {
+        return nbi_trace_err(tr, NB_ERR_MISUSE,
+                             "nb_optim_update: updates and new_state must not be NULL");
     }
     if (nb_tree_check(opt) != NB_OK || nb_tree_check(grads) != NB_OK ||
         nb_tree_check(state) != NB_OK || (params != NULL && nb_tree_check(params) != NB_OK)) {
@@ -2076,7 +2080,7 @@ nb_status nb_optim_set_hyper(const nb_tree *state, const char *name, double valu
 
 nb_status nb_optim_get_hyper(const nb_tree *state, const char *name, double *value) {
     if (value != NULL) {
-        *value = NAN;
+        *value = 0.0;
     }
     if (nb_tree_check(state) != NB_OK || name == NULL || value == NULL) {
         return NB_ERR_MISUSE;

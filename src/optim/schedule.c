@@ -256,7 +256,13 @@ nb_var *nb_schedule_eval(nb_trace *tr, const nb_tree *s, nb_var *count) {
     if (tr == NULL) {
         return NULL;
     }
-    if (count == NULL || nb_var_is_poison(count)) {
+    if (count == NULL || nb_tree_check(s) != NB_OK) {
+        return tr->status != NB_OK ? tr->poison
+                                   : nbi_trace_errv(tr, NB_ERR_MISUSE,
+                                                    "nb_schedule_eval: the schedule is NULL or "
+                                                    "destroyed, or count is NULL");
+    }
+    if (nb_var_is_poison(count)) {
         return count;
     }
     const char *kind = NULL;
@@ -340,7 +346,7 @@ static nb_status nbo_sched_body(nb_trace *tr, const nb_tree *self, const nb_tree
 
 nb_status nb_schedule_value(const nb_tree *s, int64_t count, double *out) {
     if (out != NULL) {
-        *out = NAN;
+        *out = 0.0;
     }
     if (nb_tree_check(s) != NB_OK || out == NULL) {
         return NB_ERR_MISUSE;
