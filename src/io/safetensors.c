@@ -799,7 +799,7 @@ typedef struct nbs_key {
     size_t off, len;
 } nbs_key;
 
-static const char *g_nbs_keys_base; /* for the comparator (strings sorted in one parse) */
+static _Thread_local const char *g_nbs_keys_base; /* for the comparator (per thread) */
 
 static int nbs_cmp_key(const void *a, const void *b) {
     const nbs_key *x = a, *y = b;
