@@ -1,7 +1,10 @@
 # nabla -- convenience front end to CMake presets (see CMakePresets.json).
 #
 #   make / make build   install missing Debian packages, configure build/ once, build
-#   make test           build, then every ctest suite (output on failure, -j2)
+#   make test           build, then every ctest suite (output on failure, -j2), then
+#                       test-fuzz
+#   make test-fuzz      the libFuzzer targets (clang, ASan + UBSan) in build-fuzz/, then the
+#                       ctest test labelled fuzz: 100000 inputs per loader
 #   make run            build, then ./build/tools/nabla train (the training demo)
 #   make bench          build, then run every program in build/benchmarks/
 #   make asan           the same build in build-asan/ with ASan + UBSan
@@ -9,7 +12,7 @@
 #   make test-clang     the default build with clang in build-clang/, then every suite
 #   make format         clang-format -i over all C sources and headers
 #   make format-check   fail if any file is not formatted
-#   make clean          remove build/ and build-asan/
+#   make clean          remove build/, build-asan/, build-clang/ and build-fuzz/
 #
 # Nothing here needs Python. JOBS=N overrides the parallelism (default 2).
 
@@ -32,7 +35,7 @@ FORMAT_FILES = $(shell find $(FORMAT_DIRS) -type f \( -name '*.c' -o -name '*.h'
 .DEFAULT_GOAL := build
 # Targets share build directories and apt; never run two of them at once.
 .NOTPARALLEL:
-.PHONY: build deps test run bench asan test-asan test-clang format format-check check-clang-format clean
+.PHONY: build deps test test-fuzz run bench asan test-asan test-clang format format-check check-clang-format clean
 
 deps:
 	@bash scripts/deps.sh
@@ -43,6 +46,14 @@ build: deps
 
 test: build
 	$(RUN) $(CTEST) --preset default -j $(JOBS)
+	@$(MAKE) --no-print-directory test-fuzz
+
+# The fuzz targets need clang and libFuzzer (libclang-rt-14-dev, installed by deps.sh);
+# only they are built there (the preset names its targets).
+test-fuzz: deps
+	@test -f build-fuzz/CMakeCache.txt || $(RUN) $(CMAKE) --preset fuzz
+	$(RUN) $(CMAKE) --build --preset fuzz
+	$(RUN) $(CTEST) --preset fuzz
 
 run: build
 	./build/tools/nabla train
@@ -81,4 +92,4 @@ check-clang-format:
 		exit 1; }
 
 clean:
-	rm -rf build build-asan build-clang
+	rm -rf build build-asan build-clang build-fuzz

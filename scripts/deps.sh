@@ -16,6 +16,7 @@ packages=(
     libcmocka-dev   # unit test framework
     zlib1g-dev      # gzip-compressed data sets
     gnuplot-nox     # benchmark plots
+    libclang-rt-14-dev # libFuzzer and the sanitizer runtimes for clang (make test-fuzz)
 )
 
 if ! command -v dpkg-query >/dev/null 2>&1; then

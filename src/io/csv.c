@@ -31,6 +31,9 @@ typedef struct nbi_csv {
     int64_t *lab;
     size_t lab_cap;
     size_t n_lab;
+    char buf[16384]; /* decompressed bytes not yet split into lines */
+    size_t buf_len, buf_pos;
+    bool eof;
 } nbi_csv;
 
 static bool nbi_grow(nb_ctx *ctx, void **p, size_t *cap, size_t used, size_t need, size_t es) {
@@ -54,31 +57,54 @@ static bool nbi_grow(nb_ctx *ctx, void **p, size_t *cap, size_t used, size_t nee
     return true;
 }
 
-/* Read one line (without its newline) into c->line. 1: a line, 0: end of file. */
-static nb_status nbi_csv_read_line(nbi_csv *c, int *got, size_t *len) {
+/* Read one line (without its newline) into c->line; *got: 1 a line, 0 end of file. Reads
+ * blocks with gzread rather than lines with gzgets, which cannot tell a NUL byte from the
+ * end of the string: a NUL is an error naming the line (it used to cut the line there and
+ * glue the next line on, or drop a row, silently). */
+static nb_status nbi_csv_read_line(nbi_csv *c, int64_t lineno, int *got, size_t *len) {
     size_t n = 0;
     *got = 0;
     for (;;) {
-        if (!nbi_grow(c->ctx, (void **)&c->line, &c->line_cap, n, n + 4096, 1)) {
-            return nbi_oom(c->ctx, "nb_csv_load", n + 4096);
-        }
-        if (gzgets(c->f, c->line + n, (int)(c->line_cap - n)) == NULL) {
-            int zerr = 0;
-            const char *msg = gzerror(c->f, &zerr);
-            if (zerr != Z_OK && zerr != Z_STREAM_END) {
-                return nbi_err(c->ctx, NB_ERR_IO, "nb_csv_load: %s: read error: %s", c->path, msg);
+        if (c->buf_pos == c->buf_len) {
+            if (c->eof) {
+                break;
             }
-            break;
+            int r = gzread(c->f, c->buf, (unsigned)sizeof c->buf);
+            if (r <= 0) {
+                int zerr = Z_OK;
+                const char *msg = gzerror(c->f, &zerr);
+                if (r < 0 || (zerr != Z_OK && zerr != Z_STREAM_END)) {
+                    return nbi_err(c->ctx, NB_ERR_IO, "nb_csv_load: %s: read error: %s", c->path,
+                                   msg);
+                }
+                c->eof = true;
+                break;
+            }
+            c->buf_len = (size_t)r;
+            c->buf_pos = 0;
         }
+        const char *start = c->buf + c->buf_pos;
+        size_t avail = c->buf_len - c->buf_pos;
+        const char *nl = memchr(start, '\n', avail);
+        size_t take = nl != NULL ? (size_t)(nl - start) : avail;
+        if (memchr(start, '\0', take) != NULL) {
+            return nbi_err(c->ctx, NB_ERR_FORMAT, "nb_csv_load: %s:%lld: a NUL byte", c->path,
+                           (long long)lineno);
+        }
+        if (!nbi_grow(c->ctx, (void **)&c->line, &c->line_cap, n, n + take + 1, 1)) {
+            return nbi_oom(c->ctx, "nb_csv_load", n + take + 1);
+        }
+        memcpy(c->line + n, start, take);
+        n += take;
+        c->buf_pos += take + (nl != NULL);
         *got = 1;
-        n += strlen(c->line + n);
-        if (n > 0 && c->line[n - 1] == '\n') {
-            n--;
+        if (nl != NULL) {
             break;
         }
-        if (gzeof(c->f)) {
-            break;
-        }
+    }
+    if (c->line == NULL) { /* an empty file */
+        *len = 0;
+        return NB_OK;
     }
     while (n > 0 && (c->line[n - 1] == '\r' || c->line[n - 1] == ' ')) {
         n--;
@@ -123,7 +149,7 @@ static bool nbi_parse_double(const char *s, double *out) {
     char *end = NULL;
     errno = 0;
     double v = strtod(s, &end);
-    if (*end != '\0' || errno == ERANGE || !isfinite(v)) {
+    if (*end != '\0' || !isfinite(v)) { /* (ERANGE on underflow: a subnormal or 0 is fine) */
         return false;
     }
     *out = v;
@@ -163,7 +189,7 @@ static nb_status nbi_csv_parse(nbi_csv *c, const nb_csv_opts *o, int64_t *rows_o
     for (;;) {
         int got = 0;
         size_t len = 0;
-        st = nbi_csv_read_line(c, &got, &len);
+        st = nbi_csv_read_line(c, lineno + 1, &got, &len);
         if (st != NB_OK || !got) {
             break;
         }
@@ -218,10 +244,13 @@ static nb_status nbi_csv_parse(nbi_csv *c, const nb_csv_opts *o, int64_t *rows_o
             break;
         }
         for (size_t i = 0; i < nf; i++) {
-            if (!nbi_parse_double(fields[i], &c->feat[c->n_feat + i])) {
+            double *v = &c->feat[c->n_feat + i];
+            if (!nbi_parse_double(fields[i], v) ||
+                (o->feature_dtype == NB_DTYPE_F32 && isinf((float)*v))) {
                 st = nbi_err(ctx, NB_ERR_FORMAT,
-                             "%s: %s:%lld: field %zu (\"%.40s\") is not a finite number", fn,
-                             c->path, (long long)lineno, i + 1, fields[i]);
+                             "%s: %s:%lld: field %zu (\"%.40s\") is not a finite number%s", fn,
+                             c->path, (long long)lineno, i + 1, fields[i],
+                             o->feature_dtype == NB_DTYPE_F32 ? " that fits f32" : "");
                 break;
             }
         }

@@ -1271,6 +1271,9 @@ static nb_status nbs_dec_node(nbs_dec *d, const char *name, size_t nlen, int dep
             st = c == 'L'   ? nb_tree_list(ctx, (int64_t)n, items, &t)
                  : c == 'T' ? nb_tree_tuple(ctx, (int64_t)n, items, &t)
                             : nb_tree_dict(ctx, (int64_t)n, (const char *const *)keys, items, &t);
+            if (st == NB_ERR_INVALID) { /* nb_tree_dict: a key twice */
+                st = nbs_dec_fail(d, "a dict holding a key twice");
+            }
         }
         for (uint64_t k = 0; k < made && k < n; k++) {
             nb_tree_destroy(items[k]);
@@ -1288,6 +1291,10 @@ static nb_status nbs_dec_node(nbs_dec *d, const char *name, size_t nlen, int dep
     }
     default:
         return nbs_dec_fail(d, "an unknown node kind");
+    }
+    if (st == NB_OK && frozen && !nb_tree_is_leaf(t)) {
+        nb_tree_destroy(t);
+        return nbs_dec_fail(d, "a frozen mark on a list, tuple or dict (only leaves freeze)");
     }
     if (st == NB_OK && frozen) {
         nb_tree *f = NULL;

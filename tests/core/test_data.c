@@ -652,10 +652,74 @@ static void test_csv_errors_name_file_and_line(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+static void write_bytes(const char *path, const char *bytes, size_t n, bool gz) {
+    if (gz) {
+        gzFile g = gzopen(path, "wb");
+        assert_non_null(g);
+        assert_true(gzwrite(g, bytes, (unsigned)n) == (int)n);
+        gzclose(g);
+    } else {
+        FILE *f = fopen(path, "wb");
+        assert_non_null(f);
+        assert_true(fwrite(bytes, 1, n, f) == n);
+        fclose(f);
+    }
+}
+
+/* Found by fuzz_csv: a NUL byte cut a line short and glued the next one on (or dropped a
+ * row) without a word; a subnormal was refused; a field beyond FLT_MAX loaded as inf. */
+static void test_csv_nul_subnormal_f32_range(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    char path[64];
+    for (int gz = 0; gz < 2; gz++) {
+        snprintf(path, sizeof path, "/tmp/nbt_csvz_%d%s", (int)getpid(), gz ? ".csv.gz" : ".csv");
+        static const char glue[] = "1,2,0\n3,4\0junk\n,1\n";
+        static const char drop[] = "1,2,0\n\0\n3,4,1\n";
+        const struct {
+            const char *bytes;
+            size_t n;
+            const char *msg;
+        } nul[] = {{glue, sizeof glue - 1, ":2: a NUL byte"},
+                   {drop, sizeof drop - 1, ":2: a NUL byte"}};
+        for (int c = 0; c < 2; c++) {
+            write_bytes(path, nul[c].bytes, nul[c].n, gz);
+            nb_array *x = NULL, *y = NULL;
+            NBT_STATUS(ctx, NB_ERR_FORMAT, nb_csv_load(ctx, path, NULL, &x, &y));
+            NBT_ERRMSG_HAS(ctx, path);
+            NBT_ERRMSG_HAS(ctx, nul[c].msg);
+            assert_null(x);
+            assert_null(y);
+        }
+        /* 1e300 is finite in f64 but not in f32 */
+        write_text(path, "1,2,0\n1e300,1,0\n", gz);
+        nb_array *x = NULL, *y = NULL;
+        NBT_STATUS(ctx, NB_ERR_FORMAT, nb_csv_load(ctx, path, NULL, &x, &y));
+        NBT_ERRMSG_HAS(ctx, ":2: field 1 (\"1e300\") is not a finite number that fits f32");
+        nb_csv_opts o = nb_csv_opts_default();
+        o.feature_dtype = NB_DTYPE_F64;
+        NBT_OK(ctx, nb_csv_load(ctx, path, &o, &x, &y));
+        NBT_TRUE(((const double *)nb_array_data(x))[2] == 1e300);
+        nb_array_destroy(x);
+        nb_array_destroy(y);
+        /* a subnormal (strtod's ERANGE on underflow) is a number */
+        write_text(path, "1,2,0\n4.9e-324,1,1\n", gz);
+        NBT_OK(ctx, nb_csv_load(ctx, path, &o, &x, &y));
+        NBT_TRUE(((const double *)nb_array_data(x))[2] == 4.9e-324);
+        NBT_TRUE(((const double *)nb_array_data(x))[2] > 0.0);
+        nb_array_destroy(x);
+        nb_array_destroy(y);
+        remove(path);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_sizes_pairs_and_order),
         cmocka_unit_test(test_csv_errors_name_file_and_line),
+        cmocka_unit_test(test_csv_nul_subnormal_f32_range),
         cmocka_unit_test(test_split_rounding_dtypes_no_labels),
         cmocka_unit_test(test_split_errors),
         cmocka_unit_test(test_standardize),

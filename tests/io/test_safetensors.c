@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef NBT_ORACLE_DIR
@@ -341,6 +342,9 @@ static void test_hostile(void **state) {
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[01],\"data_offsets\":[0,4]}}", 4,
          "expected a non-negative integer"},
         {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1.0],\"data_offsets\":[0,4]}}", 4, "not a fraction"},
+        /* found by fuzz_safetensors: these were NB_ERR_INVALID and NB_ERR_KIND */
+        {"{\"__metadata__\":{\"nabla.tree\":\"D2(1:aN1:aN)\"}}", 0, "a dict holding a key twice"},
+        {"{\"__metadata__\":{\"nabla.tree\":\"!L1(N)\"}}", 0, "only leaves freeze"},
     };
     unsigned char buf[2048], data[64];
     memset(data, 0, sizeof data);
@@ -396,6 +400,84 @@ static void test_hostile(void **state) {
         whole[k] = keep;
     }
     remove_dir();
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- many keys -------------------------------------------------------------------------- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A dict of 80000 null leaves (found by fuzz_safetensors: the duplicate-key check was
+ * pairwise and took 14 s); loads in well under a second now, and a key repeated at the end
+ * is found and named with both positions. */
+static void test_many_keys(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    enum { N = 80000 };
+    size_t cap = 64 + (size_t)N * 12;
+    char *hdr = malloc(cap);
+    char *enc = malloc(cap);
+    unsigned char *buf = malloc(cap + 16);
+    NBT_TRUE(hdr != NULL && enc != NULL && buf != NULL);
+    for (int dup = 0; dup < 2; dup++) {
+        size_t m = (size_t)snprintf(enc, cap, "D%d(", N);
+        for (int i = 0; i < N; i++) {
+            char k[16];
+            int kl = snprintf(k, sizeof k, "%x", dup && i == N - 1 ? 7 : i);
+            m += (size_t)snprintf(enc + m, cap - m, "%d:%sN", kl, k);
+        }
+        snprintf(enc + m, cap - m, ")");
+        snprintf(hdr, cap, "{\"__metadata__\":{\"nabla.tree\":\"%s\"}}", enc);
+        size_t n = put_file(buf, hdr, NULL, 0);
+        nb_tree *t = NULL;
+        double t0 = now_s();
+        nb_status st = nb_load_bytes(ctx, buf, n, "many", &t);
+        double secs = now_s() - t0;
+        print_message("%d keys%s: %s in %.3f s\n", N, dup ? " (one twice)" : "", nb_status_name(st),
+                      secs);
+        if (dup) {
+            NBT_STATUS(ctx, NB_ERR_FORMAT, st);
+            NBT_ERRMSG_HAS(ctx, "a dict holding a key twice");
+            assert_null(t);
+        } else {
+            NBT_OK(ctx, st);
+            NBT_TRUE(nb_tree_kind_of(t) == NB_TREE_KIND_DICT && nb_tree_len(t) == N);
+            nb_tree_destroy(t);
+        }
+        NBT_TRUE(secs < 5.0); /* pairwise: 14 s in a release build */
+    }
+    /* nb_tree_dict itself names both positions of a key twice among many */
+    nb_tree *leaf = NULL;
+    NBT_OK(ctx, nb_tree_null(ctx, &leaf));
+    enum { M = 100 };
+    nb_tree *items[M];
+    char names[M][8];
+    const char *keys[M];
+    for (int i = 0; i < M; i++) {
+        snprintf(names[i], sizeof names[i], "k%d", i);
+        keys[i] = names[i];
+        items[i] = leaf;
+    }
+    keys[90] = "k40";
+    keys[95] = "k3";
+    nb_tree *d = NULL;
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_tree_dict(ctx, M, keys, items, &d));
+    NBT_ERRMSG_HAS(ctx, "key \"k40\" appears twice (positions 40 and 90)");
+    keys[90] = "k90";
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_tree_dict(ctx, M, keys, items, &d));
+    NBT_ERRMSG_HAS(ctx, "key \"k3\" appears twice (positions 3 and 95)");
+    keys[95] = "k95";
+    NBT_OK(ctx, nb_tree_dict(ctx, M, keys, items, &d));
+    nb_tree_destroy(d);
+    nb_tree_destroy(leaf);
+    free(hdr);
+    free(enc);
+    free(buf);
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
 }
@@ -690,11 +772,11 @@ static void test_out_of_memory(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip),       cmocka_unit_test(test_template_errors),
-        cmocka_unit_test(test_foreign_file),     cmocka_unit_test(test_hostile),
-        cmocka_unit_test(test_official_fixture), cmocka_unit_test(test_hostile_corpus),
-        cmocka_unit_test(test_failed_writes),    cmocka_unit_test(test_python_reader),
-        cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_round_trip),     cmocka_unit_test(test_template_errors),
+        cmocka_unit_test(test_foreign_file),   cmocka_unit_test(test_hostile),
+        cmocka_unit_test(test_many_keys),      cmocka_unit_test(test_official_fixture),
+        cmocka_unit_test(test_hostile_corpus), cmocka_unit_test(test_failed_writes),
+        cmocka_unit_test(test_python_reader),  cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
