@@ -1322,10 +1322,18 @@ static void nbs_parse_free(nbs_parse *p) {
 /* The tree for tmpl (NULL: the file's own tree or a dict by name). */
 static nb_status nbs_build(nbs_parse *p, const nbs_src *src, const nb_tree *tmpl, nb_tree **out);
 
+/* An optional second tree read from the same file in the same pass (nb_checkpoint_load's
+ * key): built from tmpl when the file holds a tensor named `if_has`, else *out stays NULL. */
+typedef struct {
+    const nb_tree *tmpl;
+    const char *if_has;
+    nb_tree **out;
+} nbs_extra;
+
 /* Parse a file given as header bytes (already read) and a data source. */
 static nb_status nbs_load_common(nb_ctx *ctx, const char *who, const char *file, const char *hdr,
                                  size_t hlen, uint64_t data_size, const nbs_src *src,
-                                 const nb_tree *tmpl, nb_tree **out) {
+                                 const nb_tree *tmpl, nb_tree **out, const nbs_extra *extra) {
     nbs_parse p;
     memset(&p, 0, sizeof p);
     p.ctx = ctx;
@@ -1337,6 +1345,14 @@ static nb_status nbs_load_common(nb_ctx *ctx, const char *who, const char *file,
     nb_status st = nbs_parse_header(&p, data_size);
     if (st == NB_OK) {
         st = nbs_build(&p, src, tmpl, out);
+    }
+    if (st == NB_OK && extra != NULL &&
+        nbs_find(&p, extra->if_has, strlen(extra->if_has)) != NULL) {
+        st = nbs_build(&p, src, extra->tmpl, extra->out);
+        if (st != NB_OK) {
+            nb_tree_destroy(*out);
+            *out = NULL;
+        }
     }
     nbs_parse_free(&p);
     return st;
@@ -1392,11 +1408,11 @@ nb_status nb_load_bytes(nb_ctx *ctx, const void *data, size_t size, const char *
     }
     nbs_src src = {data, NULL, 8 + hlen};
     return nbs_load_common(ctx, who, file, (const char *)data + 8, (size_t)hlen, size - 8 - hlen,
-                           &src, NULL, out);
+                           &src, NULL, out, NULL);
 }
 
 static nb_status nbs_load_file(nb_ctx *ctx, const char *who, const char *path, const nb_tree *tmpl,
-                               nb_tree **out) {
+                               nb_tree **out, const nbs_extra *extra) {
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
         return nbi_err(ctx, NB_ERR_IO, "%s: cannot open %s: %s", who, path, strerror(errno));
@@ -1432,7 +1448,8 @@ static nb_status nbs_load_file(nb_ctx *ctx, const char *who, const char *path, c
     }
     if (st == NB_OK) {
         nbs_src src = {NULL, f, 8 + hlen};
-        st = nbs_load_common(ctx, who, path, hdr, (size_t)hlen, size - 8 - hlen, &src, tmpl, out);
+        st = nbs_load_common(ctx, who, path, hdr, (size_t)hlen, size - 8 - hlen, &src, tmpl, out,
+                             extra);
     }
     if (hdr != NULL) {
         nbi_free(ctx, hdr, (size_t)hlen + 1);
@@ -1448,7 +1465,7 @@ nb_status nb_load(nb_ctx *ctx, const char *path, nb_tree **out) {
     if (ctx == NULL || path == NULL || out == NULL) {
         return NB_ERR_MISUSE;
     }
-    return nbs_load_file(ctx, "nb_load", path, NULL, out);
+    return nbs_load_file(ctx, "nb_load", path, NULL, out, NULL);
 }
 
 nb_status nb_load_into(const nb_tree *tmpl, const char *path, nb_tree **out) {
@@ -1458,7 +1475,7 @@ nb_status nb_load_into(const nb_tree *tmpl, const char *path, nb_tree **out) {
     if (nb_tree_check(tmpl) != NB_OK || path == NULL || out == NULL) {
         return NB_ERR_MISUSE;
     }
-    return nbs_load_file(nb_tree_ctx(tmpl), "nb_load_into", path, tmpl, out);
+    return nbs_load_file(nb_tree_ctx(tmpl), "nb_load_into", path, tmpl, out, NULL);
 }
 
 /* The template's structure with arrays from the file. */
@@ -1685,10 +1702,8 @@ nb_status nb_checkpoint_load(const char *path, const nb_tree *params_template,
             ctx, 3, (const char *[]){"params", "opt_state", "step"},
             (nb_tree *[]){(nb_tree *)params_template, (nb_tree *)opt_state_template, sl}, &tmpl);
     }
-    if (st == NB_OK) {
-        st = nb_load_into(tmpl, path, &got);
-    }
-    /* the key: an i32[2] under "key", or none */
+    /* the key: an i32[2] under "key", or none; read in the same pass as the rest, so that
+     * a save replacing the file meanwhile cannot mix two checkpoints */
     if (st == NB_OK && key != NULL) {
         st = nb_array_zeros(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, &ka);
         if (st == NB_OK) {
@@ -1697,15 +1712,13 @@ nb_status nb_checkpoint_load(const char *path, const nb_tree *params_template,
         if (st == NB_OK) {
             st = nb_tree_dict(ctx, 1, (const char *[]){"key"}, &kl, &kt);
         }
-        if (st == NB_OK) {
-            st = nb_load_into(kt, path, &gk);
-            if (st == NB_ERR_STRUCTURE) {
-                st = NB_OK; /* saved without a key */
-                nb_ctx_clear_error(ctx);
-            } else if (st == NB_OK) {
-                *key = nb_array_retain(nb_tree_get_array(nb_tree_get(gk, "key")));
-            }
-        }
+    }
+    if (st == NB_OK) {
+        nbs_extra extra = {kt, "key", &gk};
+        st = nbs_load_file(ctx, "nb_checkpoint_load", path, tmpl, &got, kt != NULL ? &extra : NULL);
+    }
+    if (st == NB_OK && gk != NULL) {
+        *key = nb_array_retain(nb_tree_get_array(nb_tree_get(gk, "key")));
     }
     if (st == NB_OK) {
         if (step != NULL) {
@@ -1717,9 +1730,6 @@ nb_status nb_checkpoint_load(const char *path, const nb_tree *params_template,
         if (opt_state != NULL) {
             *opt_state = nb_tree_retain((nb_tree *)nb_tree_get(got, "opt_state"));
         }
-    } else if (key != NULL && *key != NULL) {
-        nb_array_destroy(*key);
-        *key = NULL;
     }
     nb_tree_destroy(gk);
     nb_tree_destroy(kt);
