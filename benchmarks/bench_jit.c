@@ -3,39 +3,16 @@
  * compile of a 3-layer MLP forward; JAX measured in the same run when its virtualenv
  * exists (benchmarks/peers/jax_jit.py). Prints a table; medians of repeated runs.
  */
+#define BENCH_NAME "bench_jit"
+#include "bench_common.h"
+
 #include <nabla/nabla.h>
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-#define CHECK(ctx, e)                                                                              \
-    do {                                                                                           \
-        nb_status s_ = (e);                                                                        \
-        if (s_ != NB_OK) {                                                                         \
-            fprintf(stderr, "bench_jit: %s: %s\n", #e, nb_ctx_errmsg(ctx));                        \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static nb_status body_tiny(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
@@ -56,8 +33,8 @@ static nb_status body_mlp(nb_trace *tr, const nb_tree *self, const nb_tree *args
 static nb_tree *leaf(nb_ctx *ctx, int rank, const int64_t *shape) {
     nb_array *a = NULL;
     nb_tree *t = NULL;
-    CHECK(ctx, nb_array_full(ctx, NB_DTYPE_F32, rank, shape, 0.01, &a));
-    CHECK(ctx, nb_tree_array(a, &t));
+    BENCH_CHECK(ctx, nb_array_full(ctx, NB_DTYPE_F32, rank, shape, 0.01, &a));
+    BENCH_CHECK(ctx, nb_tree_array(a, &t));
     nb_array_destroy(a);
     return t;
 }
@@ -72,27 +49,17 @@ static void run_peer(double *hit_us, double *compile_ms, char *version, size_t v
         snprintf(version, vcap, "not installed (see benchmarks/README.md)");
         return;
     }
-    FILE *p = popen(
+    static const char *const keys[2] = {"jit_hit_us", "mlp_compile_ms"};
+    double vals[2] = {NAN, NAN};
+    char jax[64] = "";
+    bench_peer_read(
         "build/peers/bin/python benchmarks/peers/jax_jit.py jit_hit_us mlp_compile_ms 2>/dev/null",
-        "r");
-    if (p == NULL) {
-        return;
+        2, keys, vals, "jax_version", jax, sizeof jax);
+    *hit_us = vals[0];
+    *compile_ms = vals[1];
+    if (jax[0] != '\0') {
+        snprintf(version, vcap, "JAX %s", jax);
     }
-    char line[256];
-    while (fgets(line, sizeof line, p) != NULL) {
-        char key[64], val[64];
-        if (sscanf(line, "%63s %63s", key, val) != 2) {
-            continue;
-        }
-        if (strcmp(key, "jit_hit_us") == 0) {
-            *hit_us = atof(val);
-        } else if (strcmp(key, "mlp_compile_ms") == 0) {
-            *compile_ms = atof(val);
-        } else if (strcmp(key, "jax_version") == 0) {
-            snprintf(version, vcap, "JAX %s", val);
-        }
-    }
-    pclose(p);
 }
 
 int main(void) {
@@ -106,23 +73,23 @@ int main(void) {
     /* 1. Cache-hit overhead of a tiny function: the whole nb_fn_call (key, run, output
      *    array and tree), plus destroying the output. */
     nb_fn *tiny = NULL, *jtiny = NULL;
-    CHECK(ctx, nb_fn_create(ctx, "tiny", body_tiny, NULL, &tiny));
-    CHECK(ctx, nb_jit(tiny, NULL, &jtiny));
+    BENCH_CHECK(ctx, nb_fn_create(ctx, "tiny", body_tiny, NULL, &tiny));
+    BENCH_CHECK(ctx, nb_jit(tiny, NULL, &jtiny));
     nb_tree *x = leaf(ctx, 1, (int64_t[]){4}), *args = NULL, *out = NULL;
-    CHECK(ctx, nb_tree_tuple(ctx, 1, &x, &args));
-    CHECK(ctx, nb_fn_call(jtiny, args, &out));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 1, &x, &args));
+    BENCH_CHECK(ctx, nb_fn_call(jtiny, args, &out));
     nb_tree_destroy(out);
     double hit[15];
     for (int r = 0; r < 15; r++) {
         int n = 20000;
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (int i = 0; i < n; i++) {
             nb_fn_call(jtiny, args, &out);
             nb_tree_destroy(out);
         }
-        hit[r] = (now_s() - t0) / n * 1e6;
+        hit[r] = (bench_now_s() - t0) / n * 1e6;
     }
-    double hit_us = median(hit, 15);
+    double hit_us = bench_median(hit, 15);
 
     /* 2. Trace + compile of a 784-256-256-10 MLP forward (batch 128): the first call after
      *    clearing the cache, less a cached call's time. */
@@ -131,29 +98,29 @@ int main(void) {
     for (int i = 0; i < 3; i++) {
         nb_tree *w = leaf(ctx, 2, (int64_t[]){sizes[i], sizes[i + 1]});
         nb_tree *b = leaf(ctx, 1, &sizes[i + 1]);
-        CHECK(ctx,
-              nb_tree_dict(ctx, 2, (const char *[]){"w", "b"}, (nb_tree *[]){w, b}, &layers[i]));
+        BENCH_CHECK(
+            ctx, nb_tree_dict(ctx, 2, (const char *[]){"w", "b"}, (nb_tree *[]){w, b}, &layers[i]));
         nb_tree_destroy(w);
         nb_tree_destroy(b);
     }
-    CHECK(ctx, nb_tree_list(ctx, 3, layers, &params));
+    BENCH_CHECK(ctx, nb_tree_list(ctx, 3, layers, &params));
     nb_fn *mlp = NULL;
-    CHECK(ctx, nb_fn_create(ctx, "mlp", body_mlp, params, &mlp));
+    BENCH_CHECK(ctx, nb_fn_create(ctx, "mlp", body_mlp, params, &mlp));
     nb_tree *xb = leaf(ctx, 2, (int64_t[]){128, 784}), *margs = NULL;
-    CHECK(ctx, nb_tree_tuple(ctx, 1, &xb, &margs));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 1, &xb, &margs));
     double first[21], run[21];
     for (int r = 0; r < 21; r++) {
         nb_ctx_clear_cache(ctx);
-        double t0 = now_s();
-        CHECK(ctx, nb_fn_call(mlp, margs, &out));
-        first[r] = now_s() - t0;
+        double t0 = bench_now_s();
+        BENCH_CHECK(ctx, nb_fn_call(mlp, margs, &out));
+        first[r] = bench_now_s() - t0;
         nb_tree_destroy(out);
-        t0 = now_s();
-        CHECK(ctx, nb_fn_call(mlp, margs, &out));
-        run[r] = now_s() - t0;
+        t0 = bench_now_s();
+        BENCH_CHECK(ctx, nb_fn_call(mlp, margs, &out));
+        run[r] = bench_now_s() - t0;
         nb_tree_destroy(out);
     }
-    double compile_ms = (median(first, 21) - median(run, 21)) * 1e3;
+    double compile_ms = (bench_median(first, 21) - bench_median(run, 21)) * 1e3;
 
     double jax_hit = NAN, jax_compile = NAN;
     char jax_version[128];

@@ -21,6 +21,9 @@
  */
 #include "loops/checkpoint.h"
 
+#define BENCH_NAME "bench_loops"
+#include "bench_common.h"
+
 #include <nabla/nabla.h>
 
 #include <math.h>
@@ -30,31 +33,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-#define CHECK(ctx, e)                                                                              \
-    do {                                                                                           \
-        nb_status s_ = (e);                                                                        \
-        if (s_ != NB_OK) {                                                                         \
-            fprintf(stderr, "bench_loops: %s: %s\n", #e, nb_ctx_errmsg(ctx));                      \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 enum {
     N = 256,         /* the state: f64[N] */
@@ -106,14 +84,14 @@ static nb_status loss_body(nb_trace *tr, const nb_tree *self, const nb_tree *arg
 
 static nb_tree *leaf_of(nb_ctx *ctx, nb_array *a) {
     nb_tree *t = NULL;
-    CHECK(ctx, nb_tree_array(a, &t));
+    BENCH_CHECK(ctx, nb_tree_array(a, &t));
     nb_array_destroy(a);
     return t;
 }
 
 static nb_tree *vec_f64(nb_ctx *ctx, int64_t n, const double *v) {
     nb_array *a = NULL;
-    CHECK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 1, &n, v, &a));
+    BENCH_CHECK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 1, &n, v, &a));
     return leaf_of(ctx, a);
 }
 
@@ -130,12 +108,12 @@ static nb_tree *make_args(nb_ctx *ctx) {
         x0[i] = 0.3 * sin(1.7 * i);
     }
     nb_array *wa = NULL;
-    CHECK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 2, (int64_t[]){N, N}, w, &wa));
+    BENCH_CHECK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 2, (int64_t[]){N, N}, w, &wa));
     nb_tree *lw = leaf_of(ctx, wa), *lb = vec_f64(ctx, N, b), *lx = vec_f64(ctx, N, x0);
     nb_tree *p = NULL, *args = NULL;
-    CHECK(ctx,
-          nb_tree_dict(ctx, 3, (const char *[]){"w", "b", "x0"}, (nb_tree *[]){lw, lb, lx}, &p));
-    CHECK(ctx, nb_tree_tuple(ctx, 1, (nb_tree *[]){p}, &args));
+    BENCH_CHECK(
+        ctx, nb_tree_dict(ctx, 3, (const char *[]){"w", "b", "x0"}, (nb_tree *[]){lw, lb, lx}, &p));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 1, (nb_tree *[]){p}, &args));
     nb_tree_destroy(lw);
     nb_tree_destroy(lb);
     nb_tree_destroy(lx);
@@ -161,33 +139,33 @@ static void row_init(row *r, nb_ctx *ctx, const nb_tree *args, int64_t c) {
     memset(r, 0, sizeof *r);
     r->c = c;
     nb_tree *sl = NULL, *cl = NULL, *self = NULL;
-    CHECK(ctx, nb_tree_int(ctx, STEPS, &sl));
-    CHECK(ctx, nb_tree_int(ctx, c, &cl));
-    CHECK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"steps", "checkpoints"}, (nb_tree *[]){sl, cl},
-                            &self));
-    CHECK(ctx, nb_fn_create(ctx, c > 0 ? "loss_checkpointed" : "loss_bounded", loss_body, self,
-                            &r->loss));
+    BENCH_CHECK(ctx, nb_tree_int(ctx, STEPS, &sl));
+    BENCH_CHECK(ctx, nb_tree_int(ctx, c, &cl));
+    BENCH_CHECK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"steps", "checkpoints"},
+                                  (nb_tree *[]){sl, cl}, &self));
+    BENCH_CHECK(ctx, nb_fn_create(ctx, c > 0 ? "loss_checkpointed" : "loss_bounded", loss_body,
+                                  self, &r->loss));
     nb_tree_destroy(self);
     nb_tree_destroy(sl);
     nb_tree_destroy(cl);
     nb_jit_opts jo = nb_jit_opts_default();
     jo.max_traces = 1;
-    CHECK(ctx, nb_jit(r->loss, &jo, &r->jloss));
-    CHECK(ctx, nb_grad(r->loss, NULL, &r->grad));
-    CHECK(ctx, nb_jit(r->grad, &jo, &r->jgrad));
+    BENCH_CHECK(ctx, nb_jit(r->loss, &jo, &r->jloss));
+    BENCH_CHECK(ctx, nb_grad(r->loss, NULL, &r->grad));
+    BENCH_CHECK(ctx, nb_jit(r->grad, &jo, &r->jgrad));
 
     nb_tree *out = NULL;
-    CHECK(ctx, nb_fn_call(r->jloss, args, &out));
-    CHECK(ctx, nb_array_get_flat(nb_tree_get_array(out), 0, &r->value));
+    BENCH_CHECK(ctx, nb_fn_call(r->jloss, args, &out));
+    BENCH_CHECK(ctx, nb_array_get_flat(nb_tree_get_array(out), 0, &r->value));
     nb_tree_destroy(out);
-    double t0 = now_s();
-    CHECK(ctx, nb_fn_call(r->jgrad, args, &r->g));
-    r->first_grad_s = now_s() - t0;
-    CHECK(ctx, nb_loop_last_stats(&r->ls));
+    double t0 = bench_now_s();
+    BENCH_CHECK(ctx, nb_fn_call(r->jgrad, args, &r->g));
+    r->first_grad_s = bench_now_s() - t0;
+    BENCH_CHECK(ctx, nb_loop_last_stats(&r->ls));
     nb_fn_stats fs;
-    CHECK(ctx, nb_fn_stats_get(r->jloss, &fs));
+    BENCH_CHECK(ctx, nb_fn_stats_get(r->jloss, &fs));
     r->ws_fwd = fs.workspace_bytes;
-    CHECK(ctx, nb_fn_stats_get(r->jgrad, &fs));
+    BENCH_CHECK(ctx, nb_fn_stats_get(r->jgrad, &fs));
     r->ws_grad = fs.workspace_bytes;
 }
 
@@ -202,23 +180,11 @@ static void row_free(row *r) {
 /* one call of f on args: seconds */
 static double time_call(nb_ctx *ctx, nb_fn *f, const nb_tree *args) {
     nb_tree *out = NULL;
-    double t0 = now_s();
-    CHECK(ctx, nb_fn_call(f, args, &out));
-    double t = now_s() - t0;
+    double t0 = bench_now_s();
+    BENCH_CHECK(ctx, nb_fn_call(f, args, &out));
+    double t = bench_now_s() - t0;
     nb_tree_destroy(out);
     return t;
-}
-
-static void load_average(char *buf, size_t cap) {
-    snprintf(buf, cap, "?");
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f != NULL) {
-        double a = 0;
-        if (fscanf(f, "%lf", &a) == 1) {
-            snprintf(buf, cap, "%.2f", a);
-        }
-        fclose(f);
-    }
 }
 
 static void mem_cell(char *buf, size_t cap, size_t bytes) {
@@ -232,8 +198,8 @@ static void mem_cell(char *buf, size_t cap, size_t bytes) {
 int main(void) {
     char info[256], load[32];
     nb_build_info(info, sizeof info, NULL);
-    load_average(load, sizeof load);
-    double t_start = now_s();
+    bench_load_average(load, sizeof load);
+    double t_start = bench_now_s();
 
     nb_ctx_opts co = nb_ctx_opts_default();
     co.n_threads = 1;
@@ -252,7 +218,7 @@ int main(void) {
     bool identical = true, same_loss = true;
     for (int k = 1; k < KINDS; k++) {
         bool eq = false;
-        CHECK(ctx, nb_tree_equal(rows[k].g, rows[0].g, &eq));
+        BENCH_CHECK(ctx, nb_tree_equal(rows[k].g, rows[0].g, &eq));
         identical = identical && eq;
         same_loss = same_loss && rows[k].value == rows[0].value;
     }
@@ -304,7 +270,7 @@ int main(void) {
     for (int k = 0; k < KINDS; k++) {
         row *r = &rows[k];
         const nb_loop_stats *ls = &r->ls;
-        double f = median(r->fwd, r->n_fwd), g = median(r->grd, r->n_grd);
+        double f = bench_median(r->fwd, r->n_fwd), g = bench_median(r->grd, r->n_grd);
         char kind[48], mem[96], sched[64], meas[32], rev[48], onl[48], low[48], rest[32];
         if (r->c == 0) {
             snprintf(kind, sizeof kind, "bounded");
@@ -327,7 +293,7 @@ int main(void) {
                 fprintf(stderr, "bench_loops: out of memory\n");
                 return 1;
             }
-            CHECK(ctx, nbl_online_simulate(STEPS, r->c, work, wl, &on));
+            BENCH_CHECK(ctx, nbl_online_simulate(STEPS, r->c, work, wl, &on));
             free(work);
             int64_t rr = ls->recomputed_steps, sweep = ls->forward_sweep_steps;
             /* the executed counters are the schedule's: revolve's t(n, c) when offline (sweep
@@ -382,7 +348,7 @@ int main(void) {
     for (int k = 0; k < KINDS; k++) {
         printf("%s c = %lld %.2f", k ? ";" : "", (long long)rows[k].c, rows[k].first_grad_s);
     }
-    printf("\nwhole run: %.0f s\n", now_s() - t_start);
+    printf("\nwhole run: %.0f s\n", bench_now_s() - t_start);
 
     for (int k = 0; k < KINDS; k++) {
         row_free(&rows[k]);

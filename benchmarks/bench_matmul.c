@@ -12,33 +12,19 @@
  * Uses the internal API (src/ad/ir.h): it links nabla_static with src/ on the include path.
  * Usage: bench_matmul [samples]   (default 201)
  */
+#define BENCH_NAME "bench_matmul"
+#include "bench_common.h"
+
 #include "ad/ir.h"
 
 #include <blis.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct bm_shape {
     int64_t m, k, n;
 } bm_shape;
-
-static double bm_now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static int bm_cmp(const void *x, const void *y) {
-    double a = *(const double *)x, b = *(const double *)y;
-    return (a > b) - (a < b);
-}
-
-static double bm_median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, bm_cmp);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static void *bm_alloc(size_t bytes) {
     size_t n = (bytes + 63) / 64 * 64;
@@ -86,11 +72,11 @@ static void bm_run_blis(const bm_case *c) {
 
 /* Mean seconds per call over a burst of reps calls. */
 static double bm_burst(void (*run)(const bm_case *), const bm_case *c, int reps) {
-    double t0 = bm_now();
+    double t0 = bench_now_s();
     for (int r = 0; r < reps; r++) {
         run(c);
     }
-    return (bm_now() - t0) / reps;
+    return (bench_now_s() - t0) / reps;
 }
 
 static int bm_one(nb_ctx *ctx, nb_dtype dt, bm_shape s, int samples) {
@@ -146,7 +132,7 @@ static int bm_one(nb_ctx *ctx, nb_dtype dt, bm_shape s, int samples) {
         }
     }
     bool same = memcmp(c.c_nabla, c.c_blis, (size_t)(s.m * s.n) * es) == 0;
-    double mn = bm_median(tn, samples) * 1e6, mb = bm_median(tb, samples) * 1e6;
+    double mn = bench_median(tn, samples) * 1e6, mb = bench_median(tb, samples) * 1e6;
     char shape[64];
     snprintf(shape, sizeof shape, "%lldx%lld @ %lldx%lld", (long long)s.m, (long long)s.k,
              (long long)s.k, (long long)s.n);

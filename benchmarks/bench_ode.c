@@ -22,6 +22,9 @@
  * Every number is a median of samples (each sample a burst of calls of >= 20 ms for fast
  * calls), 1 thread. Run from the repository root: make bench, or ./build/benchmarks/bench_ode.
  */
+#define BENCH_NAME "bench_ode"
+#include "bench_common.h"
+
 #include <nabla/nabla.h>
 
 #include <math.h>
@@ -29,33 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-#define CHECK(ctx, e)                                                                              \
-    do {                                                                                           \
-        nb_status s_ = (e);                                                                        \
-        if (s_ != NB_OK) {                                                                         \
-            fprintf(stderr, "bench_ode: %s: %s\n", #e, nb_ctx_errmsg(ctx));                        \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 /* ---- peers ---------------------------------------------------------------------------- */
 
@@ -192,26 +169,26 @@ static bool load_ref(lv_ref *r) {
 /* median µs of calls of f on args, samples of >= 20 ms bursts */
 static double time_call(nb_ctx *ctx, nb_fn *f, const nb_tree *args, int samples) {
     nb_tree *out = NULL;
-    CHECK(ctx, nb_fn_call(f, args, &out)); /* compile */
+    BENCH_CHECK(ctx, nb_fn_call(f, args, &out)); /* compile */
     nb_tree_destroy(out);
-    double t0 = now_s();
+    double t0 = bench_now_s();
     int burst = 0;
-    while (now_s() - t0 < 0.02 || burst < 1) {
-        CHECK(ctx, nb_fn_call(f, args, &out));
+    while (bench_now_s() - t0 < 0.02 || burst < 1) {
+        BENCH_CHECK(ctx, nb_fn_call(f, args, &out));
         nb_tree_destroy(out);
         burst++;
     }
     double v[64];
     samples = samples > 64 ? 64 : samples;
     for (int s = 0; s < samples; s++) {
-        double a = now_s();
+        double a = bench_now_s();
         for (int i = 0; i < burst; i++) {
-            CHECK(ctx, nb_fn_call(f, args, &out));
+            BENCH_CHECK(ctx, nb_fn_call(f, args, &out));
             nb_tree_destroy(out);
         }
-        v[s] = (now_s() - a) / burst * 1e6;
+        v[s] = (bench_now_s() - a) / burst * 1e6;
     }
-    return median(v, samples);
+    return bench_median(v, samples);
 }
 
 typedef struct row {
@@ -226,9 +203,9 @@ static int bench_lv(nb_ctx *ctx, const lv_ref *ref, int samples, row *rows) {
     double p[6] = {1.5, 1, 3, 1, 1, 1};
     nb_array *pa = NULL;
     nb_tree *pl = NULL, *args = NULL;
-    CHECK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 1, (int64_t[]){6}, p, &pa));
-    CHECK(ctx, nb_tree_array(pa, &pl));
-    CHECK(ctx, nb_tree_tuple(ctx, 1, &pl, &args));
+    BENCH_CHECK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 1, (int64_t[]){6}, p, &pa));
+    BENCH_CHECK(ctx, nb_tree_array(pa, &pl));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 1, &pl, &args));
     static const int solvers[2] = {NB_ODE_TSIT5, NB_ODE_DOPRI5};
     for (int si = 0; si < 2; si++) {
         for (int k = -1; k < 3; k++) {
@@ -236,19 +213,19 @@ static int bench_lv(nb_ctx *ctx, const lv_ref *ref, int samples, row *rows) {
                 continue; /* dopri5: solve and the default gradient */
             }
             nb_tree *leaves[3] = {NULL, NULL, NULL}, *self = NULL;
-            CHECK(ctx, nb_tree_int(ctx, solvers[si], &leaves[0]));
-            CHECK(ctx, nb_tree_int(ctx, k < 0 ? 0 : k, &leaves[1]));
-            CHECK(ctx, nb_tree_bool(ctx, k >= 0, &leaves[2]));
-            CHECK(ctx, nb_tree_dict(ctx, 3, (const char *[]){"solver", "adjoint", "grad"}, leaves,
-                                    &self));
+            BENCH_CHECK(ctx, nb_tree_int(ctx, solvers[si], &leaves[0]));
+            BENCH_CHECK(ctx, nb_tree_int(ctx, k < 0 ? 0 : k, &leaves[1]));
+            BENCH_CHECK(ctx, nb_tree_bool(ctx, k >= 0, &leaves[2]));
+            BENCH_CHECK(ctx, nb_tree_dict(ctx, 3, (const char *[]){"solver", "adjoint", "grad"},
+                                          leaves, &self));
             for (int i = 0; i < 3; i++) {
                 nb_tree_destroy(leaves[i]);
             }
             nb_fn *f = NULL, *g = NULL;
-            CHECK(ctx, nb_fn_create(ctx, "lv", lv_body, self, &f));
+            BENCH_CHECK(ctx, nb_fn_create(ctx, "lv", lv_body, self, &f));
             nb_tree_destroy(self);
             if (k >= 0) {
-                CHECK(ctx, nb_grad(f, NULL, &g));
+                BENCH_CHECK(ctx, nb_grad(f, NULL, &g));
             }
             nb_fn *run = k >= 0 ? g : f;
             row *r = &rows[n++];
@@ -257,7 +234,7 @@ static int bench_lv(nb_ctx *ctx, const lv_ref *ref, int samples, row *rows) {
                      k < 0 ? "solve" : adjoint_names[k]);
             r->us = time_call(ctx, run, args, samples);
             nb_tree *out = NULL;
-            CHECK(ctx, nb_fn_call(run, args, &out));
+            BENCH_CHECK(ctx, nb_fn_call(run, args, &out));
             const double *v = nb_array_data(nb_tree_get_array(out));
             double e = 0;
             if (k < 0) {
@@ -335,24 +312,24 @@ typedef struct node_row {
 
 static int bench_node(nb_ctx *ctx, int samples, node_row *rows) {
     nb_array *key = NULL, *w = NULL, *b = NULL, *y0 = NULL;
-    CHECK(ctx, nb_random_key(ctx, 0, &key));
+    BENCH_CHECK(ctx, nb_random_key(ctx, 0, &key));
     nb_array *k3[3] = {NULL, NULL, NULL};
     for (int i = 0; i < 3; i++) {
-        CHECK(ctx, nb_random_fold_in(key, (uint32_t)i, &k3[i]));
+        BENCH_CHECK(ctx, nb_random_fold_in(key, (uint32_t)i, &k3[i]));
     }
-    CHECK(ctx, nb_random_normal(k3[0], NB_DTYPE_F32, 2, (int64_t[]){ND, ND}, &w));
-    CHECK(ctx, nb_random_normal(k3[1], NB_DTYPE_F32, 1, (int64_t[]){ND}, &b));
-    CHECK(ctx, nb_random_normal(k3[2], NB_DTYPE_F32, 1, (int64_t[]){ND}, &y0));
+    BENCH_CHECK(ctx, nb_random_normal(k3[0], NB_DTYPE_F32, 2, (int64_t[]){ND, ND}, &w));
+    BENCH_CHECK(ctx, nb_random_normal(k3[1], NB_DTYPE_F32, 1, (int64_t[]){ND}, &b));
+    BENCH_CHECK(ctx, nb_random_normal(k3[2], NB_DTYPE_F32, 1, (int64_t[]){ND}, &y0));
     float *wd = nb_array_data(w);
     for (int64_t i = 0; i < (int64_t)ND * ND; i++) {
         wd[i] /= sqrtf((float)ND);
     }
     nb_tree *l[3] = {NULL, NULL, NULL}, *prm = NULL, *args = NULL;
-    CHECK(ctx, nb_tree_array(w, &l[0]));
-    CHECK(ctx, nb_tree_array(b, &l[1]));
-    CHECK(ctx, nb_tree_array(y0, &l[2]));
-    CHECK(ctx, nb_tree_dict(ctx, 3, (const char *[]){"w", "b", "y0"}, l, &prm));
-    CHECK(ctx, nb_tree_tuple(ctx, 1, &prm, &args));
+    BENCH_CHECK(ctx, nb_tree_array(w, &l[0]));
+    BENCH_CHECK(ctx, nb_tree_array(b, &l[1]));
+    BENCH_CHECK(ctx, nb_tree_array(y0, &l[2]));
+    BENCH_CHECK(ctx, nb_tree_dict(ctx, 3, (const char *[]){"w", "b", "y0"}, l, &prm));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 1, &prm, &args));
     static const struct {
         const char *name;
         int adjoint;
@@ -363,38 +340,39 @@ static int bench_node(nb_ctx *ctx, int samples, node_row *rows) {
     nb_tree *ref = NULL;
     for (int c = 0; c < 3; c++) {
         nb_tree *ls[2] = {NULL, NULL}, *self = NULL;
-        CHECK(ctx, nb_tree_int(ctx, cfgs[c].adjoint, &ls[0]));
-        CHECK(ctx, nb_tree_int(ctx, cfgs[c].ck, &ls[1]));
-        CHECK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"adjoint", "checkpoints"}, ls, &self));
+        BENCH_CHECK(ctx, nb_tree_int(ctx, cfgs[c].adjoint, &ls[0]));
+        BENCH_CHECK(ctx, nb_tree_int(ctx, cfgs[c].ck, &ls[1]));
+        BENCH_CHECK(ctx,
+                    nb_tree_dict(ctx, 2, (const char *[]){"adjoint", "checkpoints"}, ls, &self));
         nb_tree_destroy(ls[0]);
         nb_tree_destroy(ls[1]);
         nb_fn *f = NULL, *g = NULL;
-        CHECK(ctx, nb_fn_create(ctx, "node_loss", node_loss, self, &f));
+        BENCH_CHECK(ctx, nb_fn_create(ctx, "node_loss", node_loss, self, &f));
         nb_tree_destroy(self);
-        CHECK(ctx, nb_grad(f, NULL, &g));
+        BENCH_CHECK(ctx, nb_grad(f, NULL, &g));
         nb_tree *out = NULL;
         nb_ctx_stats cs0, cs1;
         nb_ctx_clear_cache(ctx); /* each row compiles everything it runs: its own footprint */
         nb_ctx_stats_get(ctx, &cs0);
-        CHECK(ctx, nb_fn_call(g, args, &out)); /* compile */
+        BENCH_CHECK(ctx, nb_fn_call(g, args, &out)); /* compile */
         nb_tree_destroy(out);
         out = NULL;
         nb_ctx_stats_get(ctx, &cs1);
         /* what the compiled gradient holds: every executable's workspace (the loops' own
          * included), tapes, checkpoint slots, tables */
         double held_mb = ((double)cs1.bytes_in_use - (double)cs0.bytes_in_use) / 1048576.0;
-        CHECK(ctx, nb_fn_call(g, args, &out));
+        BENCH_CHECK(ctx, nb_fn_call(g, args, &out));
         double v[16];
         int ns = samples > 16 ? 16 : samples;
         for (int s = 0; s < ns; s++) {
             nb_tree_destroy(out);
-            double a = now_s();
-            CHECK(ctx, nb_fn_call(g, args, &out));
-            v[s] = (now_s() - a) * 1e3;
+            double a = bench_now_s();
+            BENCH_CHECK(ctx, nb_fn_call(g, args, &out));
+            v[s] = (bench_now_s() - a) * 1e3;
         }
         node_row *r = &rows[c];
         snprintf(r->name, sizeof r->name, "%s", cfgs[c].name);
-        r->ms = median(v, ns);
+        r->ms = bench_median(v, ns);
         nb_loop_stats ls2;
         nb_loop_last_stats(&ls2);
         nb_fn_stats fs;
@@ -415,7 +393,7 @@ static int bench_node(nb_ctx *ctx, int samples, node_row *rows) {
             out = NULL;
         } else {
             bool eq = false;
-            CHECK(ctx, nb_tree_equal(ref, out, &eq));
+            BENCH_CHECK(ctx, nb_tree_equal(ref, out, &eq));
             if (!eq) {
                 fprintf(stderr, "bench_ode: the %s gradient differs from checkpoints 10's\n",
                         cfgs[c].name);

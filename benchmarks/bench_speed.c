@@ -19,6 +19,9 @@
  */
 #include "ad/vmath.h"
 
+#define BENCH_NAME "bench_speed"
+#include "bench_common.h"
+
 #include <nabla/nabla.h>
 
 #include <blis.h>
@@ -31,59 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-#define CHECK(ctx, e)                                                                              \
-    do {                                                                                           \
-        nb_status s_ = (e);                                                                        \
-        if (s_ != NB_OK) {                                                                         \
-            fprintf(stderr, "bench_speed: %s: %s\n", #e, nb_ctx_errmsg(ctx));                      \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
-
 /* ---- peers run as programs -------------------------------------------------------------- */
-
-/* Run cmd (through popen, from the repository root) and read its "key value" lines:
- * vals[i] = the value of keys[i] (left as it was, NAN, when absent); version = the value of
- * version_key (left as it was when absent). */
-static void peer_read(const char *cmd, int n, const char *const *keys, double *vals,
-                      const char *version_key, char *version, size_t vcap) {
-    FILE *p = popen(cmd, "r");
-    if (p == NULL) {
-        return;
-    }
-    char line[256];
-    while (fgets(line, sizeof line, p) != NULL) {
-        char k[64], v[64];
-        if (sscanf(line, "%63s %63s", k, v) != 2) {
-            continue;
-        }
-        if (strcmp(k, version_key) == 0) {
-            snprintf(version, vcap, "%s", v);
-        }
-        for (int i = 0; i < n; i++) {
-            if (strcmp(k, keys[i]) == 0) {
-                vals[i] = atof(v);
-            }
-        }
-    }
-    pclose(p);
-}
 
 enum {
     TK_MLP_T1,
@@ -123,29 +74,6 @@ static const char *const jax_keys[JK_COUNT] = {
 
 /* ---- interleaved measurement ------------------------------------------------------------ */
 
-enum { MAX_ROUNDS = 15 };
-
-/* One thing measured: sample() takes one sample (in the item's unit). */
-typedef struct bench_item {
-    double (*sample)(void *ud);
-    void *ud;
-    double s[MAX_ROUNDS];
-} bench_item;
-
-/* One discarded warm-up round, then rounds rounds of one sample per item, the order rotated
- * each round. */
-static void bench_rounds(bench_item *items, int n, int rounds) {
-    for (int k = 0; k < n; k++) {
-        (void)items[k].sample(items[k].ud);
-    }
-    for (int r = 0; r < rounds; r++) {
-        for (int k = 0; k < n; k++) {
-            bench_item *it = &items[(k + r) % n];
-            it->s[r] = it->sample(it->ud);
-        }
-    }
-}
-
 /* a call of f on args, inner times: µs per call */
 typedef struct call_ud {
     nb_ctx *ctx;
@@ -157,13 +85,13 @@ typedef struct call_ud {
 
 static double sample_call(void *ud) {
     call_ud *c = ud;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int i = 0; i < c->inner; i++) {
         nb_tree *out = NULL;
-        CHECK(c->ctx, nb_fn_call_ex(c->f, c->args, c->opts, &out));
+        BENCH_CHECK(c->ctx, nb_fn_call_ex(c->f, c->args, c->opts, &out));
         nb_tree_destroy(out);
     }
-    return (now_s() - t0) / c->inner * 1e6;
+    return (bench_now_s() - t0) / c->inner * 1e6;
 }
 
 /* the first call after clearing the cache (trace, optimize, compile, one run): µs */
@@ -176,11 +104,12 @@ static double sample_first_call(void *ud) {
 /* trace + optimize alone (nb_fn_format_ir of the optimized IR, no compile, no run): µs */
 static double sample_trace_optimize(void *ud) {
     call_ud *c = ud;
-    double t0 = now_s();
-    CHECK(c->ctx, nb_fn_format_ir(c->f, c->args, NB_IR_OPTIMIZED, NULL, 0, NULL) == NB_ERR_TRUNCATED
-                      ? NB_OK
-                      : NB_ERR_INTERNAL);
-    return (now_s() - t0) * 1e6;
+    double t0 = bench_now_s();
+    BENCH_CHECK(c->ctx,
+                nb_fn_format_ir(c->f, c->args, NB_IR_OPTIMIZED, NULL, 0, NULL) == NB_ERR_TRUNCATED
+                    ? NB_OK
+                    : NB_ERR_INTERNAL);
+    return (bench_now_s() - t0) * 1e6;
 }
 
 /* ---- the functions measured --------------------------------------------------------------- */
@@ -285,7 +214,7 @@ static nb_status body_plus1(nb_trace *tr, const nb_tree *self, const nb_tree *ar
 static nb_tree *leaf_fill(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape, double scale,
                           unsigned seed) {
     nb_array *a = NULL;
-    CHECK(ctx, nb_array_zeros(ctx, dt, rank, shape, &a));
+    BENCH_CHECK(ctx, nb_array_zeros(ctx, dt, rank, shape, &a));
     for (int64_t i = 0; i < nb_array_size(a); i++) {
         seed = seed * 1103515245u + 12345u;
         double v = ((double)(seed >> 8) / 16777216.0 - 0.5) * scale;
@@ -298,7 +227,7 @@ static nb_tree *leaf_fill(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *sha
         }
     }
     nb_tree *t = NULL;
-    CHECK(ctx, nb_tree_array(a, &t));
+    BENCH_CHECK(ctx, nb_tree_array(a, &t));
     nb_array_destroy(a);
     return t;
 }
@@ -311,17 +240,17 @@ static nb_tree *mlp_args(nb_ctx *ctx, const int64_t *sz, int64_t batch, bool lab
         nb_tree *w =
             leaf_fill(ctx, NB_DTYPE_F32, 2, (int64_t[]){sz[i], sz[i + 1]}, 0.1, 7u + (unsigned)i);
         nb_tree *b = leaf_fill(ctx, NB_DTYPE_F32, 1, &sz[i + 1], 0.1, 9u);
-        CHECK(ctx,
-              nb_tree_dict(ctx, 2, (const char *[]){"w", "b"}, (nb_tree *[]){w, b}, &layers[i]));
+        BENCH_CHECK(
+            ctx, nb_tree_dict(ctx, 2, (const char *[]){"w", "b"}, (nb_tree *[]){w, b}, &layers[i]));
         nb_tree_destroy(w);
         nb_tree_destroy(b);
     }
-    CHECK(ctx, nb_tree_list(ctx, 3, layers, &params));
+    BENCH_CHECK(ctx, nb_tree_list(ctx, 3, layers, &params));
     nb_tree *x = leaf_fill(ctx, NB_DTYPE_F32, 2, (int64_t[]){batch, sz[0]}, 2.0, 3u);
     nb_tree *y = labels ? leaf_fill(ctx, NB_DTYPE_I32, 1, &batch, 0, 5u)
                         : leaf_fill(ctx, NB_DTYPE_F32, 2, (int64_t[]){batch, sz[3]}, 2.0, 5u);
-    CHECK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"x", "y"}, (nb_tree *[]){x, y}, &bt));
-    CHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){params, bt}, &args));
+    BENCH_CHECK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"x", "y"}, (nb_tree *[]){x, y}, &bt));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){params, bt}, &args));
     nb_tree *all[] = {bt, y, x, params, layers[0], layers[1], layers[2]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
         nb_tree_destroy(all[i]);
@@ -333,8 +262,8 @@ static nb_tree *mlp_args(nb_ctx *ctx, const int64_t *sz, int64_t batch, bool lab
 static nb_tree *scalar_f32(nb_ctx *ctx, double v) {
     nb_array *a = NULL;
     nb_tree *t = NULL;
-    CHECK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 0, NULL, v, &a));
-    CHECK(ctx, nb_tree_array(a, &t));
+    BENCH_CHECK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 0, NULL, v, &a));
+    BENCH_CHECK(ctx, nb_tree_array(a, &t));
     nb_array_destroy(a);
     return t;
 }
@@ -342,7 +271,7 @@ static nb_tree *scalar_f32(nb_ctx *ctx, double v) {
 /* (x,) for x an array leaf (borrowed) */
 static nb_tree *tuple1(nb_ctx *ctx, nb_tree *x) {
     nb_tree *t = NULL;
-    CHECK(ctx, nb_tree_tuple(ctx, 1, &x, &t));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 1, &x, &t));
     return t;
 }
 
@@ -360,7 +289,7 @@ static double sample_gemms(void *ud) {
     gemm_ud *g = ud;
     const int64_t b = 128, sz[4] = {784, 256, 256, 10};
     float one = 1, zero = 0;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int r = 0; r < g->inner; r++) {
         for (int i = 0; i < 3; i++) { /* forward: [b,in] @ [in,out] */
             bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, b, sz[i + 1], sz[i], &one, g->A,
@@ -375,7 +304,7 @@ static double sample_gemms(void *ud) {
                          sz[i + 1], 1, g->B, 1, sz[i + 1], &zero, g->C, sz[i], 1, NULL, &g->rntm);
         }
     }
-    return (now_s() - t0) / g->inner * 1e6;
+    return (bench_now_s() - t0) / g->inner * 1e6;
 }
 
 /* SLEEF's tanhf (the kernel nb_tanh uses) over n floats on 1 or 2 threads, or memcpy */
@@ -404,7 +333,7 @@ static void *tanh_half(void *arg) {
 /* ns per element */
 static double sample_stream(void *ud) {
     stream_ud *s = ud;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     if (s->copy) {
         memcpy(s->dst, s->src, (size_t)s->n * sizeof(float));
     } else if (s->threads == 1) {
@@ -421,7 +350,7 @@ static double sample_stream(void *ud) {
             tanh_half(&jobs[1]);
         }
     }
-    return (now_s() - t0) / (double)s->n * 1e9;
+    return (bench_now_s() - t0) / (double)s->n * 1e9;
 }
 
 /* ---- the table ---------------------------------------------------------------------------- */
@@ -485,22 +414,10 @@ static void print_row(const table_row *r) {
            ratio, r->goal_text, met);
 }
 
-static void load_average(char *buf, size_t cap) {
-    snprintf(buf, cap, "?");
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f != NULL) {
-        double a = 0;
-        if (fscanf(f, "%lf", &a) == 1) {
-            snprintf(buf, cap, "%.2f", a);
-        }
-        fclose(f);
-    }
-}
-
 int main(void) {
     char info[256], load[32];
     nb_build_info(info, sizeof info, NULL);
-    load_average(load, sizeof load);
+    bench_load_average(load, sizeof load);
 
     /* ---- 1. the peers' programs, first ---- */
     double torch[TK_COUNT], jax[2][JK_COUNT];
@@ -512,8 +429,8 @@ int main(void) {
     }
     char torch_version[64] = "", jax_version[64] = "";
     if (access("/usr/bin/python3", X_OK) == 0) {
-        peer_read("/usr/bin/python3 benchmarks/peers/torch_grad.py 2>/dev/null", TK_COUNT,
-                  torch_keys, torch, "torch_version", torch_version, sizeof torch_version);
+        bench_peer_read("/usr/bin/python3 benchmarks/peers/torch_grad.py 2>/dev/null", TK_COUNT,
+                        torch_keys, torch, "torch_version", torch_version, sizeof torch_version);
     }
     if (access("build/peers/bin/python", X_OK) == 0) {
         for (int t = 0; t < 2; t++) {
@@ -522,8 +439,8 @@ int main(void) {
                      "NB_BENCH_THREADS=%d build/peers/bin/python benchmarks/peers/jax_jit.py "
                      "jit_hit_us step_compile_ms 2>/dev/null",
                      t + 1);
-            peer_read(cmd, JK_COUNT, jax_keys, jax[t], "jax_version", jax_version,
-                      sizeof jax_version);
+            bench_peer_read(cmd, JK_COUNT, jax_keys, jax[t], "jax_version", jax_version,
+                            sizeof jax_version);
         }
     }
 
@@ -559,8 +476,8 @@ int main(void) {
         bench_item items[4];
         for (int t = 0; t < 2; t++) {
             margs[t] = mlp_args(ctx[t], (int64_t[]){784, 256, 256, 10}, 128, true);
-            CHECK(ctx[t], nb_fn_create(ctx[t], "mlp", body_mlp, NULL, &mf[t]));
-            CHECK(ctx[t], nb_value_and_grad(mf[t], NULL, &mvg[t]));
+            BENCH_CHECK(ctx[t], nb_fn_create(ctx[t], "mlp", body_mlp, NULL, &mf[t]));
+            BENCH_CHECK(ctx[t], nb_value_and_grad(mf[t], NULL, &mvg[t]));
             cu[t] = (call_ud){ctx[t], mvg[t], margs[t], NULL, 10};
             gu[t] = (gemm_ud){A, B, C, BLIS_RNTM_INITIALIZER, 10};
             bli_rntm_set_num_threads(t + 1, &gu[t].rntm);
@@ -569,11 +486,11 @@ int main(void) {
         }
         bench_rounds(items, 4, 15);
         for (int t = 0; t < 2; t++) {
-            mlp[t] = median(items[t].s, 15);
-            gemm[t] = median(items[2 + t].s, 15);
+            mlp[t] = bench_median(items[t].s, 15);
+            gemm[t] = bench_median(items[2 + t].s, 15);
         }
         nb_fn_stats st;
-        CHECK(ctx[0], nb_fn_stats_get(mvg[0], &st));
+        BENCH_CHECK(ctx[0], nb_fn_stats_get(mvg[0], &st));
         ws = st.workspace_bytes;
         for (int t = 0; t < 2; t++) {
             nb_fn_destroy(mvg[t]);
@@ -595,14 +512,14 @@ int main(void) {
         bench_item items[2];
         for (int t = 0; t < 2; t++) {
             targs[t] = mlp_args(ctx[t], (int64_t[]){2, 32, 32, 1}, 16, false);
-            CHECK(ctx[t], nb_fn_create(ctx[t], "tiny", body_tiny, NULL, &tf[t]));
-            CHECK(ctx[t], nb_value_and_grad(tf[t], NULL, &tvg[t]));
+            BENCH_CHECK(ctx[t], nb_fn_create(ctx[t], "tiny", body_tiny, NULL, &tf[t]));
+            BENCH_CHECK(ctx[t], nb_value_and_grad(tf[t], NULL, &tvg[t]));
             cu[t] = (call_ud){ctx[t], tvg[t], targs[t], NULL, 1000};
             items[t] = (bench_item){.sample = sample_call, .ud = &cu[t]};
         }
         bench_rounds(items, 2, 15);
         for (int t = 0; t < 2; t++) {
-            tiny[t] = median(items[t].s, 15);
+            tiny[t] = bench_median(items[t].s, 15);
             nb_fn_destroy(tvg[t]);
             nb_fn_destroy(tf[t]);
             nb_tree_destroy(targs[t]);
@@ -616,8 +533,8 @@ int main(void) {
         const int64_t ns[3] = {2, 1000, 1000000};
         nb_fn *rosen[2], *vg[2];
         for (int t = 0; t < 2; t++) {
-            CHECK(ctx[t], nb_fn_create(ctx[t], "rosen", body_rosen, NULL, &rosen[t]));
-            CHECK(ctx[t], nb_value_and_grad(rosen[t], NULL, &vg[t]));
+            BENCH_CHECK(ctx[t], nb_fn_create(ctx[t], "rosen", body_rosen, NULL, &rosen[t]));
+            BENCH_CHECK(ctx[t], nb_value_and_grad(rosen[t], NULL, &vg[t]));
         }
         for (int k = 0; k < 3; k++) {
             int nt = k < 2 ? 1 : 2, inner = ns[k] < 10000 ? 2000 : 5;
@@ -627,8 +544,8 @@ int main(void) {
             for (int t = 0; t < nt; t++) {
                 nb_array *x = NULL;
                 nb_tree *lx = NULL;
-                CHECK(ctx[t], nb_array_linspace(ctx[t], NB_DTYPE_F64, -1, 2, ns[k], &x));
-                CHECK(ctx[t], nb_tree_array(x, &lx));
+                BENCH_CHECK(ctx[t], nb_array_linspace(ctx[t], NB_DTYPE_F64, -1, 2, ns[k], &x));
+                BENCH_CHECK(ctx[t], nb_tree_array(x, &lx));
                 args[t] = tuple1(ctx[t], lx);
                 nb_tree_destroy(lx);
                 nb_array_destroy(x);
@@ -639,8 +556,8 @@ int main(void) {
             }
             bench_rounds(items, 2 * nt, 9);
             for (int t = 0; t < 2; t++) {
-                rf[k][t] = t < nt ? median(items[2 * t].s, 9) : NAN;
-                rg[k][t] = t < nt ? median(items[2 * t + 1].s, 9) : NAN;
+                rf[k][t] = t < nt ? bench_median(items[2 * t].s, 9) : NAN;
+                rg[k][t] = t < nt ? bench_median(items[2 * t + 1].s, 9) : NAN;
                 nb_tree_destroy(args[t]);
             }
         }
@@ -675,16 +592,16 @@ int main(void) {
             nb_ctx *c = ctx[t];
             nb_array *xa = NULL;
             nb_tree *lx = NULL, *yes = NULL, *nul = NULL;
-            CHECK(c, nb_array_from_data(c, NB_DTYPE_F32, 1, &n, src, &xa));
-            CHECK(c, nb_tree_array(xa, &lx));
+            BENCH_CHECK(c, nb_array_from_data(c, NB_DTYPE_F32, 1, &n, src, &xa));
+            BENCH_CHECK(c, nb_tree_array(xa, &lx));
             nb_array_destroy(xa);
             nb_tree *la = scalar_f32(c, 1.5), *lb = scalar_f32(c, 0.25), *lc = scalar_f32(c, -2.0);
-            CHECK(c, nb_tree_tuple(c, 4, (nb_tree *[]){lx, la, lb, lc}, &args[t]));
-            CHECK(c, nb_fn_create(c, "chain", body_chain, NULL, &fns[t]));
+            BENCH_CHECK(c, nb_tree_tuple(c, 4, (nb_tree *[]){lx, la, lb, lc}, &args[t]));
+            BENCH_CHECK(c, nb_fn_create(c, "chain", body_chain, NULL, &fns[t]));
             /* donate x so the output reuses its buffer: the step streams memory once */
-            CHECK(c, nb_tree_bool(c, true, &yes));
-            CHECK(c, nb_tree_null(c, &nul));
-            CHECK(c, nb_tree_tuple(c, 4, (nb_tree *[]){yes, nul, nul, nul}, &specs[t]));
+            BENCH_CHECK(c, nb_tree_bool(c, true, &yes));
+            BENCH_CHECK(c, nb_tree_null(c, &nul));
+            BENCH_CHECK(c, nb_tree_tuple(c, 4, (nb_tree *[]){yes, nul, nul, nul}, &specs[t]));
             cos[t] = nb_call_opts_default();
             cos[t].donate = specs[t];
             cu[t] = (call_ud){c, fns[t], args[t], &cos[t], 1};
@@ -699,14 +616,14 @@ int main(void) {
         }
         bench_rounds(items, 5, 15);
         for (int t = 0; t < 2; t++) {
-            fused[t] = median(items[t].s, 15) * 1e3 / (double)n; /* µs per call -> ns/elem */
-            sleef[t] = median(items[2 + t].s, 15);
+            fused[t] = bench_median(items[t].s, 15) * 1e3 / (double)n; /* µs per call -> ns/elem */
+            sleef[t] = bench_median(items[2 + t].s, 15);
             nb_tree_destroy(specs[t]);
             nb_tree_destroy(args[t]);
             nb_fn_destroy(fns[t]);
             nb_ctx_clear_cache(ctx[t]);
         }
-        copy_ns = median(items[4].s, 15);
+        copy_ns = bench_median(items[4].s, 15);
         free(dst);
         free(src);
     }
@@ -722,14 +639,14 @@ int main(void) {
             nb_tree *x = leaf_fill(ctx[t], NB_DTYPE_F32, 1, (int64_t[]){4}, 1.0, 19u);
             args[t] = tuple1(ctx[t], x);
             nb_tree_destroy(x);
-            CHECK(ctx[t], nb_fn_create(ctx[t], "plus1", body_plus1, NULL, &f[t]));
-            CHECK(ctx[t], nb_jit(f[t], NULL, &jf[t]));
+            BENCH_CHECK(ctx[t], nb_fn_create(ctx[t], "plus1", body_plus1, NULL, &f[t]));
+            BENCH_CHECK(ctx[t], nb_jit(f[t], NULL, &jf[t]));
             cu[t] = (call_ud){ctx[t], jf[t], args[t], NULL, 20000};
             items[t] = (bench_item){.sample = sample_call, .ud = &cu[t]};
         }
         bench_rounds(items, 2, 15);
         for (int t = 0; t < 2; t++) {
-            hit[t] = median(items[t].s, 15);
+            hit[t] = bench_median(items[t].s, 15);
             nb_tree_destroy(args[t]);
             nb_fn_destroy(jf[t]);
             nb_fn_destroy(f[t]);
@@ -747,8 +664,8 @@ int main(void) {
         bench_item items[5];
         for (int t = 0; t < 2; t++) {
             args[t] = mlp_args(ctx[t], (int64_t[]){784, 256, 256, 10}, 128, true);
-            CHECK(ctx[t], nb_fn_create(ctx[t], "train_step", body_step, NULL, &step[t]));
-            CHECK(ctx[t], nb_jit(step[t], NULL, &jstep[t]));
+            BENCH_CHECK(ctx[t], nb_fn_create(ctx[t], "train_step", body_step, NULL, &step[t]));
+            BENCH_CHECK(ctx[t], nb_jit(step[t], NULL, &jstep[t]));
             cu[t] = (call_ud){ctx[t], jstep[t], args[t], NULL, 1};
             steady[t] = (call_ud){ctx[t], jstep[t], args[t], NULL, 3};
             items[2 * t] = (bench_item){.sample = sample_first_call, .ud = &cu[t]};
@@ -758,14 +675,15 @@ int main(void) {
         items[4] = (bench_item){.sample = sample_trace_optimize, .ud = &topt};
         bench_rounds(items, 5, 11);
         for (int t = 0; t < 2; t++) {
-            compile_ms[t] = (median(items[2 * t].s, 11) - median(items[2 * t + 1].s, 11)) * 1e-3;
+            compile_ms[t] =
+                (bench_median(items[2 * t].s, 11) - bench_median(items[2 * t + 1].s, 11)) * 1e-3;
         }
-        trace_opt_ms = median(items[4].s, 11) * 1e-3;
+        trace_opt_ms = bench_median(items[4].s, 11) * 1e-3;
         /* the step's result, checked once: a finite loss and updated parameters */
         nb_tree *out = NULL;
-        CHECK(ctx[0], nb_fn_call(jstep[0], args[0], &out));
+        BENCH_CHECK(ctx[0], nb_fn_call(jstep[0], args[0], &out));
         double loss = NAN;
-        CHECK(ctx[0], nb_array_get_flat(nb_tree_get_array(nb_tree_child(out, 0)), 0, &loss));
+        BENCH_CHECK(ctx[0], nb_array_get_flat(nb_tree_get_array(nb_tree_child(out, 0)), 0, &loss));
         if (!isfinite(loss) || nb_tree_num_leaves(out) != 7) {
             fprintf(stderr, "bench_speed: the train step returned loss %g, %lld leaves\n", loss,
                     (long long)nb_tree_num_leaves(out));

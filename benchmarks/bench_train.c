@@ -19,6 +19,9 @@
  * `bench_train profile [mlp|tiny [threads [seconds]]]` runs only one train step in a loop,
  * for a profiler (perf record -e cpu-clock ./build/benchmarks/bench_train profile).
  */
+#define BENCH_NAME "bench_train"
+#include "bench_common.h"
+
 #include <nabla/nabla.h>
 
 #include <blis.h>
@@ -27,64 +30,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-#define CHECK(ctx, e)                                                                              \
-    do {                                                                                           \
-        nb_status s_ = (e);                                                                        \
-        if (s_ != NB_OK) {                                                                         \
-            fprintf(stderr, "bench_train: %s: %s\n", #e, nb_ctx_errmsg(ctx));                      \
-            exit(1);                                                                               \
-        }                                                                                          \
-    } while (0)
 
 static const double learning_rate = 1e-3; /* as benchmarks/peers/torch_train.py */
 
 /* ---- the peer, run as a program ---------------------------------------------------------- */
-
-/* Run cmd (through popen, from the repository root) and read its "key value" lines:
- * vals[i] = the value of keys[i] (left as it was, NAN, when absent); version = the value of
- * version_key (left as it was when absent). */
-static void peer_read(const char *cmd, int n, const char *const *keys, double *vals,
-                      const char *version_key, char *version, size_t vcap) {
-    FILE *p = popen(cmd, "r");
-    if (p == NULL) {
-        return;
-    }
-    char line[256];
-    while (fgets(line, sizeof line, p) != NULL) {
-        char k[64], v[64];
-        if (sscanf(line, "%63s %63s", k, v) != 2) {
-            continue;
-        }
-        if (strcmp(k, version_key) == 0) {
-            snprintf(version, vcap, "%s", v);
-        }
-        for (int i = 0; i < n; i++) {
-            if (strcmp(k, keys[i]) == 0) {
-                vals[i] = atof(v);
-            }
-        }
-    }
-    pclose(p);
-}
 
 enum { TK_MLP_T1, TK_MLP_T2, TK_TINY_T1, TK_TINY_T2, TK_LOSS_FIRST, TK_LOSS_LAST, TK_COUNT };
 /* keys printed by benchmarks/peers/torch_train.py (µs; losses) */
@@ -96,31 +46,10 @@ static const char *const torch_keys[TK_COUNT] = {
 
 /* ---- interleaved measurement ------------------------------------------------------------ */
 
-enum { ROUNDS = 21 };
-
-/* One thing measured: sample() takes one sample (in the item's unit). */
-typedef struct bench_item {
-    double (*sample)(void *ud);
-    void *ud;
-    double s[ROUNDS];
-} bench_item;
-
-/* One discarded warm-up round, then ROUNDS rounds of one sample per item, the order rotated
- * each round. */
-static void bench_rounds(bench_item *items, int n) {
-    for (int k = 0; k < n; k++) {
-        (void)items[k].sample(items[k].ud);
-    }
-    for (int r = 0; r < ROUNDS; r++) {
-        for (int k = 0; k < n; k++) {
-            bench_item *it = &items[(k + r) % n];
-            it->s[r] = it->sample(it->ud);
-        }
-    }
-}
+enum { ROUNDS = 21 }; /* <= BENCH_MAX_ROUNDS */
 
 static double item_median(bench_item *it) {
-    return median(it->s, ROUNDS);
+    return bench_median(it->s, ROUNDS);
 }
 
 /* inner calls of f on args: µs per call. With loss_at >= 0, the output's child loss_at is
@@ -138,18 +67,18 @@ typedef struct call_ud {
 
 static double sample_call(void *ud) {
     call_ud *c = ud;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int i = 0; i < c->inner; i++) {
         nb_tree *out = NULL;
-        CHECK(c->ctx, nb_fn_call_ex(c->f, c->args, c->opts, &out));
+        BENCH_CHECK(c->ctx, nb_fn_call_ex(c->f, c->args, c->opts, &out));
         if (c->loss_at >= 0) {
-            CHECK(c->ctx, nb_array_get_flat(nb_tree_get_array(nb_tree_child(out, c->loss_at)), 0,
-                                            &c->loss));
+            BENCH_CHECK(c->ctx, nb_array_get_flat(nb_tree_get_array(nb_tree_child(out, c->loss_at)),
+                                                  0, &c->loss));
             c->steps++;
         }
         nb_tree_destroy(out);
     }
-    return (now_s() - t0) / c->inner * 1e6;
+    return (bench_now_s() - t0) / c->inner * 1e6;
 }
 
 /* ---- the functions measured --------------------------------------------------------------- */
@@ -232,7 +161,7 @@ static nb_status body_train_tiny(nb_trace *tr, const nb_tree *self, const nb_tre
 
 static nb_tree *leaf_of(nb_ctx *ctx, nb_array *a) {
     nb_tree *t = NULL;
-    CHECK(ctx, nb_tree_array(a, &t));
+    BENCH_CHECK(ctx, nb_tree_array(a, &t));
     nb_array_destroy(a);
     return t;
 }
@@ -254,40 +183,42 @@ static void model_init(model *m, nb_ctx *ctx, bool tiny) {
     const int64_t big[4] = {784, 256, 256, 10}, small[4] = {2, 32, 32, 1};
     const int64_t *sz = tiny ? small : big, batch = tiny ? 16 : 128;
     nb_array *key = NULL, *k = NULL, *a = NULL;
-    CHECK(ctx, nb_random_key(ctx, tiny ? 1 : 0, &key));
+    BENCH_CHECK(ctx, nb_random_key(ctx, tiny ? 1 : 0, &key));
     /* weights uniform in +-1/sqrt(fan_in) (PyTorch's nn.Linear bound), biases 0 */
     nb_tree *layers[3];
     for (int i = 0; i < 3; i++) {
         double r = 1.0 / sqrt((double)sz[i]);
-        CHECK(ctx, nb_random_fold_in(key, (uint32_t)i, &k));
-        CHECK(ctx, nb_random_uniform(k, NB_DTYPE_F32, 2, (int64_t[]){sz[i], sz[i + 1]}, -r, r, &a));
+        BENCH_CHECK(ctx, nb_random_fold_in(key, (uint32_t)i, &k));
+        BENCH_CHECK(
+            ctx, nb_random_uniform(k, NB_DTYPE_F32, 2, (int64_t[]){sz[i], sz[i + 1]}, -r, r, &a));
         nb_array_destroy(k);
         nb_tree *w = leaf_of(ctx, a);
-        CHECK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 1, &sz[i + 1], &a));
+        BENCH_CHECK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 1, &sz[i + 1], &a));
         nb_tree *b = leaf_of(ctx, a);
-        CHECK(ctx,
-              nb_tree_dict(ctx, 2, (const char *[]){"w", "b"}, (nb_tree *[]){w, b}, &layers[i]));
+        BENCH_CHECK(
+            ctx, nb_tree_dict(ctx, 2, (const char *[]){"w", "b"}, (nb_tree *[]){w, b}, &layers[i]));
         nb_tree_destroy(w);
         nb_tree_destroy(b);
     }
-    CHECK(ctx, nb_tree_list(ctx, 3, layers, &m->params));
+    BENCH_CHECK(ctx, nb_tree_list(ctx, 3, layers, &m->params));
     for (int i = 0; i < 3; i++) {
         nb_tree_destroy(layers[i]);
     }
     /* x: standard normal (MLP) or uniform in [-1, 1) (tiny); y: labels (7 i + 3) mod 10, or
      * sin(2 x0) cos(x1) */
     nb_array *xa = NULL, *ya = NULL;
-    CHECK(ctx, nb_random_fold_in(key, 100, &k));
+    BENCH_CHECK(ctx, nb_random_fold_in(key, 100, &k));
     if (tiny) {
-        CHECK(ctx, nb_random_uniform(k, NB_DTYPE_F32, 2, (int64_t[]){batch, sz[0]}, -1, 1, &xa));
-        CHECK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 2, (int64_t[]){batch, 1}, &ya));
+        BENCH_CHECK(ctx,
+                    nb_random_uniform(k, NB_DTYPE_F32, 2, (int64_t[]){batch, sz[0]}, -1, 1, &xa));
+        BENCH_CHECK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 2, (int64_t[]){batch, 1}, &ya));
         const float *x = nb_array_data(xa);
         for (int64_t i = 0; i < batch; i++) {
             ((float *)nb_array_data(ya))[i] = (float)(sin(2.0 * x[2 * i]) * cos(x[2 * i + 1]));
         }
     } else {
-        CHECK(ctx, nb_random_normal(k, NB_DTYPE_F32, 2, (int64_t[]){batch, sz[0]}, &xa));
-        CHECK(ctx, nb_array_zeros(ctx, NB_DTYPE_I32, 1, &batch, &ya));
+        BENCH_CHECK(ctx, nb_random_normal(k, NB_DTYPE_F32, 2, (int64_t[]){batch, sz[0]}, &xa));
+        BENCH_CHECK(ctx, nb_array_zeros(ctx, NB_DTYPE_I32, 1, &batch, &ya));
         for (int64_t i = 0; i < batch; i++) {
             ((int32_t *)nb_array_data(ya))[i] = (int32_t)((7 * i + 3) % 10);
         }
@@ -295,40 +226,42 @@ static void model_init(model *m, nb_ctx *ctx, bool tiny) {
     nb_array_destroy(k);
     nb_array_destroy(key);
     nb_tree *x = leaf_of(ctx, xa), *y = leaf_of(ctx, ya);
-    CHECK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"x", "y"}, (nb_tree *[]){x, y}, &m->batch));
+    BENCH_CHECK(ctx,
+                nb_tree_dict(ctx, 2, (const char *[]){"x", "y"}, (nb_tree *[]){x, y}, &m->batch));
     nb_tree_destroy(x);
     nb_tree_destroy(y);
 
     /* Adam and its state (from the gradient template) */
     nb_tree *tmpl = NULL;
-    CHECK(ctx, nb_optim_adam(ctx, learning_rate, NULL, &m->opt));
-    CHECK(ctx, nb_grad_template(m->params, NULL, &tmpl));
-    CHECK(ctx, nb_optim_init(m->opt, tmpl, &m->state));
+    BENCH_CHECK(ctx, nb_optim_adam(ctx, learning_rate, NULL, &m->opt));
+    BENCH_CHECK(ctx, nb_grad_template(m->params, NULL, &tmpl));
+    BENCH_CHECK(ctx, nb_optim_init(m->opt, tmpl, &m->state));
     nb_tree_destroy(tmpl);
 
     /* the train step, jitted, traced once at most: args (params, state, batch), the first two
      * donated -- its outputs are the very arrays of args, updated in place, so the same args
      * tree serves every step */
-    CHECK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){m->params, m->state, m->batch}, &m->train_args));
+    BENCH_CHECK(
+        ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){m->params, m->state, m->batch}, &m->train_args));
     nb_tree *yes = NULL, *no = NULL;
-    CHECK(ctx, nb_tree_bool(ctx, true, &yes));
-    CHECK(ctx, nb_tree_bool(ctx, false, &no));
-    CHECK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){yes, yes, no}, &m->donate));
+    BENCH_CHECK(ctx, nb_tree_bool(ctx, true, &yes));
+    BENCH_CHECK(ctx, nb_tree_bool(ctx, false, &no));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){yes, yes, no}, &m->donate));
     nb_tree_destroy(yes);
     nb_tree_destroy(no);
     m->copts = nb_call_opts_default();
     m->copts.donate = m->donate;
-    CHECK(ctx, nb_fn_create(ctx, tiny ? "train_step_tiny" : "train_step",
-                            tiny ? body_train_tiny : body_train_mlp, m->opt, &m->step));
+    BENCH_CHECK(ctx, nb_fn_create(ctx, tiny ? "train_step_tiny" : "train_step",
+                                  tiny ? body_train_tiny : body_train_mlp, m->opt, &m->step));
     nb_jit_opts jo = nb_jit_opts_default();
     jo.max_traces = 1;
-    CHECK(ctx, nb_jit(m->step, &jo, &m->jstep));
+    BENCH_CHECK(ctx, nb_jit(m->step, &jo, &m->jstep));
 
     /* value_and_grad alone, args (params, batch) (the same arrays, not donated) */
-    CHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){m->params, m->batch}, &m->vg_args));
-    CHECK(ctx, nb_fn_create(ctx, tiny ? "tiny_loss" : "mlp_loss", tiny ? body_tiny : body_mlp, NULL,
-                            &m->loss));
-    CHECK(ctx, nb_value_and_grad(m->loss, NULL, &m->vg));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){m->params, m->batch}, &m->vg_args));
+    BENCH_CHECK(ctx, nb_fn_create(ctx, tiny ? "tiny_loss" : "mlp_loss", tiny ? body_tiny : body_mlp,
+                                  NULL, &m->loss));
+    BENCH_CHECK(ctx, nb_value_and_grad(m->loss, NULL, &m->vg));
 }
 
 static void model_free(model *m) {
@@ -347,15 +280,15 @@ static void model_free(model *m) {
 static double model_first_step(model *m) {
     nb_ctx *ctx = m->ctx;
     nb_tree *out = NULL, *in_leaves = NULL, *out_leaves = NULL;
-    CHECK(ctx, nb_fn_call_ex(m->jstep, m->train_args, &m->copts, &out));
+    BENCH_CHECK(ctx, nb_fn_call_ex(m->jstep, m->train_args, &m->copts, &out));
     nb_tree *in2 = NULL, *out2 = NULL;
-    CHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){m->params, m->state}, &in2));
-    CHECK(ctx, nb_tree_tuple(ctx, 2,
-                             (nb_tree *[]){(nb_tree *)nb_tree_child(out, 0),
-                                           (nb_tree *)nb_tree_child(out, 1)},
-                             &out2));
-    CHECK(ctx, nb_tree_flatten(in2, &in_leaves, NULL));
-    CHECK(ctx, nb_tree_flatten(out2, &out_leaves, NULL));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){m->params, m->state}, &in2));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 2,
+                                   (nb_tree *[]){(nb_tree *)nb_tree_child(out, 0),
+                                                 (nb_tree *)nb_tree_child(out, 1)},
+                                   &out2));
+    BENCH_CHECK(ctx, nb_tree_flatten(in2, &in_leaves, NULL));
+    BENCH_CHECK(ctx, nb_tree_flatten(out2, &out_leaves, NULL));
     int64_t n = nb_tree_len(in_leaves);
     bool same = n == nb_tree_len(out_leaves);
     for (int64_t i = 0; same && i < n; i++) {
@@ -370,7 +303,7 @@ static double model_first_step(model *m) {
         exit(1);
     }
     double loss = NAN;
-    CHECK(ctx, nb_array_get_flat(nb_tree_get_array(nb_tree_child(out, 2)), 0, &loss));
+    BENCH_CHECK(ctx, nb_array_get_flat(nb_tree_get_array(nb_tree_child(out, 2)), 0, &loss));
     if (!isfinite(loss)) {
         fprintf(stderr, "bench_train: %s: the first loss is %g\n", nb_fn_name(m->jstep), loss);
         exit(1);
@@ -397,7 +330,7 @@ static double sample_gemms(void *ud) {
     gemm_ud *g = ud;
     const int64_t b = 128, sz[4] = {784, 256, 256, 10};
     float one = 1, zero = 0;
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int r = 0; r < g->inner; r++) {
         for (int i = 0; i < 3; i++) { /* forward: [b,in] @ [in,out] */
             bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, b, sz[i + 1], sz[i], &one, g->A,
@@ -412,7 +345,7 @@ static double sample_gemms(void *ud) {
                          sz[i + 1], 1, g->B, 1, sz[i + 1], &zero, g->C, sz[i], 1, NULL, &g->rntm);
         }
     }
-    return (now_s() - t0) / g->inner * 1e6;
+    return (bench_now_s() - t0) / g->inner * 1e6;
 }
 
 /* ---- the table ---------------------------------------------------------------------------- */
@@ -479,18 +412,6 @@ static void print_row(const table_row *r) {
            ratio, r->goal_text, met);
 }
 
-static void load_average(char *buf, size_t cap) {
-    snprintf(buf, cap, "?");
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f != NULL) {
-        double a = 0;
-        if (fscanf(f, "%lf", &a) == 1) {
-            snprintf(buf, cap, "%.2f", a);
-        }
-        fclose(f);
-    }
-}
-
 static nb_ctx *ctx_with_threads(int n) {
     nb_ctx_opts o = nb_ctx_opts_default();
     o.n_threads = n;
@@ -509,11 +430,11 @@ static int profile(bool tiny, int threads, double seconds) {
     model_init(&m, ctx, tiny);
     double first = model_first_step(&m);
     call_ud cu = {ctx, m.jstep, m.train_args, &m.copts, tiny ? 1000 : 10, 2, NAN, 1};
-    double t0 = now_s();
-    while (now_s() - t0 < seconds) {
+    double t0 = bench_now_s();
+    while (bench_now_s() - t0 < seconds) {
         (void)sample_call(&cu);
     }
-    double t = now_s() - t0;
+    double t = bench_now_s() - t0;
     printf("%s train step, %d thread(s): %lld steps in %.2f s, %.2f µs per step; loss %.4g -> "
            "%.4g\n",
            tiny ? "tiny MLP" : "MLP", threads, (long long)cu.steps, t, t / (double)cu.steps * 1e6,
@@ -530,7 +451,7 @@ int main(int argc, char **argv) {
     }
     char info[256], load[32];
     nb_build_info(info, sizeof info, NULL);
-    load_average(load, sizeof load);
+    bench_load_average(load, sizeof load);
 
     /* ---- 1. the peer's program, first ---- */
     double torch[TK_COUNT];
@@ -539,8 +460,8 @@ int main(int argc, char **argv) {
     }
     char torch_version[64] = "";
     if (access("/usr/bin/python3", X_OK) == 0) {
-        peer_read("/usr/bin/python3 benchmarks/peers/torch_train.py 2>/dev/null", TK_COUNT,
-                  torch_keys, torch, "torch_version", torch_version, sizeof torch_version);
+        bench_peer_read("/usr/bin/python3 benchmarks/peers/torch_train.py 2>/dev/null", TK_COUNT,
+                        torch_keys, torch, "torch_version", torch_version, sizeof torch_version);
     }
 
     nb_ctx *ctx[2] = {ctx_with_threads(1), ctx_with_threads(2)};
@@ -577,14 +498,14 @@ int main(int argc, char **argv) {
             items[2 + t] = (bench_item){.sample = sample_call, .ud = &vg[t]};
             items[4 + t] = (bench_item){.sample = sample_gemms, .ud = &gu[t]};
         }
-        bench_rounds(items, 6);
+        bench_rounds(items, 6, ROUNDS);
         for (int t = 0; t < 2; t++) {
             mlp[t] = item_median(&items[t]);
             mlp_vg[t] = item_median(&items[2 + t]);
             gemm[t] = item_median(&items[4 + t]);
             mlp_loss1[t] = step[t].loss;
             mlp_steps[t] = step[t].steps;
-            CHECK(ctx[t], nb_fn_stats_get(m[t].jstep, &mlp_st[t]));
+            BENCH_CHECK(ctx[t], nb_fn_stats_get(m[t].jstep, &mlp_st[t]));
             ok = ok && isfinite(mlp_loss1[t]) && mlp_loss1[t] < mlp_loss0[t];
             model_free(&m[t]);
         }
@@ -609,13 +530,13 @@ int main(int argc, char **argv) {
             items[t] = (bench_item){.sample = sample_call, .ud = &step[t]};
             items[2 + t] = (bench_item){.sample = sample_call, .ud = &vg[t]};
         }
-        bench_rounds(items, 4);
+        bench_rounds(items, 4, ROUNDS);
         for (int t = 0; t < 2; t++) {
             tiny[t] = item_median(&items[t]);
             tiny_vg[t] = item_median(&items[2 + t]);
             tiny_loss1[t] = step[t].loss;
             tiny_steps[t] = step[t].steps;
-            CHECK(ctx[t], nb_fn_stats_get(m[t].jstep, &tiny_st[t]));
+            BENCH_CHECK(ctx[t], nb_fn_stats_get(m[t].jstep, &tiny_st[t]));
             ok = ok && isfinite(tiny_loss1[t]) && tiny_loss1[t] < tiny_loss0[t];
             model_free(&m[t]);
         }

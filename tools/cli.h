@@ -32,16 +32,20 @@ int cli_progress_mode(const char *cmd, const char *s, int *mode);
  * -1 with stdout a tty): one line redrawn in place, at most 10 times a second,
  *     "  [#########...........]  41%  ETA 0:12  <text>"
  * the ETA from the elapsed time and the share done. Otherwise cli_progress_line prints
- * its text as a plain line and cli_progress_update prints nothing. */
+ * its text as a plain line and cli_progress_update prints nothing. Writes to stdout; one
+ * thread at a time (callers from several threads hold a lock around each call). */
 typedef struct cli_progress {
-    bool bar;          /* drawing a bar (else plain lines) */
-    int64_t total;     /* units of work in all */
-    double t0;         /* cli_now_s() at start */
-    double last_draw;  /* when the bar was last drawn */
-    int width;         /* the bar's width in characters */
-    size_t last_len;   /* the length of the line last drawn (to blank what is left of it) */
+    bool bar;         /* drawing a bar (else plain lines) */
+    int64_t total;    /* units of work in all */
+    double t0;        /* cli_now_s() at start */
+    double last_draw; /* when the bar was last drawn */
+    int width;        /* the bar's width in characters */
+    size_t last_len;  /* the length of the line last drawn (to blank what is left of it) */
+    int cols;         /* the terminal's columns (the bar's line is cut to fit; 0: unknown) */
 } cli_progress;
 
+/* mode as from cli_progress_mode. The bar is 20 characters wide; set p->width after this
+ * call for another width (at most 100). */
 void cli_progress_start(cli_progress *p, int mode, int64_t total);
 
 /* done of total units finished; text (printf-style, may be NULL) shown after the ETA. Draws

@@ -3,6 +3,8 @@
  *
  *     nabla train      an MLP trained on the UCI digits with Adam: one jitted, donated
  *                      train step (what `make run` shows); see train.c
+ *     nabla ode        Lotka-Volterra's parameters fitted through an ODE solve; see ode.c
+ *     nabla bench      a reproducible optimizer benchmark suite; see bench.c
  *     nabla demo       a tour of arrays and pytrees, then an MLP forward traced, compiled
  *                      and run on the digits data
  *     nabla version    the library version
@@ -450,6 +452,9 @@ static void usage(FILE *f) {
                "                      nabla train --help)\n"
                "  ode [options]       fit Lotka-Volterra's parameters to noisy data through an\n"
                "                      adaptive ODE solve (see nabla ode --help)\n"
+               "  bench [options]     a reproducible optimizer benchmark: problems x optimizers\n"
+               "                      x learning rates x seeds, tables, plots and a digest\n"
+               "                      (see nabla bench --help)\n"
                "  demo [--data DIR]   a tour of arrays and pytrees, then an MLP forward on\n"
                "                      DIR/digits.csv.gz (default DIR: data)\n"
                "  version   print the library version\n");
@@ -465,6 +470,9 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "ode") == 0) {
         return nabla_cmd_ode(argc - 2, argv + 2);
+    }
+    if (strcmp(argv[1], "bench") == 0) {
+        return nabla_cmd_bench(argc - 2, argv + 2);
     }
     if (strcmp(argv[1], "demo") == 0) {
         const char *data_dir = "data";

@@ -21,22 +21,20 @@
  * a retrace would be an error, not a slowdown. The same seed gives the same output, bit for
  * bit, on any thread count.
  *
- * On a terminal a progress bar shows step, loss and the current parameters; otherwise (a
- * pipe, a log file) one plain line every few steps. At the end: the fitted parameters next
- * to the true ones with relative errors, the loss at the fitted and at the true parameters,
- * the steps and wall time, and the number of traces of the train step.
+ * On a terminal a progress bar shows step, loss, the current parameters and an ETA;
+ * otherwise (a pipe, a log file) one plain line every few steps. At the end: the fitted
+ * parameters next to the true ones with relative errors, the loss at the fitted and at the
+ * true parameters, the steps and wall time, and the number of traces of the train step.
  */
+#include "cli.h"
 #include "commands.h"
 
 #include <nabla/nabla.h>
 
-#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 enum { ODE_NPARAM = 4, ODE_MAX_POINTS = 10000 };
 
@@ -64,12 +62,6 @@ typedef struct ode_opts {
             goto done;                                                                             \
         }                                                                                          \
     } while (0)
-
-static double ode_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- the model (traced once per function) ------------------------------------------- */
 
@@ -250,30 +242,6 @@ static void ode_usage(FILE *f) {
             "  --progress MODE   bar, lines or auto (bar on a terminal; default auto)\n");
 }
 
-static int ode_parse_i64(const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    char *end = NULL;
-    long long v = strtoll(s, &end, 10);
-    if (end == s || *end != '\0' || v < lo || v > hi) {
-        fprintf(stderr, "nabla ode: %s wants an integer in [%lld, %lld], got '%s'\n", opt,
-                (long long)lo, (long long)hi, s);
-        return 2;
-    }
-    *out = v;
-    return 0;
-}
-
-/* A number in (lo, hi) (exclusive: learning rates, tolerances and guesses are positive). */
-static int ode_parse_f64(const char *opt, const char *s, double lo, double hi, double *out) {
-    char *end = NULL;
-    double v = strtod(s, &end);
-    if (end == s || *end != '\0' || !(v > lo && v < hi)) {
-        fprintf(stderr, "nabla ode: %s wants a number in (%g, %g), got '%s'\n", opt, lo, hi, s);
-        return 2;
-    }
-    *out = v;
-    return 0;
-}
-
 static int ode_parse_init(const char *s, double init[ODE_NPARAM]) {
     const char *p = s;
     for (int i = 0; i < ODE_NPARAM; i++) {
@@ -347,28 +315,23 @@ static int ode_parse_args(int argc, char **argv, ode_opts *o) {
         int64_t n = 0;
         int rc = 0;
         if (strcmp(a, "--steps") == 0) {
-            rc = ode_parse_i64(a, v, 1, INT64_C(100000000), &o->steps);
+            rc = cli_i64("ode", a, v, 1, INT64_C(100000000), &o->steps);
         } else if (strcmp(a, "--points") == 0) {
-            rc = ode_parse_i64(a, v, 1, ODE_MAX_POINTS, &o->points);
+            rc = cli_i64("ode", a, v, 1, ODE_MAX_POINTS, &o->points);
         } else if (strcmp(a, "--max-steps") == 0) {
-            rc = ode_parse_i64(a, v, 1, INT64_C(1000000), &o->max_steps);
+            rc = cli_i64("ode", a, v, 1, INT64_C(1000000), &o->max_steps);
         } else if (strcmp(a, "--lr") == 0) {
-            rc = ode_parse_f64(a, v, 0.0, 10.0, &o->lr);
+            rc = cli_f64("ode", a, v, 0.0, 10.0, true, true, &o->lr);
         } else if (strcmp(a, "--noise") == 0) {
-            char *end = NULL;
-            o->noise = strtod(v, &end);
-            if (end == v || *end != '\0' || !(o->noise >= 0 && o->noise < 10)) {
-                fprintf(stderr, "nabla ode: --noise wants a number in [0, 10), got '%s'\n", v);
-                rc = 2;
-            }
+            rc = cli_f64("ode", a, v, 0.0, 10.0, false, true, &o->noise);
         } else if (strcmp(a, "--rtol") == 0) {
-            rc = ode_parse_f64(a, v, 0.0, 1.0, &o->rtol);
+            rc = cli_f64("ode", a, v, 0.0, 1.0, true, true, &o->rtol);
         } else if (strcmp(a, "--atol") == 0) {
-            rc = ode_parse_f64(a, v, 0.0, 1.0, &o->atol);
+            rc = cli_f64("ode", a, v, 0.0, 1.0, true, true, &o->atol);
         } else if (strcmp(a, "--init") == 0) {
             rc = ode_parse_init(v, o->init);
         } else if (strcmp(a, "--seed") == 0) {
-            rc = ode_parse_i64(a, v, 0, INT64_MAX, &n);
+            rc = cli_i64("ode", a, v, 0, INT64_MAX, &n);
             o->seed = (uint64_t)n;
         } else if (strcmp(a, "--solver") == 0) {
             rc = ode_parse_solver(v, &o->solver);
@@ -387,19 +350,10 @@ static int ode_parse_args(int argc, char **argv, ode_opts *o) {
                 rc = 2;
             }
         } else if (strcmp(a, "--threads") == 0) {
-            rc = ode_parse_i64(a, v, 0, 256, &n);
+            rc = cli_i64("ode", a, v, 0, 256, &n);
             o->threads = (int)n;
         } else if (strcmp(a, "--progress") == 0) {
-            if (strcmp(v, "bar") == 0) {
-                o->progress = 1;
-            } else if (strcmp(v, "lines") == 0) {
-                o->progress = 0;
-            } else if (strcmp(v, "auto") == 0) {
-                o->progress = -1;
-            } else {
-                fprintf(stderr, "nabla ode: --progress wants bar, lines or auto, got '%s'\n", v);
-                rc = 2;
-            }
+            rc = cli_progress_mode("ode", v, &o->progress);
         } else {
             fprintf(stderr, "nabla ode: unknown option '%s'\n", a);
             ode_usage(stderr);
@@ -476,20 +430,6 @@ static nb_status ode_cfg_new(nb_ctx *ctx, nb_ode_solver solver, nb_ode_adjoint_k
     return st;
 }
 
-static void ode_progress_bar(int64_t step, int64_t steps, double loss, const double p[ODE_NPARAM],
-                             double steps_per_s) {
-    const int width = 12;
-    int fill = (int)((double)width * (double)step / (double)steps);
-    char bar[32];
-    for (int i = 0; i < width; i++) {
-        bar[i] = i < fill ? '#' : '.';
-    }
-    bar[width] = '\0';
-    printf("\r  step %" PRId64 "/%" PRId64 " [%s] loss %.3e  a %.3f b %.3f c %.3f d %.3f  %.0f/s ",
-           step, steps, bar, loss, p[0], p[1], p[2], p[3], steps_per_s);
-    fflush(stdout);
-}
-
 /* ---- the command -------------------------------------------------------------------- */
 
 int nabla_cmd_ode(int argc, char **argv) {
@@ -506,7 +446,6 @@ int nabla_cmd_ode(int argc, char **argv) {
         return 1;
     }
     int rc = 1;
-    bool bar = o.progress == 1 || (o.progress < 0 && isatty(STDOUT_FILENO));
     int64_t n = o.points;
     nb_array *key = NULL, *noise = NULL;
     nb_tree *truth = NULL, *params = NULL, *cfg_obs = NULL, *cfg_fit = NULL, *self = NULL,
@@ -560,7 +499,10 @@ int nabla_cmd_ode(int argc, char **argv) {
     fflush(stdout);
 
     int64_t every = o.steps / 20 > 0 ? o.steps / 20 : 1;
-    double t0 = ode_now_s(), loss = NAN, p[ODE_NPARAM];
+    cli_progress prog;
+    cli_progress_start(&prog, o.progress, o.steps);
+    prog.width = 12;
+    double t0 = prog.t0, loss = NAN, p[ODE_NPARAM];
     memcpy(p, o.init, sizeof p);
     int64_t solver_steps = 0;
     for (int64_t s = 1; s <= o.steps; s++) {
@@ -581,9 +523,7 @@ int nabla_cmd_ode(int argc, char **argv) {
         nb_tree_destroy(res);
         ode_params_read(params, p);
         if (result != NB_ODE_SUCCESSFUL || !isfinite(loss)) {
-            if (bar) {
-                printf("\n");
-            }
+            cli_progress_end(&prog);
             fprintf(stderr,
                     "nabla ode: the solve failed at step %lld (%s, loss %g) with a %.6g b %.6g "
                     "c %.6g d %.6g; %s\n",
@@ -593,20 +533,18 @@ int nabla_cmd_ode(int argc, char **argv) {
                         : "try a smaller --lr or a guess closer to the data");
             goto done;
         }
-        if (bar) {
-            if (s % 5 == 0 || s == o.steps) {
-                ode_progress_bar(s, o.steps, loss, p, (double)s / (ode_now_s() - t0));
-            }
-        } else if (s == 1 || s % every == 0 || s == o.steps) {
-            printf("  step %5lld/%lld  loss %.6e  a %.6f b %.6f c %.6f d %.6f\n", (long long)s,
-                   (long long)o.steps, loss, p[0], p[1], p[2], p[3]);
-            fflush(stdout);
+        if (prog.bar) {
+            cli_progress_update(&prog, s,
+                                "step %lld/%lld  loss %.3e  a %.3f b %.3f c %.3f d %.3f  %.0f/s",
+                                (long long)s, (long long)o.steps, loss, p[0], p[1], p[2], p[3],
+                                (double)s / (cli_now_s() - t0));
+        } else if (s == 1 || s % every == 0 || s == o.steps) { /* a pipe or a log file */
+            cli_progress_line(&prog, "  step %5lld/%lld  loss %.6e  a %.6f b %.6f c %.6f d %.6f",
+                              (long long)s, (long long)o.steps, loss, p[0], p[1], p[2], p[3]);
         }
     }
-    double elapsed = ode_now_s() - t0;
-    if (bar) {
-        printf("\n");
-    }
+    double elapsed = cli_now_s() - t0;
+    cli_progress_end(&prog);
 
     /* the loss at the fitted and at the true parameters (the noise floor), by one more
      * compile of the loss alone */

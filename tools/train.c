@@ -6,21 +6,19 @@
  * step updates them in place. Shuffled minibatches come from a Threefry key
  * (nabla/data.h); the same seed gives the same final loss, bit for bit, on any thread count.
  *
- * On a terminal a progress bar shows epoch, loss, accuracy and steps/s; otherwise (a pipe, a
- * log file) one plain line per epoch. At the end: test accuracy, the number of traces of
- * the train step (1: it never retraced), and the final loss with its bit pattern.
+ * On a terminal a progress bar shows epoch, loss, accuracy, steps/s and an ETA; otherwise
+ * (a pipe, a log file) one plain line per epoch. At the end: test accuracy, the number of
+ * traces of the train step (1: it never retraced), and the final loss with its bit pattern.
  */
+#include "cli.h"
 #include "commands.h"
 
 #include <nabla/nabla.h>
 
-#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 typedef struct train_opts {
     const char *data_dir;
@@ -40,12 +38,6 @@ typedef struct train_opts {
             goto done;                                                                             \
         }                                                                                          \
     } while (0)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ---- the model's functions (traced once) ------------------------------------------------ */
 
@@ -119,23 +111,6 @@ static nb_status eval_body(nb_trace *tr, const nb_tree *self, const nb_tree *arg
         nb_sum(nb_cast(nb_eq(nb_argmax(logits, -1, false), y), NB_DTYPE_I32), NULL, 0, false), out);
 }
 
-/* ---- progress ---------------------------------------------------------------------------- */
-
-static void progress_bar(int64_t epoch, int64_t epochs, int64_t batch_i, int64_t n_batches,
-                         double loss, double acc, double steps_per_s) {
-    const int width = 24;
-    int64_t done = epoch * n_batches + batch_i, total = epochs * n_batches;
-    int fill = (int)((double)width * (double)done / (double)(total > 0 ? total : 1));
-    char bar[64];
-    for (int i = 0; i < width; i++) {
-        bar[i] = i < fill ? '#' : '.';
-    }
-    bar[width] = '\0';
-    printf("\r  epoch %3" PRId64 "/%" PRId64 " [%s] loss %.4f  acc %5.1f%%  %7.0f steps/s ",
-           epoch + 1, epochs, bar, loss, 100.0 * acc, steps_per_s);
-    fflush(stdout);
-}
-
 static void train_usage(FILE *f) {
     fprintf(f,
             "usage: nabla train [options]\n\n"
@@ -153,29 +128,6 @@ static void train_usage(FILE *f) {
             "  --threads N       kernel threads, 0 = all cores (default 0; results are the same\n"
             "                    for any count)\n"
             "  --progress MODE   bar, lines or auto (bar on a terminal; default auto)\n");
-}
-
-static int parse_i64(const char *opt, const char *s, int64_t lo, int64_t *out) {
-    char *end = NULL;
-    long long v = strtoll(s, &end, 10);
-    if (end == s || *end != '\0' || v < lo) {
-        fprintf(stderr, "nabla train: %s wants an integer >= %lld, got '%s'\n", opt, (long long)lo,
-                s);
-        return 2;
-    }
-    *out = v;
-    return 0;
-}
-
-static int parse_f64(const char *opt, const char *s, double lo, double hi, double *out) {
-    char *end = NULL;
-    double v = strtod(s, &end);
-    if (end == s || *end != '\0' || !(v >= lo && v < hi)) {
-        fprintf(stderr, "nabla train: %s wants a number in [%g, %g), got '%s'\n", opt, lo, hi, s);
-        return 2;
-    }
-    *out = v;
-    return 0;
 }
 
 static int parse_args(int argc, char **argv, train_opts *o) {
@@ -206,34 +158,25 @@ static int parse_args(int argc, char **argv, train_opts *o) {
         if (strcmp(a, "--data") == 0) {
             o->data_dir = v;
         } else if (strcmp(a, "--epochs") == 0) {
-            rc = parse_i64(a, v, 1, &o->epochs);
+            rc = cli_i64("train", a, v, 1, INT64_MAX, &o->epochs);
         } else if (strcmp(a, "--batch") == 0) {
-            rc = parse_i64(a, v, 1, &o->batch);
+            rc = cli_i64("train", a, v, 1, INT64_MAX, &o->batch);
         } else if (strcmp(a, "--width") == 0) {
-            rc = parse_i64(a, v, 1, &o->width);
+            rc = cli_i64("train", a, v, 1, INT64_MAX, &o->width);
         } else if (strcmp(a, "--depth") == 0) {
-            rc = parse_i64(a, v, 0, &o->depth);
+            rc = cli_i64("train", a, v, 0, INT64_MAX, &o->depth);
         } else if (strcmp(a, "--lr") == 0) {
-            rc = parse_f64(a, v, 0.0, 1e3, &o->lr);
+            rc = cli_f64("train", a, v, 0.0, 1e3, false, true, &o->lr);
         } else if (strcmp(a, "--test-fraction") == 0) {
-            rc = parse_f64(a, v, 0.01, 0.9, &o->test_fraction);
+            rc = cli_f64("train", a, v, 0.01, 0.9, false, true, &o->test_fraction);
         } else if (strcmp(a, "--seed") == 0) {
-            rc = parse_i64(a, v, 0, &n);
+            rc = cli_i64("train", a, v, 0, INT64_MAX, &n);
             o->seed = (uint64_t)n;
         } else if (strcmp(a, "--threads") == 0) {
-            rc = parse_i64(a, v, 0, &n);
+            rc = cli_i64("train", a, v, 0, INT64_MAX, &n);
             o->threads = (int)(n > 256 ? 256 : n);
         } else if (strcmp(a, "--progress") == 0) {
-            if (strcmp(v, "bar") == 0) {
-                o->progress = 1;
-            } else if (strcmp(v, "lines") == 0) {
-                o->progress = 0;
-            } else if (strcmp(v, "auto") == 0) {
-                o->progress = -1;
-            } else {
-                fprintf(stderr, "nabla train: --progress wants bar, lines or auto, got '%s'\n", v);
-                rc = 2;
-            }
+            rc = cli_progress_mode("train", v, &o->progress);
         } else {
             fprintf(stderr, "nabla train: unknown option '%s'\n", a);
             train_usage(stderr);
@@ -283,7 +226,6 @@ int nabla_cmd_train(int argc, char **argv) {
         return 1;
     }
     int rc = 1;
-    bool bar = o.progress == 1 || (o.progress < 0 && isatty(STDOUT_FILENO));
     nb_array *x = NULL, *y = NULL, *key = NULL, *keys = NULL, *k_split = NULL, *k_init = NULL,
              *k_batch = NULL, *xtr = NULL, *ytr = NULL, *xte = NULL, *yte = NULL, *xb = NULL,
              *yb = NULL;
@@ -357,7 +299,11 @@ int nabla_cmd_train(int argc, char **argv) {
            (unsigned long long)o.seed, nb_ctx_n_threads(ctx),
            nb_ctx_n_threads(ctx) == 1 ? "" : "s");
 
-    double t0 = now_s(), loss = NAN;
+    cli_progress prog;
+    cli_progress_start(&prog, o.progress,
+                       o.epochs > INT64_MAX / n_batches ? INT64_MAX : o.epochs * n_batches);
+    prog.width = 24;
+    double t0 = prog.t0, loss = NAN;
     float last_loss = NAN;
     int64_t steps = 0;
     for (int64_t e = 0; e < o.epochs; e++) {
@@ -385,23 +331,21 @@ int nabla_cmd_train(int argc, char **argv) {
             seen += rows;
             steps++;
             nb_tree_destroy(res);
-            if (bar && (b % 4 == 3 || b + 1 == n_batches)) {
-                progress_bar(e, o.epochs, b + 1, n_batches, loss_sum / (double)(b + 1),
-                             (double)correct / (double)seen, (double)steps / (now_s() - t0));
-            }
+            cli_progress_update(
+                &prog, steps, "epoch %lld/%lld  loss %.4f  acc %5.1f%%  %.0f steps/s",
+                (long long)e + 1, (long long)o.epochs, loss_sum / (double)(b + 1),
+                100.0 * (double)correct / (double)seen, (double)steps / (cli_now_s() - t0));
         }
         loss = loss_sum / (double)n_batches;
-        if (!bar) {
-            printf("  epoch %3lld/%lld  loss %.4f  train acc %5.1f%%  %.0f steps/s\n",
-                   (long long)e + 1, (long long)o.epochs, loss,
-                   100.0 * (double)correct / (double)seen, (double)steps / (now_s() - t0));
-            fflush(stdout);
+        if (!prog.bar) { /* a pipe or a log file: one plain line per epoch */
+            cli_progress_line(
+                &prog, "  epoch %3lld/%lld  loss %.4f  train acc %5.1f%%  %.0f steps/s",
+                (long long)e + 1, (long long)o.epochs, loss, 100.0 * (double)correct / (double)seen,
+                (double)steps / (cli_now_s() - t0));
         }
     }
-    double elapsed = now_s() - t0;
-    if (bar) {
-        printf("\n");
-    }
+    double elapsed = cli_now_s() - t0;
+    cli_progress_end(&prog);
 
     /* test accuracy */
     xte_leaf = leaf_new(ctx, xte);

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# test_bench.sh -- `nabla bench` end to end (tools/bench.c):
+#   - two runs of a small suite (3 problems, 3 optimizers, 2 seeds, 200 steps) print the
+#     same digest and write the same bytes; so do runs with 2 kernel threads and 2 jobs;
+#   - a run killed midway (SIGKILL after some cells, and at a random moment) and resumed
+#     gives the same digest;
+#   - a single cell run alone gives its rows of the full suite, bit for bit;
+#   - the plots are PNG files, one per problem, with one curve per optimizer;
+#   - bad options fail with a message and exit 2 and leave no result files.
+#
+#   test_bench.sh <nabla binary> <source root>
+set -uo pipefail
+
+nabla=$1
+src=$2
+data=$src/data
+work=$(mktemp -d "${TMPDIR:-/tmp}/nabla-bench-test.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+fails=0
+
+fail() {
+    echo "FAIL: $*"
+    fails=$((fails + 1))
+}
+
+suite=(--problems rosenbrock2,beale,logreg --optimizers sgd,adam,lion --seeds 0,1 --steps 200
+    --data "$data" --progress lines)
+
+digest_of() { # the digest line must be the last line of the output
+    tail -n 1 "$1" | sed -n 's/^sha256 of results.csv: \([0-9a-f]\{64\}\)$/\1/p'
+}
+
+run() { # run <name> [options...]: output in $work/<name>.out, exit code in $work/<name>.rc
+    local name=$1
+    shift
+    "$nabla" bench "$@" >"$work/$name.out" 2>"$work/$name.err"
+    echo $? >"$work/$name.rc"
+}
+
+# ---- the same bytes, run to run and for any thread count -------------------------------
+run a "${suite[@]}" --out "$work/a"
+run a2 "${suite[@]}" --out "$work/a2"
+run b "${suite[@]}" --out "$work/b" --threads 2 --jobs 2
+for r in a a2 b; do
+    [[ $(cat "$work/$r.rc") == 0 ]] || { fail "run $r exited $(cat "$work/$r.rc")"; cat "$work/$r.err"; }
+done
+da=$(digest_of "$work/a.out")
+[[ -n $da ]] || fail "run a did not print the digest last: $(tail -n 2 "$work/a.out")"
+echo "digest, 1 thread:            $da"
+echo "digest, again:               $(digest_of "$work/a2.out")"
+echo "digest, 2 threads x 2 jobs:  $(digest_of "$work/b.out")"
+[[ $(digest_of "$work/a2.out") == "$da" ]] || fail "a second run printed another digest"
+[[ $(digest_of "$work/b.out") == "$da" ]] || fail "--threads 2 --jobs 2 printed another digest"
+[[ $(sha256sum <"$work/a/results.csv" | cut -c1-64) == "$da" ]] ||
+    fail "the digest printed is not the SHA-256 of results.csv"
+for f in results.csv summary.json summary.md; do
+    cmp -s "$work/a/$f" "$work/b/$f" || fail "$f differs between 1 and 2 threads"
+done
+rows=$(($(wc -l <"$work/a/results.csv") - 1))
+cells=$(find "$work/a/cells" -name '*.csv' | wc -l)
+echo "results.csv: $rows rows from $cells cells"
+# 3 problems x (4 + 4 + 4 default rates) x 2 seeds
+[[ $cells == 72 ]] || fail "expected 72 cells, found $cells"
+[[ $rows -gt 72 ]] || fail "results.csv has only $rows rows"
+head -n 1 "$work/a/results.csv" | grep -qx 'problem,optimizer,lr,seed,step,loss,accuracy' ||
+    fail "results.csv's header: $(head -n 1 "$work/a/results.csv")"
+grep -q '^logreg,adam,0.01,1,200,[0-9.e+-]*,0\.[0-9]*$' "$work/a/results.csv" ||
+    fail "no final logreg row with an accuracy"
+grep -q '"best_lr"' "$work/a/summary.json" || fail "summary.json has no best_lr"
+grep -q '^| problem | optimizer | best lr |' "$work/a.out" || fail "the summary table was not printed"
+if command -v python3 >/dev/null 2>&1; then
+    python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/a/summary.json" ||
+        fail "summary.json is not valid JSON"
+fi
+
+# ---- killed and resumed --------------------------------------------------------------
+# (1) killed by itself (SIGKILL) after 20 cells were saved: a run stopped between cells
+NABLA_BENCH_KILL_AFTER=20 "$nabla" bench "${suite[@]}" --out "$work/k" >"$work/k.out" 2>&1
+rc=$?
+[[ $rc == 137 ]] || fail "the killed run exited $rc, not 137 (SIGKILL)"
+[[ -f $work/k/results.csv ]] && fail "a killed run left results.csv"
+kept=$(find "$work/k/cells" -name '*.csv' | wc -l)
+run k2 "${suite[@]}" --out "$work/k" --resume
+grep -q "resuming .*: 20 cells finished before, 52 to run" "$work/k2.out" ||
+    fail "the resumed run did not keep 20 cells: $(grep resuming "$work/k2.out")"
+echo "killed after $kept cells, resumed: $(digest_of "$work/k2.out")"
+[[ $(digest_of "$work/k2.out") == "$da" ]] || fail "killed + resumed printed another digest"
+cmp -s "$work/a/summary.json" "$work/k/summary.json" || fail "resumed summary.json differs"
+# (2) killed at random moments, several times, each time resumed, with 2 jobs
+kills=0
+rm -rf "$work/r"
+run r0 "${suite[@]}" --problems mlp,logreg --out "$work/r" --jobs 2 --no-plots \
+    --steps 100 &
+pid=$!
+sleep 0.4
+kill -9 $pid 2>/dev/null && kills=$((kills + 1))
+wait $pid 2>/dev/null
+for i in 1 2 3; do
+    "$nabla" bench "${suite[@]}" --problems mlp,logreg --out "$work/r" --jobs 2 --no-plots \
+        --steps 100 --resume >"$work/r$i.out" 2>&1 &
+    pid=$!
+    sleep 0.$((3 + i))
+    kill -9 $pid 2>/dev/null && kills=$((kills + 1))
+    wait $pid 2>/dev/null
+    echo "  random kill $i: $(find "$work/r/cells" -name '*.csv' | wc -l) of 48 cells saved"
+done
+run rf "${suite[@]}" --problems mlp,logreg --out "$work/r" --jobs 2 --no-plots --steps 100 \
+    --resume
+run rs "${suite[@]}" --problems mlp,logreg --out "$work/rs" --no-plots --steps 100
+echo "killed at random $kills times, then resumed: $(digest_of "$work/rf.out")" \
+    "(straight: $(digest_of "$work/rs.out"))"
+[[ -n $(digest_of "$work/rs.out") ]] || fail "the straight mlp run failed: $(tail -n 3 "$work/rs.err")"
+[[ $(digest_of "$work/rf.out") == "$(digest_of "$work/rs.out")" ]] ||
+    fail "randomly killed + resumed printed another digest"
+leftovers=$(find "$work/r/cells" -name '.*' -type f | wc -l)
+[[ $leftovers == 0 ]] || fail "$leftovers temporary files of killed writes remain after --resume"
+[[ $(find "$work/r/cells" -name '*.csv' | wc -l) == 48 ]] || fail "the mlp/logreg run has not 48 cells"
+
+# ---- one cell alone -------------------------------------------------------------------
+run one --problems beale --optimizers lion --lrs 0.001 --seeds 1 --steps 200 --data "$data" \
+    --out "$work/one" --progress lines
+grep '^beale,lion,0.001,1,' "$work/a/results.csv" >"$work/one.expect"
+tail -n +2 "$work/one/results.csv" >"$work/one.got"
+[[ -s $work/one.expect ]] || fail "the suite has no beale/lion/0.001/seed 1 rows"
+cmp -s "$work/one.expect" "$work/one.got" || fail "the cell alone differs from its suite rows"
+echo "one cell alone: $(wc -l <"$work/one.got") rows, identical to the suite's"
+
+# ---- the plots --------------------------------------------------------------------------
+for p in rosenbrock2 beale logreg; do
+    png=$work/a/plots/$p.png
+    if [[ ! -s $png ]]; then
+        fail "no plot $png"
+        continue
+    fi
+    magic=$(head -c 16 "$png" | od -An -tx1 | tr -d ' \n')
+    [[ $magic == 89504e470d0a1a0a0000000d49484452 ]] || fail "$png is not a PNG ($magic)"
+    curves=$(grep -c "index [0-9]* using" "$work/a/plots/$p.gp")
+    echo "plot $p.png: $(stat -c %s "$png") bytes, $curves curves"
+    [[ $curves == 3 ]] || fail "$p.gp draws $curves curves, not one per optimizer (3)"
+done
+
+# ---- bad options: a message, exit 2, no result files -------------------------------------
+bad() { # bad <expected message> <options...>
+    local want=$1
+    shift
+    rm -rf "$work/bad"
+    "$nabla" bench "$@" >"$work/bad.out" 2>"$work/bad.err"
+    local rc=$?
+    [[ $rc == 2 ]] || fail "bench $* exited $rc, not 2"
+    grep -q -- "$want" "$work/bad.err" || fail "bench $*: no '$want' in: $(cat "$work/bad.err")"
+    [[ -e $work/bad/results.csv || -e $work/bad/summary.json ]] && fail "bench $* left results"
+    echo "bad options ($*): $(head -n 1 "$work/bad.err")"
+}
+bad "unknown optimizer 'adamx'" --optimizers adam,adamx --out "$work/bad"
+bad "unknown problem 'rosenbrock3'" --problems rosenbrock3 --out "$work/bad"
+bad "--steps wants an integer" --steps -5 --out "$work/bad"
+bad "--steps wants an integer" --steps 0 --out "$work/bad"
+bad "--lrs" --lrs 0.1:0.01:x --out "$work/bad"
+bad "--lrs wants a number" --lrs -1 --out "$work/bad"
+bad "unknown option '--frobnicate'" --frobnicate --out "$work/bad"
+bad "cannot create the output directory" "${suite[@]}" --out /dev/null/bench
+bad "cannot be set up" --problems logreg --data "$work/no-such-dir" --out "$work/bad"
+[[ -e $work/bad ]] && fail "a missing data directory still created --out"
+bad "holds no run to continue" "${suite[@]}" --out "$work/bad" --resume
+bad "already holds a run" "${suite[@]}" --out "$work/a"
+bad "was made with other options" "${suite[@]}" --steps 100 --out "$work/a" --resume
+cmp -s "$work/a/results.csv" "$work/b/results.csv" || fail "a refused run changed results.csv"
+
+if [[ $fails -gt 0 ]]; then
+    echo "test_bench: $fails failure(s)"
+    exit 1
+fi
+echo "test_bench: all checks passed"

@@ -1,0 +1,1810 @@
+/*
+ * bench.c -- `nabla bench`: a reproducible optimizer benchmark suite.
+ *
+ * The suite is every cell (problem, optimizer, learning rate, seed) of the problems in
+ * bench_problems.c, the optimizers of nabla/optim.h, a small log-spaced learning-rate grid
+ * per optimizer and a list of seeds. A cell runs `steps` full-batch steps of one jitted,
+ * donated function (value_and_grad of the loss, the optimizer's update, apply_updates) and
+ * logs the loss (and, for classifiers, the test accuracy) every `log_every` steps.
+ *
+ * Reproducible means the same bytes:
+ *   - a cell's randomness is one Threefry key, fold_in(key(seed), fnv1a(problem)): every
+ *     optimizer and learning rate starts from the same point on the same data (a fair
+ *     comparison), and a cell run alone gives what it gives inside the suite;
+ *   - each cell runs in a context of its own, and nabla's kernels give the same bits for any
+ *     thread count, so --threads (kernel threads) and --jobs (cells at once) change nothing;
+ *   - a finished cell is written atomically to <out>/cells/, and everything else
+ *     (results.csv, summary.json, summary.md, the plots) is made from those files in a fixed
+ *     order: an interrupted run continued with --resume ends with the same bytes;
+ *   - numbers are printed so that they read back exactly (%.9g for f32, %.17g for f64), with
+ *     no times or dates in the results.
+ * The SHA-256 of results.csv is printed last.
+ */
+#define _POSIX_C_SOURCE 200809L
+
+#include "bench_problems.h"
+#include "cli.h"
+#include "commands.h"
+#include "sha256.h"
+
+#include <nabla/nabla.h>
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { BN_MAX_PROBLEMS = 32, BN_N_OPTIMS = 9, BN_MAX_LRS = 16, BN_MAX_SEEDS = 64 };
+
+/* ---- the optimizers and their default learning-rate grids ------------------------------- */
+
+typedef struct bn_optim {
+    const char *name, *title;
+    double lo, hi; /* the default grid: lo .. hi, log-spaced */
+    int n;
+    const char *color; /* its curve in every plot; variants of one method share a colour */
+    int dash;          /* and differ in dash type */
+} bn_optim;
+
+/* Optax's defaults for everything but the learning rate (nabla/optim.h lists them). */
+static const bn_optim bn_optims[BN_N_OPTIMS] = {
+    {"sgd", "SGD", 1e-4, 1e-1, 4, "#1f77b4", 1},
+    {"momentum", "SGD, momentum 0.9", 1e-4, 1e-1, 4, "#ff7f0e", 1},
+    {"nesterov", "SGD, Nesterov 0.9", 1e-4, 1e-1, 4, "#ff7f0e", 2},
+    {"adam", "Adam", 1e-4, 1e-1, 4, "#d62728", 1},
+    {"adamw", "AdamW (decay 1e-4)", 1e-4, 1e-1, 4, "#d62728", 2},
+    {"rmsprop", "RMSprop", 1e-4, 1e-1, 4, "#2ca02c", 1},
+    {"adagrad", "Adagrad", 1e-3, 1.0, 4, "#8c564b", 1},
+    {"lion", "Lion (decay 1e-3)", 1e-4, 1e-1, 4, "#9467bd", 1},
+    {"lamb", "LAMB", 1e-4, 1e-1, 4, "#17becf", 1},
+};
+
+static nb_status bn_make_optim(nb_ctx *ctx, int k, double lr, nb_tree **out) {
+    nb_optim_opts o = nb_optim_opts_default();
+    switch (k) {
+    case 0:
+        return nb_optim_sgd(ctx, lr, NULL, out);
+    case 1:
+    case 2:
+        o.momentum = 0.9;
+        o.nesterov = k == 2;
+        return nb_optim_sgd(ctx, lr, &o, out);
+    case 3:
+        return nb_optim_adam(ctx, lr, NULL, out);
+    case 4:
+        return nb_optim_adamw(ctx, lr, NULL, out);
+    case 5:
+        return nb_optim_rmsprop(ctx, lr, NULL, out);
+    case 6:
+        return nb_optim_adagrad(ctx, lr, NULL, out);
+    case 7:
+        return nb_optim_lion(ctx, lr, NULL, out);
+    default:
+        return nb_optim_lamb(ctx, lr, NULL, out);
+    }
+}
+
+/* ---- text buffers and files ------------------------------------------------------------ */
+
+typedef struct bn_buf {
+    char *s;
+    size_t len, cap;
+    bool oom;
+} bn_buf;
+
+static void bn_printf(bn_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void bn_printf(bn_buf *b, const char *fmt, ...) {
+    if (b->oom) {
+        return;
+    }
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->s != NULL ? b->s + b->len : NULL, b->s != NULL ? b->cap - b->len : 0,
+                          fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = true;
+            return;
+        }
+        if (b->s != NULL && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap < 4096 ? 4096 : b->cap;
+        while (cap <= b->len + (size_t)n) {
+            cap *= 2;
+        }
+        char *s = realloc(b->s, cap);
+        if (s == NULL) {
+            b->oom = true;
+            return;
+        }
+        b->s = s;
+        b->cap = cap;
+    }
+}
+
+static void bn_buf_free(bn_buf *b) {
+    free(b->s);
+    memset(b, 0, sizeof *b);
+}
+
+/* A number as it goes into the results: exact for its dtype, "nan"/"inf"/"-inf" spelled
+ * one way. */
+static void bn_num(bn_buf *b, double v, bool f64) {
+    if (isnan(v)) {
+        bn_printf(b, "nan");
+    } else if (isinf(v)) {
+        bn_printf(b, v > 0 ? "inf" : "-inf");
+    } else {
+        bn_printf(b, f64 ? "%.17g" : "%.9g", v);
+    }
+}
+
+/* JSON has no inf or nan: null. */
+static void bn_json_num(bn_buf *b, double v) {
+    if (isfinite(v)) {
+        bn_printf(b, "%.17g", v);
+    } else {
+        bn_printf(b, "null");
+    }
+}
+
+/* snprintf for paths and messages that may be cut short (vsnprintf: no truncation
+ * warnings for what is bounded by design; --out is limited to 1024 bytes). */
+static void bn_fmt(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void bn_fmt(char *buf, size_t cap, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, cap, fmt, ap);
+    va_end(ap);
+}
+
+static int bn_fsync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (fd < 0) {
+        return -1;
+    }
+    int rc = fsync(fd);
+    close(fd);
+    return rc;
+}
+
+/* Write path atomically: a temporary file beside it, fsync, rename, fsync the directory.
+ * On failure nothing is left behind and errno says why. */
+static int bn_write_atomic(const char *dir, const char *name, const char *text, size_t len) {
+    char path[4096], tmp[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    snprintf(tmp, sizeof tmp, "%s/.%s.XXXXXX", dir, name);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        return -1;
+    }
+    size_t done = 0;
+    while (done < len) {
+        ssize_t w = write(fd, text + done, len - done);
+        if (w < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            break;
+        }
+        done += (size_t)w;
+    }
+    int err = done == len && fchmod(fd, 0644) == 0 && fsync(fd) == 0 ? 0 : errno;
+    if (close(fd) != 0 && err == 0) {
+        err = errno;
+    }
+    if (err == 0 && rename(tmp, path) != 0) {
+        err = errno;
+    }
+    if (err != 0) {
+        unlink(tmp);
+        errno = err;
+        return -1;
+    }
+    bn_fsync_dir(dir);
+    return 0;
+}
+
+/* The whole file (NUL-terminated) or NULL. */
+static char *bn_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        return NULL;
+    }
+    bn_buf b = {0};
+    char chunk[8192];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
+        bn_printf(&b, "%.*s", (int)n, chunk);
+    }
+    bool bad = ferror(f) || b.oom;
+    fclose(f);
+    if (bad) {
+        bn_buf_free(&b);
+        return NULL;
+    }
+    if (b.s == NULL) {
+        b.s = calloc(1, 1);
+    }
+    if (len != NULL) {
+        *len = b.len;
+    }
+    return b.s;
+}
+
+/* ---- configuration --------------------------------------------------------------------- */
+
+typedef struct bn_cfg {
+    int problems[BN_MAX_PROBLEMS], n_problems; /* indices into bench_problems, ascending */
+    bool optim_on[BN_N_OPTIMS];
+    double lrs[BN_N_OPTIMS][BN_MAX_LRS]; /* ascending, each read back from its %.6g text */
+    int n_lrs[BN_N_OPTIMS];
+    uint64_t seeds[BN_MAX_SEEDS]; /* ascending, distinct */
+    int n_seeds;
+    int64_t steps, log_every;
+    int threads, jobs, progress;
+    const char *out, *data;
+    bool resume, overwrite, plots;
+} bn_cfg;
+
+static void bn_usage(FILE *f) {
+    fprintf(f, "usage: nabla bench [options]\n\n"
+               "Run a reproducible optimizer benchmark: every problem x optimizer x learning\n"
+               "rate x seed for a number of full-batch steps. Writes results.csv (every logged\n"
+               "step), summary.json and summary.md (per problem and optimizer: the best\n"
+               "learning rate, the final loss mean +- std over seeds, the steps to the\n"
+               "problem's target loss) and plots/<problem>.png (loss against step, the best\n"
+               "learning rate of each optimizer, mean over seeds; drawn by gnuplot) into the\n"
+               "output directory, prints the summary table, and last the SHA-256 of\n"
+               "results.csv: the same options give the same bytes on every run, for any\n"
+               "--threads and --jobs, and after an interrupted run is resumed.\n\n"
+               "options:\n"
+               "  --problems LIST    comma-separated (default: all):\n");
+    for (int i = 0; i < bench_n_problems; i++) {
+        fprintf(f, "                       %-15s %s\n", bench_problems[i].name,
+                bench_problems[i].title);
+    }
+    fprintf(f, "  --optimizers LIST  comma-separated (default: all); with their default\n"
+               "                     learning-rate grids (Optax's defaults otherwise):\n");
+    for (int k = 0; k < BN_N_OPTIMS; k++) {
+        fprintf(f, "                       %-9s %-20s %g .. %g, %d values\n", bn_optims[k].name,
+                bn_optims[k].title, bn_optims[k].lo, bn_optims[k].hi, bn_optims[k].n);
+    }
+    fprintf(f, "  --lrs GRID         the learning rates of every optimizer: a comma-separated\n"
+               "                     list (0.001,0.01) or LO:HI:N, N values log-spaced from LO\n"
+               "                     to HI; each rounded to 6 significant digits\n"
+               "  --lr NAME=GRID     the same for one optimizer (may be repeated; wins over\n"
+               "                     --lrs)\n"
+               "  --seeds LIST       comma-separated seeds (default 0,1)\n"
+               "  --steps N          optimizer steps per cell (default 1000)\n"
+               "  --log-every N      log loss and accuracy every N steps (default steps/50; the\n"
+               "                     first and the last step are always logged)\n"
+               "  --out DIR          the output directory (default bench-results)\n"
+               "  --data DIR         the UCI data sets (default data)\n"
+               "  --resume           continue the run in --out with the same options: finished\n"
+               "                     cells are kept, the rest are run\n"
+               "  --overwrite        start again in an --out that holds a run\n"
+               "  --no-plots         do not draw the plots\n"
+               "  --threads N        kernel threads per cell, 0 = all cores (default 1)\n"
+               "  --jobs N           cells run at once, each on its own thread (default 1)\n"
+               "  --progress MODE    bar, lines or auto (bar on a terminal; default auto)\n"
+               "\n"
+               "A single cell alone: --problems P --optimizers O --lrs LR --seeds S (with the\n"
+               "suite's --steps) gives the rows it has in the full suite, bit for bit.\n");
+}
+
+static int bn_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int bn_err(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "nabla bench: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return 2;
+}
+
+/* Comma-separated items; calls item() on each (non-empty) one. */
+static int bn_split(const char *s, const char *opt, void *ud,
+                    int (*item)(void *ud, const char *opt, const char *tok)) {
+    char tok[256];
+    const char *p = s;
+    if (*s == '\0') {
+        return bn_err("%s wants a comma-separated list, got ''", opt);
+    }
+    for (;;) {
+        const char *c = strchr(p, ',');
+        size_t n = c != NULL ? (size_t)(c - p) : strlen(p);
+        if (n == 0 || n >= sizeof tok) {
+            return bn_err("%s: an empty or overlong item in '%s'", opt, s);
+        }
+        memcpy(tok, p, n);
+        tok[n] = '\0';
+        int rc = item(ud, opt, tok);
+        if (rc != 0) {
+            return rc;
+        }
+        if (c == NULL) {
+            return 0;
+        }
+        p = c + 1;
+    }
+}
+
+static int bn_problem_item(void *ud, const char *opt, const char *tok) {
+    bool *on = ud;
+    const bench_problem *p = bench_problem_find(tok);
+    if (p == NULL) {
+        fprintf(stderr, "nabla bench: %s: unknown problem '%s'; the problems are:", opt, tok);
+        for (int i = 0; i < bench_n_problems; i++) {
+            fprintf(stderr, " %s", bench_problems[i].name);
+        }
+        fprintf(stderr, "\n");
+        return 2;
+    }
+    on[p - bench_problems] = true;
+    return 0;
+}
+
+static int bn_optim_index(const char *name) {
+    for (int k = 0; k < BN_N_OPTIMS; k++) {
+        if (strcmp(name, bn_optims[k].name) == 0) {
+            return k;
+        }
+    }
+    return -1;
+}
+
+static int bn_unknown_optim(const char *opt, const char *name) {
+    fprintf(stderr, "nabla bench: %s: unknown optimizer '%s'; the optimizers are:", opt, name);
+    for (int k = 0; k < BN_N_OPTIMS; k++) {
+        fprintf(stderr, " %s", bn_optims[k].name);
+    }
+    fprintf(stderr, "\n");
+    return 2;
+}
+
+static int bn_optim_item(void *ud, const char *opt, const char *tok) {
+    bool *on = ud;
+    int k = bn_optim_index(tok);
+    if (k < 0) {
+        return bn_unknown_optim(opt, tok);
+    }
+    on[k] = true;
+    return 0;
+}
+
+typedef struct bn_seed_list {
+    uint64_t *v;
+    int n;
+} bn_seed_list;
+
+static int bn_seed_item(void *ud, const char *opt, const char *tok) {
+    bn_seed_list *l = ud;
+    int64_t v = 0;
+    int rc = cli_i64("bench", opt, tok, 0, INT64_MAX, &v);
+    if (rc != 0) {
+        return rc;
+    }
+    for (int i = 0; i < l->n; i++) {
+        if (l->v[i] == (uint64_t)v) {
+            return 0; /* a repeat */
+        }
+    }
+    if (l->n == BN_MAX_SEEDS) {
+        return bn_err("%s: at most %d seeds", opt, BN_MAX_SEEDS);
+    }
+    l->v[l->n++] = (uint64_t)v;
+    return 0;
+}
+
+/* A learning rate as the results show it and as it is used: the double read back from its
+ * %.6g text, so that a value copied from results.csv names the same cell. */
+static double bn_lr_round(double lr) {
+    char s[32];
+    snprintf(s, sizeof s, "%.6g", lr);
+    return strtod(s, NULL);
+}
+
+typedef struct bn_lr_list {
+    double *v;
+    int n;
+} bn_lr_list;
+
+static int bn_lr_add(bn_lr_list *l, const char *opt, double lr) {
+    lr = bn_lr_round(lr);
+    for (int i = 0; i < l->n; i++) {
+        if (l->v[i] == lr) {
+            return 0;
+        }
+    }
+    if (l->n == BN_MAX_LRS) {
+        return bn_err("%s: at most %d learning rates per optimizer", opt, BN_MAX_LRS);
+    }
+    l->v[l->n++] = lr;
+    return 0;
+}
+
+static int bn_lr_item(void *ud, const char *opt, const char *tok) {
+    double v = 0;
+    int rc = cli_f64("bench", opt, tok, 0.0, 1e3, true, true, &v);
+    return rc != 0 ? rc : bn_lr_add(ud, opt, v);
+}
+
+static int bn_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int bn_cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* GRID: a list, or LO:HI:N. */
+static int bn_parse_grid(const char *opt, const char *s, double out[BN_MAX_LRS], int *n) {
+    bn_lr_list l = {out, 0};
+    if (strchr(s, ':') != NULL) {
+        char lo_s[64], hi_s[64], n_s[64];
+        const char *c1 = strchr(s, ':'), *c2 = strchr(c1 + 1, ':');
+        if (c2 == NULL || strchr(c2 + 1, ':') != NULL || (size_t)(c1 - s) >= sizeof lo_s ||
+            (size_t)(c2 - c1 - 1) >= sizeof hi_s || strlen(c2 + 1) >= sizeof n_s) {
+            return bn_err("%s wants LO:HI:N (e.g. 1e-4:1e-1:4) or a list, got '%s'", opt, s);
+        }
+        snprintf(lo_s, sizeof lo_s, "%.*s", (int)(c1 - s), s);
+        snprintf(hi_s, sizeof hi_s, "%.*s", (int)(c2 - c1 - 1), c1 + 1);
+        snprintf(n_s, sizeof n_s, "%s", c2 + 1);
+        double lo = 0, hi = 0;
+        int64_t count = 0;
+        int rc = cli_f64("bench", opt, lo_s, 0.0, 1e3, true, true, &lo);
+        if (rc == 0) {
+            rc = cli_f64("bench", opt, hi_s, 0.0, 1e3, true, true, &hi);
+        }
+        if (rc == 0) {
+            rc = cli_i64("bench", opt, n_s, 1, BN_MAX_LRS, &count);
+        }
+        if (rc != 0) {
+            return rc;
+        }
+        if (hi < lo || (count == 1 && hi != lo)) {
+            return bn_err("%s: '%s' wants LO <= HI, and LO = HI when N is 1", opt, s);
+        }
+        for (int64_t i = 0; i < count && rc == 0; i++) {
+            double t = count == 1 ? 0.0 : (double)i / (double)(count - 1);
+            rc = bn_lr_add(&l, opt, lo * pow(hi / lo, t));
+        }
+        if (rc != 0) {
+            return rc;
+        }
+    } else {
+        int rc = bn_split(s, opt, &l, bn_lr_item);
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    qsort(out, (size_t)l.n, sizeof *out, bn_cmp_double);
+    *n = l.n;
+    return 0;
+}
+
+/* 0: go on; -1: --help shown; 2: bad usage (message printed). */
+static int bn_parse_args(int argc, char **argv, bn_cfg *c) {
+    memset(c, 0, sizeof *c);
+    c->steps = 1000;
+    c->log_every = 0; /* steps / 50 */
+    c->threads = 1;
+    c->jobs = 1;
+    c->progress = -1;
+    c->out = "bench-results";
+    c->data = "data";
+    c->plots = true;
+    bool prob_on[BN_MAX_PROBLEMS] = {0}, any_prob = false, any_optim = false;
+    bool lr_set[BN_N_OPTIMS] = {0};
+    double all_lrs[BN_MAX_LRS];
+    int n_all = 0;
+    bn_seed_list seeds = {c->seeds, 0};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        int rc = 0;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            bn_usage(stdout);
+            return -1;
+        }
+        if (strcmp(a, "--resume") == 0) {
+            c->resume = true;
+            continue;
+        }
+        if (strcmp(a, "--overwrite") == 0) {
+            c->overwrite = true;
+            continue;
+        }
+        if (strcmp(a, "--no-plots") == 0) {
+            c->plots = false;
+            continue;
+        }
+        static const char *const with_value[] = {
+            "--problems",  "--optimizers", "--lrs",  "--lr",   "--seeds",   "--steps",
+            "--log-every", "--out",        "--data", "--jobs", "--threads", "--progress"};
+        bool known = false;
+        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
+            known = known || strcmp(a, with_value[k]) == 0;
+        }
+        if (!known) {
+            bn_err("unknown option '%s' (nabla bench --help lists them)", a);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            bn_err("%s wants a value", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        int64_t n = 0;
+        if (strcmp(a, "--problems") == 0) { /* the last one counts */
+            memset(prob_on, 0, sizeof prob_on);
+            rc = bn_split(v, a, prob_on, bn_problem_item);
+            any_prob = true;
+        } else if (strcmp(a, "--optimizers") == 0) {
+            memset(c->optim_on, 0, sizeof c->optim_on);
+            rc = bn_split(v, a, c->optim_on, bn_optim_item);
+            any_optim = true;
+        } else if (strcmp(a, "--lrs") == 0) {
+            rc = bn_parse_grid(a, v, all_lrs, &n_all);
+        } else if (strcmp(a, "--lr") == 0) {
+            const char *eq = strchr(v, '=');
+            char name[64];
+            if (eq == NULL || (size_t)(eq - v) >= sizeof name) {
+                rc = bn_err("--lr wants NAME=GRID (e.g. adam=1e-4:1e-2:3), got '%s'", v);
+            } else {
+                snprintf(name, sizeof name, "%.*s", (int)(eq - v), v);
+                int k = bn_optim_index(name);
+                if (k < 0) {
+                    rc = bn_unknown_optim(a, name);
+                } else {
+                    rc = bn_parse_grid(a, eq + 1, c->lrs[k], &c->n_lrs[k]);
+                    lr_set[k] = true;
+                }
+            }
+        } else if (strcmp(a, "--seeds") == 0) {
+            seeds.n = 0;
+            rc = bn_split(v, a, &seeds, bn_seed_item);
+        } else if (strcmp(a, "--steps") == 0) {
+            rc = cli_i64("bench", a, v, 1, INT64_C(100000000), &c->steps);
+        } else if (strcmp(a, "--log-every") == 0) {
+            rc = cli_i64("bench", a, v, 1, INT64_C(100000000), &c->log_every);
+        } else if (strcmp(a, "--out") == 0) {
+            c->out = v;
+            if (*v == '\0' || strlen(v) > 1024) {
+                rc = bn_err("--out wants a directory path of 1 to 1024 bytes");
+            }
+        } else if (strcmp(a, "--data") == 0) {
+            c->data = v;
+            if (*v == '\0' || strlen(v) > 1024) {
+                rc = bn_err("--data wants a directory path of 1 to 1024 bytes");
+            }
+        } else if (strcmp(a, "--jobs") == 0) {
+            rc = cli_i64("bench", a, v, 1, 256, &n);
+            c->jobs = (int)n;
+        } else if (strcmp(a, "--threads") == 0) {
+            rc = cli_i64("bench", a, v, 0, 256, &n);
+            c->threads = (int)n;
+        } else {
+            rc = cli_progress_mode("bench", v, &c->progress);
+        }
+        if (rc != 0) {
+            return rc;
+        }
+    }
+    if (c->resume && c->overwrite) {
+        return bn_err("--resume and --overwrite exclude each other");
+    }
+    for (int i = 0; i < bench_n_problems && i < BN_MAX_PROBLEMS; i++) {
+        if (!any_prob || prob_on[i]) {
+            c->problems[c->n_problems++] = i;
+        }
+    }
+    for (int k = 0; k < BN_N_OPTIMS; k++) {
+        c->optim_on[k] = !any_optim || c->optim_on[k];
+        if (lr_set[k]) {
+            continue;
+        }
+        if (n_all > 0) {
+            memcpy(c->lrs[k], all_lrs, (size_t)n_all * sizeof all_lrs[0]);
+            c->n_lrs[k] = n_all;
+        } else {
+            char grid[96];
+            snprintf(grid, sizeof grid, "%.17g:%.17g:%d", bn_optims[k].lo, bn_optims[k].hi,
+                     bn_optims[k].n);
+            int rc = bn_parse_grid("--lrs", grid, c->lrs[k], &c->n_lrs[k]);
+            if (rc != 0) {
+                return rc;
+            }
+        }
+    }
+    if (seeds.n == 0) {
+        c->seeds[0] = 0;
+        c->seeds[1] = 1;
+        seeds.n = 2;
+    }
+    c->n_seeds = seeds.n;
+    qsort(c->seeds, (size_t)c->n_seeds, sizeof c->seeds[0], bn_cmp_u64);
+    if (c->log_every == 0) {
+        c->log_every = c->steps / 50 > 0 ? c->steps / 50 : 1;
+    }
+    return 0;
+}
+
+/* The options that decide the results, one per line: run.cfg in the output directory.
+ * --resume continues a run only when they are the same. */
+static void bn_cfg_text(const bn_cfg *c, bn_buf *b) {
+    bn_printf(b, "nabla bench run, format 1\nproblems =");
+    for (int i = 0; i < c->n_problems; i++) {
+        bn_printf(b, " %s", bench_problems[c->problems[i]].name);
+    }
+    bn_printf(b, "\n");
+    for (int k = 0; k < BN_N_OPTIMS; k++) {
+        if (!c->optim_on[k]) {
+            continue;
+        }
+        bn_printf(b, "optimizer %s, learning rates =", bn_optims[k].name);
+        for (int l = 0; l < c->n_lrs[k]; l++) {
+            bn_printf(b, " %.6g", c->lrs[k][l]);
+        }
+        bn_printf(b, "\n");
+    }
+    bn_printf(b, "seeds =");
+    for (int s = 0; s < c->n_seeds; s++) {
+        bn_printf(b, " %" PRIu64, c->seeds[s]);
+    }
+    bn_printf(b, "\nsteps = %" PRId64 "\nlog every = %" PRId64 "\n", c->steps, c->log_every);
+}
+
+/* ---- cells ----------------------------------------------------------------------------- */
+
+typedef struct bn_row {
+    int64_t step;
+    double loss, acc; /* acc NaN when the problem has none */
+} bn_row;
+
+typedef struct bn_cell {
+    int p, o;  /* problem (index into bench_problems), optimizer */
+    int l;     /* learning rate (index into the optimizer's grid) */
+    double lr; /* its value */
+    char lr_s[32];
+    uint64_t seed;
+    char file[256]; /* under <out>/cells */
+    /* the outcome */
+    bool done;
+    bn_row *rows;
+    int64_t n_rows;
+    int64_t reached; /* the first step whose loss is <= the target; -1: never */
+    bool diverged;   /* stopped at a non-finite loss */
+    bool f64;        /* the loss's dtype */
+    char *text;      /* the cell's results.csv lines */
+    size_t text_len;
+    double secs;
+} bn_cell;
+
+static uint32_t bn_fnv1a(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s; s++) {
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    }
+    return h;
+}
+
+/* results.csv's line for one row. */
+static void bn_row_text(bn_buf *b, const bn_cell *c, const bn_row *r) {
+    const bench_problem *p = &bench_problems[c->p];
+    bn_printf(b, "%s,%s,%s,%" PRIu64 ",%" PRId64 ",", p->name, bn_optims[c->o].name, c->lr_s,
+              c->seed, r->step);
+    bn_num(b, r->loss, c->f64);
+    bn_printf(b, ",");
+    if (p->has_accuracy) {
+        bn_printf(b, "%.6f", r->acc);
+    }
+    bn_printf(b, "\n");
+}
+
+/* The cell file's first line: who it is and how it ended. */
+static void bn_cell_head(bn_buf *b, const bn_cell *c, const bn_cfg *cfg) {
+    bn_printf(
+        b, "# cell %s %s lr %s seed %" PRIu64 " steps %" PRId64 " log_every %" PRId64 " dtype %s",
+        bench_problems[c->p].name, bn_optims[c->o].name, c->lr_s, c->seed, cfg->steps,
+        cfg->log_every, c->f64 ? "f64" : "f32");
+}
+
+static bool bn_row_add(bn_cell *c, int64_t *cap, int64_t step, double loss, double acc) {
+    if (c->n_rows == *cap) {
+        int64_t nc = *cap < 16 ? 16 : 2 * *cap;
+        bn_row *r = realloc(c->rows, (size_t)nc * sizeof *r);
+        if (r == NULL) {
+            return false;
+        }
+        c->rows = r;
+        *cap = nc;
+    }
+    c->rows[c->n_rows++] = (bn_row){step, loss, acc};
+    return true;
+}
+
+/* ---- running one cell -------------------------------------------------------------------- */
+
+/* loss(params, data); self = the problem's index (an int leaf). */
+static nb_status bn_loss_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    int64_t pi = 0;
+    nb_tree_get_int(self, &pi);
+    const bench_problem *p = &bench_problems[pi];
+    return nb_return(p->loss(tr, nb_tree_child(args, 0), nb_tree_child(args, 1)), out);
+}
+
+/* eval(params, data) -> (loss, accuracy) or (loss,); self = the problem's index. */
+static nb_status bn_eval_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    int64_t pi = 0;
+    nb_tree_get_int(self, &pi);
+    const bench_problem *p = &bench_problems[pi];
+    const nb_tree *params = nb_tree_child(args, 0), *data = nb_tree_child(args, 1);
+    nb_var *loss = p->loss(tr, params, data);
+    nb_var *acc = p->has_accuracy ? p->accuracy(tr, params, data) : NULL;
+    if (nb_trace_status(tr) != NB_OK) {
+        return nb_trace_status(tr);
+    }
+    return nb_tree_tuple(nb_trace_ctx(tr), p->has_accuracy ? 2 : 1,
+                         (nb_tree *[]){nb_leaf(loss), nb_leaf(acc)}, out);
+}
+
+/* step(params, state, data) -> (params, state, loss); self = dict(opt, problem). */
+static nb_status bn_step_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
+    nb_fn *loss = NULL, *vg = NULL;
+    nb_tree *largs = NULL;
+    nb_status st =
+        nb_fn_create(ctx, "bench_loss", bn_loss_body, nb_tree_get(self, "problem"), &loss);
+    if (st == NB_OK) {
+        nb_grad_opts go = nb_grad_opts_default();
+        st = nb_value_and_grad(loss, &go, &vg);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(
+            ctx, 2, (nb_tree *[]){(nb_tree *)params, (nb_tree *)nb_tree_child(args, 2)}, &largs);
+    }
+    const nb_tree *res = st == NB_OK ? nb_apply(tr, vg, largs) : NULL; /* (loss, grads) */
+    nb_tree_destroy(largs);
+    nb_fn_destroy(vg);
+    nb_fn_destroy(loss);
+    if (res == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    const nb_tree *updates = NULL, *new_state = NULL;
+    st = nb_optim_update(tr, nb_tree_get(self, "opt"), nb_tree_child(res, 1), state, params,
+                         &updates, &new_state);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_tree *new_params = nb_apply_updates(tr, params, updates);
+    if (new_params == NULL) {
+        return nb_trace_status(tr);
+    }
+    return nb_tree_tuple(ctx, 3,
+                         (nb_tree *[]){(nb_tree *)new_params, (nb_tree *)new_state,
+                                       (nb_tree *)nb_tree_child(res, 0)},
+                         out);
+}
+
+static double bn_scalar(const nb_tree *t, bool *f64) {
+    const nb_array *a = nb_tree_get_array(t);
+    double v = NAN;
+    if (a == NULL || nb_array_get_flat(a, 0, &v) != NB_OK) {
+        return NAN;
+    }
+    if (f64 != NULL) {
+        *f64 = nb_array_dtype(a) == NB_DTYPE_F64;
+    }
+    return v;
+}
+
+/* Progress shared by the workers. */
+typedef struct bn_shared {
+    pthread_mutex_t mu;
+    cli_progress prog;
+    int64_t steps_done;
+    int cells_done, cells_total;
+} bn_shared;
+
+static void bn_progress_steps(bn_shared *sh, const bn_cell *c, int64_t steps) {
+    if (sh == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&sh->mu);
+    sh->steps_done += steps;
+    cli_progress_update(&sh->prog, sh->steps_done, "cell %d/%d  %s %s lr %s seed %" PRIu64,
+                        sh->cells_done + 1, sh->cells_total, bench_problems[c->p].name,
+                        bn_optims[c->o].name, c->lr_s, c->seed);
+    pthread_mutex_unlock(&sh->mu);
+}
+
+#define BN_CHECK(expr)                                                                             \
+    do {                                                                                           \
+        st = (expr);                                                                               \
+        if (st != NB_OK) {                                                                         \
+            snprintf(err, err_cap, "%s %s lr %s seed %" PRIu64 ": %s failed: %s\n  %s",            \
+                     bench_problems[c->p].name, bn_optims[c->o].name, c->lr_s, c->seed, #expr,     \
+                     nb_status_name(st), nb_ctx_errmsg(ctx));                                      \
+            goto done;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+/* The cell's key: fold_in(key(seed), fnv1a(problem name)). */
+static nb_status bn_cell_key(nb_ctx *ctx, const bn_cell *c, nb_array **out) {
+    nb_array *k0 = NULL;
+    nb_status st = nb_random_key(ctx, c->seed, &k0);
+    if (st == NB_OK) {
+        st = nb_random_fold_in(k0, bn_fnv1a(bench_problems[c->p].name), out);
+    }
+    nb_array_destroy(k0);
+    return st;
+}
+
+/* Run cell c: its rows, reached, diverged. Returns 0, or 1 with err set. */
+static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, size_t err_cap) {
+    const bench_problem *p = &bench_problems[c->p];
+    nb_ctx_opts co = nb_ctx_opts_default();
+    co.n_threads = cfg->threads;
+    nb_ctx *ctx = NULL;
+    if (nb_ctx_create(&co, &ctx) != NB_OK) {
+        snprintf(err, err_cap, "cannot create a context");
+        return 1;
+    }
+    double t0 = cli_now_s();
+    nb_status st = NB_OK;
+    int rc = 1;
+    int64_t cap = 0, logged_steps = 0;
+    nb_array *key = NULL;
+    nb_tree *params = NULL, *data = NULL, *opt = NULL, *tmpl = NULL, *state = NULL, *pidx = NULL,
+            *self = NULL, *donate = NULL, *t_true = NULL, *t_false = NULL;
+    nb_fn *step = NULL, *step_jit = NULL, *eval = NULL, *eval_jit = NULL;
+    c->n_rows = 0;
+    c->reached = -1;
+    c->diverged = false;
+    c->f64 = false;
+    BN_CHECK(bn_cell_key(ctx, c, &key));
+    BN_CHECK(p->setup(ctx, cfg->data, key, &params, &data));
+    BN_CHECK(bn_make_optim(ctx, c->o, c->lr, &opt));
+    BN_CHECK(nb_grad_template(params, NULL, &tmpl));
+    BN_CHECK(nb_optim_init(opt, tmpl, &state));
+    BN_CHECK(nb_tree_int(ctx, c->p, &pidx));
+    BN_CHECK(
+        nb_tree_dict(ctx, 2, (const char *[]){"opt", "problem"}, (nb_tree *[]){opt, pidx}, &self));
+    BN_CHECK(nb_fn_create(ctx, "bench_step", bn_step_body, self, &step));
+    nb_jit_opts jo = nb_jit_opts_default();
+    jo.max_traces = 1; /* a retrace would be a bug */
+    BN_CHECK(nb_jit(step, &jo, &step_jit));
+    BN_CHECK(nb_fn_create(ctx, "bench_eval", bn_eval_body, pidx, &eval));
+    BN_CHECK(nb_jit(eval, &jo, &eval_jit));
+    BN_CHECK(nb_tree_bool(ctx, true, &t_true));
+    BN_CHECK(nb_tree_bool(ctx, false, &t_false));
+    BN_CHECK(nb_tree_tuple(ctx, 3, (nb_tree *[]){t_true, t_true, t_false}, &donate));
+    nb_call_opts call = nb_call_opts_default();
+    call.donate = donate;
+    for (int64_t k = 0;; k++) {
+        bool last = k == cfg->steps;
+        if (last || k % cfg->log_every == 0) {
+            nb_tree *args = NULL, *res = NULL;
+            BN_CHECK(nb_tree_tuple(ctx, 2, (nb_tree *[]){params, data}, &args));
+            st = nb_fn_call(eval_jit, args, &res);
+            nb_tree_destroy(args);
+            BN_CHECK(st);
+            double loss = bn_scalar(nb_tree_child(res, 0), &c->f64);
+            double acc = p->has_accuracy ? bn_scalar(nb_tree_child(res, 1), NULL) : NAN;
+            nb_tree_destroy(res);
+            if (!bn_row_add(c, &cap, k, loss, acc)) {
+                snprintf(err, err_cap, "out of memory");
+                goto done;
+            }
+            if (last && c->reached < 0 && loss <= p->target) {
+                c->reached = k;
+            }
+            if (!isfinite(loss)) {
+                c->diverged = true;
+            }
+            bn_progress_steps(sh, c, k - logged_steps);
+            logged_steps = k;
+        }
+        if (last || c->diverged) {
+            break;
+        }
+        nb_tree *args = NULL, *res = NULL;
+        BN_CHECK(nb_tree_tuple(ctx, 3, (nb_tree *[]){params, state, data}, &args));
+        st = nb_fn_call_ex(step_jit, args, &call, &res);
+        nb_tree_destroy(args);
+        BN_CHECK(st);
+        nb_tree_destroy(params);
+        nb_tree_destroy(state);
+        params = nb_tree_retain((nb_tree *)nb_tree_child(res, 0));
+        state = nb_tree_retain((nb_tree *)nb_tree_child(res, 1));
+        double loss = bn_scalar(nb_tree_child(res, 2), NULL);
+        nb_tree_destroy(res);
+        if (c->reached < 0 && loss <= p->target) {
+            c->reached = k;
+        }
+        if (!isfinite(loss)) {
+            /* the loss at step k went non-finite: its row (the parameters that produced it
+             * were donated to the step, so no accuracy), and the cell stops */
+            if (c->n_rows > 0 && c->rows[c->n_rows - 1].step == k) {
+                c->rows[c->n_rows - 1].loss = loss;
+                c->rows[c->n_rows - 1].acc = NAN;
+            } else if (!bn_row_add(c, &cap, k, loss, NAN)) {
+                snprintf(err, err_cap, "out of memory");
+                goto done;
+            }
+            c->diverged = true;
+            break;
+        }
+    }
+    bn_progress_steps(sh, c, cfg->steps - logged_steps);
+    /* the rows as text */
+    bn_buf b = {0};
+    for (int64_t i = 0; i < c->n_rows; i++) {
+        bn_row_text(&b, c, &c->rows[i]);
+    }
+    if (b.oom) {
+        bn_buf_free(&b);
+        snprintf(err, err_cap, "out of memory");
+        goto done;
+    }
+    free(c->text);
+    c->text = b.s;
+    c->text_len = b.len;
+    c->done = true;
+    c->secs = cli_now_s() - t0;
+    rc = 0;
+done:
+    nb_fn_destroy(eval_jit);
+    nb_fn_destroy(eval);
+    nb_fn_destroy(step_jit);
+    nb_fn_destroy(step);
+    nb_tree *trees[] = {params, data, opt, tmpl, state, pidx, self, donate, t_true, t_false};
+    for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
+        nb_tree_destroy(trees[i]);
+    }
+    nb_array_destroy(key);
+    nb_ctx_destroy(ctx);
+    return rc;
+}
+
+/* ---- cell files -------------------------------------------------------------------------- */
+
+/* <out>/cells/<file>: the head line with the outcome, then the cell's results.csv lines. */
+static int bn_cell_save(const bn_cell *c, const bn_cfg *cfg, const char *dir, char *err,
+                        size_t err_cap) {
+    bn_buf b = {0};
+    bn_cell_head(&b, c, cfg);
+    bn_printf(&b, " reached %" PRId64 " diverged %d\n", c->reached, c->diverged ? 1 : 0);
+    bn_printf(&b, "%.*s", (int)c->text_len, c->text);
+    int rc = 0;
+    if (b.oom) {
+        snprintf(err, err_cap, "out of memory");
+        rc = 1;
+    } else if (bn_write_atomic(dir, c->file, b.s, b.len) != 0) {
+        bn_fmt(err, err_cap, "cannot write %s/%s: %s", dir, c->file, strerror(errno));
+        rc = 1;
+    }
+    bn_buf_free(&b);
+    return rc;
+}
+
+/* A finished cell from its file, when the file is whole and was made with these options.
+ * false: run it (again). */
+static bool bn_cell_load(bn_cell *c, const bn_cfg *cfg, const char *dir) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/%s", dir, c->file);
+    size_t len = 0;
+    char *s = bn_read_file(path, &len);
+    if (s == NULL) {
+        return false;
+    }
+    bool ok = false;
+    bn_buf head = {0}, again = {0};
+    char *nl = strchr(s, '\n');
+    for (int d = 0; d < 2 && nl != NULL && !ok; d++) {
+        c->f64 = d == 1;
+        head.len = 0;
+        bn_cell_head(&head, c, cfg);
+        if (head.oom || strncmp(s, head.s, head.len) != 0) {
+            continue;
+        }
+        long long reached = 0;
+        int diverged = 0, used = 0;
+        if (sscanf(s + head.len, " reached %lld diverged %d%n", &reached, &diverged, &used) != 2 ||
+            s + head.len + used != nl) {
+            break;
+        }
+        c->reached = reached;
+        c->diverged = diverged != 0;
+        /* the rows: read back, then printed again -- they must give the same text */
+        int64_t cap = 0;
+        c->n_rows = 0;
+        const char *line = nl + 1;
+        ok = true;
+        while (ok && *line != '\0') {
+            const char *end = strchr(line, '\n');
+            if (end == NULL) {
+                ok = false;
+                break;
+            }
+            const char *f = line;
+            for (int k = 0; k < 4 && f != NULL; k++) { /* problem, optimizer, lr, seed */
+                f = memchr(f, ',', (size_t)(end - f));
+                f = f != NULL ? f + 1 : NULL;
+            }
+            char *e = NULL;
+            long long step = f != NULL ? strtoll(f, &e, 10) : -1;
+            double loss = e != NULL && *e == ',' ? strtod(e + 1, &e) : NAN;
+            double acc = NAN;
+            if (e != NULL && *e == ',' && e + 1 < end) {
+                acc = strtod(e + 1, &e);
+            } else if (e != NULL && *e == ',') {
+                e++;
+            }
+            ok = f != NULL && e == end && step >= 0 && step <= cfg->steps &&
+                 (c->n_rows == 0 || step > c->rows[c->n_rows - 1].step) &&
+                 bn_row_add(c, &cap, step, loss, acc);
+            line = end + 1;
+        }
+        ok = ok && c->n_rows > 0 && (c->diverged || c->rows[c->n_rows - 1].step == cfg->steps);
+        if (ok) {
+            again.len = 0;
+            for (int64_t i = 0; i < c->n_rows; i++) {
+                bn_row_text(&again, c, &c->rows[i]);
+            }
+            ok = !again.oom && again.len == (size_t)(s + len - (nl + 1)) &&
+                 memcmp(again.s, nl + 1, again.len) == 0;
+        }
+    }
+    if (ok) {
+        free(c->text);
+        c->text = again.s;
+        c->text_len = again.len;
+        again.s = NULL;
+        c->done = true;
+    } else {
+        c->n_rows = 0;
+    }
+    bn_buf_free(&head);
+    bn_buf_free(&again);
+    free(s);
+    return ok;
+}
+
+/* ---- running the cells ----------------------------------------------------------------- */
+
+typedef struct bn_run {
+    const bn_cfg *cfg;
+    bn_cell *cells;
+    int *todo, n_todo, next;
+    bool failed;
+    char err[2048];
+    char cells_dir[4096];
+    bn_shared sh;
+    int kill_after; /* > 0: SIGKILL itself once that many cells are saved (for the tests) */
+} bn_run;
+
+static void *bn_worker(void *arg) {
+    bn_run *r = arg;
+    char err[2048];
+    for (;;) {
+        pthread_mutex_lock(&r->sh.mu);
+        if (r->failed || r->next == r->n_todo) {
+            pthread_mutex_unlock(&r->sh.mu);
+            break;
+        }
+        bn_cell *c = &r->cells[r->todo[r->next++]];
+        pthread_mutex_unlock(&r->sh.mu);
+        err[0] = '\0';
+        int rc = bn_run_cell(c, r->cfg, &r->sh, err, sizeof err);
+        if (rc == 0) {
+            rc = bn_cell_save(c, r->cfg, r->cells_dir, err, sizeof err);
+        }
+        pthread_mutex_lock(&r->sh.mu);
+        if (rc != 0) {
+            if (!r->failed) {
+                r->failed = true;
+                snprintf(r->err, sizeof r->err, "%s", err);
+            }
+        } else {
+            r->sh.cells_done++;
+            if (r->kill_after > 0 && r->sh.cells_done == r->kill_after) {
+                raise(SIGKILL); /* the test of --resume: a run killed between two cells */
+            }
+            if (!r->sh.prog.bar) {
+                const bn_row *last = &c->rows[c->n_rows - 1];
+                char reached[64] = "target not reached";
+                if (c->reached >= 0) {
+                    snprintf(reached, sizeof reached, "target at step %" PRId64, c->reached);
+                }
+                cli_progress_line(&r->sh.prog,
+                                  "  [%d/%d] %s %s lr %s seed %" PRIu64 ": loss %.4g%s, %s "
+                                  "(%.2f s)",
+                                  r->sh.cells_done, r->sh.cells_total, bench_problems[c->p].name,
+                                  bn_optims[c->o].name, c->lr_s, c->seed, last->loss,
+                                  c->diverged ? " (diverged)" : "", reached, c->secs);
+            }
+        }
+        pthread_mutex_unlock(&r->sh.mu);
+    }
+    return NULL;
+}
+
+/* ---- the summary ----------------------------------------------------------------------- */
+
+typedef struct bn_sum {
+    int best;                   /* the best learning rate's index; -1: every one diverged */
+    double mean, std, acc_mean; /* final loss over seeds at the best rate; accuracy */
+    int n_reached;              /* seeds that reached the target at the best rate */
+    double reached_mean;        /* their mean steps to it */
+    double lr_mean[BN_MAX_LRS]; /* mean final loss per rate (+inf: a seed diverged) */
+} bn_sum;
+
+static const bn_cell *bn_find(const bn_cell *cells, int n, int p, int o, int l, uint64_t seed) {
+    for (int i = 0; i < n; i++) {
+        if (cells[i].p == p && cells[i].o == o && cells[i].l == l && cells[i].seed == seed) {
+            return &cells[i];
+        }
+    }
+    return NULL;
+}
+
+static double bn_final(const bn_cell *c) {
+    double v = c->rows[c->n_rows - 1].loss;
+    return c->diverged || !isfinite(v) ? INFINITY : v;
+}
+
+static void bn_summarize(const bn_cfg *cfg, const bn_cell *cells, int n, int p, int o, bn_sum *s) {
+    memset(s, 0, sizeof *s);
+    s->best = -1;
+    double best = INFINITY;
+    for (int l = 0; l < cfg->n_lrs[o]; l++) {
+        double sum = 0;
+        for (int k = 0; k < cfg->n_seeds; k++) {
+            sum += bn_final(bn_find(cells, n, p, o, l, cfg->seeds[k]));
+        }
+        s->lr_mean[l] = sum / cfg->n_seeds;
+        if (s->lr_mean[l] < best) { /* ties: the smaller rate */
+            best = s->lr_mean[l];
+            s->best = l;
+        }
+    }
+    if (s->best < 0) {
+        s->mean = s->std = s->acc_mean = INFINITY;
+        return;
+    }
+    s->mean = best;
+    double ss = 0, acc = 0, steps = 0;
+    for (int k = 0; k < cfg->n_seeds; k++) {
+        const bn_cell *c = bn_find(cells, n, p, o, s->best, cfg->seeds[k]);
+        double d = bn_final(c) - best;
+        ss += d * d;
+        acc += c->rows[c->n_rows - 1].acc;
+        if (c->reached >= 0) {
+            s->n_reached++;
+            steps += (double)c->reached;
+        }
+    }
+    s->std = cfg->n_seeds > 1 ? sqrt(ss / (cfg->n_seeds - 1)) : 0.0;
+    s->acc_mean = acc / cfg->n_seeds;
+    s->reached_mean = s->n_reached > 0 ? steps / s->n_reached : NAN;
+}
+
+static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, int n, bn_buf *b) {
+    bn_printf(b,
+              "{\n  \"format\": \"nabla bench summary 1\",\n  \"steps\": %" PRId64
+              ",\n  \"log_every\": %" PRId64 ",\n  \"seeds\": [",
+              cfg->steps, cfg->log_every);
+    for (int k = 0; k < cfg->n_seeds; k++) {
+        bn_printf(b, "%s%" PRIu64, k ? ", " : "", cfg->seeds[k]);
+    }
+    bn_printf(b, "],\n  \"problems\": [");
+    for (int i = 0; i < cfg->n_problems; i++) {
+        const bench_problem *p = &bench_problems[cfg->problems[i]];
+        bn_printf(b, "%s\n    {\n      \"name\": \"%s\",\n      \"title\": \"%s\",\n", i ? "," : "",
+                  p->name, p->title);
+        bn_printf(b, "      \"target_loss\": ");
+        bn_json_num(b, p->target);
+        bn_printf(b, ",\n      \"optimizers\": [");
+        bool first = true;
+        for (int o = 0; o < BN_N_OPTIMS; o++) {
+            if (!cfg->optim_on[o]) {
+                continue;
+            }
+            bn_sum s;
+            bn_summarize(cfg, cells, n, cfg->problems[i], o, &s);
+            bn_printf(b, "%s\n        {\n          \"name\": \"%s\",\n          \"best_lr\": ",
+                      first ? "" : ",", bn_optims[o].name);
+            first = false;
+            if (s.best >= 0) {
+                bn_printf(b, "%.6g", cfg->lrs[o][s.best]);
+            } else {
+                bn_printf(b, "null");
+            }
+            bn_printf(b, ",\n          \"final_loss_mean\": ");
+            bn_json_num(b, s.mean);
+            bn_printf(b, ",\n          \"final_loss_std\": ");
+            bn_json_num(b, s.std);
+            if (p->has_accuracy) {
+                bn_printf(b, ",\n          \"final_test_accuracy_mean\": ");
+                bn_json_num(b, s.acc_mean);
+            }
+            bn_printf(b, ",\n          \"steps_to_target\": [");
+            for (int k = 0; k < cfg->n_seeds && s.best >= 0; k++) {
+                const bn_cell *c = bn_find(cells, n, cfg->problems[i], o, s.best, cfg->seeds[k]);
+                if (c->reached >= 0) {
+                    bn_printf(b, "%s%" PRId64, k ? ", " : "", c->reached);
+                } else {
+                    bn_printf(b, "%snull", k ? ", " : "");
+                }
+            }
+            bn_printf(b, "],\n          \"steps_to_target_mean\": ");
+            bn_json_num(b, s.n_reached == cfg->n_seeds ? s.reached_mean : NAN);
+            bn_printf(b, ",\n          \"learning_rates\": [");
+            for (int l = 0; l < cfg->n_lrs[o]; l++) {
+                bn_printf(b, "%s{\"lr\": %.6g, \"final_loss_mean\": ", l ? ", " : "",
+                          cfg->lrs[o][l]);
+                bn_json_num(b, s.lr_mean[l]);
+                bn_printf(b, "}");
+            }
+            bn_printf(b, "]\n        }");
+        }
+        bn_printf(b, "\n      ]\n    }");
+    }
+    bn_printf(b, "\n  ]\n}\n");
+}
+
+static void bn_summary_md(const bn_cfg *cfg, const bn_cell *cells, int n, bn_buf *b) {
+    bn_printf(b,
+              "| problem | optimizer | best lr | final loss (mean ± std, %d seed%s) | test "
+              "accuracy | steps to target |\n|---|---|---|---|---|---|\n",
+              cfg->n_seeds, cfg->n_seeds == 1 ? "" : "s");
+    for (int i = 0; i < cfg->n_problems; i++) {
+        const bench_problem *p = &bench_problems[cfg->problems[i]];
+        bool first = true;
+        for (int o = 0; o < BN_N_OPTIMS; o++) {
+            if (!cfg->optim_on[o]) {
+                continue;
+            }
+            bn_sum s;
+            bn_summarize(cfg, cells, n, cfg->problems[i], o, &s);
+            if (first) {
+                bn_printf(b, "| %s (target %g) ", p->title, p->target);
+            } else {
+                bn_printf(b, "| ");
+            }
+            first = false;
+            bn_printf(b, "| %s ", bn_optims[o].name);
+            if (s.best < 0) {
+                bn_printf(b, "| — | diverged at every rate | | |\n");
+                continue;
+            }
+            bn_printf(b, "| %.6g | %.3e ± %.1e | ", cfg->lrs[o][s.best], s.mean, s.std);
+            if (p->has_accuracy) {
+                bn_printf(b, "%.1f %% ", 100.0 * s.acc_mean);
+            }
+            if (s.n_reached == cfg->n_seeds) {
+                bn_printf(b, "| %.0f |\n", s.reached_mean);
+            } else if (s.n_reached > 0) {
+                bn_printf(b, "| %.0f (%d of %d seeds) |\n", s.reached_mean, s.n_reached,
+                          cfg->n_seeds);
+            } else {
+                bn_printf(b, "| not reached |\n");
+            }
+        }
+    }
+}
+
+/* ---- plots ------------------------------------------------------------------------------- */
+
+/* Runs gnuplot on script in dir; 0 when it exited 0. */
+static int bn_gnuplot(const char *dir, const char *script) {
+    pid_t pid = fork();
+    if (pid < 0) {
+        return -1;
+    }
+    if (pid == 0) {
+        if (chdir(dir) != 0) {
+            _exit(126);
+        }
+        int devnull = open("/dev/null", O_WRONLY);
+        if (devnull >= 0) {
+            dup2(devnull, STDOUT_FILENO);
+            close(devnull);
+        }
+        execlp("gnuplot", "gnuplot", script, (char *)NULL);
+        _exit(127);
+    }
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) {
+            return -1;
+        }
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+/* plots/<problem>.dat (one block per optimizer: step, mean loss over seeds at its best
+ * rate), .gp, and .png drawn by gnuplot. Returns 0, 127 when gnuplot is missing, else 1 with
+ * err set. */
+static int bn_plot(const bn_cfg *cfg, const bn_cell *cells, int n, int p, const char *dir,
+                   char *err, size_t err_cap) {
+    const bench_problem *pr = &bench_problems[p];
+    bn_buf dat = {0}, gp = {0};
+    bn_printf(&gp,
+              "# gnuplot script made by nabla bench: %s.png from %s.dat\n"
+              "set terminal pngcairo size 960,600 noenhanced font \"sans,10\"\n"
+              "set output '%s.png.tmp'\n"
+              "set title \"%s: loss at the best learning rate of each optimizer (mean of %d "
+              "seed%s)\"\n"
+              "set xlabel 'step'\nset ylabel 'loss'\nset logscale y\nset format y '%%.0e'\n"
+              "set grid\nset key outside right top\n",
+              pr->name, pr->name, pr->name, pr->title, cfg->n_seeds, cfg->n_seeds == 1 ? "" : "s");
+    int block = 0;
+    bn_buf plot = {0};
+    for (int o = 0; o < BN_N_OPTIMS; o++) {
+        if (!cfg->optim_on[o]) {
+            continue;
+        }
+        bn_sum s;
+        bn_summarize(cfg, cells, n, p, o, &s);
+        if (s.best < 0) {
+            continue;
+        }
+        int64_t rows = INT64_MAX;
+        for (int k = 0; k < cfg->n_seeds; k++) {
+            const bn_cell *c = bn_find(cells, n, p, o, s.best, cfg->seeds[k]);
+            rows = c->n_rows < rows ? c->n_rows : rows;
+        }
+        bn_printf(&dat, "%s# %s, lr %.6g: step, mean loss\n", block ? "\n\n" : "",
+                  bn_optims[o].name, cfg->lrs[o][s.best]);
+        for (int64_t r = 0; r < rows; r++) {
+            double sum = 0;
+            int64_t step = 0;
+            for (int k = 0; k < cfg->n_seeds; k++) {
+                const bn_cell *c = bn_find(cells, n, p, o, s.best, cfg->seeds[k]);
+                sum += c->rows[r].loss;
+                step = c->rows[r].step;
+            }
+            double mean = sum / cfg->n_seeds;
+            if (isfinite(mean) && mean > 0) { /* a log axis */
+                bn_printf(&dat, "%" PRId64 " %.9g\n", step, mean);
+            }
+        }
+        bn_printf(&plot,
+                  "%s'%s.dat' index %d using 1:2 with lines lw 2 lc rgb '%s' dt %d "
+                  "title '%s (lr %.6g)'",
+                  block ? ", \\\n     " : "plot ", pr->name, block, bn_optims[o].color,
+                  bn_optims[o].dash, bn_optims[o].name, cfg->lrs[o][s.best]);
+        block++;
+    }
+    int rc = 0;
+    if (block == 0) {
+        bn_printf(&gp, "set label 1 'every optimizer diverged at every learning rate' at "
+                       "graph 0.5, 0.5 center\nset logscale y\nplot [0:1] [1:10] NaN notitle\n");
+    } else {
+        bn_printf(&gp, "%.*s\n", (int)plot.len, plot.s);
+    }
+    bn_printf(&gp, "unset output\n");
+    char name[300], png[320], tmp[340];
+    if (dat.oom || gp.oom || plot.oom) {
+        snprintf(err, err_cap, "out of memory");
+        rc = 1;
+    }
+    snprintf(name, sizeof name, "%s.dat", pr->name);
+    if (rc == 0 && bn_write_atomic(dir, name, dat.s != NULL ? dat.s : "", dat.len) != 0) {
+        bn_fmt(err, err_cap, "cannot write %s/%s: %s", dir, name, strerror(errno));
+        rc = 1;
+    }
+    snprintf(name, sizeof name, "%s.gp", pr->name);
+    if (rc == 0 && bn_write_atomic(dir, name, gp.s, gp.len) != 0) {
+        bn_fmt(err, err_cap, "cannot write %s/%s: %s", dir, name, strerror(errno));
+        rc = 1;
+    }
+    if (rc == 0) {
+        int g = bn_gnuplot(dir, name);
+        bn_fmt(tmp, sizeof tmp, "%s/%s.png.tmp", dir, pr->name);
+        bn_fmt(png, sizeof png, "%s/%s.png", dir, pr->name);
+        if (g == 0 && rename(tmp, png) == 0) {
+            bn_fsync_dir(dir);
+        } else {
+            unlink(tmp);
+            if (g == 127) {
+                rc = 127;
+            } else {
+                bn_fmt(err, err_cap, "gnuplot failed on %s/%s (exit %d)", dir, name, g);
+                rc = 1;
+            }
+        }
+    }
+    bn_buf_free(&dat);
+    bn_buf_free(&gp);
+    bn_buf_free(&plot);
+    return rc;
+}
+
+/* ---- the command ------------------------------------------------------------------------- */
+
+static bool bn_is_dir(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static bool bn_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* mkdir -p; 0 or -1 with errno. */
+static int bn_mkdirs(const char *path) {
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", path) >= (int)sizeof p) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    for (char *s = p + 1;; s++) {
+        if (*s == '/' || *s == '\0') {
+            char keep = *s;
+            *s = '\0';
+            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+                return -1;
+            }
+            if (!bn_is_dir(p)) {
+                errno = ENOTDIR;
+                return -1;
+            }
+            *s = keep;
+            if (keep == '\0') {
+                return 0;
+            }
+        }
+    }
+}
+
+/* Removes the temporary files (".<name>.XXXXXX") that writes cut short by a kill left. */
+static void bn_remove_temps(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        return;
+    }
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' && strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+            char f[4400];
+            bn_fmt(f, sizeof f, "%s/%s", dir, e->d_name);
+            unlink(f);
+        }
+    }
+    closedir(d);
+}
+
+/* Removes what a run writes in dir (for --overwrite): the cells, the results, the plots. */
+static void bn_clear_run(const char *out) {
+    static const char *const subdirs[] = {"cells", "plots"};
+    char path[4400];
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", out, subdirs[i]);
+        DIR *d = opendir(path);
+        if (d == NULL) {
+            continue;
+        }
+        struct dirent *e;
+        while ((e = readdir(d)) != NULL) {
+            if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+                char f[4700];
+                bn_fmt(f, sizeof f, "%s/%s", path, e->d_name);
+                unlink(f);
+            }
+        }
+        closedir(d);
+    }
+    static const char *const files[] = {"results.csv", "summary.json", "summary.md", "run.cfg"};
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(path, sizeof path, "%s/%s", out, files[i]);
+        unlink(path);
+    }
+}
+
+/* Every selected problem set up once (seed 0), so that a missing data file is reported
+ * before anything is written. */
+static int bn_preflight(const bn_cfg *cfg) {
+    nb_ctx *ctx = NULL;
+    if (nb_ctx_create(NULL, &ctx) != NB_OK) {
+        fprintf(stderr, "nabla bench: cannot create a context\n");
+        return 1;
+    }
+    int rc = 0;
+    for (int i = 0; i < cfg->n_problems && rc == 0; i++) {
+        const bench_problem *p = &bench_problems[cfg->problems[i]];
+        nb_array *key = NULL;
+        nb_tree *params = NULL, *data = NULL;
+        nb_status st = nb_random_key(ctx, 0, &key);
+        if (st == NB_OK) {
+            st = p->setup(ctx, cfg->data, key, &params, &data);
+        }
+        if (st != NB_OK) {
+            fprintf(stderr, "nabla bench: problem %s cannot be set up: %s\n  %s\n", p->name,
+                    nb_status_name(st), nb_ctx_errmsg(ctx));
+            if (st == NB_ERR_IO) {
+                fprintf(stderr, "  (--data names the directory holding the UCI data sets; "
+                                "default: data)\n");
+            }
+            rc = 2;
+        }
+        nb_tree_destroy(params);
+        nb_tree_destroy(data);
+        nb_array_destroy(key);
+    }
+    nb_ctx_destroy(ctx);
+    return rc;
+}
+
+/* Makes --out ready: 0, or 2 with a message (nothing created then). */
+static int bn_prepare_out(const bn_cfg *cfg, const bn_buf *cfg_text, bool *resumed) {
+    char path[4400];
+    *resumed = false;
+    snprintf(path, sizeof path, "%s/run.cfg", cfg->out);
+    bool existed = bn_exists(cfg->out);
+    if (existed && !bn_is_dir(cfg->out)) {
+        return bn_err("--out %s exists and is not a directory", cfg->out);
+    }
+    if (existed && bn_exists(path)) {
+        if (cfg->overwrite) {
+            bn_clear_run(cfg->out);
+        } else if (!cfg->resume) {
+            return bn_err("%s already holds a run (run.cfg): --resume continues it, --overwrite "
+                          "starts again, or pick another --out",
+                          cfg->out);
+        } else {
+            size_t len = 0;
+            char *old = bn_read_file(path, &len);
+            bool same = old != NULL && len == cfg_text->len && memcmp(old, cfg_text->s, len) == 0;
+            if (!same) {
+                fprintf(stderr,
+                        "nabla bench: --resume: the run in %s was made with other options; "
+                        "its run.cfg says:\n%s"
+                        "and these options say:\n%.*s"
+                        "(resume with the same options, or pass --overwrite to start again)\n",
+                        cfg->out, old != NULL ? old : "(unreadable)\n", (int)cfg_text->len,
+                        cfg_text->s);
+                free(old);
+                return 2;
+            }
+            free(old);
+            *resumed = true;
+        }
+    } else if (cfg->resume) {
+        return bn_err("--resume: %s holds no run to continue (no run.cfg)", cfg->out);
+    }
+    if (!existed && bn_mkdirs(cfg->out) != 0) {
+        return bn_err("cannot create the output directory %s: %s", cfg->out, strerror(errno));
+    }
+    char cells[4400], plots[4400];
+    snprintf(cells, sizeof cells, "%s/cells", cfg->out);
+    snprintf(plots, sizeof plots, "%s/plots", cfg->out);
+    if ((mkdir(cells, 0755) != 0 && errno != EEXIST) ||
+        (cfg->plots && mkdir(plots, 0755) != 0 && errno != EEXIST) ||
+        (!*resumed && bn_write_atomic(cfg->out, "run.cfg", cfg_text->s, cfg_text->len) != 0)) {
+        int e = errno;
+        if (!existed) {
+            rmdir(cells);
+            rmdir(plots);
+            rmdir(cfg->out);
+        }
+        return bn_err("cannot write into the output directory %s: %s", cfg->out, strerror(e));
+    }
+    return 0;
+}
+
+int nabla_cmd_bench(int argc, char **argv) {
+    bn_cfg cfg;
+    int rc = bn_parse_args(argc, argv, &cfg);
+    if (rc != 0) {
+        return rc < 0 ? 0 : rc;
+    }
+    rc = bn_preflight(&cfg);
+    if (rc != 0) {
+        return rc;
+    }
+    bn_buf cfg_text = {0};
+    bn_cfg_text(&cfg, &cfg_text);
+    if (cfg_text.oom) {
+        fprintf(stderr, "nabla bench: out of memory\n");
+        return 1;
+    }
+    bool resumed = false;
+    rc = bn_prepare_out(&cfg, &cfg_text, &resumed);
+    bn_buf_free(&cfg_text);
+    if (rc != 0) {
+        return rc;
+    }
+
+    /* the cells, in the suite's order */
+    int n = 0;
+    for (int i = 0; i < cfg.n_problems; i++) {
+        for (int o = 0; o < BN_N_OPTIMS; o++) {
+            n += cfg.optim_on[o] ? cfg.n_lrs[o] * cfg.n_seeds : 0;
+        }
+    }
+    bn_cell *cells = calloc((size_t)n, sizeof *cells);
+    int *todo = calloc((size_t)n, sizeof *todo);
+    bn_run run;
+    memset(&run, 0, sizeof run);
+    if (cells == NULL || todo == NULL) {
+        fprintf(stderr, "nabla bench: out of memory\n");
+        free(cells);
+        free(todo);
+        return 1;
+    }
+    int m = 0;
+    for (int i = 0; i < cfg.n_problems; i++) {
+        for (int o = 0; o < BN_N_OPTIMS; o++) {
+            for (int l = 0; cfg.optim_on[o] && l < cfg.n_lrs[o]; l++) {
+                for (int k = 0; k < cfg.n_seeds; k++) {
+                    bn_cell *c = &cells[m++];
+                    c->p = cfg.problems[i];
+                    c->o = o;
+                    c->l = l;
+                    c->lr = cfg.lrs[o][l];
+                    snprintf(c->lr_s, sizeof c->lr_s, "%.6g", c->lr);
+                    c->seed = cfg.seeds[k];
+                    snprintf(c->file, sizeof c->file, "%s.%s.lr%s.seed%" PRIu64 ".csv",
+                             bench_problems[c->p].name, bn_optims[o].name, c->lr_s, c->seed);
+                }
+            }
+        }
+    }
+    snprintf(run.cells_dir, sizeof run.cells_dir, "%s/cells", cfg.out);
+    if (resumed) {
+        bn_remove_temps(run.cells_dir);
+    }
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        if (resumed && bn_cell_load(&cells[i], &cfg, run.cells_dir)) {
+            kept++;
+        } else {
+            todo[run.n_todo++] = i;
+        }
+    }
+    int n_optims = 0;
+    for (int o = 0; o < BN_N_OPTIMS; o++) {
+        n_optims += cfg.optim_on[o];
+    }
+    printf("nabla bench: %d problem%s x %d optimizer%s x their learning rates x %d seed%s = %d "
+           "cells of %" PRId64 " steps (logged every %" PRId64 ")\n",
+           cfg.n_problems, cfg.n_problems == 1 ? "" : "s", n_optims, n_optims == 1 ? "" : "s",
+           cfg.n_seeds, cfg.n_seeds == 1 ? "" : "s", n, cfg.steps, cfg.log_every);
+    if (resumed) {
+        printf("  resuming %s: %d cell%s finished before, %d to run\n", cfg.out, kept,
+               kept == 1 ? "" : "s", run.n_todo);
+    }
+    printf("  %d job%s, %d kernel thread%s per cell; results in %s/\n", cfg.jobs,
+           cfg.jobs == 1 ? "" : "s", cfg.threads, cfg.threads == 1 ? "" : "s", cfg.out);
+    fflush(stdout);
+
+    /* run what is left */
+    run.cfg = &cfg;
+    const char *kill_env = getenv("NABLA_BENCH_KILL_AFTER"); /* tests/tools/test_bench.sh */
+    run.kill_after = kill_env != NULL ? atoi(kill_env) : 0;
+    run.cells = cells;
+    run.todo = todo;
+    pthread_mutex_init(&run.sh.mu, NULL);
+    run.sh.cells_total = run.n_todo;
+    cli_progress_start(&run.sh.prog, cfg.progress, (int64_t)run.n_todo * cfg.steps);
+    double t0 = cli_now_s();
+    int jobs = cfg.jobs < run.n_todo ? cfg.jobs : run.n_todo;
+    pthread_t tid[256];
+    int started = 0;
+    for (int j = 1; j < jobs; j++) {
+        if (pthread_create(&tid[started], NULL, bn_worker, &run) == 0) {
+            started++;
+        }
+    }
+    bn_worker(&run);
+    for (int j = 0; j < started; j++) {
+        pthread_join(tid[j], NULL);
+    }
+    cli_progress_end(&run.sh.prog);
+    pthread_mutex_destroy(&run.sh.mu);
+    double elapsed = cli_now_s() - t0;
+    rc = 0;
+    if (run.failed) {
+        fprintf(stderr,
+                "nabla bench: %s\n  %d cell%s finished and kept in %s; fix the cause and run "
+                "again with --resume\n",
+                run.err, run.sh.cells_done + kept, run.sh.cells_done + kept == 1 ? "" : "s",
+                run.cells_dir);
+        rc = 1;
+    }
+    printf("  %d cell%s run in %.1f s\n", run.sh.cells_done, run.sh.cells_done == 1 ? "" : "s",
+           elapsed);
+
+    /* the results, from the cells in order */
+    bn_buf csv = {0}, json = {0}, md = {0};
+    if (rc == 0) {
+        bn_printf(&csv, "problem,optimizer,lr,seed,step,loss,accuracy\n");
+        for (int i = 0; i < n; i++) {
+            bn_printf(&csv, "%.*s", (int)cells[i].text_len, cells[i].text);
+        }
+        bn_summary_json(&cfg, cells, n, &json);
+        bn_summary_md(&cfg, cells, n, &md);
+        if (csv.oom || json.oom || md.oom) {
+            fprintf(stderr, "nabla bench: out of memory\n");
+            rc = 1;
+        }
+    }
+    static const char *const names[] = {"results.csv", "summary.json", "summary.md"};
+    const bn_buf *bufs[] = {&csv, &json, &md};
+    for (int i = 0; i < 3 && rc == 0; i++) {
+        if (bn_write_atomic(cfg.out, names[i], bufs[i]->s, bufs[i]->len) != 0) {
+            fprintf(stderr, "nabla bench: cannot write %s/%s: %s\n", cfg.out, names[i],
+                    strerror(errno));
+            rc = 1;
+        }
+    }
+    if (rc == 0 && cfg.plots) {
+        char dir[4400], err[1024];
+        snprintf(dir, sizeof dir, "%s/plots", cfg.out);
+        for (int i = 0; i < cfg.n_problems && rc == 0; i++) {
+            int g = bn_plot(&cfg, cells, n, cfg.problems[i], dir, err, sizeof err);
+            if (g == 127) {
+                fprintf(stderr, "nabla bench: gnuplot not found: the plots are not drawn "
+                                "(Debian: apt-get install gnuplot-nox; scripts/deps.sh does)\n");
+                rc = 1;
+            } else if (g != 0) {
+                fprintf(stderr, "nabla bench: %s\n", err);
+                rc = 1;
+            }
+        }
+    }
+    if (rc == 0) {
+        printf("\n%.*s\n", (int)md.len, md.s);
+        printf("results: %s/results.csv, summary.json, summary.md", cfg.out);
+        if (cfg.plots) {
+            printf(", plots/<problem>.png");
+        }
+        printf("\n");
+        char hex[65];
+        char path[4400];
+        snprintf(path, sizeof path, "%s/results.csv", cfg.out);
+        if (sha256_file(path, hex) != 0) {
+            fprintf(stderr, "nabla bench: cannot read %s back: %s\n", path, strerror(errno));
+            rc = 1;
+        } else {
+            printf("sha256 of results.csv: %s\n", hex);
+        }
+    }
+    bn_buf_free(&csv);
+    bn_buf_free(&json);
+    bn_buf_free(&md);
+    for (int i = 0; i < n; i++) {
+        free(cells[i].rows);
+        free(cells[i].text);
+    }
+    free(cells);
+    free(todo);
+    return rc;
+}
