@@ -136,6 +136,29 @@ static void bn_printf(bn_buf *b, const char *fmt, ...) {
     }
 }
 
+/* n bytes as they are (NULs too); the buffer stays NUL-terminated. */
+static void bn_append(bn_buf *b, const void *data, size_t n) {
+    if (b->oom) {
+        return;
+    }
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap < 4096 ? 4096 : b->cap;
+        while (cap < b->len + n + 1) {
+            cap *= 2;
+        }
+        char *s = realloc(b->s, cap);
+        if (s == NULL) {
+            b->oom = true;
+            return;
+        }
+        b->s = s;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, data, n);
+    b->len += n;
+    b->s[b->len] = '\0';
+}
+
 static void bn_buf_free(bn_buf *b) {
     free(b->s);
     memset(b, 0, sizeof *b);
@@ -220,7 +243,7 @@ static int bn_write_atomic(const char *dir, const char *name, const char *text, 
     return 0;
 }
 
-/* The whole file (NUL-terminated) or NULL. */
+/* The whole file (with a NUL after it; NULs inside are kept: *len counts them) or NULL. */
 static char *bn_read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (f == NULL) {
@@ -230,7 +253,7 @@ static char *bn_read_file(const char *path, size_t *len) {
     char chunk[8192];
     size_t n;
     while ((n = fread(chunk, 1, sizeof chunk, f)) > 0) {
-        bn_printf(&b, "%.*s", (int)n, chunk);
+        bn_append(&b, chunk, n);
     }
     bool bad = ferror(f) || b.oom;
     fclose(f);
@@ -260,6 +283,7 @@ typedef struct bn_cfg {
     int threads, jobs, progress;
     const char *out, *data;
     bool resume, overwrite, plots;
+    int cell_start[BN_MAX_PROBLEMS][BN_N_OPTIMS]; /* the first cell of (problem, optimizer) */
 } bn_cfg;
 
 static void bn_usage(FILE *f) {
@@ -305,7 +329,11 @@ static void bn_usage(FILE *f) {
                "  --progress MODE    bar, lines or auto (bar on a terminal; default auto)\n"
                "\n"
                "A single cell alone: --problems P --optimizers O --lrs LR --seeds S (with the\n"
-               "suite's --steps) gives the rows it has in the full suite, bit for bit.\n");
+               "suite's --steps) gives the rows it has in the full suite, bit for bit. The best\n"
+               "learning rate has the lowest mean final loss over the seeds (a seed that\n"
+               "diverged counts as +inf). Steps to target: the first step, of every step, whose\n"
+               "loss is at or below the problem's target; the mean is over the seeds that got\n"
+               "there.\n");
 }
 
 static int bn_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -427,12 +455,15 @@ typedef struct bn_lr_list {
 } bn_lr_list;
 
 static int bn_lr_add(bn_lr_list *l, const char *opt, double lr) {
-    lr = bn_lr_round(lr);
+    double r = bn_lr_round(lr);
     for (int i = 0; i < l->n; i++) {
-        if (l->v[i] == lr) {
-            return 0;
+        if (l->v[i] == r) {
+            return bn_err("%s: the learning rates %.17g and %.17g are the same to 6 significant "
+                          "digits (%.6g), which is how results name them",
+                          opt, l->v[i], lr, r);
         }
     }
+    lr = r;
     if (l->n == BN_MAX_LRS) {
         return bn_err("%s: at most %d learning rates per optimizer", opt, BN_MAX_LRS);
     }
@@ -481,8 +512,8 @@ static int bn_parse_grid(const char *opt, const char *s, double out[BN_MAX_LRS],
         if (rc != 0) {
             return rc;
         }
-        if (hi < lo || (count == 1 && hi != lo)) {
-            return bn_err("%s: '%s' wants LO <= HI, and LO = HI when N is 1", opt, s);
+        if (hi < lo || (count == 1) != (hi == lo)) {
+            return bn_err("%s: '%s' wants LO < HI with N >= 2, or LO = HI with N = 1", opt, s);
         }
         for (int64_t i = 0; i < count && rc == 0; i++) {
             double t = count == 1 ? 0.0 : (double)i / (double)(count - 1);
@@ -612,6 +643,12 @@ static int bn_parse_args(int argc, char **argv, bn_cfg *c) {
     if (c->resume && c->overwrite) {
         return bn_err("--resume and --overwrite exclude each other");
     }
+    for (int k = 0; k < BN_N_OPTIMS; k++) {
+        if (lr_set[k] && any_optim && !c->optim_on[k]) {
+            return bn_err("--lr %s=...: %s is not among --optimizers", bn_optims[k].name,
+                          bn_optims[k].name);
+        }
+    }
     for (int i = 0; i < bench_n_problems && i < BN_MAX_PROBLEMS; i++) {
         if (!any_prob || prob_on[i]) {
             c->problems[c->n_problems++] = i;
@@ -645,12 +682,18 @@ static int bn_parse_args(int argc, char **argv, bn_cfg *c) {
     if (c->log_every == 0) {
         c->log_every = c->steps / 50 > 0 ? c->steps / 50 : 1;
     }
+    if (c->steps / c->log_every > 1000000) {
+        return bn_err("--steps %" PRId64 " with --log-every %" PRId64 " logs more than 10^6 rows "
+                      "a cell; log less often",
+                      c->steps, c->log_every);
+    }
     return 0;
 }
 
-/* The options that decide the results, one per line: run.cfg in the output directory.
- * --resume continues a run only when they are the same. */
-static void bn_cfg_text(const bn_cfg *c, bn_buf *b) {
+/* What decides the results, one per line -- the options, nabla's version and the SHA-256
+ * of every data file the problems read: run.cfg in the output directory. --resume continues
+ * a run only when they are the same. 0, or 2 with a message (a data file unreadable). */
+static int bn_cfg_text(const bn_cfg *c, bn_buf *b) {
     bn_printf(b, "nabla bench run, format 1\nproblems =");
     for (int i = 0; i < c->n_problems; i++) {
         bn_printf(b, " %s", bench_problems[c->problems[i]].name);
@@ -670,7 +713,22 @@ static void bn_cfg_text(const bn_cfg *c, bn_buf *b) {
     for (int s = 0; s < c->n_seeds; s++) {
         bn_printf(b, " %" PRIu64, c->seeds[s]);
     }
-    bn_printf(b, "\nsteps = %" PRId64 "\nlog every = %" PRId64 "\n", c->steps, c->log_every);
+    bn_printf(b, "\nsteps = %" PRId64 "\nlog every = %" PRId64 "\nnabla %s\n", c->steps,
+              c->log_every, nb_version());
+    for (int i = 0; i < c->n_problems; i++) {
+        const char *f = bench_problems[c->problems[i]].data_file;
+        if (f == NULL) {
+            continue;
+        }
+        char path[2200], hex[65];
+        bn_fmt(path, sizeof path, "%s/%s", c->data, f);
+        if (sha256_file(path, hex) != 0) {
+            return bn_err("cannot read %s: %s (--data names the directory of the UCI data sets)",
+                          path, strerror(errno));
+        }
+        bn_printf(b, "data %s sha256 %s\n", f, hex);
+    }
+    return 0;
 }
 
 /* ---- cells ----------------------------------------------------------------------------- */
@@ -714,7 +772,9 @@ static void bn_row_text(bn_buf *b, const bn_cell *c, const bn_row *r) {
               c->seed, r->step);
     bn_num(b, r->loss, c->f64);
     bn_printf(b, ",");
-    if (p->has_accuracy) {
+    if (p->has_accuracy && isnan(r->acc)) {
+        bn_printf(b, "nan");
+    } else if (p->has_accuracy) {
         bn_printf(b, "%.6f", r->acc);
     }
     bn_printf(b, "\n");
@@ -992,16 +1052,40 @@ done:
 
 /* ---- cell files -------------------------------------------------------------------------- */
 
-/* <out>/cells/<file>: the head line with the outcome, then the cell's results.csv lines. */
+/* A cell file, <out>/cells/<file>:
+ *     # cell <problem> <optimizer> lr <lr> seed <seed> steps <n> log_every <n> dtype <f32|f64>
+ *       reached <step or -1> diverged <0|1> sha256 <hex>                       (one line)
+ *     <the cell's results.csv lines>
+ * where the SHA-256 is that of the head line up to " sha256" (with its newline) and the
+ * lines after it. --resume keeps a cell only when the file is whole, its digest right, it
+ * names this cell under these options, and its rows are exactly the steps a run logs. */
+
+static void bn_cell_digest(const char *head, size_t head_len, const char *body, size_t body_len,
+                           char hex[65]) {
+    sha256_ctx h;
+    uint8_t d[32];
+    sha256_init(&h);
+    sha256_update(&h, head, head_len);
+    sha256_update(&h, "\n", 1);
+    sha256_update(&h, body, body_len);
+    sha256_final(&h, d);
+    sha256_hex(d, hex);
+}
+
 static int bn_cell_save(const bn_cell *c, const bn_cfg *cfg, const char *dir, char *err,
                         size_t err_cap) {
     bn_buf b = {0};
     bn_cell_head(&b, c, cfg);
-    bn_printf(&b, " reached %" PRId64 " diverged %d\n", c->reached, c->diverged ? 1 : 0);
-    bn_printf(&b, "%.*s", (int)c->text_len, c->text);
+    bn_printf(&b, " reached %" PRId64 " diverged %d", c->reached, c->diverged ? 1 : 0);
     int rc = 0;
+    if (!b.oom) {
+        char hex[65];
+        bn_cell_digest(b.s, b.len, c->text, c->text_len, hex);
+        bn_printf(&b, " sha256 %s\n", hex);
+        bn_append(&b, c->text, c->text_len);
+    }
     if (b.oom) {
-        snprintf(err, err_cap, "out of memory");
+        bn_fmt(err, err_cap, "out of memory");
         rc = 1;
     } else if (bn_write_atomic(dir, c->file, b.s, b.len) != 0) {
         bn_fmt(err, err_cap, "cannot write %s/%s: %s", dir, c->file, strerror(errno));
@@ -1011,11 +1095,65 @@ static int bn_cell_save(const bn_cell *c, const bn_cfg *cfg, const char *dir, ch
     return rc;
 }
 
-/* A finished cell from its file, when the file is whole and was made with these options.
- * false: run it (again). */
+/* The k-th step a run logs: 0, E, 2E, ..., and the last step. */
+static int64_t bn_logged_step(const bn_cfg *cfg, int64_t k) {
+    int64_t s = k * cfg->log_every;
+    return s < cfg->steps ? s : cfg->steps;
+}
+
+/* Reads the rows of body into c (false: a malformed line or not the steps a run logs). */
+static bool bn_cell_rows(bn_cell *c, const bn_cfg *cfg, const char *body, const char *end) {
+    int64_t cap = 0;
+    c->n_rows = 0;
+    for (const char *line = body; line < end;) {
+        const char *eol = memchr(line, '\n', (size_t)(end - line));
+        if (eol == NULL) {
+            return false;
+        }
+        const char *f = line;
+        for (int k = 0; k < 4 && f != NULL; k++) { /* problem, optimizer, lr, seed */
+            f = memchr(f, ',', (size_t)(eol - f));
+            f = f != NULL ? f + 1 : NULL;
+        }
+        char *e = NULL;
+        long long step = f != NULL ? strtoll(f, &e, 10) : -1;
+        double loss = e != NULL && *e == ',' ? strtod(e + 1, &e) : NAN;
+        double acc = NAN;
+        if (e != NULL && *e == ',' && e + 1 < eol) {
+            acc = strtod(e + 1, &e);
+        } else if (e != NULL && *e == ',') {
+            e++;
+        }
+        if (f == NULL || e != eol || step < 0 || !bn_row_add(c, &cap, step, loss, acc)) {
+            return false;
+        }
+        line = eol + 1;
+    }
+    /* every row but a diverged cell's last is at the next logged step, with a finite loss */
+    int64_t n = c->n_rows;
+    if (n == 0) {
+        return false;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        const bn_row *r = &c->rows[i];
+        bool last = i == n - 1;
+        if (last && c->diverged) {
+            if (isfinite(r->loss) || r->step > cfg->steps ||
+                (i > 0 && r->step <= c->rows[i - 1].step)) {
+                return false;
+            }
+        } else if (r->step != bn_logged_step(cfg, i) || !isfinite(r->loss)) {
+            return false;
+        }
+    }
+    return c->diverged || c->rows[n - 1].step == cfg->steps;
+}
+
+/* A finished cell from its file, when it is whole and made for this cell under these
+ * options (see above). false: run it (again). */
 static bool bn_cell_load(bn_cell *c, const bn_cfg *cfg, const char *dir) {
     char path[4400];
-    snprintf(path, sizeof path, "%s/%s", dir, c->file);
+    bn_fmt(path, sizeof path, "%s/%s", dir, c->file);
     size_t len = 0;
     char *s = bn_read_file(path, &len);
     if (s == NULL) {
@@ -1023,61 +1161,51 @@ static bool bn_cell_load(bn_cell *c, const bn_cfg *cfg, const char *dir) {
     }
     bool ok = false;
     bn_buf head = {0}, again = {0};
-    char *nl = strchr(s, '\n');
-    for (int d = 0; d < 2 && nl != NULL && !ok; d++) {
+    char *nl = memchr(s, '\n', len);
+    const char *body = nl != NULL ? nl + 1 : NULL, *end = s + len;
+    /* the digest: the last field of the head line */
+    static const char tag[] = " sha256 ";
+    size_t tag_len = sizeof tag - 1, head_len = 0;
+    if (nl != NULL && (size_t)(nl - s) > tag_len + 64 &&
+        memcmp(nl - 64 - tag_len, tag, tag_len) == 0) {
+        head_len = (size_t)(nl - s) - 64 - tag_len;
+        char hex[65];
+        bn_cell_digest(s, head_len, body, (size_t)(end - body), hex);
+        ok = memcmp(hex, nl - 64, 64) == 0;
+    }
+    /* the head: this cell, these options, a dtype, reached and diverged written as a save
+     * writes them */
+    bool named = false;
+    for (int d = 0; d < 2 && ok && !named; d++) {
         c->f64 = d == 1;
         head.len = 0;
         bn_cell_head(&head, c, cfg);
-        if (head.oom || strncmp(s, head.s, head.len) != 0) {
-            continue;
-        }
-        long long reached = 0;
-        int diverged = 0, used = 0;
-        if (sscanf(s + head.len, " reached %lld diverged %d%n", &reached, &diverged, &used) != 2 ||
-            s + head.len + used != nl) {
-            break;
+        named = !head.oom && head.len < head_len && memcmp(s, head.s, head.len) == 0;
+    }
+    if (ok && named) {
+        long long reached = -2;
+        int diverged = -1;
+        char *tail = s + head.len;
+        s[head_len] = '\0';
+        ok = sscanf(tail, " reached %lld diverged %d", &reached, &diverged) == 2 && reached >= -1 &&
+             reached <= cfg->steps && (diverged == 0 || diverged == 1);
+        if (ok) {
+            head.len = 0;
+            bn_printf(&head, " reached %lld diverged %d", reached, diverged);
+            ok = !head.oom && strcmp(head.s, tail) == 0;
         }
         c->reached = reached;
-        c->diverged = diverged != 0;
-        /* the rows: read back, then printed again -- they must give the same text */
-        int64_t cap = 0;
-        c->n_rows = 0;
-        const char *line = nl + 1;
-        ok = true;
-        while (ok && *line != '\0') {
-            const char *end = strchr(line, '\n');
-            if (end == NULL) {
-                ok = false;
-                break;
-            }
-            const char *f = line;
-            for (int k = 0; k < 4 && f != NULL; k++) { /* problem, optimizer, lr, seed */
-                f = memchr(f, ',', (size_t)(end - f));
-                f = f != NULL ? f + 1 : NULL;
-            }
-            char *e = NULL;
-            long long step = f != NULL ? strtoll(f, &e, 10) : -1;
-            double loss = e != NULL && *e == ',' ? strtod(e + 1, &e) : NAN;
-            double acc = NAN;
-            if (e != NULL && *e == ',' && e + 1 < end) {
-                acc = strtod(e + 1, &e);
-            } else if (e != NULL && *e == ',') {
-                e++;
-            }
-            ok = f != NULL && e == end && step >= 0 && step <= cfg->steps &&
-                 (c->n_rows == 0 || step > c->rows[c->n_rows - 1].step) &&
-                 bn_row_add(c, &cap, step, loss, acc);
-            line = end + 1;
+        c->diverged = diverged == 1;
+        ok = ok && bn_cell_rows(c, cfg, body, end);
+    } else {
+        ok = false;
+    }
+    if (ok) { /* and the rows print as the file holds them */
+        for (int64_t i = 0; i < c->n_rows; i++) {
+            bn_row_text(&again, c, &c->rows[i]);
         }
-        ok = ok && c->n_rows > 0 && (c->diverged || c->rows[c->n_rows - 1].step == cfg->steps);
-        if (ok) {
-            again.len = 0;
-            for (int64_t i = 0; i < c->n_rows; i++) {
-                bn_row_text(&again, c, &c->rows[i]);
-            }
-            ok = !again.oom && again.len == (size_t)(s + len - (nl + 1)) &&
-                 memcmp(again.s, nl + 1, again.len) == 0;
-        }
+        ok = !again.oom && again.len == (size_t)(end - body) &&
+             memcmp(again.s, body, again.len) == 0;
     }
     if (ok) {
         free(c->text);
@@ -1087,6 +1215,8 @@ static bool bn_cell_load(bn_cell *c, const bn_cfg *cfg, const char *dir) {
         c->done = true;
     } else {
         c->n_rows = 0;
+        c->reached = -1;
+        c->diverged = false;
     }
     bn_buf_free(&head);
     bn_buf_free(&again);
@@ -1163,13 +1293,10 @@ typedef struct bn_sum {
     double lr_mean[BN_MAX_LRS]; /* mean final loss per rate (+inf: a seed diverged) */
 } bn_sum;
 
-static const bn_cell *bn_find(const bn_cell *cells, int n, int p, int o, int l, uint64_t seed) {
-    for (int i = 0; i < n; i++) {
-        if (cells[i].p == p && cells[i].o == o && cells[i].l == l && cells[i].seed == seed) {
-            return &cells[i];
-        }
-    }
-    return NULL;
+/* The cell of problem p (index into bench_problems), optimizer o, rate l, seed number k:
+ * cells are in the suite's order (problem, optimizer, rate, seed). */
+static const bn_cell *bn_find(const bn_cell *cells, const bn_cfg *cfg, int p, int o, int l, int k) {
+    return &cells[cfg->cell_start[p][o] + l * cfg->n_seeds + k];
 }
 
 static double bn_final(const bn_cell *c) {
@@ -1177,14 +1304,14 @@ static double bn_final(const bn_cell *c) {
     return c->diverged || !isfinite(v) ? INFINITY : v;
 }
 
-static void bn_summarize(const bn_cfg *cfg, const bn_cell *cells, int n, int p, int o, bn_sum *s) {
+static void bn_summarize(const bn_cfg *cfg, const bn_cell *cells, int p, int o, bn_sum *s) {
     memset(s, 0, sizeof *s);
     s->best = -1;
     double best = INFINITY;
     for (int l = 0; l < cfg->n_lrs[o]; l++) {
         double sum = 0;
         for (int k = 0; k < cfg->n_seeds; k++) {
-            sum += bn_final(bn_find(cells, n, p, o, l, cfg->seeds[k]));
+            sum += bn_final(bn_find(cells, cfg, p, o, l, k));
         }
         s->lr_mean[l] = sum / cfg->n_seeds;
         if (s->lr_mean[l] < best) { /* ties: the smaller rate */
@@ -1199,7 +1326,7 @@ static void bn_summarize(const bn_cfg *cfg, const bn_cell *cells, int n, int p, 
     s->mean = best;
     double ss = 0, acc = 0, steps = 0;
     for (int k = 0; k < cfg->n_seeds; k++) {
-        const bn_cell *c = bn_find(cells, n, p, o, s->best, cfg->seeds[k]);
+        const bn_cell *c = bn_find(cells, cfg, p, o, s->best, k);
         double d = bn_final(c) - best;
         ss += d * d;
         acc += c->rows[c->n_rows - 1].acc;
@@ -1213,7 +1340,7 @@ static void bn_summarize(const bn_cfg *cfg, const bn_cell *cells, int n, int p, 
     s->reached_mean = s->n_reached > 0 ? steps / s->n_reached : NAN;
 }
 
-static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, int n, bn_buf *b) {
+static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) {
     bn_printf(b,
               "{\n  \"format\": \"nabla bench summary 1\",\n  \"steps\": %" PRId64
               ",\n  \"log_every\": %" PRId64 ",\n  \"seeds\": [",
@@ -1235,7 +1362,7 @@ static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, int n, bn_b
                 continue;
             }
             bn_sum s;
-            bn_summarize(cfg, cells, n, cfg->problems[i], o, &s);
+            bn_summarize(cfg, cells, cfg->problems[i], o, &s);
             bn_printf(b, "%s\n        {\n          \"name\": \"%s\",\n          \"best_lr\": ",
                       first ? "" : ",", bn_optims[o].name);
             first = false;
@@ -1254,15 +1381,16 @@ static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, int n, bn_b
             }
             bn_printf(b, ",\n          \"steps_to_target\": [");
             for (int k = 0; k < cfg->n_seeds && s.best >= 0; k++) {
-                const bn_cell *c = bn_find(cells, n, cfg->problems[i], o, s.best, cfg->seeds[k]);
+                const bn_cell *c = bn_find(cells, cfg, cfg->problems[i], o, s.best, k);
                 if (c->reached >= 0) {
                     bn_printf(b, "%s%" PRId64, k ? ", " : "", c->reached);
                 } else {
                     bn_printf(b, "%snull", k ? ", " : "");
                 }
             }
-            bn_printf(b, "],\n          \"steps_to_target_mean\": ");
-            bn_json_num(b, s.n_reached == cfg->n_seeds ? s.reached_mean : NAN);
+            bn_printf(b, "],\n          \"seeds_reached_target\": %d", s.n_reached);
+            bn_printf(b, ",\n          \"steps_to_target_mean\": ");
+            bn_json_num(b, s.reached_mean);
             bn_printf(b, ",\n          \"learning_rates\": [");
             for (int l = 0; l < cfg->n_lrs[o]; l++) {
                 bn_printf(b, "%s{\"lr\": %.6g, \"final_loss_mean\": ", l ? ", " : "",
@@ -1277,7 +1405,7 @@ static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, int n, bn_b
     bn_printf(b, "\n  ]\n}\n");
 }
 
-static void bn_summary_md(const bn_cfg *cfg, const bn_cell *cells, int n, bn_buf *b) {
+static void bn_summary_md(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) {
     bn_printf(b,
               "| problem | optimizer | best lr | final loss (mean ± std, %d seed%s) | test "
               "accuracy | steps to target |\n|---|---|---|---|---|---|\n",
@@ -1290,7 +1418,7 @@ static void bn_summary_md(const bn_cfg *cfg, const bn_cell *cells, int n, bn_buf
                 continue;
             }
             bn_sum s;
-            bn_summarize(cfg, cells, n, cfg->problems[i], o, &s);
+            bn_summarize(cfg, cells, cfg->problems[i], o, &s);
             if (first) {
                 bn_printf(b, "| %s (target %g) ", p->title, p->target);
             } else {
@@ -1320,22 +1448,24 @@ static void bn_summary_md(const bn_cfg *cfg, const bn_cell *cells, int n, bn_buf
 
 /* ---- plots ------------------------------------------------------------------------------- */
 
-/* Runs gnuplot on script in dir; 0 when it exited 0. */
-static int bn_gnuplot(const char *dir, const char *script) {
+/* Runs `gnuplot <a1> [<a2>]` in dir (NULL: here), its output and errors to /dev/null; the
+ * exit code (127: not found), or -1. */
+static int bn_gnuplot(const char *dir, const char *a1, const char *a2) {
     pid_t pid = fork();
     if (pid < 0) {
         return -1;
     }
     if (pid == 0) {
-        if (chdir(dir) != 0) {
+        if (dir != NULL && chdir(dir) != 0) {
             _exit(126);
         }
         int devnull = open("/dev/null", O_WRONLY);
         if (devnull >= 0) {
             dup2(devnull, STDOUT_FILENO);
+            dup2(devnull, STDERR_FILENO);
             close(devnull);
         }
-        execlp("gnuplot", "gnuplot", script, (char *)NULL);
+        execlp("gnuplot", "gnuplot", a1, a2, (char *)NULL);
         _exit(127);
     }
     int status = 0;
@@ -1350,14 +1480,14 @@ static int bn_gnuplot(const char *dir, const char *script) {
 /* plots/<problem>.dat (one block per optimizer: step, mean loss over seeds at its best
  * rate), .gp, and .png drawn by gnuplot. Returns 0, 127 when gnuplot is missing, else 1 with
  * err set. */
-static int bn_plot(const bn_cfg *cfg, const bn_cell *cells, int n, int p, const char *dir,
-                   char *err, size_t err_cap) {
+static int bn_plot(const bn_cfg *cfg, const bn_cell *cells, int p, const char *dir, char *err,
+                   size_t err_cap) {
     const bench_problem *pr = &bench_problems[p];
     bn_buf dat = {0}, gp = {0};
     bn_printf(&gp,
               "# gnuplot script made by nabla bench: %s.png from %s.dat\n"
               "set terminal pngcairo size 960,600 noenhanced font \"sans,10\"\n"
-              "set output '%s.png.tmp'\n"
+              "set output '.%s.png.tmp'\n"
               "set title \"%s: loss at the best learning rate of each optimizer (mean of %d "
               "seed%s)\"\n"
               "set xlabel 'step'\nset ylabel 'loss'\nset logscale y\nset format y '%%.0e'\n"
@@ -1370,13 +1500,13 @@ static int bn_plot(const bn_cfg *cfg, const bn_cell *cells, int n, int p, const 
             continue;
         }
         bn_sum s;
-        bn_summarize(cfg, cells, n, p, o, &s);
+        bn_summarize(cfg, cells, p, o, &s);
         if (s.best < 0) {
             continue;
         }
         int64_t rows = INT64_MAX;
         for (int k = 0; k < cfg->n_seeds; k++) {
-            const bn_cell *c = bn_find(cells, n, p, o, s.best, cfg->seeds[k]);
+            const bn_cell *c = bn_find(cells, cfg, p, o, s.best, k);
             rows = c->n_rows < rows ? c->n_rows : rows;
         }
         bn_printf(&dat, "%s# %s, lr %.6g: step, mean loss\n", block ? "\n\n" : "",
@@ -1385,7 +1515,7 @@ static int bn_plot(const bn_cfg *cfg, const bn_cell *cells, int n, int p, const 
             double sum = 0;
             int64_t step = 0;
             for (int k = 0; k < cfg->n_seeds; k++) {
-                const bn_cell *c = bn_find(cells, n, p, o, s.best, cfg->seeds[k]);
+                const bn_cell *c = bn_find(cells, cfg, p, o, s.best, k);
                 sum += c->rows[r].loss;
                 step = c->rows[r].step;
             }
@@ -1425,8 +1555,8 @@ static int bn_plot(const bn_cfg *cfg, const bn_cell *cells, int n, int p, const 
         rc = 1;
     }
     if (rc == 0) {
-        int g = bn_gnuplot(dir, name);
-        bn_fmt(tmp, sizeof tmp, "%s/%s.png.tmp", dir, pr->name);
+        int g = bn_gnuplot(dir, name, NULL);
+        bn_fmt(tmp, sizeof tmp, "%s/.%s.png.tmp", dir, pr->name);
         bn_fmt(png, sizeof png, "%s/%s.png", dir, pr->name);
         if (g == 0 && rename(tmp, png) == 0) {
             bn_fsync_dir(dir);
@@ -1458,28 +1588,58 @@ static bool bn_exists(const char *path) {
     return stat(path, &sb) == 0;
 }
 
-/* mkdir -p; 0 or -1 with errno. */
-static int bn_mkdirs(const char *path) {
+/* rmdir path and its parents up to and including top (a prefix of path); stops at the
+ * first that is not empty. */
+static void bn_rmdirs(const char *path, const char *top) {
+    if (top[0] == '\0') {
+        return;
+    }
     char p[4096];
+    snprintf(p, sizeof p, "%s", path);
+    size_t top_len = strlen(top);
+    while (strlen(p) >= top_len && rmdir(p) == 0) {
+        char *slash = strrchr(p, '/');
+        if (slash == NULL || (size_t)(slash - p) < top_len) {
+            break;
+        }
+        *slash = '\0';
+    }
+}
+
+/* mkdir -p. 0, or -1 with errno and the directories it made removed again. *made: the
+ * outermost directory it made (for the caller to remove on a later failure), or "". */
+static int bn_mkdirs(const char *path, char made[4096]) {
+    char p[4096];
+    made[0] = '\0';
     if (snprintf(p, sizeof p, "%s", path) >= (int)sizeof p) {
         errno = ENAMETOOLONG;
         return -1;
     }
     for (char *s = p + 1;; s++) {
-        if (*s == '/' || *s == '\0') {
-            char keep = *s;
-            *s = '\0';
-            if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-                return -1;
+        if (*s != '/' && *s != '\0') {
+            continue;
+        }
+        char keep = *s;
+        *s = '\0';
+        int rc = mkdir(p, 0755);
+        int e = errno;
+        if (rc == 0 && made[0] == '\0') {
+            memcpy(made, p, (size_t)(s - p) + 1);
+        }
+        if ((rc != 0 && e != EEXIST) || !bn_is_dir(p)) {
+            e = rc != 0 && e != EEXIST ? e : ENOTDIR;
+            char *slash = strrchr(p, '/');
+            if (slash != NULL) {
+                *slash = '\0';
+                bn_rmdirs(p, made);
             }
-            if (!bn_is_dir(p)) {
-                errno = ENOTDIR;
-                return -1;
-            }
-            *s = keep;
-            if (keep == '\0') {
-                return 0;
-            }
+            made[0] = '\0';
+            errno = e;
+            return -1;
+        }
+        *s = keep;
+        if (keep == '\0') {
+            return 0;
         }
     }
 }
@@ -1562,61 +1722,110 @@ static int bn_preflight(const bn_cfg *cfg) {
     return rc;
 }
 
-/* Makes --out ready: 0, or 2 with a message (nothing created then). */
-static int bn_prepare_out(const bn_cfg *cfg, const bn_buf *cfg_text, bool *resumed) {
-    char path[4400];
+/* Makes --out ready: 0, or 2 with a message (and nothing created). Holds a lock on
+ * <out>/run.lock (fcntl, released when the process ends) so that two runs cannot write into
+ * one directory; *lock_fd is its descriptor. */
+static int bn_prepare_out(const bn_cfg *cfg, const bn_buf *cfg_text, bool *resumed, int *lock_fd) {
+    char path[4400], made[4096] = "";
     *resumed = false;
-    snprintf(path, sizeof path, "%s/run.cfg", cfg->out);
+    *lock_fd = -1;
     bool existed = bn_exists(cfg->out);
     if (existed && !bn_is_dir(cfg->out)) {
         return bn_err("--out %s exists and is not a directory", cfg->out);
     }
-    if (existed && bn_exists(path)) {
+    if (cfg->resume && !existed) {
+        return bn_err("--resume: %s holds no run to continue (it does not exist)", cfg->out);
+    }
+    if (!existed && bn_mkdirs(cfg->out, made) != 0) {
+        return bn_err("cannot create the output directory %s: %s", cfg->out, strerror(errno));
+    }
+    int rc = 0;
+    bn_fmt(path, sizeof path, "%s/run.lock", cfg->out);
+    bool made_lock = !bn_exists(path);
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+    if (fd < 0) {
+        rc = bn_err("cannot write into the output directory %s: %s", cfg->out, strerror(errno));
+    } else if (fcntl(fd, F_SETLK, &fl) != 0) {
+        struct flock who = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        fcntl(fd, F_GETLK, &who);
+        rc = bn_err("another nabla bench (pid %ld) is writing into %s; wait for it or pick "
+                    "another --out",
+                    (long)who.l_pid, cfg->out);
+        close(fd);
+        fd = -1;
+    }
+    bn_fmt(path, sizeof path, "%s/run.cfg", cfg->out);
+    bool has_run = rc == 0 && bn_exists(path);
+    if (rc == 0 && has_run) {
         if (cfg->overwrite) {
             bn_clear_run(cfg->out);
+            has_run = false;
         } else if (!cfg->resume) {
-            return bn_err("%s already holds a run (run.cfg): --resume continues it, --overwrite "
-                          "starts again, or pick another --out",
-                          cfg->out);
+            rc = bn_err("%s already holds a run (run.cfg): --resume continues it, --overwrite "
+                        "starts again, or pick another --out",
+                        cfg->out);
         } else {
             size_t len = 0;
             char *old = bn_read_file(path, &len);
             bool same = old != NULL && len == cfg_text->len && memcmp(old, cfg_text->s, len) == 0;
             if (!same) {
                 fprintf(stderr,
-                        "nabla bench: --resume: the run in %s was made with other options; "
-                        "its run.cfg says:\n%s"
-                        "and these options say:\n%.*s"
-                        "(resume with the same options, or pass --overwrite to start again)\n",
+                        "nabla bench: --resume: the run in %s was made with other options, "
+                        "data or nabla; its run.cfg says:\n%s"
+                        "and this run would be:\n%.*s"
+                        "(resume with the same options and data, or pass --overwrite to start "
+                        "again)\n",
                         cfg->out, old != NULL ? old : "(unreadable)\n", (int)cfg_text->len,
                         cfg_text->s);
-                free(old);
-                return 2;
+                rc = 2;
             }
             free(old);
-            *resumed = true;
+            *resumed = rc == 0;
         }
-    } else if (cfg->resume) {
-        return bn_err("--resume: %s holds no run to continue (no run.cfg)", cfg->out);
-    }
-    if (!existed && bn_mkdirs(cfg->out) != 0) {
-        return bn_err("cannot create the output directory %s: %s", cfg->out, strerror(errno));
+    } else if (rc == 0 && cfg->resume) {
+        rc = bn_err("--resume: %s holds no run to continue (no run.cfg)", cfg->out);
     }
     char cells[4400], plots[4400];
-    snprintf(cells, sizeof cells, "%s/cells", cfg->out);
-    snprintf(plots, sizeof plots, "%s/plots", cfg->out);
-    if ((mkdir(cells, 0755) != 0 && errno != EEXIST) ||
-        (cfg->plots && mkdir(plots, 0755) != 0 && errno != EEXIST) ||
-        (!*resumed && bn_write_atomic(cfg->out, "run.cfg", cfg_text->s, cfg_text->len) != 0)) {
-        int e = errno;
-        if (!existed) {
-            rmdir(cells);
-            rmdir(plots);
-            rmdir(cfg->out);
+    bn_fmt(cells, sizeof cells, "%s/cells", cfg->out);
+    bn_fmt(plots, sizeof plots, "%s/plots", cfg->out);
+    bool made_cells = false, made_plots = false;
+    if (rc == 0) {
+        made_cells = mkdir(cells, 0755) == 0;
+        made_plots = cfg->plots && mkdir(plots, 0755) == 0;
+        if (!bn_is_dir(cells) || (cfg->plots && !bn_is_dir(plots))) {
+            rc = bn_err("cannot use %s: %s/cells and %s/plots must be directories", cfg->out,
+                        cfg->out, cfg->out);
+        } else if (!has_run &&
+                   bn_write_atomic(cfg->out, "run.cfg", cfg_text->s, cfg_text->len) != 0) {
+            rc = bn_err("cannot write into the output directory %s: %s", cfg->out, strerror(errno));
         }
-        return bn_err("cannot write into the output directory %s: %s", cfg->out, strerror(e));
     }
-    return 0;
+    if (rc == 0) {
+        /* what writes cut short by a kill left: .<name>.XXXXXX */
+        bn_remove_temps(cfg->out);
+        bn_remove_temps(cells);
+        bn_remove_temps(plots);
+        *lock_fd = fd;
+        return 0;
+    }
+    if (made_cells) {
+        rmdir(cells);
+    }
+    if (made_plots) {
+        rmdir(plots);
+    }
+    if (fd >= 0) {
+        bn_fmt(path, sizeof path, "%s/run.lock", cfg->out);
+        if (made_lock) {
+            unlink(path);
+        }
+        close(fd);
+    }
+    if (!existed) {
+        bn_rmdirs(cfg->out, made);
+    }
+    return rc;
 }
 
 int nabla_cmd_bench(int argc, char **argv) {
@@ -1629,14 +1838,20 @@ int nabla_cmd_bench(int argc, char **argv) {
     if (rc != 0) {
         return rc;
     }
+    if (cfg.plots && bn_gnuplot(NULL, "-e", "set terminal pngcairo") != 0) {
+        return bn_err("gnuplot with its pngcairo terminal is needed for the plots (Debian: "
+                      "apt-get install gnuplot-nox; scripts/deps.sh does it), or pass "
+                      "--no-plots");
+    }
     bn_buf cfg_text = {0};
-    bn_cfg_text(&cfg, &cfg_text);
-    if (cfg_text.oom) {
-        fprintf(stderr, "nabla bench: out of memory\n");
-        return 1;
+    rc = bn_cfg_text(&cfg, &cfg_text);
+    if (rc != 0 || cfg_text.oom) {
+        bn_buf_free(&cfg_text);
+        return rc != 0 ? rc : bn_err("out of memory");
     }
     bool resumed = false;
-    rc = bn_prepare_out(&cfg, &cfg_text, &resumed);
+    int lock_fd = -1;
+    rc = bn_prepare_out(&cfg, &cfg_text, &resumed, &lock_fd);
     bn_buf_free(&cfg_text);
     if (rc != 0) {
         return rc;
@@ -1657,11 +1872,13 @@ int nabla_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "nabla bench: out of memory\n");
         free(cells);
         free(todo);
+        close(lock_fd);
         return 1;
     }
     int m = 0;
     for (int i = 0; i < cfg.n_problems; i++) {
         for (int o = 0; o < BN_N_OPTIMS; o++) {
+            cfg.cell_start[cfg.problems[i]][o] = m;
             for (int l = 0; cfg.optim_on[o] && l < cfg.n_lrs[o]; l++) {
                 for (int k = 0; k < cfg.n_seeds; k++) {
                     bn_cell *c = &cells[m++];
@@ -1678,9 +1895,6 @@ int nabla_cmd_bench(int argc, char **argv) {
         }
     }
     snprintf(run.cells_dir, sizeof run.cells_dir, "%s/cells", cfg.out);
-    if (resumed) {
-        bn_remove_temps(run.cells_dir);
-    }
     int kept = 0;
     for (int i = 0; i < n; i++) {
         if (resumed && bn_cell_load(&cells[i], &cfg, run.cells_dir)) {
@@ -1719,9 +1933,13 @@ int nabla_cmd_bench(int argc, char **argv) {
     pthread_t tid[256];
     int started = 0;
     for (int j = 1; j < jobs; j++) {
-        if (pthread_create(&tid[started], NULL, bn_worker, &run) == 0) {
-            started++;
+        int e = pthread_create(&tid[started], NULL, bn_worker, &run);
+        if (e != 0) {
+            fprintf(stderr, "nabla bench: warning: only %d of %d jobs could start a thread: %s\n",
+                    j, jobs, strerror(e));
+            break;
         }
+        started++;
     }
     bn_worker(&run);
     for (int j = 0; j < started; j++) {
@@ -1749,8 +1967,8 @@ int nabla_cmd_bench(int argc, char **argv) {
         for (int i = 0; i < n; i++) {
             bn_printf(&csv, "%.*s", (int)cells[i].text_len, cells[i].text);
         }
-        bn_summary_json(&cfg, cells, n, &json);
-        bn_summary_md(&cfg, cells, n, &md);
+        bn_summary_json(&cfg, cells, &json);
+        bn_summary_md(&cfg, cells, &md);
         if (csv.oom || json.oom || md.oom) {
             fprintf(stderr, "nabla bench: out of memory\n");
             rc = 1;
@@ -1765,37 +1983,45 @@ int nabla_cmd_bench(int argc, char **argv) {
             rc = 1;
         }
     }
+    /* the plots: a failure (gnuplot broke after the check above) still shows the table and
+     * the digest of the complete results, then fails the run */
+    char plot_err[1100] = "";
     if (rc == 0 && cfg.plots) {
         char dir[4400], err[1024];
-        snprintf(dir, sizeof dir, "%s/plots", cfg.out);
-        for (int i = 0; i < cfg.n_problems && rc == 0; i++) {
-            int g = bn_plot(&cfg, cells, n, cfg.problems[i], dir, err, sizeof err);
+        bn_fmt(dir, sizeof dir, "%s/plots", cfg.out);
+        for (int i = 0; i < cfg.n_problems && plot_err[0] == '\0'; i++) {
+            int g = bn_plot(&cfg, cells, cfg.problems[i], dir, err, sizeof err);
             if (g == 127) {
-                fprintf(stderr, "nabla bench: gnuplot not found: the plots are not drawn "
-                                "(Debian: apt-get install gnuplot-nox; scripts/deps.sh does)\n");
-                rc = 1;
+                bn_fmt(plot_err, sizeof plot_err, "gnuplot not found");
             } else if (g != 0) {
-                fprintf(stderr, "nabla bench: %s\n", err);
-                rc = 1;
+                bn_fmt(plot_err, sizeof plot_err, "%s", err);
             }
         }
     }
     if (rc == 0) {
         printf("\n%.*s\n", (int)md.len, md.s);
         printf("results: %s/results.csv, summary.json, summary.md", cfg.out);
-        if (cfg.plots) {
+        if (cfg.plots && plot_err[0] == '\0') {
             printf(", plots/<problem>.png");
         }
         printf("\n");
         char hex[65];
         char path[4400];
-        snprintf(path, sizeof path, "%s/results.csv", cfg.out);
+        bn_fmt(path, sizeof path, "%s/results.csv", cfg.out);
         if (sha256_file(path, hex) != 0) {
             fprintf(stderr, "nabla bench: cannot read %s back: %s\n", path, strerror(errno));
             rc = 1;
         } else {
             printf("sha256 of results.csv: %s\n", hex);
         }
+    }
+    if (rc == 0 && plot_err[0] != '\0') {
+        fflush(stdout);
+        fprintf(stderr,
+                "nabla bench: the plots were not drawn: %s\n  the results are complete; draw "
+                "the plots again with the same options and --resume (no cell runs again)\n",
+                plot_err);
+        rc = 1;
     }
     bn_buf_free(&csv);
     bn_buf_free(&json);
@@ -1806,5 +2032,6 @@ int nabla_cmd_bench(int argc, char **argv) {
     }
     free(cells);
     free(todo);
+    close(lock_fd);
     return rc;
 }

@@ -19,10 +19,11 @@
 #include <stdbool.h>
 
 typedef struct bench_problem {
-    const char *name;  /* on the command line and in file names: "rosenbrock2" */
-    const char *title; /* in tables and plots: "Rosenbrock 2-D" */
-    double target;     /* the loss "steps to target" counts to (loss <= target) */
-    bool has_accuracy; /* accuracy() exists: the test accuracy of a classifier */
+    const char *name;      /* on the command line and in file names: "rosenbrock2" */
+    const char *title;     /* in tables and plots: "Rosenbrock 2-D" */
+    double target;         /* the loss "steps to target" counts to (loss <= target) */
+    bool has_accuracy;     /* accuracy() exists: the test accuracy of a classifier */
+    const char *data_file; /* the file under data_dir that setup reads, or NULL */
     /* The cell's starting parameters and its data (both new trees in ctx; data may be an
      * empty tuple). key: an i32[2] Threefry key that depends on the seed and the problem
      * only, so every optimizer and learning rate starts from the same point on the same

@@ -191,12 +191,16 @@ static void make_ckpt(nb_ctx *ctx, int64_t step, nb_tree **params, nb_tree **st)
     nb_tree_destroy(ml);
 }
 
-static void saver_child(const char *path, int64_t from) {
+/* Saves checkpoints from..., forever; writes a byte to ready_fd after the first. */
+static void saver_child(const char *path, int64_t from, int ready_fd) {
     nb_ctx *ctx = NULL;
     if (nb_ctx_create(NULL, &ctx) != NB_OK) {
         _exit(3);
     }
     for (int64_t step = from;; step++) {
+        if (step == from + 1 && write(ready_fd, "r", 1) != 1) {
+            _exit(5);
+        }
         nb_tree *p = NULL, *s = NULL;
         make_ckpt(ctx, step, &p, &s);
         if (nb_checkpoint_save(path, p, s, NULL, step) != NB_OK) {
@@ -222,18 +226,30 @@ static void test_kill_while_saving(void **state) {
     int kills = 0;
     for (; kills < 220; kills++) {
         fflush(NULL);
+        int ready[2];
+        assert_int_equal(pipe(ready), 0);
         pid_t pid = fork();
         assert_true(pid >= 0);
         if (pid == 0) {
-            saver_child(path, last + 1);
+            close(ready[0]);
+            saver_child(path, last + 1, ready[1]);
         }
-        /* a pseudo-random moment: 0 to 4 ms into the saving loop */
+        close(ready[1]);
+        /* every other kill waits for the child's first save, so that the kills land in later
+         * saves too however slow the machine is (a loaded machine can take longer than the
+         * window below to start the child); the others may land before or in the first */
+        if (kills % 2 == 0) {
+            char byte;
+            NBT_TRUE(read(ready[0], &byte, 1) == 1);
+        }
+        /* a pseudo-random moment: 0 to 4 ms later */
         seed = seed * 1103515245u + 12345u;
         struct timespec ts = {0, (long)((seed >> 8) % 4000) * 1000L};
         nanosleep(&ts, NULL);
         kill(pid, SIGKILL);
         int status = 0;
         waitpid(pid, &status, 0);
+        close(ready[0]); /* (open until now: the child's write must not fail) */
         NBT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
         /* the file: a whole checkpoint, the previous one or a newer one */
         nb_tree *p = NULL, *s = NULL;

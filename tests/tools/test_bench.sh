@@ -15,7 +15,7 @@ nabla=$1
 src=$2
 data=$src/data
 work=$(mktemp -d "${TMPDIR:-/tmp}/nabla-bench-test.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+trap '[[ ${NABLA_TEST_KEEP:-0} == 1 ]] || rm -rf "$work"' EXIT
 fails=0
 
 fail() {
@@ -89,8 +89,8 @@ cmp -s "$work/a/summary.json" "$work/k/summary.json" || fail "resumed summary.js
 # (2) killed at random moments, several times, each time resumed, with 2 jobs
 kills=0
 rm -rf "$work/r"
-run r0 "${suite[@]}" --problems mlp,logreg --out "$work/r" --jobs 2 --no-plots \
-    --steps 100 &
+"$nabla" bench "${suite[@]}" --problems mlp,logreg --out "$work/r" --jobs 2 --no-plots \
+    --steps 100 >"$work/r0.out" 2>&1 &
 pid=$!
 sleep 0.4
 kill -9 $pid 2>/dev/null && kills=$((kills + 1))
@@ -115,6 +115,63 @@ echo "killed at random $kills times, then resumed: $(digest_of "$work/rf.out")" 
 leftovers=$(find "$work/r/cells" -name '.*' -type f | wc -l)
 [[ $leftovers == 0 ]] || fail "$leftovers temporary files of killed writes remain after --resume"
 [[ $(find "$work/r/cells" -name '*.csv' | wc -l) == 48 ]] || fail "the mlp/logreg run has not 48 cells"
+
+# (3) damaged cell files are run again, not trusted: a row deleted, the head's outcome
+# edited, bytes after a NUL, a file cut short, a row of another cell
+cp -r "$work/a" "$work/d"
+cells_d=$work/d/cells
+sed -i '3d' "$cells_d/beale.adam.lr0.1.seed0.csv"
+sed -i '1s/reached \(-\?[0-9]*\)/reached 3/' "$cells_d/beale.sgd.lr0.01.seed1.csv"
+printf '\0garbage\n' >>"$cells_d/logreg.lion.lr0.001.seed0.csv"
+truncate -s -7 "$cells_d/rosenbrock2.sgd.lr0.1.seed0.csv"
+sed -n '2p' "$cells_d/beale.lion.lr0.1.seed1.csv" >>"$cells_d/beale.lion.lr0.1.seed0.csv"
+rm "$work/d/results.csv"
+run d2 "${suite[@]}" --out "$work/d" --resume
+grep -q "resuming .*: 67 cells finished before, 5 to run" "$work/d2.out" ||
+    fail "damaged cells were kept: $(grep resuming "$work/d2.out")"
+[[ $(digest_of "$work/d2.out") == "$da" ]] || fail "resumed over damaged cells: another digest"
+for f in "$work"/a/cells/*.csv; do
+    cmp -s "$f" "$cells_d/$(basename "$f")" || fail "cell $(basename "$f") was not rewritten"
+done
+echo "5 damaged cell files: run again, digest $(digest_of "$work/d2.out")"
+
+# (4) a second run cannot write into a directory a run is writing into
+"$nabla" bench "${suite[@]}" --problems mlp --out "$work/l" --no-plots >"$work/l.out" 2>&1 &
+pid=$!
+for _ in $(seq 100); do
+    [[ -f $work/l/run.cfg ]] && break
+    sleep 0.05
+done
+run l2 "${suite[@]}" --problems mlp --out "$work/l" --no-plots --resume
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null
+[[ $(cat "$work/l2.rc") == 2 ]] && grep -q "another nabla bench (pid $pid) is writing into" "$work/l2.err" ||
+    fail "a concurrent run was not refused: $(cat "$work/l2.err")"
+
+# (5) gnuplot: missing or broken at the start is an error before anything is written; one
+# that fails on the plots leaves complete results, the table and the digest
+mkdir -p "$work/fakebin"
+printf '#!/bin/sh\nexit 1\n' >"$work/fakebin/gnuplot"
+chmod +x "$work/fakebin/gnuplot"
+PATH="$work/fakebin:$PATH" run g1 "${suite[@]}" --out "$work/g1"
+[[ $(cat "$work/g1.rc") == 2 && ! -e $work/g1 ]] ||
+    fail "a broken gnuplot was not refused up front (exit $(cat "$work/g1.rc"))"
+grep -q "gnuplot with its pngcairo terminal is needed" "$work/g1.err" || fail "g1: $(cat "$work/g1.err")"
+printf '#!/bin/sh\n[ "$1" = "-e" ] && exit 0\nexit 1\n' >"$work/fakebin/gnuplot"
+PATH="$work/fakebin:$PATH" run g2 "${suite[@]}" --out "$work/g2"
+[[ $(cat "$work/g2.rc") == 1 ]] || fail "a gnuplot failing on the plots: exit $(cat "$work/g2.rc")"
+grep -q "the plots were not drawn" "$work/g2.err" || fail "g2: $(cat "$work/g2.err")"
+[[ $(digest_of "$work/g2.out") == "$da" ]] || fail "g2 did not print the digest last"
+run g3 "${suite[@]}" --out "$work/g2" --resume
+[[ $(cat "$work/g3.rc") == 0 && -s $work/g2/plots/beale.png ]] || fail "--resume did not draw the plots"
+[[ -z $(find "$work/g2" -name '.*' -type f) ]] || fail "temporary files left in $work/g2"
+
+# (6) data changed since: --resume refuses to mix two data sets
+cp -r "$data" "$work/data2"
+sed -i '2s/^17.99,/17.98,/' "$work/data2/breast_cancer.csv"
+run dd "${suite[@]}" --out "$work/a" --resume --data "$work/data2"
+[[ $(cat "$work/dd.rc") == 2 ]] && grep -q "was made with other options, data or nabla" "$work/dd.err" ||
+    fail "--resume with other data was not refused: $(head -n 2 "$work/dd.err")"
 
 # ---- one cell alone -------------------------------------------------------------------
 run one --problems beale --optimizers lion --lrs 0.001 --seeds 1 --steps 200 --data "$data" \
@@ -158,6 +215,12 @@ bad "--steps wants an integer" --steps 0 --out "$work/bad"
 bad "--lrs" --lrs 0.1:0.01:x --out "$work/bad"
 bad "--lrs wants a number" --lrs -1 --out "$work/bad"
 bad "unknown option '--frobnicate'" --frobnicate --out "$work/bad"
+bad "wants LO < HI with N >= 2" --lrs 0.1:0.1:3 --out "$work/bad"
+bad "are the same to 6 significant digits" --lrs 0.001,0.0010000001 --out "$work/bad"
+bad "sgd is not among --optimizers" --optimizers adam --lr sgd=0.1 --out "$work/bad"
+bad "logs more than 10^6 rows" --steps 100000000 --log-every 1 --out "$work/bad"
+bad "cannot create the output directory" --data "$data" --out "$work/bad/x/$(printf 'y%.0s' {1..300})/z"
+[[ -e $work/bad ]] && fail "a failed mkdir -p left directories behind"
 bad "cannot create the output directory" "${suite[@]}" --out /dev/null/bench
 bad "cannot be set up" --problems logreg --data "$work/no-such-dir" --out "$work/bad"
 [[ -e $work/bad ]] && fail "a missing data directory still created --out"
