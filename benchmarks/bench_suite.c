@@ -1,0 +1,491 @@
+/*
+ * bench_suite.c -- the cells of `nabla bench` (tools/bench.c) timed next to JAX + Optax
+ * doing the same cells (benchmarks/peers/optax_suite.py): for each of the suite's eight
+ * problems (tools/bench_problems.c, compiled in), with Adam at one learning rate, 1 thread,
+ *
+ *   us/step  the steady-state cost of one train step: the median over 11 bursts (each
+ *            >= 20 ms of steps) of the mean step time, taken after a whole cell on its
+ *            compiled step;
+ *   cell s   one whole cell as `nabla bench` runs it: a context, the problem's setup (data
+ *            read and split, initialisation), the optimizer, jit, then N steps (the first
+ *            traces and compiles), every loss read back -- the median of K cells (each a new
+ *            context, so every cell traces and compiles again).
+ *
+ * One step is bench.c's bn_step_body exactly: value_and_grad of the problem's loss,
+ * nb_optim_update, nb_apply_updates, jitted (max_traces 1) and called with params and the
+ * optimizer state donated, a new argument tuple per call, the loss read after every call
+ * (bn_run_cell's loop, without its periodic eval() calls). The peer does the same with
+ * jax.jit(donate_argnums=(0, 1)), optax.adam and float(loss) after every step; it runs
+ * first, pinned to one CPU (the table), then once more unpinned with short cells (its
+ * us/step only, shown below the table). The random draws differ between the two (numpy
+ * there), so the values differ, not the work.
+ *
+ *   bench_suite [--steps N] [--lv-steps M] [--cells K] [--lr LR] [--no-peer] [problem ...]
+ *
+ * N (default 1000) steps per cell, M (default 1000) for lotka_volterra, K (default 3),
+ * LR (default 1e-2). Run from the repository root (data/ and the peer's script).
+ * See benchmarks/README.md.
+ */
+#define BENCH_NAME "bench_suite"
+#include "bench_common.h"
+
+#include "bench_problems.h"
+
+#include <nabla/nabla.h>
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { SUITE_SAMPLES = 11, SUITE_MAX_CELLS = 15, SUITE_MAX_PROBLEMS = 16 };
+
+/* ---- the step, as tools/bench.c ---------------------------------------------------------- */
+
+/* loss(params, data); self = the problem's index (an int leaf). bench.c's bn_loss_body. */
+static nb_status suite_loss_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    int64_t pi = 0;
+    nb_tree_get_int(self, &pi);
+    const bench_problem *p = &bench_problems[pi];
+    return nb_return(p->loss(tr, nb_tree_child(args, 0), nb_tree_child(args, 1)), out);
+}
+
+/* step(params, state, data) -> (params, state, loss); self = dict(opt, problem).
+ * bench.c's bn_step_body. */
+static nb_status suite_step_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
+    nb_fn *loss = NULL, *vg = NULL;
+    nb_tree *largs = NULL;
+    nb_status st =
+        nb_fn_create(ctx, "bench_loss", suite_loss_body, nb_tree_get(self, "problem"), &loss);
+    if (st == NB_OK) {
+        nb_grad_opts go = nb_grad_opts_default();
+        st = nb_value_and_grad(loss, &go, &vg);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(
+            ctx, 2, (nb_tree *[]){(nb_tree *)params, (nb_tree *)nb_tree_child(args, 2)}, &largs);
+    }
+    const nb_tree *res = st == NB_OK ? nb_apply(tr, vg, largs) : NULL; /* (loss, grads) */
+    nb_tree_destroy(largs);
+    nb_fn_destroy(vg);
+    nb_fn_destroy(loss);
+    if (res == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    const nb_tree *updates = NULL, *new_state = NULL;
+    st = nb_optim_update(tr, nb_tree_get(self, "opt"), nb_tree_child(res, 1), state, params,
+                         &updates, &new_state);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_tree *new_params = nb_apply_updates(tr, params, updates);
+    if (new_params == NULL) {
+        return nb_trace_status(tr);
+    }
+    return nb_tree_tuple(ctx, 3,
+                         (nb_tree *[]){(nb_tree *)new_params, (nb_tree *)new_state,
+                                       (nb_tree *)nb_tree_child(res, 0)},
+                         out);
+}
+
+static uint32_t suite_fnv1a(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s != '\0'; s++) {
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    }
+    return h;
+}
+
+/* ---- one cell ----------------------------------------------------------------------------- */
+
+/* Everything a cell holds, as bn_run_cell. */
+typedef struct suite_cell {
+    int p;
+    nb_ctx *ctx;
+    nb_array *key;
+    nb_tree *params, *data, *opt, *tmpl, *state, *pidx, *self, *donate, *t_true, *t_false;
+    nb_fn *step, *step_jit;
+    nb_call_opts call;
+    double loss;
+} suite_cell;
+
+/* One step: bn_run_cell's loop body (a new argument tuple, the call with params and state
+ * donated, the outputs taken over, the loss read). */
+static void suite_step(suite_cell *c) {
+    nb_tree *args = NULL, *res = NULL;
+    BENCH_CHECK(c->ctx,
+                nb_tree_tuple(c->ctx, 3, (nb_tree *[]){c->params, c->state, c->data}, &args));
+    nb_status st = nb_fn_call_ex(c->step_jit, args, &c->call, &res);
+    nb_tree_destroy(args);
+    BENCH_CHECK(c->ctx, st);
+    nb_tree_destroy(c->params);
+    nb_tree_destroy(c->state);
+    c->params = nb_tree_retain((nb_tree *)nb_tree_child(res, 0));
+    c->state = nb_tree_retain((nb_tree *)nb_tree_child(res, 1));
+    double v = NAN;
+    BENCH_CHECK(c->ctx, nb_array_get_flat(nb_tree_get_array(nb_tree_child(res, 2)), 0, &v));
+    c->loss = v;
+    nb_tree_destroy(res);
+}
+
+/* A cell of problem p: the context, setup, optimizer and jitted step (bn_run_cell's setup,
+ * seed 0), ready for its first step. */
+static void suite_cell_begin(suite_cell *c, int p, double lr) {
+    memset(c, 0, sizeof *c);
+    c->p = p;
+    const bench_problem *pr = &bench_problems[p];
+    nb_ctx_opts co = nb_ctx_opts_default();
+    co.n_threads = 1;
+    if (nb_ctx_create(&co, &c->ctx) != NB_OK) {
+        fprintf(stderr, BENCH_NAME ": cannot create a context\n");
+        exit(1);
+    }
+    nb_ctx *ctx = c->ctx;
+    nb_array *k0 = NULL;
+    BENCH_CHECK(ctx, nb_random_key(ctx, 0, &k0));
+    BENCH_CHECK(ctx, nb_random_fold_in(k0, suite_fnv1a(pr->name), &c->key));
+    nb_array_destroy(k0);
+    BENCH_CHECK(ctx, pr->setup(ctx, "data", c->key, &c->params, &c->data));
+    BENCH_CHECK(ctx, nb_optim_adam(ctx, lr, NULL, &c->opt));
+    BENCH_CHECK(ctx, nb_grad_template(c->params, NULL, &c->tmpl));
+    BENCH_CHECK(ctx, nb_optim_init(c->opt, c->tmpl, &c->state));
+    BENCH_CHECK(ctx, nb_tree_int(ctx, p, &c->pidx));
+    BENCH_CHECK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"opt", "problem"},
+                                  (nb_tree *[]){c->opt, c->pidx}, &c->self));
+    BENCH_CHECK(ctx, nb_fn_create(ctx, "bench_step", suite_step_body, c->self, &c->step));
+    nb_jit_opts jo = nb_jit_opts_default();
+    jo.max_traces = 1; /* a retrace would be a bug */
+    BENCH_CHECK(ctx, nb_jit(c->step, &jo, &c->step_jit));
+    BENCH_CHECK(ctx, nb_tree_bool(ctx, true, &c->t_true));
+    BENCH_CHECK(ctx, nb_tree_bool(ctx, false, &c->t_false));
+    BENCH_CHECK(ctx,
+                nb_tree_tuple(ctx, 3, (nb_tree *[]){c->t_true, c->t_true, c->t_false}, &c->donate));
+    c->call = nb_call_opts_default();
+    c->call.donate = c->donate;
+    c->loss = NAN;
+}
+
+static void suite_cell_end(suite_cell *c) {
+    nb_fn_destroy(c->step_jit);
+    nb_fn_destroy(c->step);
+    nb_tree *trees[] = {c->params, c->data, c->opt,    c->tmpl,   c->state,
+                        c->pidx,   c->self, c->donate, c->t_true, c->t_false};
+    for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
+        nb_tree_destroy(trees[i]);
+    }
+    nb_array_destroy(c->key);
+    nb_ctx_destroy(c->ctx);
+    memset(c, 0, sizeof *c);
+}
+
+/* ---- the ODE's step count ----------------------------------------------------------------- */
+
+/* bench_problems.c's Lotka-Volterra field, to count the fit's solver steps (its solve is
+ * file-static there): args = (t, dict(x, y), dict(a, b, c, d)). */
+static nb_status suite_lv_term(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[1].x"), *y = nb_get(tr, args, "[1].y");
+    nb_var *a = nb_get(tr, args, "[2].a"), *b = nb_get(tr, args, "[2].b");
+    nb_var *c = nb_get(tr, args, "[2].c"), *d = nb_get(tr, args, "[2].d");
+    nb_var *xy = nb_mul(x, y);
+    nb_var *dx = nb_sub(nb_mul(a, x), nb_mul(b, xy));
+    nb_var *dy = nb_sub(nb_mul(d, xy), nb_mul(c, y));
+    return nb_tree_dict(nb_trace_ctx(tr), 2, (const char *[]){"x", "y"},
+                        (nb_tree *[]){nb_leaf(dx), nb_leaf(dy)}, out);
+}
+
+/* (params) -> the number of steps of the fit's solve (tsit5, PID 1e-6, t 0 .. 10, SaveAt
+ * 0.5 .. 10, max_steps 4096: bench_problems.c's bp_lv_solve for the loss). */
+static nb_status suite_lv_steps_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                     nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    double ts[20];
+    for (int i = 0; i < 20; i++) {
+        ts[i] = 10.0 * (double)(i + 1) / 20.0;
+    }
+    nb_fn *term = NULL;
+    nb_tree *y0 = NULL;
+    nb_status st = nb_fn_create(ctx, "lotka_volterra", suite_lv_term, NULL, &term);
+    if (st == NB_OK) {
+        nb_var *one = nb_scalar_typed(tr, NB_DTYPE_F64, 1.0);
+        st = nb_tree_dict(ctx, 2, (const char *[]){"x", "y"},
+                          (nb_tree *[]){nb_leaf(one), nb_leaf(one)}, &y0);
+    }
+    if (st == NB_OK) {
+        nb_ode_opts o = nb_ode_opts_default();
+        o.solver = NB_ODE_TSIT5;
+        o.t0 = 0.0;
+        o.t1 = 10.0;
+        o.dt0 = 0.0;
+        o.controller = nb_ode_pid(1e-6, 1e-6);
+        o.saveat.kind = NB_SAVEAT_TS;
+        o.saveat.ts = ts;
+        o.saveat.n_ts = 20;
+        o.max_steps = 4096;
+        o.throw_on_failure = false;
+        const nb_tree *sol = nb_diffeqsolve(tr, term, y0, nb_tree_child(args, 0), &o);
+        st = sol != NULL ? nb_return(nb_get(tr, sol, "stats.num_steps"), out) : nb_trace_status(tr);
+    }
+    nb_tree_destroy(y0);
+    nb_fn_destroy(term);
+    return st;
+}
+
+/* The fit's solver steps at the cell's current parameters (inside the box, as the
+ * optimizer leaves them here). */
+static double suite_lv_steps(suite_cell *c) {
+    nb_fn *f = NULL;
+    nb_tree *args = NULL, *res = NULL;
+    double v = NAN;
+    BENCH_CHECK(c->ctx, nb_fn_create(c->ctx, "lv_steps", suite_lv_steps_body, NULL, &f));
+    BENCH_CHECK(c->ctx, nb_tree_tuple(c->ctx, 1, &c->params, &args));
+    BENCH_CHECK(c->ctx, nb_fn_call(f, args, &res));
+    BENCH_CHECK(c->ctx, nb_array_get_flat(nb_tree_get_array(res), 0, &v));
+    nb_tree_destroy(res);
+    nb_tree_destroy(args);
+    nb_fn_destroy(f);
+    return v;
+}
+
+/* ---- measuring one problem ---------------------------------------------------------------- */
+
+typedef struct suite_result {
+    double step_us, cell_s, setup_ms, first_ms, loss, ode_steps;
+} suite_result;
+
+static void suite_measure(int p, double lr, int64_t steps, int cells, suite_result *r) {
+    double cell_s[SUITE_MAX_CELLS], setup_ms[SUITE_MAX_CELLS], first_ms[SUITE_MAX_CELLS];
+    suite_cell c;
+    for (int k = 0; k < cells; k++) {
+        double t0 = bench_now_s();
+        suite_cell_begin(&c, p, lr);
+        double t1 = bench_now_s();
+        suite_step(&c); /* traces and compiles */
+        double t2 = bench_now_s();
+        for (int64_t i = 1; i < steps; i++) {
+            suite_step(&c);
+        }
+        cell_s[k] = bench_now_s() - t0;
+        setup_ms[k] = (t1 - t0) * 1e3;
+        first_ms[k] = (t2 - t1) * 1e3;
+        if (k + 1 < cells) {
+            suite_cell_end(&c);
+        }
+    }
+    r->loss = c.loss;
+    r->cell_s = bench_median(cell_s, cells);
+    r->setup_ms = bench_median(setup_ms, cells);
+    r->first_ms = bench_median(first_ms, cells);
+    /* per step, on the last cell's compiled step: bursts of >= 20 ms */
+    double t0 = bench_now_s();
+    suite_step(&c);
+    double once = bench_now_s() - t0;
+    int64_t inner = (int64_t)(0.02 / (once > 1e-9 ? once : 1e-9));
+    inner = inner < 1 ? 1 : inner;
+    double s[SUITE_SAMPLES];
+    for (int k = 0; k < SUITE_SAMPLES; k++) {
+        t0 = bench_now_s();
+        for (int64_t i = 0; i < inner; i++) {
+            suite_step(&c);
+        }
+        s[k] = (bench_now_s() - t0) / (double)inner * 1e6;
+    }
+    r->step_us = bench_median(s, SUITE_SAMPLES);
+    nb_fn_stats fs;
+    BENCH_CHECK(c.ctx, nb_fn_stats_get(c.step_jit, &fs));
+    if (fs.n_traces != 1) {
+        fprintf(stderr, BENCH_NAME ": %s: the step was traced %lld times\n", bench_problems[p].name,
+                (long long)fs.n_traces);
+        exit(1);
+    }
+    r->ode_steps = strcmp(bench_problems[p].name, "lotka_volterra") == 0 ? suite_lv_steps(&c) : NAN;
+    suite_cell_end(&c);
+}
+
+/* ---- the peer ------------------------------------------------------------------------------- */
+
+enum { PK_CELL, PK_STEP, PK_SETUP, PK_FIRST, PK_LOSS, PK_ODE, PK_COUNT };
+/* keys printed by benchmarks/peers/optax_suite.py: <problem>_<suffix> */
+static const char *const peer_suffix[PK_COUNT] = {"cell_s",   "step_us", "setup_ms",
+                                                  "first_ms", "loss",    "ode_steps"};
+
+/* ---- the table ------------------------------------------------------------------------------ */
+
+static void suite_fmt(char *buf, size_t cap, double v, const char *fmt) {
+    if (isnan(v)) {
+        snprintf(buf, cap, "not run");
+    } else {
+        snprintf(buf, cap, fmt, v);
+    }
+}
+
+static void suite_usage(void) {
+    fprintf(stderr, "usage: bench_suite [--steps N] [--lv-steps M] [--cells K] [--lr LR] "
+                    "[--no-peer] [problem ...]\n");
+}
+
+int main(int argc, char **argv) {
+    int64_t steps = 1000, lv_steps = 1000;
+    int cells = 3;
+    double lr = 1e-2;
+    bool peer = true;
+    int chosen[SUITE_MAX_PROBLEMS], n_chosen = 0;
+    for (int i = 1; i < argc; i++) {
+        bool has_value = i + 1 < argc;
+        if (strcmp(argv[i], "--steps") == 0 && has_value) {
+            steps = atoll(argv[++i]);
+        } else if (strcmp(argv[i], "--lv-steps") == 0 && has_value) {
+            lv_steps = atoll(argv[++i]);
+        } else if (strcmp(argv[i], "--cells") == 0 && has_value) {
+            cells = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--lr") == 0 && has_value) {
+            lr = atof(argv[++i]);
+        } else if (strcmp(argv[i], "--no-peer") == 0) {
+            peer = false;
+        } else if (bench_problem_find(argv[i]) != NULL && n_chosen < SUITE_MAX_PROBLEMS) {
+            chosen[n_chosen++] = (int)(bench_problem_find(argv[i]) - bench_problems);
+        } else {
+            suite_usage();
+            return 2;
+        }
+    }
+    if (steps < 1 || lv_steps < 1 || cells < 1 || cells > SUITE_MAX_CELLS || !(lr > 0)) {
+        suite_usage();
+        return 2;
+    }
+    if (n_chosen == 0) {
+        for (int p = 0; p < bench_n_problems && p < SUITE_MAX_PROBLEMS; p++) {
+            chosen[n_chosen++] = p;
+        }
+    }
+    char info[256], load[32];
+    nb_build_info(info, sizeof info, NULL);
+    bench_load_average(load, sizeof load);
+
+    /* ---- 1. the peer's program, first: pinned to one CPU (the table), then unpinned (only
+     *         its us/step: short cells) ---- */
+    enum { KEYS = SUITE_MAX_PROBLEMS * PK_COUNT };
+    char key_text[KEYS][64];
+    const char *keys[KEYS];
+    double peer_vals[KEYS], unpinned[KEYS];
+    for (int j = 0; j < n_chosen; j++) {
+        for (int k = 0; k < PK_COUNT; k++) {
+            snprintf(key_text[j * PK_COUNT + k], sizeof key_text[0], "%s_%s",
+                     bench_problems[chosen[j]].name, peer_suffix[k]);
+            keys[j * PK_COUNT + k] = key_text[j * PK_COUNT + k];
+            peer_vals[j * PK_COUNT + k] = NAN;
+            unpinned[j * PK_COUNT + k] = NAN;
+        }
+    }
+    char jax[64] = "", peer_note[160] = "not run (--no-peer)";
+    if (peer && access("build/peers/bin/python", X_OK) != 0) {
+        snprintf(peer_note, sizeof peer_note,
+                 "not run: no build/peers/bin/python (see benchmarks/README.md)");
+    } else if (peer) {
+        char names[512] = "";
+        size_t len = 0;
+        for (int j = 0; j < n_chosen && len < sizeof names; j++) {
+            len += (size_t)snprintf(names + len, sizeof names - len, " %s",
+                                    bench_problems[chosen[j]].name);
+        }
+        char cmd[1024];
+        snprintf(cmd, sizeof cmd,
+                 "NB_BENCH_PIN=1 build/peers/bin/python benchmarks/peers/optax_suite.py --steps "
+                 "%lld --lv-steps %lld --cells %d --lr %.17g%s 2>/dev/null",
+                 (long long)steps, (long long)lv_steps, cells, lr, names);
+        bench_peer_read(cmd, n_chosen * PK_COUNT, keys, peer_vals, "jax_version", jax, sizeof jax);
+        snprintf(cmd, sizeof cmd,
+                 "NB_BENCH_PIN=0 build/peers/bin/python benchmarks/peers/optax_suite.py --steps "
+                 "20 --lv-steps 20 --cells 1 --lr %.17g%s 2>/dev/null",
+                 lr, names);
+        char ignored[64];
+        bench_peer_read(cmd, n_chosen * PK_COUNT, keys, unpinned, "jax_version", ignored,
+                        sizeof ignored);
+        snprintf(peer_note, sizeof peer_note, "%s",
+                 jax[0] != '\0' ? "" : "not run: optax_suite.py failed (run it alone to see why)");
+    }
+
+    /* ---- 2. nabla ---- */
+    suite_result res[SUITE_MAX_PROBLEMS];
+    for (int j = 0; j < n_chosen; j++) {
+        int p = chosen[j];
+        bool lv = strcmp(bench_problems[p].name, "lotka_volterra") == 0;
+        suite_measure(p, lr, lv ? lv_steps : steps, cells, &res[j]);
+    }
+
+    /* ---- 3. the tables ---- */
+    printf("## bench_suite: `nabla bench` cells (Adam, lr %g), nabla vs JAX + Optax\n\n", lr);
+    printf("%s\n", info);
+    printf("peer: %s%s\n", jax[0] != '\0' ? "JAX " : "", jax[0] != '\0' ? jax : peer_note);
+    printf("machine: %ld CPUs, load average %s at start; 1 thread on both sides (the peer "
+           "pinned to one CPU); us/step: "
+           "median of %d bursts (>= 20 ms each); cell: median of %d cells of %lld steps "
+           "(lotka_volterra: %lld) incl. setup, trace and compile\n\n",
+           sysconf(_SC_NPROCESSORS_ONLN), load, SUITE_SAMPLES, cells, (long long)steps,
+           (long long)lv_steps);
+    printf("| problem | nabla us/step | Optax us/step | ratio (Optax/nabla) | nabla cell s | "
+           "Optax cell s | ratio |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|\n");
+    for (int j = 0; j < n_chosen; j++) {
+        const suite_result *r = &res[j];
+        const double *pv = &peer_vals[j * PK_COUNT];
+        char a[32], b[32], cr[32], d[32], e[32], f[32];
+        suite_fmt(a, sizeof a, r->step_us, "%.2f");
+        suite_fmt(b, sizeof b, pv[PK_STEP], "%.2f");
+        suite_fmt(cr, sizeof cr, pv[PK_STEP] / r->step_us, "%.2f");
+        suite_fmt(d, sizeof d, r->cell_s, "%.3f");
+        suite_fmt(e, sizeof e, pv[PK_CELL], "%.3f");
+        suite_fmt(f, sizeof f, pv[PK_CELL] / r->cell_s, "%.2f");
+        printf("| %s | %s | %s | %s | %s | %s | %s |\n", bench_problems[chosen[j]].name, a, b, cr,
+               d, e, f);
+    }
+    printf("\nThe peer runs pinned to one CPU (sched_setaffinity before JAX starts its "
+           "threads); the column 'not pinned' is its us/step in a second, unpinned run, where "
+           "each step's hand-off between the Python thread and XLA's executor thread may "
+           "cross cores. The cell, split (medians): setup = context (nabla), data, init, "
+           "optimizer, jit objects; first step = trace + compile + one run. Final loss after "
+           "the cell's steps (different random starts, splits and noise on the two sides, so "
+           "close, not equal).\n\n");
+    printf("| problem | nabla setup ms | Optax setup ms | nabla first step ms | Optax first step "
+           "ms | Optax us/step, not pinned | loss nabla | loss Optax |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (int j = 0; j < n_chosen; j++) {
+        const suite_result *r = &res[j];
+        const double *pv = &peer_vals[j * PK_COUNT];
+        char ps[32], pf[32], pu[32], pl[32];
+        suite_fmt(ps, sizeof ps, pv[PK_SETUP], "%.2f");
+        suite_fmt(pf, sizeof pf, pv[PK_FIRST], "%.2f");
+        suite_fmt(pu, sizeof pu, unpinned[j * PK_COUNT + PK_STEP], "%.2f");
+        suite_fmt(pl, sizeof pl, pv[PK_LOSS], "%.4g");
+        printf("| %s | %.2f | %s | %.2f | %s | %s | %.4g | %s |\n", bench_problems[chosen[j]].name,
+               r->setup_ms, ps, r->first_ms, pf, pu, r->loss, pl);
+    }
+    for (int j = 0; j < n_chosen; j++) {
+        if (!isnan(res[j].ode_steps)) {
+            double peer_steps = peer_vals[j * PK_COUNT + PK_ODE];
+            char ps[48];
+            snprintf(ps, sizeof ps, isnan(peer_steps) ? "? (Diffrax not run)" : "%.0f in Diffrax",
+                     peer_steps);
+            printf("\nlotka_volterra: the fit's solve takes %.0f tsit5 steps in nabla and %s "
+                   "at the final parameters (same tolerances and controller; nabla picks dt0 by "
+                   "Hairer's rule, Diffrax 0.7.2 starts at 0.01).\n",
+                   res[j].ode_steps, ps);
+        }
+    }
+    printf("\nSame work per step on both sides: the same losses, sizes, dtypes (f64: "
+           "rosenbrock*, quadratic, beale, lotka_volterra; f32: logreg, softmax, mlp) and "
+           "data files; Adam with Optax's defaults; params and state donated; the loss read "
+           "after every step. What differs: the random draws (numpy on the peer's side) and "
+           "therefore the values; nabla's cell excludes bench.c's periodic eval() calls "
+           "(the peer has none either).\n");
+    return 0;
+}
