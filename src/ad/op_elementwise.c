@@ -512,7 +512,40 @@ NBI_DEF_UNARY_INT(int64_t, uint64_t, i64)
 #define NBI_SAT(T, MIN, MAX, v)                                                                    \
     ((v) != (v) ? (T)0 : (v) <= (double)(MIN) ? (T)(MIN) : (v) >= (double)(MAX) ? (T)(MAX) : (T)(v))
 
+/* The common conversions as plain loops the compiler vectorises: the same conversion of
+ * each value as the general loop below (bool is 0 or 1; int32 and float widen exactly, and
+ * narrowing rounds the same way), so the same bits. relu's derivative (bool -> float)
+ * runs in every MLP's backward pass. */
+#define NBI_CAST_LOOP(FROM, TO, EXPR)                                                              \
+    do {                                                                                           \
+        const FROM *x_ = in;                                                                       \
+        TO *o_ = out;                                                                              \
+        for (int64_t i = 0; i < n; i++) {                                                          \
+            FROM v = x_[i];                                                                        \
+            o_[i] = (EXPR);                                                                        \
+        }                                                                                          \
+        return;                                                                                    \
+    } while (0)
+
 static void nbi_cast_kernel(nb_dtype from, nb_dtype to, void *out, const void *in, int64_t n) {
+    if (from == NB_DTYPE_BOOL && to == NB_DTYPE_F32) {
+        NBI_CAST_LOOP(uint8_t, float, v != 0 ? 1.0f : 0.0f);
+    }
+    if (from == NB_DTYPE_BOOL && to == NB_DTYPE_F64) {
+        NBI_CAST_LOOP(uint8_t, double, v != 0 ? 1.0 : 0.0);
+    }
+    if (from == NB_DTYPE_F32 && to == NB_DTYPE_F64) {
+        NBI_CAST_LOOP(float, double, (double)v);
+    }
+    if (from == NB_DTYPE_F64 && to == NB_DTYPE_F32) {
+        NBI_CAST_LOOP(double, float, (float)v);
+    }
+    if (from == NB_DTYPE_I32 && to == NB_DTYPE_F32) {
+        NBI_CAST_LOOP(int32_t, float, (float)v);
+    }
+    if (from == NB_DTYPE_I32 && to == NB_DTYPE_F64) {
+        NBI_CAST_LOOP(int32_t, double, (double)v);
+    }
     for (int64_t i = 0; i < n; i++) {
         double d = 0;
         int64_t q = 0;
