@@ -825,8 +825,8 @@ static nb_status bn_eval_body(nb_trace *tr, const nb_tree *self, const nb_tree *
     if (nb_trace_status(tr) != NB_OK) {
         return nb_trace_status(tr);
     }
-    return nb_tree_tuple(nb_trace_ctx(tr), p->has_accuracy ? 2 : 1,
-                         (nb_tree *[]){nb_leaf(loss), nb_leaf(acc)}, out);
+    nb_tree *items[2] = {nb_leaf(loss), acc != NULL ? nb_leaf(acc) : NULL};
+    return nb_tree_tuple(nb_trace_ctx(tr), acc != NULL ? 2 : 1, items, out);
 }
 
 /* step(params, state, data) -> (params, state, loss); self = dict(opt, problem). */
