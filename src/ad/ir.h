@@ -336,6 +336,12 @@ NBI_HIDDEN void nbi_rstream_begin(nbi_rstream *s, nbi_op op, nb_dtype dtype);
 NBI_HIDDEN void nbi_rstream_feed(nbi_rstream *s, const void *x, int64_t n);
 /* The result (at least one element was fed), written as one element of the dtype. */
 NBI_HIDDEN void nbi_rstream_end(nbi_rstream *s, void *out);
+/* rows whole runs of len contiguous elements each reduced by op into out[r], with the bits
+ * a stream fed that run would give, several runs at a time; false (nothing done) where that
+ * is not a plain left fold (a float sum of NBI_RBLOCK or more elements: pairwise) or for
+ * other dtypes and ops than f32/f64 sum, max and min. */
+NBI_HIDDEN bool nbi_reduce_short_runs(nbi_op op, nb_dtype dtype, const void *x, int64_t rows,
+                                      int64_t len, void *out);
 /* Combine the results of n consecutive segments (all but the last of NBI_RSEG elements). */
 NBI_HIDDEN void nbi_rstream_combine(nbi_op op, nb_dtype dtype, const void *parts, int64_t n,
                                     void *out);

@@ -385,6 +385,14 @@ static void nbi_fused_reduce_piece(void *ud, int64_t t, int worker) {
         int64_t n = last - t0 < j->pl->tile ? last - t0 : j->pl->tile;
         nbi_fused_tile(j, base, t0, n, vals);
         for (int64_t off = 0; off < n;) {
+            int64_t whole = pos == 0 ? (n - off) / p->red_n : 0;
+            if (whole > 0 &&
+                nbi_reduce_short_runs((nbi_op)p->red_op, node->dtype, vals + (size_t)off * es,
+                                      whole, p->red_n, out + (size_t)row * es)) {
+                off += whole * p->red_n;
+                row += whole;
+                continue; /* (the stream, begun at pos 0, is still fresh) */
+            }
             int64_t m = n - off < p->red_n - pos ? n - off : p->red_n - pos;
             nbi_rstream_feed(&s, vals + (size_t)off * es, m);
             off += m;

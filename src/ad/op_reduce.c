@@ -766,6 +766,67 @@ void nbi_rstream_feed(nbi_rstream *s, const void *x, int64_t n) {
 }
 #undef NBI_RSTREAM_FEED
 
+/* Short runs (a softmax's 10 classes): a stream gives fold(op, x[0], x[1..len-1]) left to
+ * right for them (a float sum's first block is a plain fold while it is open), so four runs
+ * advance together as independent chains -- each its own order, the same bits -- instead of
+ * a begin/feed/end per run waiting on one chain of dependent adds. */
+#define NBI_SHORT_RUNS(T, OP)                                                                      \
+    do {                                                                                           \
+        const T *xs = x;                                                                           \
+        T *o = out;                                                                                \
+        int64_t r = 0;                                                                             \
+        for (; r + 4 <= rows; r += 4) {                                                            \
+            const T *x0 = xs + r * len, *x1 = x0 + len, *x2 = x1 + len, *x3 = x2 + len;            \
+            T a0 = x0[0], a1 = x1[0], a2 = x2[0], a3 = x3[0];                                      \
+            for (int64_t i = 1; i < len; i++) {                                                    \
+                a0 = OP(a0, x0[i]);                                                                \
+                a1 = OP(a1, x1[i]);                                                                \
+                a2 = OP(a2, x2[i]);                                                                \
+                a3 = OP(a3, x3[i]);                                                                \
+            }                                                                                      \
+            o[r] = a0;                                                                             \
+            o[r + 1] = a1;                                                                         \
+            o[r + 2] = a2;                                                                         \
+            o[r + 3] = a3;                                                                         \
+        }                                                                                          \
+        for (; r < rows; r++) {                                                                    \
+            const T *x0 = xs + r * len;                                                            \
+            T a0 = x0[0];                                                                          \
+            for (int64_t i = 1; i < len; i++) {                                                    \
+                a0 = OP(a0, x0[i]);                                                                \
+            }                                                                                      \
+            o[r] = a0;                                                                             \
+        }                                                                                          \
+    } while (0)
+
+bool nbi_reduce_short_runs(nbi_op op, nb_dtype dtype, const void *x, int64_t rows, int64_t len,
+                           void *out) {
+    if (len < 1 || (dtype != NB_DTYPE_F32 && dtype != NB_DTYPE_F64) ||
+        (op == NBI_OP_SUM && len >= NBI_RBLOCK) ||
+        (op != NBI_OP_SUM && op != NBI_OP_MAX && op != NBI_OP_MIN)) {
+        return false;
+    }
+    if (dtype == NB_DTYPE_F32) {
+        if (op == NBI_OP_SUM) {
+            NBI_SHORT_RUNS(float, NBI_FADD);
+        } else if (op == NBI_OP_MAX) {
+            NBI_SHORT_RUNS(float, NBI_FMAX);
+        } else {
+            NBI_SHORT_RUNS(float, NBI_FMIN);
+        }
+    } else {
+        if (op == NBI_OP_SUM) {
+            NBI_SHORT_RUNS(double, NBI_FADD);
+        } else if (op == NBI_OP_MAX) {
+            NBI_SHORT_RUNS(double, NBI_FMAX);
+        } else {
+            NBI_SHORT_RUNS(double, NBI_FMIN);
+        }
+    }
+    return true;
+}
+#undef NBI_SHORT_RUNS
+
 void nbi_rstream_end(nbi_rstream *s, void *out) {
     switch (s->dtype) {
     case NB_DTYPE_F32:

@@ -355,6 +355,118 @@ static void test_fusion_views(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* Short runs (a softmax's classes): sums, maxima and minima over rows of 10 and of 7
+ * elements (7: rows cross the fused kernel's tiles), f32 and f64, on values with NaNs,
+ * -0.0 and infinities, fused into their maps -- several rows at a time -- and bit-identical
+ * to the same maps materialised and reduced by the reduction kernel, with 1 and 3 threads. */
+static int g_short_mode; /* 0: fused; 1: maps only; 2: reductions of given maps */
+
+static nb_status body_short_runs(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    (void)self;
+    nb_var *m[12];
+    for (int i = 0; i < 12; i++) {
+        if (g_short_mode == 2) {
+            m[i] = nb_get(tr, args, "[%d]", i);
+            continue;
+        }
+        nb_var *x = nb_get(tr, args, "[%d]", i / 6); /* [1438, 10] or [913, 7], f64 */
+        if ((i / 3) % 2 == 1) {
+            x = nb_cast(x, NB_DTYPE_F32);
+        }
+        /* log of negatives: NaN; x * 0 at negative x: -0.0; exp of large: inf */
+        m[i] = nb_add(
+            nb_mul(nb_log(nb_add(x, nb_scalar(tr, 2.5 + 0.125 * (i % 3)))), nb_exp(nb_square(x))),
+            nb_mul(x, nb_scalar(tr, 0.0))); /* a map of its own per reduction */
+    }
+    nb_tree *leaves[12];
+    for (int i = 0; i < 12; i++) {
+        nb_var *r = m[i];
+        if (g_short_mode != 1) {
+            r = i % 3 == 0   ? nb_sum(m[i], (int[]){-1}, 1, false)
+                : i % 3 == 1 ? nb_max(m[i], (int[]){-1}, 1, false)
+                             : nb_min(m[i], (int[]){-1}, 1, false);
+        }
+        leaves[i] = nb_leaf(r);
+    }
+    nb_status st = nb_tree_tuple(nb_trace_ctx(tr), 12, leaves, out);
+    for (int i = 0; i < 12; i++) {
+        nb_tree_destroy(leaves[i]);
+    }
+    return st;
+}
+
+static void test_fused_short_runs(void **state) {
+    (void)state;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        nb_ctx_opts o = nb_ctx_opts_default();
+        o.n_threads = threads;
+        nb_ctx *ctx = NULL;
+        NBT_OK(NULL, nb_ctx_create(&o, &ctx));
+        const int64_t shapes[2][2] = {{1438, 10}, {913, 7}};
+        nb_tree *leaves[2], *args = NULL, *fused = NULL, *maps = NULL, *plain = NULL;
+        for (int k = 0; k < 2; k++) {
+            nb_array *a = NULL;
+            NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F64, 2, shapes[k], &a));
+            double *v = nb_array_data(a);
+            int64_t n = shapes[k][0] * shapes[k][1];
+            for (int64_t i = 0; i < n; i++) {
+                v[i] = -3.0 + 6.0 * (double)((i * 2654435761u) % 1000) / 1000.0;
+            }
+            v[5] = 40.0; /* exp(1600) = inf */
+            NBT_OK(ctx, nb_tree_array(a, &leaves[k]));
+            nb_array_destroy(a);
+        }
+        NBT_OK(ctx, nb_tree_tuple(ctx, 2, leaves, &args));
+        nb_fn *f = NULL;
+        NBT_OK(ctx, nb_fn_create(ctx, "short_runs", body_short_runs, NULL, &f));
+        g_short_mode = 0;
+        static char ir[32768];
+        NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+        int n_fused = 0;
+        for (const char *q = strstr(ir, "; then "); q != NULL; q = strstr(q + 1, "; then ")) {
+            n_fused++;
+        }
+        if (n_fused != 12) {
+            fail_msg("expected 12 fused reductions:\n%s", ir);
+        }
+        NBT_OK(ctx, nb_fn_call(f, args, &fused));
+        nb_ctx_clear_cache(ctx);
+        g_short_mode = 1;
+        NBT_OK(ctx, nb_fn_call(f, args, &maps));
+        nb_ctx_clear_cache(ctx);
+        g_short_mode = 2;
+        NBT_OK(ctx, nb_fn_call(f, maps, &plain));
+        int nans = 0;
+        for (int64_t i = 0; i < 12; i++) {
+            bool same = false;
+            nb_array *a = nb_tree_get_array(nb_tree_child(fused, i));
+            nb_array *b = nb_tree_get_array(nb_tree_child(plain, i));
+            NBT_OK(ctx, nb_array_identical(a, b, &same));
+            if (!same) {
+                fail_msg("short-run reduction %lld (threads %d) differs from the unfused kernel",
+                         (long long)i, threads);
+            }
+            for (int64_t e = 0; e < nb_array_size(a); e++) {
+                double v = 0;
+                NBT_OK(ctx, nb_array_get_flat(a, e, &v));
+                nans += isnan(v);
+            }
+        }
+        NBT_TRUE(nans > 0); /* the NaN rows were reduced too */
+        nb_tree_destroy(fused);
+        nb_tree_destroy(maps);
+        nb_tree_destroy(plain);
+        nb_tree_destroy(args);
+        for (int k = 0; k < 2; k++) {
+            nb_tree_destroy(leaves[k]);
+        }
+        nb_fn_destroy(f);
+        nbt_assert_no_live(ctx);
+        nb_ctx_destroy(ctx);
+    }
+}
+
 /* Trailing reductions fused into their elementwise chains: a full f32 sum long enough to be
  * cut into segments (whose partial sums must combine in the unfused kernel's tree), a row
  * sum of short rows, an f32 sum of two long rows (segments per row), a max with keepdims
@@ -793,6 +905,7 @@ int main(void) {
         cmocka_unit_test(test_fusion_is_bit_identical),
         cmocka_unit_test(test_fusion_views),
         cmocka_unit_test(test_fused_reductions),
+        cmocka_unit_test(test_fused_short_runs),
         cmocka_unit_test(test_pad_push),
         cmocka_unit_test(test_fusion_many_inputs),
         cmocka_unit_test(test_fusion_multi_output),
