@@ -11,10 +11,10 @@
  *            traces and compiles), every loss read back -- the median of K cells (each a new
  *            context, so every cell traces and compiles again).
  *
- * One step is bench.c's bn_step_body exactly: value_and_grad of the problem's loss,
- * nb_optim_update, nb_apply_updates, jitted (max_traces 1) and called with params and the
- * optimizer state donated, a new argument tuple per call, the loss read after every call
- * (bn_run_cell's loop, without its periodic eval() calls). The peer does the same with
+ * One step is bench_step_fn (tools/bench_problems.c), what nabla bench runs: value_and_grad
+ * of the problem's loss, nb_optim_update, nb_apply_updates, jitted (max_traces 1) and called with
+ * params and the optimizer state donated, a new argument tuple per call, the loss read after every
+ * call (bn_run_cell's loop, without its periodic eval() calls). The peer does the same with
  * jax.jit(donate_argnums=(0, 1)), optax.adam and float(loss) after every step; it runs
  * first, pinned to one CPU (the table), then once more unpinned with short cells (its
  * us/step only, shown below the table). The random draws differ between the two (numpy
@@ -43,66 +43,6 @@
 
 enum { SUITE_SAMPLES = 11, SUITE_MAX_CELLS = 15, SUITE_MAX_PROBLEMS = 16 };
 
-/* ---- the step, as tools/bench.c ---------------------------------------------------------- */
-
-/* loss(params, data); self = the problem's index (an int leaf). bench.c's bn_loss_body. */
-static nb_status suite_loss_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                                 nb_tree **out) {
-    int64_t pi = 0;
-    nb_tree_get_int(self, &pi);
-    const bench_problem *p = &bench_problems[pi];
-    return nb_return(p->loss(tr, nb_tree_child(args, 0), nb_tree_child(args, 1)), out);
-}
-
-/* step(params, state, data) -> (params, state, loss); self = dict(opt, problem).
- * bench.c's bn_step_body. */
-static nb_status suite_step_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                                 nb_tree **out) {
-    nb_ctx *ctx = nb_trace_ctx(tr);
-    const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
-    nb_fn *loss = NULL, *vg = NULL;
-    nb_tree *largs = NULL;
-    nb_status st =
-        nb_fn_create(ctx, "bench_loss", suite_loss_body, nb_tree_get(self, "problem"), &loss);
-    if (st == NB_OK) {
-        nb_grad_opts go = nb_grad_opts_default();
-        st = nb_value_and_grad(loss, &go, &vg);
-    }
-    if (st == NB_OK) {
-        st = nb_tree_tuple(
-            ctx, 2, (nb_tree *[]){(nb_tree *)params, (nb_tree *)nb_tree_child(args, 2)}, &largs);
-    }
-    const nb_tree *res = st == NB_OK ? nb_apply(tr, vg, largs) : NULL; /* (loss, grads) */
-    nb_tree_destroy(largs);
-    nb_fn_destroy(vg);
-    nb_fn_destroy(loss);
-    if (res == NULL) {
-        return st != NB_OK ? st : nb_trace_status(tr);
-    }
-    const nb_tree *updates = NULL, *new_state = NULL;
-    st = nb_optim_update(tr, nb_tree_get(self, "opt"), nb_tree_child(res, 1), state, params,
-                         &updates, &new_state);
-    if (st != NB_OK) {
-        return st;
-    }
-    const nb_tree *new_params = nb_apply_updates(tr, params, updates);
-    if (new_params == NULL) {
-        return nb_trace_status(tr);
-    }
-    return nb_tree_tuple(ctx, 3,
-                         (nb_tree *[]){(nb_tree *)new_params, (nb_tree *)new_state,
-                                       (nb_tree *)nb_tree_child(res, 0)},
-                         out);
-}
-
-static uint32_t suite_fnv1a(const char *s) {
-    uint32_t h = 2166136261u;
-    for (; *s != '\0'; s++) {
-        h = (h ^ (uint8_t)*s) * 16777619u;
-    }
-    return h;
-}
-
 /* ---- one cell ----------------------------------------------------------------------------- */
 
 /* Everything a cell holds, as bn_run_cell. */
@@ -110,8 +50,8 @@ typedef struct suite_cell {
     int p;
     nb_ctx *ctx;
     nb_array *key;
-    nb_tree *params, *data, *opt, *tmpl, *state, *pidx, *self, *donate, *t_true, *t_false;
-    nb_fn *step, *step_jit;
+    nb_tree *params, *data, *opt, *tmpl, *state, *donate;
+    nb_fn *step_jit;
     nb_call_opts call;
     double loss;
 } suite_cell;
@@ -148,25 +88,13 @@ static void suite_cell_begin(suite_cell *c, int p, double lr) {
         exit(1);
     }
     nb_ctx *ctx = c->ctx;
-    nb_array *k0 = NULL;
-    BENCH_CHECK(ctx, nb_random_key(ctx, 0, &k0));
-    BENCH_CHECK(ctx, nb_random_fold_in(k0, suite_fnv1a(pr->name), &c->key));
-    nb_array_destroy(k0);
+    BENCH_CHECK(ctx, bench_cell_key(ctx, pr, 0, &c->key));
     BENCH_CHECK(ctx, pr->setup(ctx, "data", c->key, &c->params, &c->data));
     BENCH_CHECK(ctx, nb_optim_adam(ctx, lr, NULL, &c->opt));
     BENCH_CHECK(ctx, nb_grad_template(c->params, NULL, &c->tmpl));
     BENCH_CHECK(ctx, nb_optim_init(c->opt, c->tmpl, &c->state));
-    BENCH_CHECK(ctx, nb_tree_int(ctx, p, &c->pidx));
-    BENCH_CHECK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"opt", "problem"},
-                                  (nb_tree *[]){c->opt, c->pidx}, &c->self));
-    BENCH_CHECK(ctx, nb_fn_create(ctx, "bench_step", suite_step_body, c->self, &c->step));
-    nb_jit_opts jo = nb_jit_opts_default();
-    jo.max_traces = 1; /* a retrace would be a bug */
-    BENCH_CHECK(ctx, nb_jit(c->step, &jo, &c->step_jit));
-    BENCH_CHECK(ctx, nb_tree_bool(ctx, true, &c->t_true));
-    BENCH_CHECK(ctx, nb_tree_bool(ctx, false, &c->t_false));
-    BENCH_CHECK(ctx,
-                nb_tree_tuple(ctx, 3, (nb_tree *[]){c->t_true, c->t_true, c->t_false}, &c->donate));
+    BENCH_CHECK(ctx, bench_step_fn(ctx, pr, c->opt, &c->step_jit));
+    BENCH_CHECK(ctx, bench_step_donate(ctx, &c->donate));
     c->call = nb_call_opts_default();
     c->call.donate = c->donate;
     c->loss = NAN;
@@ -174,9 +102,7 @@ static void suite_cell_begin(suite_cell *c, int p, double lr) {
 
 static void suite_cell_end(suite_cell *c) {
     nb_fn_destroy(c->step_jit);
-    nb_fn_destroy(c->step);
-    nb_tree *trees[] = {c->params, c->data, c->opt,    c->tmpl,   c->state,
-                        c->pidx,   c->self, c->donate, c->t_true, c->t_false};
+    nb_tree *trees[] = {c->params, c->data, c->opt, c->tmpl, c->state, c->donate};
     for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
         nb_tree_destroy(trees[i]);
     }

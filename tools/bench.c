@@ -8,8 +8,8 @@
  * logs the loss (and, for classifiers, the test accuracy) every `log_every` steps.
  *
  * Reproducible means the same bytes:
- *   - a cell's randomness is one Threefry key, fold_in(key(seed), fnv1a(problem)): every
- *     optimizer and learning rate starts from the same point on the same data (a fair
+ *   - a cell's randomness is one Threefry key, fold_in(key(seed), fnv1a(problem)) (bench_cell_key):
+ * every optimizer and learning rate starts from the same point on the same data (a fair
  *     comparison), and a cell run alone gives what it gives inside the suite;
  *   - each cell runs in a context of its own, and nabla's kernels give the same bits for any
  *     thread count, so --threads (kernel threads) and --jobs (cells at once) change nothing;
@@ -757,14 +757,6 @@ typedef struct bn_cell {
     double secs;
 } bn_cell;
 
-static uint32_t bn_fnv1a(const char *s) {
-    uint32_t h = 2166136261u;
-    for (; *s; s++) {
-        h = (h ^ (uint8_t)*s) * 16777619u;
-    }
-    return h;
-}
-
 /* results.csv's line for one row. */
 static void bn_row_text(bn_buf *b, const bn_cell *c, const bn_row *r) {
     const bench_problem *p = &bench_problems[c->p];
@@ -804,15 +796,6 @@ static bool bn_row_add(bn_cell *c, int64_t *cap, int64_t step, double loss, doub
 
 /* ---- running one cell -------------------------------------------------------------------- */
 
-/* loss(params, data); self = the problem's index (an int leaf). */
-static nb_status bn_loss_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                              nb_tree **out) {
-    int64_t pi = 0;
-    nb_tree_get_int(self, &pi);
-    const bench_problem *p = &bench_problems[pi];
-    return nb_return(p->loss(tr, nb_tree_child(args, 0), nb_tree_child(args, 1)), out);
-}
-
 /* eval(params, data) -> (loss, accuracy) or (loss,); self = the problem's index. */
 static nb_status bn_eval_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                               nb_tree **out) {
@@ -827,46 +810,6 @@ static nb_status bn_eval_body(nb_trace *tr, const nb_tree *self, const nb_tree *
     }
     nb_tree *items[2] = {nb_leaf(loss), acc != NULL ? nb_leaf(acc) : NULL};
     return nb_tree_tuple(nb_trace_ctx(tr), acc != NULL ? 2 : 1, items, out);
-}
-
-/* step(params, state, data) -> (params, state, loss); self = dict(opt, problem). */
-static nb_status bn_step_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                              nb_tree **out) {
-    nb_ctx *ctx = nb_trace_ctx(tr);
-    const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
-    nb_fn *loss = NULL, *vg = NULL;
-    nb_tree *largs = NULL;
-    nb_status st =
-        nb_fn_create(ctx, "bench_loss", bn_loss_body, nb_tree_get(self, "problem"), &loss);
-    if (st == NB_OK) {
-        nb_grad_opts go = nb_grad_opts_default();
-        st = nb_value_and_grad(loss, &go, &vg);
-    }
-    if (st == NB_OK) {
-        st = nb_tree_tuple(
-            ctx, 2, (nb_tree *[]){(nb_tree *)params, (nb_tree *)nb_tree_child(args, 2)}, &largs);
-    }
-    const nb_tree *res = st == NB_OK ? nb_apply(tr, vg, largs) : NULL; /* (loss, grads) */
-    nb_tree_destroy(largs);
-    nb_fn_destroy(vg);
-    nb_fn_destroy(loss);
-    if (res == NULL) {
-        return st != NB_OK ? st : nb_trace_status(tr);
-    }
-    const nb_tree *updates = NULL, *new_state = NULL;
-    st = nb_optim_update(tr, nb_tree_get(self, "opt"), nb_tree_child(res, 1), state, params,
-                         &updates, &new_state);
-    if (st != NB_OK) {
-        return st;
-    }
-    const nb_tree *new_params = nb_apply_updates(tr, params, updates);
-    if (new_params == NULL) {
-        return nb_trace_status(tr);
-    }
-    return nb_tree_tuple(ctx, 3,
-                         (nb_tree *[]){(nb_tree *)new_params, (nb_tree *)new_state,
-                                       (nb_tree *)nb_tree_child(res, 0)},
-                         out);
 }
 
 static double bn_scalar(const nb_tree *t, bool *f64) {
@@ -912,17 +855,6 @@ static void bn_progress_steps(bn_shared *sh, const bn_cell *c, int64_t steps) {
         }                                                                                          \
     } while (0)
 
-/* The cell's key: fold_in(key(seed), fnv1a(problem name)). */
-static nb_status bn_cell_key(nb_ctx *ctx, const bn_cell *c, nb_array **out) {
-    nb_array *k0 = NULL;
-    nb_status st = nb_random_key(ctx, c->seed, &k0);
-    if (st == NB_OK) {
-        st = nb_random_fold_in(k0, bn_fnv1a(bench_problems[c->p].name), out);
-    }
-    nb_array_destroy(k0);
-    return st;
-}
-
 /* Run cell c: its rows, reached, diverged. Returns 0, or 1 with err set. */
 static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, size_t err_cap) {
     const bench_problem *p = &bench_problems[c->p];
@@ -939,29 +871,24 @@ static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, 
     int64_t cap = 0, logged_steps = 0;
     nb_array *key = NULL;
     nb_tree *params = NULL, *data = NULL, *opt = NULL, *tmpl = NULL, *state = NULL, *pidx = NULL,
-            *self = NULL, *donate = NULL, *t_true = NULL, *t_false = NULL;
-    nb_fn *step = NULL, *step_jit = NULL, *eval = NULL, *eval_jit = NULL;
+            *donate = NULL;
+    nb_fn *step_jit = NULL, *eval = NULL, *eval_jit = NULL;
     c->n_rows = 0;
     c->reached = -1;
     c->diverged = false;
     c->f64 = false;
-    BN_CHECK(bn_cell_key(ctx, c, &key));
+    BN_CHECK(bench_cell_key(ctx, p, c->seed, &key));
     BN_CHECK(p->setup(ctx, cfg->data, key, &params, &data));
     BN_CHECK(bn_make_optim(ctx, c->o, c->lr, &opt));
     BN_CHECK(nb_grad_template(params, NULL, &tmpl));
     BN_CHECK(nb_optim_init(opt, tmpl, &state));
+    BN_CHECK(bench_step_fn(ctx, p, opt, &step_jit));
     BN_CHECK(nb_tree_int(ctx, c->p, &pidx));
-    BN_CHECK(
-        nb_tree_dict(ctx, 2, (const char *[]){"opt", "problem"}, (nb_tree *[]){opt, pidx}, &self));
-    BN_CHECK(nb_fn_create(ctx, "bench_step", bn_step_body, self, &step));
+    BN_CHECK(nb_fn_create(ctx, "bench_eval", bn_eval_body, pidx, &eval));
     nb_jit_opts jo = nb_jit_opts_default();
     jo.max_traces = 1; /* a retrace would be a bug */
-    BN_CHECK(nb_jit(step, &jo, &step_jit));
-    BN_CHECK(nb_fn_create(ctx, "bench_eval", bn_eval_body, pidx, &eval));
     BN_CHECK(nb_jit(eval, &jo, &eval_jit));
-    BN_CHECK(nb_tree_bool(ctx, true, &t_true));
-    BN_CHECK(nb_tree_bool(ctx, false, &t_false));
-    BN_CHECK(nb_tree_tuple(ctx, 3, (nb_tree *[]){t_true, t_true, t_false}, &donate));
+    BN_CHECK(bench_step_donate(ctx, &donate));
     nb_call_opts call = nb_call_opts_default();
     call.donate = donate;
     for (int64_t k = 0;; k++) {
@@ -1040,8 +967,7 @@ done:
     nb_fn_destroy(eval_jit);
     nb_fn_destroy(eval);
     nb_fn_destroy(step_jit);
-    nb_fn_destroy(step);
-    nb_tree *trees[] = {params, data, opt, tmpl, state, pidx, self, donate, t_true, t_false};
+    nb_tree *trees[] = {params, data, opt, tmpl, state, pidx, donate};
     for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
         nb_tree_destroy(trees[i]);
     }

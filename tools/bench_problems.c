@@ -751,3 +751,120 @@ const bench_problem *bench_problem_find(const char *name) {
     }
     return NULL;
 }
+
+/* ---- a cell's key, loss and step ---------------------------------------------------------- */
+
+static uint32_t bp_fnv1a(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s != '\0'; s++) {
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    }
+    return h;
+}
+
+nb_status bench_cell_key(nb_ctx *ctx, const bench_problem *p, uint64_t seed, nb_array **out) {
+    nb_array *k0 = NULL;
+    nb_status st = nb_random_key(ctx, seed, &k0);
+    if (st == NB_OK) {
+        st = nb_random_fold_in(k0, bp_fnv1a(p->name), out);
+    }
+    nb_array_destroy(k0);
+    return st;
+}
+
+/* loss(params, data); self = the problem's index (an int leaf). */
+static nb_status bp_loss_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    int64_t i = -1;
+    if (nb_tree_get_int(self, &i) != NB_OK || i < 0 || i >= bench_n_problems) {
+        return nb_trace_fail(tr, NB_ERR_INVALID, "bench_loss: self is not a problem index");
+    }
+    const bench_problem *p = &bench_problems[i];
+    return nb_return(p->loss(tr, nb_tree_child(args, 0), nb_tree_child(args, 1)), out);
+}
+
+nb_status bench_loss_fn(nb_ctx *ctx, const bench_problem *p, nb_fn **out) {
+    nb_tree *idx = NULL;
+    nb_status st = nb_tree_int(ctx, p - bench_problems, &idx);
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "bench_loss", bp_loss_body, idx, out);
+    }
+    nb_tree_destroy(idx);
+    return st;
+}
+
+/* step(params, state, data) -> (params, state, loss); self = dict(opt, problem index). */
+static nb_status bp_step_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
+    nb_fn *loss = NULL, *vg = NULL;
+    nb_tree *largs = NULL;
+    nb_status st =
+        nb_fn_create(ctx, "bench_loss", bp_loss_body, nb_tree_get(self, "problem"), &loss);
+    if (st == NB_OK) {
+        nb_grad_opts go = nb_grad_opts_default();
+        st = nb_value_and_grad(loss, &go, &vg);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(
+            ctx, 2, (nb_tree *[]){(nb_tree *)params, (nb_tree *)nb_tree_child(args, 2)}, &largs);
+    }
+    const nb_tree *res = st == NB_OK ? nb_apply(tr, vg, largs) : NULL; /* (loss, grads) */
+    nb_tree_destroy(largs);
+    nb_fn_destroy(vg);
+    nb_fn_destroy(loss);
+    if (res == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    const nb_tree *updates = NULL, *new_state = NULL;
+    st = nb_optim_update(tr, nb_tree_get(self, "opt"), nb_tree_child(res, 1), state, params,
+                         &updates, &new_state);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_tree *new_params = nb_apply_updates(tr, params, updates);
+    if (new_params == NULL) {
+        return nb_trace_status(tr);
+    }
+    return nb_tree_tuple(ctx, 3,
+                         (nb_tree *[]){(nb_tree *)new_params, (nb_tree *)new_state,
+                                       (nb_tree *)nb_tree_child(res, 0)},
+                         out);
+}
+
+nb_status bench_step_fn(nb_ctx *ctx, const bench_problem *p, const nb_tree *opt, nb_fn **out) {
+    nb_tree *idx = NULL, *self = NULL;
+    nb_fn *step = NULL;
+    nb_status st = nb_tree_int(ctx, p - bench_problems, &idx);
+    if (st == NB_OK) {
+        st = nb_tree_dict(ctx, 2, (const char *[]){"opt", "problem"},
+                          (nb_tree *[]){(nb_tree *)opt, idx}, &self);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "bench_step", bp_step_body, self, &step);
+    }
+    if (st == NB_OK) {
+        nb_jit_opts jo = nb_jit_opts_default();
+        jo.max_traces = 1;
+        st = nb_jit(step, &jo, out);
+    }
+    nb_fn_destroy(step);
+    nb_tree_destroy(self);
+    nb_tree_destroy(idx);
+    return st;
+}
+
+nb_status bench_step_donate(nb_ctx *ctx, nb_tree **out) {
+    nb_tree *t = NULL, *f = NULL;
+    nb_status st = nb_tree_bool(ctx, true, &t);
+    if (st == NB_OK) {
+        st = nb_tree_bool(ctx, false, &f);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 3, (nb_tree *[]){t, t, f}, out);
+    }
+    nb_tree_destroy(t);
+    nb_tree_destroy(f);
+    return st;
+}

@@ -45,4 +45,18 @@ extern const int bench_n_problems;
 /* The problem named name, or NULL. */
 const bench_problem *bench_problem_find(const char *name);
 
+/* What every user of the problems (nabla bench, bench_suite, the tests) builds a cell from:
+ *   bench_cell_key   the cell's key: fold_in(key(seed), FNV-1a of the problem's name) -- the
+ *                    same for every optimizer and learning rate
+ *   bench_loss_fn    loss(params, data) -> the 0-d loss, as a function
+ *   bench_step_fn    step(params, state, data) -> (params, state, loss): value_and_grad of
+ *                    the loss, opt's update, apply_updates; jitted, one trace allowed (a
+ *                    retrace is an error, not a slowdown)
+ *   bench_step_donate  (true, true, false): the step's params and state donated
+ * Each returns a new reference, or a status with the context's message. */
+nb_status bench_cell_key(nb_ctx *ctx, const bench_problem *p, uint64_t seed, nb_array **out);
+nb_status bench_loss_fn(nb_ctx *ctx, const bench_problem *p, nb_fn **out);
+nb_status bench_step_fn(nb_ctx *ctx, const bench_problem *p, const nb_tree *opt, nb_fn **out);
+nb_status bench_step_donate(nb_ctx *ctx, nb_tree **out);
+
 #endif

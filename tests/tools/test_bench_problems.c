@@ -71,15 +71,6 @@ static const bench_problem *problem_of(const nb_tree *self) {
     return &bench_problems[i];
 }
 
-/* loss(params, data) */
-static nb_status loss_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
-    const bench_problem *p = problem_of(self);
-    if (p == NULL) {
-        return nb_trace_fail(tr, NB_ERR_INVALID, "loss_body: self is not a problem index");
-    }
-    return nb_return(p->loss(tr, nb_tree_child(args, 0), nb_tree_child(args, 1)), out);
-}
-
 /* eval(params, data) -> (loss, accuracy), accuracy NaN (f64) without one */
 static nb_status eval_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     const bench_problem *p = problem_of(self);
@@ -91,43 +82,6 @@ static nb_status eval_body(nb_trace *tr, const nb_tree *self, const nb_tree *arg
     nb_var *acc =
         p->has_accuracy ? p->accuracy(tr, params, data) : nb_scalar_typed(tr, NB_DTYPE_F64, NAN);
     return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(loss), nb_leaf(acc)}, out);
-}
-
-/* step(params, state, data) -> (params, state, loss); self = dict(opt, problem) */
-static nb_status step_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
-    nb_ctx *ctx = nb_trace_ctx(tr);
-    const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
-    nb_fn *loss = NULL, *vg = NULL;
-    nb_tree *largs = NULL;
-    nb_status st = nb_fn_create(ctx, "bench_loss", loss_body, nb_tree_get(self, "problem"), &loss);
-    if (st == NB_OK) {
-        st = nb_value_and_grad(loss, NULL, &vg);
-    }
-    if (st == NB_OK) {
-        st = nb_tree_tuple(
-            ctx, 2, (nb_tree *[]){(nb_tree *)params, (nb_tree *)nb_tree_child(args, 2)}, &largs);
-    }
-    const nb_tree *res = st == NB_OK ? nb_apply(tr, vg, largs) : NULL; /* (loss, grads) */
-    nb_tree_destroy(largs);
-    nb_fn_destroy(vg);
-    nb_fn_destroy(loss);
-    if (res == NULL) {
-        return st != NB_OK ? st : nb_trace_status(tr);
-    }
-    const nb_tree *updates = NULL, *new_state = NULL;
-    st = nb_optim_update(tr, nb_tree_get(self, "opt"), nb_tree_child(res, 1), state, params,
-                         &updates, &new_state);
-    if (st != NB_OK) {
-        return st;
-    }
-    const nb_tree *new_params = nb_apply_updates(tr, params, updates);
-    if (new_params == NULL) {
-        return nb_trace_status(tr);
-    }
-    return nb_tree_tuple(ctx, 3,
-                         (nb_tree *[]){(nb_tree *)new_params, (nb_tree *)new_state,
-                                       (nb_tree *)nb_tree_child(res, 0)},
-                         out);
 }
 
 /* ---- helpers ----------------------------------------------------------------------------- */
@@ -384,7 +338,7 @@ static void test_gradients(void **state) {
     for (int i = 0; i < bench_n_problems; i++) {
         const bench_problem *p = &bench_problems[i];
         nb_ctx *ctx = nbt_ctx();
-        nb_tree *params = NULL, *data = NULL, *self = index_leaf(ctx, p), *grads = NULL;
+        nb_tree *params = NULL, *data = NULL, *grads = NULL;
         setup_seed(ctx, p, 3, &params, &data);
         /* away from the zero start of the linear classifiers, where the gradient is simple */
         if (p->has_accuracy && strcmp(p->name, "mlp") != 0) {
@@ -393,7 +347,7 @@ static void test_gradients(void **state) {
             params = moved;
         }
         nb_fn *loss = NULL, *grad = NULL;
-        NBT_OK(ctx, nb_fn_create(ctx, "bench_loss", loss_body, self, &loss));
+        NBT_OK(ctx, bench_loss_fn(ctx, p, &loss));
         NBT_OK(ctx, nb_grad(loss, NULL, &grad));
         nb_tree *args = pair(ctx, params, data);
         NBT_OK(ctx, nb_fn_call(grad, args, &grads));
@@ -442,7 +396,7 @@ static void test_gradients(void **state) {
         NBT_TRUE(isfinite(dd) && fabs(dd) > 0);
         NBT_TRUE(rel <= tol);
 
-        nb_tree *trees[] = {params, data, self, grads, plus, minus, p64, d64};
+        nb_tree *trees[] = {params, data, grads, plus, minus, p64, d64};
         for (size_t k = 0; k < sizeof trees / sizeof trees[0]; k++) {
             nb_tree_destroy(trees[k]);
         }
@@ -533,18 +487,10 @@ static void test_adam_reaches_targets(void **state) {
         NBT_OK(ctx, nb_optim_adam(ctx, lr, NULL, &opt));
         NBT_OK(ctx, nb_grad_template(params, NULL, &tmpl));
         NBT_OK(ctx, nb_optim_init(opt, tmpl, &st));
-        nb_tree *prob = index_leaf(ctx, p), *self = NULL, *t_true = NULL, *t_false = NULL,
-                *donate = NULL;
-        NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"opt", "problem"},
-                                 (nb_tree *[]){opt, prob}, &self));
-        nb_fn *step = NULL, *step_jit = NULL;
-        NBT_OK(ctx, nb_fn_create(ctx, "bench_step", step_body, self, &step));
-        nb_jit_opts jo = nb_jit_opts_default();
-        jo.max_traces = 1;
-        NBT_OK(ctx, nb_jit(step, &jo, &step_jit));
-        NBT_OK(ctx, nb_tree_bool(ctx, true, &t_true));
-        NBT_OK(ctx, nb_tree_bool(ctx, false, &t_false));
-        NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){t_true, t_true, t_false}, &donate));
+        nb_tree *donate = NULL;
+        nb_fn *step_jit = NULL;
+        NBT_OK(ctx, bench_step_fn(ctx, p, opt, &step_jit));
+        NBT_OK(ctx, bench_step_donate(ctx, &donate));
         nb_call_opts call = nb_call_opts_default();
         call.donate = donate;
 
@@ -591,8 +537,7 @@ static void test_adam_reaches_targets(void **state) {
         NBT_EQ_I64(stats.n_traces, 1);
 
         nb_fn_destroy(step_jit);
-        nb_fn_destroy(step);
-        nb_tree *trees[] = {params, data, opt, tmpl, st, prob, self, t_true, t_false, donate};
+        nb_tree *trees[] = {params, data, opt, tmpl, st, donate};
         for (size_t j = 0; j < sizeof trees / sizeof trees[0]; j++) {
             nb_tree_destroy(trees[j]);
         }
@@ -696,27 +641,24 @@ static void *thread_main(void *arg) {
     for (int i = 0; i < bench_n_problems && r->st == NB_OK; i++) {
         const bench_problem *p = &bench_problems[i];
         nb_array *key = NULL;
-        nb_tree *params = NULL, *data = NULL, *self = NULL, *args = NULL, *res = NULL;
+        nb_tree *params = NULL, *data = NULL, *args = NULL, *res = NULL;
         nb_fn *f = NULL;
         r->st = nb_random_key(ctx, r->seed, &key);
         if (r->st == NB_OK) {
             r->st = p->setup(ctx, NBT_DATA_DIR, key, &params, &data);
         }
         if (r->st == NB_OK) {
-            r->st = nb_tree_int(ctx, i, &self);
-        }
-        if (r->st == NB_OK) {
             r->st = nb_tree_tuple(ctx, 2, (nb_tree *[]){params, data}, &args);
         }
         if (r->st == NB_OK) {
-            r->st = nb_fn_create(ctx, "bench_loss", loss_body, self, &f);
+            r->st = bench_loss_fn(ctx, p, &f);
         }
         if (r->st == NB_OK) {
             r->st = nb_fn_call(f, args, &res);
         }
         r->loss[i] = r->st == NB_OK ? scalar_of(res) : NAN;
         nb_fn_destroy(f);
-        nb_tree *trees[] = {params, data, self, args, res};
+        nb_tree *trees[] = {params, data, args, res};
         for (size_t k = 0; k < sizeof trees / sizeof trees[0]; k++) {
             nb_tree_destroy(trees[k]);
         }
