@@ -10,9 +10,11 @@
 #   make asan           the same build in build-asan/ with ASan + UBSan
 #   make test-asan      asan, then every ctest suite there
 #   make test-clang     the default build with clang in build-clang/, then every suite
+#   make build-matrix   build everything in every build type (Release, RelWithDebInfo,
+#                       MinSizeRel, Debug) with gcc and clang, -Werror, in build-matrix/
 #   make format         clang-format -i over all C sources and headers
 #   make format-check   fail if any file is not formatted
-#   make clean          remove build/, build-asan/, build-clang/ and build-fuzz/
+#   make clean          remove build/, build-asan/, build-clang/, build-fuzz/, build-matrix/
 #
 # Nothing here needs Python. JOBS=N overrides the parallelism (default 2).
 
@@ -35,7 +37,7 @@ FORMAT_FILES = $(shell find $(FORMAT_DIRS) -type f \( -name '*.c' -o -name '*.h'
 .DEFAULT_GOAL := build
 # Targets share build directories and apt; never run two of them at once.
 .NOTPARALLEL:
-.PHONY: build deps test test-fuzz run bench asan test-asan test-clang format format-check check-clang-format clean
+.PHONY: build deps test test-fuzz run bench asan test-asan test-clang build-matrix format format-check check-clang-format clean
 
 deps:
 	@bash scripts/deps.sh
@@ -78,6 +80,9 @@ test-clang: deps
 	$(RUN) $(CMAKE) --build --preset clang -j $(JOBS)
 	$(RUN) $(CTEST) --preset clang -j $(JOBS)
 
+build-matrix: deps
+	$(RUN) bash scripts/build_matrix.sh
+
 format: check-clang-format
 	$(CLANG_FORMAT) -i $(FORMAT_FILES)
 
@@ -92,4 +97,4 @@ check-clang-format:
 		exit 1; }
 
 clean:
-	rm -rf build build-asan build-clang build-fuzz
+	rm -rf build build-asan build-clang build-fuzz build-matrix

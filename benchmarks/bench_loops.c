@@ -1,5 +1,5 @@
 /*
- * bench_loops.c -- issue 7's row: the cost of reverse mode through a long loop, and what
+ * bench_loops.c -- one row: the cost of reverse mode through a long loop, and what
  * checkpointing trades for memory. A recurrence of 10^4 steps over a state of 256 f64,
  *
  *     x_{t+1} = tanh(W x_t + b),   W f64[256,256] and b closed over by the body,

@@ -1,5 +1,5 @@
 /*
- * bench_ode.c -- issue 8's rows: solving and differentiating ODEs, next to SUNDIALS CVODES,
+ * bench_ode.c -- the ODE rows: solving and differentiating ODEs, next to SUNDIALS CVODES,
  * SciPy and Diffrax measured in the same run.
  *
  * Table 1: Lotka-Volterra (dx/dt = a x - b x y, dy/dt = -c y + d x y, a = 1.5, b = 1,

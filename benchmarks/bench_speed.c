@@ -1,5 +1,5 @@
 /*
- * bench_speed.c -- issue 5's table: nabla against a peer measured in the same run, at 1 and
+ * bench_speed.c -- the speed table: nabla against a peer measured in the same run, at 1 and
  * 2 threads, with the goal of each row and whether it is met.
  *
  *   MLP 784-256-256-10 value_and_grad        vs PyTorch, and vs its 8 GEMMs in BLIS alone

@@ -1,5 +1,5 @@
 /*
- * bench_train.c -- issue 6's rows: a whole Adam train step as ONE jitted nabla function
+ * bench_train.c -- the train-step rows: a whole Adam train step as ONE jitted nabla function
  * (forward, loss, backward, Adam update, apply), the parameters and the optimizer state
  * donated so that the step updates them in place, next to PyTorch doing the same step with
  * torch.optim.Adam(foreach=True), at 1 and 2 threads, with the goal of each row:

@@ -1,5 +1,5 @@
 /*
- * cvodes_lv.c -- peer numbers for nabla's ODE benchmarks (issue 8): SUNDIALS CVODES on the
+ * cvodes_lv.c -- peer numbers for nabla's ODE benchmarks (bench_ode): SUNDIALS CVODES on the
  * Lotka-Volterra problem of tests/ode/oracle/lotka_volterra.txt, the state at t = 10 and the
  * gradient of G = x(10) + y(10) with respect to (a, b, c, d, x0, y0) by the adjoint method.
  *

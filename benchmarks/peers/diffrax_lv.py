@@ -1,4 +1,4 @@
-"""Peer numbers for nabla's ODE benchmarks (issue 8), measured with Diffrax (JAX, CPU,
+"""Peer numbers for nabla's ODE benchmarks (bench_ode), measured with Diffrax (JAX, CPU,
 float64) on the Lotka-Volterra problem of tests/ode/oracle/lotka_volterra.txt:
 
   dx/dt = a x - b x y, dy/dt = -c y + d x y, a=1.5, b=1, c=3, d=1, x0=y0=1, t in [0, 10],

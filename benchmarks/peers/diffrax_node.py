@@ -1,4 +1,4 @@
-"""Peer numbers for nabla's ODE benchmarks (issue 8): a 1000-dimensional neural ODE solved
+"""Peer numbers for nabla's ODE benchmarks (bench_ode): a 1000-dimensional neural ODE solved
 and differentiated with Diffrax (JAX, CPU).
 
   dy/dt = tanh(W y + b), y in R^1000, t in [0, 1], loss L = sum(y(1)),

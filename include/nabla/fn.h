@@ -6,7 +6,8 @@
  * tree traces the body into IR, compiles it into an executable, caches it, and runs it;
  * later calls with the same *signature* run the cached executable on new data.
  *
- * What is static and what is dynamic (DESIGN.md section 3):
+ * What is static and what is dynamic (docs/semantics.md, section 2, says the same at more
+ * length; installed as share/doc/nabla/semantics.md):
  *   - array leaves of the arguments and of self are dynamic: traced as inputs, seen by the
  *     cache only as (dtype, shape);
  *   - everything else is static: tree structure, null leaves, static leaves (ints, floats,
@@ -15,6 +16,11 @@
  * arguments + (dtype, shape) of every dynamic leaf + the jit options; a hit compares the
  * whole key, never just its hash. Two nb_fns made separately from the same body with equal
  * self data share their cache entries. A traced value is never hashed.
+ *
+ * A body's only inputs are args and self: a C global (an option, a flag) read by the body
+ * is read once, at trace time, and its value is compiled in -- later calls do not see it
+ * change. Pass such a value as a static leaf of args or self (a new value then retraces,
+ * and the reason names it), or as an array (data).
  *
  * Outputs: array outputs always come back as new arrays owned by the caller -- also those
  * that constant folding turned into constants and those that are inputs passed through;

@@ -39,9 +39,15 @@
  *
  * Worked example
  * --------------
- * Build a model's parameters as a pytree, look at it, and update every float leaf:
+ * Build a model's parameters as a pytree, look at it, and update every float leaf. The
+ * program is complete (tests/docs/doc_examples.sh extracts, compiles and runs it):
+ * build it with `cc -std=c17 tree.c $(pkg-config --cflags --libs nabla) -lm`.
  *
+ * [example tree.c]
  *     #include <nabla/nabla.h>
+ *
+ *     #include <math.h>  // tanh
+ *     #include <stdio.h> // stdout, fprintf
  *
  *     static nb_status halve(void *ud, const char *path, int n,
  *                            const nb_tree *const *leaves, nb_tree **out) {
@@ -80,6 +86,7 @@
  *         nb_ctx_destroy(ctx);
  *         return st == NB_OK ? 0 : 1;
  *     }
+ * [end of example]
  *
  * The static leaf "act" is part of the tree's structure (its treedef) and is carried
  * through the map unchanged; the two arrays are its dynamic leaves. The tracing, grad,

@@ -317,7 +317,7 @@ nb_status nb_random_split(const nb_array *key, int64_t n, nb_array **out) {
     if (out != NULL) {
         *out = NULL;
     }
-    uint32_t k0, k1;
+    uint32_t k0 = 0, k1 = 0;
     nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
     if (st != NB_OK) {
         return st;
@@ -339,7 +339,7 @@ nb_status nb_random_fold_in(const nb_array *key, uint32_t data, nb_array **out) 
     if (out != NULL) {
         *out = NULL;
     }
-    uint32_t k0, k1;
+    uint32_t k0 = 0, k1 = 0;
     nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
     if (st != NB_OK) {
         return st;
@@ -355,7 +355,7 @@ static nb_status nbi_sample(const nb_array *key, const char *fn, nbi_rng_kind ki
     if (out != NULL) {
         *out = NULL;
     }
-    uint32_t k0, k1;
+    uint32_t k0 = 0, k1 = 0;
     nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
     if (st != NB_OK) {
         return st;
@@ -403,7 +403,7 @@ nb_status nb_random_permutation(const nb_array *key, int64_t n, nb_array **out) 
     if (out != NULL) {
         *out = NULL;
     }
-    uint32_t k0, k1;
+    uint32_t k0 = 0, k1 = 0;
     nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
     if (st != NB_OK) {
         return st;

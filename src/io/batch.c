@@ -128,7 +128,7 @@ nb_status nb_data_split(const nb_array *x, const nb_array *y, const nb_array *ke
                        "required, and y_train and y_test when y is given)",
                        fn);
     }
-    uint32_t k0, k1;
+    uint32_t k0 = 0, k1 = 0;
     st = nbi_data_key(key, fn, &k0, &k1);
     if (st != NB_OK) {
         return st == NB_ERR_MISUSE ? nbi_err(ctx, st, "%s: key is a NULL or destroyed array", fn)
@@ -411,7 +411,7 @@ nb_status nb_batcher_create(const nb_array *x, const nb_array *y, const nb_array
     if (out == NULL) {
         return nbi_err(ctx, NB_ERR_MISUSE, "%s: out is NULL", fn);
     }
-    uint32_t k0, k1;
+    uint32_t k0 = 0, k1 = 0;
     st = nbi_data_key(key, fn, &k0, &k1);
     if (st != NB_OK) {
         return st == NB_ERR_MISUSE ? nbi_err(ctx, st, "%s: key is a NULL or destroyed array", fn)

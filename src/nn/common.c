@@ -201,10 +201,11 @@ static bool nbi_nn_find_path(const nb_tree *t, const char *rel, int depth, char 
     }
     for (int64_t i = 0; i < nb_tree_len(t); i++) {
         char sub[NB_PATH_MAX];
-        if (k == NB_TREE_KIND_DICT) {
-            snprintf(sub, sizeof sub, "%s%s%s", rel, rel[0] ? "." : "", nb_tree_key(t, i));
-        } else {
-            snprintf(sub, sizeof sub, "%s[%lld]", rel, (long long)i);
+        int n = k == NB_TREE_KIND_DICT
+                    ? snprintf(sub, sizeof sub, "%s%s%s", rel, rel[0] ? "." : "", nb_tree_key(t, i))
+                    : snprintf(sub, sizeof sub, "%s[%lld]", rel, (long long)i);
+        if (n < 0 || (size_t)n >= sizeof sub) {
+            continue; /* a path this long cannot be a leaf's path suffix */
         }
         if (nbi_nn_find_path(nb_tree_child(t, i), sub, depth + 1, out, cap)) {
             return true;
