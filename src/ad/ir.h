@@ -161,6 +161,9 @@ struct nb_trace {
     int depth;                 /* nesting of inlined calls, bounded */
     bool quiet;                /* no trace accounting (IR printing) */
     int ad_depth;              /* > 0 while tracing under grad/vjp/jvp: calls are inlined */
+    /* Trace accounting this trace did (jit.c), taken back if it fails: a refused or failed
+     * trace produced no executable, so it is not a trace the user sees counted. */
+    struct nbi_trace_undo *undo;
 };
 
 /* Start a trace for fn_name; the graph is empty. */

@@ -98,7 +98,8 @@ typedef struct nbi_jit_state {
     size_t n_buckets;
     size_t n_idents;
     uint64_t trace_counter;
-    uint64_t gen; /* bumped when the cache is cleared: functions' identity memos go stale */
+    uint64_t donate_mark; /* stamps the buffers one call donates (nbi_dplan_unalias) */
+    uint64_t gen;         /* bumped when the cache is cleared: functions' identity memos go stale */
     const nb_tree **leafbuf;
     int64_t leafcap;
     nb_tree **nodebuf; /* a call's args nodes in pre-order (indexed as its treedef's nodes) */
@@ -783,8 +784,46 @@ static const char *nbi_ordinal_suffix(int64_t n) {
     return n % 10 == 1 ? "st" : n % 10 == 2 ? "nd" : n % 10 == 3 ? "rd" : "th";
 }
 
+/* What nbi_note_trace changed in an identity, to take back when the trace fails (kept in
+ * the trace's arena, newest first). */
+typedef struct nbi_trace_undo {
+    struct nbi_trace_undo *next;
+    nbi_ident *id;
+    uint64_t gen; /* the cache generation: a cleared cache has no identities to restore */
+    int64_t n_traces, n_retraces;
+    nb_tree *last_sig; /* the identity's previous signature (owned) */
+    bool sig_moved;    /* last_sig was replaced (else the identity still holds it) */
+} nbi_trace_undo;
+
+/* The end of a trace's accounting: kept when the trace compiled (ok), taken back when it
+ * failed anywhere -- a limit refused by an inner wrapper, an error in the body, a failed
+ * compile. So n_traces counts the traces that produced an executable, the same whatever
+ * order wrappers are in, and a refused call leaves the next retrace's reason unchanged. */
+static void nbi_trace_settle(nb_trace *tr, bool ok) {
+    nbi_jit_state *s = tr->jit;
+    for (nbi_trace_undo *u = tr->undo; u != NULL; u = u->next) {
+        if (ok || s == NULL || u->gen != s->gen) {
+            nb_tree_destroy(u->last_sig);
+            continue;
+        }
+        nbi_ident *id = u->id;
+        for (int64_t i = u->n_retraces; i < id->stats.n_retraces; i++) {
+            nbi_free(tr->ctx, id->reasons[i], strlen(id->reasons[i]) + 1);
+            id->reasons[i] = NULL;
+        }
+        id->stats.n_traces = u->n_traces;
+        id->stats.n_retraces = u->n_retraces;
+        if (u->sig_moved) {
+            nb_tree_destroy(id->last_sig);
+            id->last_sig = u->last_sig;
+        }
+    }
+    tr->undo = NULL;
+}
+
 /* Record a trace of identity id on arguments (self, args) (vars or arrays); on a retrace,
- * store the reason. Fails the trace when a max_traces limit of layer is exceeded. */
+ * store the reason. Fails the trace when a max_traces limit of layer is exceeded. The
+ * change is logged on tr, so that a trace that fails later is not counted. */
 static nb_status nbi_note_trace(nb_trace *tr, nbi_ident *id, const nb_fn *layer,
                                 const nb_tree *self, const nb_tree *args) {
     nb_ctx *ctx = tr->ctx;
@@ -840,6 +879,17 @@ static nb_status nbi_note_trace(nb_trace *tr, nbi_ident *id, const nb_fn *layer,
                              nbi_ordinal_suffix(id->stats.n_traces + 1), (int)layer->max_traces,
                              reason[0] ? reason : "(first trace)");
     }
+    nbi_trace_undo *u = nbi_arena_alloc(&tr->arena, sizeof *u);
+    if (u == NULL) {
+        nb_tree_destroy(sig);
+        return nbi_trace_err(tr, NB_ERR_OOM, "out of memory recording a trace");
+    }
+    *u = (nbi_trace_undo){.next = tr->undo,
+                          .id = id,
+                          .gen = tr->jit ? tr->jit->gen : 0,
+                          .n_traces = id->stats.n_traces,
+                          .n_retraces = id->stats.n_retraces};
+    tr->undo = u;
     id->stats.n_traces++;
     if (id->last_sig != NULL) {
         if (id->stats.n_retraces == id->cap_reasons) {
@@ -865,7 +915,8 @@ static nb_status nbi_note_trace(nb_trace *tr, nbi_ident *id, const nb_fn *layer,
         memcpy(copy, reason, len);
         id->reasons[id->stats.n_retraces++] = copy;
     }
-    nb_tree_destroy(id->last_sig);
+    u->last_sig = id->last_sig;
+    u->sig_moved = true;
     id->last_sig = sig;
     return NB_OK;
 }
@@ -1111,6 +1162,7 @@ static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn 
     }
     nbi_exec_destroy(exec);
     nb_treedef_destroy(out_def);
+    nbi_trace_settle(&tr, st == NB_OK);
     nbi_trace_release(&tr);
     return st;
 }
@@ -1405,6 +1457,66 @@ static nb_status nbi_dplan_get(nbi_jit_state *s, nbi_entry *e, const nb_tree *ar
     return st;
 }
 
+/* A buffer donated at two leaves (the same array, or an array and its reshaped view, at two
+ * argument paths: tied weights) can take one output only: the plan, made from treedefs,
+ * would write two outputs into it and return both as one array. For such a call *out is a
+ * plan of its own (the caller frees it) in which only the first of those leaves is donated
+ * and no args subtree is returned as is; otherwise *out is NULL. No allocation when
+ * nothing is donated twice. */
+static nb_status nbi_dplan_unalias(nbi_jit_state *s, const nbi_entry *e, const nbi_dplan *dp,
+                                   const nb_tree *const *leaves, nbi_dplan **out) {
+    *out = NULL;
+    if (dp == NULL || dp->donated == NULL) {
+        return NB_OK;
+    }
+    int64_t n_out = e->n_out;
+    uint64_t mark = ++s->donate_mark;
+    bool twice = false;
+    for (int64_t i = 0; i < n_out && !twice; i++) {
+        if (dp->take[i] >= 0) {
+            nbi_buffer *b = leaves[dp->take[i]]->u.array->buf;
+            twice = b->donate_mark == mark;
+            b->donate_mark = mark;
+        }
+    }
+    if (!twice) {
+        return NB_OK;
+    }
+    nbi_dplan *np = nbi_alloc(s->ctx, sizeof *np, 8);
+    size_t bytes = (size_t)n_out * (sizeof(int32_t) + 1) + 1;
+    void *mem = np != NULL ? nbi_alloc(s->ctx, bytes, 8) : NULL;
+    if (mem == NULL) {
+        if (np != NULL) {
+            nbi_free(s->ctx, np, sizeof *np);
+        }
+        return nbi_oom(s->ctx, "nb_fn_call_ex", bytes);
+    }
+    memset(np, 0, sizeof *np);
+    np->mem = mem;
+    np->mem_bytes = bytes;
+    np->take = mem;
+    np->donated = (bool *)(np->take + n_out);
+    mark = ++s->donate_mark;
+    bool any = false;
+    for (int64_t i = 0; i < n_out; i++) {
+        np->take[i] = -1;
+        np->donated[i] = false;
+        if (dp->take[i] >= 0) {
+            nbi_buffer *b = leaves[dp->take[i]]->u.array->buf;
+            if (b->donate_mark != mark) {
+                b->donate_mark = mark;
+                np->take[i] = dp->take[i];
+                np->donated[i] = any = true;
+            }
+        }
+    }
+    if (!any) {
+        np->donated = NULL;
+    }
+    *out = np;
+    return NB_OK;
+}
+
 /* Run e on the gathered leaves (self's then args') under plan dp (NULL: nothing donated)
  * and build the output tree: new arrays for the outputs not donated, args' own arrays (and
  * subtrees, nodes: args' nodes in pre-order) for the others. */
@@ -1560,9 +1672,17 @@ nb_status nb_fn_call_ex(nb_fn *f, const nb_tree *args, const nb_call_opts *opts,
         }
         st = nbi_dplan_get(s, e, args, opts->donate, first_arg, &dp, &temp);
     }
+    nbi_dplan *unaliased = NULL;
+    if (st == NB_OK) {
+        st = nbi_dplan_unalias(s, e, dp, s->leafbuf, &unaliased);
+    }
     if (st == NB_OK) {
         id->stats.workspace_bytes = nbi_exec_workspace_bytes(e->exec);
-        st = nbi_run_entry(s, e, s->leafbuf, n, dp, s->nodebuf, out);
+        st =
+            nbi_run_entry(s, e, s->leafbuf, n, unaliased != NULL ? unaliased : dp, s->nodebuf, out);
+    }
+    if (unaliased != NULL) {
+        nbi_dplan_free(ctx, unaliased);
     }
     if (temp) {
         nbi_dplan_free(ctx, dp);

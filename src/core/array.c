@@ -94,6 +94,7 @@ static nbi_buffer *nbi_buffer_new(nb_ctx *ctx, size_t nbytes) {
     }
     b->refcount = 1;
     b->alloc_size = total;
+    b->donate_mark = 0;
     nbi_count_add(ctx, NBI_COUNT_BUFFER, 1);
     return b;
 }

@@ -49,6 +49,7 @@ typedef struct nbi_obj {
 typedef struct nbi_buffer {
     int64_t refcount;
     size_t alloc_size;
+    uint64_t donate_mark; /* jit.c: the last call that donated it (finds a buffer donated twice) */
 } nbi_buffer;
 
 struct nb_array {

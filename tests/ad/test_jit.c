@@ -315,6 +315,74 @@ static void run_max_traces(nb_fn *f, nb_ctx *ctx, const char *order) {
     }
 }
 
+/* The count a user reads is the number of times the body was traced, however the limit is
+ * attached: calls with shapes 3, 4, 4, 3 under a limit of 1 trace the body once (the two
+ * f32[4] calls are refused, the last f32[3] call is a cache hit), so the function called
+ * reports 1 trace and 0 retraces in every order -- refused attempts are not traces. */
+static int g_sq_traces;
+static nb_status body_sumsq(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    g_sq_traces++;
+    nb_var *x = nb_get(tr, args, "[0]");
+    return nb_return(nb_sum(nb_mul(x, x), NULL, 0, false), out);
+}
+
+static void run_count(nb_ctx *ctx, nb_fn *called, const char *order) {
+    g_sq_traces = 0;
+    const int64_t lens[4] = {3, 4, 4, 3};
+    const nb_status want[4] = {NB_OK, NB_ERR_RETRACE, NB_ERR_RETRACE, NB_OK};
+    for (int k = 0; k < 4; k++) {
+        nb_tree *a = arr_leaf(ctx, lens[k], 1.0f), *args = tuple1(ctx, a), *out = NULL;
+        nb_status st = nb_fn_call(called, args, &out);
+        if (st != want[k]) {
+            fail_msg("%s: call %d gave %s: %s", order, k, nb_status_name(st), nb_ctx_errmsg(ctx));
+        }
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+        nb_tree_destroy(a);
+    }
+    nb_fn_stats s = stats_of(called);
+    if (s.n_traces != 1 || s.n_retraces != 0 || g_sq_traces != 1 || s.n_calls != 4 ||
+        s.n_hits != 1) {
+        fail_msg("%s: traces %lld, retraces %lld, calls %lld, hits %lld, body traced %d times "
+                 "(want 1, 0, 4, 1, 1)",
+                 order, (long long)s.n_traces, (long long)s.n_retraces, (long long)s.n_calls,
+                 (long long)s.n_hits, g_sq_traces);
+    }
+    nb_ctx_clear_cache(ctx);
+}
+
+static void test_b_max_traces_count_same_in_every_order(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL, *j = NULL, *mj = NULL, *m = NULL, *jm = NULL, *jo = NULL, *g = NULL,
+          *jg = NULL, *vg = NULL, *mvg = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "sumsq", body_sumsq, NULL, &f));
+    NBT_OK(ctx, nb_jit(f, NULL, &j));
+    NBT_OK(ctx, nb_max_traces(j, 1, &mj));
+    run_count(ctx, mj, "max_traces(jit(f))");
+    NBT_OK(ctx, nb_max_traces(f, 1, &m));
+    NBT_OK(ctx, nb_jit(m, NULL, &jm));
+    run_count(ctx, jm, "jit(max_traces(f))");
+    nb_jit_opts o = nb_jit_opts_default();
+    o.max_traces = 1;
+    NBT_OK(ctx, nb_jit(f, &o, &jo));
+    run_count(ctx, jo, "jit(f, max_traces=1)");
+    /* with a transform between the limit and the function called */
+    NBT_OK(ctx, nb_grad(m, NULL, &g));
+    NBT_OK(ctx, nb_jit(g, NULL, &jg));
+    run_count(ctx, jg, "jit(grad(max_traces(f)))");
+    NBT_OK(ctx, nb_value_and_grad(f, NULL, &vg));
+    NBT_OK(ctx, nb_max_traces(vg, 1, &mvg));
+    run_count(ctx, mvg, "max_traces(value_and_grad(f))");
+    nb_fn *all[] = {mvg, vg, jg, g, jo, jm, m, mj, j, f};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        nb_fn_destroy(all[i]);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 static void test_b_max_traces_both_orders(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
@@ -646,6 +714,86 @@ static void test_donate(void **state) {
     nb_tree_destroy(args);
     nb_tree_destroy(g);
     nb_tree_destroy(p);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* Tied weights: the same array (or a reshaped view of it) at two argument leaves, both
+ * donated. Each buffer takes one output; the other output is a new array -- never one array
+ * returned for both. Body (a + 1, b * 2) on x = [1, 2, 3, 4]. */
+static nb_status body_tied(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *a = nb_get(tr, args, "[0]"), *b = nb_get(tr, args, "[1]");
+    nb_tree *r = NULL;
+    nb_status st = nb_tree_tuple(nb_trace_ctx(tr), 2,
+                                 (nb_tree *[]){nb_leaf(nb_add(a, nb_scalar(tr, 1.0))),
+                                               nb_leaf(nb_mul(b, nb_scalar(tr, 2.0)))},
+                                 &r);
+    *out = r;
+    return st;
+}
+
+static void check_tied(nb_ctx *ctx, nb_fn *f, nb_tree *args, const nb_tree *spec, int round) {
+    nb_call_opts o = nb_call_opts_default();
+    o.donate = spec;
+    nb_tree *out = NULL;
+    NBT_OK(ctx, nb_fn_call_ex(f, args, &o, &out));
+    const nb_array *y0 = nb_tree_get_array(nb_tree_child(out, 0));
+    const nb_array *y1 = nb_tree_get_array(nb_tree_child(out, 1));
+    NBT_TRUE(y0 != y1);
+    for (int64_t i = 0; i < 4; i++) {
+        double v0 = 0, v1 = 0;
+        NBT_OK(ctx, nb_array_get(y0, (int64_t[]){i}, &v0));
+        NBT_OK(ctx, nb_array_get(y1, (int64_t[]){i}, &v1));
+        if (v0 != (double)(i + 1) + 1.0 || v1 != (double)(i + 1) * 2.0) {
+            fail_msg("round %d: element %lld: a+1 = %g, b*2 = %g (want %g, %g)", round,
+                     (long long)i, v0, v1, (double)(i + 2), (double)(2 * i + 2));
+        }
+    }
+    nb_tree_destroy(out);
+}
+
+static void test_donate_same_array_twice(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "tied", body_tied, NULL, &f));
+    nb_tree *yes = NULL, *both = NULL;
+    NBT_OK(ctx, nb_tree_bool(ctx, true, &yes));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){yes, yes}, &both));
+    for (int round = 0; round < 4; round++) {
+        /* fresh x = [1, 2, 3, 4] each round (a donated array is consumed) */
+        nb_tree *x = arr_leaf(ctx, 4, 1.0f), *args = NULL;
+        nb_tree *second = x;
+        nb_array *view = NULL;
+        nb_tree *vleaf = NULL;
+        if (round >= 2) { /* a reshaped view shares x's buffer */
+            NBT_OK(ctx, nb_array_reshape(nb_tree_get_array(x), 1, (int64_t[]){4}, &view));
+            NBT_OK(ctx, nb_tree_array(view, &vleaf));
+            second = vleaf;
+        }
+        NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){x, second}, &args));
+        check_tied(ctx, f, args, round % 2 ? both : yes, round);
+        nb_tree_destroy(args);
+        nb_tree_destroy(vleaf);
+        nb_array_destroy(view);
+        nb_tree_destroy(x);
+    }
+    /* Two different arrays: both still donated in place. */
+    nb_tree *x = arr_leaf(ctx, 4, 1.0f), *z = arr_leaf(ctx, 4, 1.0f), *args = NULL, *out = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){x, z}, &args));
+    nb_call_opts o = nb_call_opts_default();
+    o.donate = yes;
+    NBT_OK(ctx, nb_fn_call_ex(f, args, &o, &out));
+    NBT_TRUE(nb_tree_get_array(nb_tree_child(out, 0)) == nb_tree_get_array(x));
+    NBT_TRUE(nb_tree_get_array(nb_tree_child(out, 1)) == nb_tree_get_array(z));
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+    nb_tree_destroy(z);
+    nb_tree_destroy(x);
+    nb_tree_destroy(both);
+    nb_tree_destroy(yes);
     nb_fn_destroy(f);
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
@@ -1277,6 +1425,7 @@ int main(void) {
         cmocka_unit_test(test_a_nested_inline_and_folded_outputs),
         cmocka_unit_test(test_call_not_inlined),
         cmocka_unit_test(test_b_max_traces_both_orders),
+        cmocka_unit_test(test_b_max_traces_count_same_in_every_order),
         cmocka_unit_test(test_c_equal_functions_share_entries),
         cmocka_unit_test(test_retrace_reasons),
         cmocka_unit_test(test_error_deep_in_user_code),
@@ -1287,6 +1436,7 @@ int main(void) {
         cmocka_unit_test(test_hit_compares_the_whole_key),
         cmocka_unit_test(test_donate_plans),
         cmocka_unit_test(test_donate_nested),
+        cmocka_unit_test(test_donate_same_array_twice),
         cmocka_unit_test(test_fault_jit_donate),
         cmocka_unit_test(test_eval_goes_through_the_cache),
         cmocka_unit_test(test_weak_scalars),
