@@ -1,29 +1,85 @@
 /*
  * cli.h -- what the subcommands of the `nabla` program share (cli.c): reading option values
- * with clear messages, the clock, and a progress display that is a bar with an ETA on a
- * terminal and plain lines otherwise.
+ * with clear messages, where the data sets are, reporting a failed library call, the clock,
+ * and a progress display that is a bar with an ETA on a terminal and plain lines otherwise.
  *
- * Option readers print "nabla <cmd>: <opt> wants ..., got '<value>'" to stderr and return
- * 2 (the exit code for bad usage) on a bad value; 0 and *out set otherwise (*out untouched
- * on error).
+ * Option readers print one line, "nabla <cmd>: <opt> wants ..., got '<value>'" (and why,
+ * when that is not plain), to stderr and return 2 (the exit code for bad usage) on a bad
+ * value; 0 and *out set otherwise (*out untouched on error).
  */
 #ifndef NABLA_TOOLS_CLI_H
 #define NABLA_TOOLS_CLI_H
+
+#include <nabla/core.h>
 
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
+/* The longest path option value, in bytes (--data, bench's --out), and the longest directory
+ * path cli_data_dir() returns (strlen < CLI_PATH_MAX): a buffer of CLI_PATH_MAX + 64 bytes
+ * holds either joined with a file name. */
+enum { CLI_PATH_OPT_MAX = 1024, CLI_PATH_MAX = 4096 };
+
 /* Seconds on the monotonic clock. */
 double cli_now_s(void);
 
-/* An integer in [lo, hi] (decimal, the whole string). */
+/* An integer in [lo, hi] (decimal, the whole string: no blanks, nothing after the digits,
+ * within 64 bits). */
 int cli_i64(const char *cmd, const char *opt, const char *s, int64_t lo, int64_t hi, int64_t *out);
 
 /* A finite number in the interval from lo to hi; open_lo / open_hi exclude that end. The
- * message shows the interval in the usual notation, e.g. "(0, 10)" or "[0.01, 0.9)". */
+ * message shows the interval in the usual notation, e.g. "(0, 10)" or "[0.01, 0.9)". The
+ * whole string must be a number (cli_parse_f64): 1e400 (overflow) and 1e-400 (underflow,
+ * which strtod would quietly turn into 0) are refused. */
 int cli_f64(const char *cmd, const char *opt, const char *s, double lo, double hi, bool open_lo,
             bool open_hi, double *out);
+
+/* Reads all of s as a finite double (decimal or hexadecimal, as strtod). true and *out set;
+ * else false and *why set to a short reason for a message ("not a number", "too large for a
+ * double", ...). Refuses what strtod would change silently: a value out of range
+ * (ERANGE: beyond DBL_MAX, or below DBL_MIN in magnitude), and 0 read from a literal with a
+ * nonzero digit. Prints nothing. */
+bool cli_parse_f64(const char *s, double *out, const char **why);
+
+/* A directory path option: 1 to CLI_PATH_OPT_MAX bytes. An empty one is refused: it would
+ * read "/<file>" from the root directory. *out = s. */
+int cli_dir_path(const char *cmd, const char *opt, const char *s, const char **out);
+
+/* ---- the data sets ------------------------------------------------------------------ */
+
+/* The directory of the data sets when no --data is given, decided once per process
+ * (thread-safe), the first of:
+ *   - $NABLA_DATA, when set and not empty (used as given: a wrong one is reported when a
+ *     file cannot be read);
+ *   - the data sets installed with the program: <directory of the running program>/
+ *     NABLA_BIN_TO_DATA (a compile definition, the relative path from the install's bin
+ *     directory to <datadir>/nabla/data), when that is a directory; found from
+ *     /proc/self/exe, so it follows the program wherever `cmake --install --prefix` put it;
+ *   - ./data, when that is a directory (a source tree's data/ as the working directory).
+ * Never NULL: when none is found, "data", and cli_data_dir_source() returns NULL. */
+const char *cli_data_dir(void);
+
+/* How cli_data_dir() was chosen, for a message: "from NABLA_DATA", "installed with nabla",
+ * "./data in the working directory"; NULL when nothing was found. */
+const char *cli_data_dir_source(void);
+
+/* Prints to f, indented, after a data set could not be read from cli_data_dir(): where the
+ * directory came from (or, when nothing was found, every place looked in) and how to point
+ * at the data sets (--data DIR, NABLA_DATA=DIR). */
+void cli_data_dir_explain(FILE *f);
+
+/* ---- failed library calls ----------------------------------------------------------- */
+
+/* The library's message for a call that returned st: the context's (nb_ctx_errmsg) when
+ * there is one, else the status's description. Borrowed from ctx or static. */
+const char *cli_errmsg(const nb_ctx *ctx, nb_status st);
+
+/* Prints "nabla <cmd>: <what>: <cli_errmsg(ctx, st)>" as one line to stderr, <what> from fmt
+ * (printf-style, e.g. "cannot read the data set %s"); returns 1, the exit code of a run that
+ * failed. */
+int cli_fail(const char *cmd, const nb_ctx *ctx, nb_status st, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
 
 /* --progress MODE: "bar" (1), "lines" (0) or "auto" (-1). */
 int cli_progress_mode(const char *cmd, const char *s, int *mode);

@@ -7,8 +7,10 @@
  *     nabla bench      a reproducible optimizer benchmark suite; see bench.c
  *     nabla demo       a tour of arrays and pytrees, then an MLP forward traced, compiled
  *                      and run on the digits data
- *     nabla version    the library version
+ *     nabla version    (or --version) the version, the build type, BLIS and SLEEF, and the
+ *                      data directory the commands would use
  */
+#include "cli.h"
 #include "commands.h"
 
 #include <nabla/nabla.h>
@@ -17,14 +19,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+/* The build type, for --version (tools/CMakeLists.txt passes $<CONFIG>). */
+#ifndef NABLA_BUILD_TYPE
+#define NABLA_BUILD_TYPE ""
+#endif
+
+/* On a failed call: "nabla demo: <doing>: <the library's message>", and the demo ends;
+ * `doing` is a local string naming the section in plain words. */
 #define CHECK(ctx, expr)                                                                           \
     do {                                                                                           \
         nb_status check_st_ = (expr);                                                              \
         if (check_st_ != NB_OK) {                                                                  \
-            fprintf(stderr, "nabla: %s failed: %s\n  %s\n", #expr, nb_status_name(check_st_),      \
-                    nb_ctx_errmsg(ctx));                                                           \
-            return 1;                                                                              \
+            return cli_fail("demo", ctx, check_st_, "%s", doing);                                  \
         }                                                                                          \
     } while (0)
 
@@ -86,6 +94,7 @@ static int demo_tour(nb_ctx *ctx) {
 
     /* Arrays. */
     nb_array *r = NULL, *m = NULL, *lin = NULL, *eye = NULL, *ints = NULL;
+    const char *doing = "the tour of arrays and pytrees failed";
     CHECK(ctx, nb_array_arange(ctx, NB_DTYPE_F32, 0, 12, 1, &r));
     CHECK(ctx, nb_array_reshape(r, 2, (int64_t[]){3, 4}, &m));
     CHECK(ctx, nb_array_linspace(ctx, NB_DTYPE_F64, 0, 1, 5, &lin));
@@ -232,21 +241,44 @@ static nb_tree *rows_arg(nb_ctx *ctx, nb_array *x, int64_t n) {
     return args;
 }
 
-static int demo_mlp(nb_ctx *ctx, const char *data_dir) {
-    printf("\n== 2. an MLP forward on UCI digits: trace, compile, run\n\n");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/digits.csv.gz", data_dir);
-    nb_array *x = NULL, *y = NULL;
-    CHECK(ctx, nb_csv_load(ctx, path, NULL, &x, &y));
-    float *px = nb_array_data(x);
-    for (int64_t i = 0; i < nb_array_size(x); i++) {
+/* Where the demo's data set is: --data, else cli_data_dir(). */
+typedef struct demo_data {
+    const char *dir; /* NULL: no --data given */
+    char path[CLI_PATH_MAX + 64];
+} demo_data;
+
+/* DIR/digits.csv.gz into *x (pixels scaled from 0..16 to 0..1) and *y. 0, or 1 with a
+ * message (and where the data directory came from, when no --data was given). */
+static int demo_load_digits(nb_ctx *ctx, demo_data *d, nb_array **x, nb_array **y) {
+    snprintf(d->path, sizeof d->path, "%s/digits.csv.gz", d->dir != NULL ? d->dir : cli_data_dir());
+    nb_status st = nb_csv_load(ctx, d->path, NULL, x, y);
+    if (st != NB_OK) {
+        cli_fail("demo", ctx, st, "cannot read the data set %s", d->path);
+        if (d->dir == NULL) {
+            cli_data_dir_explain(stderr);
+        }
+        return 1;
+    }
+    float *px = nb_array_data(*x);
+    for (int64_t i = 0; i < nb_array_size(*x); i++) {
         px[i] /= 16.0f; /* pixels 0..16 -> 0..1 */
     }
-    printf("loaded %s: x f32[%lld,%lld], labels i32[%lld]\n", path, (long long)nb_array_dim(x, 0),
-           (long long)nb_array_dim(x, 1), (long long)nb_array_dim(y, 0));
+    return 0;
+}
+
+static int demo_mlp(nb_ctx *ctx, demo_data *data) {
+    printf("\n== 2. an MLP forward on UCI digits: trace, compile, run\n\n");
+    nb_array *x = NULL, *y = NULL;
+    if (demo_load_digits(ctx, data, &x, &y) != 0) {
+        return 1;
+    }
+    printf("loaded %s: x f32[%lld,%lld], labels i32[%lld]\n", data->path,
+           (long long)nb_array_dim(x, 0), (long long)nb_array_dim(x, 1),
+           (long long)nb_array_dim(y, 0));
 
     nb_tree *params = mlp_params(ctx, 4, (int64_t[]){64, 32, 32, 10});
     nb_fn *mlp = NULL, *jmlp = NULL;
+    const char *doing = "the MLP forward failed";
     CHECK(ctx, params ? NB_OK : NB_ERR_OOM);
     CHECK(ctx, nb_fn_create(ctx, "mlp", mlp_forward, params, &mlp));
     CHECK(ctx, nb_jit(mlp, NULL, &jmlp));
@@ -345,19 +377,16 @@ static nb_status sgd_leaf(void *ud, const char *path, int n, const nb_tree *cons
     return st;
 }
 
-static int demo_grad(nb_ctx *ctx, const char *data_dir) {
+static int demo_grad(nb_ctx *ctx, demo_data *data) {
     printf("\n== 3. gradients: value_and_grad of the cross-entropy, and a few steps\n\n");
-    char path[1024];
-    snprintf(path, sizeof path, "%s/digits.csv.gz", data_dir);
     nb_array *x = NULL, *y = NULL;
-    CHECK(ctx, nb_csv_load(ctx, path, NULL, &x, &y));
-    float *px = nb_array_data(x);
-    for (int64_t i = 0; i < nb_array_size(x); i++) {
-        px[i] /= 16.0f;
+    if (demo_load_digits(ctx, data, &x, &y) != 0) {
+        return 1;
     }
     nb_tree *params = mlp_params(ctx, 4, (int64_t[]){64, 32, 32, 10});
     /* freeze the first layer's bias: its gradient slot is null, and it never changes */
     const nb_tree *b0 = NULL;
+    const char *doing = "the gradient steps failed";
     CHECK(ctx, nb_tree_lookup(params, "layers[0].b", &b0));
     nb_tree *fb = NULL, *model = NULL;
     CHECK(ctx, nb_tree_freeze(b0, &fb));
@@ -420,7 +449,7 @@ static int demo_grad(nb_ctx *ctx, const char *data_dir) {
     return 0;
 }
 
-static int cmd_demo(const char *data_dir) {
+static int cmd_demo(demo_data *data) {
     nb_ctx *ctx = NULL;
     if (nb_ctx_create(NULL, &ctx) != NB_OK) {
         fprintf(stderr, "nabla: cannot create a context\n");
@@ -431,10 +460,10 @@ static int cmd_demo(const char *data_dir) {
     printf("%s\n\n", info);
     int rc = demo_tour(ctx);
     if (rc == 0) {
-        rc = demo_mlp(ctx, data_dir);
+        rc = demo_mlp(ctx, data);
     }
     if (rc == 0) {
-        rc = demo_grad(ctx, data_dir);
+        rc = demo_grad(ctx, data);
     }
     nb_ctx_clear_cache(ctx);
     nb_ctx_stats stats;
@@ -443,6 +472,59 @@ static int cmd_demo(const char *data_dir) {
            (long long)stats.live_arrays, (long long)stats.live_trees, stats.bytes_peak);
     nb_ctx_destroy(ctx);
     return rc;
+}
+
+static void demo_usage(FILE *f) {
+    fprintf(f, "usage: nabla demo [--data DIR]\n\n"
+               "A tour of arrays and pytrees, then an MLP forward traced, compiled and run on\n"
+               "DIR/digits.csv.gz, and a few gradient steps.\n\n"
+               "options:\n"
+               "  --data DIR   directory holding digits.csv.gz (default: $NABLA_DATA, else the\n"
+               "               data sets installed with nabla, else ./data)\n");
+}
+
+/* 0: go on; -1: --help shown; 2: bad usage (message printed). */
+static int demo_parse_args(int argc, char **argv, demo_data *d) {
+    d->dir = NULL;
+    d->path[0] = '\0';
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            demo_usage(stdout);
+            return -1;
+        }
+        if (strcmp(a, "--data") != 0) {
+            fprintf(stderr, "nabla demo: unknown option '%s' (nabla demo --help lists them)\n", a);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "nabla demo: --data wants a value: --data DIR\n");
+            return 2;
+        }
+        if (cli_dir_path("demo", a, argv[++i], &d->dir) != 0) {
+            return 2;
+        }
+    }
+    return 0;
+}
+
+/* `nabla version`, `nabla --version`. */
+static int cmd_version(void) {
+    char info[512];
+    nb_build_info(info, sizeof info, NULL);
+    printf("nabla %s (%s build)\n", NB_VERSION_STRING,
+           NABLA_BUILD_TYPE[0] != '\0' ? NABLA_BUILD_TYPE : "no build type");
+    printf("library: %s\n", info);
+    const char *dir = cli_data_dir(), *source = cli_data_dir_source();
+    if (source == NULL) {
+        printf("data: none found\n");
+        cli_data_dir_explain(stdout);
+        return 0;
+    }
+    char cwd[CLI_PATH_MAX];
+    bool relative = dir[0] != '/' && getcwd(cwd, sizeof cwd) != NULL;
+    printf("data: %s%s%s (%s)\n", relative ? cwd : "", relative ? "/" : "", dir, source);
+    return 0;
 }
 
 static void usage(FILE *f) {
@@ -456,8 +538,11 @@ static void usage(FILE *f) {
                "                      x learning rates x seeds, tables, plots and a digest\n"
                "                      (see nabla bench --help)\n"
                "  demo [--data DIR]   a tour of arrays and pytrees, then an MLP forward on\n"
-               "                      DIR/digits.csv.gz (default DIR: data)\n"
-               "  version   print the library version\n");
+               "                      DIR/digits.csv.gz\n"
+               "  version             the version, build type, BLIS and SLEEF, and the data\n"
+               "                      directory (also --version)\n\n"
+               "The data sets: --data DIR, else $NABLA_DATA, else those installed with nabla\n"
+               "(<prefix>/share/nabla/data), else ./data.\n");
 }
 
 int main(int argc, char **argv) {
@@ -475,17 +560,19 @@ int main(int argc, char **argv) {
         return nabla_cmd_bench(argc - 2, argv + 2);
     }
     if (strcmp(argv[1], "demo") == 0) {
-        const char *data_dir = "data";
-        if (argc >= 4 && strcmp(argv[2], "--data") == 0) {
-            data_dir = argv[3];
+        demo_data data;
+        int prc = demo_parse_args(argc - 2, argv + 2, &data);
+        if (prc != 0) {
+            return prc < 0 ? 0 : prc;
         }
-        return cmd_demo(data_dir);
+        return cmd_demo(&data);
     }
-    if (strcmp(argv[1], "version") == 0) {
-        char info[256];
-        nb_build_info(info, sizeof info, NULL);
-        printf("%s\n", info);
-        return 0;
+    if (strcmp(argv[1], "version") == 0 || strcmp(argv[1], "--version") == 0) {
+        if (argc > 2) {
+            fprintf(stderr, "nabla %s: takes no arguments, got '%s'\n", argv[1], argv[2]);
+            return 2;
+        }
+        return cmd_version();
     }
     fprintf(stderr, "nabla: unknown command '%s'\n", argv[1]);
     usage(stderr);

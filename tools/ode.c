@@ -53,12 +53,13 @@ typedef struct ode_opts {
     int progress; /* -1 auto (a terminal), 0 plain lines, 1 bar */
 } ode_opts;
 
+/* On a failed call: "nabla ode: <doing>: <the library's message>", then to `done`; `doing` is
+ * a local string naming the step under way in plain words. */
 #define OCHECK(ctx, expr)                                                                          \
     do {                                                                                           \
         nb_status ocheck_st_ = (expr);                                                             \
         if (ocheck_st_ != NB_OK) {                                                                 \
-            fprintf(stderr, "nabla ode: %s failed: %s\n  %s\n", #expr, nb_status_name(ocheck_st_), \
-                    nb_ctx_errmsg(ctx));                                                           \
+            cli_fail("ode", ctx, ocheck_st_, "%s", doing);                                         \
             goto done;                                                                             \
         }                                                                                          \
     } while (0)
@@ -237,27 +238,42 @@ static void ode_usage(FILE *f) {
             "  --rtol X          the fit's relative tolerance (default 1e-6)\n"
             "  --atol X          the fit's absolute tolerance (default: --rtol)\n"
             "  --max-steps N     the most steps one solve may try (default 4096, Diffrax's)\n"
-            "  --threads N       kernel threads, 0 = all cores (default 0; results are the same\n"
-            "                    for any count)\n"
+            "  --threads N       kernel threads, 0 = all cores, at most 256 (default 0; results\n"
+            "                    are the same for any count)\n"
             "  --progress MODE   bar, lines or auto (bar on a terminal; default auto)\n");
 }
 
+/* --init A,B,C,D: four numbers in (0, 1000), each read whole by cli_parse_f64. */
 static int ode_parse_init(const char *s, double init[ODE_NPARAM]) {
     const char *p = s;
+    double v[ODE_NPARAM];
     for (int i = 0; i < ODE_NPARAM; i++) {
-        char *end = NULL;
-        double v = strtod(p, &end);
-        char want = i + 1 < ODE_NPARAM ? ',' : '\0';
-        if (end == p || *end != want || !(v > 0 && v < 1e3)) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma != NULL ? (size_t)(comma - p) : strlen(p);
+        char item[64];
+        const char *why = NULL;
+        bool last = i + 1 == ODE_NPARAM;
+        if (last != (comma == NULL)) {
+            why = "not four comma-separated numbers";
+        } else if (len >= sizeof item) {
+            why = "an overlong number";
+        } else {
+            memcpy(item, p, len);
+            item[len] = '\0';
+            if (cli_parse_f64(item, &v[i], &why) && !(v[i] > 0 && v[i] < 1e3)) {
+                why = "each must be > 0 and < 1000";
+            }
+        }
+        if (why != NULL) {
             fprintf(stderr,
                     "nabla ode: --init wants four positive numbers a,b,c,d (each < 1000), "
-                    "got '%s'\n",
-                    s);
+                    "got '%s' (%s)\n",
+                    s, why);
             return 2;
         }
-        init[i] = v;
-        p = end + 1;
+        p = comma != NULL ? comma + 1 : p + len;
     }
+    memcpy(init, v, sizeof v);
     return 0;
 }
 
@@ -454,6 +470,7 @@ int nabla_cmd_ode(int argc, char **argv) {
     nb_fn *truth_fn = NULL, *loss_fn = NULL, *step_fn = NULL, *step_once = NULL, *step_jit = NULL;
 
     /* observations: the accurate solve at the true parameters, plus noise */
+    const char *doing = "cannot make the observations";
     OCHECK(ctx, ode_params_new(ctx, ode_truth, &truth));
     OCHECK(ctx, ode_cfg_new(ctx, NB_ODE_DOPRI8, NB_ADJOINT_RECURSIVE_CHECKPOINT, 1e-10, 1e-10, n,
                             65536, &cfg_obs));
@@ -471,6 +488,7 @@ int nabla_cmd_ode(int argc, char **argv) {
     }
 
     /* the fit: parameters, Adam, and the jitted step that may be traced once only */
+    doing = "cannot set up the fit";
     OCHECK(ctx, ode_params_new(ctx, o.init, &params));
     OCHECK(ctx, ode_cfg_new(ctx, o.solver, o.adjoint, o.rtol, o.atol, n, o.max_steps, &cfg_fit));
     OCHECK(ctx, nb_optim_adam(ctx, o.lr, NULL, &opt));
@@ -505,6 +523,7 @@ int nabla_cmd_ode(int argc, char **argv) {
     double t0 = prog.t0, loss = NAN, p[ODE_NPARAM];
     memcpy(p, o.init, sizeof p);
     int64_t solver_steps = 0;
+    doing = "the fit failed";
     for (int64_t s = 1; s <= o.steps; s++) {
         nb_tree *args = NULL, *res = NULL;
         double at[ODE_NPARAM]; /* the parameters this step's loss is evaluated at */
@@ -549,6 +568,7 @@ int nabla_cmd_ode(int argc, char **argv) {
     /* the loss at the fitted and at the true parameters (the noise floor), by one more
      * compile of the loss alone */
     double loss_fit = NAN, loss_true = NAN;
+    doing = "cannot evaluate the loss";
     OCHECK(ctx, nb_fn_create(ctx, "lv_loss", ode_loss_body, cfg_fit, &loss_fn));
     for (int k = 0; k < 2; k++) {
         OCHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){k == 0 ? params : truth, obs}, &largs));

@@ -21,7 +21,7 @@
 #include <string.h>
 
 typedef struct train_opts {
-    const char *data_dir;
+    const char *data_dir; /* NULL: cli_data_dir() */
     int64_t epochs, batch, width, depth;
     double lr, test_fraction;
     uint64_t seed;
@@ -29,12 +29,13 @@ typedef struct train_opts {
     int progress; /* -1 auto (a terminal), 0 plain lines, 1 bar */
 } train_opts;
 
+/* On a failed call: "nabla train: <doing>: <the library's message>", then to `done`; `doing`
+ * is a local string naming the step under way in plain words. */
 #define TCHECK(ctx, expr)                                                                          \
     do {                                                                                           \
         nb_status tcheck_st_ = (expr);                                                             \
         if (tcheck_st_ != NB_OK) {                                                                 \
-            fprintf(stderr, "nabla train: %s failed: %s\n  %s\n", #expr,                           \
-                    nb_status_name(tcheck_st_), nb_ctx_errmsg(ctx));                               \
+            cli_fail("train", ctx, tcheck_st_, "%s", doing);                                       \
             goto done;                                                                             \
         }                                                                                          \
     } while (0)
@@ -117,7 +118,8 @@ static void train_usage(FILE *f) {
             "Train an MLP on the UCI digits (8x8 images, 10 classes) with Adam and report the\n"
             "test accuracy. One jitted, donated train step; same seed, same bits.\n\n"
             "options:\n"
-            "  --data DIR        directory holding digits.csv.gz (default: data)\n"
+            "  --data DIR        directory holding digits.csv.gz (default: $NABLA_DATA, else\n"
+            "                    the data sets installed with nabla, else ./data)\n"
             "  --epochs N        passes over the training set (default 30)\n"
             "  --batch N         rows per step (default 64)\n"
             "  --width N         hidden units per layer (default 128)\n"
@@ -125,13 +127,13 @@ static void train_usage(FILE *f) {
             "  --lr X            Adam's learning rate (default 1e-3)\n"
             "  --test-fraction X share of rows held out for testing (default 0.2)\n"
             "  --seed N          the Threefry seed of split, init and shuffling (default 0)\n"
-            "  --threads N       kernel threads, 0 = all cores (default 0; results are the same\n"
-            "                    for any count)\n"
+            "  --threads N       kernel threads, 0 = all cores, at most 256 (default 0; results\n"
+            "                    are the same for any count)\n"
             "  --progress MODE   bar, lines or auto (bar on a terminal; default auto)\n");
 }
 
 static int parse_args(int argc, char **argv, train_opts *o) {
-    o->data_dir = "data";
+    o->data_dir = NULL;
     o->epochs = 30;
     o->batch = 64;
     o->width = 128;
@@ -156,15 +158,15 @@ static int parse_args(int argc, char **argv, train_opts *o) {
         int64_t n = 0;
         int rc = 0;
         if (strcmp(a, "--data") == 0) {
-            o->data_dir = v;
+            rc = cli_dir_path("train", a, v, &o->data_dir);
         } else if (strcmp(a, "--epochs") == 0) {
             rc = cli_i64("train", a, v, 1, INT64_MAX, &o->epochs);
         } else if (strcmp(a, "--batch") == 0) {
             rc = cli_i64("train", a, v, 1, INT64_MAX, &o->batch);
-        } else if (strcmp(a, "--width") == 0) {
-            rc = cli_i64("train", a, v, 1, INT64_MAX, &o->width);
+        } else if (strcmp(a, "--width") == 0) { /* nb_nn_mlp_init's limits */
+            rc = cli_i64("train", a, v, 1, INT64_C(1) << 31, &o->width);
         } else if (strcmp(a, "--depth") == 0) {
-            rc = cli_i64("train", a, v, 0, INT64_MAX, &o->depth);
+            rc = cli_i64("train", a, v, 0, 4096, &o->depth);
         } else if (strcmp(a, "--lr") == 0) {
             rc = cli_f64("train", a, v, 0.0, 1e3, false, true, &o->lr);
         } else if (strcmp(a, "--test-fraction") == 0) {
@@ -173,8 +175,8 @@ static int parse_args(int argc, char **argv, train_opts *o) {
             rc = cli_i64("train", a, v, 0, INT64_MAX, &n);
             o->seed = (uint64_t)n;
         } else if (strcmp(a, "--threads") == 0) {
-            rc = cli_i64("train", a, v, 0, INT64_MAX, &n);
-            o->threads = (int)(n > 256 ? 256 : n);
+            rc = cli_i64("train", a, v, 0, 256, &n);
+            o->threads = (int)n;
         } else if (strcmp(a, "--progress") == 0) {
             rc = cli_progress_mode("train", v, &o->progress);
         } else {
@@ -234,14 +236,23 @@ int nabla_cmd_train(int argc, char **argv) {
             *yte_leaf = NULL;
     nb_fn *loss_fn = NULL, *step_fn = NULL, *step_jit = NULL, *eval_fn = NULL;
     nb_batcher *batcher = NULL;
-    char path[1024];
-    snprintf(path, sizeof path, "%s/digits.csv.gz", o.data_dir);
+    const char *data_dir = o.data_dir != NULL ? o.data_dir : cli_data_dir();
+    char path[CLI_PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/digits.csv.gz", data_dir);
     nb_csv_opts csv = nb_csv_opts_default();
-    TCHECK(ctx, nb_csv_load(ctx, path, &csv, &x, &y));
+    nb_status lst = nb_csv_load(ctx, path, &csv, &x, &y);
+    if (lst != NB_OK) {
+        cli_fail("train", ctx, lst, "cannot read the data set %s", path);
+        if (o.data_dir == NULL) {
+            cli_data_dir_explain(stderr);
+        }
+        goto done;
+    }
     int64_t features = nb_array_shape(x)[1];
     int64_t classes = 10;
 
     /* three independent streams from one seed: split, init, shuffling */
+    const char *doing = "cannot split the data";
     TCHECK(ctx, nb_random_key(ctx, o.seed, &key));
     TCHECK(ctx, nb_random_split(key, 3, &keys));
     const int32_t *kw = nb_array_data(keys);
@@ -259,6 +270,7 @@ int nabla_cmd_train(int argc, char **argv) {
         goto done;
     }
 
+    doing = "cannot build the model";
     TCHECK(ctx, nb_nn_mlp_init(ctx, features, classes, o.width, o.depth, NULL, NB_DTYPE_F32, k_init,
                                &model));
     int64_t n_params = 0;
@@ -267,6 +279,7 @@ int nabla_cmd_train(int argc, char **argv) {
     TCHECK(ctx, nb_grad_template(model, NULL, &tmpl));
     TCHECK(ctx, nb_optim_init(opt, tmpl, &state));
 
+    doing = "cannot build the train step";
     TCHECK(ctx, nb_fn_create(ctx, "loss", loss_body, NULL, &loss_fn));
     nb_grad_opts go = nb_grad_opts_default();
     go.has_aux = true;
@@ -278,6 +291,7 @@ int nabla_cmd_train(int argc, char **argv) {
     TCHECK(ctx, nb_fn_create(ctx, "evaluate", eval_body, NULL, &eval_fn));
 
     /* batches land in two arrays made once; params and state are donated */
+    doing = "cannot set up the batches";
     TCHECK(ctx, nb_array_zeros(ctx, nb_array_dtype(xtr), 2, (int64_t[]){o.batch, features}, &xb));
     TCHECK(ctx, nb_array_zeros(ctx, nb_array_dtype(ytr), 1, (int64_t[]){o.batch}, &yb));
     xb_leaf = leaf_new(ctx, xb);
@@ -290,8 +304,9 @@ int nabla_cmd_train(int argc, char **argv) {
     TCHECK(ctx, nb_batcher_create(xtr, ytr, k_batch, o.batch, NULL, &batcher));
     int64_t n_batches = nb_batcher_num_batches(batcher);
 
-    printf("nabla train: UCI digits, %lld train / %lld test rows, %lld features, %lld classes\n",
-           (long long)n_train, (long long)n_test, (long long)features, (long long)classes);
+    printf("nabla train: UCI digits (%s), %lld train / %lld test rows, %lld features, %lld "
+           "classes\n",
+           path, (long long)n_train, (long long)n_test, (long long)features, (long long)classes);
     printf("  MLP %lld-%lldx%lld-%lld (relu), %lld parameters; Adam lr %g; batch %lld; "
            "%lld epochs; seed %llu; %d thread%s\n",
            (long long)features, (long long)o.width, (long long)o.depth, (long long)classes,
@@ -306,6 +321,7 @@ int nabla_cmd_train(int argc, char **argv) {
     double t0 = prog.t0, loss = NAN;
     float last_loss = NAN;
     int64_t steps = 0;
+    doing = "training failed";
     for (int64_t e = 0; e < o.epochs; e++) {
         TCHECK(ctx, nb_batcher_epoch(batcher, e));
         double loss_sum = 0.0;
@@ -351,6 +367,7 @@ int nabla_cmd_train(int argc, char **argv) {
     xte_leaf = leaf_new(ctx, xte);
     yte_leaf = leaf_new(ctx, yte);
     nb_tree *eargs = NULL, *eres = NULL;
+    doing = "cannot evaluate the model on the test rows";
     TCHECK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){model, xte_leaf, yte_leaf}, &eargs));
     nb_status est = nb_fn_call(eval_fn, eargs, &eres);
     nb_tree_destroy(eargs);
