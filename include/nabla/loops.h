@@ -110,14 +110,17 @@ NB_API const nb_tree *nb_while_loop(nb_trace *tr, nb_fn *cond, nb_fn *body, cons
                                     const nb_loop_opts *opts);
 
 /* for i in [lo, hi): carry = body((i, carry)), i an i32 0-d var. hi - lo steps (0 when
- * hi <= lo); the trip count is known, so max_steps defaults to it. */
+ * hi <= lo); the trip count is known, so max_steps defaults to it, and a max_steps below it
+ * is NB_ERR_INVALID (the loop would stop early). */
 NB_API const nb_tree *nb_fori_loop(nb_trace *tr, int64_t lo, int64_t hi, nb_fn *body,
                                    const nb_tree *init, const nb_loop_opts *opts);
 
 /* JAX's scan: for i in [0, length): (carry, y_i) = body((carry, x_i)), x_i the i-th slices
  * of the leaves of xs (a tree of vars with leading dim length, or NULL for none). Returns
  * the tuple (carry, ys): ys has the structure of body's y with each leaf stacked along a
- * new leading dim of size length. */
+ * new leading dim of size length. length 0 gives init and ys with a leading dim of 0 (the
+ * body is traced for the structure of y, never run). As for fori, a max_steps below length
+ * is NB_ERR_INVALID. */
 NB_API const nb_tree *nb_scan(nb_trace *tr, nb_fn *body, const nb_tree *init, const nb_tree *xs,
                               int64_t length, const nb_loop_opts *opts);
 

@@ -878,6 +878,15 @@ const nb_tree *nb_fori_loop(nb_trace *tr, int64_t lo, int64_t hi, nb_fn *body, c
     }
     nb_loop_opts o = opts != NULL ? *opts : nb_loop_opts_default();
     int64_t trips = hi > lo ? hi - lo : 0;
+    if (o.max_steps > 0 && o.max_steps < trips) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: max_steps = %lld is less than the trip count %lld of [%lld, %lld): "
+                      "the loop would stop after %lld steps; give max_steps >= %lld or 0 (the "
+                      "trip count is known)",
+                      who, (long long)o.max_steps, (long long)trips, (long long)lo, (long long)hi,
+                      (long long)o.max_steps, (long long)trips);
+        return NULL;
+    }
     if (trips == 0) {
         nb_loop_opts chk = o;
         chk.max_steps = chk.max_steps > 0 ? chk.max_steps : 1;
@@ -1191,9 +1200,18 @@ const nb_tree *nb_scan(nb_trace *tr, nb_fn *body, const nb_tree *init, const nb_
         nbi_trace_err(tr, NB_ERR_MISUSE, "%s: NULL or destroyed init or xs", who);
         return NULL;
     }
-    if (length < 1 || length > INT32_MAX) {
-        nbi_trace_err(tr, NB_ERR_INVALID, "%s: length %lld must be in [1, 2^31)", who,
+    if (length < 0 || length > INT32_MAX) {
+        nbi_trace_err(tr, NB_ERR_INVALID, "%s: length %lld must be in [0, 2^31)", who,
                       (long long)length);
+        return NULL;
+    }
+    if (opts != NULL && opts->max_steps > 0 && opts->max_steps < length) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: max_steps = %lld is less than the length %lld: the scan would stop "
+                      "after %lld steps with ys partly unwritten; give max_steps >= %lld or 0 "
+                      "(the length is known)",
+                      who, (long long)opts->max_steps, (long long)length,
+                      (long long)opts->max_steps, (long long)length);
         return NULL;
     }
     /* every xs leaf: a var (or array) with leading dim length */
@@ -1227,8 +1245,12 @@ const nb_tree *nb_scan(nb_trace *tr, nb_fn *body, const nb_tree *init, const nb_
             starts[d] = nbl_i32(tr, 0);
             sizes[d] = d == 0 ? 1 : nb_var_dim(x, d);
         }
-        items[k] = nb_leaf(nb_reshape(nb_dynamic_slice(x, starts, sizes), nb_var_rank(x) - 1,
-                                      nb_var_shape(x) + 1));
+        /* a step's slice x_i; with length 0 there is none, so zeros of its shape stand in
+         * for it (the body is traced for the structure of y, never run) */
+        items[k] = nb_leaf(
+            length == 0 ? nb_full(tr, nb_var_dtype(x), nb_var_rank(x) - 1, nb_var_shape(x) + 1, 0.0)
+                        : nb_reshape(nb_dynamic_slice(x, starts, sizes), nb_var_rank(x) - 1,
+                                     nb_var_shape(x) + 1));
     }
     if (st == NB_OK && tr->status == NB_OK && xs != NULL) {
         st = nb_tree_list(tr->ctx, m, items, &x0l);
@@ -1267,9 +1289,18 @@ const nb_tree *nb_scan(nb_trace *tr, nb_fn *body, const nb_tree *init, const nb_
                 memcpy(shape + 1, nb_var_shape(y), (size_t)nb_var_rank(y) * sizeof(int64_t));
                 yi[k] = nb_leaf(nb_full(tr, nb_var_dtype(y), nb_var_rank(y) + 1, shape, 0.0));
             }
-            if (yi != NULL && tr->status == NB_OK &&
+            if (length == 0 && yi != NULL && tr->status == NB_OK &&
                 nb_tree_list(tr->ctx, ny, yi, &ylist) == NB_OK &&
                 nb_tree_unflatten(ydef, ylist, &ys) == NB_OK && nbi_trace_own(tr, ys) == NB_OK) {
+                /* lax.scan of length 0: the initial carry and empty ys, no loop */
+                nb_var **cv = NULL;
+                int64_t ncv = 0;
+                const nb_tree *carry = nbl_as_vars(tr, who, init, &cv, &ncv);
+                res = carry != NULL ? nbl_pair(tr, carry, ys) : NULL;
+            } else if (length > 0 && yi != NULL && tr->status == NB_OK &&
+                       nb_tree_list(tr->ctx, ny, yi, &ylist) == NB_OK &&
+                       nb_tree_unflatten(ydef, ylist, &ys) == NB_OK &&
+                       nbi_trace_own(tr, ys) == NB_OK) {
                 nb_tree *hi_leaf = NULL, *cself = NULL;
                 if (nb_tree_int(tr->ctx, length, &hi_leaf) == NB_OK &&
                     nb_tree_dict(tr->ctx, 1, (const char *[]){"hi"}, &hi_leaf, &cself) == NB_OK) {

@@ -1416,6 +1416,156 @@ static nb_status err_outer(nb_trace *tr, const nb_tree *self, const nb_tree *arg
     return NB_OK;
 }
 
+/* A loop whose trip count is known at trace time cannot be cut short by max_steps:
+ * fori(0, 10) or scan(length 10) with max_steps 3 is an error in every kind (it ran 3 steps
+ * and said NB_OK); max_steps >= the trip count is fine. self: {kind, max_steps, scan}. */
+static nb_status ms_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_add(nb_get(tr, args, "[1]"), nb_scalar(tr, 1.0)), out);
+}
+
+static nb_status ms_outer(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    int64_t kind = 0, max_steps = 0, scan = 0;
+    nb_tree_get_int(nb_tree_get(self, "kind"), &kind);
+    nb_tree_get_int(nb_tree_get(self, "max_steps"), &max_steps);
+    nb_tree_get_int(nb_tree_get(self, "scan"), &scan);
+    nb_fn *b = NULL;
+    nb_status st = nb_fn_create(nb_trace_ctx(tr), "ms_body", scan ? sc_body : ms_body, NULL, &b);
+    nb_loop_opts o = nb_loop_opts_default();
+    o.kind = (nb_loop_kind)kind;
+    o.max_steps = max_steps;
+    const nb_tree *r = NULL;
+    if (st == NB_OK && scan) {
+        nb_var *xs = nb_full(tr, NB_DTYPE_F64, 2, (int64_t[]){10, 3}, 1.0);
+        r = nb_scan(tr, b, nb_tree_child(args, 0), nb_leaf(xs), 10, &o);
+        r = r != NULL ? nb_tree_child(r, 0) : NULL;
+    } else if (st == NB_OK) {
+        r = nb_fori_loop(tr, 0, 10, b, nb_tree_child(args, 0), &o);
+    }
+    nb_fn_destroy(b);
+    if (r == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
+static void test_max_steps_below_trip_count(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    for (int scan = 0; scan < 2; scan++) {
+        for (int kind = NB_LOOP_LAX; kind <= NB_LOOP_BOUNDED; kind++) {
+            for (int k = 0; k < 3; k++) {
+                const int64_t ms = k == 0 ? 3 : k == 1 ? 10 : 20;
+                nb_tree *kl = NULL, *ml = NULL, *sl = NULL, *self = NULL;
+                NBT_OK(ctx, nb_tree_int(ctx, kind, &kl));
+                NBT_OK(ctx, nb_tree_int(ctx, ms, &ml));
+                NBT_OK(ctx, nb_tree_int(ctx, scan, &sl));
+                NBT_OK(ctx, nb_tree_dict(ctx, 3, (const char *[]){"kind", "max_steps", "scan"},
+                                         (nb_tree *[]){kl, ml, sl}, &self));
+                nb_fn *f = NULL;
+                NBT_OK(ctx, nb_fn_create(ctx, "ms_outer", ms_outer, self, &f));
+                double x[3] = {1, 2, 3};
+                nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x)});
+                nb_tree *res = NULL;
+                nb_status st = nb_fn_call(f, args, &res);
+                if (ms < 10) {
+                    if (st != NB_ERR_INVALID) {
+                        fail_msg("%s kind %d max_steps %lld: %s (%s)", scan ? "scan" : "fori", kind,
+                                 (long long)ms, nb_status_name(st), nb_ctx_errmsg(ctx));
+                    }
+                    NBT_ERRMSG_HAS(ctx, scan ? "max_steps = 3 is less than the length 10"
+                                             : "max_steps = 3 is less than the trip count 10");
+                    assert_null(res);
+                } else {
+                    if (st != NB_OK) {
+                        fail_msg("%s kind %d max_steps %lld: %s", scan ? "scan" : "fori", kind,
+                                 (long long)ms, nb_ctx_errmsg(ctx));
+                    }
+                    double v = 0;
+                    NBT_OK(ctx, nb_array_get(nb_tree_get_array(res), (int64_t[]){0}, &v));
+                    NBT_EQ_F64(v, 11.0); /* 10 steps of +1 from 1 (scan: c + x, x = 1) */
+                }
+                nb_tree_destroy(res);
+                nb_tree_destroy(args);
+                nb_fn_destroy(f);
+                nb_tree *all[] = {self, sl, ml, kl};
+                for (int i = 0; i < 4; i++) {
+                    nb_tree_destroy(all[i]);
+                }
+            }
+        }
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* lax.scan of length 0 (as fori over an empty range): the initial carry and ys with a
+ * leading dim of 0, jitted and under grad (d sum(carry) / d c0 = 1). */
+static nb_status s0_outer(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_fn *b = NULL;
+    nb_status st = nb_fn_create(nb_trace_ctx(tr), "sc_body", sc_body, NULL, &b);
+    const nb_tree *r = st == NB_OK
+                           ? nb_scan(tr, b, nb_tree_child(args, 0), nb_tree_child(args, 1), 0, NULL)
+                           : NULL;
+    nb_fn_destroy(b);
+    if (r == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    nb_var *c = nb_var_of(tr, nb_tree_child(r, 0)), *ys = nb_var_of(tr, nb_tree_child(r, 1));
+    return nb_tree_tuple(nb_trace_ctx(tr), 3,
+                         (nb_tree *[]){nb_leaf(nb_sum(c, NULL, 0, false)), nb_leaf(c), nb_leaf(ys)},
+                         out);
+}
+
+static nb_status s0_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_tree *r = NULL;
+    nb_status st = s0_outer(tr, self, args, &r);
+    if (st != NB_OK) {
+        return st;
+    }
+    st = nb_return(nb_var_of(tr, nb_tree_child(r, 0)), out);
+    nb_tree_destroy(r);
+    return st;
+}
+
+static void test_scan_length_zero(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    double c0[2] = {1.5, -2.0};
+    nb_array *xs = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F64, 2, (int64_t[]){0, 2}, &xs));
+    nb_tree *args = tuple_take(ctx, 2, (nb_tree *[]){vec_f64(ctx, 2, c0), leaf_of(xs)});
+    nb_fn *f = NULL, *l = NULL, *g = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "s0", s0_outer, NULL, &f));
+    nb_tree *res = NULL;
+    NBT_OK(ctx, nb_fn_call(f, args, &res));
+    double v = 0;
+    NBT_OK(ctx, nb_array_get(nb_tree_get_array(nb_tree_child(res, 0)), NULL, &v));
+    NBT_EQ_F64(v, -0.5);
+    const nb_array *ys = nb_tree_get_array(nb_tree_child(res, 2));
+    NBT_EQ_I64(nb_array_rank(ys), 2);
+    NBT_EQ_I64(nb_array_shape(ys)[0], 0);
+    NBT_EQ_I64(nb_array_shape(ys)[1], 2);
+    nb_tree_destroy(res);
+    NBT_OK(ctx, nb_fn_create(ctx, "s0_loss", s0_loss, NULL, &l));
+    NBT_OK(ctx, nb_grad(l, NULL, &g));
+    NBT_OK(ctx, nb_fn_call(g, args, &res));
+    for (int64_t i = 0; i < 2; i++) {
+        NBT_OK(ctx, nb_array_get(nb_tree_get_array(res), (int64_t[]){i}, &v));
+        NBT_EQ_F64(v, 1.0);
+    }
+    nb_tree_destroy(res);
+    nb_fn_destroy(g);
+    nb_fn_destroy(l);
+    nb_fn_destroy(f);
+    nb_tree_destroy(args);
+    nb_array_destroy(xs);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 static void test_errors(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
@@ -1453,6 +1603,8 @@ int main(void) {
         cmocka_unit_test(test_bounded_reverse),
         cmocka_unit_test(test_checkpointed_rows),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_max_steps_below_trip_count),
+        cmocka_unit_test(test_scan_length_zero),
         cmocka_unit_test(test_scan_buffers),
         cmocka_unit_test(test_user_buffers),
         cmocka_unit_test(test_cond_reverse_and_limits),
