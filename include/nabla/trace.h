@@ -181,6 +181,8 @@ NB_API nb_var *nb_squeeze(nb_var *x, const int *axes, int n_axes);
 /* x[start:stop:step] per axis (rank entries each; NULL step means 1). Negative start/stop
  * count back from the end; values are clamped as in Python; step may be negative. */
 NB_API nb_var *nb_slice(nb_var *x, const int64_t *start, const int64_t *stop, const int64_t *step);
+/* Join n >= 1 vars along an existing axis (concatenate) or a new one (stack). n < 1 or a NULL
+ * xs is a sticky error on the trace being traced (NB_ERR_INVALID / NB_ERR_MISUSE). */
 NB_API nb_var *nb_concatenate(int n, nb_var *const *xs, int axis);
 NB_API nb_var *nb_stack(int n, nb_var *const *xs, int axis);
 /* Constant padding: lo[i] and hi[i] >= 0 elements before and after along axis i. */

@@ -166,6 +166,11 @@ struct nb_trace {
     struct nbi_trace_undo *undo;
 };
 
+/* The trace whose body is running on this thread (innermost), or NULL: where an op that was
+ * given no var at all (nb_concatenate of 0 vars) records its error. */
+NBI_HIDDEN nb_trace *nbi_trace_current(void);
+NBI_HIDDEN nb_trace *nbi_trace_set_current(nb_trace *tr); /* returns the previous one */
+
 /* Start a trace for fn_name; the graph is empty. */
 NBI_HIDDEN nb_status nbi_trace_init(nb_trace *tr, nb_ctx *ctx, const char *fn_name);
 NBI_HIDDEN void nbi_trace_release(nb_trace *tr);

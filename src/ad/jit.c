@@ -953,7 +953,9 @@ nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self, const 
     const char *saved = tr->fn_name;
     tr->fn_name = f->name;
     tr->depth++;
+    nb_trace *outer = nbi_trace_set_current(tr);
     nb_status st = f->body(tr, self, args, out);
+    nbi_trace_set_current(outer);
     tr->depth--;
     if (tr->status != NB_OK) {
         tr->fn_name = saved;

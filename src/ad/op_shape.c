@@ -743,9 +743,24 @@ nb_var *nb_slice(nb_var *x, const int64_t *start, const int64_t *stop, const int
 }
 
 /* n < 1 or a NULL xs leave no trace to record an error on: the result is NULL. */
+/* n < 1 or no array of vars: nothing says which trace, so the one running records it. */
+static nb_var *nbi_no_vars(const char *fn, int n, nb_var *const *xs) {
+    nb_trace *tr = nbi_trace_current();
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (xs == NULL && n > 0) {
+        return nbi_trace_errv(tr, NB_ERR_MISUSE, "%s: xs is NULL (with n = %d)", fn, n);
+    }
+    return nbi_trace_errv(tr, NB_ERR_INVALID,
+                          "%s: n is %d: it needs at least one var (an empty result is nb_full "
+                          "with a zero-size dim)",
+                          fn, n);
+}
+
 nb_var *nb_concatenate(int n, nb_var *const *xs, int axis) {
     if (n < 1 || xs == NULL) {
-        return NULL;
+        return nbi_no_vars("nb_concatenate", n, xs);
     }
     bool poisoned;
     nb_trace *tr = nbi_trace_of(n, xs, &poisoned);
@@ -965,7 +980,7 @@ nb_var *nb_squeeze(nb_var *x, const int *axes, int n_axes) {
 /* n < 1 or a NULL xs leave no trace to record an error on: the result is NULL. */
 nb_var *nb_stack(int n, nb_var *const *xs, int axis) {
     if (n < 1 || xs == NULL) {
-        return NULL;
+        return nbi_no_vars("nb_stack", n, xs);
     }
     bool poisoned;
     nb_trace *tr = nbi_trace_of(n, xs, &poisoned);

@@ -108,6 +108,18 @@ const char *nbi_var_sig(char *buf, size_t cap, const nb_var *v) {
 
 /* ---- traces ------------------------------------------------------------------------- */
 
+static _Thread_local nb_trace *nbi_cur_trace;
+
+nb_trace *nbi_trace_current(void) {
+    return nbi_cur_trace;
+}
+
+nb_trace *nbi_trace_set_current(nb_trace *tr) {
+    nb_trace *prev = nbi_cur_trace;
+    nbi_cur_trace = tr;
+    return prev;
+}
+
 nb_status nbi_trace_init(nb_trace *tr, nb_ctx *ctx, const char *fn_name) {
     memset(tr, 0, sizeof *tr);
     tr->ctx = ctx;

@@ -720,12 +720,33 @@ static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
                           who, c->rtol, c->atol);
             return false;
         }
-        if (!(c->factormin > 0 && c->factormin <= 1 && c->factormax >= 1 && c->safety > 0 &&
-              c->dtmin >= 0 && c->dtmax >= 0 && (c->dtmax == 0 || c->dtmax >= c->dtmin))) {
+        /* the first rule that fails, by name, with the value and what it must be */
+        const char *bad = NULL;
+        double val = 0;
+        if (!(c->factormin > 0 && c->factormin <= 1)) {
+            bad = "factormin must be in (0, 1]";
+            val = c->factormin;
+        } else if (!(c->factormax >= 1) || isnan(c->factormax)) {
+            bad = "factormax must be >= 1";
+            val = c->factormax;
+        } else if (!(c->safety > 0) || !isfinite(c->safety)) {
+            bad = "safety must be > 0 and finite";
+            val = c->safety;
+        } else if (!(c->dtmin >= 0) || !isfinite(c->dtmin)) {
+            bad = "dtmin must be >= 0 and finite (0: none)";
+            val = c->dtmin;
+        } else if (!(c->dtmax >= 0) || isnan(c->dtmax)) {
+            bad = "dtmax must be >= 0 (0: none)";
+            val = c->dtmax;
+        } else if (c->dtmax != 0 && c->dtmax < c->dtmin) {
+            bad = "dtmax must be >= dtmin (or 0: none)";
+            val = c->dtmax;
+        }
+        if (bad != NULL) {
             nbi_trace_err(tr, NB_ERR_INVALID,
-                          "%s: controller factormin = %g (0, 1], factormax = %g >= 1, safety = "
-                          "%g > 0, 0 <= dtmin = %g <= dtmax = %g (0: none) do not hold",
-                          who, c->factormin, c->factormax, c->safety, c->dtmin, c->dtmax);
+                          "%s: the controller's %s, got %g (factormin %g, factormax %g, safety "
+                          "%g, dtmin %g, dtmax %g)",
+                          who, bad, val, c->factormin, c->factormax, c->safety, c->dtmin, c->dtmax);
             return false;
         }
     } else if (o->dt0 == 0.0 && o->t0 != o->t1) {
@@ -736,9 +757,16 @@ static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
         return false;
     }
     if (o->saveat.kind == NB_SAVEAT_TS) {
-        if (o->saveat.n_ts < 1 || o->saveat.ts == NULL) {
+        if (o->saveat.n_ts < 1) {
             nbi_trace_err(tr, NB_ERR_INVALID, "%s: SaveAt ts needs n_ts >= 1 times (got %lld)", who,
                           (long long)o->saveat.n_ts);
+            return false;
+        }
+        if (o->saveat.ts == NULL) {
+            nbi_trace_err(tr, NB_ERR_MISUSE,
+                          "%s: SaveAt ts is NULL with n_ts = %lld -- point saveat.ts at %lld "
+                          "times (they are copied)",
+                          who, (long long)o->saveat.n_ts, (long long)o->saveat.n_ts);
             return false;
         }
         for (int64_t i = 0; i < o->saveat.n_ts; i++) {

@@ -311,6 +311,56 @@ static void *join(nb_dtype dt, int n, void *const *bufs, const int64_t *counts, 
 
 /* ---- reshape ------------------------------------------------------------------------ */
 
+/* nb_concatenate / nb_stack of no vars: the running trace records why (they returned NULL,
+ * and the call said "returned ERR_MISUSE without recording a message"). self: {op, n}. */
+static nb_status body_join_none(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                nb_tree **out) {
+    int64_t op = 0, n = 0;
+    nb_tree_get_int(nb_tree_get(self, "op"), &op);
+    nb_tree_get_int(nb_tree_get(self, "n"), &n);
+    nb_var *x = nb_get(tr, args, "[0]");
+    nb_var *xs[1] = {x};
+    nb_var *const *p = n > 0 ? NULL : xs; /* n > 0 with a NULL array of vars */
+    nb_var *y = op == 0 ? nb_concatenate((int)n, p, 0) : nb_stack((int)n, p, 0);
+    return nb_return(nb_add(y, x), out);
+}
+
+static void test_join_no_vars(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    const char *names[2] = {"nb_concatenate", "nb_stack"};
+    for (int op = 0; op < 2; op++) {
+        for (int n = 0; n < 2; n++) {
+            nb_tree *ol = NULL, *nl = NULL, *self = NULL, *x = NULL, *args = NULL, *out = NULL;
+            nb_array *a = NULL;
+            NBT_OK(ctx, nb_tree_int(ctx, op, &ol));
+            NBT_OK(ctx, nb_tree_int(ctx, n, &nl));
+            NBT_OK(ctx,
+                   nb_tree_dict(ctx, 2, (const char *[]){"op", "n"}, (nb_tree *[]){ol, nl}, &self));
+            NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 1, (int64_t[]){3}, &a));
+            NBT_OK(ctx, nb_tree_array(a, &x));
+            NBT_OK(ctx, nb_tree_tuple(ctx, 1, &x, &args));
+            nb_status st = nb_eval(ctx, body_join_none, self, args, &out);
+            NBT_TRUE(out == NULL);
+            if (n == 0) {
+                NBT_TRUE(st == NB_ERR_INVALID);
+                NBT_ERRMSG_HAS(ctx, names[op]);
+                NBT_ERRMSG_HAS(ctx, "n is 0: it needs at least one var");
+            } else {
+                NBT_TRUE(st == NB_ERR_MISUSE);
+                NBT_ERRMSG_HAS(ctx, "xs is NULL (with n = 1)");
+            }
+            nb_tree *all[] = {args, x, self, nl, ol};
+            for (int i = 0; i < 5; i++) {
+                nb_tree_destroy(all[i]);
+            }
+            nb_array_destroy(a);
+        }
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 static void test_reshape(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
@@ -2937,6 +2987,7 @@ static void test_registry(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_join_no_vars),
         cmocka_unit_test(test_reshape),
         cmocka_unit_test(test_broadcast_to),
         cmocka_unit_test(test_transpose),

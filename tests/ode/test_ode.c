@@ -219,6 +219,7 @@ static double cfg_get(const nb_tree *self, const char *key) {
 /* the save times of the tests with SaveAt ts */
 static double g_ts[64];
 static int g_nts = 20;
+static bool g_ts_null; /* SaveAt ts given as NULL with n_ts = g_nts (a misuse) */
 
 static nb_status solve_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     nb_ctx *ctx = nb_trace_ctx(tr);
@@ -238,7 +239,7 @@ static nb_status solve_body(nb_trace *tr, const nb_tree *self, const nb_tree *ar
     }
     o.saveat.kind = (nb_saveat_kind)cfg_get(self, "saveat");
     if (o.saveat.kind == NB_SAVEAT_TS) {
-        o.saveat.ts = g_ts;
+        o.saveat.ts = g_ts_null ? NULL : g_ts;
         o.saveat.n_ts = g_nts;
     }
     o.adjoint.kind = (nb_ode_adjoint_kind)cfg_get(self, "adjoint");
@@ -1522,6 +1523,29 @@ static void test_errors(void **state) {
     tc.adjoint = NB_ADJOINT_BACKSOLVE;
     tc.saveat = NB_SAVEAT_STEPS;
     expect_error(ctx, &tc, NB_ERR_INVALID, "backsolve adjoint saves only at t1, not every step");
+    /* SaveAt ts NULL with n_ts = 3: the message says what is wrong (it said "needs n_ts >= 1
+     * times (got 3)") */
+    tc = cfg_default();
+    tc.dt0 = 0.1;
+    tc.saveat = NB_SAVEAT_TS;
+    int saved_nts = g_nts;
+    g_nts = 3;
+    g_ts_null = true;
+    expect_error(ctx, &tc, NB_ERR_MISUSE, "SaveAt ts is NULL with n_ts = 3");
+    g_ts_null = false;
+    g_nts = saved_nts;
+    /* a controller setting out of range: the message names the rule that failed */
+    tc = cfg_default();
+    tc.adaptive = 1;
+    tc.rtol = tc.atol = 1e-6;
+    tc.dtmin = 0.5;
+    tc.dtmax = 0.1;
+    expect_error(ctx, &tc, NB_ERR_INVALID,
+                 "the controller's dtmax must be >= dtmin (or 0: none), "
+                 "got 0.1");
+    tc.dtmin = -1;
+    tc.dtmax = 0;
+    expect_error(ctx, &tc, NB_ERR_INVALID, "the controller's dtmin must be >= 0 and finite");
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
 }
