@@ -7,7 +7,8 @@
 #                       ctest test labelled fuzz: 100000 inputs per loader
 #   make run            build, then ./build/tools/nabla train (the training demo)
 #   make bench          build, then run every program in build/benchmarks/
-#   make asan           the same build in build-asan/ with ASan + UBSan
+#   make asan           a Debug build in build-asan/ with clang, ASan + UBSan (incl.
+#                       pointer-overflow and float-cast-overflow)
 #   make test-asan      asan, then every ctest suite there
 #   make test-clang     the default build with clang in build-clang/, then every suite
 #   make build-matrix   build everything in every build type (Release, RelWithDebInfo,

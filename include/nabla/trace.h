@@ -79,6 +79,10 @@ NB_API bool nb_var_is_poison(const nb_var *v);
 /* ---- constants ---------------------------------------------------------------------- */
 /* A weak scalar: adopts the other operand's dtype in binary ops (f32 when alone). */
 NB_API nb_var *nb_scalar(nb_trace *tr, double value);
+/* A double given for an integer dtype -- nb_scalar_typed, nb_full, nb_pad's fill value, like
+ * nb_cast of a float -- is converted by one rule everywhere: truncated toward zero, values
+ * beyond the type's range saturate at its min/max, NaN becomes 0 (for bool: anything
+ * nonzero, NaN included, is true). Fused or not, the same element comes out. */
 /* A rank-0 constant of a given dtype (not weak). */
 NB_API nb_var *nb_scalar_typed(nb_trace *tr, nb_dtype dtype, double value);
 /* A constant array of the shape, every element value. */
@@ -185,7 +189,8 @@ NB_API nb_var *nb_slice(nb_var *x, const int64_t *start, const int64_t *stop, co
  * xs is a sticky error on the trace being traced (NB_ERR_INVALID / NB_ERR_MISUSE). */
 NB_API nb_var *nb_concatenate(int n, nb_var *const *xs, int axis);
 NB_API nb_var *nb_stack(int n, nb_var *const *xs, int axis);
-/* Constant padding: lo[i] and hi[i] >= 0 elements before and after along axis i. */
+/* Constant padding: lo[i] and hi[i] >= 0 elements before and after along axis i; value is
+ * converted to x's dtype as nb_full converts it (above). */
 NB_API nb_var *nb_pad(nb_var *x, const int64_t *lo, const int64_t *hi, double value);
 /* numpy.take(x, indices, axis): the result's shape is x.shape[:axis] + indices.shape +
  * x.shape[axis+1:]. indices are i32 or i64; out-of-range indices are clamped (as JAX's

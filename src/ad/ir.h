@@ -171,6 +171,13 @@ struct nb_trace {
 NBI_HIDDEN nb_trace *nbi_trace_current(void);
 NBI_HIDDEN nb_trace *nbi_trace_set_current(nb_trace *tr); /* returns the previous one */
 
+/* One element of dtype d holding v, by the library's one rule for a double stored in an
+ * array (nb_full, nb_pad's fill value, constants; nb_cast's rule too): floats rounded to
+ * nearest; integers truncated toward zero, saturating at the type's range, NaN -> 0; bool
+ * true for anything nonzero (NaN included). buf has room for 8 bytes; returns the element
+ * size (op_shape.c). */
+NBI_HIDDEN size_t nbi_elem_from_f64(nb_dtype d, double v, unsigned char *buf);
+
 /* Start a trace for fn_name; the graph is empty. */
 NBI_HIDDEN nb_status nbi_trace_init(nb_trace *tr, nb_ctx *ctx, const char *fn_name);
 NBI_HIDDEN void nbi_trace_release(nb_trace *tr);

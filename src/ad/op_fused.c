@@ -455,31 +455,11 @@ static void nbi_fused_slots(const nbi_fprog *p, nbi_fplan *pl) {
     pl->tile = stream ? NBI_FUSE_TILE / 4 : NBI_FUSE_TILE;
 }
 
+/* The fill value of a fused pad, converted as the unfused pad kernel converts it (a plain C
+ * cast here turned NaN into INT_MIN: undefined behaviour, and other bits than unfused). */
 static void nbi_pad_bytes(nb_dtype d, double v, unsigned char *out) {
     memset(out, 0, 8);
-    switch (d) {
-    case NB_DTYPE_F32: {
-        float f = (float)v;
-        memcpy(out, &f, sizeof f);
-        break;
-    }
-    case NB_DTYPE_F64:
-        memcpy(out, &v, sizeof v);
-        break;
-    case NB_DTYPE_I32: {
-        int32_t i = (int32_t)v;
-        memcpy(out, &i, sizeof i);
-        break;
-    }
-    case NB_DTYPE_I64: {
-        int64_t i = (int64_t)v;
-        memcpy(out, &i, sizeof i);
-        break;
-    }
-    case NB_DTYPE_BOOL:
-        out[0] = v != 0;
-        break;
-    }
+    nbi_elem_from_f64(d, v, out);
 }
 
 /* The plan of node (a fused node whose inputs are set): how each input is read, the tile

@@ -827,7 +827,13 @@ static void nbi_mm_task(void *ud, int64_t task, int worker) {
                              ((size_t)(ob * g->k * g->n) + (size_t)(c0 * g->b_cs)) * es;
     unsigned char *c =
         (unsigned char *)j->k->out + ((size_t)(t * g->m * g->n) + (size_t)(r0 * g->n + c0)) * es;
-    j->f(&sub, a, b, c, (unsigned char *)j->k->scratch + (size_t)worker * j->scratch_bytes);
+    /* no scratch (a product that needs none, or constant folding, which gives none): no
+     * offset from a NULL pointer */
+    unsigned char *scratch = (unsigned char *)j->k->scratch;
+    if (scratch != NULL) {
+        scratch += (size_t)worker * j->scratch_bytes;
+    }
+    j->f(&sub, a, b, c, scratch);
 }
 
 /* Per worker, for the small-product loops: room for b copied row-major when it is stored

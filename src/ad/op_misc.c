@@ -141,30 +141,11 @@ nb_var *nb_stop_gradient(nb_var *x) {
 
 /* ---- kernels ------------------------------------------------------------------------ */
 
+/* Element i of out (dtype d) = v, converted by the library's one rule (nbi_elem_from_f64). */
 static void nbi_store_value(nb_dtype d, void *out, int64_t i, double v) {
-    switch (d) {
-    case NB_DTYPE_F32:
-        ((float *)out)[i] = (float)v;
-        break;
-    case NB_DTYPE_F64:
-        ((double *)out)[i] = v;
-        break;
-    case NB_DTYPE_I32:
-        ((int32_t *)out)[i] = v != v               ? 0
-                              : v <= -2147483648.0 ? INT32_MIN
-                              : v >= 2147483647.0  ? INT32_MAX
-                                                   : (int32_t)v;
-        break;
-    case NB_DTYPE_I64:
-        ((int64_t *)out)[i] = v != v                        ? 0
-                              : v <= -9223372036854775808.0 ? INT64_MIN
-                              : v >= 9223372036854775808.0  ? INT64_MAX
-                                                            : (int64_t)v;
-        break;
-    case NB_DTYPE_BOOL:
-        ((uint8_t *)out)[i] = v != 0;
-        break;
-    }
+    unsigned char b[8];
+    size_t es = nbi_elem_from_f64(d, v, b);
+    memcpy((unsigned char *)out + (size_t)i * es, b, es);
 }
 
 static void nbi_k_full(const nbi_kargs *k) {

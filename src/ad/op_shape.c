@@ -1041,9 +1041,7 @@ nb_var *nb_stack(int n, nb_var *const *xs, int axis) {
 
 /* ---- kernel helpers ----------------------------------------------------------------- */
 
-/* One element of dtype d holding v converted as nb_full does (saturating; NaN -> 0 for
- * integers; nonzero -> true). Returns the element size. */
-static size_t nbi_value_bytes(nb_dtype d, double v, unsigned char *buf) {
+size_t nbi_elem_from_f64(nb_dtype d, double v, unsigned char *buf) {
     switch (d) {
     case NB_DTYPE_F32: {
         float f = (float)v;
@@ -1357,7 +1355,7 @@ static void nbi_k_concat(const nbi_kargs *k) {
 static void nbi_k_pad(const nbi_kargs *k) {
     const nb_var *node = k->node, *x = node->in[0];
     unsigned char v[8];
-    size_t es = nbi_value_bytes(node->dtype, node->at.value, v);
+    size_t es = nbi_elem_from_f64(node->dtype, node->at.value, v);
     nbi_fill(k->out, node->size, v, es);
     int64_t ost[NB_MAX_RANK], xst[NB_MAX_RANK], oo = 0;
     nbi_strides(node->rank, node->shape, ost);
@@ -1434,7 +1432,7 @@ static void nbi_k_one_hot(const nbi_kargs *k) {
     }
     memset(k->out, 0, (size_t)node->size * es); /* all-zero bytes are 0 in every dtype */
     unsigned char one[8];
-    nbi_value_bytes(node->dtype, 1.0, one);
+    nbi_elem_from_f64(node->dtype, 1.0, one);
     int64_t depth = node->at.ivalue;
     unsigned char *o = k->out;
     for (int64_t i = 0; i < ix->size; i++) {

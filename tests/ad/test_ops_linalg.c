@@ -1090,10 +1090,49 @@ static void test_blis_threads_same_bits(void **state) {
     }
 }
 
+/* A batched product of constants, folded at compile time: iota f64[5,3] @ iota f64[5,3,1]
+ * (a broadcast batch, no scratch). Folding runs the kernel without a scratch buffer; the
+ * kernel offset a NULL scratch pointer per worker (undefined behaviour: clang's
+ * -fsanitize=pointer-overflow, which the sanitizer build has, reports it). */
+static nb_status body_folded_bmm(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    (void)self;
+    (void)args;
+    nb_var *a = nb_iota(tr, NB_DTYPE_F64, 2, (int64_t[]){5, 3}, 1);
+    nb_var *b = nb_iota(tr, NB_DTYPE_F64, 3, (int64_t[]){5, 3, 1}, 0);
+    return nb_return(nb_matmul(a, b), out);
+}
+
+static void test_matmul_folded_batched(void **state) {
+    (void)state;
+    nb_ctx_opts o = nb_ctx_opts_default();
+    o.n_threads = 2;
+    nb_ctx *ctx = NULL;
+    NBT_OK(NULL, nb_ctx_create(&o, &ctx));
+    nb_tree *args = NULL, *out = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 0, NULL, &args));
+    NBT_OK(ctx, nb_eval(ctx, body_folded_bmm, NULL, args, &out));
+    const nb_array *r = nb_tree_get_array(out);
+    NBT_EQ_I64(nb_array_rank(r), 3);
+    /* batch t: a row i is [0, 1, 2], b[t] = [t, t, t]^T: every element 3t */
+    for (int64_t t = 0; t < 5; t++) {
+        for (int64_t i = 0; i < 5; i++) {
+            double v = 0;
+            NBT_OK(ctx, nb_array_get(r, (int64_t[]){t, i, 0}, &v));
+            NBT_EQ_F64(v, 3.0 * (double)t);
+        }
+    }
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_registry_entry),
         cmocka_unit_test(test_matmul_2d_2d),
+        cmocka_unit_test(test_matmul_folded_batched),
         cmocka_unit_test(test_matmul_large),
         cmocka_unit_test(test_matmul_1d_2d),
         cmocka_unit_test(test_matmul_2d_1d),

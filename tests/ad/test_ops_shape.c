@@ -17,6 +17,7 @@
 
 #include "ad/ir.h"
 
+#include <math.h>
 #include <stdlib.h>
 
 #define F32 NB_DTYPE_F32
@@ -355,6 +356,69 @@ static void test_join_no_vars(void **state) {
                 nb_tree_destroy(all[i]);
             }
             nb_array_destroy(a);
+        }
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* nb_pad of an integer array with a fill value that does not fit: NaN, +-inf, +-1e20, +-3.7.
+ * The pad alone (its own kernel) and the pad fused into an elementwise op give the same
+ * elements, by nb_cast's rule: NaN -> 0, saturation, truncation toward zero. (The fused
+ * path cast with a plain C cast: NaN -> INT_MIN, undefined behaviour under UBSan.) */
+static double g_padv;
+static nb_status body_pad_int(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]"), *ones = nb_get(tr, args, "[1]");
+    nb_var *alone = nb_pad(x, (int64_t[]){1}, (int64_t[]){1}, g_padv);
+    nb_var *fused = nb_mul(nb_pad(x, (int64_t[]){1}, (int64_t[]){1}, g_padv), ones);
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(alone), nb_leaf(fused)}, out);
+}
+
+static void test_pad_int_fill_rule(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    const double vals[] = {NAN, INFINITY, -INFINITY, 1e20, -1e20, 3.7, -3.7, 2147483647.5};
+    for (int d = 0; d < 2; d++) {
+        nb_dtype dt = d == 0 ? NB_DTYPE_I32 : NB_DTYPE_I64;
+        for (size_t v = 0; v < sizeof vals / sizeof vals[0]; v++) {
+            g_padv = vals[v];
+            nb_array *x = NULL, *ones = NULL;
+            NBT_OK(ctx, nb_array_full(ctx, dt, 1, (int64_t[]){3}, 5, &x));
+            NBT_OK(ctx, nb_array_full(ctx, dt, 1, (int64_t[]){5}, 1, &ones));
+            nb_tree *lx = NULL, *lo = NULL, *args = NULL, *out = NULL;
+            NBT_OK(ctx, nb_tree_array(x, &lx));
+            NBT_OK(ctx, nb_tree_array(ones, &lo));
+            NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){lx, lo}, &args));
+            nb_ctx_clear_cache(ctx); /* the fill value is baked into the trace */
+            NBT_OK(ctx, nb_eval(ctx, body_pad_int, NULL, args, &out));
+            double f = vals[v];
+            int64_t lim_hi = d == 0 ? INT32_MAX : INT64_MAX,
+                    lim_lo = d == 0 ? INT32_MIN : INT64_MIN;
+            int64_t want = f != f                                                 ? 0
+                           : f >= (d == 0 ? 2147483647.0 : 9.2233720368547758e18) ? lim_hi
+                           : f <= (double)lim_lo                                  ? lim_lo
+                                                                                  : (int64_t)f;
+            for (int which = 0; which < 2; which++) {
+                const nb_array *r = nb_tree_get_array(nb_tree_child(out, which));
+                for (int64_t i = 0; i < 5; i++) {
+                    int64_t got = 0;
+                    NBT_OK(ctx, nb_array_get_i64(r, (int64_t[]){i}, &got));
+                    int64_t w = i == 0 || i == 4 ? want : 5;
+                    if (got != w) {
+                        fail_msg("%s pad %g, %s: element %lld is %lld, want %lld",
+                                 d == 0 ? "i32" : "i64", f, which ? "fused" : "alone", (long long)i,
+                                 (long long)got, (long long)w);
+                    }
+                }
+            }
+            nb_tree_destroy(out);
+            nb_tree_destroy(args);
+            nb_tree_destroy(lo);
+            nb_tree_destroy(lx);
+            nb_array_destroy(ones);
+            nb_array_destroy(x);
         }
     }
     nbt_assert_no_live(ctx);
@@ -2988,6 +3052,7 @@ static void test_registry(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_join_no_vars),
+        cmocka_unit_test(test_pad_int_fill_rule),
         cmocka_unit_test(test_reshape),
         cmocka_unit_test(test_broadcast_to),
         cmocka_unit_test(test_transpose),
