@@ -27,20 +27,27 @@ struct nbi_pool {
     struct nbi_worker_arg *args; /* one per thread, inside the threads allocation */
     pthread_mutex_t mu;
     pthread_cond_t wake;
-    int sleepers;                    /* workers waiting on wake (under mu) */
-    atomic_uint_fast64_t generation; /* bumped for each job (release) */
+    atomic_int sleepers; /* workers waiting on wake (changed under mu) */
     atomic_bool stop;
-    /* the current job: written before generation is bumped */
-    nbi_task_fn fn;
-    void *ud;
-    int64_t n_tasks;
-    atomic_llong next;
-    atomic_int busy; /* workers still inside the current job */
+    /* The current job. A task is claimed by advancing ticket = (job << 32) | next task
+     * with a compare-and-swap, so a worker that read an older job's ticket can never claim
+     * a task of a newer one: it would run the newer job's tasks with the older job's fn.
+     * fn, ud and n_tasks are written (release) before the job's first ticket is published
+     * and stay until every task of the job is done (nbi_pool_drain). */
+    _Atomic(nbi_task_fn) fn;
+    _Atomic(void *) ud;
+    atomic_llong n_tasks;
+    atomic_uint_fast64_t ticket;
+    atomic_llong done; /* tasks of the current job finished */
 };
 
 /* Spinning before sleeping: a training step runs dozens of parallel regions back to back,
- * and waking a sleeping thread through the kernel costs more than most of them. */
+ * and waking a sleeping thread through the kernel costs more than most of them. Spinning
+ * yields the core every NBI_YIELD_EVERY rounds, so that with more threads than free cores
+ * (another job on the machine, several contexts) a spinning worker does not keep the
+ * threads that have work off the CPU. */
 #define NBI_SPIN 20000
+#define NBI_YIELD_EVERY 256
 
 static inline void nbi_cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -48,13 +55,31 @@ static inline void nbi_cpu_relax(void) {
 #endif
 }
 
-static void nbi_pool_drain(nbi_pool *p, int worker) {
+/* Claim and run tasks of job `job` until none is left (or a newer job has started). The
+ * caller of the job waits for the tasks to be done, not for the threads: a worker that
+ * is slow to wake (descheduled, oversubscribed) finds the tasks taken by the threads that
+ * were running and goes back to waiting -- it never holds the job up. */
+static void nbi_pool_drain(nbi_pool *p, uint64_t job, int worker) {
+    uint64_t t = atomic_load_explicit(&p->ticket, memory_order_acquire);
     for (;;) {
-        int64_t t = (int64_t)atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed);
-        if (t >= p->n_tasks) {
-            return;
+        if ((t >> 32) != job) {
+            return; /* a newer job: its own wake-up brings this thread back */
         }
-        p->fn(p->ud, t, worker);
+        /* Acquire: had these been the next job's (stored, with release, only after every
+         * task of this one was done), the claim below would see a moved ticket and fail. */
+        nbi_task_fn fn = atomic_load_explicit(&p->fn, memory_order_acquire);
+        void *ud = atomic_load_explicit(&p->ud, memory_order_acquire);
+        int64_t n = atomic_load_explicit(&p->n_tasks, memory_order_acquire);
+        if ((int64_t)(t & 0xffffffffu) >= n) {
+            return; /* every task of this job is taken */
+        }
+        if (!atomic_compare_exchange_weak_explicit(&p->ticket, &t, t + 1, memory_order_acquire,
+                                                   memory_order_acquire)) {
+            continue; /* t was reloaded */
+        }
+        fn(ud, (int64_t)(t & 0xffffffffu), worker);
+        atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+        t++;
     }
 }
 
@@ -67,29 +92,31 @@ static void *nbi_pool_worker(void *arg) {
     nbi_worker_arg *wa = arg;
     nbi_pool *p = wa->pool;
     int index = wa->index;
-    uint64_t seen = 0;
+    uint64_t seen = 0; /* the last job this worker looked at */
     for (;;) {
-        uint64_t g = atomic_load_explicit(&p->generation, memory_order_acquire);
-        for (int i = 0; g == seen && i < NBI_SPIN; i++) {
-            nbi_cpu_relax();
-            g = atomic_load_explicit(&p->generation, memory_order_acquire);
+        uint64_t job = atomic_load_explicit(&p->ticket, memory_order_acquire) >> 32;
+        for (int i = 1; job == seen && i <= NBI_SPIN; i++) {
+            if (i % NBI_YIELD_EVERY == 0) {
+                sched_yield();
+            } else {
+                nbi_cpu_relax();
+            }
+            job = atomic_load_explicit(&p->ticket, memory_order_acquire) >> 32;
         }
-        if (g == seen) {
+        if (job == seen) {
             pthread_mutex_lock(&p->mu);
-            p->sleepers++;
-            while ((g = atomic_load_explicit(&p->generation, memory_order_acquire)) == seen &&
-                   !atomic_load(&p->stop)) {
+            atomic_fetch_add(&p->sleepers, 1); /* seq_cst: see nbi_pool_run */
+            while ((job = atomic_load(&p->ticket) >> 32) == seen && !atomic_load(&p->stop)) {
                 pthread_cond_wait(&p->wake, &p->mu);
             }
-            p->sleepers--;
+            atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
         }
         if (atomic_load(&p->stop)) {
             return NULL;
         }
-        seen = g;
-        nbi_pool_drain(p, index);
-        atomic_fetch_sub_explicit(&p->busy, 1, memory_order_release);
+        seen = job;
+        nbi_pool_drain(p, job, index);
     }
 }
 
@@ -114,10 +141,13 @@ nb_status nbi_pool_create(nb_ctx *ctx, int n_threads, nbi_pool **out) {
     }
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->wake, NULL);
-    atomic_init(&p->generation, 0);
+    atomic_init(&p->sleepers, 0);
     atomic_init(&p->stop, false);
-    atomic_init(&p->next, 0);
-    atomic_init(&p->busy, 0);
+    atomic_init(&p->fn, (nbi_task_fn)NULL);
+    atomic_init(&p->ud, (void *)NULL);
+    atomic_init(&p->n_tasks, 0);
+    atomic_init(&p->ticket, 0);
+    atomic_init(&p->done, 0);
     for (int i = 0; i < want; i++) {
         p->args[p->n_workers].pool = p;
         p->args[p->n_workers].index = p->n_workers + 1;
@@ -157,26 +187,33 @@ void nbi_pool_destroy(nbi_pool *p) {
 }
 
 void nbi_pool_run(nbi_pool *p, int64_t n_tasks, nbi_task_fn fn, void *ud) {
-    if (p == NULL || p->n_workers == 0 || n_tasks <= 1) {
+    if (p == NULL || p->n_workers == 0 || n_tasks <= 1 || n_tasks > (int64_t)UINT32_MAX) {
         for (int64_t t = 0; t < n_tasks; t++) {
             fn(ud, t, 0);
         }
         return;
     }
-    p->fn = fn;
-    p->ud = ud;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->busy, p->n_workers, memory_order_relaxed);
-    atomic_fetch_add_explicit(&p->generation, 1, memory_order_release);
-    pthread_mutex_lock(&p->mu); /* wake sleepers; a spinning worker sees the bump itself */
-    if (p->sleepers > 0) {
+    /* No task of the previous job is outstanding (it returned when all were done), so the
+     * job can be replaced; workers still looking at the previous job's ticket cannot claim
+     * from this one. */
+    atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+    atomic_store_explicit(&p->fn, fn, memory_order_release);
+    atomic_store_explicit(&p->ud, ud, memory_order_release);
+    atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_release);
+    uint64_t job = (atomic_load_explicit(&p->ticket, memory_order_relaxed) >> 32) + 1;
+    /* seq_cst store, then the seq_cst load of sleepers: a worker increments sleepers before
+     * its last look at the ticket, so either it sees this job or it is counted and woken. */
+    atomic_store(&p->ticket, job << 32);
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
         pthread_cond_broadcast(&p->wake);
+        pthread_mutex_unlock(&p->mu);
     }
-    pthread_mutex_unlock(&p->mu);
-    nbi_pool_drain(p, 0); /* the caller works too */
-    for (unsigned i = 0; atomic_load_explicit(&p->busy, memory_order_acquire) > 0; i++) {
-        if (i < NBI_SPIN) {
+    nbi_pool_drain(p, job, 0); /* the caller works too */
+    /* Wait for the tasks others claimed; yield the core while waiting, so that a claimed
+     * task on a descheduled thread gets it back sooner. */
+    for (unsigned i = 0; atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; i++) {
+        if (i < 64) {
             nbi_cpu_relax();
         } else {
             sched_yield();
