@@ -16,8 +16,13 @@
  *   - a finished cell is written atomically to <out>/cells/, and everything else
  *     (results.csv, summary.json, summary.md, the plots) is made from those files in a fixed
  *     order: an interrupted run continued with --resume ends with the same bytes;
- *   - numbers are printed so that they read back exactly (%.9g for f32, %.17g for f64), with
- *     no times or dates in the results.
+ *   - numbers are printed so that they read back exactly (%.9g for f32, read back as a float;
+ *     %.17g for f64), with no times or dates in the results; the summary and the plots are
+ *     made from the rows as the cell files read back (an accuracy has 6 decimals), in a run
+ *     straight through as after --resume.
+ * The summary and the plots leave out of their means and ranges the cells that diverged
+ * (BN_DIVERGED_TEXT), and flag them: an optimizer that diverged at every learning rate has no
+ * best rate.
  * The SHA-256 of results.csv is printed last.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -46,6 +51,16 @@
 #include <unistd.h>
 
 enum { BN_MAX_PROBLEMS = 32, BN_N_OPTIMS = 9, BN_MAX_LRS = 16, BN_MAX_SEEDS = 64 };
+
+/* What the summary and the plots call diverged (bn_cell_diverged), and how they pick the best
+ * learning rate (bn_summarize); --help, summary.md and summary.json say it in these words. */
+#define BN_DIVERGED_FACTOR 1000.0 /* the 1000 of BN_DIVERGED_TEXT */
+#define BN_DIVERGED_TEXT                                                                           \
+    "its loss became inf or nan (the cell stops there) or its final loss is more than 1000 "       \
+    "times its loss at step 0"
+#define BN_BEST_TEXT                                                                               \
+    "the fewest seeds diverged, then the lowest mean final loss over the seeds that did not "      \
+    "diverge, then the smaller rate"
 
 /* ---- the optimizers and their default learning-rate grids ------------------------------- */
 
@@ -286,17 +301,40 @@ typedef struct bn_cfg {
     int cell_start[BN_MAX_PROBLEMS][BN_N_OPTIMS]; /* the first cell of (problem, optimizer) */
 } bn_cfg;
 
+/* text on f in lines of at most 84 columns, broken at spaces. */
+static void bn_wrap(FILE *f, const char *text) {
+    const char *p = text;
+    while (*p != '\0') {
+        size_t n = strlen(p);
+        if (n > 84) {
+            n = 84;
+            while (n > 0 && p[n] != ' ') {
+                n--;
+            }
+            n = n > 0 ? n : 84;
+        }
+        fprintf(f, "%.*s\n", (int)n, p);
+        p += n;
+        while (*p == ' ') {
+            p++;
+        }
+    }
+}
+
 static void bn_usage(FILE *f) {
     fprintf(f, "usage: nabla bench [options]\n\n"
                "Run a reproducible optimizer benchmark: every problem x optimizer x learning\n"
                "rate x seed for a number of full-batch steps. Writes results.csv (every logged\n"
                "step), summary.json and summary.md (per problem and optimizer: the best\n"
-               "learning rate, the final loss mean +- std over seeds, the steps to the\n"
-               "problem's target loss) and plots/<problem>.png (loss against step, the best\n"
-               "learning rate of each optimizer, mean over seeds; drawn by gnuplot) into the\n"
-               "output directory, prints the summary table, and last the SHA-256 of\n"
-               "results.csv: the same options give the same bytes on every run, for any\n"
-               "--threads and --jobs, and after an interrupted run is resumed.\n\n"
+               "learning rate, the final loss mean +- std over seeds, how many seeds diverged,\n"
+               "the steps to the problem's target loss), plots/<problem>.png (loss against\n"
+               "step at the best learning rate of each optimizer: the mean over seeds, a band\n"
+               "from their min to their max, the target loss as a line) and\n"
+               "plots/<problem>_lr.png (final loss against learning rate, one line per\n"
+               "optimizer), drawn by gnuplot, into the output directory, prints the summary\n"
+               "table, and last the SHA-256 of results.csv: the same options give the same\n"
+               "bytes on every run, for any --threads and --jobs, and after an interrupted run\n"
+               "is resumed.\n\n"
                "options:\n"
                "  --problems LIST    comma-separated (default: all):\n");
     for (int i = 0; i < bench_n_problems; i++) {
@@ -319,7 +357,8 @@ static void bn_usage(FILE *f) {
                "  --log-every N      log loss and accuracy every N steps (default steps/50; the\n"
                "                     first and the last step are always logged)\n"
                "  --out DIR          the output directory (default bench-results)\n"
-               "  --data DIR         the UCI data sets (default data)\n"
+               "  --data DIR         the UCI data sets (default: $NABLA_DATA, the installed\n"
+               "                     data sets, or ./data; nabla --version shows which)\n"
                "  --resume           continue the run in --out with the same options: finished\n"
                "                     cells are kept, the rest are run\n"
                "  --overwrite        start again in an --out that holds a run\n"
@@ -329,11 +368,13 @@ static void bn_usage(FILE *f) {
                "  --progress MODE    bar, lines or auto (bar on a terminal; default auto)\n"
                "\n"
                "A single cell alone: --problems P --optimizers O --lrs LR --seeds S (with the\n"
-               "suite's --steps) gives the rows it has in the full suite, bit for bit. The best\n"
-               "learning rate has the lowest mean final loss over the seeds (a seed that\n"
-               "diverged counts as +inf). Steps to target: the first step, of every step, whose\n"
-               "loss is at or below the problem's target; the mean is over the seeds that got\n"
-               "there.\n");
+               "suite's --steps) gives the rows it has in the full suite, bit for bit.\n");
+    bn_wrap(f, "A cell diverged when " BN_DIVERGED_TEXT ". The best learning rate has " BN_BEST_TEXT
+               "; the final loss, the accuracy and the plots' curves and y ranges are over the "
+               "seeds that did not diverge (an optimizer that diverged at every rate is drawn "
+               "clipped, at its smallest rate). Steps to target: the first step, of every step, "
+               "whose loss is at or below the problem's target; the mean is over the seeds that "
+               "got there.");
 }
 
 static int bn_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -542,7 +583,7 @@ static int bn_parse_args(int argc, char **argv, bn_cfg *c) {
     c->jobs = 1;
     c->progress = -1;
     c->out = "bench-results";
-    c->data = "data";
+    c->data = cli_data_dir(); /* --data, else $NABLA_DATA, the installed data sets or ./data */
     c->plots = true;
     bool prob_on[BN_MAX_PROBLEMS] = {0}, any_prob = false, any_optim = false;
     bool lr_set[BN_N_OPTIMS] = {0};
@@ -794,6 +835,8 @@ static bool bn_row_add(bn_cell *c, int64_t *cap, int64_t step, double loss, doub
     return true;
 }
 
+static bool bn_cell_rows(bn_cell *c, const bn_cfg *cfg, const char *body, const char *end);
+
 /* ---- running one cell -------------------------------------------------------------------- */
 
 /* eval(params, data) -> (loss, accuracy) or (loss,); self = the problem's index. */
@@ -848,9 +891,8 @@ static void bn_progress_steps(bn_shared *sh, const bn_cell *c, int64_t steps) {
     do {                                                                                           \
         st = (expr);                                                                               \
         if (st != NB_OK) {                                                                         \
-            snprintf(err, err_cap, "%s %s lr %s seed %" PRIu64 ": %s failed: %s\n  %s",            \
-                     bench_problems[c->p].name, bn_optims[c->o].name, c->lr_s, c->seed, #expr,     \
-                     nb_status_name(st), nb_ctx_errmsg(ctx));                                      \
+            snprintf(err, err_cap, "%s %s lr %s seed %" PRIu64 ": %s", bench_problems[c->p].name,  \
+                     bn_optims[c->o].name, c->lr_s, c->seed, cli_errmsg(ctx, st));                 \
             goto done;                                                                             \
         }                                                                                          \
     } while (0)
@@ -947,7 +989,9 @@ static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, 
         }
     }
     bn_progress_steps(sh, c, cfg->steps - logged_steps);
-    /* the rows as text */
+    /* the rows as text, and the rows as that text reads back: what the summary and the plots
+     * are made of, here as after a --resume that reads the cell's file (the same numbers by
+     * construction: an accuracy has 6 decimals in the text) */
     bn_buf b = {0};
     for (int64_t i = 0; i < c->n_rows; i++) {
         bn_row_text(&b, c, &c->rows[i]);
@@ -960,6 +1004,13 @@ static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, 
     free(c->text);
     c->text = b.s;
     c->text_len = b.len;
+    if (!bn_cell_rows(c, cfg, c->text, c->text + c->text_len)) {
+        snprintf(err, err_cap,
+                 "%s %s lr %s seed %" PRIu64 ": its rows do not read back as a --resume reads "
+                 "them (a bug; or out of memory)",
+                 p->name, bn_optims[c->o].name, c->lr_s, c->seed);
+        goto done;
+    }
     c->done = true;
     c->secs = cli_now_s() - t0;
     rc = 0;
@@ -1027,7 +1078,8 @@ static int64_t bn_logged_step(const bn_cfg *cfg, int64_t k) {
     return s < cfg->steps ? s : cfg->steps;
 }
 
-/* Reads the rows of body into c (false: a malformed line or not the steps a run logs). */
+/* Reads the rows of body into c (false: a malformed line or not the steps a run logs). An
+ * f32 loss is read as a float: the value the run had, not the double nearest its %.9g text. */
 static bool bn_cell_rows(bn_cell *c, const bn_cfg *cfg, const char *body, const char *end) {
     int64_t cap = 0;
     c->n_rows = 0;
@@ -1043,7 +1095,10 @@ static bool bn_cell_rows(bn_cell *c, const bn_cfg *cfg, const char *body, const 
         }
         char *e = NULL;
         long long step = f != NULL ? strtoll(f, &e, 10) : -1;
-        double loss = e != NULL && *e == ',' ? strtod(e + 1, &e) : NAN;
+        double loss = NAN;
+        if (e != NULL && *e == ',') {
+            loss = c->f64 ? strtod(e + 1, &e) : (double)strtof(e + 1, &e);
+        }
         double acc = NAN;
         if (e != NULL && *e == ',' && e + 1 < eol) {
             acc = strtod(e + 1, &e);
@@ -1211,65 +1266,96 @@ static void *bn_worker(void *arg) {
 
 /* ---- the summary ----------------------------------------------------------------------- */
 
-typedef struct bn_sum {
-    int best;                   /* the best learning rate's index; -1: every one diverged */
-    double mean, std, acc_mean; /* final loss over seeds at the best rate; accuracy */
-    int n_reached;              /* seeds that reached the target at the best rate */
-    double reached_mean;        /* their mean steps to it */
-    double lr_mean[BN_MAX_LRS]; /* mean final loss per rate (+inf: a seed diverged) */
-} bn_sum;
-
 /* The cell of problem p (index into bench_problems), optimizer o, rate l, seed number k:
  * cells are in the suite's order (problem, optimizer, rate, seed). */
 static const bn_cell *bn_find(const bn_cell *cells, const bn_cfg *cfg, int p, int o, int l, int k) {
     return &cells[cfg->cell_start[p][o] + l * cfg->n_seeds + k];
 }
 
-static double bn_final(const bn_cell *c) {
-    double v = c->rows[c->n_rows - 1].loss;
-    return c->diverged || !isfinite(v) ? INFINITY : v;
+/* Diverged (BN_DIVERGED_TEXT): the loss went inf or nan -- the run stops there, so that is the
+ * last row -- or the final loss is more than BN_DIVERGED_FACTOR times the loss at step 0. A
+ * finite blow-up (1e110 after 60 steps) is no result to average or to scale a plot to. */
+static bool bn_cell_diverged(const bn_cell *c) {
+    double first = c->rows[0].loss, last = c->rows[c->n_rows - 1].loss;
+    return c->diverged || !isfinite(first) || !isfinite(last) ||
+           last > BN_DIVERGED_FACTOR * fabs(first);
 }
+
+static double bn_final(const bn_cell *c) {
+    return c->rows[c->n_rows - 1].loss;
+}
+
+typedef struct bn_sum {
+    int best;                   /* the best rate's index (BN_BEST_TEXT); -1: every seed diverged
+                                 * at every rate */
+    int n_div;                  /* seeds diverged at the best rate (all of them when best is -1) */
+    double mean, std, acc_mean; /* final loss and accuracy at the best rate, over the seeds that
+                                 * did not diverge */
+    int n_reached;              /* seeds that reached the target at the best rate */
+    double reached_mean;        /* their mean steps to it */
+    int lr_div[BN_MAX_LRS];     /* per rate: seeds diverged; the final loss over the others */
+    double lr_mean[BN_MAX_LRS], lr_min[BN_MAX_LRS], lr_max[BN_MAX_LRS]; /* (NaN: none left) */
+} bn_sum;
 
 static void bn_summarize(const bn_cfg *cfg, const bn_cell *cells, int p, int o, bn_sum *s) {
     memset(s, 0, sizeof *s);
     s->best = -1;
-    double best = INFINITY;
     for (int l = 0; l < cfg->n_lrs[o]; l++) {
-        double sum = 0;
+        double sum = 0, lo = INFINITY, hi = -INFINITY;
+        int div = 0;
         for (int k = 0; k < cfg->n_seeds; k++) {
-            sum += bn_final(bn_find(cells, cfg, p, o, l, k));
+            const bn_cell *c = bn_find(cells, cfg, p, o, l, k);
+            if (bn_cell_diverged(c)) {
+                div++;
+                continue;
+            }
+            double v = bn_final(c);
+            sum += v;
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
         }
-        s->lr_mean[l] = sum / cfg->n_seeds;
-        if (s->lr_mean[l] < best) { /* ties: the smaller rate */
-            best = s->lr_mean[l];
-            s->best = l;
+        int ok = cfg->n_seeds - div;
+        s->lr_div[l] = div;
+        s->lr_mean[l] = ok > 0 ? sum / ok : NAN;
+        s->lr_min[l] = ok > 0 ? lo : NAN;
+        s->lr_max[l] = ok > 0 ? hi : NAN;
+        int b = s->best;
+        if (ok > 0 && (b < 0 || div < s->lr_div[b] ||
+                       (div == s->lr_div[b] && s->lr_mean[l] < s->lr_mean[b]))) {
+            s->best = l; /* ties: the smaller rate */
         }
     }
     if (s->best < 0) {
-        s->mean = s->std = s->acc_mean = INFINITY;
+        s->n_div = cfg->n_seeds;
+        s->mean = s->std = s->acc_mean = s->reached_mean = NAN;
         return;
     }
-    s->mean = best;
+    s->n_div = s->lr_div[s->best];
+    s->mean = s->lr_mean[s->best];
+    int ok = cfg->n_seeds - s->n_div;
     double ss = 0, acc = 0, steps = 0;
     for (int k = 0; k < cfg->n_seeds; k++) {
         const bn_cell *c = bn_find(cells, cfg, p, o, s->best, k);
-        double d = bn_final(c) - best;
-        ss += d * d;
-        acc += c->rows[c->n_rows - 1].acc;
         if (c->reached >= 0) {
             s->n_reached++;
             steps += (double)c->reached;
         }
+        if (!bn_cell_diverged(c)) {
+            double d = bn_final(c) - s->mean;
+            ss += d * d;
+            acc += c->rows[c->n_rows - 1].acc;
+        }
     }
-    s->std = cfg->n_seeds > 1 ? sqrt(ss / (cfg->n_seeds - 1)) : 0.0;
-    s->acc_mean = acc / cfg->n_seeds;
+    s->std = ok > 1 ? sqrt(ss / (ok - 1)) : 0.0;
+    s->acc_mean = acc / ok;
     s->reached_mean = s->n_reached > 0 ? steps / s->n_reached : NAN;
 }
 
 static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) {
-    bn_printf(b,
-              "{\n  \"format\": \"nabla bench summary 1\",\n  \"steps\": %" PRId64
-              ",\n  \"log_every\": %" PRId64 ",\n  \"seeds\": [",
+    bn_printf(b, "{\n  \"format\": \"nabla bench summary 2\",\n");
+    bn_printf(b, "  \"diverged\": \"a cell diverged when %s\",\n", BN_DIVERGED_TEXT);
+    bn_printf(b, "  \"best_lr_rule\": \"the best learning rate has %s\",\n", BN_BEST_TEXT);
+    bn_printf(b, "  \"steps\": %" PRId64 ",\n  \"log_every\": %" PRId64 ",\n  \"seeds\": [",
               cfg->steps, cfg->log_every);
     for (int k = 0; k < cfg->n_seeds; k++) {
         bn_printf(b, "%s%" PRIu64, k ? ", " : "", cfg->seeds[k]);
@@ -1297,10 +1383,13 @@ static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) 
             } else {
                 bn_printf(b, "null");
             }
-            bn_printf(b, ",\n          \"final_loss_mean\": ");
+            bn_printf(b,
+                      ",\n          \"diverged_at_every_lr\": %s,\n          \"diverged_seeds\": "
+                      "%d,\n          \"final_loss_mean\": ",
+                      s.best < 0 ? "true" : "false", s.n_div);
             bn_json_num(b, s.mean);
             bn_printf(b, ",\n          \"final_loss_std\": ");
-            bn_json_num(b, s.std);
+            bn_json_num(b, s.best >= 0 ? s.std : NAN);
             if (p->has_accuracy) {
                 bn_printf(b, ",\n          \"final_test_accuracy_mean\": ");
                 bn_json_num(b, s.acc_mean);
@@ -1322,7 +1411,7 @@ static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) 
                 bn_printf(b, "%s{\"lr\": %.6g, \"final_loss_mean\": ", l ? ", " : "",
                           cfg->lrs[o][l]);
                 bn_json_num(b, s.lr_mean[l]);
-                bn_printf(b, "}");
+                bn_printf(b, ", \"diverged_seeds\": %d}", s.lr_div[l]);
             }
             bn_printf(b, "]\n        }");
         }
@@ -1333,8 +1422,8 @@ static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) 
 
 static void bn_summary_md(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) {
     bn_printf(b,
-              "| problem | optimizer | best lr | final loss (mean ± std, %d seed%s) | test "
-              "accuracy | steps to target |\n|---|---|---|---|---|---|\n",
+              "| problem | optimizer | best lr | final loss (mean ± std, %d seed%s) | diverged | "
+              "test accuracy | steps to target |\n|---|---|---|---|---|---|---|\n",
               cfg->n_seeds, cfg->n_seeds == 1 ? "" : "s");
     for (int i = 0; i < cfg->n_problems; i++) {
         const bench_problem *p = &bench_problems[cfg->problems[i]];
@@ -1353,10 +1442,18 @@ static void bn_summary_md(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) {
             first = false;
             bn_printf(b, "| %s ", bn_optims[o].name);
             if (s.best < 0) {
-                bn_printf(b, "| — | diverged at every rate | | |\n");
+                bn_printf(b, "| — | diverged at every lr | every seed at every lr | | |\n");
                 continue;
             }
-            bn_printf(b, "| %.6g | %.3e ± %.1e | ", cfg->lrs[o][s.best], s.mean, s.std);
+            int ok = cfg->n_seeds - s.n_div;
+            bn_printf(b, "| %.6g | %.3e ± %.1e ", cfg->lrs[o][s.best], s.mean, s.std);
+            if (s.n_div > 0) {
+                bn_printf(b, "(%d seed%s) | %d of %d seeds ", ok, ok == 1 ? "" : "s", s.n_div,
+                          cfg->n_seeds);
+            } else {
+                bn_printf(b, "| no ");
+            }
+            bn_printf(b, "| ");
             if (p->has_accuracy) {
                 bn_printf(b, "%.1f %% ", 100.0 * s.acc_mean);
             }
@@ -1370,6 +1467,10 @@ static void bn_summary_md(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) {
             }
         }
     }
+    bn_printf(b,
+              "\nA cell diverged when %s. The best learning rate has %s; its final loss, "
+              "accuracy and curve are over the seeds that did not diverge.\n",
+              BN_DIVERGED_TEXT, BN_BEST_TEXT);
 }
 
 /* ---- plots ------------------------------------------------------------------------------- */
@@ -1403,103 +1504,370 @@ static int bn_gnuplot(const char *dir, const char *a1, const char *a2) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-/* plots/<problem>.dat (one block per optimizer: step, mean loss over seeds at its best
- * rate), .gp, and .png drawn by gnuplot. Returns 0, 127 when gnuplot is missing, else 1 with
- * err set. */
-static int bn_plot(const bn_cfg *cfg, const bn_cell *cells, int p, const char *dir, char *err,
-                   size_t err_cap) {
-    const bench_problem *pr = &bench_problems[p];
-    bn_buf dat = {0}, gp = {0};
-    bn_printf(&gp,
+/* The values a log axis shows: positive and finite; lo > hi while there are none. */
+typedef struct bn_range {
+    double lo, hi;
+} bn_range;
+
+static void bn_range_add(bn_range *r, double v) {
+    if (isfinite(v) && v > 0) {
+        r->lo = v < r->lo ? v : r->lo;
+        r->hi = v > r->hi ? v : r->hi;
+    }
+}
+
+/* r widened on a log axis by 5% of its span (at least 0.1 decade) below and above, and at
+ * least top decades above. */
+static bn_range bn_range_padded(bn_range r, double top) {
+    double span = log10(r.hi / r.lo), pad = 0.05 * span > 0.1 ? 0.05 * span : 0.1;
+    return (bn_range){r.lo / pow(10.0, pad), r.hi * pow(10.0, pad > top ? pad : top)};
+}
+
+/* `set ytics (...)` for a log axis over y when it spans too few decades for gnuplot's own
+ * (one per decade): 1, 2, 5 times a power of ten, or finer for a narrower range. */
+static void bn_log_ytics(bn_buf *gp, bn_range y) {
+    static const struct {
+        double below; /* for a span of fewer decades than this */
+        int n;
+        double m[12]; /* these times each power of ten */
+    } tics[] = {
+        {0.5, 12, {1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9}},
+        {1.2, 7, {1, 1.5, 2, 3, 4, 5, 7}},
+        {2.5, 3, {1, 2, 5}},
+    };
+    double span = log10(y.hi / y.lo);
+    int t = 0;
+    while (t < 3 && !(span < tics[t].below)) {
+        t++;
+    }
+    if (t == 3) {
+        return;
+    }
+    const char *sep = "set ytics (";
+    for (int k = (int)floor(log10(y.lo)); k <= (int)ceil(log10(y.hi)); k++) {
+        for (int i = 0; i < tics[t].n; i++) {
+            double v = tics[t].m[i] * pow(10.0, k);
+            if (v >= y.lo && v <= y.hi) {
+                bn_printf(gp, "%s%g", sep, v);
+                sep = ", ";
+            }
+        }
+    }
+    if (sep[0] == ',') {
+        bn_printf(gp, ")\n");
+    }
+}
+
+/* One curve of the loss plot: the rows the seeds at rate l of (p, o) all have -- only those
+ * that did not diverge when skip_diverged -- as "step mean min max" over the seeds, where the
+ * mean is positive and finite (a log axis). Adds min and max to r, the losses at step 0 to
+ * r0 (either may be NULL); returns the points written. */
+static int64_t bn_curve(bn_buf *b, const bn_cfg *cfg, const bn_cell *cells, int p, int o, int l,
+                        bool skip_diverged, bn_range *r, bn_range *r0) {
+    int64_t rows = INT64_MAX, pts = 0;
+    int n = 0;
+    for (int k = 0; k < cfg->n_seeds; k++) {
+        const bn_cell *c = bn_find(cells, cfg, p, o, l, k);
+        if (!skip_diverged || !bn_cell_diverged(c)) {
+            rows = c->n_rows < rows ? c->n_rows : rows;
+            n++;
+        }
+    }
+    for (int64_t i = 0; n > 0 && i < rows; i++) {
+        double sum = 0, lo = INFINITY, hi = -INFINITY;
+        int64_t step = 0;
+        for (int k = 0; k < cfg->n_seeds; k++) {
+            const bn_cell *c = bn_find(cells, cfg, p, o, l, k);
+            if (skip_diverged && bn_cell_diverged(c)) {
+                continue;
+            }
+            double v = c->rows[i].loss;
+            sum += v;
+            lo = v < lo ? v : lo;
+            hi = v > hi ? v : hi;
+            step = c->rows[i].step;
+            if (i == 0 && r0 != NULL) {
+                bn_range_add(r0, v);
+            }
+        }
+        double mean = sum / n;
+        if (!isfinite(mean) || !(mean > 0)) {
+            continue;
+        }
+        lo = lo > 0 ? lo : mean; /* a loss of exactly 0 has no place on a log axis */
+        bn_printf(b, "%" PRId64 " %.9g %.9g %.9g\n", step, mean, lo, hi);
+        if (r != NULL) {
+            bn_range_add(r, lo);
+            bn_range_add(r, hi);
+        }
+        pts++;
+    }
+    return pts;
+}
+
+/* <dir>/<base>.dat and .gp, and <base>.png drawn by gnuplot from them (the script writes
+ * .<base>.png.tmp, renamed when gnuplot succeeds). 0, 127 when gnuplot is missing, else 1
+ * with err set. */
+static int bn_plot_files(const char *dir, const char *base, const bn_buf *dat, const bn_buf *gp,
+                         char *err, size_t err_cap) {
+    char name[300], png[4700], tmp[4700];
+    if (dat->oom || gp->oom) {
+        bn_fmt(err, err_cap, "out of memory");
+        return 1;
+    }
+    bn_fmt(name, sizeof name, "%s.dat", base);
+    if (bn_write_atomic(dir, name, dat->s != NULL ? dat->s : "", dat->len) != 0) {
+        bn_fmt(err, err_cap, "cannot write %s/%s: %s", dir, name, strerror(errno));
+        return 1;
+    }
+    bn_fmt(name, sizeof name, "%s.gp", base);
+    if (bn_write_atomic(dir, name, gp->s, gp->len) != 0) {
+        bn_fmt(err, err_cap, "cannot write %s/%s: %s", dir, name, strerror(errno));
+        return 1;
+    }
+    int g = bn_gnuplot(dir, name, NULL);
+    bn_fmt(tmp, sizeof tmp, "%s/.%s.png.tmp", dir, base);
+    bn_fmt(png, sizeof png, "%s/%s.png", dir, base);
+    if (g == 0 && rename(tmp, png) == 0) {
+        bn_fsync_dir(dir);
+        return 0;
+    }
+    unlink(tmp);
+    if (g == 127) {
+        return 127;
+    }
+    bn_fmt(err, err_cap, "gnuplot failed on %s/%s (exit %d)", dir, name, g);
+    return 1;
+}
+
+/* The start of a plot's script: terminal, output, title and axis labels. spread: how the
+ * plot shows the spread over the seeds. */
+static void bn_plot_head(bn_buf *gp, const bn_cfg *cfg, const char *base, const char *what,
+                         const char *spread, const char *xlabel, const char *ylabel) {
+    bn_printf(gp,
               "# gnuplot script made by nabla bench: %s.png from %s.dat\n"
-              "set terminal pngcairo size 960,600 noenhanced font \"sans,10\"\n"
+              "set terminal pngcairo size 1120,600 noenhanced font \"sans,10\"\n"
               "set output '.%s.png.tmp'\n"
-              "set title \"%s: loss at the best learning rate of each optimizer (mean of %d "
-              "seed%s)\"\n"
-              "set xlabel 'step'\nset ylabel 'loss'\nset logscale y\nset format y '%%.0e'\n"
-              "set grid\nset key outside right top\n",
-              pr->name, pr->name, pr->name, pr->title, cfg->n_seeds, cfg->n_seeds == 1 ? "" : "s");
-    int block = 0;
-    bn_buf plot = {0};
+              "set title \"%s\\nmean over the seeds that did not diverge (of %d); %s: their min "
+              "to max\"\n"
+              "set xlabel '%s'\nset ylabel '%s'\nset grid\nset key outside right top\n",
+              base, base, base, what, cfg->n_seeds, spread, xlabel, ylabel);
+}
+
+/* plots/<problem>.png: loss against step at the best rate of each optimizer, the mean over
+ * the seeds that did not diverge with a band from their min to their max, the target loss as
+ * a line. An optimizer that diverged at every rate is drawn at its smallest rate, thin,
+ * clipped and labelled so; the y range is the curves' that did not diverge. */
+static int bn_plot_loss(const bn_cfg *cfg, const bn_cell *cells, int p, const char *dir, char *err,
+                        size_t err_cap) {
+    const bench_problem *pr = &bench_problems[p];
+    bn_buf dat = {0}, gp = {0}, bands = {0}, lines = {0}, block = {0};
+    bn_range r = {INFINITY, -INFINITY}, r0 = r;
+    int n_blocks = 0, n_ok = 0;
     for (int o = 0; o < BN_N_OPTIMS; o++) {
         if (!cfg->optim_on[o]) {
             continue;
         }
         bn_sum s;
         bn_summarize(cfg, cells, p, o, &s);
-        if (s.best < 0) {
+        bool ok = s.best >= 0;
+        int l = ok ? s.best : 0;
+        block.len = 0;
+        int64_t pts = bn_curve(&block, cfg, cells, p, o, l, ok, ok ? &r : NULL, ok ? NULL : &r0);
+        if (pts == 0) {
             continue;
         }
-        int64_t rows = INT64_MAX;
-        for (int k = 0; k < cfg->n_seeds; k++) {
-            const bn_cell *c = bn_find(cells, cfg, p, o, s.best, k);
-            rows = c->n_rows < rows ? c->n_rows : rows;
-        }
-        bn_printf(&dat, "%s# %s, lr %.6g: step, mean loss\n", block ? "\n\n" : "",
-                  bn_optims[o].name, cfg->lrs[o][s.best]);
-        for (int64_t r = 0; r < rows; r++) {
-            double sum = 0;
-            int64_t step = 0;
-            for (int k = 0; k < cfg->n_seeds; k++) {
-                const bn_cell *c = bn_find(cells, cfg, p, o, s.best, k);
-                sum += c->rows[r].loss;
-                step = c->rows[r].step;
+        int n = ok ? cfg->n_seeds - s.n_div : cfg->n_seeds;
+        bn_printf(&dat,
+                  "%s# %s, lr %.6g%s: step, then the loss's mean, min and max over %d seed%s\n",
+                  n_blocks ? "\n\n" : "", bn_optims[o].name, cfg->lrs[o][l],
+                  ok ? "" : " (diverged at every lr; its smallest shown, where finite)", n,
+                  n == 1 ? "" : "s");
+        bn_append(&dat, block.s, block.len);
+        if (ok) {
+            n_ok++;
+            bn_printf(&bands,
+                      "'%s.dat' index %d using 1:3:4 with filledcurves fs transparent solid 0.15 "
+                      "noborder lc rgb '%s' notitle, \\\n     ",
+                      pr->name, n_blocks, bn_optims[o].color);
+            bn_printf(&lines,
+                      "'%s.dat' index %d using 1:2 with lines lw 2 lc rgb '%s' dt %d title '%s "
+                      "(lr %.6g",
+                      pr->name, n_blocks, bn_optims[o].color, bn_optims[o].dash, bn_optims[o].name,
+                      cfg->lrs[o][l]);
+            if (s.n_div > 0) {
+                bn_printf(&lines, ", %d of %d seeds diverged", s.n_div, cfg->n_seeds);
             }
-            double mean = sum / cfg->n_seeds;
-            if (isfinite(mean) && mean > 0) { /* a log axis */
-                bn_printf(&dat, "%" PRId64 " %.9g\n", step, mean);
-            }
+            bn_printf(&lines, ")', \\\n     ");
+        } else {
+            bn_printf(&lines,
+                      "'%s.dat' index %d using 1:2 with lines lw 1.5 lc rgb '%s' dt 3 title '%s "
+                      "(lr %.6g): diverged at every lr', \\\n     ",
+                      pr->name, n_blocks, bn_optims[o].color, bn_optims[o].name, cfg->lrs[o][l]);
         }
-        bn_printf(&plot,
-                  "%s'%s.dat' index %d using 1:2 with lines lw 2 lc rgb '%s' dt %d "
-                  "title '%s (lr %.6g)'",
-                  block ? ", \\\n     " : "plot ", pr->name, block, bn_optims[o].color,
-                  bn_optims[o].dash, bn_optims[o].name, cfg->lrs[o][s.best]);
-        block++;
+        n_blocks++;
     }
-    int rc = 0;
-    if (block == 0) {
-        bn_printf(&gp, "set label 1 'every optimizer diverged at every learning rate' at "
-                       "graph 0.5, 0.5 center\nset logscale y\nplot [0:1] [1:10] NaN notitle\n");
+    char what[512];
+    bn_fmt(what, sizeof what, "%s: loss at the best learning rate of each optimizer", pr->title);
+    bn_plot_head(&gp, cfg, pr->name, what, "band", "step", "loss");
+    bn_range_add(&r, pr->target);
+    if (n_ok == 0) { /* every optimizer diverged at every rate: the range of their starts */
+        bn_range_add(&r0, pr->target);
+        r = r0.lo <= r0.hi ? r0 : (bn_range){1.0, 10.0};
+        bn_printf(&gp, "set label 1 'every optimizer diverged at every learning rate' at graph "
+                       "0.5, 0.5 center\n");
+    }
+    bn_range y = bn_range_padded(r, 0.0);
+    bn_printf(&gp, "set logscale y\nset format y '%%g'\nset xrange [0:%" PRId64 "]\n", cfg->steps);
+    bn_printf(&gp, "set yrange [%.4g:%.4g]\n", y.lo, y.hi);
+    bn_log_ytics(&gp, y);
+    bn_printf(&gp, "plot %.*s%.*s", (int)bands.len, bands.s != NULL ? bands.s : "", (int)lines.len,
+              lines.s != NULL ? lines.s : "");
+    if (pr->target > 0) {
+        bn_printf(&gp, "%g with lines lw 1.5 lc rgb '#000000' dt 2 title 'target %g'\n", pr->target,
+                  pr->target);
     } else {
-        bn_printf(&gp, "%.*s\n", (int)plot.len, plot.s);
+        bn_printf(&gp, "NaN notitle\n");
     }
     bn_printf(&gp, "unset output\n");
-    char name[300], png[320], tmp[340];
-    if (dat.oom || gp.oom || plot.oom) {
-        snprintf(err, err_cap, "out of memory");
-        rc = 1;
-    }
-    snprintf(name, sizeof name, "%s.dat", pr->name);
-    if (rc == 0 && bn_write_atomic(dir, name, dat.s != NULL ? dat.s : "", dat.len) != 0) {
-        bn_fmt(err, err_cap, "cannot write %s/%s: %s", dir, name, strerror(errno));
-        rc = 1;
-    }
-    snprintf(name, sizeof name, "%s.gp", pr->name);
-    if (rc == 0 && bn_write_atomic(dir, name, gp.s, gp.len) != 0) {
-        bn_fmt(err, err_cap, "cannot write %s/%s: %s", dir, name, strerror(errno));
-        rc = 1;
-    }
-    if (rc == 0) {
-        int g = bn_gnuplot(dir, name, NULL);
-        bn_fmt(tmp, sizeof tmp, "%s/.%s.png.tmp", dir, pr->name);
-        bn_fmt(png, sizeof png, "%s/%s.png", dir, pr->name);
-        if (g == 0 && rename(tmp, png) == 0) {
-            bn_fsync_dir(dir);
-        } else {
-            unlink(tmp);
-            if (g == 127) {
-                rc = 127;
-            } else {
-                bn_fmt(err, err_cap, "gnuplot failed on %s/%s (exit %d)", dir, name, g);
-                rc = 1;
-            }
+    int rc = bands.oom || lines.oom || block.oom
+                 ? (bn_fmt(err, err_cap, "out of memory"), 1)
+                 : bn_plot_files(dir, pr->name, &dat, &gp, err, err_cap);
+    bn_buf_free(&dat);
+    bn_buf_free(&gp);
+    bn_buf_free(&bands);
+    bn_buf_free(&lines);
+    bn_buf_free(&block);
+    return rc;
+}
+
+/* plots/<problem>_lr.png: the final loss against the learning rate (log-log), one line per
+ * optimizer through the mean over the seeds that did not diverge, bars from their min to
+ * their max; a rate where some seeds diverged is circled, one where every seed diverged is a
+ * triangle at the top of the plot. The y range is the rates' that did not diverge. */
+static int bn_plot_lr(const bn_cfg *cfg, const bn_cell *cells, int p, const char *dir, char *err,
+                      size_t err_cap) {
+    const bench_problem *pr = &bench_problems[p];
+    bn_sum sums[BN_N_OPTIMS];
+    bn_range r = {INFINITY, -INFINITY}, x = r;
+    bool any_div = false, any_part = false;
+    for (int o = 0; o < BN_N_OPTIMS; o++) {
+        if (!cfg->optim_on[o]) {
+            continue;
+        }
+        bn_summarize(cfg, cells, p, o, &sums[o]);
+        for (int l = 0; l < cfg->n_lrs[o]; l++) {
+            bn_range_add(&x, cfg->lrs[o][l]);
+            bn_range_add(&r, sums[o].lr_min[l]);
+            bn_range_add(&r, sums[o].lr_max[l]);
+            any_div = any_div || sums[o].lr_div[l] == cfg->n_seeds;
+            any_part = any_part || (sums[o].lr_div[l] > 0 && sums[o].lr_div[l] < cfg->n_seeds);
         }
     }
+    bn_range_add(&r, pr->target);
+    if (r.lo > r.hi) {
+        r = (bn_range){1.0, 10.0};
+    }
+    /* the diverged rates' triangles: half way into a margin of at least 0.4 decade on top */
+    bn_range y = bn_range_padded(r, any_div ? 0.4 : 0.0);
+    double top = sqrt(r.hi * y.hi);
+    bn_buf dat = {0}, gp = {0}, plot = {0};
+    int n_blocks = 0;
+    for (int o = 0; o < BN_N_OPTIMS; o++) {
+        if (!cfg->optim_on[o]) {
+            continue;
+        }
+        const bn_sum *s = &sums[o];
+        /* kind 0: rates with a seed left (the line), 1: some seeds diverged (circles), 2:
+         * every seed diverged (triangles at the top) */
+        for (int kind = 0; kind < 3; kind++) {
+            int pts = 0;
+            for (int l = 0; l < cfg->n_lrs[o]; l++) {
+                bool all = s->lr_div[l] == cfg->n_seeds, some = s->lr_div[l] > 0 && !all;
+                bool shown = !all && isfinite(s->lr_mean[l]) && s->lr_mean[l] > 0; /* log axis */
+                if (!(kind == 0 ? shown : kind == 1 ? some && shown : all && isfinite(top))) {
+                    continue;
+                }
+                if (pts++ == 0) {
+                    static const char *const what[] = {
+                        "lr, final loss: mean, min and max over the seeds that did not diverge",
+                        "lr, mean final loss: some seeds diverged",
+                        "lr, the top of the plot: every seed diverged"};
+                    bn_printf(&dat, "%s# %s: %s\n", n_blocks ? "\n\n" : "", bn_optims[o].name,
+                              what[kind]);
+                }
+                if (kind == 0) {
+                    double lo = s->lr_min[l] > 0 ? s->lr_min[l] : s->lr_mean[l];
+                    bn_printf(&dat, "%.6g %.9g %.9g %.9g\n", cfg->lrs[o][l], s->lr_mean[l], lo,
+                              s->lr_max[l]);
+                } else {
+                    bn_printf(&dat, "%.6g %.9g\n", cfg->lrs[o][l], kind == 1 ? s->lr_mean[l] : top);
+                }
+            }
+            if (pts == 0) {
+                continue;
+            }
+            if (kind == 0) {
+                bn_printf(&plot,
+                          "'%s_lr.dat' index %d using 1:2:3:4 with yerrorlines lw 2 pt 7 ps 0.8 "
+                          "lc rgb '%s' dt %d title '%s', \\\n     ",
+                          pr->name, n_blocks, bn_optims[o].color, bn_optims[o].dash,
+                          bn_optims[o].name);
+            } else {
+                bn_printf(&plot,
+                          "'%s_lr.dat' index %d using 1:2 with points pt %d ps %s lc rgb '%s' ",
+                          pr->name, n_blocks, kind == 1 ? 6 : 9, kind == 1 ? "2" : "1.5",
+                          bn_optims[o].color);
+                if (kind == 2 && s->best < 0) { /* no line names it */
+                    bn_printf(&plot, "title '%s: diverged at every lr', \\\n     ",
+                              bn_optims[o].name);
+                } else {
+                    bn_printf(&plot, "notitle, \\\n     ");
+                }
+            }
+            n_blocks++;
+        }
+    }
+    char what[512];
+    bn_fmt(what, sizeof what, "%s: final loss (step %" PRId64 ") against the learning rate",
+           pr->title, cfg->steps);
+    char base[300];
+    bn_fmt(base, sizeof base, "%s_lr", pr->name);
+    bn_plot_head(&gp, cfg, base, what, "bars", "learning rate", "final loss");
+    bn_printf(&gp,
+              "set logscale xy\nset format x '%%g'\nset format y '%%g'\nset xrange [%.4g:%.4g]\n"
+              "set yrange [%.4g:%.4g]\n",
+              x.lo / 2, x.hi * 2, y.lo, y.hi);
+    bn_log_ytics(&gp, y);
+    bn_printf(&gp, "plot %.*s", (int)plot.len, plot.s != NULL ? plot.s : "");
+    if (any_div) {
+        bn_printf(&gp, "NaN with points pt 9 ps 1.5 lc rgb '#000000' title 'every seed "
+                       "diverged (at the top)', \\\n     ");
+    }
+    if (any_part) {
+        bn_printf(&gp, "NaN with points pt 6 ps 2 lc rgb '#000000' title 'some seeds "
+                       "diverged (the mean of the others)', \\\n     ");
+    }
+    if (pr->target > 0) {
+        bn_printf(&gp, "%g with lines lw 1.5 lc rgb '#000000' dt 2 title 'target %g'\n", pr->target,
+                  pr->target);
+    } else {
+        bn_printf(&gp, "NaN notitle\n");
+    }
+    bn_printf(&gp, "unset output\n");
+    int rc = plot.oom ? (bn_fmt(err, err_cap, "out of memory"), 1)
+                      : bn_plot_files(dir, base, &dat, &gp, err, err_cap);
     bn_buf_free(&dat);
     bn_buf_free(&gp);
     bn_buf_free(&plot);
     return rc;
+}
+
+/* Both plots of problem p. 0, 127 when gnuplot is missing, else 1 with err set. */
+static int bn_plot(const bn_cfg *cfg, const bn_cell *cells, int p, const char *dir, char *err,
+                   size_t err_cap) {
+    int rc = bn_plot_loss(cfg, cells, p, dir, err, err_cap);
+    return rc != 0 ? rc : bn_plot_lr(cfg, cells, p, dir, err, err_cap);
 }
 
 /* ---- the command ------------------------------------------------------------------------- */
@@ -1635,8 +2003,10 @@ static int bn_preflight(const bn_cfg *cfg) {
             fprintf(stderr, "nabla bench: problem %s cannot be set up: %s\n  %s\n", p->name,
                     nb_status_name(st), nb_ctx_errmsg(ctx));
             if (st == NB_ERR_IO) {
-                fprintf(stderr, "  (--data names the directory holding the UCI data sets; "
-                                "default: data)\n");
+                fprintf(stderr,
+                        "  (--data names the directory holding the UCI data sets; "
+                        "this run looked in %s)\n",
+                        cfg->data);
             }
             rc = 2;
         }
@@ -1648,9 +2018,58 @@ static int bn_preflight(const bn_cfg *cfg) {
     return rc;
 }
 
-/* Makes --out ready: 0, or 2 with a message (and nothing created). Holds a lock on
- * <out>/run.lock (fcntl, released when the process ends) so that two runs cannot write into
- * one directory; *lock_fd is its descriptor. */
+/* Takes the lock of --out: <out>/run.lock, locked with fcntl (released when the process ends,
+ * however it ends). A run that holds it removes the file when it is done (bn_unlock), so a
+ * lock taken on a file that is no longer at that path is no lock: it is taken again on the
+ * new file. The descriptor, -1 when another run holds the lock (*other: its pid) or errno. */
+static int bn_lock(const char *path, long *other) {
+    *other = 0;
+    for (int tries = 0; tries < 100; tries++) {
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            return -1;
+        }
+        struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+        if (fcntl(fd, F_SETLK, &fl) != 0) {
+            int e = errno;
+            struct flock who = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
+            bool held = (e == EACCES || e == EAGAIN) && fcntl(fd, F_GETLK, &who) == 0;
+            close(fd);
+            if (held && who.l_type != F_UNLCK) {
+                *other = (long)who.l_pid;
+                return -1;
+            }
+            if (!held) {
+                errno = e;
+                return -1;
+            }
+            continue; /* its holder let it go in between: again */
+        }
+        struct stat held, now;
+        if (fstat(fd, &held) == 0 && stat(path, &now) == 0 && held.st_dev == now.st_dev &&
+            held.st_ino == now.st_ino) {
+            return fd;
+        }
+        close(fd); /* removed by a run that finished in between: again */
+    }
+    errno = EAGAIN;
+    return -1;
+}
+
+/* Removes <out>/run.lock and lets the lock go (fd < 0: not held, nothing to do). Only the
+ * holder removes it, while it holds it; see bn_lock. */
+static void bn_unlock(const char *out, int fd) {
+    if (fd < 0) {
+        return;
+    }
+    char path[4400];
+    bn_fmt(path, sizeof path, "%s/run.lock", out);
+    unlink(path);
+    close(fd);
+}
+
+/* Makes --out ready: 0, or 2 with a message (and nothing created). Holds the lock of --out
+ * (bn_lock) so that two runs cannot write into one directory; *lock_fd is its descriptor. */
 static int bn_prepare_out(const bn_cfg *cfg, const bn_buf *cfg_text, bool *resumed, int *lock_fd) {
     char path[4400], made[4096] = "";
     *resumed = false;
@@ -1666,20 +2085,15 @@ static int bn_prepare_out(const bn_cfg *cfg, const bn_buf *cfg_text, bool *resum
         return bn_err("cannot create the output directory %s: %s", cfg->out, strerror(errno));
     }
     int rc = 0;
+    long other = 0;
     bn_fmt(path, sizeof path, "%s/run.lock", cfg->out);
-    bool made_lock = !bn_exists(path);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-    if (fd < 0) {
-        rc = bn_err("cannot write into the output directory %s: %s", cfg->out, strerror(errno));
-    } else if (fcntl(fd, F_SETLK, &fl) != 0) {
-        struct flock who = {.l_type = F_WRLCK, .l_whence = SEEK_SET};
-        fcntl(fd, F_GETLK, &who);
+    int fd = bn_lock(path, &other);
+    if (fd < 0 && other != 0) {
         rc = bn_err("another nabla bench (pid %ld) is writing into %s; wait for it or pick "
                     "another --out",
-                    (long)who.l_pid, cfg->out);
-        close(fd);
-        fd = -1;
+                    other, cfg->out);
+    } else if (fd < 0) {
+        rc = bn_err("cannot write into the output directory %s: %s", cfg->out, strerror(errno));
     }
     bn_fmt(path, sizeof path, "%s/run.cfg", cfg->out);
     bool has_run = rc == 0 && bn_exists(path);
@@ -1741,13 +2155,7 @@ static int bn_prepare_out(const bn_cfg *cfg, const bn_buf *cfg_text, bool *resum
     if (made_plots) {
         rmdir(plots);
     }
-    if (fd >= 0) {
-        bn_fmt(path, sizeof path, "%s/run.lock", cfg->out);
-        if (made_lock) {
-            unlink(path);
-        }
-        close(fd);
-    }
+    bn_unlock(cfg->out, fd);
     if (!existed) {
         bn_rmdirs(cfg->out, made);
     }
@@ -1798,7 +2206,7 @@ int nabla_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "nabla bench: out of memory\n");
         free(cells);
         free(todo);
-        close(lock_fd);
+        bn_unlock(cfg.out, lock_fd);
         return 1;
     }
     int m = 0;
@@ -1928,7 +2336,7 @@ int nabla_cmd_bench(int argc, char **argv) {
         printf("\n%.*s\n", (int)md.len, md.s);
         printf("results: %s/results.csv, summary.json, summary.md", cfg.out);
         if (cfg.plots && plot_err[0] == '\0') {
-            printf(", plots/<problem>.png");
+            printf(", plots/<problem>.png and <problem>_lr.png");
         }
         printf("\n");
         char hex[65];
@@ -1958,6 +2366,6 @@ int nabla_cmd_bench(int argc, char **argv) {
     }
     free(cells);
     free(todo);
-    close(lock_fd);
+    bn_unlock(cfg.out, lock_fd); /* done, or failed with what is kept for --resume */
     return rc;
 }

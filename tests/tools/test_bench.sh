@@ -3,9 +3,14 @@
 #   - two runs of a small suite (3 problems, 3 optimizers, 2 seeds, 200 steps) print the
 #     same digest and write the same bytes; so do runs with 2 kernel threads and 2 jobs;
 #   - a run killed midway (SIGKILL after some cells, and at a random moment) and resumed
-#     gives the same digest;
+#     gives the same digest and every file of a straight run byte for byte (results.csv,
+#     summary.json, summary.md, the plots' .dat, .gp and .png, the cells), with f32 cells
+#     of a classifier (logreg, mlp: a loss read back as f32, an accuracy) among those kept;
 #   - a single cell run alone gives its rows of the full suite, bit for bit;
-#   - the plots are PNG files, one per problem, with one curve per optimizer;
+#   - the plots are PNG files, two per problem (loss against step: one curve per optimizer,
+#     its band over the seeds, the target line, the x axis ending at the last step; final
+#     loss against learning rate);
+#   - no run.lock is left after a run that finished;
 #   - bad options fail with a message and exit 2 and leave no result files.
 #
 #   test_bench.sh <nabla binary> <source root>
@@ -25,6 +30,18 @@ fail() {
 
 suite=(--problems rosenbrock2,beale,logreg --optimizers sgd,adam,lion --seeds 0,1 --steps 200
     --data "$data" --progress lines)
+
+same_files() { # same_files <dir> <dir> <what>: the same files, byte for byte
+    local x=$1 y=$2 what=$3 f
+    if ! diff <(cd "$x" && find . -type f | sort) <(cd "$y" && find . -type f | sort) >/dev/null; then
+        fail "$what: not the same files: $(diff <(cd "$x" && find . -type f | sort) \
+            <(cd "$y" && find . -type f | sort) | grep '^[<>]' | tr '\n' ' ')"
+        return
+    fi
+    while read -r f; do
+        cmp -s "$x/$f" "$y/$f" || fail "$what: $f differs"
+    done < <(cd "$x" && find . -type f | sort)
+}
 
 digest_of() { # the digest line must be the last line of the output
     tail -n 1 "$1" | sed -n 's/^sha256 of results.csv: \([0-9a-f]\{64\}\)$/\1/p'
@@ -53,9 +70,9 @@ echo "digest, 2 threads x 2 jobs:  $(digest_of "$work/b.out")"
 [[ $(digest_of "$work/b.out") == "$da" ]] || fail "--threads 2 --jobs 2 printed another digest"
 [[ $(sha256sum <"$work/a/results.csv" | cut -c1-64) == "$da" ]] ||
     fail "the digest printed is not the SHA-256 of results.csv"
-for f in results.csv summary.json summary.md; do
-    cmp -s "$work/a/$f" "$work/b/$f" || fail "$f differs between 1 and 2 threads"
-done
+same_files "$work/a" "$work/a2" "a second run"
+same_files "$work/a" "$work/b" "2 threads x 2 jobs"
+[[ -e $work/a/run.lock ]] && fail "a run that finished left $work/a/run.lock"
 rows=$(($(wc -l <"$work/a/results.csv") - 1))
 cells=$(find "$work/a/cells" -name '*.csv' | wc -l)
 echo "results.csv: $rows rows from $cells cells"
@@ -74,18 +91,19 @@ if command -v python3 >/dev/null 2>&1; then
 fi
 
 # ---- killed and resumed --------------------------------------------------------------
-# (1) killed by itself (SIGKILL) after 20 cells were saved: a run stopped between cells
-NABLA_BENCH_KILL_AFTER=20 "$nabla" bench "${suite[@]}" --out "$work/k" >"$work/k.out" 2>&1
+# (1) killed by itself (SIGKILL) after 60 cells were saved: a run stopped between cells,
+# among logreg's (f32, with an accuracy): all of sgd's and half of adam's are kept
+NABLA_BENCH_KILL_AFTER=60 "$nabla" bench "${suite[@]}" --out "$work/k" >"$work/k.out" 2>&1
 rc=$?
 [[ $rc == 137 ]] || fail "the killed run exited $rc, not 137 (SIGKILL)"
 [[ -f $work/k/results.csv ]] && fail "a killed run left results.csv"
 kept=$(find "$work/k/cells" -name '*.csv' | wc -l)
 run k2 "${suite[@]}" --out "$work/k" --resume
-grep -q "resuming .*: 20 cells finished before, 52 to run" "$work/k2.out" ||
-    fail "the resumed run did not keep 20 cells: $(grep resuming "$work/k2.out")"
+grep -q "resuming .*: 60 cells finished before, 12 to run" "$work/k2.out" ||
+    fail "the resumed run did not keep 60 cells: $(grep resuming "$work/k2.out")"
 echo "killed after $kept cells, resumed: $(digest_of "$work/k2.out")"
 [[ $(digest_of "$work/k2.out") == "$da" ]] || fail "killed + resumed printed another digest"
-cmp -s "$work/a/summary.json" "$work/k/summary.json" || fail "resumed summary.json differs"
+same_files "$work/a" "$work/k" "killed after 60 cells + resumed"
 # (2) killed at random moments, several times, each time resumed, with 2 jobs
 kills=0
 rm -rf "$work/r"
@@ -115,6 +133,7 @@ echo "killed at random $kills times, then resumed: $(digest_of "$work/rf.out")" 
 leftovers=$(find "$work/r/cells" -name '.*' -type f | wc -l)
 [[ $leftovers == 0 ]] || fail "$leftovers temporary files of killed writes remain after --resume"
 [[ $(find "$work/r/cells" -name '*.csv' | wc -l) == 48 ]] || fail "the mlp/logreg run has not 48 cells"
+same_files "$work/rs" "$work/r" "killed at random + resumed"
 
 # (3) damaged cell files are run again, not trusted: a row deleted, the head's outcome
 # edited, bytes after a NUL, a file cut short, a row of another cell
@@ -143,6 +162,7 @@ for _ in $(seq 100); do
     sleep 0.05
 done
 run l2 "${suite[@]}" --problems mlp --out "$work/l" --no-plots --resume
+[[ -e $work/l/run.lock ]] || fail "the refused run removed the lock of the run still writing"
 kill -9 $pid 2>/dev/null
 wait $pid 2>/dev/null
 [[ $(cat "$work/l2.rc") == 2 ]] && grep -q "another nabla bench (pid $pid) is writing into" "$work/l2.err" ||
@@ -161,6 +181,7 @@ printf '#!/bin/sh\n[ "$1" = "-e" ] && exit 0\nexit 1\n' >"$work/fakebin/gnuplot"
 PATH="$work/fakebin:$PATH" run g2 "${suite[@]}" --out "$work/g2"
 [[ $(cat "$work/g2.rc") == 1 ]] || fail "a gnuplot failing on the plots: exit $(cat "$work/g2.rc")"
 grep -q "the plots were not drawn" "$work/g2.err" || fail "g2: $(cat "$work/g2.err")"
+[[ -e $work/g2/run.lock ]] && fail "a run that failed on its plots left run.lock"
 [[ $(digest_of "$work/g2.out") == "$da" ]] || fail "g2 did not print the digest last"
 run g3 "${suite[@]}" --out "$work/g2" --resume
 [[ $(cat "$work/g3.rc") == 0 && -s $work/g2/plots/beale.png ]] || fail "--resume did not draw the plots"
@@ -183,17 +204,29 @@ cmp -s "$work/one.expect" "$work/one.got" || fail "the cell alone differs from i
 echo "one cell alone: $(wc -l <"$work/one.got") rows, identical to the suite's"
 
 # ---- the plots --------------------------------------------------------------------------
+declare -A target=([rosenbrock2]=0.001 [beale]=0.001 [logreg]=0.1)
 for p in rosenbrock2 beale logreg; do
-    png=$work/a/plots/$p.png
-    if [[ ! -s $png ]]; then
-        fail "no plot $png"
-        continue
-    fi
-    magic=$(head -c 16 "$png" | od -An -tx1 | tr -d ' \n')
-    [[ $magic == 89504e470d0a1a0a0000000d49484452 ]] || fail "$png is not a PNG ($magic)"
-    curves=$(grep -c "index [0-9]* using" "$work/a/plots/$p.gp")
-    echo "plot $p.png: $(stat -c %s "$png") bytes, $curves curves"
+    for png in "$work/a/plots/$p.png" "$work/a/plots/${p}_lr.png"; do
+        if [[ ! -s $png ]]; then
+            fail "no plot $png"
+            continue
+        fi
+        magic=$(head -c 16 "$png" | od -An -tx1 | tr -d ' \n')
+        [[ $magic == 89504e470d0a1a0a0000000d49484452 ]] || fail "$png is not a PNG ($magic)"
+    done
+    gp=$work/a/plots/$p.gp
+    curves=$(grep -c "using 1:2 with lines lw 2" "$gp")
+    bands=$(grep -c "using 1:3:4 with filledcurves" "$gp")
+    echo "plot $p.png: $(stat -c %s "$work/a/plots/$p.png") bytes, $curves curves, $bands bands"
     [[ $curves == 3 ]] || fail "$p.gp draws $curves curves, not one per optimizer (3)"
+    [[ $bands == 3 ]] || fail "$p.gp draws $bands bands over the seeds, not one per optimizer (3)"
+    grep -q "^set xrange \[0:200\]$" "$gp" || fail "$p.gp: the x axis does not end at step 200"
+    grep -q "^     ${target[$p]} with lines .* title 'target ${target[$p]}'" "$gp" ||
+        fail "$p.gp draws no line at the target loss ${target[$p]}"
+    grep -q "^set yrange \[[0-9.e+-]*:[0-9.e+-]*\]$" "$gp" || fail "$p.gp sets no y range"
+    lines=$(grep -c "with yerrorlines" "$work/a/plots/${p}_lr.gp")
+    [[ $lines == 3 ]] || fail "${p}_lr.gp draws $lines lines, not one per optimizer (3)"
+    grep -q "^set logscale xy$" "$work/a/plots/${p}_lr.gp" || fail "${p}_lr.gp: not log-log"
 done
 
 # ---- bad options: a message, exit 2, no result files -------------------------------------
