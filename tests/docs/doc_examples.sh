@@ -18,7 +18,8 @@
 #       A sh block's lines ending in "# prints: TEXT" must print exactly TEXT. A ```c block
 #       holding "int main(" that is not marked "test: file" fails the test.
 #
-# Environment: CC (default cc).
+# Environment: CC (default cc); NABLA_DOC_CFLAGS, extra compile and link flags for the
+# header examples (the sanitizers, when the library was built with them).
 set -euo pipefail
 
 fail() {
@@ -65,8 +66,9 @@ headers)
             src=$work/$name
             exe=$work/${name%.c}
             echo "== $(basename "$h"): $name"
-            "$cc" -std=c17 -Wall -Wextra -Wpedantic -Werror -I"$inc" "$src" -o "$exe" \
-                -L"$libdir" -Wl,-rpath,"$libdir" -lnabla -lm ||
+            # shellcheck disable=SC2086
+            "$cc" -std=c17 -Wall -Wextra -Wpedantic -Werror ${NABLA_DOC_CFLAGS:-} -I"$inc" "$src" \
+                -o "$exe" -L"$libdir" -Wl,-rpath,"$libdir" -lnabla -lm ||
                 fail "$name from $h does not compile"
             "$exe" >"$exe.out" 2>&1 || { cat "$exe.out"; fail "$name from $h exited $?"; }
             cat "$exe.out"
