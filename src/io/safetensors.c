@@ -1,25 +1,31 @@
 /*
  * safetensors.c -- pytrees to and from safetensors files (nabla/io.h): the writer (atomic:
- * temporary file, fsync, rename, directory fsync), a strict parser that validates every
- * length, offset, dtype and shape before touching data, and the tree encoding kept in
- * __metadata__["nabla.tree"].
+ * temporary file beside the file the path leads to, fsync, rename, directory fsync), a
+ * strict parser that validates every length, offset, dtype and shape before touching data,
+ * the rules both share (so that nb_save writes nothing nb_load refuses), and the tree
+ * encoding kept in __metadata__["nabla.tree"].
  *
  * The tree encoding (one line, no whitespace), per node in pre-order:
  *   N            null                      A        an array leaf (its tensor: by path)
- *   I<int>;      int                       F<hex>;  float (C's %a: bit-exact)
- *   B0 B1        bool                      S<n>:<n bytes>   string
- *   R<n>:<name>  function reference (by name: restored only through a template)
+ *   I<int>;      int                       X<16 hex digits>;  float: its IEEE 754 bits
+ *   B0 B1        bool                      S<n>:<n bytes>     string
+ *   K<n>:<name>  a built-in activation (nabla/nn.h: relu, tanh, ...), restored by name
+ *   R<n>:<name>  any other function reference (restored only through a template)
  *   L<n>( ... )  list of n nodes           T<n>( ... )      tuple of n nodes
  *   D<n>( <k>:<k bytes><node> ... )        dict of n (key, node) pairs
- * A leading ! marks a frozen leaf (nb_tree_freeze).
+ * A leading ! marks a frozen leaf (nb_tree_freeze). Read, no longer written: F<%a>; -- a
+ * float in C's %a form, which wrote every NaN as nan or -nan (payload and signalling bit
+ * lost); and R for the built-in activations too (nb_load then refuses those as any R).
  */
 #define _POSIX_C_SOURCE 200809L
 
 #include "core/internal.h"
 #include "nabla/io.h"
+#include "nabla/nn.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -124,6 +130,95 @@ static int nbs_dtype_of(const char *s, size_t n) {
     return -1;
 }
 
+/* ---- the rules the writer and the reader share ------------------------------------------- */
+/* nb_save refuses, with NB_ERR_INVALID, every tree whose file nb_load would refuse: the
+ * checks below are the reader's own, called from both sides. */
+
+/* The length of a valid UTF-8 sequence at s (n bytes left), or 0. */
+static size_t nbs_utf8_len(const unsigned char *s, size_t n) {
+    unsigned char c = s[0];
+    size_t len = c < 0x80             ? 1
+                 : (c & 0xE0) == 0xC0 ? 2
+                 : (c & 0xF0) == 0xE0 ? 3
+                 : (c & 0xF8) == 0xF0 ? 4
+                                      : 0;
+    if (len == 0 || len > n) {
+        return 0;
+    }
+    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1Fu : len == 3 ? c & 0x0Fu : c & 0x07u;
+    for (size_t k = 1; k < len; k++) {
+        if ((s[k] & 0xC0) != 0x80) {
+            return 0;
+        }
+        cp = (cp << 6) | (s[k] & 0x3Fu);
+    }
+    static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
+        return 0; /* overlong, out of range, or a surrogate */
+    }
+    return len;
+}
+
+/* The offset of the first byte of s (n bytes) that is not part of valid UTF-8, or n: JSON
+ * text (every header string) must be UTF-8. */
+static size_t nbs_utf8_bad(const char *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        size_t l = nbs_utf8_len((const unsigned char *)s + i, n - i);
+        if (l == 0) {
+            return i;
+        }
+        i += l;
+    }
+    return n;
+}
+
+/* The header's reserved entry: no tensor may carry this name. */
+static bool nbs_is_metadata_name(const char *s, size_t n) {
+    return n == 12 && memcmp(s, "__metadata__", 12) == 0;
+}
+
+/* nabla's built-in activations (nabla/nn.h), stored by name (K in the tree encoding) and
+ * restored by it. A function reference is stored so only when both its function and its
+ * name are a row here -- the name nb_nn_activation_leaf gives that function -- so that
+ * another function under a built-in's name is never restored as the built-in. */
+static const struct {
+    const char *name;
+    nb_nn_activation fn;
+} nbs_builtin_fns[] = {
+    {"relu", nb_relu}, {"tanh", nb_tanh},         {"sigmoid", nb_sigmoid},
+    {"gelu", nb_gelu}, {"softplus", nb_softplus}, {"identity", nb_nn_identity},
+};
+
+/* The built-in activation named s (n bytes), or NULL. */
+static nb_fnptr nbs_builtin_fn(const char *s, size_t n) {
+    for (size_t i = 0; i < sizeof nbs_builtin_fns / sizeof nbs_builtin_fns[0]; i++) {
+        if (strlen(nbs_builtin_fns[i].name) == n && memcmp(nbs_builtin_fns[i].name, s, n) == 0) {
+            return (nb_fnptr)nbs_builtin_fns[i].fn;
+        }
+    }
+    return NULL;
+}
+
+/* s (n bytes) for a message, at most 48 of them: printable ASCII as it is, other bytes as
+ * \xHH (the text may be what is wrong: not UTF-8). */
+static void nbs_escape(char *out, size_t cap, const char *s, size_t n) {
+    size_t o = 0;
+    for (size_t i = 0; i < n && i < 48 && o + 5 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c < 0x7f && c != '\\') {
+            out[o++] = (char)c;
+        } else {
+            o += (size_t)snprintf(out + o, cap - o, "\\x%02x", c);
+        }
+    }
+    if (n > 48 && o + 4 < cap) {
+        memcpy(out + o, "...", 3);
+        o += 3;
+    }
+    out[o < cap ? o : cap - 1] = '\0';
+}
+
 /* ---- saving ------------------------------------------------------------------------------ */
 
 typedef struct nbs_leaf {
@@ -140,7 +235,60 @@ typedef struct nbs_save {
     int64_t n_leaves, cap_leaves;
     nb_status st;
     const char *path;
+    nbi_path at; /* the node's path, for messages */
 } nbs_save;
+
+/* The save fails: the tree holds something nb_load would refuse. */
+static void nbs_refuse(nbs_save *S, const char *fmt, ...) NBI_PRINTF(2, 3);
+static void nbs_refuse(nbs_save *S, const char *fmt, ...) {
+    if (S->enc.oom || S->names.oom) { /* the first failure was running out of memory */
+        S->st = nbi_oom(S->ctx, "nb_save", 0);
+        return;
+    }
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    S->st = nbi_err(S->ctx, NB_ERR_INVALID,
+                    "nb_save: %s: %s (nb_load would refuse the file; nothing was written)", S->path,
+                    msg);
+}
+
+/* Is s (n bytes: a key, a string, a function's name) valid UTF-8? Else the save fails,
+ * naming what and where. */
+static bool nbs_save_text(nbs_save *S, const char *s, size_t n, const char *what) {
+    size_t bad = nbs_utf8_bad(s, n);
+    if (bad == n) {
+        return true;
+    }
+    char esc[256];
+    nbs_escape(esc, sizeof esc, s, n);
+    nbs_refuse(S,
+               "%s at %s is \"%s\", which is not valid UTF-8 (byte %zu) -- a safetensors "
+               "header is JSON text: use UTF-8",
+               what, nbi_path_str(&S->at), esc, bad);
+    return false;
+}
+
+/* A BOOL array's bytes must be 0 or 1 (the reader checks every one). */
+static bool nbs_save_bools(nbs_save *S, const nb_array *a) {
+    if (nb_array_dtype(a) != NB_DTYPE_BOOL) {
+        return true;
+    }
+    const unsigned char *b = nb_array_data(a);
+    size_t n = nb_array_nbytes(a);
+    for (size_t i = 0; i < n; i++) {
+        if (b[i] > 1) {
+            nbs_refuse(S,
+                       "the bool array at %s holds the byte %u at element %zu, where a bool is 0 "
+                       "or 1 -- make it with nb_array_cast or store 0 and 1",
+                       nbi_path_str(&S->at), (unsigned)b[i], i);
+            return false;
+        }
+    }
+    return true;
+}
 
 /* name of a child: prefix + "." + component (no dot at the root) */
 static void nbs_child_name(nbs_buf *out, const char *prefix, size_t plen, const char *comp,
@@ -186,6 +334,16 @@ static void nbs_walk_save(nbs_save *S, const nb_tree *t, const char *name, size_
             S->leaves = l;
             S->cap_leaves = cap;
         }
+        if (nbs_is_metadata_name(name, nlen)) {
+            nbs_refuse(S,
+                       "the array at %s would be stored as the tensor '__metadata__', the name "
+                       "the safetensors header reserves for its metadata -- rename the key",
+                       nbi_path_str(&S->at));
+            return;
+        }
+        if (!nbs_save_bools(S, nb_tree_get_array(t))) {
+            return;
+        }
         nbs_leaf *l = &S->leaves[S->n_leaves++];
         l->name_off = S->names.len;
         l->name_len = nlen;
@@ -196,9 +354,9 @@ static void nbs_walk_save(nbs_save *S, const nb_tree *t, const char *name, size_
     }
     case NB_TREE_KIND_VAR:
         S->st = nbi_err(S->ctx, NB_ERR_KIND,
-                        "nb_save: %s: the leaf at '%.*s' is a traced var, not an array -- save "
+                        "nb_save: %s: the leaf at %s is a traced var, not an array -- save "
                         "the arrays a function returned, outside any trace",
-                        S->path, (int)nlen, name);
+                        S->path, nbi_path_str(&S->at));
         return;
     case NB_TREE_KIND_INT: {
         int64_t v = 0;
@@ -209,7 +367,9 @@ static void nbs_walk_save(nbs_save *S, const nb_tree *t, const char *name, size_
     case NB_TREE_KIND_FLOAT: {
         double v = 0;
         nb_tree_get_float(t, &v);
-        nbs_printf(&S->enc, "F%a;", v);
+        uint64_t bits = 0;
+        memcpy(&bits, &v, sizeof bits);
+        nbs_printf(&S->enc, "X%016llx;", (unsigned long long)bits);
         return;
     }
     case NB_TREE_KIND_BOOL: {
@@ -228,7 +388,13 @@ static void nbs_walk_save(nbs_save *S, const nb_tree *t, const char *name, size_
             nb_tree_get_fnref(t, &fp, &s);
         }
         size_t n = strlen(s);
-        nbs_printf(&S->enc, "%c%zu:", k == NB_TREE_KIND_STRING ? 'S' : 'R', n);
+        if (!nbs_save_text(S, s, n,
+                           k == NB_TREE_KIND_STRING ? "the string"
+                                                    : "the name of the function reference")) {
+            return;
+        }
+        char c = k == NB_TREE_KIND_STRING ? 'S' : nbs_builtin_fn(s, n) == fp ? 'K' : 'R';
+        nbs_printf(&S->enc, "%c%zu:", c, n);
         nbs_put(&S->enc, s, n);
         return;
     }
@@ -246,19 +412,26 @@ static void nbs_walk_save(nbs_save *S, const nb_tree *t, const char *name, size_
         char idx[32];
         const char *comp = idx;
         size_t clen;
+        nbi_path_mark mark = nbi_path_save(&S->at);
         if (k == NB_TREE_KIND_DICT) {
             comp = nb_tree_key(t, i);
             clen = strlen(comp);
+            if (!nbs_save_text(S, comp, clen, "a key of the dict")) {
+                break;
+            }
             nbs_printf(&S->enc, "%zu:", clen);
             nbs_put(&S->enc, comp, clen);
+            nbi_path_push_key(&S->at, comp);
         } else {
             clen = (size_t)snprintf(idx, sizeof idx, "%lld", (long long)i);
+            nbi_path_push_index(&S->at, i);
         }
         nbs_child_name(&child, name, nlen, comp, clen);
         if (child.oom) {
             break;
         }
         nbs_walk_save(S, nb_tree_child(t, i), child.p, child.len, depth + 1);
+        nbi_path_restore(&S->at, mark);
     }
     if (child.oom && S->st == NB_OK) {
         S->st = nbi_oom(S->ctx, "nb_save", 0);
@@ -302,17 +475,135 @@ static long nbs_write_all(nb_ctx *ctx, int fd, const void *buf, size_t n) {
     return (long)n;
 }
 
+/* What is at path, in words, when it is neither a regular file nor a symlink. */
+static const char *nbs_file_type(mode_t m) {
+    return S_ISFIFO(m)   ? "a FIFO"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISDIR(m)  ? "a directory"
+           : S_ISSOCK(m) ? "a socket"
+                         : "a special file";
+}
+
+/* Symlinks followed before a save gives up (Linux's own limit for one lookup is 40). */
+#define NBS_MAX_LINKS 40
+
+/* The file a save to path replaces: path itself when nothing or a regular file is there;
+ * when path is a symlink, the file at the end of the chain (a relative link read from its
+ * own directory; a dangling link ends at the file it names, which the save creates). Any
+ * other type of file -- FIFO, device, directory, socket -- is refused with NB_ERR_IO:
+ * renaming over it would replace it (a device node as root) instead of writing to it.
+ * *target is a new buffer of *cap bytes (the context's allocator). */
+static nb_status nbs_save_target(nb_ctx *ctx, const char *fn, const char *path, char **target,
+                                 size_t *cap) {
+    *target = NULL;
+    size_t n = strlen(path);
+    char *cur = nbi_alloc(ctx, n + 1, 16);
+    if (cur == NULL) {
+        return nbi_oom(ctx, fn, n + 1);
+    }
+    memcpy(cur, path, n + 1);
+    size_t cur_cap = n + 1;
+    nb_status st = NB_OK;
+    char link[4096];
+    for (int hops = 0;; hops++) {
+        struct stat sb;
+        /* not there (or not reachable: creating the temporary file reports why) */
+        if (lstat(cur, &sb) != 0 || S_ISREG(sb.st_mode)) {
+            break;
+        }
+        if (!S_ISLNK(sb.st_mode)) {
+            if (hops == 0) {
+                st = nbi_err(ctx, NB_ERR_IO,
+                             "%s: %s is %s, not a regular file -- nb_save replaces only regular "
+                             "files (or the file a symlink leads to); save to another path",
+                             fn, path, nbs_file_type(sb.st_mode));
+            } else {
+                st = nbi_err(ctx, NB_ERR_IO,
+                             "%s: %s is a symlink to %s, which is %s, not a regular file -- "
+                             "nb_save replaces only regular files; save to another path",
+                             fn, path, cur, nbs_file_type(sb.st_mode));
+            }
+            break;
+        }
+        ssize_t k = hops < NBS_MAX_LINKS ? readlink(cur, link, sizeof link) : -1;
+        if (k <= 0 || (size_t)k >= sizeof link) {
+            st = nbi_err(ctx, NB_ERR_IO, "%s: cannot follow the symlink %s%s%s: %s", fn, path,
+                         hops > 0 ? " at " : "", hops > 0 ? cur : "",
+                         hops >= NBS_MAX_LINKS ? "more than 40 links in a chain (a loop?)"
+                         : k < 0               ? strerror(errno)
+                         : k == 0              ? "it is empty"
+                                               : "its target is too long");
+            break;
+        }
+        /* the next path: the link's text when absolute, else from the link's directory */
+        size_t dl = 0;
+        if (link[0] != '/') {
+            dl = strlen(cur);
+            while (dl > 0 && cur[dl - 1] != '/') {
+                dl--;
+            }
+        }
+        size_t next_cap = dl + (size_t)k + 1;
+        char *next = nbi_alloc(ctx, next_cap, 16);
+        if (next == NULL) {
+            st = nbi_oom(ctx, fn, next_cap);
+            break;
+        }
+        memcpy(next, cur, dl);
+        memcpy(next + dl, link, (size_t)k);
+        next[dl + (size_t)k] = '\0';
+        nbi_free(ctx, cur, cur_cap);
+        cur = next;
+        cur_cap = next_cap;
+    }
+    if (st != NB_OK) {
+        nbi_free(ctx, cur, cur_cap);
+        return st;
+    }
+    *target = cur;
+    *cap = cur_cap;
+    return NB_OK;
+}
+
+/* fsync the directory holding path (the rename reaches the disk with it). */
+static void nbs_sync_dir(char *path) {
+    size_t dl = strlen(path);
+    while (dl > 0 && path[dl - 1] != '/') {
+        dl--;
+    }
+    int dfd;
+    if (dl == 0) {
+        dfd = open(".", O_RDONLY);
+    } else {
+        size_t cut = dl > 1 ? dl - 1 : 1; /* "/x": the root */
+        char keep = path[cut];
+        path[cut] = '\0';
+        dfd = open(path, O_RDONLY);
+        path[cut] = keep;
+    }
+    if (dfd >= 0) {
+        (void)fsync(dfd);
+        close(dfd);
+    }
+}
+
 nb_status nb_save(const nb_tree *tree, const char *path) {
     static const char fn[] = "nb_save";
     if (nb_tree_check(tree) != NB_OK || path == NULL) {
         return NB_ERR_MISUSE;
     }
     nb_ctx *ctx = nb_tree_ctx(tree);
-    nbs_save S = {ctx, {ctx, NULL, 0, 0, false}, {ctx, NULL, 0, 0, false}, NULL, 0, 0, NB_OK, path};
+    nbs_save S = {.ctx = ctx,
+                  .enc = {ctx, NULL, 0, 0, false},
+                  .names = {ctx, NULL, 0, 0, false},
+                  .st = NB_OK,
+                  .path = path};
+    nbi_path_init(&S.at);
     nbs_walk_save(&S, tree, "", 0, 0);
     nbs_buf hdr = {ctx, NULL, 0, 0, false};
-    char *tmp = NULL;
-    size_t tmp_size = 0;
+    char *tmp = NULL, *target = NULL;
+    size_t tmp_size = 0, target_size = 0;
     int fd = -1;
     if (S.st == NB_OK && (S.enc.oom || S.names.oom)) {
         S.st = nbi_oom(ctx, fn, 0);
@@ -340,8 +631,8 @@ nb_status nb_save(const nb_tree *tree, const char *path) {
             }
         }
     }
-    /* the header */
-    if (S.st == NB_OK) {
+    /* the header (given up early when the tree's encoding alone is past the limit) */
+    if (S.st == NB_OK && S.enc.len <= NB_SAFETENSORS_MAX_HEADER) {
         nbs_puts(&hdr, "{\"__metadata__\":{\"format\":\"nabla\",\"nabla.tree\":");
         nbs_json_str(&hdr, S.enc.p != NULL ? S.enc.p : "", S.enc.len);
         nbs_puts(&hdr, "}");
@@ -367,18 +658,32 @@ nb_status nb_save(const nb_tree *tree, const char *path) {
             S.st = nbi_oom(ctx, fn, 0);
         }
     }
+    if (S.st == NB_OK &&
+        (S.enc.len > NB_SAFETENSORS_MAX_HEADER || hdr.len > NB_SAFETENSORS_MAX_HEADER)) {
+        S.st = nbi_err(ctx, NB_ERR_INVALID,
+                       "%s: %s: the header would take %s%zu bytes, more than the %llu a reader "
+                       "accepts (NB_SAFETENSORS_MAX_HEADER) -- the tree holds too many leaves or "
+                       "too long keys and strings; keep long text in arrays (nb_load would refuse "
+                       "the file; nothing was written)",
+                       fn, path, hdr.len > 0 ? "" : "over ", hdr.len > 0 ? hdr.len : S.enc.len,
+                       (unsigned long long)NB_SAFETENSORS_MAX_HEADER);
+    }
+    /* where the bytes go: the file path leads to (through symlinks) */
+    if (S.st == NB_OK) {
+        S.st = nbs_save_target(ctx, fn, path, &target, &target_size);
+    }
     /* the temporary file, in the target's directory */
     if (S.st == NB_OK) {
-        tmp_size = strlen(path) + 16;
+        tmp_size = strlen(target) + 16;
         tmp = nbi_alloc(ctx, tmp_size, 16);
         if (tmp == NULL) {
             S.st = nbi_oom(ctx, fn, tmp_size);
         } else {
-            snprintf(tmp, tmp_size, "%s.tmpXXXXXX", path);
+            snprintf(tmp, tmp_size, "%s.tmpXXXXXX", target);
             fd = mkstemp(tmp);
             if (fd < 0) {
                 S.st = nbi_err(ctx, NB_ERR_IO, "%s: cannot create a temporary file beside %s: %s",
-                               fn, path, strerror(errno));
+                               fn, target, strerror(errno));
             } else {
                 (void)fchmod(fd, 0644);
             }
@@ -403,31 +708,16 @@ nb_status nb_save(const nb_tree *tree, const char *path) {
             err = errno;
         }
         fd = -1;
-        if (ok && rename(tmp, path) != 0) {
+        if (ok && rename(tmp, target) != 0) {
             ok = false;
             err = errno;
         }
         if (!ok) {
             unlink(tmp);
             S.st = nbi_err(ctx, NB_ERR_IO, "%s: writing %s failed: %s (the old file is untouched)",
-                           fn, path, strerror(err));
+                           fn, target, strerror(err));
         } else {
-            /* the rename itself reaches the disk with the directory */
-            size_t dl = strlen(path);
-            while (dl > 0 && path[dl - 1] != '/') {
-                dl--;
-            }
-            char dir[4096];
-            if (dl == 0) {
-                snprintf(dir, sizeof dir, ".");
-            } else {
-                snprintf(dir, sizeof dir, "%.*s", (int)(dl > 1 ? dl - 1 : 1), path);
-            }
-            int dfd = open(dir, O_RDONLY);
-            if (dfd >= 0) {
-                (void)fsync(dfd);
-                close(dfd);
-            }
+            nbs_sync_dir(target);
         }
     }
     if (fd >= 0) {
@@ -436,6 +726,9 @@ nb_status nb_save(const nb_tree *tree, const char *path) {
     }
     if (tmp != NULL) {
         nbi_free(ctx, tmp, tmp_size);
+    }
+    if (target != NULL) {
+        nbi_free(ctx, target, target_size);
     }
     if (sorted != NULL) {
         nbi_free(ctx, sorted, (size_t)S.n_leaves * sizeof *sorted);
@@ -536,31 +829,6 @@ static void nbs_utf8(nbs_buf *b, uint32_t cp) {
         n = 4;
     }
     nbs_put(b, u, n);
-}
-
-/* The length of a valid UTF-8 sequence at s (n bytes left), or 0. */
-static size_t nbs_utf8_len(const unsigned char *s, size_t n) {
-    unsigned char c = s[0];
-    size_t len = c < 0x80             ? 1
-                 : (c & 0xE0) == 0xC0 ? 2
-                 : (c & 0xF0) == 0xE0 ? 3
-                 : (c & 0xF8) == 0xF0 ? 4
-                                      : 0;
-    if (len == 0 || len > n) {
-        return 0;
-    }
-    uint32_t cp = len == 1 ? c : len == 2 ? c & 0x1Fu : len == 3 ? c & 0x0Fu : c & 0x07u;
-    for (size_t k = 1; k < len; k++) {
-        if ((s[k] & 0xC0) != 0x80) {
-            return 0;
-        }
-        cp = (cp << 6) | (s[k] & 0x3Fu);
-    }
-    static const uint32_t min[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < min[len] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) {
-        return 0; /* overlong, out of range, or a surrogate */
-    }
-    return len;
 }
 
 /* A JSON string: decoded into p->strings; *off, *len locate it there. */
@@ -916,7 +1184,7 @@ static nb_status nbs_parse_header(nbs_parse *p, uint64_t data_size) {
             break;
         }
         first = false;
-        if (strcmp(nbs_str_at(p, ko), "__metadata__") == 0 && kl == 12) {
+        if (nbs_is_metadata_name(nbs_str_at(p, ko), kl)) {
             if (meta_seen) {
                 nbs_fail(p, "two __metadata__ entries");
                 break;
@@ -1096,6 +1364,7 @@ typedef struct nbs_dec {
     const nbs_src *src;
     const char *s;
     size_t n, i;
+    nbi_path at; /* the node's path, for messages */
 } nbs_dec;
 
 static bool nbs_dec_num(nbs_dec *d, uint64_t *out) {
@@ -1123,6 +1392,67 @@ static bool nbs_dec_bytes(nbs_dec *d, const char **s, size_t *len) {
     *s = d->s + d->i;
     *len = (size_t)n;
     d->i += (size_t)n;
+    return true;
+}
+
+/* A float as the writer before bit patterns wrote it, C's %a followed by ';': [-]0x<hex
+ * digits>[.<hex digits>]p[+|-]<decimal exponent>, [-]inf or [-]nan (every NaN was written
+ * so). The radix point may be the ',' of the writer's locale; parsed here rather than by
+ * strtod so that the reader's locale does not matter either. Exact for every double %a
+ * prints (at most 53 significant bits). */
+static bool nbs_dec_float_a(nbs_dec *d, double *out) {
+    const char *s = d->s;
+    size_t i = d->i, n = d->n;
+    bool neg = i < n && s[i] == '-';
+    i += neg;
+    double v;
+    if (n - i >= 3 && (memcmp(s + i, "nan", 3) == 0 || memcmp(s + i, "inf", 3) == 0)) {
+        v = s[i] == 'n' ? NAN : INFINITY;
+        i += 3;
+    } else {
+        if (n - i < 3 || s[i] != '0' || (s[i + 1] != 'x' && s[i + 1] != 'X')) {
+            return false;
+        }
+        i += 2;
+        uint64_t m = 0;
+        long frac = 0;
+        bool point = false, digits = false;
+        for (; i < n; i++) {
+            int h = nbs_hex(s[i]);
+            if (h >= 0) {
+                if (m >> 56 != 0) {
+                    return false; /* more digits than a double holds: not %a's */
+                }
+                m = (m << 4) | (uint64_t)h;
+                frac += point;
+                digits = true;
+            } else if ((s[i] == '.' || s[i] == ',') && !point) {
+                point = true;
+            } else {
+                break;
+            }
+        }
+        if (!digits || i >= n || (s[i] != 'p' && s[i] != 'P')) {
+            return false;
+        }
+        i++;
+        bool eneg = i < n && s[i] == '-';
+        i += i < n && (s[i] == '-' || s[i] == '+');
+        long e = 0;
+        size_t e0 = i;
+        for (; i < n && s[i] >= '0' && s[i] <= '9' && i - e0 < 6; i++) {
+            e = e * 10 + (s[i] - '0');
+        }
+        if (i == e0) {
+            return false;
+        }
+        v = ldexp((double)m, (int)((eneg ? -e : e) - 4 * frac));
+    }
+    if (i >= n || s[i] != ';') {
+        return false;
+    }
+    d->i = i + 1;
+    *out = copysign(v, neg ? -1.0 : 1.0);
     return true;
 }
 
@@ -1174,13 +1504,30 @@ static nb_status nbs_dec_node(nbs_dec *d, const char *name, size_t nlen, int dep
         st = nb_tree_int(ctx, v, &t);
         break;
     }
-    case 'F': {
-        char *end = NULL;
-        double v = strtod(d->s + d->i, &end);
-        if (end == d->s + d->i || *end != ';') {
+    case 'X': { /* a float's 64 bits, 16 hex digits */
+        uint64_t bits = 0;
+        for (int k = 0; k < 16; k++) {
+            int h = d->i < d->n ? nbs_hex(d->s[d->i]) : -1;
+            if (h < 0) {
+                return nbs_dec_fail(d, "a bad float");
+            }
+            bits = (bits << 4) | (uint64_t)h;
+            d->i++;
+        }
+        if (d->i >= d->n || d->s[d->i] != ';') {
             return nbs_dec_fail(d, "a bad float");
         }
-        d->i = (size_t)(end - d->s) + 1;
+        d->i++;
+        double v;
+        memcpy(&v, &bits, sizeof v);
+        st = nb_tree_float(ctx, v, &t);
+        break;
+    }
+    case 'F': { /* the earlier form, C's %a: still read */
+        double v = 0;
+        if (!nbs_dec_float_a(d, &v)) {
+            return nbs_dec_fail(d, "a bad float");
+        }
         st = nb_tree_float(ctx, v, &t);
         break;
     }
@@ -1191,17 +1538,29 @@ static nb_status nbs_dec_node(nbs_dec *d, const char *name, size_t nlen, int dep
         st = nb_tree_bool(ctx, d->s[d->i++] == '1', &t);
         break;
     case 'S':
+    case 'K':
     case 'R': {
         const char *s = NULL;
         size_t len = 0;
-        if (!nbs_dec_bytes(d, &s, &len) || memchr(s, 0, len) != NULL) {
+        if (!nbs_dec_bytes(d, &s, &len) || memchr(s, 0, len) != NULL || (c != 'S' && len == 0)) {
             return nbs_dec_fail(d, "a bad string");
         }
-        if (c == 'R') {
-            return nbs_fail(d->p,
-                            "the leaf at '%.*s' is the function reference '%.*s', which a file "
-                            "cannot restore -- load with nb_load_into and a template that holds it",
-                            (int)(nlen > 64 ? 64 : nlen), name, (int)(len > 64 ? 64 : len), s);
+        nb_fnptr fp = c == 'K' ? nbs_builtin_fn(s, len) : NULL;
+        if (c == 'R') { /* a file holds no code: the file is fine, nb_load cannot do it */
+            return nbi_err(ctx, NB_ERR_UNSUPPORTED,
+                           "%s: %s holds a function reference '%.*s' at %s, which a file cannot "
+                           "restore (only nabla's built-in activations come back by name): load "
+                           "it with nb_load_into and a template that has it",
+                           d->p->who, d->p->file, (int)(len > 64 ? 64 : len), s,
+                           nbi_path_str(&d->at));
+        }
+        if (c == 'K' && fp == NULL) {
+            return nbi_err(ctx, NB_ERR_UNSUPPORTED,
+                           "%s: %s holds the built-in activation '%.*s' at %s, which this version "
+                           "of nabla does not have: load it with nb_load_into and a template "
+                           "that has it",
+                           d->p->who, d->p->file, (int)(len > 64 ? 64 : len), s,
+                           nbi_path_str(&d->at));
         }
         char *z = nbi_alloc(ctx, len + 1, 16);
         if (z == NULL) {
@@ -1209,7 +1568,7 @@ static nb_status nbs_dec_node(nbs_dec *d, const char *name, size_t nlen, int dep
         }
         memcpy(z, s, len);
         z[len] = '\0';
-        st = nb_tree_string(ctx, z, &t);
+        st = c == 'S' ? nb_tree_string(ctx, z, &t) : nb_tree_fnref(ctx, fp, z, &t);
         nbi_free(ctx, z, len + 1);
         break;
     }
@@ -1238,6 +1597,7 @@ static nb_status nbs_dec_node(nbs_dec *d, const char *name, size_t nlen, int dep
             const char *comp;
             size_t clen;
             char idx[32];
+            nbi_path_mark mark = nbi_path_save(&d->at);
             if (c == 'D') {
                 if (!nbs_dec_bytes(d, &comp, &clen) || memchr(comp, 0, clen) != NULL) {
                     st = nbs_dec_fail(d, "a bad key");
@@ -1250,10 +1610,12 @@ static nb_status nbs_dec_node(nbs_dec *d, const char *name, size_t nlen, int dep
                 }
                 memcpy(keys[kmade], comp, clen);
                 keys[kmade][clen] = '\0';
+                nbi_path_push_key(&d->at, keys[kmade]);
                 kmade++;
             } else {
                 clen = (size_t)snprintf(idx, sizeof idx, "%llu", (unsigned long long)made);
                 comp = idx;
+                nbi_path_push_index(&d->at, (int64_t)made);
             }
             nbs_child_name(&child, name, nlen, comp, clen);
             if (child.oom) {
@@ -1261,6 +1623,7 @@ static nb_status nbs_dec_node(nbs_dec *d, const char *name, size_t nlen, int dep
                 break;
             }
             st = nbs_dec_node(d, child.p, child.len, depth + 1, &items[made]);
+            nbi_path_restore(&d->at, mark);
         }
         nbs_free(&child);
         if (st == NB_OK && (d->i >= d->n || d->s[d->i] != ')')) {
@@ -1587,7 +1950,8 @@ static nb_status nbs_build(nbs_parse *p, const nbs_src *src, const nb_tree *tmpl
         return nbs_from_template(p, src, tmpl, "", 0, 0, out);
     }
     if (p->tree != NULL) {
-        nbs_dec d = {p, src, p->tree, p->tree_len, 0};
+        nbs_dec d = {p, src, p->tree, p->tree_len, 0, {{0}, 0, false}};
+        nbi_path_init(&d.at);
         nb_status st = nbs_dec_node(&d, "", 0, 0, out);
         if (st == NB_OK && d.i != d.n) {
             nb_tree_destroy(*out);
