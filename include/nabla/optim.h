@@ -13,9 +13,11 @@
  * grad returns, with null where a leaf has no gradient (integer and bool arrays, static
  * leaves, frozen parameters). A null slot gets null state, update maps null to null, and the
  * new state always has exactly the structure, dtypes and shapes of the old one -- nabla
- * checks it. Grads that do not match the state (a state built from the parameters instead of
- * the template, say) are NB_ERR_STRUCTURE naming the first differing path and the fix, never
- * a silent retrace.
+ * checks it. A state built from the parameters instead of the template is refused by init
+ * when the parameters have a leaf the template has null at (an integer, static or frozen
+ * one); grads that do not match the state (one made for another filter spec, say) are
+ * NB_ERR_STRUCTURE at update. Both name the first differing path and the fix, never a
+ * silent retrace.
  *
  * Hyperparameters live in the state. Every float hyperparameter (learning rate, betas, eps,
  * weight decay, momentum, ...) is an f64 0-d array in state "hyper" dicts, and the step count
@@ -182,10 +184,21 @@ NB_API nb_status nb_optim_masked(const nb_tree *inner, const nb_tree *mask, nb_t
 NB_API nb_status nb_optim_chain(nb_ctx *ctx, int n, const nb_tree *const *parts, nb_tree **out);
 
 /* The optimizer's state for template (the tree nb_grad_template gives: zero arrays where
- * there is a gradient, null elsewhere). Eager: a new tree of new arrays. */
+ * there is a gradient, null elsewhere). Eager: a new tree of new arrays. template must hold
+ * only float arrays and nulls (and nodes): a leaf where a gradient template has null -- an
+ * integer or bool array, a static leaf, a frozen leaf -- is the parameters given in place of
+ * their template, NB_ERR_STRUCTURE with a message naming the first such path, what is there
+ * and the fix, e.g.
+ *     nb_optim_init: the template has frozen f32[2,1] at layers[1].weight, where a gradient
+ *     template has null (is it the parameters instead of their gradient template?) -- build
+ *     the state from nb_grad_template(params, filter_spec)
+ * (parameters that are all float arrays and trainable are their own template and are
+ * accepted). NB_ERR_INVALID for an opt that is not an optimizer or a template of symbolic
+ * values; NB_ERR_MISUSE; NB_ERR_OOM. */
 NB_API nb_status nb_optim_init(const nb_tree *opt, const nb_tree *template_, nb_tree **state);
 
-/* The same inside a trace: template's leaves may be vars or arrays; the state's moments are
+/* The same inside a trace: template's leaves may be vars or arrays (float ones, as above:
+ * the same NB_ERR_STRUCTURE otherwise, recorded on the trace); the state's moments are
  * new vars, its hyperparameters opt's (vars when opt came in as an argument, constants when
  * they are arrays). Owned by the trace; NULL after a sticky error. */
 NB_API const nb_tree *nb_optim_init_in(nb_trace *tr, const nb_tree *opt, const nb_tree *template_);
@@ -217,8 +230,15 @@ NB_API nb_status nb_apply_updates_eager(const nb_tree *params, const nb_tree *up
                                         nb_tree **out);
 
 /* Hyperparameters in a state: every "hyper" entry named name (in every part of a chain)
- * set to value, in place (the state's 0-d arrays are written). NB_ERR_NOT_FOUND when the
- * state has none (the message lists the names it has). */
+ * set to value, in place (the state's 0-d arrays are written). value must pass the check the
+ * optimizer's constructor applies to that setting (learning_rate finite and >= 0; b1, b2 in
+ * [0, 1), or [0, 1] for lion; decay in [0, 1); momentum in [0, 1]; eps, eps_root,
+ * weight_decay, max_delta finite and >= 0 (add_decayed_weights' weight_decay: any finite
+ * value); max_norm finite and > 0): else NB_ERR_INVALID with the constructor's message
+ * (prefixed nb_optim_set_hyper), and the state is left unchanged -- every entry of a chain
+ * is checked before any is written. The state does not name its transforms: each entry's
+ * transform is known from the names in its hyper dict. NB_ERR_NOT_FOUND when the state has
+ * no such entry (the message says where to look); NB_ERR_MISUSE. Never allocates. */
 NB_API nb_status nb_optim_set_hyper(const nb_tree *state, const char *name, double value);
 /* The first such entry's value. */
 NB_API nb_status nb_optim_get_hyper(const nb_tree *state, const char *name, double *value);

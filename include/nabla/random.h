@@ -15,7 +15,8 @@
  *   - nb_random_uniform        : the top mantissa bits of those under the exponent of 1.0,
  *                                minus 1, times (hi - lo) plus lo as one fused multiply-add
  *                                (as XLA compiles it; C's fma is correctly rounded on every
- *                                machine), at least lo, in the dtype.
+ *                                machine), at least lo, in the dtype;
+ *   - nb_random_truncated_normal: JAX's inverse CDF, except far in a tail (see below).
  * Threefry-2x32 with 20 rounds: J. K. Salmon, M. A. Moraes, R. O. Dror and D. E. Shaw,
  * "Parallel random numbers: as easy as 1, 2, 3", SC 2011 (its Random123 known-answer
  * vectors are in the tests).
@@ -74,9 +75,34 @@ NB_API nb_status nb_random_uniform(const nb_array *key, nb_dtype dtype, int rank
  * for bit: XLA's own f32 erfinv is a polynomial of its own. */
 NB_API nb_status nb_random_normal(const nb_array *key, nb_dtype dtype, int rank,
                                   const int64_t *shape, nb_array **out);
-/* Standard normal floats truncated to (lower, upper), lower < upper (infinities allowed), as
- * jax.random.truncated_normal: u uniform between erf(lower/sqrt2) and erf(upper/sqrt2),
- * sqrt(2) erfinv(u), clipped strictly inside the bounds. To a few ULP of JAX's values. */
+/* Standard normal floats truncated to (lower, upper): lower < upper (infinities allowed),
+ * with at least one value of the dtype strictly between them once they are rounded to it
+ * (else NB_ERR_INVALID). Every value is finite and strictly inside the rounded bounds.
+ *
+ * Where the dtype resolves the interval, this is jax.random.truncated_normal bit for bit
+ * (tests/core/test_random.c checks JAX 0.10.2's own outputs, x86-64 with FMA): u uniform
+ * between ea = erf(lower/sqrt2) and eb = erf(upper/sqrt2), x = sqrt2 erf_inv(u), clipped to
+ * the nearest values inside the bounds -- computed as XLA's CPU backend compiles it: its f32
+ * erf, log1p and erf_inv polynomials with the same fused multiply-adds, and for f64 the C
+ * library's erf and log where XLA calls them (so f64 bits follow the C library). "Resolves"
+ * means: the bounds are on both sides of 0, or the mass between them, eb - ea in the dtype,
+ * spans at least 2^12 units in the last place of the larger |erf| -- for one-sided bounds in
+ * f32 up to about 3.7 sigma, in f64 about 7.3. As in JAX, an infinite bound comes out as the
+ * finite clip value (-FLT_MAX, ...) when all the uniform's bits are 0 (probability 2^-23 in
+ * f32, 2^-52 in f64); and subnormal results differ (XLA flushes them to zero: JAX returns 0,
+ * outside the interval, for (0, 1e-40) in f32).
+ *
+ * Farther out, on one side of 0, JAX's arithmetic cannot resolve the interval any more: it
+ * returns a few distinct values, then only the clip bound (f32 (5, 6): 10 distinct values;
+ * f32 (5.5, 6): 5.9999995 every time, (30, inf): FLT_MAX every time; f64 (8, 9): 12 values,
+ * (9, 10): 9.999999999999998 every time; an inverse CDF that is not clipped gives NaN).
+ * There nabla samples by rejection instead (C. P. Robert, "Simulation of truncated normal
+ * variables", Statistics and Computing 5, 1995): from the bound nearer 0, an exponential
+ * proposal truncated to the interval (at least 76% of the proposals are accepted), in
+ * double. Its uniforms come from counter-based streams under keys derived from key, so
+ * element i still depends only on the key and i: the same bits eagerly and traced, for any
+ * thread count. These values are not JAX's (JAX's are not the distribution there). No
+ * allocation beyond the result. */
 NB_API nb_status nb_random_truncated_normal(const nb_array *key, nb_dtype dtype, double lower,
                                             double upper, int rank, const int64_t *shape,
                                             nb_array **out);

@@ -2,7 +2,9 @@
  * random.c -- Threefry-2x32 (20 rounds) keys and the streams made from them, as jax.random
  * with jax_threefry_partitionable (see include/nabla/random.h). The samplers work on raw
  * buffers (random_internal.h) so that the eager calls here and the kernels of the traced
- * ones (src/ad/op_random.c) run the same code.
+ * ones (src/ad/op_random.c) run the same code. The truncated normal reproduces, operation
+ * for operation, what XLA's CPU backend computes for jax.random.truncated_normal (its erf,
+ * log1p and erf_inv), and samples far tails, where that loses, by rejection.
  */
 #include "core/internal.h"
 #include "core/random_internal.h"
@@ -117,6 +119,285 @@ static double nbi_erfinv(double u) {
     return x;
 }
 
+/* ---- truncated normal, JAX's way ----------------------------------------------------
+ * jax.random.truncated_normal(key, lower, upper) computes, in the dtype,
+ *     ea = erf(lower * (1/sqrt2)), eb = erf(upper * (1/sqrt2)),
+ *     u = max(ea, uniform bits * (eb - ea) + ea), x = sqrt2 * erf_inv(u),
+ *     clipped to [nextafter(lower, +inf), nextafter(upper, -inf)],
+ * and XLA's CPU backend compiles erf, erf_inv and its log1p into the polynomials below (for
+ * f64: the C library's erf and log for two of the steps), with every multiply-add whose
+ * product has no other use fused into one FMA (LLVM's contraction on an FMA machine). These
+ * are those computations, operation for operation, so that nabla gives JAX's bits. */
+
+/* XLA's f32 erf: a rational approximation on [-3.74, 3.74], +-1 outside. */
+static float nbi_xla_erf_f32(float x) {
+    const float clamp = 0x1.df38d0p+1f;
+    if (fabsf(x) >= clamp) {
+        return copysignf(1.0f, x);
+    }
+    float c = x, c2 = c * c; /* (XLA clamps c to [-clamp, clamp]: a no-op here) */
+    float p = fmaf(c2, 0x1.e05aa2p-13f, 0x1.bebb44p-9f);
+    p = fmaf(p, c2, 0x1.a16dd6p-5f);
+    p = fmaf(p, c2, 0x1.7b4e80p-3f);
+    p = fmaf(p, c2, 0x1.20dd74p+0f);
+    float q = fmaf(c2, -0x1.fa720cp-24f, 0x1.8b11bep-16f);
+    q = fmaf(q, c2, 0x1.0ada50p-10f);
+    q = fmaf(q, c2, 0x1.cd0fa8p-7f);
+    q = fmaf(q, c2, 0x1.c69842p-4f);
+    q = fmaf(q, c2, 0x1.fd6894p-2f);
+    q = fmaf(q, c2, 1.0f);
+    return c * p / q;
+}
+
+static float nbi_f32_of(uint32_t bits) {
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* XLA's f32 log for x in [0, 1] (Cephes' logf as Eigen writes it): x = m 2^e with m in
+ * [sqrt(1/2), sqrt 2), a polynomial in m - 1. */
+static float nbi_xla_log_f32(float x) {
+    if (x == 0.0f) {
+        return -INFINITY;
+    }
+    if (!(x > 0.0f)) {
+        return NAN;
+    }
+    if (x == INFINITY) {
+        return INFINITY;
+    }
+    float xm = x > 0x1p-126f ? x : 0x1p-126f;
+    uint32_t b;
+    memcpy(&b, &xm, sizeof b);
+    float e = (float)((int32_t)(b >> 23) - 127) + 1.0f;
+    float m = nbi_f32_of((b & 0x807FFFFFu) | 0x3F000000u); /* in [0.5, 1) */
+    bool low = m < 0x1.6a09e6p-1f;
+    float v = (m - 1.0f) + (low ? m : 0.0f);
+    e -= low ? 1.0f : 0.0f;
+    float v2 = v * v, v3 = v2 * v;
+    float y = fmaf(fmaf(v, 0x1.204376p-4f, -0x1.d7a370p-4f), v, 0x1.de4a34p-4f);
+    float y1 = fmaf(fmaf(v, -0x1.fcba9ep-4f, 0x1.23d37ep-3f), v, -0x1.555ca0p-3f);
+    float y2 = fmaf(fmaf(v, 0x1.999d58p-3f, -0x1.fffff8p-3f), v, 0x1.555554p-2f);
+    y = fmaf(y, v3, y1);
+    y = fmaf(y, v3, y2);
+    float r = fmaf(y, v3, e * -0x1.bd0106p-13f);
+    float s = fmaf(-v2, 0.5f, v) + r;
+    return fmaf(e, 0x1.630000p-1f, s);
+}
+
+/* XLA's f32 log1p(t): a rational approximation for |t| < sqrt2 - 1, else log(1 + t). */
+static float nbi_xla_log1p_f32(float t) {
+    if (!(fabsf(t) < 0x1.a8279ap-2f)) {
+        return nbi_xla_log_f32(t + 1.0f);
+    }
+    float t2 = t * t, t0 = t * 0.0f;
+    float q = t0 + 1.0f;
+    q = fmaf(q, t, 0x1.e2035ap+3f);
+    q = fmaf(q, t, 0x1.4c30b6p+6f);
+    q = fmaf(q, t, 0x1.bb865ap+7f);
+    q = fmaf(q, t, 0x1.351946p+8f);
+    q = fmaf(q, t, 0x1.b0db14p+7f);
+    q = fmaf(q, t, 0x1.e0f304p+5f);
+    float p = t0 + 4.527e-05f;
+    p = fmaf(p, t, 0x1.fe818ap-2f);
+    p = fmaf(p, t, 0x1.a509f4p+2f);
+    p = fmaf(p, t, 0x1.de9738p+4f);
+    p = fmaf(p, t, 0x1.e798ecp+5f);
+    p = fmaf(p, t, 0x1.c8e75ap+5f);
+    p = fmaf(p, t, 0x1.40a202p+4f);
+    float r = p / q;
+    return t + fmaf(-t2, 0.5f, t * t2 * r);
+}
+
+/* XLA's f32 erf_inv: M. Giles's single-precision approximation ("Approximating the erfinv
+ * function", GPU Computing Gems, 2011) in w = -log1p(-u^2). */
+static float nbi_xla_erfinv_f32(float u) {
+    static const float lo[9] = {0x1.e2cb10p-26f,  0x1.70966cp-22f, -0x1.d8e6aep-19f,
+                                -0x1.26b582p-18f, 0x1.ca65b6p-13f, -0x1.48a810p-10f,
+                                -0x1.11c9dep-8f,  0x1.f91ec6p-3f,  0x1.805c5ep+0f};
+    static const float hi[9] = {-0x1.a3e136p-13f, 0x1.a76ad6p-14f, 0x1.61b8e4p-10f,
+                                -0x1.e17bcep-9f,  0x1.7824f6p-8f,  -0x1.f38baep-8f,
+                                0x1.354afcp-7f,   0x1.006db6p+0f,  0x1.6a9efcp+1f};
+    float l = nbi_xla_log1p_f32(-u * u);
+    bool small = l > -5.0f; /* w = -l < 5 */
+    const float *c = small ? lo : hi;
+    float z = small ? -2.5f - l : sqrtf(-l) - 3.0f;
+    float p = fmaf(c[0], z, c[1]);
+    for (int i = 2; i < 9; i++) {
+        p = fmaf(p, z, c[i]);
+    }
+    return (fabsf(u) == 1.0f ? INFINITY : p) * u;
+}
+
+/* XLA's f64 log1p(t): a rational approximation for |t| < sqrt2 - 1, else the C library's
+ * log(1 + t). */
+static double nbi_xla_log1p_f64(double t) {
+    if (!(fabs(t) < 0x1.a827999fcef32p-2)) {
+        return log(t + 1.0);
+    }
+    double t2 = t * t, t0 = t * 0.0;
+    double q = t0 + 1.0;
+    q = fma(q, t, 0x1.e20359e903e37p+3);
+    q = fma(q, t, 0x1.4c30b52213498p+6);
+    q = fma(q, t, 0x1.bb86590fcfb56p+7);
+    q = fma(q, t, 0x1.351945dc908a5p+8);
+    q = fma(q, t, 0x1.b0db13e48e066p+7);
+    q = fma(q, t, 0x1.e0f304466448ep+5);
+    double p = t0 + 0x1.7bc0962b395cap-15;
+    p = fma(p, t, 0x1.fe818a0fe1a83p-2);
+    p = fma(p, t, 0x1.a509f46f4fa53p+2);
+    p = fma(p, t, 0x1.de9738b8cb9c9p+4);
+    p = fma(p, t, 0x1.e798eb86c3351p+5);
+    p = fma(p, t, 0x1.c8e7597479a10p+5);
+    p = fma(p, t, 0x1.40a202d99830ap+4);
+    double r = p / q;
+    return t + fma(-t2, 0.5, t * t2 * r);
+}
+
+/* XLA's f64 erf_inv: Giles's double-precision approximation, three ranges of w. */
+static double nbi_xla_erfinv_f64(double u) {
+    static const double w_lt_6_25[23] = {
+        -0x1.135d2e746e627p-68, -0x1.8ddf93324d327p-63, 0x1.7b83eef0b7c9fp-60,
+        0x1.9ba72cd589b91p-57,  -0x1.33689090a6b96p-53, 0x1.82e11898132e0p-56,
+        0x1.de4acfd9e26bap-48,  -0x1.6d33eed66c487p-45, -0x1.6f2167040d8e2p-44,
+        0x1.72a22c2d77e20p-39,  -0x1.c8859c4e5c0afp-37, -0x1.dc583d118a561p-35,
+        0x1.20f47ccf46b3cp-30,  -0x1.1a9e38dc84d60p-28, -0x1.f36cd6d3d46a9p-26,
+        0x1.c6b4f5d03b787p-22,  -0x1.6e8a5434ae8a2p-20, -0x1.d1d1f7b8736f6p-17,
+        0x1.879c2a212f024p-13,  -0x1.845769484fca8p-11, -0x1.8b6c33114f909p-8,
+        0x1.ebd80d9b13e28p-3,   0x1.a755e7c99ae86p+0};
+    static const double w_lt_16[19] = {
+        0x1.3040f87dbd932p-29, 0x1.85cbe52878635p-24,  -0x1.2777453dd3955p-22,
+        0x1.395abcd554c6cp-26, 0x1.936388a3790adp-20,  -0x1.0d5db812b5083p-18,
+        0x1.8860cd5d652f6p-19, 0x1.a29a0cacdfb23p-17,  -0x1.8cef1f80281f2p-15,
+        0x1.1e684d0b9188ap-14, 0x1.932cd54c8a222p-16,  -0x1.7448a89ef8aa3p-12,
+        0x1.f3cc55ad40c25p-11, -0x1.ba924132f38b1p-10, 0x1.468eeca533cf8p-9,
+        -0x1.ebadabb891bbdp-9, 0x1.5ffcfe5b76afcp-8,   0x1.0158a6d641d39p+0,
+        0x1.8abcc380d5a48p+1};
+    static const double w_ge_16[17] = {
+        -0x1.dcec3a7785389p-36, -0x1.18feec0e38727p-32, 0x1.9e6bf2dda45e3p-30,
+        -0x1.0468fb24e2f5fp-28, 0x1.05ac6a8fba182p-27,  -0x1.0102e495fb9c0p-26,
+        0x1.f4c20e1334af8p-26,  -0x1.22d220fdf9c3ep-24, 0x1.ebc8bb824cb54p-23,
+        -0x1.0a8d40ea372ccp-20, 0x1.2fbd29d093d2bp-18,  -0x1.4a3497e1e0facp-16,
+        0x1.3ebf4eb00938fp-14,  -0x1.c2f36a8fc5d53p-13, -0x1.22ea5df04047cp-13,
+        0x1.02a30d1fba0dcp+0,   0x1.3664ddd1ad7fbp+2};
+    double l = nbi_xla_log1p_f64(u * -u);
+    const double *c;
+    int n;
+    double z;
+    if (l > -6.25) {
+        c = w_lt_6_25, n = 23, z = -3.125 - l;
+    } else if (l > -16.0) {
+        c = w_lt_16, n = 19, z = sqrt(-l) - 3.25;
+    } else {
+        c = w_ge_16, n = 17, z = sqrt(-l) - 5.0;
+    }
+    double p = fma(c[0], z, c[1]);
+    for (int i = 2; i < n; i++) {
+        p = fma(z, p, c[i]);
+    }
+    return (fabs(u) == 1.0 ? INFINITY : p) * u;
+}
+
+/* ---- truncated normal far in a tail ----------------------------------------------------
+ * When the bounds are on one side of 0 and so far out that the probability mass between
+ * them, eb - ea, spans fewer than NBI_TN_LEVELS units in the last place of the larger |erf|
+ * (f32 from about 3.7 sigma on, f64 from about 7.3), the inverse CDF above resolves the
+ * interval in a handful of values (or none: JAX then returns the clip bound). There nabla
+ * samples by rejection instead, in double: C. P. Robert, "Simulation of truncated normal
+ * variables", Statistics and Computing 5 (1995), for (a, b) with a >= 0 (b <= 0 by symmetry):
+ * propose x = a + e with e exponential of rate lambda = (a + sqrt(a^2 + 4)) / 2, truncated
+ * to [0, b - a], and accept with probability exp(-(x - lambda)^2 / 2) / M, M its largest
+ * value on [a, b] (at least 76% of the proposals are accepted; the worst case is a = 0,
+ * b = inf). Attempt j of element i draws its two uniforms from counters i and i | 2^63 under
+ * the key threefry2x32(key, (NBI_TN_TAG, j)), so element i depends only on the key and i
+ * (the high counter word of an element is below 2^31: counters never collide). */
+#define NBI_TN_LEVELS 4096.0
+#define NBI_TN_TAG 0x6e627463u /* "nbtc" */
+#define NBI_TN_TRIES 64
+
+/* A uniform double in [0, 1) from 53 bits of the block of counter (c0, c1) under key. */
+static double nbi_u53(uint32_t k0, uint32_t k1, uint32_t c0, uint32_t c1) {
+    uint32_t y0, y1;
+    nbi_threefry2x32(k0, k1, c0, c1, &y0, &y1);
+    return (double)((((uint64_t)y0 << 32) | y1) >> 11) * 0x1p-53;
+}
+
+/* Element i of the standard normal truncated to (a, b), 0 <= a < b (b may be +inf). */
+static double nbi_tn_tail(uint32_t k0, uint32_t k1, int64_t i, double a, double b) {
+    double d = 2.0 / (a + hypot(a, 2.0)); /* lambda - a, in (0, 1] */
+    double lambda = a + d, w = b - a;
+    double mass = isinf(w) ? 1.0 : -expm1(-lambda * w); /* of the exponential on [0, w] */
+    uint32_t c0 = (uint32_t)((uint64_t)i >> 32), c1 = (uint32_t)i;
+    double e = 0.0;
+    for (uint32_t j = 0; j < NBI_TN_TRIES; j++) {
+        uint32_t t0, t1;
+        nbi_threefry2x32(k0, k1, NBI_TN_TAG, j, &t0, &t1);
+        double u = nbi_u53(t0, t1, c0, c1), v = nbi_u53(t0, t1, c0 | 0x80000000u, c1);
+        e = -log1p(-u * mass) / lambda;
+        e = e < w ? e : w;
+        /* log of the acceptance probability: -(e - d)^2 / 2, over its largest value on
+         * [0, w] (at e = d when d <= w, else at e = w) */
+        double lp = d <= w ? -0.5 * (e - d) * (e - d) : -0.5 * (e - w) * (e + w - 2.0 * d);
+        if (v < exp(lp)) {
+            break;
+        }
+    } /* after NBI_TN_TRIES rejections (probability below 1e-39) the last proposal stands */
+    return a + e;
+}
+
+/* Does the truncated normal on (lo, hi) take the tail sampler? span = eb - ea, gap = the
+ * spacing of the dtype just below max(|ea|, |eb|). (Bounds on both sides of 0 never do: the
+ * mass then spans at least 2^23 units.) */
+static bool nbi_tn_use_tail(double lo, double hi, double span, double gap) {
+    return (lo >= 0.0 || hi <= 0.0) && !(span >= NBI_TN_LEVELS * gap);
+}
+
+static void nbi_tn_fill_f32(double a, double b, uint32_t k0, uint32_t k1, float *o, int64_t first,
+                            int64_t end) {
+    float lo = (float)a, hi = (float)b;
+    float ea = nbi_xla_erf_f32(lo * 0x1.6a09e6p-1f), eb = nbi_xla_erf_f32(hi * 0x1.6a09e6p-1f);
+    float span = eb - ea, m = fmaxf(fabsf(ea), fabsf(eb));
+    float clo = nextafterf(lo, INFINITY), chi = nextafterf(hi, -INFINITY);
+    if (nbi_tn_use_tail(lo, hi, span, m - nextafterf(m, 0.0f))) {
+        bool neg = hi <= 0.0f; /* the lower tail as the upper one, mirrored */
+        double ta = neg ? -(double)hi : (double)lo, tb = neg ? -(double)lo : (double)hi;
+        ta = ta > 0.0 ? ta : 0.0;
+        for (int64_t i = first; i < end; i++) {
+            double x = nbi_tn_tail(k0, k1, i, ta, tb);
+            float v = (float)(neg ? -x : x);
+            o[i] = v < clo ? clo : v > chi ? chi : v;
+        }
+        return;
+    }
+    for (int64_t i = first; i < end; i++) {
+        float v = nbi_xla_erfinv_f32(nbi_uniform_f32(k0, k1, i, ea, span)) * 0x1.6a09e6p+0f;
+        o[i] = v < clo ? clo : v > chi ? chi : v;
+    }
+}
+
+static void nbi_tn_fill_f64(double lo, double hi, uint32_t k0, uint32_t k1, double *o,
+                            int64_t first, int64_t end) {
+    double ea = erf(lo * 0x1.6a09e667f3bccp-1), eb = erf(hi * 0x1.6a09e667f3bccp-1);
+    double span = eb - ea, m = fmax(fabs(ea), fabs(eb));
+    double clo = nextafter(lo, INFINITY), chi = nextafter(hi, -INFINITY);
+    if (nbi_tn_use_tail(lo, hi, span, m - nextafter(m, 0.0))) {
+        bool neg = hi <= 0.0;
+        double ta = neg ? -hi : lo, tb = neg ? -lo : hi;
+        ta = ta > 0.0 ? ta : 0.0;
+        for (int64_t i = first; i < end; i++) {
+            double x = nbi_tn_tail(k0, k1, i, ta, tb);
+            double v = neg ? -x : x;
+            o[i] = v < clo ? clo : v > chi ? chi : v;
+        }
+        return;
+    }
+    for (int64_t i = first; i < end; i++) {
+        double v = nbi_xla_erfinv_f64(nbi_uniform_f64(k0, k1, i, ea, span)) * 0x1.6a09e667f3bcdp+0;
+        o[i] = v < clo ? clo : v > chi ? chi : v;
+    }
+}
+
 nb_dtype nbi_rng_dtype(nbi_rng_kind kind, nb_dtype dtype) {
     switch (kind) {
     case NBI_RNG_BITS:
@@ -143,6 +424,15 @@ nb_status nbi_rng_check(nbi_rng_kind kind, nb_dtype dtype, double a, double b, c
     }
     if (kind == NBI_RNG_TRUNCATED_NORMAL && !(a < b)) {
         snprintf(msg, cap, "bounds [%g, %g]: lower must be below upper", a, b);
+        return NB_ERR_INVALID;
+    }
+    if (kind == NBI_RNG_TRUNCATED_NORMAL &&
+        (dtype == NB_DTYPE_F32 ? !(nextafterf((float)a, INFINITY) < (float)b)
+                               : !(nextafter(a, INFINITY) < b))) {
+        snprintf(msg, cap,
+                 "bounds (%.9g, %.9g): no %s value lies strictly between them (widen the "
+                 "interval, or sample in f64)",
+                 a, b, nb_dtype_name(dtype));
         return NB_ERR_INVALID;
     }
     if (kind == NBI_RNG_BERNOULLI && !(a >= 0.0 && a <= 1.0)) {
@@ -194,22 +484,10 @@ void nbi_rng_fill(nbi_rng_kind kind, nb_dtype dtype, double a, double b, uint32_
         }
         break;
     case NBI_RNG_TRUNCATED_NORMAL:
-        /* JAX's form: u uniform in [erf(lower/sqrt2), erf(upper/sqrt2)), sqrt2 erfinv(u),
-         * clipped strictly inside (lower, upper) */
         if (f32) {
-            float *o = out, ea = (float)erf(a / s2), eb = (float)erf(b / s2);
-            float lo = nextafterf((float)a, INFINITY), hi = nextafterf((float)b, -INFINITY);
-            for (int64_t i = first; i < end; i++) {
-                float v = (float)s2 * (float)nbi_erfinv(nbi_uniform_f32(k0, k1, i, ea, eb - ea));
-                o[i] = v < lo ? lo : v > hi ? hi : v;
-            }
+            nbi_tn_fill_f32(a, b, k0, k1, out, first, end);
         } else {
-            double *o = out, ea = erf(a / s2), eb = erf(b / s2);
-            double lo = nextafter(a, INFINITY), hi = nextafter(b, -INFINITY);
-            for (int64_t i = first; i < end; i++) {
-                double v = s2 * nbi_erfinv(nbi_uniform_f64(k0, k1, i, ea, eb - ea));
-                o[i] = v < lo ? lo : v > hi ? hi : v;
-            }
+            nbi_tn_fill_f64(a, b, k0, k1, out, first, end);
         }
         break;
     case NBI_RNG_BERNOULLI: {

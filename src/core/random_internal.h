@@ -18,7 +18,8 @@ typedef enum nbi_rng_kind {
     NBI_RNG_BITS,             /* i32 words (bit patterns); a, b unused */
     NBI_RNG_UNIFORM,          /* f32/f64 in [a, b) */
     NBI_RNG_NORMAL,           /* f32/f64 standard normal; a, b unused */
-    NBI_RNG_TRUNCATED_NORMAL, /* f32/f64 standard normal truncated to (a, b) */
+    NBI_RNG_TRUNCATED_NORMAL, /* f32/f64 standard normal truncated to (a, b); far in a tail
+                                 by rejection, its attempts under keys derived from (k0, k1) */
     NBI_RNG_BERNOULLI         /* bool, true with probability a */
 } nbi_rng_kind;
 

@@ -190,19 +190,96 @@ static nb_status nbo_check_range(nb_ctx *ctx, const char *who, const char *name,
     return NB_OK;
 }
 
+/* ---- hyperparameter rules ------------------------------------------------------------
+ * One rule per hyperparameter name, applied both by the constructors (to the values they
+ * store in "hyper") and by nb_optim_set_hyper (to the value written into a state), so a value
+ * one refuses the other refuses too, with the same status and message. kind is the transform
+ * ("adam", "lion", ...): a few names have another range in one transform (b1, b2 may be 1 in
+ * lion; add_decayed_weights' weight_decay may be negative). */
+
+typedef enum {
+    NBO_RULE_LR,       /* finite and >= 0, with a word on the sign convention */
+    NBO_RULE_UNIT,     /* [0, 1] */
+    NBO_RULE_UNIT_LT1, /* [0, 1) */
+    NBO_RULE_NONNEG,   /* finite and >= 0 */
+    NBO_RULE_POSITIVE, /* finite and > 0 */
+    NBO_RULE_FINITE    /* any finite value */
+} nbo_rule;
+
+/* name, the transform it applies to (NULL: any), the rule; the first match wins. */
+static const struct {
+    const char *name, *kind;
+    nbo_rule rule;
+} nbo_rules[] = {
+    {"learning_rate", NULL, NBO_RULE_LR},
+    {"momentum", NULL, NBO_RULE_UNIT},
+    {"decay", NULL, NBO_RULE_UNIT_LT1},
+    {"b1", "lion", NBO_RULE_UNIT},
+    {"b2", "lion", NBO_RULE_UNIT},
+    {"b1", NULL, NBO_RULE_UNIT_LT1},
+    {"b2", NULL, NBO_RULE_UNIT_LT1},
+    {"eps", NULL, NBO_RULE_NONNEG},
+    {"eps_root", NULL, NBO_RULE_NONNEG},
+    {"weight_decay", "add_decayed_weights", NBO_RULE_FINITE}, /* negative grows the weights */
+    {"weight_decay", NULL, NBO_RULE_NONNEG},
+    {"max_delta", NULL, NBO_RULE_NONNEG},
+    {"max_norm", NULL, NBO_RULE_POSITIVE},
+};
+
+/* The rule for hyperparameter name of transform kind applied to v. */
+static nb_status nbo_check_hyper(nb_ctx *ctx, const char *who, const char *kind, const char *name,
+                                 double v) {
+    nbo_rule rule = NBO_RULE_FINITE;
+    for (size_t i = 0; i < sizeof nbo_rules / sizeof nbo_rules[0]; i++) {
+        if (strcmp(nbo_rules[i].name, name) == 0 &&
+            (nbo_rules[i].kind == NULL || strcmp(nbo_rules[i].kind, kind) == 0)) {
+            rule = nbo_rules[i].rule;
+            break;
+        }
+    }
+    switch (rule) {
+    case NBO_RULE_LR:
+        if (!isfinite(v) || v < 0.0) {
+            return nbi_err(ctx, NB_ERR_INVALID,
+                           "%s: learning_rate = %g must be finite and >= 0 (updates are -lr "
+                           "times the direction)",
+                           who, v);
+        }
+        return NB_OK;
+    case NBO_RULE_UNIT:
+    case NBO_RULE_UNIT_LT1:
+        return nbo_check_range(ctx, who, name, v, 0.0, 1.0, rule == NBO_RULE_UNIT_LT1);
+    case NBO_RULE_NONNEG:
+    case NBO_RULE_POSITIVE: {
+        nb_status st = nbo_check_range(ctx, who, name, v, 0.0, INFINITY, false);
+        if (st == NB_OK && rule == NBO_RULE_POSITIVE && v == 0.0) {
+            st = nbi_err(ctx, NB_ERR_INVALID, "%s: %s must be > 0", who, name);
+        }
+        return st;
+    }
+    case NBO_RULE_FINITE:
+        break;
+    }
+    return nbo_check_range(ctx, who, name, v, -INFINITY, INFINITY, false);
+}
+
+/* Check n (name, value) pairs of transform kind; the first failure. */
+static nb_status nbo_check_hypers(nb_ctx *ctx, const char *who, const char *kind, int n,
+                                  const char *const *names, const double *values) {
+    nb_status st = NB_OK;
+    for (int i = 0; i < n && st == NB_OK; i++) {
+        st = nbo_check_hyper(ctx, who, kind, names[i], values[i]);
+    }
+    return st;
+}
+
 /* The common head: transform name, learning rate (hyper or schedule). */
 static void nbo_head(nbo_builder *b, const char *kind) {
     nbo_put_string(b, "transform", kind);
 }
 
 static nb_status nbo_lr(nb_ctx *ctx, const char *who, double lr, const nb_optim_opts *o) {
-    if (o->schedule == NULL && (!isfinite(lr) || lr < 0.0)) {
-        return nbi_err(ctx, NB_ERR_INVALID,
-                       "%s: learning_rate = %g must be finite and >= 0 (updates are -lr times "
-                       "the direction)",
-                       who, lr);
-    }
-    return NB_OK;
+    return o->schedule == NULL ? nbo_check_hyper(ctx, who, "", "learning_rate", lr) : NB_OK;
 }
 
 /* hyper dict from (name, value) pairs; the learning rate first unless a schedule has it. */
@@ -254,7 +331,7 @@ nb_status nb_optim_sgd(nb_ctx *ctx, double learning_rate, const nb_optim_opts *o
                        nb_tree **out) {
     NBO_BEGIN("nb_optim_sgd", NBO_F_MOMENTUM | NBO_F_NESTEROV)
     double m = nbo_or(o->momentum, 0.0);
-    if ((st = nbo_check_range(ctx, "nb_optim_sgd", "momentum", m, 0.0, 1.0, false)) != NB_OK) {
+    if ((st = nbo_check_hyper(ctx, "nb_optim_sgd", "sgd", "momentum", m)) != NB_OK) {
         return st;
     }
     if (o->nesterov && m == 0.0) {
@@ -275,19 +352,9 @@ static nb_status nbo_adam_like(nb_ctx *ctx, const char *kind, const char *who, d
     double b1 = nbo_or(o->b1, 0.9), b2 = nbo_or(o->b2, 0.999);
     double eps = nbo_or(o->eps, eps_dflt), eps_root = nbo_or(o->eps_root, 0.0);
     double wd = nbo_or(o->weight_decay, wd_dflt);
-    nb_status st = nbo_check_range(ctx, who, "b1", b1, 0.0, 1.0, true);
-    if (st == NB_OK) {
-        st = nbo_check_range(ctx, who, "b2", b2, 0.0, 1.0, true);
-    }
-    if (st == NB_OK) {
-        st = nbo_check_range(ctx, who, "eps", eps, 0.0, INFINITY, false);
-    }
-    if (st == NB_OK) {
-        st = nbo_check_range(ctx, who, "eps_root", eps_root, 0.0, INFINITY, false);
-    }
-    if (st == NB_OK && has_wd) {
-        st = nbo_check_range(ctx, who, "weight_decay", wd, 0.0, INFINITY, false);
-    }
+    const char *names[] = {"b1", "b2", "eps", "eps_root", "weight_decay"};
+    const double values[] = {b1, b2, eps, eps_root, wd};
+    nb_status st = nbo_check_hypers(ctx, who, kind, has_wd ? 5 : 4, names, values);
     if (st != NB_OK) {
         return st;
     }
@@ -301,9 +368,7 @@ static nb_status nbo_adam_like(nb_ctx *ctx, const char *kind, const char *who, d
             nbo_put_null(&b, "mask");
         }
     }
-    nbo_put_hyper(&b, o, learning_rate, has_wd ? 5 : 4,
-                  (const char *[]){"b1", "b2", "eps", "eps_root", "weight_decay"},
-                  (double[]){b1, b2, eps, eps_root, wd});
+    nbo_put_hyper(&b, o, learning_rate, has_wd ? 5 : 4, names, values);
     return nbo_builder_dict(&b, out);
 }
 
@@ -334,15 +399,15 @@ nb_status nb_optim_rmsprop(nb_ctx *ctx, double learning_rate, const nb_optim_opt
     const char *who = "nb_optim_rmsprop";
     double decay = nbo_or(o->decay, 0.9), eps = nbo_or(o->eps, 1e-8);
     double init = nbo_or(o->initial_scale, 0.0), m = nbo_or(o->momentum, 0.0);
-    st = nbo_check_range(ctx, who, "decay", decay, 0.0, 1.0, true);
+    st = nbo_check_hyper(ctx, who, "rmsprop", "decay", decay);
     if (st == NB_OK) {
-        st = nbo_check_range(ctx, who, "eps", eps, 0.0, INFINITY, false);
+        st = nbo_check_hyper(ctx, who, "rmsprop", "eps", eps);
     }
     if (st == NB_OK) {
         st = nbo_check_range(ctx, who, "initial_scale", init, 0.0, INFINITY, false);
     }
     if (st == NB_OK) {
-        st = nbo_check_range(ctx, who, "momentum", m, 0.0, 1.0, false);
+        st = nbo_check_hyper(ctx, who, "rmsprop", "momentum", m);
     }
     if (st == NB_OK && o->nesterov && m == 0.0) {
         st = nbi_err(ctx, NB_ERR_INVALID, "%s: nesterov needs a momentum > 0", who);
@@ -367,7 +432,7 @@ nb_status nb_optim_adagrad(nb_ctx *ctx, double learning_rate, const nb_optim_opt
                            nb_tree **out) {
     NBO_BEGIN("nb_optim_adagrad", NBO_F_EPS | NBO_F_INIT)
     double eps = nbo_or(o->eps, 1e-7), init = nbo_or(o->initial_scale, 0.1);
-    st = nbo_check_range(ctx, "nb_optim_adagrad", "eps", eps, 0.0, INFINITY, false);
+    st = nbo_check_hyper(ctx, "nb_optim_adagrad", "adagrad", "eps", eps);
     if (st == NB_OK) {
         st = nbo_check_range(ctx, "nb_optim_adagrad", "initial_scale (initial accumulator)", init,
                              0.0, INFINITY, false);
@@ -386,13 +451,9 @@ nb_status nb_optim_lion(nb_ctx *ctx, double learning_rate, const nb_optim_opts *
                         nb_tree **out) {
     NBO_BEGIN("nb_optim_lion", NBO_F_B1 | NBO_F_B2 | NBO_F_WD | NBO_F_MASK)
     double b1 = nbo_or(o->b1, 0.9), b2 = nbo_or(o->b2, 0.99), wd = nbo_or(o->weight_decay, 1e-3);
-    st = nbo_check_range(ctx, "nb_optim_lion", "b1", b1, 0.0, 1.0, false);
-    if (st == NB_OK) {
-        st = nbo_check_range(ctx, "nb_optim_lion", "b2", b2, 0.0, 1.0, false);
-    }
-    if (st == NB_OK) {
-        st = nbo_check_range(ctx, "nb_optim_lion", "weight_decay", wd, 0.0, INFINITY, false);
-    }
+    const char *names[] = {"b1", "b2", "weight_decay"};
+    const double values[] = {b1, b2, wd};
+    st = nbo_check_hypers(ctx, "nb_optim_lion", "lion", 3, names, values);
     if (st != NB_OK) {
         return st;
     }
@@ -403,8 +464,7 @@ nb_status nb_optim_lion(nb_ctx *ctx, double learning_rate, const nb_optim_opts *
     } else {
         nbo_put_null(&b, "mask");
     }
-    nbo_put_hyper(&b, o, learning_rate, 3, (const char *[]){"b1", "b2", "weight_decay"},
-                  (double[]){b1, b2, wd});
+    nbo_put_hyper(&b, o, learning_rate, 3, names, values);
     return nbo_builder_dict(&b, out);
 }
 
@@ -443,8 +503,7 @@ nb_status nb_optim_clip(nb_ctx *ctx, double max_delta, nb_tree **out) {
     if (ctx == NULL || out == NULL) {
         return NB_ERR_MISUSE;
     }
-    nb_status st =
-        nbo_check_range(ctx, "nb_optim_clip", "max_delta", max_delta, 0.0, INFINITY, false);
+    nb_status st = nbo_check_hyper(ctx, "nb_optim_clip", "clip", "max_delta", max_delta);
     return st != NB_OK ? st
                        : nbo_simple(ctx, "clip", 1, (const char *[]){"max_delta"},
                                     (double[]){max_delta}, NULL, NULL, out);
@@ -457,11 +516,8 @@ nb_status nb_optim_clip_by_global_norm(nb_ctx *ctx, double max_norm, nb_tree **o
     if (ctx == NULL || out == NULL) {
         return NB_ERR_MISUSE;
     }
-    nb_status st = nbo_check_range(ctx, "nb_optim_clip_by_global_norm", "max_norm", max_norm, 0.0,
-                                   INFINITY, false);
-    if (st == NB_OK && max_norm == 0.0) {
-        st = nbi_err(ctx, NB_ERR_INVALID, "nb_optim_clip_by_global_norm: max_norm must be > 0");
-    }
+    nb_status st = nbo_check_hyper(ctx, "nb_optim_clip_by_global_norm", "clip_by_global_norm",
+                                   "max_norm", max_norm);
     return st != NB_OK ? st
                        : nbo_simple(ctx, "clip_by_global_norm", 1, (const char *[]){"max_norm"},
                                     (double[]){max_norm}, NULL, NULL, out);
@@ -475,8 +531,8 @@ nb_status nb_optim_add_decayed_weights(nb_ctx *ctx, double weight_decay, const n
     if (ctx == NULL || out == NULL || (mask != NULL && nb_tree_check(mask) != NB_OK)) {
         return NB_ERR_MISUSE;
     }
-    nb_status st = nbo_check_range(ctx, "nb_optim_add_decayed_weights", "weight_decay",
-                                   weight_decay, -INFINITY, INFINITY, false);
+    nb_status st = nbo_check_hyper(ctx, "nb_optim_add_decayed_weights", "add_decayed_weights",
+                                   "weight_decay", weight_decay);
     return st != NB_OK ? st
                        : nbo_simple(ctx, "add_decayed_weights", 1, (const char *[]){"weight_decay"},
                                     (double[]){weight_decay}, mask, NULL, out);
@@ -691,6 +747,23 @@ static nb_status nbo_mask_apply(nb_ctx *ctx, const char *who, const nb_tree *t, 
     return st;
 }
 
+/* The dtype, rank, shape and signature text ("f32[2,1]") of an array or var leaf. */
+static void nbo_sig_of(const nb_tree *leaf, nb_trace *tr, char *buf, size_t cap, nb_dtype *dt,
+                       int *rank, const int64_t **shape) {
+    if (nb_tree_kind_of(leaf) == NB_TREE_KIND_ARRAY) {
+        const nb_array *a = nb_tree_get_array(leaf);
+        *dt = nb_array_dtype(a);
+        *rank = nb_array_rank(a);
+        *shape = nb_array_shape(a);
+    } else {
+        nb_var *v = nb_var_of(tr, leaf);
+        *dt = nb_var_dtype(v);
+        *rank = nb_var_rank(v);
+        *shape = nb_var_shape(v);
+    }
+    nbi_sig(buf, cap, *dt, *rank, *shape);
+}
+
 /* ---- init ------------------------------------------------------------------------------ */
 
 /* Leaves are made eagerly (tr == NULL: new arrays) or as vars of tr. */
@@ -865,6 +938,75 @@ static nb_status nbo_init_rec(nbo_init *in, const nb_tree *opt, const nb_tree *t
     return nbo_builder_dict(&b, out);
 }
 
+/* The template must be a gradient template: float arrays (or vars) and nulls. A leaf that
+ * nb_grad_template would have made null -- an integer or bool array, a static leaf, a frozen
+ * leaf -- means the state is being built from the parameters themselves; the first update
+ * would refuse that state (or, for a transform without moments, silently accept it), so it is
+ * refused here, naming the first such path and what is there. */
+typedef struct nbo_tmpl_check {
+    nb_ctx *ctx;
+    nb_trace *tr;
+    const char *who;
+} nbo_tmpl_check;
+
+/* A static leaf as "static int 3", "static string \"tanh\"", ... */
+static void nbo_describe_static(const nb_tree *t, char *buf, size_t cap) {
+    int64_t i = 0;
+    double f = 0.0;
+    bool b = false;
+    const char *str = NULL;
+    nb_fnptr fn = NULL;
+    const char *kind = nb_tree_kind_name(nb_tree_kind_of(t));
+    if (nb_tree_get_int(t, &i) == NB_OK) {
+        snprintf(buf, cap, "static %s %lld", kind, (long long)i);
+    } else if (nb_tree_get_float(t, &f) == NB_OK) {
+        snprintf(buf, cap, "static %s %g", kind, f);
+    } else if (nb_tree_get_bool(t, &b) == NB_OK) {
+        snprintf(buf, cap, "static %s %s", kind, b ? "true" : "false");
+    } else if (nb_tree_get_string(t, &str) == NB_OK) {
+        snprintf(buf, cap, "static %s \"%.40s%s\"", kind, str, strlen(str) > 40 ? "..." : "");
+    } else if (nb_tree_get_fnref(t, &fn, &str) == NB_OK) {
+        snprintf(buf, cap, "static %s %.40s", kind, str);
+    } else {
+        snprintf(buf, cap, "static %s", kind);
+    }
+}
+
+static nb_status nbo_tmpl_check_cb(void *ud, const char *path, int n, const nb_tree *const *l,
+                                   nb_tree **out) {
+    (void)n;
+    const nbo_tmpl_check *c = ud;
+    const nb_tree *t = l[0];
+    bool frozen = nb_tree_is_frozen(t);
+    char what[160] = "";
+    if (nb_tree_is_static(t)) {
+        nbo_describe_static(t, what, sizeof what);
+    } else {
+        nb_dtype dt;
+        int rank;
+        const int64_t *shape;
+        nbo_sig_of(t, c->tr, what, sizeof what, &dt, &rank, &shape);
+        if (!frozen && nb_dtype_is_float(dt)) {
+            *out = nb_tree_retain((nb_tree *)t);
+            return NB_OK;
+        }
+    }
+    return nb_tree_map_fail(c->ctx, NB_ERR_STRUCTURE,
+                            "%s: the template has %s%s at %s, where a gradient template has "
+                            "null (is it the parameters instead of their gradient template?) -- "
+                            "build the state from nb_grad_template(params, filter_spec)",
+                            c->who, frozen ? "frozen " : "", what, path[0] ? path : "<root>");
+}
+
+static nb_status nbo_check_template(nb_ctx *ctx, nb_trace *tr, const char *who,
+                                    const nb_tree *tmpl) {
+    nbo_tmpl_check c = {ctx, tr, who};
+    nb_tree *copy = NULL;
+    nb_status st = nb_tree_map(tmpl, nbo_tmpl_check_cb, &c, NB_TREE_MAP_STATIC, &copy);
+    nb_tree_destroy(copy);
+    return st;
+}
+
 nb_status nb_optim_init(const nb_tree *opt, const nb_tree *template_, nb_tree **state) {
     if (state != NULL) {
         *state = NULL;
@@ -889,6 +1031,9 @@ nb_status nb_optim_init(const nb_tree *opt, const nb_tree *template_, nb_tree **
     }
     nb_tree_destroy(leaves);
     if (st == NB_OK) {
+        st = nbo_check_template(in.ctx, NULL, "nb_optim_init", template_);
+    }
+    if (st == NB_OK) {
         st = nbo_init_rec(&in, opt, template_, state);
     }
     return st;
@@ -904,7 +1049,10 @@ const nb_tree *nb_optim_init_in(nb_trace *tr, const nb_tree *opt, const nb_tree 
     }
     nbo_init in = {nb_trace_ctx(tr), tr, 0.0};
     nb_tree *state = NULL;
-    nb_status st = nbo_init_rec(&in, opt, template_, &state);
+    nb_status st = nbo_check_template(in.ctx, tr, "nb_optim_init_in", template_);
+    if (st == NB_OK) {
+        st = nbo_init_rec(&in, opt, template_, &state);
+    }
     if (st != NB_OK) {
         if (nb_trace_status(tr) == NB_OK) {
             nbi_trace_err(tr, st, "%s", nb_ctx_errmsg(in.ctx));
@@ -947,22 +1095,6 @@ static nb_var *nbo_var(nb_trace *tr, const nb_tree *leaf) {
         return nb_constant(tr, nb_tree_get_array(leaf));
     }
     return nb_var_of(tr, leaf);
-}
-
-static void nbo_sig_of(const nb_tree *leaf, nb_trace *tr, char *buf, size_t cap, nb_dtype *dt,
-                       int *rank, const int64_t **shape) {
-    if (nb_tree_kind_of(leaf) == NB_TREE_KIND_ARRAY) {
-        const nb_array *a = nb_tree_get_array(leaf);
-        *dt = nb_array_dtype(a);
-        *rank = nb_array_rank(a);
-        *shape = nb_array_shape(a);
-    } else {
-        nb_var *v = nb_var_of(tr, leaf);
-        *dt = nb_var_dtype(v);
-        *rank = nb_var_rank(v);
-        *shape = nb_var_shape(v);
-    }
-    nbi_sig(buf, cap, *dt, *rank, *shape);
 }
 
 static bool nbo_same_sig(nb_dtype da, int ra, const int64_t *sa, nb_dtype db, int rb,
@@ -2015,10 +2147,39 @@ nb_status nb_apply_updates_eager(const nb_tree *params, const nb_tree *updates, 
 
 /* ---- hyperparameters -------------------------------------------------------------------- */
 
-/* Visit every array under a "hyper" dict entry called name (set: write value; get: read the
- * first into *value). Returns the number found. */
-static int64_t nbo_hyper_walk(const nb_tree *t, const char *name, bool set, double *value,
-                              int depth) {
+/* The transform whose state has hyper dict h, as far as the hyperparameter rules need it
+ * (nbo_check_hyper): states do not name their transform, but each transform's hyper dict has
+ * its own set of names. adam, adamw and lamb share their rules and come back as "adam". */
+static const char *nbo_hyper_kind(const nb_tree *h) {
+    bool b1 = nb_tree_get(h, "b1") != NULL, eps = nb_tree_get(h, "eps") != NULL;
+    if (nb_tree_get(h, "max_delta") != NULL) {
+        return "clip";
+    }
+    if (nb_tree_get(h, "max_norm") != NULL) {
+        return "clip_by_global_norm";
+    }
+    if (b1) {
+        return eps ? "adam" : "lion";
+    }
+    if (nb_tree_get(h, "decay") != NULL) {
+        return "rmsprop";
+    }
+    if (eps) {
+        return "adagrad";
+    }
+    if (nb_tree_get(h, "weight_decay") != NULL && nb_tree_get(h, "learning_rate") == NULL) {
+        return "add_decayed_weights";
+    }
+    return "sgd";
+}
+
+typedef enum { NBO_HYPER_GET, NBO_HYPER_CHECK, NBO_HYPER_SET } nbo_hyper_mode;
+
+/* Visit every array under a "hyper" dict entry called name: GET reads the first into *value;
+ * CHECK applies the rule of each entry's transform to *value, stopping at the first failure
+ * (*st); SET writes *value. Returns the number found. */
+static int64_t nbo_hyper_walk(const nb_tree *t, const char *name, nbo_hyper_mode mode,
+                              double *value, nb_status *st, int depth) {
     if (depth > NB_TREE_MAX_DEPTH) {
         return 0;
     }
@@ -2029,11 +2190,15 @@ static int64_t nbo_hyper_walk(const nb_tree *t, const char *name, bool set, doub
         nb_array *a = nb_tree_get_array(nb_tree_get(h, name));
         if (a != NULL && nb_array_dtype(a) == NB_DTYPE_F64 && nb_array_rank(a) == 0) {
             double *d = nb_array_data(a);
-            if (set) {
-                *d = *value;
-            } else {
+            if (mode == NBO_HYPER_GET) {
                 *value = *d;
                 return 1;
+            }
+            if (mode == NBO_HYPER_SET) {
+                *d = *value;
+            } else if (*st == NB_OK) {
+                *st = nbo_check_hyper(nb_tree_ctx(t), "nb_optim_set_hyper", nbo_hyper_kind(h), name,
+                                      *value);
             }
             found++;
         }
@@ -2046,9 +2211,9 @@ static int64_t nbo_hyper_walk(const nb_tree *t, const char *name, bool set, doub
             if (k == NB_TREE_KIND_DICT && strcmp(nb_tree_key(t, i), "inner") != 0) {
                 continue;
             }
-            int64_t f = nbo_hyper_walk(nb_tree_child(t, i), name, set, value, depth + 1);
+            int64_t f = nbo_hyper_walk(nb_tree_child(t, i), name, mode, value, st, depth + 1);
             found += f;
-            if (!set && f > 0) {
+            if (mode == NBO_HYPER_GET && f > 0) {
                 return found;
             }
         }
@@ -2068,14 +2233,15 @@ nb_status nb_optim_set_hyper(const nb_tree *state, const char *name, double valu
     if (nb_tree_check(state) != NB_OK || name == NULL) {
         return NB_ERR_MISUSE;
     }
-    if (!isfinite(value)) {
-        return nbi_err(nb_tree_ctx(state), NB_ERR_INVALID,
-                       "nb_optim_set_hyper: %s = %g must be finite", name, value);
-    }
-    if (nbo_hyper_walk(state, name, true, &value, 0) == 0) {
+    /* every entry is checked before any is written: a refused value changes nothing */
+    nb_status st = NB_OK;
+    if (nbo_hyper_walk(state, name, NBO_HYPER_CHECK, &value, &st, 0) == 0) {
         return nbo_hyper_missing(state, "nb_optim_set_hyper", name);
     }
-    return NB_OK;
+    if (st == NB_OK) {
+        nbo_hyper_walk(state, name, NBO_HYPER_SET, &value, &st, 0);
+    }
+    return st;
 }
 
 nb_status nb_optim_get_hyper(const nb_tree *state, const char *name, double *value) {
@@ -2085,7 +2251,8 @@ nb_status nb_optim_get_hyper(const nb_tree *state, const char *name, double *val
     if (nb_tree_check(state) != NB_OK || name == NULL || value == NULL) {
         return NB_ERR_MISUSE;
     }
-    if (nbo_hyper_walk(state, name, false, value, 0) == 0) {
+    nb_status st = NB_OK;
+    if (nbo_hyper_walk(state, name, NBO_HYPER_GET, value, &st, 0) == 0) {
         return nbo_hyper_missing(state, "nb_optim_get_hyper", name);
     }
     return NB_OK;

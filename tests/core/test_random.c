@@ -1,7 +1,9 @@
 /*
  * test_random.c -- Threefry-2x32 keys against Random123's published known-answer vectors
  * and against JAX 0.10's own outputs (tests/core/oracle/jax_random.txt, made by
- * gen_jax_random.py beside it), plus misuse.
+ * gen_jax_random.py beside it), truncated normals against JAX's bits
+ * (jax_truncated_normal.txt, from gen_truncated_normal.py) and in the far tails against the
+ * truncated normal's moments, plus misuse.
  */
 #include "nbtest.h"
 
@@ -178,6 +180,239 @@ static void test_jax_oracle(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- truncated normal: JAX's bits, and the far tails -------------------------------- */
+
+/* The bit pattern of element i of a (f32 or f64) as an unsigned 64-bit number. */
+static uint64_t elem_bits(const nb_array *a, int64_t i) {
+    if (nb_array_dtype(a) == NB_DTYPE_F32) {
+        uint32_t w;
+        memcpy(&w, (const float *)nb_array_data(a) + i, sizeof w);
+        return w;
+    }
+    uint64_t w;
+    memcpy(&w, (const double *)nb_array_data(a) + i, sizeof w);
+    return w;
+}
+
+/* The oracle line "libm <fn> x0..x7 y0..y7": does this C library give the same y? */
+static bool libm_matches(const char *line, double (*fn)(double)) {
+    const char *p = line;
+    uint64_t v[16];
+    for (int i = 0; i < 16; i++) {
+        char *end = NULL;
+        v[i] = strtoull(p, &end, 16);
+        if (end == p) {
+            fail_msg("short libm line: %s", line);
+        }
+        p = end;
+    }
+    bool same = true;
+    for (int i = 0; i < 8; i++) {
+        double x, y;
+        memcpy(&x, &v[i], sizeof x);
+        y = fn(x);
+        uint64_t yb;
+        memcpy(&yb, &y, sizeof yb);
+        same = same && yb == v[8 + i];
+    }
+    return same;
+}
+
+/* jax.random.truncated_normal's own values (tests/core/oracle/jax_truncated_normal.txt, made
+ * by gen_truncated_normal.py beside it), f32 and f64, for bounds where nabla uses JAX's
+ * inverse-CDF form: bit for bit. f64 runs through the C library's erf and log, as XLA's CPU
+ * backend does: where this C library gives other values than the oracle's (its "libm" lines),
+ * f64 is compared to 1e-6 relative instead, and the test says so. */
+static void test_truncated_normal_jax_oracle(void **state) {
+    (void)state;
+    nb_ctx *ctx = NULL;
+    NBT_OK(NULL, nb_ctx_create(NULL, &ctx));
+    FILE *f = fopen(NBT_ORACLE_DIR "/jax_truncated_normal.txt", "r");
+    if (f == NULL) {
+        fail_msg("cannot open %s/jax_truncated_normal.txt", NBT_ORACLE_DIR);
+    }
+    static char line[1 << 16];
+    bool libm_same = true;
+    int64_t n_vals[2] = {0, 0}, n_exact[2] = {0, 0};
+    int n_cases = 0;
+    while (fgets(line, sizeof line, f) != NULL) {
+        if (strncmp(line, "libm erf ", 9) == 0) {
+            libm_same = libm_same && libm_matches(line + 9, erf);
+        } else if (strncmp(line, "libm log ", 9) == 0) {
+            libm_same = libm_same && libm_matches(line + 9, log);
+        }
+        if (strncmp(line, "tn ", 3) != 0) {
+            continue;
+        }
+        char dts[8];
+        unsigned long long seed = 0;
+        char los[64], his[64];
+        long long rows = 0, cols = 0;
+        int used = 0;
+        if (sscanf(line, "tn %7s %llu %63s %63s %lld %lld %n", dts, &seed, los, his, &rows, &cols,
+                   &used) != 6) {
+            fail_msg("bad oracle line: %.80s", line);
+        }
+        bool f64 = strcmp(dts, "f64") == 0;
+        double lo = strtod(los, NULL), hi = strtod(his, NULL);
+        nb_array *key = NULL, *a = NULL;
+        NBT_OK(ctx, nb_random_key(ctx, seed, &key));
+        int64_t shape[2] = {rows, cols};
+        NBT_OK(ctx, nb_random_truncated_normal(key, f64 ? NB_DTYPE_F64 : NB_DTYPE_F32, lo, hi,
+                                               cols ? 2 : 1, shape, &a));
+        const char *p = line + used;
+        for (int64_t i = 0; i < nb_array_size(a); i++) {
+            char *end = NULL;
+            uint64_t want = strtoull(p, &end, 16), got = elem_bits(a, i);
+            if (end == p) {
+                fail_msg("%s (%g, %g) seed %llu: the oracle has %lld values, nabla %lld", dts, lo,
+                         hi, seed, (long long)i, (long long)nb_array_size(a));
+            }
+            p = end;
+            n_vals[f64]++;
+            if (got == want) {
+                n_exact[f64]++;
+                continue;
+            }
+            double g, w;
+            if (f64) {
+                memcpy(&g, &got, sizeof g);
+                memcpy(&w, &want, sizeof w);
+            } else {
+                float gf, wf;
+                uint32_t g32 = (uint32_t)got, w32 = (uint32_t)want;
+                memcpy(&gf, &g32, sizeof gf);
+                memcpy(&wf, &w32, sizeof wf);
+                g = gf;
+                w = wf;
+            }
+            if (!f64 || libm_same || !(fabs(g - w) <= 1e-6 * fabs(w))) {
+                fail_msg("%s (%g, %g) seed %llu, element %lld: nabla %.17g (%llx), JAX %.17g "
+                         "(%llx)",
+                         dts, lo, hi, seed, (long long)i, g, (unsigned long long)got, w,
+                         (unsigned long long)want);
+            }
+        }
+        NBT_TRUE(strspn(p, " \n") == strlen(p));
+        n_cases++;
+        nb_array_destroy(a);
+        nb_array_destroy(key);
+    }
+    fclose(f);
+    printf("truncated normal: %d cases; f32 %lld of %lld values bit for bit, f64 %lld of %lld%s\n",
+           n_cases, (long long)n_exact[0], (long long)n_vals[0], (long long)n_exact[1],
+           (long long)n_vals[1],
+           libm_same ? "" : " (this C library's erf/log differ from the oracle's: f64 to 1e-6)");
+    NBT_TRUE(n_cases >= 40);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* Mean and variance of the standard normal truncated to (a, b), one side of 0, in double:
+ * for finite b by Simpson's rule on the density relative to its value at a (exp(-a t - t^2/2)
+ * for x = a + t), for b = inf from Mills' ratio R(a) = Q(a) / phi(a) (the mean is 1 / R(a)),
+ * by erfc, or by its continued fraction 1 / (a + 1 / (a + 2 / (a + ...))) where erfc
+ * underflows. */
+static void tn_moments(double a, double b, double *mean, double *var) {
+    if (b <= 0) { /* by symmetry */
+        tn_moments(-b, -a, mean, var);
+        *mean = -*mean;
+        return;
+    }
+    if (isinf(b)) {
+        double r = exp(-0.5 * a * a) / (1.2533141373155003 * erfc(a / 1.4142135623730951));
+        double dr = r - a; /* mean - a */
+        if (a > 30) {
+            double t = a;
+            for (int k = 60; k >= 2; k--) {
+                t = a + k / t;
+            }
+            dr = 1.0 / t; /* the fraction's tail, so that var keeps its digits */
+            r = a + dr;
+        }
+        *mean = r; /* 1 / R(a) */
+        *var = 1.0 - r * dr;
+        return;
+    }
+    const int n = 200000;
+    double w = b - a, h = w / n, s0 = 0.0, s1 = 0.0, s2 = 0.0;
+    for (int i = 0; i <= n; i++) {
+        double t = i * h, g = exp(-a * t - 0.5 * t * t) * (i == 0 || i == n ? 1 : i % 2 ? 4 : 2);
+        s0 += g;
+        s1 += g * t;
+        s2 += g * t * t;
+    }
+    double mt = s1 / s0;
+    *mean = a + mt;
+    *var = s2 / s0 - mt * mt;
+}
+
+/* Bounds far in a tail, where the inverse-CDF form loses in the working precision (JAX gives
+ * a few distinct values or the clip bound there): every value finite and strictly inside the
+ * bounds, mean and variance those of the truncated normal. */
+static void test_truncated_normal_tails(void **state) {
+    (void)state;
+    nb_ctx *ctx = NULL;
+    NBT_OK(NULL, nb_ctx_create(NULL, &ctx));
+    const double inf = INFINITY;
+    const double bounds[][2] = {
+        {5, 6},        {7, 8},      {8, 9},     {9, 10},       {20, 21},     {-8, -7},
+        {-10, -9},     {-inf, -30}, {30, inf},  {3, 3 + 1e-6}, {4, 5},       {5.5, 6},
+        {-6, -5},      {1e4, inf},  {-inf, -8}, {8, inf},      {100, 100.5}, {0.5, 0.5 + 1e-5},
+        {-40, -39.99}, {6.5, 6.6},
+    };
+    const int64_t n = 100000;
+    nb_array *key = NULL;
+    NBT_OK(ctx, nb_random_key(ctx, 11, &key));
+    for (int d = 0; d < 2; d++) {
+        nb_dtype dt = d ? NB_DTYPE_F64 : NB_DTYPE_F32;
+        for (size_t c = 0; c < sizeof bounds / sizeof bounds[0]; c++) {
+            double a = bounds[c][0], b = bounds[c][1];
+            if (!d) { /* the bounds as the dtype has them */
+                a = (float)a;
+                b = (float)b;
+            }
+            nb_array *x = NULL;
+            NBT_OK(ctx, nb_random_truncated_normal(key, dt, bounds[c][0], bounds[c][1], 1, &n, &x));
+            const double *x64 = nb_array_data(x);
+            const float *x32 = nb_array_data(x);
+            double sum = 0.0;
+            for (int64_t i = 0; i < n; i++) {
+                double v = d ? x64[i] : x32[i];
+                if (!(v > a && v < b)) {
+                    fail_msg("%s (%.9g, %.9g): element %lld is %.17g, not strictly inside",
+                             nb_dtype_name(dt), bounds[c][0], bounds[c][1], (long long)i, v);
+                }
+                sum += v;
+            }
+            double mean = sum / (double)n, var = 0.0, m, s2;
+            for (int64_t i = 0; i < n; i++) {
+                double v = (d ? x64[i] : x32[i]) - mean;
+                var += v * v / (double)n;
+            }
+            tn_moments(a, b, &m, &s2);
+            /* five standard errors, plus the dtype's resolution where the interval is narrow */
+            double eps = d ? 0x1p-52 : 0x1p-23,
+                   tol = 5.0 * sqrt(s2 / (double)n) + 4 * eps * fabs(m);
+            printf("%s (%.9g, %.9g): mean %.9g, analytic %.9g; sd %.4g, analytic %.4g\n",
+                   nb_dtype_name(dt), bounds[c][0], bounds[c][1], mean, m, sqrt(var), sqrt(s2));
+            if (!(fabs(mean - m) <= tol)) {
+                fail_msg("%s (%.9g, %.9g): mean %.12g, the truncated normal's is %.12g (tol %.3g)",
+                         nb_dtype_name(dt), bounds[c][0], bounds[c][1], mean, m, tol);
+            }
+            /* the spread too, where the dtype resolves it */
+            if (b - a > 1e-3 && sqrt(s2) > 100 * eps * fabs(m) && !(fabs(var - s2) <= 0.05 * s2)) {
+                fail_msg("%s (%.9g, %.9g): variance %.6g, the truncated normal's is %.6g",
+                         nb_dtype_name(dt), bounds[c][0], bounds[c][1], var, s2);
+            }
+            nb_array_destroy(x);
+        }
+    }
+    nb_array_destroy(key);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* Bad keys, counts, dtypes and bounds: an error status, a message naming the call and the
  * fix, *out NULL, and nothing leaked. */
 static void test_random_misuse(void **state) {
@@ -205,6 +440,13 @@ static void test_random_misuse(void **state) {
     NBT_EQ_I64(nb_random_normal(k, NB_DTYPE_I64, 0, NULL, &out), NB_ERR_INVALID);
     NBT_EQ_I64(nb_random_permutation(k, -1, &out), NB_ERR_INVALID);
     NBT_EQ_I64(nb_random_truncated_normal(k, NB_DTYPE_F32, 1, 1, 0, NULL, &out), NB_ERR_INVALID);
+    /* no value of the dtype strictly between the bounds */
+    NBT_EQ_I64(nb_random_truncated_normal(k, NB_DTYPE_F32, 1, 1 + 1e-9, 0, NULL, &out),
+               NB_ERR_INVALID);
+    NBT_TRUE(strstr(nb_ctx_errmsg(ctx), "no f32 value lies strictly between") != NULL);
+    NBT_EQ_I64(nb_random_truncated_normal(k, NB_DTYPE_F64, 1, nextafter(1, 2), 0, NULL, &out),
+               NB_ERR_INVALID);
+    NBT_EQ_I64(nb_random_truncated_normal(k, NB_DTYPE_F64, NAN, 1, 0, NULL, &out), NB_ERR_INVALID);
     NBT_TRUE(out == NULL);
     nb_array_destroy(k);
     nb_array_destroy(bad);
@@ -216,6 +458,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_threefry_known_answers),
         cmocka_unit_test(test_jax_oracle),
+        cmocka_unit_test(test_truncated_normal_jax_oracle),
+        cmocka_unit_test(test_truncated_normal_tails),
         cmocka_unit_test(test_random_misuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -67,6 +67,9 @@ static void build_rcases(void) {
             add_rcase(UNIFORM, dt, S[s].rank, S[s].shape, d ? -2.0 : 0.0, d ? 3.0 : 1.0, 0);
             add_rcase(NORMAL, dt, S[s].rank, S[s].shape, 0, 0, 0);
             add_rcase(TRUNC, dt, S[s].rank, S[s].shape, d ? -2.0 : 0.5, d ? 1.0 : INFINITY, 0);
+            /* far in a tail: the tail-stable sampler */
+            add_rcase(TRUNC, dt, S[s].rank, S[s].shape, d ? 8.0 : 5.0, d ? 9.0 : 6.0, 0);
+            add_rcase(TRUNC, dt, S[s].rank, S[s].shape, -INFINITY, -30.0, 0);
         }
     }
     static const int64_t pn[] = {0, 1, 10, 37, 5000};
@@ -268,6 +271,84 @@ static void test_traced_equals_eager(void **state) {
 static void test_traced_equals_eager_one_thread(void **state) {
     (void)state;
     run_cases(1);
+}
+
+/* ---- truncated normals: 1 and 3 threads ---------------------------------------------- */
+
+static nb_status body_tn(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    double ab[2] = {0, 0};
+    int64_t dt = 0;
+    if (nb_tree_get_float(nb_tree_child(args, 1), &ab[0]) != NB_OK ||
+        nb_tree_get_float(nb_tree_child(args, 2), &ab[1]) != NB_OK ||
+        nb_tree_get_int(nb_tree_child(args, 3), &dt) != NB_OK) {
+        return nb_trace_fail(tr, NB_ERR_INVALID, "args[1..3] are lower, upper and the dtype");
+    }
+    return nb_return(nb_rng_truncated_normal(nb_get(tr, args, "[0]"), (nb_dtype)dt, ab[0], ab[1], 2,
+                                             (int64_t[]){300, 250}),
+                     out);
+}
+
+/* A large array (several chunks of the kernel's split) of truncated normals, in the body and
+ * far in the tails: the same bits with 1 and 3 threads, and the same as the eager call; every
+ * value strictly inside the bounds. */
+static void test_truncated_normal_threads(void **state) {
+    (void)state;
+    const double bounds[][2] = {{-2, 1},        {5, 6},           {7, 8},        {8, 9},  {-10, -9},
+                                {30, INFINITY}, {-INFINITY, -30}, {3, 3 + 1e-6}, {20, 21}};
+    nb_ctx *ctxs[2] = {NULL, NULL};
+    for (int t = 0; t < 2; t++) {
+        nb_ctx_opts o = nb_ctx_opts_default();
+        o.n_threads = t ? 3 : 1;
+        NBT_OK(NULL, nb_ctx_create(&o, &ctxs[t]));
+    }
+    for (int d = 0; d < 2; d++) {
+        nb_dtype dt = d ? NB_DTYPE_F64 : NB_DTYPE_F32;
+        for (size_t c = 0; c < sizeof bounds / sizeof bounds[0]; c++) {
+            nb_array *res[2] = {NULL, NULL};
+            for (int t = 0; t < 2; t++) {
+                nb_ctx *ctx = ctxs[t];
+                nb_tree *items[4] = {arr_leaf(ctx, key_of(ctx, 5 + c)), NULL, NULL,
+                                     int_leaf(ctx, dt)};
+                NBT_OK(ctx, nb_tree_float(ctx, bounds[c][0], &items[1]));
+                NBT_OK(ctx, nb_tree_float(ctx, bounds[c][1], &items[2]));
+                nb_tree *args = tuple_of(ctx, 4, items), *out = NULL;
+                NBT_OK(ctx, nb_eval(ctx, body_tn, NULL, args, &out));
+                res[t] = nb_array_retain(nb_tree_get_array(out));
+                nb_array *want = NULL;
+                NBT_OK(ctx, nb_random_truncated_normal(nb_tree_get_array(nb_tree_child(args, 0)),
+                                                       dt, bounds[c][0], bounds[c][1], 2,
+                                                       (int64_t[]){300, 250}, &want));
+                if (!same_bits(res[t], want)) {
+                    fail_msg("%s (%g, %g), %d thread(s): traced differs from eager",
+                             nb_dtype_name(dt), bounds[c][0], bounds[c][1], t ? 3 : 1);
+                }
+                nb_array_destroy(want);
+                nb_tree_destroy(out);
+                nb_tree_destroy(args);
+            }
+            if (!same_bits(res[0], res[1])) {
+                fail_msg("%s (%g, %g): 1 and 3 threads differ", nb_dtype_name(dt), bounds[c][0],
+                         bounds[c][1]);
+            }
+            double lo = d ? bounds[c][0] : (float)bounds[c][0];
+            double hi = d ? bounds[c][1] : (float)bounds[c][1];
+            for (int64_t i = 0; i < nb_array_size(res[0]); i++) {
+                double v = d ? ((const double *)nb_array_data(res[0]))[i]
+                             : ((const float *)nb_array_data(res[0]))[i];
+                if (!(v > lo && v < hi)) {
+                    fail_msg("%s (%g, %g): element %lld is %.17g", nb_dtype_name(dt), bounds[c][0],
+                             bounds[c][1], (long long)i, v);
+                }
+            }
+            nb_array_destroy(res[0]);
+            nb_array_destroy(res[1]);
+        }
+    }
+    for (int t = 0; t < 2; t++) {
+        nbt_assert_no_live(ctxs[t]);
+        nb_ctx_destroy(ctxs[t]);
+    }
 }
 
 /* ---- a step counter folded into the key --------------------------------------------- */
@@ -640,6 +721,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_traced_equals_eager),
         cmocka_unit_test(test_traced_equals_eager_one_thread),
+        cmocka_unit_test(test_truncated_normal_threads),
         cmocka_unit_test(test_fold_in_step_and_split_rows),
         cmocka_unit_test(test_errors_name_the_op),
         cmocka_unit_test(test_grad_treats_samples_as_constants),

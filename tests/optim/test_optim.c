@@ -2,8 +2,9 @@
  * test_optim.c -- optimizers (nabla/optim.h): trajectories against independent equations
  * and against PyTorch / Optax (oracle files beside their scripts in tests/optim/oracle/),
  * state structure invariance for every transformation, the seeds' failure 5 (state built
- * from the gradient template; from the parameters it is an error naming the path), no
- * retrace when an optimizer is re-created or a learning rate changes, schedules, errors.
+ * from the gradient template; from the parameters it is an error naming the path, at init
+ * already), no retrace when an optimizer is re-created or a learning rate changes,
+ * nb_optim_set_hyper applying the constructors' checks, schedules, errors.
  */
 #include "nbtest.h"
 
@@ -973,6 +974,27 @@ static double run_steps(nb_ctx *ctx, nb_fn *fn, nb_tree **params, nb_tree **stat
     return loss;
 }
 
+/* A float array leaf as a new unfrozen zero array of its dtype and shape; null for every
+ * other leaf: the template of the parameters with every float array trainable. */
+static nb_status thaw_cb(void *ud, const char *path, int n, const nb_tree *const *l,
+                         nb_tree **out) {
+    (void)ud;
+    (void)path;
+    (void)n;
+    const nb_array *a = nb_tree_get_array(l[0]);
+    if (a == NULL || !nb_dtype_is_float(nb_array_dtype(a))) {
+        return nb_tree_null(nb_tree_ctx(l[0]), out);
+    }
+    nb_array *z = NULL;
+    nb_status st = nb_array_zeros(nb_tree_ctx(l[0]), nb_array_dtype(a), nb_array_rank(a),
+                                  nb_array_shape(a), &z);
+    if (st == NB_OK) {
+        st = nb_tree_array(z, out);
+    }
+    nb_array_destroy(z);
+    return st;
+}
+
 static void test_failure5(void **unused) {
     (void)unused;
     nb_ctx *ctx = NULL;
@@ -1015,11 +1037,17 @@ static void test_failure5(void **unused) {
     NBT_OK(ctx, nb_tree_equal(nb_tree_get(params0, "step"), nb_tree_get(params, "step"), &eq));
     assert_true(eq);
 
-    /* The state built from the parameters instead of the gradient template: an error
-     * naming the first mismatching path (the frozen weight) and the fix -- first in a fresh
-     * function, then in the max_traces one (where it is a retrace, also named). */
-    nb_tree *bad = NULL;
-    NBT_OK(ctx, nb_optim_init(opt, params, &bad));
+    /* The state built from the parameters instead of the gradient template is refused by
+     * nb_optim_init itself (test_init_rejects_params). A state whose float leaves differ
+     * from the gradients' (one made for another filter spec, here with the frozen weight
+     * thawed) passes init, and the first update names the first mismatching path and the
+     * fix -- first in a fresh function, then eagerly. */
+    nb_tree *bad = NULL, *thawed = NULL;
+    NBT_STATUS(ctx, NB_ERR_STRUCTURE, nb_optim_init(opt, params, &bad));
+    assert_null(bad);
+    NBT_OK(ctx, nb_tree_map(params, thaw_cb, NULL, NB_TREE_MAP_STATIC, &thawed));
+    NBT_OK(ctx, nb_optim_init(opt, thawed, &bad));
+    nb_tree_destroy(thawed);
     nb_fn *f2 = NULL;
     NBT_OK(ctx, nb_fn_create(ctx, "train_step", model_step, opt, &f2));
     nb_tree *args = NULL, *res = NULL;
@@ -1155,6 +1183,328 @@ static void test_init_in_trace(void **unused) {
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
         nb_tree_destroy(ts[i]);
     }
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- init from the parameters instead of the gradient template ------------------------- */
+
+/* dict {w: f32[3], <key>: other} (other is taken). */
+static nb_tree *with_w(nb_ctx *ctx, const char *key, nb_tree *other) {
+    nb_array *w = NULL;
+    NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 1, (int64_t[]){3}, 0.5, &w));
+    return dict2(ctx, "w", leaf_of(w), key, other);
+}
+
+static nb_status init_in_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    const nb_tree *state = nb_optim_init_in(tr, self, nb_tree_child(args, 0));
+    if (state == NULL) {
+        return nb_trace_status(tr);
+    }
+    return nb_tree_tuple(nb_trace_ctx(tr), 1, (nb_tree *[]){(nb_tree *)state}, out);
+}
+
+/* A tree with a non-null leaf where the gradient template has null (a frozen, integer, bool
+ * or static leaf: the parameters given instead of the template) is refused by init itself,
+ * naming the first such path, what is there and the fix; trees of float arrays and nulls
+ * (a template, or parameters that are all trainable) are accepted. */
+static void test_init_rejects_params(void **unused) {
+    (void)unused;
+    nb_ctx *ctx = NULL;
+    assert_int_equal(nb_ctx_create(NULL, &ctx), NB_OK);
+    nb_tree *adam = NULL, *sgd = NULL, *chain = NULL, *masked = NULL, *t = NULL;
+    NBT_OK(ctx, nb_optim_adam(ctx, 0.1, NULL, &adam));
+    NBT_OK(ctx, nb_optim_sgd(ctx, 0.1, NULL, &sgd)); /* no moments: nothing would catch it later */
+    NBT_OK(ctx, nb_optim_chain(ctx, 2, (const nb_tree *const[]){sgd, adam}, &chain));
+    NBT_OK(ctx, nb_tree_bool(ctx, true, &t));
+    NBT_OK(ctx, nb_optim_masked(adam, t, &masked));
+    const nb_tree *opts[] = {adam, sgd, chain, masked};
+
+    nb_array *i3 = NULL, *b2 = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_I32, 1, (int64_t[]){3}, &i3));
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_BOOL, 1, (int64_t[]){2}, &b2));
+    nb_tree *k3 = NULL, *name = NULL;
+    NBT_OK(ctx, nb_tree_int(ctx, 3, &k3));
+    NBT_OK(ctx, nb_tree_string(ctx, "tanh", &name));
+    struct {
+        nb_tree *tree;
+        const char *path, *what;
+    } bad[] = {
+        {model_params(ctx, NB_DTYPE_F32), "at layers[1].weight", "frozen f32[2,1]"},
+        {with_w(ctx, "n", leaf_of(i3)), "at n", "i32[3]"},
+        {with_w(ctx, "mask", leaf_of(b2)), "at mask", "bool[2]"},
+        {with_w(ctx, "k", k3), "at k", "static int 3"},
+        {with_w(ctx, "act", name), "at act", "static string \"tanh\""},
+    };
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
+        for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++) {
+            nb_tree *state = (nb_tree *)&state;
+            NBT_STATUS(ctx, NB_ERR_STRUCTURE, nb_optim_init(opts[o], bad[c].tree, &state));
+            assert_null(state);
+            NBT_ERRMSG_HAS(ctx, "nb_optim_init: ");
+            NBT_ERRMSG_HAS(ctx, bad[c].path);
+            NBT_ERRMSG_HAS(ctx, bad[c].what);
+            NBT_ERRMSG_HAS(ctx, "build the state from nb_grad_template(params, filter_spec)");
+            if (c == 0 && o == 0) {
+                printf("init from the parameters: %s\n", nb_ctx_errmsg(ctx));
+            }
+        }
+        /* the same inside a trace */
+        nb_tree *args = NULL, *res = NULL;
+        NBT_OK(ctx, nb_tree_tuple(ctx, 1, &bad[c].tree, &args));
+        NBT_STATUS(ctx, NB_ERR_STRUCTURE, nb_eval(ctx, init_in_body, adam, args, &res));
+        NBT_ERRMSG_HAS(ctx, "nb_optim_init_in: ");
+        NBT_ERRMSG_HAS(ctx, "nb_grad_template(params, filter_spec)");
+        assert_null(res);
+        nb_tree_destroy(args);
+        /* its gradient template is fine */
+        nb_tree *tmpl = NULL, *state = NULL;
+        NBT_OK(ctx, nb_grad_template(bad[c].tree, NULL, &tmpl));
+        NBT_OK(ctx, nb_optim_init(chain, tmpl, &state));
+        nb_tree_destroy(state);
+        nb_tree_destroy(tmpl);
+        nb_tree_destroy(bad[c].tree);
+    }
+
+    /* all-float parameters (with a null slot) are their own template: accepted, the same
+     * state */
+    nb_tree *none = NULL, *params = NULL, *tmpl = NULL;
+    NBT_OK(ctx, nb_tree_null(ctx, &none));
+    params = with_w(ctx, "extra", none);
+    NBT_OK(ctx, nb_grad_template(params, NULL, &tmpl));
+    for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++) {
+        nb_tree *s1 = NULL, *s2 = NULL;
+        NBT_OK(ctx, nb_optim_init(opts[o], params, &s1));
+        NBT_OK(ctx, nb_optim_init(opts[o], tmpl, &s2));
+        bool eq = false;
+        NBT_OK(ctx, nb_tree_equal(s1, s2, &eq));
+        assert_true(eq);
+        nb_tree_destroy(s1);
+        nb_tree_destroy(s2);
+        nb_tree *args = NULL, *res = NULL;
+        NBT_OK(ctx, nb_tree_tuple(ctx, 1, &params, &args));
+        NBT_OK(ctx, nb_eval(ctx, init_in_body, opts[o], args, &res));
+        nb_tree_destroy(res);
+        nb_tree_destroy(args);
+    }
+    nb_tree *ts[] = {params, tmpl, adam, sgd, chain, masked, t};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        nb_tree_destroy(ts[i]);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- nb_optim_set_hyper: the constructors' checks ---------------------------------------- */
+
+typedef enum {
+    OPT_SGD,
+    OPT_ADAM,
+    OPT_ADAMW,
+    OPT_LAMB,
+    OPT_RMSPROP,
+    OPT_ADAGRAD,
+    OPT_LION,
+    OPT_CLIP,
+    OPT_CLIP_GN,
+    OPT_ADW
+} opt_kind;
+
+/* The optimizer kind with every setting valid, except name = value (name "" for none).
+ * Momentum is on (0.5) for sgd and rmsprop so that their states have it. */
+static nb_status make_opt(nb_ctx *ctx, opt_kind k, const char *name, double value, nb_tree **out) {
+    nb_optim_opts o = nb_optim_opts_default();
+    double lr = 0.1;
+    double *field = NULL;
+    if (k == OPT_SGD || k == OPT_RMSPROP) {
+        o.momentum = 0.5;
+    }
+    if (strcmp(name, "learning_rate") == 0) {
+        field = &lr;
+    } else if (strcmp(name, "momentum") == 0) {
+        field = &o.momentum;
+    } else if (strcmp(name, "b1") == 0) {
+        field = &o.b1;
+    } else if (strcmp(name, "b2") == 0) {
+        field = &o.b2;
+    } else if (strcmp(name, "eps") == 0) {
+        field = &o.eps;
+    } else if (strcmp(name, "eps_root") == 0) {
+        field = &o.eps_root;
+    } else if (strcmp(name, "weight_decay") == 0) {
+        field = &o.weight_decay;
+    } else if (strcmp(name, "decay") == 0) {
+        field = &o.decay;
+    }
+    double arg = 0.3; /* clip, clip_by_global_norm, add_decayed_weights */
+    if (k >= OPT_CLIP && name[0] != '\0') {
+        field = &arg;
+    }
+    if (field != NULL) {
+        *field = value;
+    }
+    switch (k) {
+    case OPT_SGD:
+        return nb_optim_sgd(ctx, lr, &o, out);
+    case OPT_ADAM:
+        return nb_optim_adam(ctx, lr, &o, out);
+    case OPT_ADAMW:
+        return nb_optim_adamw(ctx, lr, &o, out);
+    case OPT_LAMB:
+        return nb_optim_lamb(ctx, lr, &o, out);
+    case OPT_RMSPROP:
+        return nb_optim_rmsprop(ctx, lr, &o, out);
+    case OPT_ADAGRAD:
+        return nb_optim_adagrad(ctx, lr, &o, out);
+    case OPT_LION:
+        return nb_optim_lion(ctx, lr, &o, out);
+    case OPT_CLIP:
+        return nb_optim_clip(ctx, arg, out);
+    case OPT_CLIP_GN:
+        return nb_optim_clip_by_global_norm(ctx, arg, out);
+    case OPT_ADW:
+        return nb_optim_add_decayed_weights(ctx, arg, NULL, out);
+    }
+    return NB_ERR_INVALID;
+}
+
+static nb_status copy_cb(void *ud, const char *path, int n, const nb_tree *const *l,
+                         nb_tree **out) {
+    (void)ud;
+    (void)path;
+    (void)n;
+    nb_array *a = NULL;
+    nb_status st = nb_array_copy(nb_tree_get_array(l[0]), &a);
+    if (st == NB_OK) {
+        st = nb_tree_array(a, out);
+    }
+    nb_array_destroy(a);
+    return st;
+}
+
+/* The message without its leading function name ("nb_optim_adam: b1 = ..." -> "b1 = ..."). */
+static const char *msg_body(const char *m) {
+    const char *c = strstr(m, ": ");
+    return c != NULL ? c + 2 : m;
+}
+
+/* For every hyperparameter of every optimizer: a value its constructor refuses is refused
+ * by nb_optim_set_hyper with the same status and message, and leaves the state as it was
+ * (in a chain too: all parts are checked before any is written); a value the constructor
+ * accepts is accepted. */
+static void test_set_hyper_checks(void **unused) {
+    (void)unused;
+    nb_ctx *ctx = NULL;
+    assert_int_equal(nb_ctx_create(NULL, &ctx), NB_OK);
+    const struct {
+        opt_kind k;
+        const char *name;
+    } hp[] = {
+        {OPT_SGD, "learning_rate"},
+        {OPT_SGD, "momentum"},
+        {OPT_ADAM, "learning_rate"},
+        {OPT_ADAM, "b1"},
+        {OPT_ADAM, "b2"},
+        {OPT_ADAM, "eps"},
+        {OPT_ADAM, "eps_root"},
+        {OPT_ADAMW, "learning_rate"},
+        {OPT_ADAMW, "b1"},
+        {OPT_ADAMW, "b2"},
+        {OPT_ADAMW, "eps"},
+        {OPT_ADAMW, "eps_root"},
+        {OPT_ADAMW, "weight_decay"},
+        {OPT_LAMB, "learning_rate"},
+        {OPT_LAMB, "b1"},
+        {OPT_LAMB, "b2"},
+        {OPT_LAMB, "eps"},
+        {OPT_LAMB, "eps_root"},
+        {OPT_LAMB, "weight_decay"},
+        {OPT_RMSPROP, "learning_rate"},
+        {OPT_RMSPROP, "decay"},
+        {OPT_RMSPROP, "eps"},
+        {OPT_RMSPROP, "momentum"},
+        {OPT_ADAGRAD, "learning_rate"},
+        {OPT_ADAGRAD, "eps"},
+        {OPT_LION, "learning_rate"},
+        {OPT_LION, "b1"},
+        {OPT_LION, "b2"},
+        {OPT_LION, "weight_decay"},
+        {OPT_CLIP, "max_delta"},
+        {OPT_CLIP_GN, "max_norm"},
+        {OPT_ADW, "weight_decay"},
+    };
+    const double values[] = {-0.1, -1.0, 0.0, 0.5, 1.0, 1.5, 2.0, 1e-9, NAN, INFINITY, -INFINITY};
+    nb_array *w = NULL;
+    NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 1, (int64_t[]){3}, 0.5, &w));
+    nb_tree *none = NULL, *tmpl = NULL;
+    NBT_OK(ctx, nb_tree_null(ctx, &none));
+    nb_tree *params = dict2(ctx, "w", leaf_of(w), "b", none);
+    NBT_OK(ctx, nb_grad_template(params, NULL, &tmpl));
+    int refused = 0;
+    for (size_t h = 0; h < sizeof hp / sizeof hp[0]; h++) {
+        nb_tree *opt = NULL, *state = NULL, *lion = NULL, *chain = NULL, *cstate = NULL;
+        NBT_OK(ctx, make_opt(ctx, hp[h].k, "", 0.0, &opt));
+        NBT_OK(ctx, nb_optim_init(opt, tmpl, &state));
+        /* a chain with a lion after it: lion accepts b1 = 1 where adam does not */
+        NBT_OK(ctx, make_opt(ctx, OPT_LION, "", 0.0, &lion));
+        NBT_OK(ctx, nb_optim_chain(ctx, 2, (const nb_tree *const[]){lion, opt}, &chain));
+        NBT_OK(ctx, nb_optim_init(chain, tmpl, &cstate));
+        for (size_t v = 0; v < sizeof values / sizeof values[0]; v++) {
+            char want[512];
+            nb_tree *o2 = NULL;
+            nb_status ws = make_opt(ctx, hp[h].k, hp[h].name, values[v], &o2);
+            snprintf(want, sizeof want, "%s", msg_body(nb_ctx_errmsg(ctx)));
+            nb_tree_destroy(o2);
+            size_t cmp = sizeof want; /* the whole message */
+            if (isnan(values[v]) && hp[h].k < OPT_CLIP && strcmp(hp[h].name, "learning_rate")) {
+                /* NAN in nb_optim_opts means "the default": set_hyper refuses it */
+                ws = NB_ERR_INVALID;
+                snprintf(want, sizeof want, "%s = nan must be in [", hp[h].name);
+                cmp = strlen(want);
+            }
+            nb_tree *copy = NULL, *ccopy = NULL;
+            NBT_OK(ctx, nb_tree_map(state, copy_cb, NULL, 0, &copy));
+            NBT_OK(ctx, nb_tree_map(cstate, copy_cb, NULL, 0, &ccopy));
+            double before = 0.0;
+            NBT_OK(ctx, nb_optim_get_hyper(state, hp[h].name, &before));
+            nb_status got = nb_optim_set_hyper(state, hp[h].name, values[v]);
+            if (got != ws) {
+                fail_msg("%s of optimizer %d = %g: the constructor gives %s, set_hyper %s (%s)",
+                         hp[h].name, (int)hp[h].k, values[v], nb_status_name(ws),
+                         nb_status_name(got), nb_ctx_errmsg(ctx));
+            }
+            double after = 0.0;
+            if (ws != NB_OK) {
+                refused++;
+                if (strncmp(msg_body(nb_ctx_errmsg(ctx)), want, cmp) != 0) {
+                    fail_msg("%s = %g: set_hyper says \"%s\", the constructor \"%s\"", hp[h].name,
+                             values[v], nb_ctx_errmsg(ctx), want);
+                }
+                bool eq = false;
+                NBT_OK(ctx, nb_tree_equal(state, copy, &eq));
+                assert_true(eq);
+                /* in the chain: refused as a whole, the lion part included */
+                NBT_STATUS(ctx, ws, nb_optim_set_hyper(cstate, hp[h].name, values[v]));
+                NBT_OK(ctx, nb_tree_equal(cstate, ccopy, &eq));
+                assert_true(eq);
+            } else {
+                NBT_OK(ctx, nb_optim_get_hyper(state, hp[h].name, &after));
+                NBT_EQ_F64(after, values[v]);
+                NBT_OK(ctx, nb_optim_set_hyper(state, hp[h].name, before));
+            }
+            nb_tree_destroy(copy);
+            nb_tree_destroy(ccopy);
+        }
+        nb_tree *ts[] = {opt, state, lion, chain, cstate};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+            nb_tree_destroy(ts[i]);
+        }
+    }
+    printf("set_hyper refused %d settings the constructors refuse\n", refused);
+    assert_true(refused > 100);
+    nb_tree_destroy(params);
+    nb_tree_destroy(tmpl);
+    nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
 }
 
@@ -1358,6 +1708,8 @@ int main(void) {
         cmocka_unit_test(test_failure5),
         cmocka_unit_test(test_no_retrace),
         cmocka_unit_test(test_init_in_trace),
+        cmocka_unit_test(test_init_rejects_params),
+        cmocka_unit_test(test_set_hyper_checks),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_out_of_memory),
     };
