@@ -58,12 +58,15 @@ NB_API nb_status nb_value_and_grad(nb_fn *f, const nb_grad_opts *opts, nb_fn **o
 /* g = vjp(f): g((primals, ct)) = (f(primals), ct_primals): primals is f's argument tree,
  * ct has the structure of f's output (a float array for every float array output, null
  * elsewhere), and ct_primals has the structure of primals with null at non-differentiable
- * leaves. */
+ * leaves. Errors at call time: a cotangent of another dtype than its output is
+ * NB_ERR_DTYPE, of another shape NB_ERR_SHAPE, not an array or null NB_ERR_KIND (the
+ * message names the leaf's path and both signatures). */
 NB_API nb_status nb_vjp(nb_fn *f, nb_fn **out);
 /* g = jvp(f): g((primals, tangents)) = (f(primals), tangents_out): tangents has the
  * structure of primals (an array of the same dtype and shape at each float array leaf,
  * null where no tangent is given); tangents_out has the structure of f's output (null at
- * non-float leaves). */
+ * non-float leaves). Errors at call time as for nb_vjp: a tangent of another dtype than its
+ * primal is NB_ERR_DTYPE, of another shape NB_ERR_SHAPE. */
 NB_API nb_status nb_jvp(nb_fn *f, nb_fn **out);
 
 /* g = custom_vjp(f, fwd, bwd), JAX's custom_vjp: g computes what f computes, but reverse

@@ -113,7 +113,8 @@ NB_API size_t nb_array_nbytes(const nb_array *a);         /* [0] */
  * be written through: the array's contents are the caller's to change. [NULL] Empty
  * arrays still return a valid aligned pointer. */
 NB_API void *nb_array_data(const nb_array *a);
-/* A validity check: NB_OK for a live array, NB_ERR_MISUSE for NULL or destroyed. */
+/* A validity check: NB_OK for a live array, NB_ERR_MISUSE for NULL or destroyed (a destroyed
+ * handle also records why on its context). */
 NB_API nb_status nb_array_check(const nb_array *a);
 
 /* ---- element access ----------------------------------------------------------------- */

@@ -15,7 +15,11 @@
  *   shapes involved, and the fix. The message lives in a fixed buffer on the context, so
  *   reporting out-of-memory never allocates.
  * - A NULL handle, a NULL required out-parameter or a handle that was already destroyed
- *   gives NB_ERR_MISUSE; the library never aborts on user input.
+ *   gives NB_ERR_MISUSE; the library never aborts on user input. The misuse is recorded
+ *   (function, argument, fix) whenever a context can be reached: a destroyed handle still
+ *   knows its context, and a NULL out-parameter or pointer beside a live handle is reported
+ *   on that handle's context. Only a NULL handle that is the one way to a context leaves no
+ *   message (there is nowhere to put it).
  * - Threads: a context and everything made from it are used by one thread at a time.
  * - "borrows" means the call does not keep or release the caller's reference; "returns a
  *   new reference" means the caller owns what comes back and releases it with the

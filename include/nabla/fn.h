@@ -66,7 +66,8 @@ typedef nb_status (*nb_fn_body)(nb_trace *tr, const nb_tree *self, const nb_tree
 NB_API nb_status nb_fn_create(nb_ctx *ctx, const char *name, nb_fn_body body, const nb_tree *self,
                               nb_fn **out);
 NB_API nb_fn *nb_fn_retain(nb_fn *f);
-/* NB_OK for a live function, NB_ERR_MISUSE for NULL or destroyed. */
+/* NB_OK for a live function, NB_ERR_MISUSE for NULL or destroyed (a destroyed handle also
+ * records why on its context). */
 NB_API nb_status nb_fn_check(const nb_fn *f);
 /* Release a reference. The cache keeps what it compiled (keyed by value, not by this
  * object), so destroying and re-creating an equal function costs no retrace. */

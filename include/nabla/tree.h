@@ -114,8 +114,9 @@ NB_API nb_status nb_tree_freeze(const nb_tree *leaf, nb_tree **out);
 NB_API bool nb_tree_is_frozen(const nb_tree *t);
 
 /* ---- accessors ---------------------------------------------------------------------- */
-NB_API nb_status nb_tree_check(const nb_tree *t); /* NB_OK, or NB_ERR_MISUSE if NULL/dead */
-NB_API nb_ctx *nb_tree_ctx(const nb_tree *t);     /* [NULL] for NULL/destroyed */
+/* NB_OK, or NB_ERR_MISUSE if NULL/dead (a destroyed handle also records why on its context). */
+NB_API nb_status nb_tree_check(const nb_tree *t);
+NB_API nb_ctx *nb_tree_ctx(const nb_tree *t); /* [NULL] for NULL/destroyed */
 /* The kind; NB_TREE_KIND_NULL for a NULL or destroyed handle (check with nb_tree_check). */
 NB_API nb_tree_kind nb_tree_kind_of(const nb_tree *t);
 NB_API bool nb_tree_is_leaf(const nb_tree *t);    /* not list/tuple/dict */

@@ -115,6 +115,11 @@ static bool nbi_fn_live(const nb_fn *f) {
     return nbi_obj_live(f, NBI_MAGIC_FN);
 }
 
+/* "fn: out is NULL (pass the address of <what>)" on ctx. */
+static nb_status nbi_fn_null_out(nb_ctx *ctx, const char *fn, const char *what) {
+    return nbi_err(ctx, NB_ERR_MISUSE, "%s: out is NULL (pass the address of %s)", fn, what);
+}
+
 void nbi_fn_free_owned(nb_fn *f) {
     nb_ctx *ctx = f->hdr.ctx;
     if (f->name != NULL) {
@@ -149,14 +154,21 @@ nb_status nb_fn_create(nb_ctx *ctx, const char *name, nb_fn_body body, const nb_
     if (out != NULL) {
         *out = NULL;
     }
-    if (ctx == NULL || out == NULL) {
-        return NB_ERR_MISUSE;
+    if (ctx == NULL) {
+        return nbi_err_null_ctx(self, fn);
+    }
+    if (out == NULL) {
+        return nbi_fn_null_out(ctx, fn, "an nb_fn * to receive the new function");
     }
     if (body == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: body is NULL", fn);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: body is NULL (pass the C function that traces the function's ops)", fn);
     }
-    if (self != NULL && nb_tree_check(self) != NB_OK) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: self is a destroyed tree", fn);
+    if (self != NULL) {
+        nb_status st = nbi_check_handle_in(ctx, self, NBI_MAGIC_TREE, fn, "self");
+        if (st != NB_OK) {
+            return st;
+        }
     }
     if (self != NULL && self->hdr.ctx != ctx) {
         return nbi_err(ctx, NB_ERR_INVALID, "%s: self was made in another context", fn);
@@ -202,7 +214,7 @@ void nb_fn_destroy(nb_fn *f) {
 }
 
 nb_status nb_fn_check(const nb_fn *f) {
-    return nbi_fn_live(f) ? NB_OK : NB_ERR_MISUSE;
+    return nbi_check_handle(f, NBI_MAGIC_FN, "nb_fn_check", "f");
 }
 
 const char *nb_fn_name(const nb_fn *f) {
@@ -236,10 +248,14 @@ nb_status nbi_fn_wrap(nb_fn *f, const char *fn_name, nbi_fn_kind kind, int max_t
     if (out != NULL) {
         *out = NULL;
     }
-    if (!nbi_fn_live(f) || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status cst = nbi_check_handle(f, NBI_MAGIC_FN, fn_name, "f");
+    if (cst != NB_OK) {
+        return cst;
     }
     nb_ctx *ctx = f->hdr.ctx;
+    if (out == NULL) {
+        return nbi_fn_null_out(ctx, fn_name, "an nb_fn * to receive the new function");
+    }
     if (max_traces < 0) {
         return nbi_err(ctx, NB_ERR_INVALID, "%s: max_traces is %d; it must be >= 0", fn_name,
                        max_traces);
@@ -963,7 +979,7 @@ nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self, const 
         *out = NULL;
         return tr->status;
     }
-    if (st != NB_OK || nb_tree_check(*out) != NB_OK) {
+    if (st != NB_OK || !nbi_obj_live(*out, NBI_MAGIC_TREE)) {
         nb_tree_destroy(*out);
         *out = NULL;
         st = nbi_trace_err(tr, st != NB_OK ? st : NB_ERR_MISUSE,
@@ -1601,20 +1617,29 @@ static nb_status nbi_run_entry(nbi_jit_state *s, const nbi_entry *e, const nb_tr
     return st;
 }
 
-nb_status nb_fn_call_ex(nb_fn *f, const nb_tree *args, const nb_call_opts *opts, nb_tree **out) {
-    static const char fn[] = "nb_fn_call";
+/* nb_fn_call_ex, with fn the public function that was called (for messages). */
+static nb_status nbi_fn_call(const char *fn, nb_fn *f, const nb_tree *args,
+                             const nb_call_opts *opts, nb_tree **out) {
     if (out != NULL) {
         *out = NULL;
     }
-    if (!nbi_fn_live(f) || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status cst = nbi_check_handle_in(nbi_handle_ctx(args), f, NBI_MAGIC_FN, fn, "f");
+    if (cst != NB_OK) {
+        return cst;
     }
     nb_ctx *ctx = f->hdr.ctx;
-    if (nb_tree_check(args) != NB_OK) {
+    if (out == NULL) {
+        return nbi_fn_null_out(ctx, fn, "an nb_tree * to receive the outputs");
+    }
+    if (args == NULL) {
         return nbi_err(ctx, NB_ERR_MISUSE,
-                       "%s: args is a NULL or destroyed tree (pass an empty "
-                       "tuple for no arguments)",
+                       "%s: args is a NULL tree (pass the arguments as a tree; an empty tuple "
+                       "for no arguments)",
                        fn);
+    }
+    cst = nbi_check_handle(args, NBI_MAGIC_TREE, fn, "args");
+    if (cst != NB_OK) {
+        return cst;
     }
     if (args->hdr.ctx != ctx) {
         return nbi_err(ctx, NB_ERR_INVALID, "%s: args were made in another context", fn);
@@ -1669,8 +1694,9 @@ nb_status nb_fn_call_ex(nb_fn *f, const nb_tree *args, const nb_call_opts *opts,
     nbi_dplan *dp = NULL;
     bool temp = false;
     if (opts != NULL && opts->donate != NULL) {
-        if (nb_tree_check(opts->donate) != NB_OK) {
-            return nbi_err(ctx, NB_ERR_MISUSE, "%s: opts->donate is a destroyed tree", fn);
+        nb_status dst = nbi_check_handle_in(ctx, opts->donate, NBI_MAGIC_TREE, fn, "opts->donate");
+        if (dst != NB_OK) {
+            return dst;
         }
         st = nbi_dplan_get(s, e, args, opts->donate, first_arg, &dp, &temp);
     }
@@ -1692,8 +1718,12 @@ nb_status nb_fn_call_ex(nb_fn *f, const nb_tree *args, const nb_call_opts *opts,
     return st;
 }
 
+nb_status nb_fn_call_ex(nb_fn *f, const nb_tree *args, const nb_call_opts *opts, nb_tree **out) {
+    return nbi_fn_call("nb_fn_call_ex", f, args, opts, out);
+}
+
 nb_status nb_fn_call(nb_fn *f, const nb_tree *args, nb_tree **out) {
-    return nb_fn_call_ex(f, args, NULL, out);
+    return nbi_fn_call("nb_fn_call", f, args, NULL, out);
 }
 
 nb_status nb_eval(nb_ctx *ctx, nb_fn_body body, const nb_tree *self, const nb_tree *args,
@@ -1701,13 +1731,38 @@ nb_status nb_eval(nb_ctx *ctx, nb_fn_body body, const nb_tree *self, const nb_tr
     if (out != NULL) {
         *out = NULL;
     }
-    if (ctx == NULL || out == NULL) {
-        return NB_ERR_MISUSE;
+    if (ctx == NULL) {
+        return nbi_err_null_ctx(nbi_handle_ctx(args) != NULL ? (const void *)args : self,
+                                "nb_eval");
+    }
+    if (out == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "nb_eval: out is NULL (pass the address of an nb_tree * for the outputs)");
+    }
+    /* the misuses nb_fn_create and nb_fn_call would find, reported as nb_eval's */
+    if (body == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "nb_eval: body is NULL (pass the C function that traces the ops)");
+    }
+    if (self != NULL) {
+        nb_status sst = nbi_check_handle_in(ctx, self, NBI_MAGIC_TREE, "nb_eval", "self");
+        if (sst != NB_OK) {
+            return sst;
+        }
+    }
+    if (args == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "nb_eval: args is a NULL tree (pass the arguments as a tree; an empty "
+                       "tuple for no arguments)");
+    }
+    nb_status st = nbi_check_handle(args, NBI_MAGIC_TREE, "nb_eval", "args");
+    if (st != NB_OK) {
+        return st;
     }
     nb_fn *f = NULL;
-    nb_status st = nb_fn_create(ctx, "eval", body, self, &f);
+    st = nb_fn_create(ctx, "eval", body, self, &f);
     if (st == NB_OK) {
-        st = nb_fn_call(f, args, out);
+        st = nbi_fn_call("nb_eval", f, args, NULL, out);
     }
     nb_fn_destroy(f);
     return st;
@@ -1889,14 +1944,21 @@ const nb_tree *nb_apply(nb_trace *tr, nb_fn *f, const nb_tree *args) {
     if (tr == NULL || tr->status != NB_OK) {
         return NULL;
     }
-    if (!nbi_fn_live(f)) {
-        nbi_trace_err(tr, NB_ERR_MISUSE, "nb_apply: NULL or destroyed function");
+    char why[NBI_ERRMSG_CAP];
+    if (nbi_handle_why(f, NBI_MAGIC_FN, "nb_apply", "f", why, sizeof why)) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s", why);
         return NULL;
     }
-    if (nb_tree_check(args) != NB_OK || args->hdr.ctx != tr->ctx || f->hdr.ctx != tr->ctx) {
+    if (nbi_handle_why(args, NBI_MAGIC_TREE, "nb_apply", "args", why, sizeof why)) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s (calling '%s')", why, f->name);
+        return NULL;
+    }
+    if (args->hdr.ctx != tr->ctx || f->hdr.ctx != tr->ctx) {
         nbi_trace_err(tr, NB_ERR_MISUSE,
-                      "nb_apply: args of '%s' are NULL, destroyed or from another context",
-                      f->name);
+                      "nb_apply: %s of '%s' %s from another context than the trace (make "
+                      "functions and arguments in the trace's context)",
+                      f->hdr.ctx != tr->ctx ? "the function" : "the args", f->name,
+                      f->hdr.ctx != tr->ctx ? "is" : "are");
         return NULL;
     }
     /* Under a gradient transform every call is inlined, so that it is differentiated. */
@@ -1927,8 +1989,12 @@ nb_var *nb_apply1(nb_trace *tr, nb_fn *f, nb_var *x) {
     if (tr == NULL) {
         return NULL;
     }
+    char why[NBI_ERRMSG_CAP];
+    if (tr->status == NB_OK && nbi_handle_why(f, NBI_MAGIC_FN, "nb_apply1", "f", why, sizeof why)) {
+        return nbi_trace_errv(tr, NB_ERR_MISUSE, "%s", why);
+    }
     if (x == NULL && tr->status == NB_OK) {
-        return nbi_trace_errv(tr, NB_ERR_MISUSE, "nb_apply1: x is NULL");
+        return nbi_trace_errv(tr, NB_ERR_MISUSE, "nb_apply1: x is a NULL var (pass the argument)");
     }
     if (tr->status != NB_OK || x == NULL || (x->flags & NBI_NODE_POISON)) {
         return tr->poison;
@@ -1959,10 +2025,15 @@ nb_status nb_fn_stats_get(const nb_fn *f, nb_fn_stats *out) {
     if (out != NULL) {
         memset(out, 0, sizeof *out);
     }
-    if (!nbi_fn_live(f) || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status cst = nbi_check_handle(f, NBI_MAGIC_FN, "nb_fn_stats_get", "f");
+    if (cst != NB_OK) {
+        return cst;
     }
-    memset(out, 0, sizeof *out);
+    if (out == NULL) {
+        return nbi_err(f->hdr.ctx, NB_ERR_MISUSE,
+                       "nb_fn_stats_get: out is NULL (pass the address of an nb_fn_stats to "
+                       "fill)");
+    }
     nbi_jit_state *s = *nbi_ctx_jit_slot(f->hdr.ctx);
     nbi_ident *id = s ? nbi_ident_of(s, f, false, "nb_fn_stats_get") : NULL;
     if (id != NULL) {
@@ -1975,8 +2046,15 @@ nb_status nb_fn_retrace_reason(const nb_fn *f, int64_t i, char *buf, size_t cap,
     if (needed != NULL) {
         *needed = 0;
     }
-    if (!nbi_fn_live(f) || (buf == NULL && cap > 0)) {
-        return NB_ERR_MISUSE;
+    nb_status cst = nbi_check_handle(f, NBI_MAGIC_FN, "nb_fn_retrace_reason", "f");
+    if (cst != NB_OK) {
+        return cst;
+    }
+    if (buf == NULL && cap > 0) {
+        return nbi_err(f->hdr.ctx, NB_ERR_MISUSE,
+                       "nb_fn_retrace_reason: buf is NULL but cap is %zu (pass a buffer of cap "
+                       "bytes, or cap 0 to measure)",
+                       cap);
     }
     nbi_jit_state *s = *nbi_ctx_jit_slot(f->hdr.ctx);
     nbi_ident *id = s ? nbi_ident_of(s, f, false, "nb_fn_retrace_reason") : NULL;
@@ -1995,14 +2073,26 @@ nb_status nb_fn_format_ir(nb_fn *f, const nb_tree *args, int which, char *buf, s
     if (needed != NULL) {
         *needed = 0;
     }
-    if (!nbi_fn_live(f) || (buf == NULL && cap > 0)) {
-        return NB_ERR_MISUSE;
+    nb_status cst =
+        nbi_check_handle_in(nbi_handle_ctx(args), f, NBI_MAGIC_FN, "nb_fn_format_ir", "f");
+    if (cst != NB_OK) {
+        return cst;
     }
     nb_ctx *ctx = f->hdr.ctx;
-    if (nb_tree_check(args) != NB_OK || args->hdr.ctx != ctx) {
+    if (buf == NULL && cap > 0) {
         return nbi_err(ctx, NB_ERR_MISUSE,
-                       "nb_fn_format_ir: args is NULL, destroyed or from "
-                       "another context");
+                       "nb_fn_format_ir: buf is NULL but cap is %zu (pass a buffer of cap "
+                       "bytes, or cap 0 to measure)",
+                       cap);
+    }
+    cst = nbi_check_handle_in(ctx, args, NBI_MAGIC_TREE, "nb_fn_format_ir", "args");
+    if (cst != NB_OK) {
+        return cst;
+    }
+    if (args->hdr.ctx != ctx) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "nb_fn_format_ir: args come from another context than f (make both in "
+                       "one context)");
     }
     nb_trace tr;
     nb_status st = nbi_trace_init(&tr, ctx, f->name);

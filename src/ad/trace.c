@@ -322,7 +322,14 @@ nb_status nb_trace_status(const nb_trace *tr) {
 }
 
 nb_status nb_trace_fail(nb_trace *tr, nb_status status, const char *fmt, ...) {
-    if (tr == NULL || fmt == NULL) {
+    if (tr == NULL) {
+        return NB_ERR_MISUSE;
+    }
+    if (fmt == NULL) {
+        /* the trace still fails (as asked), with the misuse as its reason */
+        nbi_trace_err(tr, NB_ERR_MISUSE,
+                      "nb_trace_fail: fmt is NULL (pass a printf format saying why the trace "
+                      "fails)");
         return NB_ERR_MISUSE;
     }
     if (status == NB_OK) {
@@ -342,8 +349,9 @@ nb_var *nb_var_of(nb_trace *tr, const nb_tree *leaf) {
     if (tr->status != NB_OK) {
         return tr->poison;
     }
-    if (nb_tree_check(leaf) != NB_OK) {
-        return nbi_trace_errv(tr, NB_ERR_MISUSE, "nb_var_of: NULL or destroyed tree");
+    char why[NBI_ERRMSG_CAP];
+    if (nbi_handle_why(leaf, NBI_MAGIC_TREE, "nb_var_of", "leaf", why, sizeof why)) {
+        return nbi_trace_errv(tr, NB_ERR_MISUSE, "%s", why);
     }
     if (leaf->kind != NB_TREE_KIND_VAR) {
         char what[128];
@@ -366,8 +374,14 @@ nb_var *nb_get(nb_trace *tr, const nb_tree *t, const char *path_fmt, ...) {
     if (tr->status != NB_OK) {
         return tr->poison;
     }
-    if (path_fmt == NULL || nb_tree_check(t) != NB_OK) {
-        return nbi_trace_errv(tr, NB_ERR_MISUSE, "nb_get: NULL path or NULL/destroyed tree");
+    char why[NBI_ERRMSG_CAP];
+    if (nbi_handle_why(t, NBI_MAGIC_TREE, "nb_get", "t", why, sizeof why)) {
+        return nbi_trace_errv(tr, NB_ERR_MISUSE, "%s", why);
+    }
+    if (path_fmt == NULL) {
+        return nbi_trace_errv(tr, NB_ERR_MISUSE,
+                              "nb_get: path_fmt is NULL (pass a path such as \"[0]\" or "
+                              "\"layers[%%d].w\")");
     }
     char path[NB_PATH_MAX];
     va_list ap;
@@ -411,7 +425,10 @@ nb_tree *nb_leaf(nb_var *v) {
 
 nb_status nb_return(nb_var *v, nb_tree **out) {
     if (out == NULL) {
-        return NB_ERR_MISUSE;
+        /* not sticky: the body itself reports the misuse by returning it */
+        return v != NULL ? nbi_err(v->tr->ctx, NB_ERR_MISUSE,
+                                   "nb_return: out is NULL (pass the body's out-parameter)")
+                         : NB_ERR_MISUSE;
     }
     *out = NULL;
     if (v == NULL) {

@@ -24,16 +24,26 @@ static nb_status nbi_transform(nb_fn *f, const char *fn_name, nbi_fn_kind kind,
     if (out != NULL) {
         *out = NULL;
     }
-    if (nb_fn_check(f) != NB_OK || out == NULL) {
-        return NB_ERR_MISUSE;
-    }
     nb_grad_opts o = opts ? *opts : nb_grad_opts_default();
-    if (o.filter_spec != NULL && nb_tree_check(o.filter_spec) != NB_OK) {
-        return nbi_err(nb_tree_ctx(o.filter_spec), NB_ERR_MISUSE,
-                       "%s: filter_spec is a destroyed tree", fn_name);
+    nb_status st =
+        nbi_check_handle_in(nbi_handle_ctx(o.filter_spec), f, NBI_MAGIC_FN, fn_name, "f");
+    if (st != NB_OK) {
+        return st;
+    }
+    if (out == NULL) {
+        return nbi_err(f->hdr.ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_fn * for the new function)",
+                       fn_name);
+    }
+    if (o.filter_spec != NULL) {
+        st = nbi_check_handle_in(f->hdr.ctx, o.filter_spec, NBI_MAGIC_TREE, fn_name,
+                                 "opts->filter_spec");
+        if (st != NB_OK) {
+            return st;
+        }
     }
     nb_fn *g = NULL;
-    nb_status st = nbi_fn_wrap(f, fn_name, kind, 0, true, &g);
+    st = nbi_fn_wrap(f, fn_name, kind, 0, true, &g);
     if (st != NB_OK) {
         return st;
     }
@@ -64,12 +74,26 @@ nb_status nb_custom_vjp(nb_fn *f, nb_fn *fwd, nb_fn *bwd, nb_fn **out) {
     if (out != NULL) {
         *out = NULL;
     }
-    if (nb_fn_check(f) != NB_OK || nb_fn_check(fwd) != NB_OK || nb_fn_check(bwd) != NB_OK ||
-        out == NULL) {
-        return NB_ERR_MISUSE;
+    static const char fn[] = "nb_custom_vjp";
+    nb_ctx *ctx = nbi_handle_ctx(f);
+    ctx = ctx != NULL ? ctx : nbi_handle_ctx(fwd);
+    ctx = ctx != NULL ? ctx : nbi_handle_ctx(bwd);
+    nb_status st = nbi_check_handle_in(ctx, f, NBI_MAGIC_FN, fn, "f");
+    if (st == NB_OK) {
+        st = nbi_check_handle_in(ctx, fwd, NBI_MAGIC_FN, fn, "fwd");
+    }
+    if (st == NB_OK) {
+        st = nbi_check_handle_in(ctx, bwd, NBI_MAGIC_FN, fn, "bwd");
+    }
+    if (st == NB_OK && out == NULL) {
+        st = nbi_err(ctx, NB_ERR_MISUSE,
+                     "%s: out is NULL (pass the address of an nb_fn * for the new function)", fn);
+    }
+    if (st != NB_OK) {
+        return st;
     }
     nb_fn *g = NULL;
-    nb_status st = nbi_fn_wrap(f, "nb_custom_vjp", NBI_FN_CUSTOM_VJP, 0, true, &g);
+    st = nbi_fn_wrap(f, fn, NBI_FN_CUSTOM_VJP, 0, true, &g);
     if (st != NB_OK) {
         return st;
     }
@@ -239,9 +263,19 @@ nb_status nb_grad_template(const nb_tree *params, const nb_tree *filter_spec, nb
     if (out != NULL) {
         *out = NULL;
     }
-    if (nb_tree_check(params) != NB_OK || out == NULL ||
-        (filter_spec != NULL && nb_tree_check(filter_spec) != NB_OK)) {
-        return NB_ERR_MISUSE;
+    static const char fn[] = "nb_grad_template";
+    nb_ctx *ctx =
+        nbi_handle_ctx(params) != NULL ? nbi_handle_ctx(params) : nbi_handle_ctx(filter_spec);
+    nb_status st = nbi_check_handle_in(ctx, params, NBI_MAGIC_TREE, fn, "params");
+    if (st == NB_OK && filter_spec != NULL) {
+        st = nbi_check_handle_in(ctx, filter_spec, NBI_MAGIC_TREE, fn, "filter_spec");
+    }
+    if (st == NB_OK && out == NULL) {
+        st = nbi_err(ctx, NB_ERR_MISUSE,
+                     "%s: out is NULL (pass the address of an nb_tree * for the template)", fn);
+    }
+    if (st != NB_OK) {
+        return st;
     }
     nbi_mark m;
     memset(&m, 0, sizeof m);
@@ -305,7 +339,9 @@ static nb_status nbi_fill_tree(nb_trace *tr, const nb_tree *x, nb_var *const *wr
 typedef struct nbi_pairs {
     nb_trace *tr;
     const char *who;
-    nb_var **a, **b; /* res var, partner var (NULL when the partner is null) */
+    const char *what;    /* the leaves of res in messages: "primal", "output", "argument" */
+    const char *partner; /* the partner's: "tangent", "cotangent" */
+    nb_var **a, **b;     /* res var, partner var (NULL when the partner is null) */
     int n, cap;
 } nbi_pairs;
 
@@ -320,20 +356,23 @@ static nb_status nbi_pairs_cb(void *ud, const char *path, int n, const nb_tree *
         if (y->kind == NB_TREE_KIND_VAR) {
             yv = y->u.var.var;
             const nb_var *xv = x->u.var.var;
-            bool same = yv->dtype == xv->dtype && yv->rank == xv->rank &&
-                        memcmp(yv->shape, xv->shape, (size_t)xv->rank * sizeof(int64_t)) == 0;
-            if (!same) {
+            bool same_shape = yv->rank == xv->rank &&
+                              memcmp(yv->shape, xv->shape, (size_t)xv->rank * sizeof(int64_t)) == 0;
+            if (yv->dtype != xv->dtype || !same_shape) {
+                /* core.h: a dtype mismatch is NB_ERR_DTYPE (whatever the shapes) */
                 char a[NBI_SIG_CAP], b[NBI_SIG_CAP];
-                return nbi_trace_err(tr, NB_ERR_SHAPE,
-                                     "%s: at %s the value is %s but its tangent/cotangent is %s "
-                                     "(they must match in dtype and shape)",
-                                     p->who, path[0] ? path : "<root>",
-                                     nbi_var_sig(a, sizeof a, xv), nbi_var_sig(b, sizeof b, yv));
+                return nbi_trace_err(
+                    tr, yv->dtype != xv->dtype ? NB_ERR_DTYPE : NB_ERR_SHAPE,
+                    "%s: at %s the %s is %s but its %s is %s (a %s must have "
+                    "the dtype and shape of its %s%s)",
+                    p->who, path[0] ? path : "<root>", p->what, nbi_var_sig(a, sizeof a, xv),
+                    p->partner, nbi_var_sig(b, sizeof b, yv), p->partner, p->what,
+                    yv->dtype != xv->dtype ? "; convert it with nb_array_cast" : "");
             }
         } else if (y->kind != NB_TREE_KIND_NULL) {
-            return nbi_trace_err(tr, NB_ERR_KIND,
-                                 "%s: at %s a tangent/cotangent must be an array or null, not %s",
-                                 p->who, path[0] ? path : "<root>", nb_tree_kind_name(y->kind));
+            return nbi_trace_err(tr, NB_ERR_KIND, "%s: at %s a %s must be an array or null, not %s",
+                                 p->who, path[0] ? path : "<root>", p->partner,
+                                 nb_tree_kind_name(y->kind));
         }
         if (p->n == p->cap) {
             int cap = p->cap ? p->cap * 2 : 16;
@@ -356,11 +395,14 @@ static nb_status nbi_pairs_cb(void *ud, const char *path, int n, const nb_tree *
     return nb_tree_null(tr->ctx, out);
 }
 
-static nb_status nbi_pair_up(nb_trace *tr, const char *who, const nb_tree *res,
-                             const nb_tree *partner, nbi_pairs *p) {
+static nb_status nbi_pair_up(nb_trace *tr, const char *who, const char *what,
+                             const char *partner_what, const nb_tree *res, const nb_tree *partner,
+                             nbi_pairs *p) {
     memset(p, 0, sizeof *p);
     p->tr = tr;
     p->who = who;
+    p->what = what;
+    p->partner = partner_what;
     nb_tree *junk = NULL;
     nb_status st = nb_tree_map_n(2, (const nb_tree *const[]){res, partner}, nbi_pairs_cb, p,
                                  NB_TREE_MAP_NULLS | NB_TREE_MAP_STATIC, &junk);
@@ -505,7 +547,7 @@ static nb_status nbi_trace_vjp_jvp(nb_trace *tr, const nb_fn *g, const nb_tree *
     nbi_pairs in_pairs;
     memset(&in_pairs, 0, sizeof in_pairs);
     if (st == NB_OK && fwd) {
-        st = nbi_pair_up(tr, who, p2, args->children[1], &in_pairs);
+        st = nbi_pair_up(tr, who, "primal", "tangent", p2, args->children[1], &in_pairs);
     }
     int32_t begin = tr->g.n_nodes;
     if (st == NB_OK) {
@@ -517,14 +559,14 @@ static nb_status nbi_trace_vjp_jvp(nb_trace *tr, const nb_fn *g, const nb_tree *
     nbi_pairs out_pairs;
     memset(&out_pairs, 0, sizeof out_pairs);
     if (st == NB_OK && !fwd) {
-        st = nbi_pair_up(tr, who, res, args->children[1], &out_pairs);
+        st = nbi_pair_up(tr, who, "output", "cotangent", res, args->children[1], &out_pairs);
     }
     nb_var **vals = NULL;
     if (st == NB_OK) {
         int n = fwd ? 0 : m.n_wrt;
         if (fwd) {
             /* outputs: every float var leaf of res */
-            st = nbi_pair_up(tr, who, res, res, &out_pairs);
+            st = nbi_pair_up(tr, who, "output", "output", res, res, &out_pairs);
             n = out_pairs.n;
         }
         vals = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_var *));
@@ -674,7 +716,8 @@ void nbi_vjp_custom(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) {
         return;
     }
     nbi_pairs p;
-    nbi_pair_up(tr, "nb_custom_vjp (bwd's result against the arguments)", rec->args, cts, &p);
+    nbi_pair_up(tr, "nb_custom_vjp (bwd's result against the arguments)", "argument", "cotangent",
+                rec->args, cts, &p);
     nb_tree_destroy(cts);
     for (int k = 0; k < p.n && k < (int)node->at.ivalue && tr->status == NB_OK; k++) {
         in_ct[1 + k] = p.b[k];

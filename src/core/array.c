@@ -47,7 +47,9 @@ nb_status nbi_shape_check(nb_ctx *ctx, const char *fn, nb_dtype dtype, int rank,
         return nbi_err(ctx, NB_ERR_SHAPE, "%s: rank %d is outside 0..%d", fn, rank, NB_MAX_RANK);
     }
     if (rank > 0 && shape == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: shape is NULL but rank is %d", fn, rank);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: shape is NULL but rank is %d (pass rank dims, or rank 0 for a scalar)",
+                       fn, rank);
     }
     int64_t n = 1;
     bool overflow = false;
@@ -284,7 +286,9 @@ static void nbi_fill(nb_array *a, double v) {
 static nb_status nbi_full(nb_ctx *ctx, const char *fn, nb_dtype dtype, int rank,
                           const int64_t *shape, double value, nb_array **out) {
     if (out == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: out is NULL", fn);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_array * to receive the result)",
+                       fn);
     }
     *out = NULL;
     if (ctx == NULL) {
@@ -332,7 +336,9 @@ nb_status nb_array_from_data(nb_ctx *ctx, nb_dtype dtype, int rank, const int64_
         if (out != NULL) {
             *out = NULL;
         }
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: ctx or out is NULL", fn);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_array * to receive the result)",
+                       fn);
     }
     *out = NULL;
     nb_array *a = NULL;
@@ -343,8 +349,10 @@ nb_status nb_array_from_data(nb_ctx *ctx, nb_dtype dtype, int rank, const int64_
     if (a->nbytes > 0) {
         if (data == NULL) {
             nb_array_destroy(a);
-            return nbi_err(ctx, NB_ERR_MISUSE, "%s: data is NULL for %lld elements", fn,
-                           (long long)a->size);
+            return nbi_err(
+                ctx, NB_ERR_MISUSE,
+                "%s: data is NULL for %lld elements (pass that many elements of the dtype)", fn,
+                (long long)a->size);
         }
         memcpy(a->data, data, a->nbytes);
     }
@@ -366,7 +374,9 @@ nb_status nb_array_arange(nb_ctx *ctx, nb_dtype dtype, double start, double stop
         if (out != NULL) {
             *out = NULL;
         }
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: ctx or out is NULL", fn);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_array * to receive the result)",
+                       fn);
     }
     *out = NULL;
     if (!isfinite(start) || !isfinite(stop) || !isfinite(step) || step == 0.0) {
@@ -406,7 +416,9 @@ nb_status nb_array_linspace(nb_ctx *ctx, nb_dtype dtype, double start, double st
         if (out != NULL) {
             *out = NULL;
         }
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: ctx or out is NULL", fn);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_array * to receive the result)",
+                       fn);
     }
     *out = NULL;
     if (num < 0) {
@@ -453,10 +465,13 @@ nb_status nb_array_eye(nb_ctx *ctx, nb_dtype dtype, int64_t n, int64_t m, int64_
 
 /* ---- copy, cast, reshape ------------------------------------------------------------ */
 
+/* The entry check of an array argument: a NULL, destroyed or wrong-kind handle returns
+ * NB_ERR_MISUSE, with a message on the handle's context when it has one. */
 #define NBI_CHECK_ARRAY(a, fn)                                                                     \
     do {                                                                                           \
-        if (!nbi_obj_live((a), NBI_MAGIC_ARRAY)) {                                                 \
-            return NB_ERR_MISUSE;                                                                  \
+        nb_status check_st_ = nbi_check_handle((a), NBI_MAGIC_ARRAY, (fn), #a);                    \
+        if (check_st_ != NB_OK) {                                                                  \
+            return check_st_;                                                                      \
         }                                                                                          \
     } while (0)
 
@@ -466,7 +481,9 @@ nb_status nb_array_copy(const nb_array *a, nb_array **out) {
     }
     NBI_CHECK_ARRAY(a, "nb_array_copy");
     if (out == NULL) {
-        return nbi_err(a->hdr.ctx, NB_ERR_MISUSE, "nb_array_copy: out is NULL");
+        return nbi_err(
+            a->hdr.ctx, NB_ERR_MISUSE,
+            "nb_array_copy: out is NULL (pass the address of an nb_array * to receive the copy)");
     }
     nb_array *c = NULL;
     nb_status st = nbi_array_new(a->hdr.ctx, "nb_array_copy", a->dtype, a->rank, a->shape, &c);
@@ -488,7 +505,9 @@ nb_status nb_array_cast(const nb_array *a, nb_dtype dtype, nb_array **out) {
     NBI_CHECK_ARRAY(a, fn);
     nb_ctx *ctx = a->hdr.ctx;
     if (out == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: out is NULL", fn);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_array * to receive the result)",
+                       fn);
     }
     nb_array *c = NULL;
     nb_status st = nbi_array_new(ctx, fn, dtype, a->rank, a->shape, &c);
@@ -535,13 +554,17 @@ nb_status nb_array_reshape(const nb_array *a, int rank, const int64_t *shape, nb
     NBI_CHECK_ARRAY(a, fn);
     nb_ctx *ctx = a->hdr.ctx;
     if (out == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: out is NULL", fn);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_array * to receive the result)",
+                       fn);
     }
     if (rank < 0 || rank > NB_MAX_RANK) {
         return nbi_err(ctx, NB_ERR_SHAPE, "%s: rank %d is outside 0..%d", fn, rank, NB_MAX_RANK);
     }
     if (rank > 0 && shape == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: shape is NULL but rank is %d", fn, rank);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: shape is NULL but rank is %d (pass rank dims, or rank 0 for a scalar)",
+                       fn, rank);
     }
     int64_t dims[NB_MAX_RANK];
     int infer = -1;
@@ -630,7 +653,7 @@ void *nb_array_data(const nb_array *a) {
 }
 
 nb_status nb_array_check(const nb_array *a) {
-    return nbi_obj_live(a, NBI_MAGIC_ARRAY) ? NB_OK : NB_ERR_MISUSE;
+    return nbi_check_handle(a, NBI_MAGIC_ARRAY, "nb_array_check", "a");
 }
 
 /* ---- element access ----------------------------------------------------------------- */
@@ -639,7 +662,9 @@ static nb_status nbi_flat_index(const nb_array *a, const char *fn, const int64_t
                                 int64_t *flat) {
     nb_ctx *ctx = a->hdr.ctx;
     if (a->rank > 0 && idx == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: idx is NULL for a rank-%d array", fn, a->rank);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: idx is NULL for a rank-%d array (pass one index per axis)", fn,
+                       a->rank);
     }
     int64_t f = 0;
     for (int i = 0; i < a->rank; i++) {
@@ -664,7 +689,9 @@ nb_status nb_array_get(const nb_array *a, const int64_t *idx, double *out) {
     }
     NBI_CHECK_ARRAY(a, "nb_array_get");
     if (out == NULL) {
-        return nbi_err(a->hdr.ctx, NB_ERR_MISUSE, "nb_array_get: out is NULL");
+        return nbi_err(
+            a->hdr.ctx, NB_ERR_MISUSE,
+            "nb_array_get: out is NULL (pass the address of a double to receive the element)");
     }
     int64_t f = 0;
     nb_status st = nbi_flat_index(a, "nb_array_get", idx, &f);
@@ -696,7 +723,9 @@ nb_status nb_array_get_i64(const nb_array *a, const int64_t *idx, int64_t *out) 
     }
     NBI_CHECK_ARRAY(a, fn);
     if (out == NULL) {
-        return nbi_err(a->hdr.ctx, NB_ERR_MISUSE, "%s: out is NULL", fn);
+        return nbi_err(a->hdr.ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an int64_t to receive the element)",
+                       fn);
     }
     int64_t f = 0;
     nb_status st = nbi_flat_index(a, fn, idx, &f);
@@ -739,7 +768,8 @@ nb_status nb_array_get_flat(const nb_array *a, int64_t i, double *out) {
     }
     NBI_CHECK_ARRAY(a, fn);
     if (out == NULL) {
-        return nbi_err(a->hdr.ctx, NB_ERR_MISUSE, "%s: out is NULL", fn);
+        return nbi_err(a->hdr.ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of a double to receive the element)", fn);
     }
     if (i < 0 || i >= a->size) {
         return nbi_err(a->hdr.ctx, NB_ERR_INDEX, "%s: flat index %lld is outside 0..%lld", fn,
@@ -805,12 +835,27 @@ bool nbi_array_values_equal(const nb_array *a, const nb_array *b, int64_t *where
     return true;
 }
 
+/* The entry checks of the comparisons: two live arrays (of one context) and an out. */
+static nb_status nbi_array_pair_check(const nb_array *a, const nb_array *b, const bool *out,
+                                      const char *fn) {
+    nb_ctx *ctx = nbi_handle_ctx(a) != NULL ? nbi_handle_ctx(a) : nbi_handle_ctx(b);
+    nb_status st = nbi_check_handle_in(ctx, a, NBI_MAGIC_ARRAY, fn, "a");
+    if (st == NB_OK) {
+        st = nbi_check_handle_in(ctx, b, NBI_MAGIC_ARRAY, fn, "b");
+    }
+    if (st == NB_OK && out == NULL) {
+        st = nbi_err_null(ctx, fn, "out", "pass the address of a bool to receive the answer");
+    }
+    return st;
+}
+
 nb_status nb_array_equal(const nb_array *a, const nb_array *b, bool *out) {
     if (out != NULL) {
         *out = false;
     }
-    if (!nbi_obj_live(a, NBI_MAGIC_ARRAY) || !nbi_obj_live(b, NBI_MAGIC_ARRAY) || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_array_pair_check(a, b, out, "nb_array_equal");
+    if (st != NB_OK) {
+        return st;
     }
     *out = nbi_array_values_equal(a, b, NULL);
     return NB_OK;
@@ -820,8 +865,9 @@ nb_status nb_array_identical(const nb_array *a, const nb_array *b, bool *out) {
     if (out != NULL) {
         *out = false;
     }
-    if (!nbi_obj_live(a, NBI_MAGIC_ARRAY) || !nbi_obj_live(b, NBI_MAGIC_ARRAY) || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_array_pair_check(a, b, out, "nb_array_identical");
+    if (st != NB_OK) {
+        return st;
     }
     *out = nbi_same_sig(a, b) && (a->nbytes == 0 || memcmp(a->data, b->data, a->nbytes) == 0);
     return NB_OK;
@@ -832,8 +878,9 @@ nb_status nb_array_allclose(const nb_array *a, const nb_array *b, double rtol, d
     if (out != NULL) {
         *out = false;
     }
-    if (!nbi_obj_live(a, NBI_MAGIC_ARRAY) || !nbi_obj_live(b, NBI_MAGIC_ARRAY) || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_array_pair_check(a, b, out, "nb_array_allclose");
+    if (st != NB_OK) {
+        return st;
     }
     if (!(rtol >= 0.0) || !(atol >= 0.0)) {
         return nbi_err(a->hdr.ctx, NB_ERR_INVALID,

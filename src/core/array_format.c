@@ -331,8 +331,15 @@ nb_status nb_array_format(const nb_array *a, char *buf, size_t cap, size_t *need
     if (needed != NULL) {
         *needed = 0;
     }
-    if (!nbi_obj_live(a, NBI_MAGIC_ARRAY) || (buf == NULL && cap > 0)) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(a, NBI_MAGIC_ARRAY, "nb_array_format", "a");
+    if (st != NB_OK) {
+        return st;
+    }
+    if (buf == NULL && cap > 0) {
+        return nbi_err(a->hdr.ctx, NB_ERR_MISUSE,
+                       "nb_array_format: buf is NULL but cap is %zu (pass a buffer of cap bytes, "
+                       "or cap 0 to measure)",
+                       cap);
     }
     nbi_sbuf s = nbi_sbuf_make(buf, cap);
     nbi_writer w = {&s, 0};
@@ -406,8 +413,9 @@ static nb_status nbi_array_format_obj(const void *obj, char *buf, size_t cap, si
 }
 
 nb_status nb_array_fprint(const nb_array *a, FILE *f) {
-    if (!nbi_obj_live(a, NBI_MAGIC_ARRAY)) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(a, NBI_MAGIC_ARRAY, "nb_array_fprint", "a");
+    if (st != NB_OK) {
+        return st;
     }
     return nbi_fprint_with(a->hdr.ctx, "nb_array_fprint", nbi_array_format_obj, a, f);
 }
@@ -416,8 +424,15 @@ nb_status nb_array_format_sig(const nb_array *a, char *buf, size_t cap, size_t *
     if (needed != NULL) {
         *needed = 0;
     }
-    if (!nbi_obj_live(a, NBI_MAGIC_ARRAY) || (buf == NULL && cap > 0)) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(a, NBI_MAGIC_ARRAY, "nb_array_format_sig", "a");
+    if (st != NB_OK) {
+        return st;
+    }
+    if (buf == NULL && cap > 0) {
+        return nbi_err(a->hdr.ctx, NB_ERR_MISUSE,
+                       "nb_array_format_sig: buf is NULL but cap is %zu (pass a buffer of cap "
+                       "bytes, or cap 0 to measure)",
+                       cap);
     }
     nbi_sbuf s = nbi_sbuf_make(buf, cap);
     nbi_sbuf_sig(&s, a->dtype, a->rank, a->shape);

@@ -256,8 +256,14 @@ nb_status nb_ctx_stats_get(const nb_ctx *ctx, nb_ctx_stats *out) {
     if (out != NULL) {
         memset(out, 0, sizeof *out);
     }
-    if (ctx == NULL || out == NULL) {
+    if (ctx == NULL) {
         return NB_ERR_MISUSE;
+    }
+    if (out == NULL) {
+        /* The error buffer is the one part of a context that a const query may write: the
+         * context itself was never made const. */
+        return nbi_err_null((nb_ctx *)ctx, "nb_ctx_stats_get", "out",
+                            "pass the address of an nb_ctx_stats to fill");
     }
     out->live_arrays = ctx->live[NBI_COUNT_ARRAY];
     out->live_trees = ctx->live[NBI_COUNT_TREE];
@@ -409,8 +415,13 @@ void nbi_log(nb_ctx *ctx, nb_log_level level, const char *fmt, ...) {
 }
 
 nb_status nb_tree_map_fail(nb_ctx *ctx, nb_status status, const char *fmt, ...) {
-    if (ctx == NULL || fmt == NULL) {
+    if (ctx == NULL) {
         return NB_ERR_MISUSE;
+    }
+    if (fmt == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "nb_tree_map_fail: fmt is NULL (pass a printf format saying why the "
+                       "callback failed)");
     }
     va_list ap;
     va_start(ap, fmt);
@@ -486,6 +497,100 @@ void nbi_obj_double_destroy(const void *p, const char *fn) {
                 "use the _retain function to hold more than one)",
                 fn, p);
     }
+}
+
+/* ---- handle checks ------------------------------------------------------------------ */
+
+typedef struct nbi_kind_info {
+    uint32_t magic;
+    const char *name;    /* "an array" without the article: "array" */
+    const char *article; /* "a" or "an" */
+    const char *destroy; /* the function after which the handle is dead */
+    const char *keep;    /* how to keep a handle alive past another owner's destroy */
+} nbi_kind_info;
+
+static const nbi_kind_info nbi_kinds[] = {
+    {NBI_MAGIC_ARRAY, "array", "an", "nb_array_destroy", "keep a reference with nb_array_retain"},
+    {NBI_MAGIC_TREE, "tree", "a", "nb_tree_destroy", "keep a reference with nb_tree_retain"},
+    {NBI_MAGIC_TREEDEF, "treedef", "a", "nb_treedef_destroy",
+     "keep a reference with nb_treedef_retain"},
+    {NBI_MAGIC_FN, "function", "a", "nb_fn_destroy", "keep a reference with nb_fn_retain"},
+    {NBI_MAGIC_BATCHER, "batcher", "a", "nb_batcher_destroy",
+     "destroy the batcher only after its last use"},
+};
+
+static const nbi_kind_info *nbi_kind_of(uint32_t magic) {
+    for (size_t i = 0; i < sizeof nbi_kinds / sizeof nbi_kinds[0]; i++) {
+        if (nbi_kinds[i].magic == magic) {
+            return &nbi_kinds[i];
+        }
+    }
+    return NULL;
+}
+
+nb_ctx *nbi_handle_ctx(const void *h) {
+    if (h == NULL) {
+        return NULL;
+    }
+    const nbi_obj *o = h;
+    if (o->magic != NBI_MAGIC_DEAD && nbi_kind_of(o->magic) == NULL) {
+        return NULL; /* not a block of the pool: its ctx field means nothing */
+    }
+    return o->ctx;
+}
+
+bool nbi_handle_why(const void *h, uint32_t magic, const char *fn, const char *arg, char *buf,
+                    size_t cap) {
+    if (nbi_obj_live(h, magic)) {
+        return false;
+    }
+    const nbi_kind_info *want = nbi_kind_of(magic);
+    const char *wname = want != NULL ? want->name : "handle";
+    const char *wart = want != NULL ? want->article : "a";
+    uint32_t got = h != NULL ? ((const nbi_obj *)h)->magic : 0;
+    const nbi_kind_info *is = nbi_kind_of(got);
+    if (h == NULL) {
+        snprintf(buf, cap, "%s: %s is NULL (%s %s is required)", fn, arg, wart, wname);
+    } else if (got == NBI_MAGIC_DEAD && nbi_handle_ctx(h) != NULL) {
+        snprintf(buf, cap,
+                 "%s: %s (the %s) was already destroyed: a handle must not be used after %s; %s",
+                 fn, arg, wname, want != NULL ? want->destroy : "its destroy",
+                 want != NULL ? want->keep : "keep it alive while it is used");
+    } else if (is != NULL) {
+        snprintf(buf, cap,
+                 "%s: %s is %s %s, not %s %s (a wrong argument, or a destroyed handle whose "
+                 "block was reused: keep handles alive while they are used)",
+                 fn, arg, is->article, is->name, wart, wname);
+    } else {
+        snprintf(buf, cap,
+                 "%s: %s is not %s %s handle (uninitialised memory, or a handle of a context "
+                 "that was destroyed)",
+                 fn, arg, wart, wname);
+    }
+    return true;
+}
+
+nb_status nbi_check_handle_in(nb_ctx *ctx, const void *h, uint32_t magic, const char *fn,
+                              const char *arg) {
+    char why[NBI_ERRMSG_CAP];
+    if (!nbi_handle_why(h, magic, fn, arg, why, sizeof why)) {
+        return NB_OK;
+    }
+    nb_ctx *own = nbi_handle_ctx(h);
+    return nbi_err(own != NULL ? own : ctx, NB_ERR_MISUSE, "%s", why);
+}
+
+nb_status nbi_check_handle(const void *h, uint32_t magic, const char *fn, const char *arg) {
+    return nbi_check_handle_in(NULL, h, magic, fn, arg);
+}
+
+nb_status nbi_err_null_ctx(const void *other, const char *fn) {
+    return nbi_err(nbi_handle_ctx(other), NB_ERR_MISUSE,
+                   "%s: ctx is NULL (pass the context the other arguments were made in)", fn);
+}
+
+nb_status nbi_err_null(nb_ctx *ctx, const char *fn, const char *arg, const char *need) {
+    return nbi_err(ctx, NB_ERR_MISUSE, "%s: %s is NULL (%s)", fn, arg, need);
 }
 
 /* ---- string building ---------------------------------------------------------------- */
@@ -565,7 +670,7 @@ const char *nbi_sig(char *buf, size_t cap, nb_dtype dtype, int rank, const int64
 nb_status nbi_fprint_with(nb_ctx *ctx, const char *fn, nbi_format_fn format, const void *obj,
                           FILE *f) {
     if (f == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: NULL FILE pointer", fn);
+        return nbi_err(ctx, NB_ERR_MISUSE, "%s: f is NULL (pass an open FILE *, e.g. stdout)", fn);
     }
     size_t need = 0;
     nb_status st = format(obj, NULL, 0, &need);

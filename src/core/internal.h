@@ -33,7 +33,8 @@ enum {
     NBI_MAGIC_ARRAY = 0x41525259u,   /* "ARRY" */
     NBI_MAGIC_TREE = 0x54524545u,    /* "TREE" */
     NBI_MAGIC_TREEDEF = 0x54444546u, /* "TDEF" */
-    NBI_MAGIC_FN = 0x464e4354u       /* "FNCT" */
+    NBI_MAGIC_FN = 0x464e4354u,      /* "FNCT" */
+    NBI_MAGIC_BATCHER = 0x42544348u  /* "BTCH" (io/batch.c) */
 };
 
 typedef struct nbi_obj {
@@ -184,6 +185,28 @@ static inline bool nbi_obj_live(const void *o, uint32_t magic) {
 }
 /* Report a destroy of an already destroyed handle on its context. */
 NBI_HIDDEN void nbi_obj_double_destroy(const void *o, const char *fn);
+/* The context a pooled handle (live or destroyed, of any kind) was made in; NULL for NULL or
+ * for a pointer that is no handle. */
+NBI_HIDDEN nb_ctx *nbi_handle_ctx(const void *h);
+/* The entry check of a handle argument: NB_OK if h is a live handle of the kind magic names.
+ * Otherwise NB_ERR_MISUSE, recorded on the handle's own context (a destroyed handle keeps it)
+ * with the function fn, the argument arg and the fix: "nb_array_get: a (the array) was
+ * already destroyed: ...", "... is a tree, not an array". A NULL h has nowhere to record;
+ * nbi_check_handle_in records it on ctx (another argument's context, may be NULL). */
+NBI_HIDDEN nb_status nbi_check_handle(const void *h, uint32_t magic, const char *fn,
+                                      const char *arg);
+NBI_HIDDEN nb_status nbi_check_handle_in(nb_ctx *ctx, const void *h, uint32_t magic, const char *fn,
+                                         const char *arg);
+/* The text nbi_check_handle records, into buf (for callers that record on a trace): true
+ * when h is not a live handle of the kind magic names. */
+NBI_HIDDEN bool nbi_handle_why(const void *h, uint32_t magic, const char *fn, const char *arg,
+                               char *buf, size_t cap);
+/* "fn: ctx is NULL ..." recorded on the context of the handle other (NULL, or a pooled handle
+ * passed beside the NULL ctx); returns NB_ERR_MISUSE. */
+NBI_HIDDEN nb_status nbi_err_null_ctx(const void *other, const char *fn);
+/* "fn: arg is NULL (<need>)" on ctx (may be NULL: nothing recorded); returns NB_ERR_MISUSE.
+ * For NULL out-parameters and required pointers beside a handle that gives the context. */
+NBI_HIDDEN nb_status nbi_err_null(nb_ctx *ctx, const char *fn, const char *arg, const char *need);
 
 /* Per-kind live counters, kept on the context. */
 typedef enum nbi_count {

@@ -34,6 +34,21 @@ static bool nbi_tree_live(const nb_tree *t) {
     return nbi_obj_live(t, NBI_MAGIC_TREE);
 }
 
+/* The entry check of a tree argument (see nbi_check_handle). */
+#define NBI_CHECK_TREE(t, fn)                                                                      \
+    do {                                                                                           \
+        nb_status check_st_ = nbi_check_handle((t), NBI_MAGIC_TREE, (fn), #t);                     \
+        if (check_st_ != NB_OK) {                                                                  \
+            return check_st_;                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* "fn: <arg> is NULL (pass the address of <what> to receive the result)" on ctx. */
+static nb_status nbi_tree_null_out(nb_ctx *ctx, const char *fn, const char *arg, const char *what) {
+    return nbi_err(ctx, NB_ERR_MISUSE,
+                   "%s: %s is NULL (pass the address of %s to receive the result)", fn, arg, what);
+}
+
 /* ---- lifecycle ---------------------------------------------------------------------- */
 
 static nb_tree *nbi_tree_new(nb_ctx *ctx, nb_tree_kind kind, const char *fn) {
@@ -104,7 +119,8 @@ void nb_tree_destroy(nb_tree *t) {
             if ((out) != NULL) {                                                                   \
                 *(out) = NULL;                                                                     \
             }                                                                                      \
-            return nbi_err((ctx), NB_ERR_MISUSE, "%s: ctx or out is NULL", (fn));                  \
+            return (ctx) == NULL ? NB_ERR_MISUSE                                                   \
+                                 : nbi_tree_null_out((ctx), (fn), "out", "an nb_tree *");          \
         }                                                                                          \
         *(out) = NULL;                                                                             \
     } while (0)
@@ -123,8 +139,9 @@ nb_status nb_tree_array(nb_array *a, nb_tree **out) {
     if (out != NULL) {
         *out = NULL;
     }
-    if (!nbi_obj_live(a, NBI_MAGIC_ARRAY)) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(a, NBI_MAGIC_ARRAY, "nb_tree_array", "a");
+    if (st != NB_OK) {
+        return st;
     }
     nb_ctx *ctx = a->hdr.ctx;
     NBI_TREE_OUT(ctx, out, "nb_tree_array");
@@ -207,7 +224,9 @@ static nb_status nbi_tree_with_string(nb_ctx *ctx, const char *fn, nb_tree_kind 
 nb_status nb_tree_string(nb_ctx *ctx, const char *value, nb_tree **out) {
     NBI_TREE_OUT(ctx, out, "nb_tree_string");
     if (value == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "nb_tree_string: value is NULL");
+        return nbi_err(
+            ctx, NB_ERR_MISUSE,
+            "nb_tree_string: value is NULL (pass a NUL-terminated string; it is copied)");
     }
     nb_tree *t = NULL;
     char *copy = NULL;
@@ -363,18 +382,31 @@ static nb_status nbi_keys_unique_sorted(nb_ctx *ctx, const char *fn, int64_t n,
 
 static nb_status nbi_tree_node(nb_ctx *ctx, const char *fn, nb_tree_kind kind, int64_t n,
                                const char *const *keys, nb_tree *const *items, nb_tree **out) {
+    if (ctx == NULL && n > 0 && items != NULL) {
+        /* the children know their context: say there what is wrong */
+        const nb_tree *other = NULL;
+        for (int64_t i = 0; i < n && other == NULL; i++) {
+            other = nbi_handle_ctx(items[i]) != NULL ? items[i] : NULL;
+        }
+        if (out != NULL) {
+            *out = NULL;
+        }
+        return nbi_err_null_ctx(other, fn);
+    }
     NBI_TREE_OUT(ctx, out, fn);
     if (n < 0) {
         return nbi_err(ctx, NB_ERR_INVALID, "%s: n is %lld; it must be >= 0", fn, (long long)n);
     }
     if (n > 0 && (items == NULL || (kind == NB_TREE_KIND_DICT && keys == NULL))) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: %s is NULL for %lld children", fn,
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: %s is NULL for %lld children (pass n entries, or n 0)", fn,
                        items == NULL ? "items" : "keys", (long long)n);
     }
     for (int64_t i = 0; i < n; i++) {
         if (!nbi_tree_live(items[i])) {
-            return nbi_err(ctx, NB_ERR_MISUSE, "%s: child %lld is a NULL or destroyed tree", fn,
-                           (long long)i);
+            char arg[48];
+            snprintf(arg, sizeof arg, "items[%lld]", (long long)i);
+            return nbi_check_handle_in(ctx, items[i], NBI_MAGIC_TREE, fn, arg);
         }
         if (items[i]->hdr.ctx != ctx) {
             return nbi_err(ctx, NB_ERR_INVALID,
@@ -437,10 +469,11 @@ nb_status nb_tree_freeze(const nb_tree *leaf, nb_tree **out) {
     if (out != NULL) {
         *out = NULL;
     }
-    if (!nbi_tree_live(leaf) || out == NULL) {
-        return NB_ERR_MISUSE;
-    }
+    NBI_CHECK_TREE(leaf, "nb_tree_freeze");
     nb_ctx *ctx = leaf->hdr.ctx;
+    if (out == NULL) {
+        return nbi_tree_null_out(ctx, "nb_tree_freeze", "out", "an nb_tree *");
+    }
     if (nbi_tree_kind_is_node(leaf->kind)) {
         return nbi_err(ctx, NB_ERR_KIND,
                        "nb_tree_freeze: the tree is a %s; freeze its leaves (nb_tree_map) or "
@@ -490,7 +523,7 @@ bool nb_tree_is_frozen(const nb_tree *t) {
 /* ---- accessors ---------------------------------------------------------------------- */
 
 nb_status nb_tree_check(const nb_tree *t) {
-    return nbi_tree_live(t) ? NB_OK : NB_ERR_MISUSE;
+    return nbi_check_handle(t, NBI_MAGIC_TREE, "nb_tree_check", "t");
 }
 
 nb_ctx *nb_tree_ctx(const nb_tree *t) {
@@ -550,10 +583,13 @@ nb_array *nb_tree_get_array(const nb_tree *t) {
     return t->u.array;
 }
 
-static nb_status nbi_kind_check(const nb_tree *t, const void *out, nb_tree_kind want,
-                                const char *fn) {
-    if (!nbi_tree_live(t) || out == NULL) {
-        return NB_ERR_MISUSE;
+static nb_status nbi_kind_check(const nb_tree *t, const void *out, const char *out_name,
+                                nb_tree_kind want, const char *fn) {
+    NBI_CHECK_TREE(t, fn);
+    if (out == NULL) {
+        return nbi_err(t->hdr.ctx, NB_ERR_MISUSE,
+                       "%s: %s is NULL (pass the address of a variable to receive the %s)", fn,
+                       out_name, nb_tree_kind_name(want));
     }
     if (t->kind != want) {
         return nbi_err(t->hdr.ctx, NB_ERR_KIND, "%s: the node is %s, not %s", fn,
@@ -566,7 +602,7 @@ nb_status nb_tree_get_int(const nb_tree *t, int64_t *out) {
     if (out != NULL) {
         *out = 0;
     }
-    nb_status st = nbi_kind_check(t, out, NB_TREE_KIND_INT, "nb_tree_get_int");
+    nb_status st = nbi_kind_check(t, out, "out", NB_TREE_KIND_INT, "nb_tree_get_int");
     if (st == NB_OK) {
         *out = t->u.i;
     }
@@ -577,7 +613,7 @@ nb_status nb_tree_get_float(const nb_tree *t, double *out) {
     if (out != NULL) {
         *out = 0;
     }
-    nb_status st = nbi_kind_check(t, out, NB_TREE_KIND_FLOAT, "nb_tree_get_float");
+    nb_status st = nbi_kind_check(t, out, "out", NB_TREE_KIND_FLOAT, "nb_tree_get_float");
     if (st == NB_OK) {
         *out = t->u.f;
     }
@@ -588,7 +624,7 @@ nb_status nb_tree_get_bool(const nb_tree *t, bool *out) {
     if (out != NULL) {
         *out = false;
     }
-    nb_status st = nbi_kind_check(t, out, NB_TREE_KIND_BOOL, "nb_tree_get_bool");
+    nb_status st = nbi_kind_check(t, out, "out", NB_TREE_KIND_BOOL, "nb_tree_get_bool");
     if (st == NB_OK) {
         *out = t->u.b;
     }
@@ -599,7 +635,7 @@ nb_status nb_tree_get_string(const nb_tree *t, const char **out) {
     if (out != NULL) {
         *out = NULL;
     }
-    nb_status st = nbi_kind_check(t, out, NB_TREE_KIND_STRING, "nb_tree_get_string");
+    nb_status st = nbi_kind_check(t, out, "out", NB_TREE_KIND_STRING, "nb_tree_get_string");
     if (st == NB_OK) {
         *out = t->u.str;
     }
@@ -613,7 +649,7 @@ nb_status nb_tree_get_fnref(const nb_tree *t, nb_fnptr *fn, const char **name) {
     if (name != NULL) {
         *name = NULL;
     }
-    nb_status st = nbi_kind_check(t, fn, NB_TREE_KIND_FNREF, "nb_tree_get_fnref");
+    nb_status st = nbi_kind_check(t, fn, "fn", NB_TREE_KIND_FNREF, "nb_tree_get_fnref");
     if (st == NB_OK) {
         *fn = t->u.fnref.fn;
         if (name != NULL) {
@@ -641,8 +677,12 @@ nb_status nb_tree_leaf_path(const nb_tree *t, int64_t i, char *buf, size_t cap, 
     if (needed != NULL) {
         *needed = 0;
     }
-    if (!nbi_tree_live(t) || (buf == NULL && cap > 0)) {
-        return NB_ERR_MISUSE;
+    NBI_CHECK_TREE(t, "nb_tree_leaf_path");
+    if (buf == NULL && cap > 0) {
+        return nbi_err(t->hdr.ctx, NB_ERR_MISUSE,
+                       "nb_tree_leaf_path: buf is NULL but cap is %zu (pass a buffer of cap "
+                       "bytes, or cap 0 to measure)",
+                       cap);
     }
     if (i < 0 || i >= t->n_leaves) {
         return nbi_err(t->hdr.ctx, NB_ERR_INDEX,
@@ -693,10 +733,17 @@ nb_status nb_tree_lookup(const nb_tree *t, const char *path, const nb_tree **out
     if (out != NULL) {
         *out = NULL;
     }
-    if (!nbi_tree_live(t) || path == NULL || out == NULL) {
-        return NB_ERR_MISUSE;
-    }
+    NBI_CHECK_TREE(t, fn);
     nb_ctx *ctx = t->hdr.ctx;
+    if (path == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: path is NULL (pass a path such as \"layers[0].w\", or \"\" for the "
+                       "root)",
+                       fn);
+    }
+    if (out == NULL) {
+        return nbi_tree_null_out(ctx, fn, "out", "a const nb_tree *");
+    }
     const nb_tree *cur = t;
     const char *p = path;
     size_t done = 0; /* length of the prefix that resolved */
@@ -1051,8 +1098,9 @@ nb_status nb_tree_treedef(const nb_tree *t, nb_treedef **out) {
     if (out != NULL) {
         *out = NULL;
     }
-    if (!nbi_tree_live(t) || out == NULL) {
-        return NB_ERR_MISUSE;
+    NBI_CHECK_TREE(t, "nb_tree_treedef");
+    if (out == NULL) {
+        return nbi_tree_null_out(t->hdr.ctx, "nb_tree_treedef", "out", "an nb_treedef *");
     }
     return nbi_treedef_build(t, "nb_tree_treedef", out);
 }
@@ -1232,8 +1280,15 @@ nb_status nb_treedef_format(const nb_treedef *def, char *buf, size_t cap, size_t
     if (needed != NULL) {
         *needed = 0;
     }
-    if (!nbi_obj_live(def, NBI_MAGIC_TREEDEF) || (buf == NULL && cap > 0)) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(def, NBI_MAGIC_TREEDEF, "nb_treedef_format", "def");
+    if (st != NB_OK) {
+        return st;
+    }
+    if (buf == NULL && cap > 0) {
+        return nbi_err(def->hdr.ctx, NB_ERR_MISUSE,
+                       "nb_treedef_format: buf is NULL but cap is %zu (pass a buffer of cap "
+                       "bytes, or cap 0 to measure)",
+                       cap);
     }
     nbi_sbuf s = nbi_sbuf_make(buf, cap);
     nbi_td_format(&s, def, 0);
@@ -1260,9 +1315,7 @@ nb_status nb_tree_flatten(const nb_tree *t, nb_tree **leaves, nb_treedef **def) 
     if (def != NULL) {
         *def = NULL;
     }
-    if (!nbi_tree_live(t)) {
-        return NB_ERR_MISUSE;
-    }
+    NBI_CHECK_TREE(t, fn);
     nb_ctx *ctx = t->hdr.ctx;
     nb_treedef *d = NULL;
     if (def != NULL) {
@@ -1387,10 +1440,17 @@ nb_status nb_tree_unflatten(const nb_treedef *def, const nb_tree *leaves, nb_tre
     if (out != NULL) {
         *out = NULL;
     }
-    if (!nbi_obj_live(def, NBI_MAGIC_TREEDEF) || !nbi_tree_live(leaves) || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_ctx *ctx = nbi_handle_ctx(def) != NULL ? nbi_handle_ctx(def) : nbi_handle_ctx(leaves);
+    nb_status st = nbi_check_handle_in(ctx, def, NBI_MAGIC_TREEDEF, fn, "def");
+    if (st == NB_OK) {
+        st = nbi_check_handle_in(ctx, leaves, NBI_MAGIC_TREE, fn, "leaves");
     }
-    nb_ctx *ctx = def->hdr.ctx;
+    if (st == NB_OK && out == NULL) {
+        st = nbi_tree_null_out(ctx, fn, "out", "an nb_tree *");
+    }
+    if (st != NB_OK) {
+        return st;
+    }
     if (leaves->hdr.ctx != ctx) {
         return nbi_err(ctx, NB_ERR_INVALID, "%s: the leaves come from another context", fn);
     }

@@ -229,26 +229,42 @@ static nb_status nbi_map_rec(nbi_map *m, const nb_tree *const *nodes, nb_tree **
     return NB_OK;
 }
 
-static nb_status nbi_map_run(const char *fn_name, int n, const nb_tree *const *trees,
+/* one: the caller's argument is one tree, t (not an array of them). */
+static nb_status nbi_map_run(const char *fn_name, bool one, int n, const nb_tree *const *trees,
                              nb_tree_map_fn fn, void *ud, unsigned flags, nb_tree **out) {
     if (out != NULL) {
         *out = NULL;
     }
-    if (n < 1 || trees == NULL || !nbi_tree_live(trees[0])) {
-        return NB_ERR_MISUSE;
+    if (n < 1 || trees == NULL) {
+        return NB_ERR_MISUSE; /* no tree: no context to tell */
     }
-    nb_ctx *ctx = trees[0]->hdr.ctx;
-    if (out == NULL || fn == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: %s is NULL", fn_name, out ? "fn" : "out");
+    /* The context of the first tree that has one (a destroyed tree keeps its own). */
+    nb_ctx *ctx = NULL;
+    for (int k = 0; k < n && k < NBI_MAP_MAX_TREES && ctx == NULL; k++) {
+        ctx = nbi_handle_ctx(trees[k]);
+    }
+    for (int k = 0; k < n && k < NBI_MAP_MAX_TREES; k++) {
+        char arg[32];
+        snprintf(arg, sizeof arg, one ? "t" : "trees[%d]", k);
+        nb_status st = nbi_check_handle_in(ctx, trees[k], NBI_MAGIC_TREE, fn_name, arg);
+        if (st != NB_OK) {
+            return st;
+        }
+    }
+    if (out == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_tree * to receive the result)",
+                       fn_name);
+    }
+    if (fn == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: fn is NULL (pass the callback that maps the leaves)", fn_name);
     }
     if (n > NBI_MAP_MAX_TREES) {
         return nbi_err(ctx, NB_ERR_INVALID, "%s: %d trees; at most %d can be mapped at once",
                        fn_name, n, NBI_MAP_MAX_TREES);
     }
     for (int k = 1; k < n; k++) {
-        if (!nbi_tree_live(trees[k])) {
-            return nbi_err(ctx, NB_ERR_MISUSE, "%s: tree %d is NULL or destroyed", fn_name, k);
-        }
         if (trees[k]->hdr.ctx != ctx) {
             return nbi_err(ctx, NB_ERR_INVALID, "%s: tree %d is from another context", fn_name, k);
         }
@@ -272,12 +288,12 @@ static nb_status nbi_map_run(const char *fn_name, int n, const nb_tree *const *t
 nb_status nb_tree_map(const nb_tree *t, nb_tree_map_fn fn, void *ud, unsigned flags,
                       nb_tree **out) {
     const nb_tree *trees[1] = {t};
-    return nbi_map_run("nb_tree_map", 1, trees, fn, ud, flags, out);
+    return nbi_map_run("nb_tree_map", true, 1, trees, fn, ud, flags, out);
 }
 
 nb_status nb_tree_map_n(int n, const nb_tree *const *trees, nb_tree_map_fn fn, void *ud,
                         unsigned flags, nb_tree **out) {
-    return nbi_map_run("nb_tree_map_n", n, trees, fn, ud, flags, out);
+    return nbi_map_run("nb_tree_map_n", false, n, trees, fn, ud, flags, out);
 }
 
 /* ---- filter / partition / combine --------------------------------------------------- */
@@ -317,16 +333,24 @@ static nb_status nbi_filter_run(const char *fn_name, const nb_tree *t, nb_tree_p
     if (out != NULL) {
         *out = NULL;
     }
-    if (!nbi_tree_live(t)) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(t, NBI_MAGIC_TREE, fn_name, "t");
+    if (st != NB_OK) {
+        return st;
     }
-    if (pred == NULL || out == NULL) {
-        return nbi_err(t->hdr.ctx, NB_ERR_MISUSE, "%s: %s is NULL", fn_name, pred ? "out" : "pred");
+    if (pred == NULL) {
+        return nbi_err(t->hdr.ctx, NB_ERR_MISUSE,
+                       "%s: pred is NULL (pass a predicate such as nb_tree_pred_is_array)",
+                       fn_name);
+    }
+    if (out == NULL) {
+        return nbi_err(t->hdr.ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_tree * to receive the result)",
+                       fn_name);
     }
     nbi_filter f = {pred, ud, keep_if};
     const nb_tree *trees[1] = {t};
-    return nbi_map_run(fn_name, 1, trees, nbi_filter_cb, &f, NB_TREE_MAP_NULLS | NB_TREE_MAP_STATIC,
-                       out);
+    return nbi_map_run(fn_name, true, 1, trees, nbi_filter_cb, &f,
+                       NB_TREE_MAP_NULLS | NB_TREE_MAP_STATIC, out);
 }
 
 nb_status nb_tree_filter(const nb_tree *t, nb_tree_pred pred, void *ud, nb_tree **out) {
@@ -341,11 +365,15 @@ nb_status nb_tree_partition(const nb_tree *t, nb_tree_pred pred, void *ud, nb_tr
     if (rest != NULL) {
         *rest = NULL;
     }
-    if (!nbi_tree_live(t)) {
-        return NB_ERR_MISUSE;
+    nb_status cst = nbi_check_handle(t, NBI_MAGIC_TREE, "nb_tree_partition", "t");
+    if (cst != NB_OK) {
+        return cst;
     }
     if (match == NULL || rest == NULL) {
-        return nbi_err(t->hdr.ctx, NB_ERR_MISUSE, "nb_tree_partition: match or rest is NULL");
+        return nbi_err(t->hdr.ctx, NB_ERR_MISUSE,
+                       "nb_tree_partition: %s is NULL (pass the addresses of two nb_tree * to "
+                       "receive the matching leaves and the rest)",
+                       match == NULL ? "match" : "rest");
     }
     nb_tree *a = NULL, *b = NULL;
     nb_status st = nbi_filter_run("nb_tree_partition", t, pred, ud, true, &a);
@@ -376,7 +404,7 @@ static nb_status nbi_combine_cb(void *ud, const char *path, int n, const nb_tree
 }
 
 nb_status nb_tree_combine(int n, const nb_tree *const *trees, nb_tree **out) {
-    return nbi_map_run("nb_tree_combine", n, trees, nbi_combine_cb, NULL,
+    return nbi_map_run("nb_tree_combine", false, n, trees, nbi_combine_cb, NULL,
                        NB_TREE_MAP_NULLS | NB_TREE_MAP_STATIC, out);
 }
 
@@ -476,6 +504,22 @@ static bool nbi_diff_rec(const nb_tree *a, const nb_tree *b, nb_tree_diff_level 
     return differ;
 }
 
+/* The entry checks of the comparisons: two live trees and a bool out-parameter. */
+static nb_status nbi_tree_pair_check(const nb_tree *a, const nb_tree *b, const bool *out,
+                                     const char *out_name, const char *fn) {
+    nb_ctx *ctx = nbi_handle_ctx(a) != NULL ? nbi_handle_ctx(a) : nbi_handle_ctx(b);
+    nb_status st = nbi_check_handle_in(ctx, a, NBI_MAGIC_TREE, fn, "a");
+    if (st == NB_OK) {
+        st = nbi_check_handle_in(ctx, b, NBI_MAGIC_TREE, fn, "b");
+    }
+    if (st == NB_OK && out == NULL) {
+        st = nbi_err(ctx, NB_ERR_MISUSE,
+                     "%s: %s is NULL (pass the address of a bool to receive the answer)", fn,
+                     out_name);
+    }
+    return st;
+}
+
 nb_status nb_tree_diff(const nb_tree *a, const nb_tree *b, nb_tree_diff_level level, bool *differ,
                        char *buf, size_t cap, size_t *needed) {
     if (differ != NULL) {
@@ -484,8 +528,15 @@ nb_status nb_tree_diff(const nb_tree *a, const nb_tree *b, nb_tree_diff_level le
     if (needed != NULL) {
         *needed = 0;
     }
-    if (!nbi_tree_live(a) || !nbi_tree_live(b) || differ == NULL || (buf == NULL && cap > 0)) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_tree_pair_check(a, b, differ, "differ", "nb_tree_diff");
+    if (st != NB_OK) {
+        return st;
+    }
+    if (buf == NULL && cap > 0) {
+        return nbi_err(a->hdr.ctx, NB_ERR_MISUSE,
+                       "nb_tree_diff: buf is NULL but cap is %zu (pass a buffer of cap bytes, or "
+                       "cap 0 for no report)",
+                       cap);
     }
     if ((int)level < NB_TREE_DIFF_STRUCTURE || (int)level > NB_TREE_DIFF_VALUES) {
         return nbi_err(a->hdr.ctx, NB_ERR_INVALID, "nb_tree_diff: unknown level %d", (int)level);
@@ -502,12 +553,13 @@ nb_status nb_tree_diff(const nb_tree *a, const nb_tree *b, nb_tree_diff_level le
 }
 
 static nb_status nbi_equal_at(const nb_tree *a, const nb_tree *b, nb_tree_diff_level level,
-                              bool *out) {
+                              bool *out, const char *fn) {
     if (out != NULL) {
         *out = false;
     }
-    if (!nbi_tree_live(a) || !nbi_tree_live(b) || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status cst = nbi_tree_pair_check(a, b, out, "out", fn);
+    if (cst != NB_OK) {
+        return cst;
     }
     bool differ = false;
     nb_status st = nb_tree_diff(a, b, level, &differ, NULL, 0, NULL);
@@ -519,11 +571,11 @@ static nb_status nbi_equal_at(const nb_tree *a, const nb_tree *b, nb_tree_diff_l
 }
 
 nb_status nb_tree_structure_equal(const nb_tree *a, const nb_tree *b, bool *out) {
-    return nbi_equal_at(a, b, NB_TREE_DIFF_STRUCTURE, out);
+    return nbi_equal_at(a, b, NB_TREE_DIFF_STRUCTURE, out, "nb_tree_structure_equal");
 }
 
 nb_status nb_tree_equal(const nb_tree *a, const nb_tree *b, bool *out) {
-    return nbi_equal_at(a, b, NB_TREE_DIFF_VALUES, out);
+    return nbi_equal_at(a, b, NB_TREE_DIFF_VALUES, out, "nb_tree_equal");
 }
 
 /* ---- printing ----------------------------------------------------------------------- */
@@ -564,8 +616,15 @@ nb_status nb_tree_format(const nb_tree *t, char *buf, size_t cap, size_t *needed
     if (needed != NULL) {
         *needed = 0;
     }
-    if (!nbi_tree_live(t) || (buf == NULL && cap > 0)) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(t, NBI_MAGIC_TREE, "nb_tree_format", "t");
+    if (st != NB_OK) {
+        return st;
+    }
+    if (buf == NULL && cap > 0) {
+        return nbi_err(t->hdr.ctx, NB_ERR_MISUSE,
+                       "nb_tree_format: buf is NULL but cap is %zu (pass a buffer of cap bytes, "
+                       "or cap 0 to measure)",
+                       cap);
     }
     nbi_sbuf s = nbi_sbuf_make(buf, cap);
     nbi_format_rec(&s, t, 0);
@@ -577,8 +636,9 @@ static nb_status nbi_tree_format_obj(const void *obj, char *buf, size_t cap, siz
 }
 
 nb_status nb_tree_fprint(const nb_tree *t, FILE *f) {
-    if (!nbi_tree_live(t)) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(t, NBI_MAGIC_TREE, "nb_tree_fprint", "t");
+    if (st != NB_OK) {
+        return st;
     }
     return nbi_fprint_with(t->hdr.ctx, "nb_tree_fprint", nbi_tree_format_obj, t, f);
 }
@@ -619,11 +679,14 @@ static nb_status nbi_tree_leaves_obj(const void *obj, char *buf, size_t cap, siz
 }
 
 nb_status nb_tree_fprint_leaves(const nb_tree *t, FILE *f) {
-    if (!nbi_tree_live(t)) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(t, NBI_MAGIC_TREE, "nb_tree_fprint_leaves", "t");
+    if (st != NB_OK) {
+        return st;
     }
     if (t->n_leaves == 0) {
-        return f ? NB_OK : nbi_err(t->hdr.ctx, NB_ERR_MISUSE, "nb_tree_fprint_leaves: NULL FILE");
+        return f ? NB_OK
+                 : nbi_err(t->hdr.ctx, NB_ERR_MISUSE,
+                           "nb_tree_fprint_leaves: f is NULL (pass an open FILE *, e.g. stdout)");
     }
     return nbi_fprint_with(t->hdr.ctx, "nb_tree_fprint_leaves", nbi_tree_leaves_obj, t, f);
 }

@@ -13,8 +13,6 @@
 #include <math.h>
 #include <string.h>
 
-#define NBI_MAGIC_BATCHER 0x42544348u /* "BTCH" */
-
 struct nb_batcher {
     nbi_obj hdr;
     nb_array *x, *y;   /* retained; y may be NULL */
@@ -34,9 +32,12 @@ _Static_assert(sizeof(struct nb_batcher) <= sizeof(struct nb_array),
 
 /* ---- helpers ------------------------------------------------------------------------ */
 
-static nb_status nbi_data_key(const nb_array *key, const char *fn, uint32_t *k0, uint32_t *k1) {
-    if (nb_array_check(key) != NB_OK) {
-        return NB_ERR_MISUSE;
+/* ctx: where a NULL key is reported (the other arguments' context). */
+static nb_status nbi_data_key(nb_ctx *ctx, const nb_array *key, const char *fn, uint32_t *k0,
+                              uint32_t *k1) {
+    nb_status st = nbi_check_handle_in(ctx, key, NBI_MAGIC_ARRAY, fn, "key");
+    if (st != NB_OK) {
+        return st;
     }
     if (key->dtype != NB_DTYPE_I32 || key->rank != 1 || key->shape[0] != 2) {
         char sig[NBI_SIG_CAP];
@@ -57,10 +58,13 @@ static size_t nbi_row_bytes(const nb_array *a) {
 
 /* x (and y, if not NULL) are live arrays of rank >= 1 with the same number of rows. */
 static nb_status nbi_data_rows(const char *fn, const nb_array *x, const nb_array *y) {
-    if (nb_array_check(x) != NB_OK || (y != NULL && nb_array_check(y) != NB_OK)) {
-        nb_ctx *ctx = nb_array_ctx(x) ? nb_array_ctx(x) : nb_array_ctx(y);
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: %s is a NULL or destroyed array", fn,
-                       nb_array_check(x) != NB_OK ? "x" : "y");
+    nb_ctx *ctx = nbi_handle_ctx(x) != NULL ? nbi_handle_ctx(x) : nbi_handle_ctx(y);
+    nb_status st = nbi_check_handle_in(ctx, x, NBI_MAGIC_ARRAY, fn, "x");
+    if (st == NB_OK && y != NULL) {
+        st = nbi_check_handle_in(ctx, y, NBI_MAGIC_ARRAY, fn, "y");
+    }
+    if (st != NB_OK) {
+        return st;
     }
     char sx[NBI_SIG_CAP], sy[NBI_SIG_CAP];
     nbi_sig(sx, sizeof sx, x->dtype, x->rank, x->shape);
@@ -129,10 +133,9 @@ nb_status nb_data_split(const nb_array *x, const nb_array *y, const nb_array *ke
                        fn);
     }
     uint32_t k0 = 0, k1 = 0;
-    st = nbi_data_key(key, fn, &k0, &k1);
+    st = nbi_data_key(ctx, key, fn, &k0, &k1);
     if (st != NB_OK) {
-        return st == NB_ERR_MISUSE ? nbi_err(ctx, st, "%s: key is a NULL or destroyed array", fn)
-                                   : st;
+        return st;
     }
     int64_t n = x->shape[0];
     char sx[NBI_SIG_CAP];
@@ -189,9 +192,9 @@ nb_status nb_data_split(const nb_array *x, const nb_array *y, const nb_array *ke
  * shape. what names x in messages. */
 static nb_status nbi_std_check(const char *fn, const char *what, const nb_array *x,
                                const nb_array *ref) {
-    if (nb_array_check(x) != NB_OK) {
-        return nbi_err(ref ? ref->hdr.ctx : NULL, NB_ERR_MISUSE,
-                       "%s: %s is a NULL or destroyed array", fn, what);
+    nb_status st = nbi_check_handle_in(ref ? ref->hdr.ctx : NULL, x, NBI_MAGIC_ARRAY, fn, what);
+    if (st != NB_OK) {
+        return st;
     }
     char sx[NBI_SIG_CAP], sr[NBI_SIG_CAP];
     nbi_sig(sx, sizeof sx, x->dtype, x->rank, x->shape);
@@ -252,7 +255,10 @@ nb_status nb_data_standardize(nb_array *train, nb_array *test, nb_array **mean, 
     if (std != NULL) {
         *std = NULL;
     }
-    nb_status st = nbi_std_check(fn, "train", train, NULL);
+    nb_status st = nbi_check_handle_in(nbi_handle_ctx(test), train, NBI_MAGIC_ARRAY, fn, "train");
+    if (st == NB_OK) {
+        st = nbi_std_check(fn, "train", train, NULL);
+    }
     if (st == NB_OK && test != NULL) {
         st = nbi_std_check(fn, "test", test, train);
     }
@@ -334,7 +340,11 @@ nb_status nb_data_standardize(nb_array *train, nb_array *test, nb_array **mean, 
 
 nb_status nb_data_standardize_apply(nb_array *x, const nb_array *mean, const nb_array *std) {
     static const char fn[] = "nb_data_standardize_apply";
-    nb_status st = nbi_std_check(fn, "x", x, NULL);
+    nb_ctx *hint = nbi_handle_ctx(mean) != NULL ? nbi_handle_ctx(mean) : nbi_handle_ctx(std);
+    nb_status st = nbi_check_handle_in(hint, x, NBI_MAGIC_ARRAY, fn, "x");
+    if (st == NB_OK) {
+        st = nbi_std_check(fn, "x", x, NULL);
+    }
     if (st != NB_OK) {
         return st;
     }
@@ -343,9 +353,9 @@ nb_status nb_data_standardize_apply(nb_array *x, const nb_array *mean, const nb_
     const nb_array *stats[2] = {mean, std};
     for (int k = 0; k < 2; k++) {
         const nb_array *a = stats[k];
-        if (nb_array_check(a) != NB_OK) {
-            return nbi_err(x->hdr.ctx, NB_ERR_MISUSE, "%s: %s is a NULL or destroyed array", fn,
-                           k ? "std" : "mean");
+        st = nbi_check_handle_in(x->hdr.ctx, a, NBI_MAGIC_ARRAY, fn, k ? "std" : "mean");
+        if (st != NB_OK) {
+            return st;
         }
         bool same = a->dtype == x->dtype && a->rank == x->rank - 1 &&
                     memcmp(a->shape, x->shape + 1, (size_t)a->rank * sizeof(int64_t)) == 0;
@@ -409,13 +419,13 @@ nb_status nb_batcher_create(const nb_array *x, const nb_array *y, const nb_array
     }
     nb_ctx *ctx = x->hdr.ctx;
     if (out == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: out is NULL", fn);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_batcher * to receive it)", fn);
     }
     uint32_t k0 = 0, k1 = 0;
-    st = nbi_data_key(key, fn, &k0, &k1);
+    st = nbi_data_key(ctx, key, fn, &k0, &k1);
     if (st != NB_OK) {
-        return st == NB_ERR_MISUSE ? nbi_err(ctx, st, "%s: key is a NULL or destroyed array", fn)
-                                   : st;
+        return st;
     }
     int64_t n = x->shape[0];
     if (batch_size < 1 || batch_size > n || n > NBI_RNG_PERM_MAX) {
@@ -476,8 +486,9 @@ int64_t nb_batcher_num_batches(const nb_batcher *b) {
 }
 
 nb_status nb_batcher_epoch(nb_batcher *b, int64_t e) {
-    if (!nbi_batcher_live(b)) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(b, NBI_MAGIC_BATCHER, "nb_batcher_epoch", "b");
+    if (st != NB_OK) {
+        return st;
     }
     if (e < 0 || e > (int64_t)UINT32_MAX) {
         return nbi_err(b->hdr.ctx, NB_ERR_INVALID,
@@ -492,8 +503,9 @@ nb_status nb_batcher_epoch(nb_batcher *b, int64_t e) {
 /* dst must be src's dtype and shape with `rows` rows. */
 static nb_status nbi_batch_check(const nb_batcher *b, const char *fn, const char *what,
                                  const nb_array *dst, const nb_array *src, int64_t rows) {
-    if (nb_array_check(dst) != NB_OK) {
-        return nbi_err(b->hdr.ctx, NB_ERR_MISUSE, "%s: %s is a NULL or destroyed array", fn, what);
+    nb_status st = nbi_check_handle_in(b->hdr.ctx, dst, NBI_MAGIC_ARRAY, fn, what);
+    if (st != NB_OK) {
+        return st;
     }
     bool same = dst->dtype == src->dtype && dst->rank == src->rank && dst->shape[0] == rows;
     for (int d = 1; same && d < src->rank; d++) {
@@ -529,11 +541,16 @@ nb_status nb_batcher_next(nb_batcher *b, nb_array *xb, nb_array *yb, int64_t *ro
     if (rows != NULL) {
         *rows = 0;
     }
-    if (!nbi_batcher_live(b)) {
-        return NB_ERR_MISUSE;
+    nb_ctx *other = nbi_handle_ctx(xb) != NULL ? nbi_handle_ctx(xb) : nbi_handle_ctx(yb);
+    nb_status cst = nbi_check_handle_in(other, b, NBI_MAGIC_BATCHER, fn, "b");
+    if (cst != NB_OK) {
+        return cst;
     }
     if (rows == NULL) {
-        return nbi_err(b->hdr.ctx, NB_ERR_MISUSE, "%s: rows is NULL", fn);
+        return nbi_err(b->hdr.ctx, NB_ERR_MISUSE,
+                       "%s: rows is NULL (pass the address of an int64_t to receive the batch's "
+                       "row count)",
+                       fn);
     }
     if (yb != NULL && b->y == NULL) {
         return nbi_err(b->hdr.ctx, NB_ERR_MISUSE,
@@ -567,11 +584,14 @@ nb_status nb_batcher_next_new(nb_batcher *b, nb_array **xb, nb_array **yb) {
     if (yb != NULL) {
         *yb = NULL;
     }
-    if (!nbi_batcher_live(b)) {
-        return NB_ERR_MISUSE;
+    nb_status cst = nbi_check_handle(b, NBI_MAGIC_BATCHER, fn, "b");
+    if (cst != NB_OK) {
+        return cst;
     }
     if (xb == NULL) {
-        return nbi_err(b->hdr.ctx, NB_ERR_MISUSE, "%s: xb is NULL", fn);
+        return nbi_err(b->hdr.ctx, NB_ERR_MISUSE,
+                       "%s: xb is NULL (pass the address of an nb_array * to receive the batch)",
+                       fn);
     }
     int64_t m = nbi_batch_rows(b);
     if (m == 0) {

@@ -302,7 +302,13 @@ nb_status nb_csv_load(nb_ctx *ctx, const char *path, const nb_csv_opts *opts, nb
         *labels = NULL;
     }
     if (ctx == NULL || features == NULL || path == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: ctx, path and features must not be NULL", fn);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: %s is NULL (pass the context, the file's path and the address of an "
+                       "nb_array * for the features)",
+                       fn,
+                       ctx == NULL    ? "ctx"
+                       : path == NULL ? "path"
+                                      : "features");
     }
     nb_csv_opts o = opts ? *opts : nb_csv_opts_default();
     if (!nb_dtype_is_float(o.feature_dtype) ||

@@ -174,8 +174,9 @@ const nbi_op_info nbi_opinfo_while = {.name = "while",
 /* ---- building ----------------------------------------------------------------------- */
 
 static bool nbl_plain_ok(nb_trace *tr, const char *who, const char *role, const nb_fn *f) {
-    if (nb_fn_check(f) != NB_OK) {
-        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: the %s function is NULL or destroyed", who, role);
+    char why[NBI_ERRMSG_CAP];
+    if (nbi_handle_why(f, NBI_MAGIC_FN, who, role, why, sizeof why)) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s", why);
         return false;
     }
     return true;
@@ -542,7 +543,7 @@ static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_f
     if (!nbl_plain_ok(tr, who, "cond", cond) || !nbl_plain_ok(tr, who, "body", body)) {
         return NULL;
     }
-    if (nb_tree_check(init) != NB_OK) {
+    if (!nbi_obj_live(init, NBI_MAGIC_TREE)) {
         nbi_trace_err(tr, NB_ERR_MISUSE, "%s: the initial carry is NULL or destroyed", who);
         return NULL;
     }
@@ -558,7 +559,7 @@ static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_f
     uint64_t bufbits[NB_MAX_RANK] = {0};
     if (o.buffers != NULL) {
         int64_t k = 0;
-        if (nb_tree_check(o.buffers) != NB_OK) {
+        if (!nbi_obj_live(o.buffers, NBI_MAGIC_TREE)) {
             nbi_trace_err(tr, NB_ERR_MISUSE, "%s: buffers is a destroyed tree", who);
             return NULL;
         }
@@ -705,8 +706,7 @@ const nb_tree *nb_while_loop(nb_trace *tr, nb_fn *cond, nb_fn *body, const nb_tr
  * any others, and the wrapper's cache key holds the user's body pointer (self.fn). */
 static bool nbl_unwrap(nb_trace *tr, const char *who, const char *role, const nb_fn *f,
                        nb_fn_body *body, const nb_tree **self) {
-    if (nb_fn_check(f) != NB_OK) {
-        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: the %s function is NULL or destroyed", who, role);
+    if (!nbl_plain_ok(tr, who, role, f)) {
         return false;
     }
     while (f->kind == NBI_FN_JIT || f->kind == NBI_FN_MAXTRACES) {
@@ -867,7 +867,7 @@ const nb_tree *nb_fori_loop(nb_trace *tr, int64_t lo, int64_t hi, nb_fn *body, c
     if (!nbl_unwrap(tr, who, "body", body, &ub, &us)) {
         return NULL;
     }
-    if (nb_tree_check(init) != NB_OK) {
+    if (!nbi_obj_live(init, NBI_MAGIC_TREE)) {
         nbi_trace_err(tr, NB_ERR_MISUSE, "%s: the initial carry is NULL or destroyed", who);
         return NULL;
     }
@@ -982,9 +982,13 @@ const nb_tree *nb_switch(nb_trace *tr, nb_var *index, int n, nb_fn *const *branc
     if (tr == NULL || tr->status != NB_OK) {
         return NULL;
     }
-    if (index == NULL || nb_tree_check(operand) != NB_OK) {
-        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: the index is NULL or the operand NULL or destroyed",
-                      who);
+    if (index == NULL) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: index is a NULL var (pass a 0-d integer var)", who);
+        return NULL;
+    }
+    char why[NBI_ERRMSG_CAP];
+    if (nbi_handle_why(operand, NBI_MAGIC_TREE, who, "operand", why, sizeof why)) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s", why);
         return NULL;
     }
     if (nb_var_is_poison(index)) {
@@ -997,8 +1001,9 @@ const nb_tree *nb_switch(nb_trace *tr, nb_var *index, int n, nb_fn *const *branc
     if (index->rank != 0 || nb_dtype_is_float(index->dtype) || index->dtype == NB_DTYPE_BOOL) {
         char sig[96];
         nbi_var_sig(sig, sizeof sig, index);
-        nbi_trace_err(tr, NB_ERR_SHAPE, "%s: the index is %s; it must be a 0-d integer var", who,
-                      sig);
+        bool int_dtype = !nb_dtype_is_float(index->dtype) && index->dtype != NB_DTYPE_BOOL;
+        nbi_trace_err(tr, int_dtype ? NB_ERR_SHAPE : NB_ERR_DTYPE,
+                      "%s: the index is %s; it must be a 0-d integer var", who, sig);
         return NULL;
     }
     nb_fn_body ub[64];
@@ -1046,8 +1051,19 @@ const nb_tree *nb_cond(nb_trace *tr, nb_var *pred, nb_fn *true_fn, nb_fn *false_
     if (tr == NULL || tr->status != NB_OK) {
         return NULL;
     }
-    if (pred == NULL || nb_tree_check(operand) != NB_OK) {
-        nbi_trace_err(tr, NB_ERR_MISUSE, "nb_cond: pred is NULL or the operand NULL or destroyed");
+    static const char who[] = "nb_cond";
+    if (pred == NULL) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s: pred is a NULL var (pass a 0-d bool var)", who);
+        return NULL;
+    }
+    char why[NBI_ERRMSG_CAP];
+    if (nbi_handle_why(operand, NBI_MAGIC_TREE, who, "operand", why, sizeof why)) {
+        nbi_trace_err(tr, NB_ERR_MISUSE, "%s", why);
+        return NULL;
+    }
+    /* the branches are checked here too, so that the message names nb_cond (not nb_switch) */
+    if (!nbl_plain_ok(tr, who, "true_fn", true_fn) ||
+        !nbl_plain_ok(tr, who, "false_fn", false_fn)) {
         return NULL;
     }
     if (nb_var_is_poison(pred)) {
@@ -1056,7 +1072,10 @@ const nb_tree *nb_cond(nb_trace *tr, nb_var *pred, nb_fn *true_fn, nb_fn *false_
     if (pred->rank != 0 || pred->dtype != NB_DTYPE_BOOL) {
         char sig[96];
         nbi_var_sig(sig, sizeof sig, pred);
-        nbi_trace_err(tr, NB_ERR_SHAPE, "nb_cond: the predicate is %s; it must be a 0-d bool", sig);
+        nbi_trace_err(tr, pred->dtype == NB_DTYPE_BOOL ? NB_ERR_SHAPE : NB_ERR_DTYPE,
+                      "nb_cond: the predicate is %s; it must be a 0-d bool (compare with nb_gt "
+                      "& co, or nb_cast to bool)",
+                      sig);
         return NULL;
     }
     /* branch 0 is false, 1 is true (lax.cond's order) */
@@ -1196,7 +1215,7 @@ const nb_tree *nb_scan(nb_trace *tr, nb_fn *body, const nb_tree *init, const nb_
     if (!nbl_unwrap(tr, who, "body", body, &ub, &us)) {
         return NULL;
     }
-    if (nb_tree_check(init) != NB_OK || (xs != NULL && nb_tree_check(xs) != NB_OK)) {
+    if (!nbi_obj_live(init, NBI_MAGIC_TREE) || (xs != NULL && !nbi_obj_live(xs, NBI_MAGIC_TREE))) {
         nbi_trace_err(tr, NB_ERR_MISUSE, "%s: NULL or destroyed init or xs", who);
         return NULL;
     }

@@ -139,15 +139,22 @@ nb_status nbi_nn_args(nb_ctx *ctx, const char *fn, nb_tree **out) {
         return NB_ERR_MISUSE;
     }
     if (out == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "%s: out is NULL", fn);
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_tree * for the new layer)", fn);
     }
     return NB_OK;
 }
 
 nb_status nbi_nn_check_key(nb_ctx *ctx, const char *fn, const nb_array *key) {
-    if (nb_array_check(key) != NB_OK) {
+    if (key == NULL) {
         return nbi_err(ctx, NB_ERR_MISUSE,
                        "%s: key is a NULL or destroyed array (make one with nb_random_key)", fn);
+    }
+    char why[NBI_ERRMSG_CAP];
+    if (nbi_handle_why(key, NBI_MAGIC_ARRAY, fn, "key", why, sizeof why)) {
+        nb_ctx *own = nbi_handle_ctx(key);
+        return nbi_err(own != NULL ? own : ctx, NB_ERR_MISUSE, "%s (make one with nb_random_key)",
+                       why);
     }
     return NB_OK;
 }
@@ -254,7 +261,7 @@ bool nbi_nn_begin(nbi_nn_at *at, nb_trace *tr, const char *fn, const char *kind,
     if (tr == NULL || nb_trace_status(tr) != NB_OK) {
         return false;
     }
-    if (layer == NULL || nb_tree_check(layer) != NB_OK) {
+    if (!nbi_obj_live(layer, NBI_MAGIC_TREE)) {
         nbi_nn_fail(at, NB_ERR_MISUSE,
                     "the layer is a NULL or destroyed tree (look it up with nb_tree_lookup "
                     "and check the path; make it with nb_nn_%s_init)",
@@ -551,11 +558,14 @@ nb_status nb_nn_count_params(const nb_tree *model, int64_t *count) {
     if (count != NULL) {
         *count = 0;
     }
-    if (nb_tree_check(model) != NB_OK || count == NULL) {
-        if (nb_tree_check(model) == NB_OK) {
-            return nbi_err(nb_tree_ctx(model), NB_ERR_MISUSE, "nb_nn_count_params: count is NULL");
-        }
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(model, NBI_MAGIC_TREE, "nb_nn_count_params", "model");
+    if (st != NB_OK) {
+        return st;
+    }
+    if (count == NULL) {
+        return nbi_err(model->hdr.ctx, NB_ERR_MISUSE,
+                       "nb_nn_count_params: count is NULL (pass the address of an int64_t to "
+                       "receive the count)");
     }
     nbi_nn_count(model, count);
     return NB_OK;
@@ -581,11 +591,14 @@ nb_status nb_nn_inference_mode(const nb_tree *model, bool inference, nb_tree **o
     if (out != NULL) {
         *out = NULL;
     }
-    if (nb_tree_check(model) != NB_OK) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(model, NBI_MAGIC_TREE, "nb_nn_inference_mode", "model");
+    if (st != NB_OK) {
+        return st;
     }
     if (out == NULL) {
-        return nbi_err(nb_tree_ctx(model), NB_ERR_MISUSE, "nb_nn_inference_mode: out is NULL");
+        return nbi_err(model->hdr.ctx, NB_ERR_MISUSE,
+                       "nb_nn_inference_mode: out is NULL (pass the address of an nb_tree * for "
+                       "the new model)");
     }
     return nb_tree_map(model, nbi_nn_inference_leaf, &inference, NB_TREE_MAP_STATIC, out);
 }
@@ -593,12 +606,23 @@ nb_status nb_nn_inference_mode(const nb_tree *model, bool inference, nb_tree **o
 nb_status nb_nn_sequential_init(nb_ctx *ctx, int n, nb_tree *const *layers, nb_tree **layer) {
     static const char fn[] = "nb_nn_sequential_init";
     nb_status st = nbi_nn_args(ctx, fn, layer);
+    if (ctx == NULL && n > 0 && layers != NULL) {
+        st = nbi_err_null_ctx(layers[0], fn); /* the layers know the context */
+    }
     if (st != NB_OK) {
         return st;
     }
     if (n < 0 || (n > 0 && layers == NULL)) {
         return nbi_err(ctx, NB_ERR_INVALID, "%s: n is %d with %s layers; n >= 0 layers are needed",
                        fn, n, layers == NULL ? "NULL" : "given");
+    }
+    for (int i = 0; i < n; i++) {
+        char arg[32];
+        snprintf(arg, sizeof arg, "layers[%d]", i);
+        st = nbi_check_handle_in(ctx, layers[i], NBI_MAGIC_TREE, fn, arg);
+        if (st != NB_OK) {
+            return st;
+        }
     }
     nbi_nn_dict d;
     nbi_nn_dict_begin(&d, ctx, "sequential");
@@ -625,8 +649,13 @@ nb_var *nb_nn_apply(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *key) 
     if (nb_trace_status(tr) != NB_OK) {
         return tr->poison;
     }
-    if (layer == NULL || nb_tree_check(layer) != NB_OK) {
-        return nbi_nn_fail(&at, NB_ERR_MISUSE, "the layer is a NULL or destroyed tree");
+    if (!nbi_obj_live(layer, NBI_MAGIC_TREE)) {
+        return nbi_nn_fail(&at, NB_ERR_MISUSE,
+                           "the layer is a NULL or destroyed tree (look it up with "
+                           "nb_tree_lookup and check the path)");
+    }
+    if (x == NULL) {
+        return nbi_nn_fail(&at, NB_ERR_MISUSE, "x is a NULL var (pass the layer's input)");
     }
     nb_tree_kind k = nb_tree_kind_of(layer);
     if (k == NB_TREE_KIND_FNREF) {

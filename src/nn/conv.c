@@ -34,6 +34,9 @@ nb_status nb_nn_conv2d_init(nb_ctx *ctx, int64_t in, int64_t out, int64_t kh, in
                             nb_tree **layer) {
     static const char fn[] = "nb_nn_conv2d_init";
     nb_status st = nbi_nn_args(ctx, fn, layer);
+    if (ctx == NULL) {
+        st = nbi_err_null_ctx(key, fn); /* the key knows the context */
+    }
     nb_nn_conv2d_opts o = opts != NULL ? *opts : nb_nn_conv2d_opts_default();
     if (st == NB_OK) {
         st = nbi_nn_check_size(ctx, fn, "in (in_channels)", in, 1);

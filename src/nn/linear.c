@@ -54,6 +54,9 @@ nb_status nb_nn_linear_init(nb_ctx *ctx, int64_t in, int64_t out, bool use_bias,
                             const nb_array *key, nb_tree **layer) {
     static const char fn[] = "nb_nn_linear_init";
     nb_status st = nbi_nn_args(ctx, fn, layer);
+    if (ctx == NULL) {
+        st = nbi_err_null_ctx(key, fn); /* the key knows the context */
+    }
     if (st == NB_OK) {
         st = nbi_nn_check_size(ctx, fn, "in (in_features)", in, 1);
     }
@@ -87,6 +90,9 @@ nb_status nb_nn_mlp_init(nb_ctx *ctx, int64_t in, int64_t out, int64_t width, in
                          nb_tree **layer) {
     static const char fn[] = "nb_nn_mlp_init";
     nb_status st = nbi_nn_args(ctx, fn, layer);
+    if (ctx == NULL) {
+        st = nbi_err_null_ctx(key, fn); /* the key knows the context */
+    }
     nb_nn_mlp_opts o = opts != NULL ? *opts : nb_nn_mlp_opts_default();
     if (st == NB_OK) {
         st = nbi_nn_check_size(ctx, fn, "in (in_size)", in, 1);
@@ -225,6 +231,9 @@ nb_var *nb_nn_mlp(nb_trace *tr, const nb_tree *layer, nb_var *x) {
     nbi_nn_at at;
     if (!nbi_nn_begin(&at, tr, "nb_nn_mlp", "mlp", layer)) {
         return tr != NULL ? tr->poison : NULL;
+    }
+    if (x == NULL) {
+        return nbi_nn_fail(&at, NB_ERR_MISUSE, "x is a NULL var (pass the MLP's input)");
     }
     int64_t depth = 0;
     nb_nn_activation act = NULL, fact = NULL;

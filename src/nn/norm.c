@@ -128,6 +128,9 @@ nb_status nb_nn_embedding_init(nb_ctx *ctx, int64_t num, int64_t dim, nb_dtype d
                                const nb_array *key, nb_tree **layer) {
     static const char fn[] = "nb_nn_embedding_init";
     nb_status st = nbi_nn_args(ctx, fn, layer);
+    if (ctx == NULL) {
+        st = nbi_err_null_ctx(key, fn); /* the key knows the context */
+    }
     if (st == NB_OK) {
         st = nbi_nn_check_size(ctx, fn, "num (num_embeddings)", num, 1);
     }

@@ -1,5 +1,5 @@
 /*
- * test_api_walk.c -- issue 9's misuse acceptance point, as a walk over the whole public API:
+ * test_api_walk.c -- the misuse contract, as a walk over the whole public API:
  * every public function, called with NULL (and, for pooled handles, a destroyed handle) in
  * each handle or pointer argument in turn, gives its documented misuse result.
  *
@@ -19,6 +19,12 @@
  *     traced op, with the sticky error on the trace),
  *   - out-parameters are NULL (or zero, or false) -- core.h: "set to NULL (or zero) on
  *     failure",
+ *   - when the failure can reach a context -- a destroyed handle (it keeps its context), a
+ *     NULL out-parameter, or a NULL pointer or handle beside another argument that leads to
+ *     the context, or a traced op whose trace is reachable -- the context holds it: errcode
+ *     the status and a message naming the function (core.h: "nb_ctx_errmsg() holds one line
+ *     naming the function ..."). A walker whose call reaches no context at all says so
+ *     (w->no_ctx, with the reason),
  *   - the destroyed handle is still detected as destroyed (its pool slot was not reused),
  *   - with the fixtures released and the compile cache dropped nothing is live,
  *   - the context still works (an array and a tree are made and destroyed), and after
@@ -101,6 +107,8 @@ struct walk {
     const char *what;
     unsigned accept;        /* statuses accepted for the spoiled position */
     const void *nulled_out; /* the out-parameter passed as NULL in this run */
+    bool no_ctx;            /* the call cannot reach any context (set by its walker, with why) */
+    int ctx_args;           /* arguments passed that lead to the context (live or destroyed) */
     /* traced entries */
     bool outside;   /* run outside any trace, every handle NULL */
     bool tr_nulled; /* the trace argument was spoiled */
@@ -264,6 +272,7 @@ static nb_array *walk_arr(walk *w, nb_array *p, const char *what, bool null_too)
     /* both positions are passed in every run, so that every run counts the same */
     bool null = null_too && walk_at(w, SP_NULL, what, ACC_MISUSE);
     bool dead = walk_at(w, SP_DEAD, what, ACC_MISUSE);
+    w->ctx_args += !null && (dead || p != NULL);
     return null ? NULL : dead ? dead_array(w) : p;
 }
 
@@ -271,6 +280,7 @@ static nb_tree *walk_tree(walk *w, nb_tree *p, const char *what, bool null_too) 
     /* both positions are passed in every run, so that every run counts the same */
     bool null = null_too && walk_at(w, SP_NULL, what, ACC_MISUSE);
     bool dead = walk_at(w, SP_DEAD, what, ACC_MISUSE);
+    w->ctx_args += !null && (dead || p != NULL);
     return null ? NULL : dead ? dead_tree(w) : p;
 }
 
@@ -278,6 +288,7 @@ static nb_treedef *walk_tdef(walk *w, nb_treedef *p, const char *what) {
     /* both positions are passed in every run, so that every run counts the same */
     bool null = walk_at(w, SP_NULL, what, ACC_MISUSE);
     bool dead = walk_at(w, SP_DEAD, what, ACC_MISUSE);
+    w->ctx_args += !null && (dead || p != NULL);
     return null ? NULL : dead ? dead_treedef(w) : p;
 }
 
@@ -285,6 +296,7 @@ static nb_fn *walk_fnh(walk *w, nb_fn *p, const char *what) {
     /* both positions are passed in every run, so that every run counts the same */
     bool null = walk_at(w, SP_NULL, what, ACC_MISUSE);
     bool dead = walk_at(w, SP_DEAD, what, ACC_MISUSE);
+    w->ctx_args += !null && (dead || p != NULL);
     return null ? NULL : dead ? dead_fn(w) : p;
 }
 
@@ -292,6 +304,7 @@ static nb_batcher *walk_bat(walk *w, nb_batcher *p, const char *what) {
     /* both positions are passed in every run, so that every run counts the same */
     bool null = walk_at(w, SP_NULL, what, ACC_MISUSE);
     bool dead = walk_at(w, SP_DEAD, what, ACC_MISUSE);
+    w->ctx_args += !null && (dead || p != NULL);
     return null ? NULL : dead ? dead_batcher(w) : p;
 }
 
@@ -301,6 +314,7 @@ static nb_var *walk_var(walk *w, nb_var *p, const char *what, unsigned accept) {
     }
     if (p != NULL) {
         w->carriers++;
+        w->ctx_args++;
     }
     return p;
 }
@@ -312,7 +326,16 @@ static nb_trace *walk_trc(walk *w, nb_trace *p) {
     }
     if (p != NULL) {
         w->carriers++;
+        w->ctx_args++;
     }
+    return p;
+}
+
+static nb_ctx *walk_ctx(walk *w, nb_ctx *p) {
+    if (walk_at(w, SP_NULL, "ctx", ACC_MISUSE)) {
+        return NULL;
+    }
+    w->ctx_args += p != NULL;
     return p;
 }
 
@@ -320,7 +343,7 @@ static nb_trace *walk_trc(walk *w, nb_trace *p) {
 #define NUL(p) (walk_at(w, SP_NULL, #p, ACC_MISUSE) ? NULL : (p))
 #define NUL_ACC(p, acc) (walk_at(w, SP_NULL, #p, (acc)) ? NULL : (p))
 #define OUT(p) (walk_out(w, (const void *)(p), "out-parameter " #p) ? NULL : (p))
-#define CTX(p) (walk_at(w, SP_NULL, "ctx", ACC_MISUSE) ? NULL : (p))
+#define CTX(p) walk_ctx(w, (p))
 #define ARR(p) walk_arr(w, (p), #p, true)
 #define ARR_OPT(p) walk_arr(w, (p), #p, false) /* NULL allowed: destroyed only */
 #define TREE(p) walk_tree(w, (p), #p, true)
@@ -352,6 +375,32 @@ static const char *accept_names(const walk *w, char *buf, size_t cap) {
     return buf;
 }
 
+/* Does msg name the function fn ("fn: ...", or "fn" as a word inside)? */
+static bool walk_names_fn(const char *msg, const char *fn) {
+    size_t n = strlen(fn);
+    for (const char *p = strstr(msg, fn); p != NULL; p = strstr(p + 1, fn)) {
+        bool start = p == msg || !(isalnum((unsigned char)p[-1]) || p[-1] == '_');
+        bool end = !(isalnum((unsigned char)p[n]) || p[n] == '_');
+        if (start && end) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The failure s of the call text is on the context: errcode s and a message that names the
+ * function (core.h: "nb_ctx_errmsg() holds one line naming the function ..."). */
+static void walk_msg(walk *w, int line, const char *text, nb_status s) {
+    const char *m = nb_ctx_errmsg(w->ctx);
+    if (nb_ctx_errcode(w->ctx) != s || m[0] == '\0') {
+        walk_failf(w, line, "%s returned %s with no message on the context (errcode %s, '%s')",
+                   text, nb_status_name(s), nb_status_name(nb_ctx_errcode(w->ctx)), m);
+    } else if (!walk_names_fn(m, w->e->name)) {
+        walk_failf(w, line, "%s returned %s with a message that does not name %s: '%s'", text,
+                   nb_status_name(s), w->e->name, m);
+    }
+}
+
 /* An nb_status result: one of the accepted statuses (NB_ERR_MISUSE unless said otherwise). */
 #define W_ST(expr) walk_st(w, __LINE__, #expr, (expr))
 static void walk_st(walk *w, int line, const char *text, nb_status s) {
@@ -359,6 +408,15 @@ static void walk_st(walk *w, int line, const char *text, nb_status s) {
         char want[128];
         walk_failf(w, line, "%s returned %s, wanted %s (errmsg: %s)", text, nb_status_name(s),
                    accept_names(w, want, sizeof want), nb_ctx_errmsg(w->ctx));
+    }
+    /* Every error a context can be reached for says why: a destroyed handle still names its
+     * context, and so does a live handle or ctx passed beside a NULL out-parameter, pointer
+     * or handle (ctx_args). A NULL handle that is the only way to the context has nowhere
+     * to record; a call that reaches no context at all is marked no_ctx by its walker. */
+    if (s < 0 && !w->no_ctx &&
+        (w->spoil == SP_DEAD || w->nulled_out != NULL ||
+         (w->spoil == SP_NULL && w->ctx_args > 0))) {
+        walk_msg(w, line, text, s);
     }
 }
 
@@ -413,11 +471,19 @@ static void walk_tvar(walk *w, int line, const char *text, const nb_var *r) {
     } else if (w->tr_nulled) {
         if (r != NULL && !(nb_var_is_poison(r) && walk_accepts(w, ts))) {
             walk_failf(w, line, "%s with a NULL trace returned a var that is not poison", text);
+        } else if (r != NULL) {
+            walk_msg(w, line, text, ts); /* recorded through another argument */
         }
     } else if (w->carriers == 0) {
-        if (r != NULL || ts != NB_OK) {
-            walk_failf(w, line, "%s with no way to the trace: got %s, trace %s; wanted NULL", text,
-                       r == NULL ? "NULL" : "a var", nb_status_name(ts));
+        /* no argument leads to the trace; an op may still record on the trace whose body is
+         * running (nb_concatenate of a NULL xs): then poison and the misuse, with a message */
+        if (r != NULL && nb_var_is_poison(r) && walk_accepts(w, ts)) {
+            walk_msg(w, line, text, ts);
+        } else if (r != NULL || ts != NB_OK) {
+            walk_failf(w, line,
+                       "%s with no way to the trace: got %s, trace %s; wanted NULL, or poison "
+                       "with the misuse recorded on the running trace",
+                       text, r == NULL ? "NULL" : "a var", nb_status_name(ts));
         }
     } else if (r == NULL || !nb_var_is_poison(r) || !walk_accepts(w, ts)) {
         walk_failf(w, line, "%s returned %s with the trace's status %s; wanted poison and %s", text,
@@ -425,6 +491,8 @@ static void walk_tvar(walk *w, int line, const char *text, const nb_var *r) {
                    : nb_var_is_poison(r) ? "poison"
                                          : "a live var",
                    nb_status_name(ts), accept_names(w, want, sizeof want));
+    } else {
+        walk_msg(w, line, text, ts); /* the sticky error says why */
     }
 }
 
@@ -439,6 +507,8 @@ static void walk_ttree(walk *w, int line, const char *text, const nb_tree *r) {
     } else if (!w->outside && !w->tr_nulled && w->carriers > 0 && !walk_accepts(w, ts)) {
         walk_failf(w, line, "%s returned NULL but the trace's status is %s, wanted %s", text,
                    nb_status_name(ts), accept_names(w, want, sizeof want));
+    } else if (!w->outside && !w->tr_nulled && w->carriers > 0) {
+        walk_msg(w, line, text, ts);
     }
 }
 
@@ -450,6 +520,8 @@ static void walk_tst(walk *w, int line, const char *text, nb_status s) {
     if (!w->outside && !w->tr_nulled && !walk_accepts(w, ts)) {
         walk_failf(w, line, "%s: the trace's status is %s, not the misuse", text,
                    nb_status_name(ts));
+    } else if (!w->outside && !w->tr_nulled) {
+        walk_msg(w, line, text, ts);
     }
 }
 
@@ -753,6 +825,9 @@ WALK(nb_ctx_create) {
     o.allocator.alloc = NUL(o.allocator.alloc);
     o.allocator.free = NUL(o.allocator.free);
     nb_ctx *c = S_C;
+    /* No context exists yet: nothing to record a message on (core.h: "No message is available
+     * on failure ... the status says why"). */
+    w->no_ctx = true;
     W_ST(nb_ctx_create(&o, OUT(&c)));
     W_NULLOUT(c);
     if (c != NULL && c != S_C) {
@@ -1240,7 +1315,11 @@ WALK(nb_tree_map) {
 WALK(nb_tree_map_n) {
     nb_tree *t = fx_params(w), *o = S_T;
     const nb_tree *trees[2] = {t, TREE(t)};
-    W_ST(nb_tree_map_n(2, NUL(trees), NUL(map_keep), NULL, 0, OUT(&o)));
+    const nb_tree *const *p = NUL(trees);
+    if (p == NULL) {
+        w->ctx_args = 0; /* the trees are not reachable through a NULL array */
+    }
+    W_ST(nb_tree_map_n(2, p, NUL(map_keep), NULL, 0, OUT(&o)));
     W_NULLOUT(o);
     drop_t(o);
 }
@@ -1272,7 +1351,11 @@ WALK(nb_tree_partition) {
 WALK(nb_tree_combine) {
     nb_tree *t = fx_params(w), *o = S_T;
     const nb_tree *trees[2] = {t, TREE(t)};
-    W_ST(nb_tree_combine(2, NUL(trees), OUT(&o)));
+    const nb_tree *const *p = NUL(trees);
+    if (p == NULL) {
+        w->ctx_args = 0; /* the trees are not reachable through a NULL array */
+    }
+    W_ST(nb_tree_combine(2, p, OUT(&o)));
     W_NULLOUT(o);
     drop_t(o);
 }
@@ -2616,6 +2699,8 @@ static void walk_run(walk *w, int k, bool outside) {
     w->what = "";
     w->accept = ACC_MISUSE;
     w->nulled_out = NULL;
+    w->no_ctx = false;
+    w->ctx_args = 0;
     w->outside = outside;
     w->tr_nulled = false;
     w->carriers = 0;

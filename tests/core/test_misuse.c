@@ -996,6 +996,175 @@ static void test_oom_is_clean(void **state) {
     NBT_EQ_I64(al.n_live, 0);
 }
 
+/* ---- misuse messages ---------------------------------------------------------------- */
+
+/* The outside fuzzer's cases: a misuse that can reach a context records a message naming the
+ * function, the argument and the fix (a NULL handle that is the only way to the context
+ * records nothing: there is nowhere to). */
+static void test_misuse_messages(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 2, (int64_t[]){2, 2}, &a));
+    nb_array_destroy(a);
+    double v = 1;
+    nb_ctx_clear_error(ctx);
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_array_get(a, (int64_t[]){0, 0}, &v));
+    NBT_EQ_I64(nb_ctx_errcode(ctx), NB_ERR_MISUSE);
+    NBT_ERRMSG_HAS(ctx, "nb_array_get: a (the array) was already destroyed");
+    NBT_ERRMSG_HAS(ctx, "nb_array_retain");
+    NBT_EQ_F64(v, 0);
+
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_int(ctx, 7, &t));
+    nb_ctx_clear_error(ctx);
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_tree_get_int(t, NULL));
+    NBT_ERRMSG_HAS(ctx, "nb_tree_get_int: out is NULL");
+
+    /* a handle of another kind (cast by mistake) says what it is */
+    nb_ctx_clear_error(ctx);
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_array_check((const nb_array *)t));
+    NBT_ERRMSG_HAS(ctx, "nb_array_check: a is a tree, not an array");
+
+    /* a destroyed handle beside a live one of the same context */
+    nb_tree *dead = NULL;
+    NBT_OK(ctx, nb_tree_int(ctx, 1, &dead));
+    nb_tree_destroy(dead);
+    bool eq = true;
+    nb_ctx_clear_error(ctx);
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_tree_equal(t, dead, &eq));
+    NBT_ERRMSG_HAS(ctx, "nb_tree_equal: b (the tree) was already destroyed");
+    NBT_TRUE(!eq);
+
+    /* NULL is the only way to the context: nothing recorded */
+    nb_ctx_clear_error(ctx);
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_array_get(NULL, NULL, &v));
+    NBT_EQ_I64(nb_ctx_errcode(ctx), NB_OK);
+    NBT_TRUE(nb_ctx_errmsg(ctx)[0] == '\0');
+
+    nb_tree_destroy(t);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- tangents and cotangents of the wrong dtype ------------------------------------- */
+
+static nb_status body_exp(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_exp(nb_get(tr, args, "[0]")), out);
+}
+
+/* Call g((primals, partner)) and expect status st with a message holding each of the two
+ * strings (the path and the signatures). */
+static void expect_partner_error(nb_ctx *ctx, nb_fn *g, nb_tree *primals, nb_tree *partner,
+                                 nb_status st, const char *has1, const char *has2) {
+    nb_tree *args = NULL, *out = k_st;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){primals, partner}, &args));
+    NBT_STATUS(ctx, st, nb_fn_call(g, args, &out));
+    assert_null(out);
+    NBT_ERRMSG_HAS(ctx, has1);
+    NBT_ERRMSG_HAS(ctx, has2);
+    nb_tree_destroy(args);
+}
+
+/* core.h: NB_ERR_DTYPE is "invalid or mismatched dtype". A jvp tangent or a vjp cotangent of
+ * the right shape but another dtype than its primal or output is a dtype mismatch (not
+ * NB_ERR_SHAPE), and the message names the leaf and both signatures. */
+static void test_ad_partner_dtype(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL, *j = NULL, *v = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "expf", body_exp, NULL, &f));
+    NBT_OK(ctx, nb_jvp(f, &j));
+    NBT_OK(ctx, nb_vjp(f, &v));
+    nb_tree *x = nbt_leaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){3});
+    nb_tree *x64 = nbt_leaf(ctx, NB_DTYPE_F64, 1, (int64_t[]){3});
+    nb_tree *x2 = nbt_leaf(ctx, NB_DTYPE_F32, 1, (int64_t[]){2});
+    nb_tree *primals = NULL, *t64 = NULL, *t2 = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 1, &x, &primals));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 1, &x64, &t64));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 1, &x2, &t2));
+
+    /* jvp: an f64 tangent for an f32 primal (at [0]) */
+    expect_partner_error(ctx, j, primals, t64, NB_ERR_DTYPE, "[0]", "f32[3]");
+    NBT_ERRMSG_HAS(ctx, "f64[3]");
+    NBT_ERRMSG_HAS(ctx, "nb_jvp");
+    /* vjp: an f64 cotangent for the f32 output (the root of the output) */
+    expect_partner_error(ctx, v, primals, x64, NB_ERR_DTYPE, "<root>", "f32[3]");
+    NBT_ERRMSG_HAS(ctx, "f64[3]");
+    NBT_ERRMSG_HAS(ctx, "nb_vjp");
+    /* a wrong shape of the right dtype stays a shape error */
+    expect_partner_error(ctx, j, primals, t2, NB_ERR_SHAPE, "f32[3]", "f32[2]");
+    expect_partner_error(ctx, v, primals, x2, NB_ERR_SHAPE, "f32[3]", "f32[2]");
+
+    nb_tree *trees[] = {t2, t64, primals, x2, x64, x};
+    for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
+        nb_tree_destroy(trees[i]);
+    }
+    nb_fn_destroy(v);
+    nb_fn_destroy(j);
+    nb_fn_destroy(f);
+    nb_ctx_clear_cache(ctx);
+    nbt_assert_no_live(ctx);
+    assert_ctx_works(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* nb_cond's predicate and nb_switch's index: a wrong dtype is NB_ERR_DTYPE, a wrong rank of
+ * the right dtype NB_ERR_SHAPE. args = (pred or index,); the branches return their operand. */
+static nb_fn *g_branch;
+
+static nb_status body_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    const nb_tree *r = nb_cond(tr, nb_get(tr, args, "[0]"), g_branch, g_branch, args);
+    *out = r != NULL ? nb_tree_retain((nb_tree *)r) : NULL;
+    return nb_trace_status(tr);
+}
+
+static nb_status body_switch(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)self;
+    const nb_tree *r =
+        nb_switch(tr, nb_get(tr, args, "[0]"), 2, (nb_fn *const[]){g_branch, g_branch}, args);
+    *out = r != NULL ? nb_tree_retain((nb_tree *)r) : NULL;
+    return nb_trace_status(tr);
+}
+
+static nb_status body_operand(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)tr;
+    (void)self;
+    *out = nb_tree_retain((nb_tree *)args);
+    return NB_OK;
+}
+
+static void expect_eval(nb_ctx *ctx, nb_fn_body body, nb_dtype dtype, int rank, nb_status st,
+                        const char *has) {
+    nb_tree *x = nbt_leaf(ctx, dtype, rank, (int64_t[]){2}), *args = NULL, *out = k_st;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 1, &x, &args));
+    NBT_STATUS(ctx, st, nb_eval(ctx, body, NULL, args, &out));
+    assert_null(out);
+    NBT_ERRMSG_HAS(ctx, has);
+    nb_tree_destroy(args);
+    nb_tree_destroy(x);
+}
+
+static void test_cond_switch_dtype(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    NBT_OK(ctx, nb_fn_create(ctx, "operand", body_operand, NULL, &g_branch));
+    expect_eval(ctx, body_cond, NB_DTYPE_F32, 0, NB_ERR_DTYPE, "nb_cond: the predicate is f32[]");
+    expect_eval(ctx, body_cond, NB_DTYPE_BOOL, 1, NB_ERR_SHAPE,
+                "nb_cond: the predicate is bool[2]");
+    expect_eval(ctx, body_switch, NB_DTYPE_F64, 0, NB_ERR_DTYPE, "nb_switch: the index is f64[]");
+    expect_eval(ctx, body_switch, NB_DTYPE_I32, 1, NB_ERR_SHAPE, "nb_switch: the index is i32[2]");
+    nb_fn_destroy(g_branch);
+    g_branch = NULL;
+    nb_ctx_clear_cache(ctx);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_status_strings),
@@ -1012,6 +1181,9 @@ int main(void) {
         cmocka_unit_test(test_mixed_contexts),
         cmocka_unit_test(test_ctx_destroy_frees_everything),
         cmocka_unit_test(test_oom_is_clean),
+        cmocka_unit_test(test_misuse_messages),
+        cmocka_unit_test(test_ad_partner_dtype),
+        cmocka_unit_test(test_cond_switch_dtype),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
