@@ -32,7 +32,7 @@ void nbi_arena_init(nbi_arena *a, nb_ctx *ctx) {
     a->used_total = 0;
 }
 
-void *nbi_arena_alloc(nbi_arena *a, size_t size) {
+void *nbi_arena_alloc_raw(nbi_arena *a, size_t size) {
     size = (size + 15) / 16 * 16;
     if (size == 0) {
         size = 16;
@@ -56,7 +56,14 @@ void *nbi_arena_alloc(nbi_arena *a, size_t size) {
     void *p = (unsigned char *)c + nbi_chunk_header() + c->used;
     c->used += size;
     a->used_total += size;
-    memset(p, 0, size);
+    return p;
+}
+
+void *nbi_arena_alloc(nbi_arena *a, size_t size) {
+    void *p = nbi_arena_alloc_raw(a, size);
+    if (p != NULL) {
+        memset(p, 0, size);
+    }
     return p;
 }
 

@@ -26,6 +26,9 @@ typedef struct nbi_arena {
 NBI_HIDDEN void nbi_arena_init(nbi_arena *a, nb_ctx *ctx);
 /* size bytes aligned to 16, zeroed; NULL on OOM (no message recorded). */
 NBI_HIDDEN void *nbi_arena_alloc(nbi_arena *a, size_t size);
+/* The same, not zeroed: for memory the caller fills completely (a node copied from its
+ * prototype, an array copied over). */
+NBI_HIDDEN void *nbi_arena_alloc_raw(nbi_arena *a, size_t size);
 /* Hand a reference to the arena: released by nbi_arena_free_all. On OOM the reference is
  * released at once and false returned. */
 NBI_HIDDEN bool nbi_arena_own_array(nbi_arena *a, nb_array *x);
@@ -385,6 +388,10 @@ NBI_HIDDEN void nbi_graph_format(nbi_sbuf *s, const nbi_graph *g, const char *na
 /* NB_OK if the graph is well formed (topological order, arities, ids, shapes consistent
  * with re-running inference), else NB_ERR_INTERNAL with a message naming the node. */
 NBI_HIDDEN nb_status nbi_graph_verify(nb_ctx *ctx, const nbi_graph *g, const char *pass);
+/* Whether the compiler verifies the IR after every pass: always in builds without NDEBUG
+ * (Debug), else when the environment variable NABLA_VERIFY_IR is set to something other
+ * than "" or "0" (the test suites set it). Read once per process. */
+NBI_HIDDEN bool nbi_verify_ir_enabled(void);
 
 /* ---- passes ------------------------------------------------------------------------- */
 /* Each returns a new graph in the same arena (out), verified in debug builds and tests. */

@@ -12,7 +12,9 @@
  */
 #include "ad/ir.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void nbi_print_ints32(nbi_sbuf *s, const char *name, const int32_t *v, int n) {
@@ -207,6 +209,26 @@ void nbi_graph_format(nbi_sbuf *s, const nbi_graph *g, const char *name) {
 }
 
 /* ---- verifier ----------------------------------------------------------------------- */
+
+static int nbi_verify_flag(void) {
+#ifndef NDEBUG
+    return 1;
+#else
+    const char *e = getenv("NABLA_VERIFY_IR");
+    return e != NULL && e[0] != '\0' && strcmp(e, "0") != 0;
+#endif
+}
+
+bool nbi_verify_ir_enabled(void) {
+    /* -1: not read yet; a benign race reads the environment twice, with the same answer */
+    static _Atomic int flag = -1;
+    int f = atomic_load_explicit(&flag, memory_order_relaxed);
+    if (f < 0) {
+        f = nbi_verify_flag();
+        atomic_store_explicit(&flag, f, memory_order_relaxed);
+    }
+    return f != 0;
+}
 
 nb_status nbi_graph_verify(nb_ctx *ctx, const nbi_graph *g, const char *pass) {
 #define NBI_BAD(...)                                                                               \

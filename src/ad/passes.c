@@ -46,7 +46,7 @@ static nb_status nbi_pass_end(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out, 
     for (int32_t i = 0; i < in->n_outputs; i++) {
         out->outputs[i] = map[in->outputs[i]->id];
     }
-    return nbi_graph_verify(ctx, out, pass);
+    return nbi_verify_ir_enabled() ? nbi_graph_verify(ctx, out, pass) : NB_OK;
 }
 
 /* Keep a node when it is a param (inputs never change) or reaches an output. */
@@ -1230,6 +1230,30 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         f.next[i] = -1;
         nbi_fuse_grow(&f, i);
     }
+    /* every cluster's members in node order, bucketed by root once (collecting them per
+     * root by a scan of all earlier nodes made this pass quadratic in the graph) */
+    int32_t *mstart = nbi_arena_alloc(in->arena, ib + sizeof(int32_t));
+    int32_t *mlist = nbi_arena_alloc(in->arena, ib);
+    if (mstart == NULL || mlist == NULL) {
+        return nbi_err(ctx, NB_ERR_OOM, "fuse: out of memory");
+    }
+    memset(mstart, 0, ib + sizeof(int32_t));
+    for (int32_t m = 0; m < n; m++) {
+        if (f.root[m] >= 0) {
+            mstart[f.root[m] + 1]++;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        mstart[i + 1] += mstart[i];
+    }
+    for (int32_t m = 0, *fill = members; m < n; m++) { /* members: the fill cursors here */
+        fill[m] = mstart[m];
+    }
+    for (int32_t m = 0; m < n; m++) {
+        if (f.root[m] >= 0) {
+            mlist[members[f.root[m]]++] = m;
+        }
+    }
     int32_t k = 0;
     for (int32_t i = 0; i < n; i++) {
         const nb_var *v = in->nodes[i];
@@ -1258,9 +1282,9 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         bool red = f.closed[i];
         const nb_var *mapv = red ? v->in[0] : v;
         int32_t nm = 0;
-        for (int32_t m = 0; m < i + (red ? 0 : 1); m++) {
-            if (root[m] == i) {
-                members[nm++] = m;
+        for (int32_t q = mstart[i]; q < mstart[i + 1]; q++) {
+            if (mlist[q] < i + (red ? 0 : 1)) {
+                members[nm++] = mlist[q];
             }
         }
         nbi_fprog *prog = nbi_arena_alloc(in->arena, sizeof(nbi_fprog));
@@ -1376,7 +1400,7 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
 
 nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     nbi_graph a, b, c, d, pp, d2, r, e2;
-    nb_status st = nbi_graph_verify(ctx, in, "trace");
+    nb_status st = nbi_verify_ir_enabled() ? nbi_graph_verify(ctx, in, "trace") : NB_OK;
     if (st == NB_OK) {
         st = nbi_pass_fold(ctx, in, &a);
     }

@@ -18,7 +18,7 @@ nb_status nbi_graph_init(nbi_graph *g, nbi_arena *arena) {
 nb_var *nbi_graph_add(nbi_graph *g, const nb_var *proto) {
     if (g->n_nodes == g->cap_nodes) {
         int32_t cap = g->cap_nodes ? g->cap_nodes * 2 : 64;
-        nb_var **nodes = nbi_arena_alloc(g->arena, (size_t)cap * sizeof(nb_var *));
+        nb_var **nodes = nbi_arena_alloc_raw(g->arena, (size_t)cap * sizeof(nb_var *));
         if (nodes == NULL) {
             return NULL;
         }
@@ -28,14 +28,14 @@ nb_var *nbi_graph_add(nbi_graph *g, const nb_var *proto) {
         g->nodes = nodes;
         g->cap_nodes = cap;
     }
-    nb_var *v = nbi_arena_alloc(g->arena, sizeof(nb_var));
+    nb_var *v = nbi_arena_alloc_raw(g->arena, sizeof(nb_var)); /* all of it copied below */
     if (v == NULL) {
         return NULL;
     }
     *v = *proto;
     v->in = NULL;
     if (proto->n_in > 0) {
-        v->in = nbi_arena_alloc(g->arena, (size_t)proto->n_in * sizeof(nb_var *));
+        v->in = nbi_arena_alloc_raw(g->arena, (size_t)proto->n_in * sizeof(nb_var *));
         if (v->in == NULL) {
             return NULL;
         }
