@@ -82,6 +82,18 @@ typedef struct nb_jit_opts {
     /* Inside another trace: true (default) inlines the body; false keeps a call to this
      * function's own cached executable. */
     bool inline_calls;
+    /* Debugging (JAX's jax_debug_nans / jax_debug_infs), default false. The function is
+     * compiled without fusion and every op's result is checked as it is made: the first
+     * float result holding a NaN (debug_nans; also an integer division by zero) or an
+     * infinity (debug_infs) fails the call with NB_ERR_RUNTIME, naming the op, its IR
+     * location (%N in nb_fn_format_ir's traced IR), the function that traced it, the
+     * element, and the leaf paths of the inputs it depends on. Functions traced inside it
+     * (loop bodies, non-inlined calls) are checked too. The environment variables
+     * NABLA_DEBUG_NANS=1 and NABLA_DEBUG_INFS=1 turn the same checks on for every function
+     * (read once per process). Nothing is checked, and nothing costs, when both are off.
+     * A value made by constant folding at compile time is not checked. */
+    bool debug_nans;
+    bool debug_infs;
 } nb_jit_opts;
 
 NB_API nb_jit_opts nb_jit_opts_default(void);

@@ -21,6 +21,8 @@
  */
 #include "ad/ir.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct nbi_instr {
@@ -67,6 +69,9 @@ struct nbi_exec {
     nbi_pool *pool;       /* the context's threads, or NULL */
     int n_workers;        /* threads that may run a kernel's tasks (scratch slices) */
     size_t mem_bytes;
+    unsigned debug;    /* NBI_DEBUG_*: every instruction's result checked (run_raw) */
+    char *dbg_strings; /* debug: the nodes' fn and path strings, copied (fn, path) */
+    size_t dbg_bytes;
 };
 
 /* Constants up to this size live in the workspace for the executable's lifetime. */
@@ -144,7 +149,38 @@ static bool nbi_inplace_ok(const nb_var *o, const nb_var *x);
 
 /* ---- compile ------------------------------------------------------------------------ */
 
-nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
+/* Debugging: the nodes' function names and leaf paths point into the trace, which is gone
+ * when a check fails: copy them into the executable. */
+static nb_status nbi_exec_debug_strings(nbi_exec *e) {
+    size_t bytes = 1;
+    for (int32_t i = 0; i < e->n_nodes; i++) {
+        const nb_var *v = &e->nodes[i];
+        bytes += (v->fn ? strlen(v->fn) : 0) + 1 + (v->path ? strlen(v->path) : 0) + 1;
+    }
+    char *s = nbi_alloc(e->ctx, bytes, 8);
+    if (s == NULL) {
+        return nbi_oom(e->ctx, "compile", bytes);
+    }
+    e->dbg_strings = s;
+    e->dbg_bytes = bytes;
+    for (int32_t i = 0; i < e->n_nodes; i++) {
+        nb_var *v = &e->nodes[i];
+        const char *parts[2] = {v->fn ? v->fn : "", v->path ? v->path : ""};
+        for (int k = 0; k < 2; k++) {
+            size_t len = strlen(parts[k]) + 1;
+            memcpy(s, parts[k], len);
+            if (k == 0) {
+                v->fn = s;
+            } else {
+                v->path = v->op == NBI_OP_PARAM ? s : NULL;
+            }
+            s += len;
+        }
+    }
+    return NB_OK;
+}
+
+nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_exec **out) {
     static const char fn[] = "compile";
     *out = NULL;
     /* Outputs that are parameters get a copy node, so every output lives in the workspace.
@@ -476,6 +512,14 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out) {
             nbi_op_get((nbi_op)e->nodes[i].op)->kernel(&k);
         }
     }
+    e->debug = debug;
+    if (debug != 0) {
+        nb_status st = nbi_exec_debug_strings(e);
+        if (st != NB_OK) {
+            nbi_exec_destroy(e);
+            return st;
+        }
+    }
     *out = e;
     return NB_OK;
 }
@@ -498,6 +542,9 @@ void nbi_exec_destroy(nbi_exec *e) {
     nb_ctx *ctx = e->ctx;
     if (e->ws != NULL) {
         nbi_free(ctx, e->ws, e->ws_alloc);
+    }
+    if (e->dbg_strings != NULL) {
+        nbi_free(ctx, e->dbg_strings, e->dbg_bytes);
     }
     nbi_free(ctx, e->mem, e->mem_bytes);
 }
@@ -569,6 +616,114 @@ static void nbi_plan_outputs(const nbi_exec *e, const void *const *inputs, void 
     }
 }
 
+/* ---- debugging checks (nb_jit_opts.debug_nans / debug_infs) ---------------------------- */
+
+static int nbi_cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The leaf paths of the inputs node v depends on, in input order, into s (a walk back
+ * through the executable's nodes; the first few, then how many more). */
+static void nbi_debug_inputs(const nbi_exec *e, const nb_var *v, nbi_sbuf *s) {
+    size_t bytes = (size_t)e->n_nodes + 1, ibytes = ((size_t)e->n_nodes + 1) * sizeof(int32_t);
+    unsigned char *seen = nbi_alloc(e->ctx, bytes, 8); /* a failed run: allocating is fine */
+    int32_t *stack = seen ? nbi_alloc(e->ctx, 2 * ibytes, 8) : NULL;
+    if (stack == NULL) {
+        if (seen != NULL) {
+            nbi_free(e->ctx, seen, bytes);
+        }
+        return;
+    }
+    int32_t *params = stack + e->n_nodes + 1;
+    memset(seen, 0, bytes);
+    int32_t top = 0, found = 0;
+    stack[top++] = v->id;
+    seen[v->id] = 1;
+    while (top > 0) {
+        const nb_var *u = &e->nodes[stack[--top]];
+        if (u->op == NBI_OP_PARAM) {
+            params[found++] = (int32_t)u->at.ivalue;
+            continue;
+        }
+        for (int32_t j = 0; j < u->n_in; j++) {
+            int32_t w = u->in[j]->id;
+            if (!seen[w]) {
+                seen[w] = 1;
+                stack[top++] = w;
+            }
+        }
+    }
+    qsort(params, (size_t)found, sizeof *params, nbi_cmp_i32);
+    for (int32_t i = 0; i < found && i < 6; i++) {
+        const nb_var *u = &e->nodes[e->param_node[params[i]]];
+        nbi_sbuf_printf(s, "%s%s", i ? ", " : "", u->path && u->path[0] ? u->path : "(an input)");
+    }
+    if (found > 6) {
+        nbi_sbuf_printf(s, " and %d more", (int)(found - 6));
+    } else if (found == 0) {
+        nbi_sbuf_puts(s, "no input (constants only)");
+    }
+    nbi_free(e->ctx, stack, 2 * ibytes);
+    nbi_free(e->ctx, seen, bytes);
+}
+
+/* After instruction t made node v into out: a NaN / an infinity in a float result, or a
+ * zero divisor of an integer division, is recorded as the run's failure. True if so. */
+static bool nbi_debug_check(const nbi_exec *e, const nb_var *v, const nbi_kargs *k) {
+    const char *what = NULL;
+    bool divisor = false;
+    int64_t at = -1, count = 0;
+    if ((v->dtype == NB_DTYPE_F32 || v->dtype == NB_DTYPE_F64) && v->size > 0) {
+        for (int64_t i = 0; i < v->size; i++) {
+            double x = v->dtype == NB_DTYPE_F32 ? (double)((const float *)k->out)[i]
+                                                : ((const double *)k->out)[i];
+            const char *bad = (e->debug & NBI_DEBUG_NANS) && isnan(x)   ? "NaN"
+                              : (e->debug & NBI_DEBUG_INFS) && isinf(x) ? "an infinity"
+                                                                        : NULL;
+            if (bad != NULL) {
+                what = what ? what : bad;
+                at = at < 0 ? i : at;
+                count++;
+            }
+        }
+    } else if (v->op == NBI_OP_DIV && (e->debug & NBI_DEBUG_NANS) && v->n_in == 2) {
+        const nb_var *d = v->in[1];
+        for (int64_t i = 0; i < d->size; i++) {
+            int64_t y = d->dtype == NB_DTYPE_I32 ? ((const int32_t *)k->in[1])[i]
+                                                 : ((const int64_t *)k->in[1])[i];
+            if (y == 0) {
+                what = "an integer division by zero";
+                divisor = true;
+                at = at < 0 ? i : at;
+                count++;
+            }
+        }
+    }
+    if (what == NULL) {
+        return false;
+    }
+    char msg[512], sig[NBI_SIG_CAP];
+    nbi_sbuf s = nbi_sbuf_make(msg, sizeof msg);
+    nbi_sbuf_printf(&s, "nb_fn_call: debug_nans: %s", what);
+    nbi_sbuf_printf(&s, " in %s = %s(", nbi_var_sig(sig, sizeof sig, v),
+                    nbi_op_get((nbi_op)v->op)->name);
+    for (int32_t j = 0; j < v->n_in; j++) {
+        nbi_sbuf_printf(&s, "%s%s", j ? ", " : "", nbi_var_sig(sig, sizeof sig, v->in[j]));
+    }
+    nbi_sbuf_printf(&s,
+                    ") at %s [%lld] (%lld element%s), %%%d in the traced IR of '%s' "
+                    "(nb_fn_format_ir shows it); it depends on ",
+                    divisor ? "divisor element" : "element", (long long)at, (long long)count,
+                    count == 1 ? "" : "s", (int)v->src, v->fn && v->fn[0] ? v->fn : "?");
+    nbi_debug_inputs(e, v, &s);
+    (void)nbi_sbuf_finish(&s, NULL);
+    if (strcmp(what, "an infinity") == 0) {
+        memcpy(msg + strlen("nb_fn_call: "), "debug_infs", 10); /* as long as debug_nans */
+    }
+    return nbi_check_fail_text(msg);
+}
+
 void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const *outputs,
                       const bool *donated) {
     unsigned char *ws = e->ws;
@@ -605,6 +760,9 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
                        .n_workers = e->n_workers,
                        .outs = ins->n_store > 0 ? stored : NULL};
         nbi_op_get((nbi_op)v->op)->kernel(&k);
+        if (e->debug != 0 && (nbi_check_failed() || nbi_debug_check(e, v, &k))) {
+            return; /* the call fails with the first failure; its outputs are not used */
+        }
     }
     for (int32_t i = 0; i < e->n_outputs; i++) {
         const nb_var *o = &e->nodes[e->outputs[i]];

@@ -80,6 +80,8 @@ struct nb_var {
     nbi_attrs at;
     nb_trace *tr;     /* the trace that built it (NULL in graphs made by passes) */
     const char *path; /* a param's leaf path ("args[0]", "self.layers[1].w"), or NULL */
+    const char *fn;   /* the function being traced when it was made (trace lifetime) */
+    int32_t src;      /* its id in the traced graph (copies made by passes keep it) */
 };
 
 /* A graph: nodes in topological order; inputs are the PARAM nodes in parameter order;
@@ -407,7 +409,10 @@ NBI_HIDDEN nb_status nbi_pass_pad_push(nb_ctx *ctx, const nbi_graph *in, nbi_gra
 NBI_HIDDEN nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 /* The standard pipeline: fold, transpose-matmul, CSE, DCE, pad push, DCE, remat, fuse,
  * DCE. */
-NBI_HIDDEN nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+/* The debugging checks of an executable (nb_jit_opts.debug_nans / debug_infs). */
+enum { NBI_DEBUG_NANS = 1, NBI_DEBUG_INFS = 2 };
+/* debug != 0: no fusion, so every op's result is made, and checked, on its own. */
+NBI_HIDDEN nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, unsigned debug, nbi_graph *out);
 
 /* ---- callees of control flow (jit.c) ------------------------------------------------- */
 /* The executable of f traced on args (a tree of vars of tr, arrays and static leaves),
@@ -426,7 +431,10 @@ typedef struct nbi_callee_info {
 /* ---- executables -------------------------------------------------------------------- */
 typedef struct nbi_exec nbi_exec;
 /* Compile a graph (the graph and its arena may be freed afterwards). */
-NBI_HIDDEN nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, nbi_exec **out);
+/* debug: NBI_DEBUG_* checks after every instruction (the first failure is recorded like a
+ * failed check op's, and the run stops). */
+NBI_HIDDEN nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug,
+                                      nbi_exec **out);
 NBI_HIDDEN void nbi_exec_retain(nbi_exec *e);
 /* Release a reference (executables are refcounted: calls hold their callees). */
 NBI_HIDDEN void nbi_exec_destroy(nbi_exec *e);
@@ -461,6 +469,9 @@ typedef void (*nbi_check_fmt)(char *buf, size_t cap, const double *vals);
 NBI_HIDDEN nb_var *nbi_check(nb_var *x, nb_var *fail, nb_var *vals, nbi_check_fmt fmt);
 /* Clear the running thread's failure record (before a run). */
 NBI_HIDDEN void nbi_check_clear(void);
+/* Record a failure with its message (copied), unless one is recorded; true if recorded. */
+NBI_HIDDEN bool nbi_check_fail_text(const char *msg);
+NBI_HIDDEN bool nbi_check_failed(void);
 /* NB_OK, or the recorded failure as NB_ERR_RUNTIME with its message on ctx (clears it). */
 NBI_HIDDEN nb_status nbi_check_take(nb_ctx *ctx);
 /* Reverse mode through while op w: cts[i] is the cotangent of carry leaf i (NULL: zero);

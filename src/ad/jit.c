@@ -20,7 +20,9 @@
  */
 #include "ad/ir.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define NBI_MAX_LAYERS 16
@@ -39,6 +41,7 @@ typedef struct nbi_layer {
     bool inline_calls;
     bool has_aux;
     bool with_value;
+    uint8_t debug;
     nb_treedef *spec_def; /* the filter spec's value (owned by the identity), or NULL */
     const nb_tree *spec;  /* while looking up: the function's own spec tree */
     /* CUSTOM_VJP: the rule's bodies and the static part of their bound data */
@@ -76,6 +79,7 @@ typedef struct nbi_entry {
     nb_treedef *out_def;
     int32_t n_out;
     nbi_dplan *plans;
+    uint8_t debug; /* the checks it was compiled with (NBI_DEBUG_*): part of the key */
 } nbi_entry;
 
 typedef struct nbi_ident {
@@ -279,7 +283,37 @@ nb_status nbi_fn_wrap(nb_fn *f, const char *fn_name, nbi_fn_kind kind, int max_t
 
 nb_status nb_jit(nb_fn *f, const nb_jit_opts *opts, nb_fn **out) {
     nb_jit_opts o = opts ? *opts : nb_jit_opts_default();
-    return nbi_fn_wrap(f, "nb_jit", NBI_FN_JIT, o.max_traces, o.inline_calls, out);
+    nb_status st = nbi_fn_wrap(f, "nb_jit", NBI_FN_JIT, o.max_traces, o.inline_calls, out);
+    if (st == NB_OK) {
+        (*out)->debug =
+            (uint8_t)((o.debug_nans ? NBI_DEBUG_NANS : 0) | (o.debug_infs ? NBI_DEBUG_INFS : 0));
+    }
+    return st;
+}
+
+/* The checks (NBI_DEBUG_*) of the call being made on this thread: what compiles get. */
+static _Thread_local uint8_t nbi_debug_mode;
+
+/* NABLA_DEBUG_NANS / NABLA_DEBUG_INFS, read once per process. */
+static unsigned nbi_debug_env(void) {
+    static _Atomic int flags = -1; /* a benign race reads the same environment twice */
+    int f = atomic_load_explicit(&flags, memory_order_relaxed);
+    if (f < 0) {
+        const char *a = getenv("NABLA_DEBUG_NANS"), *b = getenv("NABLA_DEBUG_INFS");
+        f = (a != NULL && a[0] != '\0' && strcmp(a, "0") != 0 ? NBI_DEBUG_NANS : 0) |
+            (b != NULL && b[0] != '\0' && strcmp(b, "0") != 0 ? NBI_DEBUG_INFS : 0);
+        atomic_store_explicit(&flags, f, memory_order_relaxed);
+    }
+    return (unsigned)f;
+}
+
+/* The checks a call of f is compiled with: the environment's and those of f's jit layers. */
+static uint8_t nbi_debug_of(const nb_fn *f) {
+    unsigned d = nbi_debug_env();
+    for (const nb_fn *g = f; g != NULL; g = g->inner) {
+        d |= g->debug;
+    }
+    return (uint8_t)d;
 }
 
 nb_status nb_max_traces(nb_fn *f, int n, nb_fn **out) {
@@ -439,6 +473,7 @@ static int nbi_layers_of(const nb_fn *f, nbi_layer *layers) {
         layers[n].inline_calls = g->inline_calls;
         layers[n].has_aux = g->has_aux;
         layers[n].with_value = g->with_value;
+        layers[n].debug = g->debug;
         layers[n].spec = g->spec;
         if (g->kind == NBI_FN_CUSTOM_VJP) {
             const nb_fn *rules[2] = {nbi_fn_plain(g->fwd), nbi_fn_plain(g->bwd)};
@@ -459,7 +494,8 @@ static uint64_t nbi_ident_hash(const nbi_layer *layers, int n, nb_fn_body body,
         h = nbi_mix(h, (uint64_t)layers[i].kind);
         h = nbi_mix(h, (uint64_t)layers[i].max_traces);
         h = nbi_mix(h, (uint64_t)layers[i].inline_calls);
-        h = nbi_mix(h, (uint64_t)layers[i].has_aux * 2 + (uint64_t)layers[i].with_value);
+        h = nbi_mix(h, (uint64_t)layers[i].has_aux * 2 + (uint64_t)layers[i].with_value +
+                           (uint64_t)layers[i].debug * 4);
         h = nbi_mix(h, layers[i].spec ? nbi_tree_def_hash(layers[i].spec) : 0);
         for (int r = 0; r < 2; r++) {
             uint64_t rb = 0;
@@ -496,6 +532,7 @@ static nbi_ident *nbi_ident_find(nbi_jit_state *s, const nb_fn *f, bool create, 
                    id->layers[i].inline_calls == layers[i].inline_calls &&
                    id->layers[i].has_aux == layers[i].has_aux &&
                    id->layers[i].with_value == layers[i].with_value &&
+                   id->layers[i].debug == layers[i].debug &&
                    (id->layers[i].spec_def == NULL) == (layers[i].spec == NULL) &&
                    (layers[i].spec == NULL ||
                     nbi_tree_def_match(layers[i].spec, id->layers[i].spec_def));
@@ -655,10 +692,10 @@ static bool nbi_entry_sigs_match(const nbi_entry *e, const nb_tree *const *leave
 }
 
 static nbi_entry *nbi_entry_find(nbi_ident *id, uint64_t h, const nb_tree *args,
-                                 const nb_tree *const *leaves, int64_t n) {
+                                 const nb_tree *const *leaves, int64_t n, uint8_t debug) {
     for (nbi_entry *e = id->entries; e != NULL; e = e->next) {
-        if (e->hash == h && e->n_leaves == n && nbi_entry_args_match(e, args) &&
-            nbi_entry_sigs_match(e, leaves, n)) {
+        if (e->hash == h && e->n_leaves == n && e->debug == debug &&
+            nbi_entry_args_match(e, args) && nbi_entry_sigs_match(e, leaves, n)) {
             return e;
         }
     }
@@ -668,9 +705,9 @@ static nbi_entry *nbi_entry_find(nbi_ident *id, uint64_t h, const nb_tree *args,
 /* nbi_entry_find without the key's hash (a call from outside a trace): the whole key is
  * compared, entry by entry; the entry found moves to the front. */
 static nbi_entry *nbi_entry_hit(nbi_ident *id, const nb_tree *args, const nb_tree *const *leaves,
-                                int64_t n) {
+                                int64_t n, uint8_t debug) {
     for (nbi_entry *e = id->entries, *prev = NULL; e != NULL; prev = e, e = e->next) {
-        if (e->n_leaves == n && nbi_entry_args_match(e, args) &&
+        if (e->n_leaves == n && e->debug == debug && nbi_entry_args_match(e, args) &&
             nbi_entry_sigs_match(e, leaves, n)) {
             if (prev != NULL) {
                 prev->next = e->next;
@@ -1134,10 +1171,10 @@ static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn 
     st = nbi_trace_graph(&tr, f, args, &out_def);
     nbi_graph opt;
     if (st == NB_OK) {
-        st = nbi_optimize(ctx, &tr.g, &opt);
+        st = nbi_optimize(ctx, &tr.g, nbi_debug_mode, &opt);
     }
     if (st == NB_OK) {
-        st = nbi_exec_compile(ctx, &opt, &exec);
+        st = nbi_exec_compile(ctx, &opt, nbi_debug_mode, &exec);
     }
     if (st == NB_OK) {
         e = nbi_alloc(ctx, sizeof *e, 8);
@@ -1167,6 +1204,7 @@ static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn 
         e->exec = exec;
         e->out_def = out_def;
         e->n_out = nbi_exec_n_outputs(exec);
+        e->debug = nbi_debug_mode;
         e->next = id->entries;
         id->entries = e;
         *out = e;
@@ -1618,8 +1656,22 @@ static nb_status nbi_run_entry(nbi_jit_state *s, const nbi_entry *e, const nb_tr
 }
 
 /* nb_fn_call_ex, with fn the public function that was called (for messages). */
+static nb_status nbi_fn_call_body(const char *fn, nb_fn *f, const nb_tree *args,
+                                  const nb_call_opts *opts, nb_tree **out);
+
+/* A call from outside a trace: its checks (NBI_DEBUG_*) are what everything compiled for it
+ * gets, nested loop bodies and calls included; a call made while another runs has its own. */
 static nb_status nbi_fn_call(const char *fn, nb_fn *f, const nb_tree *args,
                              const nb_call_opts *opts, nb_tree **out) {
+    uint8_t saved = nbi_debug_mode;
+    nbi_debug_mode = nbi_fn_live(f) ? nbi_debug_of(f) : 0;
+    nb_status st = nbi_fn_call_body(fn, f, args, opts, out);
+    nbi_debug_mode = saved;
+    return st;
+}
+
+static nb_status nbi_fn_call_body(const char *fn, nb_fn *f, const nb_tree *args,
+                                  const nb_call_opts *opts, nb_tree **out) {
     if (out != NULL) {
         *out = NULL;
     }
@@ -1668,7 +1720,7 @@ static nb_status nbi_fn_call(const char *fn, nb_fn *f, const nb_tree *args,
         }
     }
     int64_t first_arg = p->self ? p->self->n_leaves : 0;
-    nbi_entry *e = nbi_entry_hit(id, args, s->leafbuf, n);
+    nbi_entry *e = nbi_entry_hit(id, args, s->leafbuf, n, nbi_debug_mode);
     if (e != NULL) {
         id->stats.n_hits++;
     } else {
@@ -1810,7 +1862,7 @@ nb_status nbi_callee(nb_trace *tr, nb_fn *f, const nb_tree *args, const char *wh
         return tr->status;
     }
     uint64_t h = nbi_key_hash(args, leaves, n);
-    nbi_entry *e = nbi_entry_find(id, h, args, leaves, n);
+    nbi_entry *e = nbi_entry_find(id, h, args, leaves, n, nbi_debug_mode);
     if (e != NULL) {
         id->stats.n_hits++;
     } else {
@@ -1872,7 +1924,7 @@ static const nb_tree *nbi_apply_call(nb_trace *tr, const nb_fn *f, const nb_tree
         return NULL;
     }
     uint64_t h = nbi_key_hash(args, leaves, n);
-    nbi_entry *e = nbi_entry_find(id, h, args, leaves, n);
+    nbi_entry *e = nbi_entry_find(id, h, args, leaves, n, nbi_debug_mode);
     if (e != NULL) {
         id->stats.n_hits++;
     } else {
@@ -2103,7 +2155,7 @@ nb_status nb_fn_format_ir(nb_fn *f, const nb_tree *args, int which, char *buf, s
     nbi_graph opt;
     const nbi_graph *show = &tr.g;
     if (st == NB_OK && which == NB_IR_OPTIMIZED) {
-        st = nbi_optimize(ctx, &tr.g, &opt);
+        st = nbi_optimize(ctx, &tr.g, 0, &opt);
         show = &opt;
     } else if (st == NB_OK) {
         st = nbi_graph_verify(ctx, &tr.g, "trace");

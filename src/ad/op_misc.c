@@ -4,6 +4,7 @@
  */
 #include "ad/ir.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* ---- inference ---------------------------------------------------------------------- */
@@ -328,6 +329,7 @@ typedef struct nbi_check_state {
     bool set;
     nbi_check_fmt fmt;
     double vals[NBI_CHECK_VALUES];
+    char text[512]; /* fmt NULL: the message itself (nbi_check_fail_text) */
 } nbi_check_state;
 
 static _Thread_local nbi_check_state nbi_check_tl;
@@ -377,6 +379,20 @@ void nbi_check_clear(void) {
     nbi_check_tl.set = false;
 }
 
+bool nbi_check_failed(void) {
+    return nbi_check_tl.set;
+}
+
+bool nbi_check_fail_text(const char *msg) {
+    if (nbi_check_tl.set) {
+        return false;
+    }
+    nbi_check_tl.set = true;
+    nbi_check_tl.fmt = NULL;
+    snprintf(nbi_check_tl.text, sizeof nbi_check_tl.text, "%s", msg);
+    return true;
+}
+
 nb_status nbi_check_take(nb_ctx *ctx) {
     if (!nbi_check_tl.set) {
         return NB_OK;
@@ -385,6 +401,8 @@ nb_status nbi_check_take(nb_ctx *ctx) {
     char msg[512] = "a run-time check failed";
     if (nbi_check_tl.fmt != NULL) {
         nbi_check_tl.fmt(msg, sizeof msg, nbi_check_tl.vals);
+    } else if (nbi_check_tl.text[0] != '\0') {
+        snprintf(msg, sizeof msg, "%s", nbi_check_tl.text);
     }
     return nbi_err(ctx, NB_ERR_RUNTIME, "%s", msg);
 }

@@ -1398,7 +1398,7 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     return nbi_pass_end(ctx, in, out, map, "fuse");
 }
 
-nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
+nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, unsigned debug, nbi_graph *out) {
     nbi_graph a, b, c, d, pp, d2, r, e2;
     nb_status st = nbi_verify_ir_enabled() ? nbi_graph_verify(ctx, in, "trace") : NB_OK;
     if (st == NB_OK) {
@@ -1421,6 +1421,9 @@ nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     }
     if (st == NB_OK) {
         st = nbi_pass_remat(ctx, &d2, &r);
+    }
+    if (st == NB_OK && debug != 0) {
+        return nbi_pass_dce(ctx, &r, out); /* every op on its own, to be checked */
     }
     if (st == NB_OK) {
         st = nbi_pass_fuse(ctx, &r, &e2);

@@ -272,10 +272,12 @@ nb_var *nbi_emit(nb_trace *tr, nbi_op op, int n_in, nb_var *const *in, const nbi
                               info->name, (long long)size);
     }
     proto.size = size;
+    proto.fn = tr->fn_name;
     nb_var *v = nbi_graph_add(&tr->g, &proto);
     if (v == NULL) {
         return nbi_trace_errv(tr, NB_ERR_OOM, "nb_%s: out of memory while tracing", info->name);
     }
+    v->src = v->id;
     return v;
 }
 
@@ -304,10 +306,12 @@ nb_var *nbi_emit_param(nb_trace *tr, int32_t index, nb_dtype dtype, int rank, co
         memcpy(copy, path, len);
         proto.path = copy;
     }
+    proto.fn = tr->fn_name;
     nb_var *v = nbi_graph_add(&tr->g, &proto);
     if (v == NULL) {
         return nbi_trace_errv(tr, NB_ERR_OOM, "out of memory while tracing the inputs");
     }
+    v->src = v->id;
     return v;
 }
 

@@ -137,6 +137,7 @@ struct nb_fn {
     nbi_fn_kind kind;
     int32_t max_traces;
     bool inline_calls;
+    uint8_t debug; /* JIT: NBI_DEBUG_NANS | NBI_DEBUG_INFS (nb_jit_opts) */
     nb_fn_body body;
     nb_tree *self;    /* PLAIN: bound data (a reference), may be NULL */
     nb_fn *inner;     /* wrappers and transforms: the wrapped function (a reference) */

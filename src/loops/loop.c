@@ -772,7 +772,11 @@ static nb_status nbl_call_user(nb_trace *tr, const nb_tree *wself, const nb_tree
         uself = NULL;
     }
     *out = NULL;
+    /* the user's function is the one being traced now (messages, debug_nans) */
+    const char *saved = tr->fn_name;
+    tr->fn_name = name != NULL ? name : saved;
     nb_status st = ((nb_fn_body)fp)(tr, uself, args, out);
+    tr->fn_name = saved;
     if (tr->status != NB_OK) {
         st = tr->status;
     }

@@ -5,6 +5,9 @@
  */
 #include "nbtest.h"
 
+#include <math.h>
+#include <stdlib.h>
+
 #include <nabla/fn.h>
 #include <nabla/trace.h>
 
@@ -799,6 +802,141 @@ static void test_donate_same_array_twice(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- debug_nans / debug_infs ------------------------------------------------------------- */
+
+/* loss(x) = sum(log(x - 1)): x = [3, 0.5, 2] makes log(-0.5) = NaN at element 1. */
+static nb_status body_lognan(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]");
+    return nb_return(nb_sum(nb_log(nb_sub(x, nb_scalar(tr, 1.0))), NULL, 0, false), out);
+}
+
+/* (a / b, 1 / a): integer division and a float reciprocal */
+static nb_status body_divs(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *a = nb_get(tr, args, "[0]"), *b = nb_get(tr, args, "[1]");
+    nb_var *fa = nb_cast(a, NB_DTYPE_F64);
+    return nb_tree_tuple(
+        nb_trace_ctx(tr), 2,
+        (nb_tree *[]){nb_leaf(nb_div(a, b)), nb_leaf(nb_div(nb_scalar(tr, 1.0), fa))}, out);
+}
+
+/* a loop whose body takes the log of c - 5 (c counts up from 0: NaN at once) */
+static nb_status body_loglog(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)self;
+    nb_var *c = nb_get(tr, args, "[1]");
+    return nb_return(nb_add(c, nb_exp(nb_log(nb_sub(c, nb_scalar(tr, 5.0))))), out);
+}
+
+static nb_status body_loop_nan(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    (void)self;
+    nb_fn *b = NULL;
+    nb_status st = nb_fn_create(nb_trace_ctx(tr), "loop_body", body_loglog, NULL, &b);
+    const nb_tree *r = st == NB_OK ? nb_fori_loop(tr, 0, 3, b, nb_tree_child(args, 0), NULL) : NULL;
+    nb_fn_destroy(b);
+    if (r == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
+static nb_tree *vec_leaf(nb_ctx *ctx, nb_dtype dt, int64_t n, const double *v) {
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, dt, 1, &n, &a));
+    for (int64_t i = 0; i < n; i++) {
+        NBT_OK(ctx, nb_array_set(a, &i, v[i]));
+    }
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_array(a, &t));
+    nb_array_destroy(a);
+    return t;
+}
+
+static void test_debug_nans(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_jit_opts dbg = nb_jit_opts_default();
+    dbg.debug_nans = true;
+    nb_fn *f = NULL, *jf = NULL, *jd = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "loss", body_lognan, NULL, &f));
+    NBT_OK(ctx, nb_jit(f, NULL, &jf));
+    NBT_OK(ctx, nb_jit(f, &dbg, &jd));
+    nb_tree *x = vec_leaf(ctx, NB_DTYPE_F32, 3, (double[]){3, 0.5, 2}), *args = tuple1(ctx, x);
+    nb_tree *out = NULL;
+    /* off: the NaN comes back, nothing is checked */
+    NBT_OK(ctx, nb_fn_call(jf, args, &out));
+    double v = 0;
+    NBT_OK(ctx, nb_array_get(nb_tree_get_array(out), NULL, &v));
+    NBT_TRUE(isnan(v));
+    nb_tree_destroy(out);
+    /* on: the first op making a NaN, where, and what it depends on */
+    NBT_STATUS(ctx, NB_ERR_RUNTIME, nb_fn_call(jd, args, &out));
+    NBT_TRUE(out == NULL);
+    NBT_ERRMSG_HAS(ctx, "debug_nans: NaN in f32[3] = log(f32[3]) at element [1] (1 element)");
+    NBT_ERRMSG_HAS(ctx, "in the traced IR of 'loss'");
+    NBT_ERRMSG_HAS(ctx, "it depends on args[0]");
+    /* the %N named is the traced IR's log */
+    const char *m = strstr(nb_ctx_errmsg(ctx), "), %");
+    NBT_TRUE(m != NULL);
+    int id = atoi(m + 4);
+    char ir[4096], want[32];
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_TRACED, ir, sizeof ir, NULL));
+    snprintf(want, sizeof want, "%%%d: f32[3] = log", id);
+    if (strstr(ir, want) == NULL) {
+        fail_msg("'%s' not in the traced IR (message: %s):\n%s", want, nb_ctx_errmsg(ctx), ir);
+    }
+    /* fine data: no error */
+    nb_tree *x2 = vec_leaf(ctx, NB_DTYPE_F32, 3, (double[]){3, 1.5, 2}), *args2 = tuple1(ctx, x2);
+    NBT_OK(ctx, nb_fn_call(jd, args2, &out));
+    nb_tree_destroy(out);
+
+    /* an integer division by zero, and an infinity (debug_infs only) */
+    nb_fn *g = NULL, *jg = NULL, *ji = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "divs", body_divs, NULL, &g));
+    NBT_OK(ctx, nb_jit(g, &dbg, &jg));
+    nb_jit_opts inf = nb_jit_opts_default();
+    inf.debug_infs = true;
+    NBT_OK(ctx, nb_jit(g, &inf, &ji));
+    nb_tree *a = vec_leaf(ctx, NB_DTYPE_I32, 3, (double[]){6, 0, 9});
+    nb_tree *b = vec_leaf(ctx, NB_DTYPE_I32, 3, (double[]){2, 3, 0});
+    nb_tree *ab = tuple2(ctx, a, b);
+    NBT_STATUS(ctx, NB_ERR_RUNTIME, nb_fn_call(jg, ab, &out));
+    NBT_ERRMSG_HAS(ctx, "an integer division by zero in i32[3] = div(i32[3], i32[3]) at divisor "
+                        "element [2]");
+    NBT_ERRMSG_HAS(ctx, "it depends on args[0], args[1]");
+    NBT_STATUS(ctx, NB_ERR_RUNTIME, nb_fn_call(ji, ab, &out));
+    NBT_ERRMSG_HAS(ctx, "debug_infs: an infinity in f64[3] = div(f64[], f64[3]) at element [1]");
+
+    /* inside a loop body */
+    nb_fn *h = NULL, *jh = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "outer", body_loop_nan, NULL, &h));
+    NBT_OK(ctx, nb_jit(h, &dbg, &jh));
+    nb_tree *c0 = vec_leaf(ctx, NB_DTYPE_F64, 2, (double[]){0, 1}), *cargs = tuple1(ctx, c0);
+    NBT_STATUS(ctx, NB_ERR_RUNTIME, nb_fn_call(jh, cargs, &out));
+    NBT_ERRMSG_HAS(ctx, "= log(f64[2]) at element [0] (2 elements)");
+    NBT_ERRMSG_HAS(ctx, "of 'loop_body'");
+    /* the same loop body run by a function without checks: its own executable */
+    nb_fn *jh0 = NULL;
+    NBT_OK(ctx, nb_jit(h, NULL, &jh0));
+    NBT_OK(ctx, nb_fn_call(jh0, cargs, &out));
+    nb_tree_destroy(out);
+
+    nb_tree *trees[] = {cargs, c0, ab, b, a, args2, x2, args, x};
+    for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
+        nb_tree_destroy(trees[i]);
+    }
+    nb_fn *fns[] = {jh0, jh, h, ji, jg, g, jd, jf, f};
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+        nb_fn_destroy(fns[i]);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- the cache-hit fast paths ------------------------------------------------------- */
 /* A hit compares the whole key, however it got there (an args tree seen before, an equal
  * one, one differing in a shape or a static leaf); donation is resolved once per donate
@@ -1437,6 +1575,7 @@ int main(void) {
         cmocka_unit_test(test_donate_plans),
         cmocka_unit_test(test_donate_nested),
         cmocka_unit_test(test_donate_same_array_twice),
+        cmocka_unit_test(test_debug_nans),
         cmocka_unit_test(test_fault_jit_donate),
         cmocka_unit_test(test_eval_goes_through_the_cache),
         cmocka_unit_test(test_weak_scalars),
