@@ -20,7 +20,10 @@
  *   knows its context, and a NULL out-parameter or pointer beside a live handle is reported
  *   on that handle's context. Only a NULL handle that is the one way to a context leaves no
  *   message (there is nowhere to put it).
- * - Threads: a context and everything made from it are used by one thread at a time.
+ * - Threads: a context and everything made from it are used by one thread at a time. The
+ *   calls that run compiled code (nb_fn_call, nb_fn_call_ex, nb_eval) check it: a second
+ *   thread calling while one is inside gets NB_ERR_MISUSE naming the function, never a
+ *   silent race (other functions are not checked).
  * - "borrows" means the call does not keep or release the caller's reference; "returns a
  *   new reference" means the caller owns what comes back and releases it with the
  *   matching _destroy function.

@@ -1663,10 +1663,23 @@ static nb_status nbi_fn_call_body(const char *fn, nb_fn *f, const nb_tree *args,
  * gets, nested loop bodies and calls included; a call made while another runs has its own. */
 static nb_status nbi_fn_call(const char *fn, nb_fn *f, const nb_tree *args,
                              const nb_call_opts *opts, nb_tree **out) {
+    nb_ctx *held = nbi_fn_live(f) ? f->hdr.ctx : NULL; /* f may die during the call */
+    if (held != NULL) {
+        nb_status g = nbi_ctx_enter(held, fn);
+        if (g != NB_OK) {
+            if (out != NULL) {
+                *out = NULL;
+            }
+            return g;
+        }
+    }
     uint8_t saved = nbi_debug_mode;
     nbi_debug_mode = nbi_fn_live(f) ? nbi_debug_of(f) : 0;
     nb_status st = nbi_fn_call_body(fn, f, args, opts, out);
     nbi_debug_mode = saved;
+    if (held != NULL) {
+        nbi_ctx_leave(held);
+    }
     return st;
 }
 

@@ -4,6 +4,7 @@
  */
 #include "internal.h"
 
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -109,7 +110,40 @@ struct nb_ctx {
     uint64_t tree_serial;     /* the last serial given to a tree node (nbi_ctx_serial) */
     nb_write_hook write_hook; /* nabla/io.h: writes go through it when set */
     void *write_ud;
+    /* The thread inside a call that runs compiled code (nbi_ctx_enter), and how deeply:
+     * a second thread entering is refused, never a silent race. */
+    _Atomic(uintptr_t) owner;
+    int owner_depth;
 };
+
+/* An address unique to the running thread: its identity for nbi_ctx_enter. */
+static _Thread_local char nbi_thread_tag;
+
+nb_status nbi_ctx_enter(nb_ctx *ctx, const char *fn) {
+    uintptr_t me = (uintptr_t)&nbi_thread_tag, free_ = 0;
+    if (atomic_load_explicit(&ctx->owner, memory_order_relaxed) == me) {
+        ctx->owner_depth++; /* a call made from a body this thread is tracing */
+        return NB_OK;
+    }
+    if (!atomic_compare_exchange_strong_explicit(&ctx->owner, &free_, me, memory_order_acquire,
+                                                 memory_order_relaxed)) {
+        /* (the message is written while the other thread may write its own: that thread's
+         * call is the one this misuse races with anyway) */
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: the context is in use by another thread (a context and everything "
+                       "made from it are used by one thread at a time): give each thread a "
+                       "context of its own, or serialise the calls",
+                       fn);
+    }
+    ctx->owner_depth = 1;
+    return NB_OK;
+}
+
+void nbi_ctx_leave(nb_ctx *ctx) {
+    if (--ctx->owner_depth == 0) {
+        atomic_store_explicit(&ctx->owner, (uintptr_t)0, memory_order_release);
+    }
+}
 
 nb_status nb_ctx_set_write_hook(nb_ctx *ctx, nb_write_hook hook, void *ud) {
     if (ctx == NULL) {

@@ -227,6 +227,12 @@ NBI_HIDDEN void nbi_tree_free_owned(nb_tree *t);
 NBI_HIDDEN void nbi_treedef_free_owned(nb_treedef *d);
 NBI_HIDDEN void nbi_fn_free_owned(nb_fn *f);
 
+/* A call that runs compiled code (nb_fn_call and friends) holds the context: NB_OK (the
+ * same thread may enter again, from a body it traces), or NB_ERR_MISUSE with a message
+ * naming fn when another thread is inside. Every NB_OK is paired with nbi_ctx_leave. */
+NBI_HIDDEN nb_status nbi_ctx_enter(nb_ctx *ctx, const char *fn);
+NBI_HIDDEN void nbi_ctx_leave(nb_ctx *ctx);
+
 /* ---- the thread pool (pool.c) ------------------------------------------------------- */
 typedef struct nbi_pool nbi_pool;
 /* worker: 0 for the calling thread, 1..threads-1 for the pool's (per-thread scratch). */

@@ -6,6 +6,7 @@
 #include "nbtest.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 
 #include <nabla/fn.h>
@@ -937,6 +938,86 @@ static void test_debug_nans(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- one context, two threads ----------------------------------------------------------- */
+
+/* Thread A's body, while tracing, lets thread B try a call on the same context and waits
+ * until it has: B must be refused (NB_ERR_MISUSE naming the function), never run beside A
+ * (which gave wrong bits silently). */
+static pthread_mutex_t g_two_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_two_cv = PTHREAD_COND_INITIALIZER;
+static int g_two_phase; /* 1: A is inside its call; 2: B has tried */
+static nb_status g_two_b_status;
+static char g_two_b_msg[512];
+
+static nb_status body_two(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    pthread_mutex_lock(&g_two_mu);
+    g_two_phase = 1;
+    pthread_cond_broadcast(&g_two_cv);
+    while (g_two_phase != 2) {
+        pthread_cond_wait(&g_two_cv, &g_two_mu);
+    }
+    pthread_mutex_unlock(&g_two_mu);
+    return nb_return(nb_mul(nb_get(tr, args, "[0]"), nb_scalar(tr, 2.0)), out);
+}
+
+typedef struct two_arg {
+    nb_ctx *ctx;
+    nb_fn *f;
+    nb_tree *args;
+} two_arg;
+
+static void *thread_b(void *p) {
+    two_arg *a = p;
+    pthread_mutex_lock(&g_two_mu);
+    while (g_two_phase != 1) {
+        pthread_cond_wait(&g_two_cv, &g_two_mu);
+    }
+    pthread_mutex_unlock(&g_two_mu);
+    nb_tree *out = NULL;
+    g_two_b_status = nb_fn_call(a->f, a->args, &out);
+    snprintf(g_two_b_msg, sizeof g_two_b_msg, "%s", nb_ctx_errmsg(a->ctx));
+    nb_tree_destroy(out);
+    pthread_mutex_lock(&g_two_mu);
+    g_two_phase = 2;
+    pthread_cond_broadcast(&g_two_cv);
+    pthread_mutex_unlock(&g_two_mu);
+    return NULL;
+}
+
+static void test_context_two_threads(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL, *g = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "two", body_two, NULL, &f));
+    NBT_OK(ctx, nb_fn_create(ctx, "sum2", body_sum2, NULL, &g));
+    nb_tree *x = arr_leaf(ctx, 4, 1.0f), *args = tuple1(ctx, x), *args2 = tuple2(ctx, x, x);
+    two_arg b = {ctx, g, args2};
+    g_two_phase = 0;
+    pthread_t th;
+    NBT_TRUE(pthread_create(&th, NULL, thread_b, &b) == 0);
+    nb_tree *out = NULL;
+    NBT_OK(ctx, nb_fn_call(f, args, &out)); /* A: its body waits for B's attempt */
+    pthread_join(th, NULL);
+    if (g_two_b_status != NB_ERR_MISUSE || strstr(g_two_b_msg, "nb_fn_call: the context is in "
+                                                               "use by another thread") == NULL) {
+        fail_msg("thread B got %s: %s", nb_status_name(g_two_b_status), g_two_b_msg);
+    }
+    NBT_EQ_F64(out_f32(out, "", 3), 8.0f);
+    nb_tree_destroy(out);
+    /* once A has left, B's call works */
+    NBT_OK(ctx, nb_fn_call(g, args2, &out));
+    NBT_EQ_F64(out_f32(out, "", 3), 8.0f);
+    nb_tree_destroy(out);
+    nb_tree_destroy(args2);
+    nb_tree_destroy(args);
+    nb_tree_destroy(x);
+    nb_fn_destroy(g);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- the cache-hit fast paths ------------------------------------------------------- */
 /* A hit compares the whole key, however it got there (an args tree seen before, an equal
  * one, one differing in a shape or a static leaf); donation is resolved once per donate
@@ -1576,6 +1657,7 @@ int main(void) {
         cmocka_unit_test(test_donate_nested),
         cmocka_unit_test(test_donate_same_array_twice),
         cmocka_unit_test(test_debug_nans),
+        cmocka_unit_test(test_context_two_threads),
         cmocka_unit_test(test_fault_jit_donate),
         cmocka_unit_test(test_eval_goes_through_the_cache),
         cmocka_unit_test(test_weak_scalars),
