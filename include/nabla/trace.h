@@ -148,6 +148,13 @@ NB_API nb_var *nb_logical_or(nb_var *a, nb_var *b);
 NB_API nb_var *nb_logical_not(nb_var *x);
 /* where(cond, a, b): cond is bool; the three broadcast together; a and b share a dtype. */
 NB_API nb_var *nb_select(nb_var *cond, nb_var *a, nb_var *b);
+/* Debugging: x unchanged, and at run time, each time this point of the computation runs
+ * (in order with the other prints, inside loops every step), "label: <x as numpy prints
+ * it>" is passed to the context's log callback at NB_LOG_LEVEL_INFO whatever its level, or
+ * written to stderr when there is none -- JAX's jax.debug.print. The print is kept even if
+ * the returned var is not used; derivatives pass through it (the primal values print).
+ * label is copied (its first 255 bytes). */
+NB_API nb_var *nb_debug_print(nb_var *x, const char *label);
 /* Convert to dtype (C rules; float to int truncates toward zero, out-of-range values
  * saturate, NaN becomes 0; anything nonzero becomes true). */
 NB_API nb_var *nb_cast(nb_var *x, nb_dtype dtype);

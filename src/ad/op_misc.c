@@ -421,6 +421,120 @@ static nb_var *nbi_jvp_check(nb_trace *tr, nb_var *node, nb_var *const *tan) {
                                       (nbi_check_fmt)(uintptr_t)node->at.callee);
 }
 
+/* ---- nb_debug_print ------------------------------------------------------------------ */
+
+/* out = x, and "label: <x as numpy prints it>" to the context's log (or stderr). in[1] holds
+ * the label's bytes as i32 (a constant kept by the executable); at.callee is the context,
+ * at.ivalue the print's number in its trace (so no two prints are ever merged). */
+static void nbi_k_print(const nbi_kargs *k) {
+    const nb_var *n = k->node;
+    size_t bytes = (size_t)n->size * nb_dtype_size(n->dtype);
+    if (bytes > 0 && k->out != k->in[0]) {
+        memcpy(k->out, k->in[0], bytes);
+    }
+    nb_ctx *ctx = n->at.callee;
+    char label[256];
+    int64_t len = n->in[1]->size < 255 ? n->in[1]->size : 255;
+    for (int64_t i = 0; i < len; i++) {
+        label[i] = (char)((const int32_t *)k->in[1])[i];
+    }
+    label[len] = '\0';
+    /* the value as an array of its own, without copying or allocating one */
+    nb_array a;
+    memset(&a, 0, sizeof a);
+    a.hdr.magic = NBI_MAGIC_ARRAY;
+    a.hdr.ctx = ctx;
+    a.hdr.refcount = 1;
+    a.dtype = n->dtype;
+    a.rank = n->rank;
+    memcpy(a.shape, n->shape, sizeof a.shape);
+    a.size = n->size;
+    a.nbytes = bytes;
+    a.data = (void *)k->in[0];
+    size_t need = 0;
+    (void)nb_array_format(&a, NULL, 0, &need);
+    size_t cap = strlen(label) + 2 + need + 1;
+    char *text = nbi_alloc(ctx, cap, 8); /* printing is for debugging: it may allocate */
+    if (text == NULL) {
+        nbi_print_line(ctx, label);
+        return;
+    }
+    int off = snprintf(text, cap, "%s: ", label);
+    (void)nb_array_format(&a, text + off, cap - (size_t)off, NULL);
+    nbi_print_line(ctx, text);
+    nbi_free(ctx, text, cap);
+}
+
+static nb_status nbi_infer_print(nb_trace *tr, nb_var *p) {
+    if (p->in[1]->dtype != NB_DTYPE_I32 || p->in[1]->rank != 1) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL, "print: needs the label as i32[n]");
+    }
+    p->dtype = p->in[0]->dtype;
+    p->rank = p->in[0]->rank;
+    memcpy(p->shape, p->in[0]->shape, sizeof p->shape);
+    return NB_OK;
+}
+
+/* Derivatives pass through; the print stays where it was (the primal values). */
+static void nbi_vjp_print(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) {
+    (void)tr;
+    (void)node;
+    in_ct[0] = ct;
+}
+
+static nb_var *nbi_jvp_print(nb_trace *tr, nb_var *node, nb_var *const *tan) {
+    (void)tr;
+    (void)node;
+    return tan[0];
+}
+
+nb_var *nb_debug_print(nb_var *x, const char *label) {
+    bool poisoned = false;
+    nb_trace *tr = nbi_trace_of(1, &x, &poisoned);
+    if (tr == NULL) {
+        tr = nbi_trace_current();
+        return tr != NULL ? nbi_trace_errv(tr, NB_ERR_MISUSE, "nb_debug_print: x is a NULL var")
+                          : NULL;
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    if (label == NULL) {
+        return nbi_trace_errv(tr, NB_ERR_MISUSE,
+                              "nb_debug_print: label is NULL (pass a string, \"\" for none)");
+    }
+    size_t len = strlen(label);
+    if (len > 255) {
+        len = 255; /* the first 255 bytes */
+    }
+    int32_t codes[256];
+    for (size_t i = 0; i < len; i++) {
+        codes[i] = (int32_t)(unsigned char)label[i];
+    }
+    nb_array *la = NULL;
+    int64_t n = (int64_t)len;
+    if (nb_array_from_data(tr->ctx, NB_DTYPE_I32, 1, &n, codes, &la) != NB_OK) {
+        return nbi_trace_errv(tr, NB_ERR_OOM, "nb_debug_print: out of memory");
+    }
+    nb_var *lv = nb_constant(tr, la);
+    nb_array_destroy(la);
+    static _Thread_local int64_t serial;
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.callee = tr->ctx;
+    at.ivalue = ++serial;
+    nb_var *in[2] = {x, lv};
+    return nbi_emit(tr, NBI_OP_PRINT, 2, in, &at);
+}
+
+const nbi_op_info nbi_opinfo_print = {.name = "print",
+                                      .n_in = 2,
+                                      .infer = nbi_infer_print,
+                                      .kernel = nbi_k_print,
+                                      .nondiff = 2,
+                                      .vjp = nbi_vjp_print,
+                                      .jvp = nbi_jvp_print};
+
 const nbi_op_info nbi_opinfo_check = {.name = "check",
                                       .n_in = 3,
                                       .infer = nbi_infer_check,

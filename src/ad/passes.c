@@ -65,8 +65,8 @@ nb_status nbi_pass_dce(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     }
     for (int32_t i = in->n_nodes - 1; i >= 0; i--) {
         const nb_var *v = in->nodes[i];
-        if (v->op == NBI_OP_PARAM) {
-            live[i] = true;
+        if (v->op == NBI_OP_PARAM || v->op == NBI_OP_PRINT) {
+            live[i] = true; /* a print is kept for what it does, used or not */
         }
         if (live[i]) {
             for (int32_t j = 0; j < v->n_in; j++) {
@@ -258,8 +258,8 @@ nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         const nb_var *v = in->nodes[i];
         bool foldable = !nbi_is_const_source(v) && v->op != NBI_OP_PARAM && v->op != NBI_OP_CALL &&
                         v->op != NBI_OP_CALL_OUTPUT && v->op != NBI_OP_WHILE &&
-                        v->op != NBI_OP_LOOP_REVERSE && v->op != NBI_OP_CHECK && v->n_in > 0 &&
-                        v->size <= NBI_FOLD_MAX_ELEMS;
+                        v->op != NBI_OP_LOOP_REVERSE && v->op != NBI_OP_CHECK &&
+                        v->op != NBI_OP_PRINT && v->n_in > 0 && v->size <= NBI_FOLD_MAX_ELEMS;
         for (int32_t j = 0; foldable && j < v->n_in; j++) {
             foldable = nbi_is_const_source(map[v->in[j]->id]) &&
                        map[v->in[j]->id]->size <= NBI_FOLD_MAX_ELEMS;

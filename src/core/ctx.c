@@ -448,6 +448,14 @@ void nbi_log(nb_ctx *ctx, nb_log_level level, const char *fmt, ...) {
     ctx->opts.log(ctx->opts.log_ud, level, msg);
 }
 
+void nbi_print_line(nb_ctx *ctx, const char *text) {
+    if (ctx != NULL && ctx->opts.log != NULL) {
+        ctx->opts.log(ctx->opts.log_ud, NB_LOG_LEVEL_INFO, text);
+    } else {
+        fprintf(stderr, "%s\n", text);
+    }
+}
+
 nb_status nb_tree_map_fail(nb_ctx *ctx, nb_status status, const char *fmt, ...) {
     if (ctx == NULL) {
         return NB_ERR_MISUSE;

@@ -175,6 +175,9 @@ NBI_HIDDEN nb_status nbi_oom(nb_ctx *ctx, const char *fn, size_t bytes);
 /* Incremented by every recorded error: tells whether a callback recorded its own. */
 NBI_HIDDEN uint64_t nbi_ctx_err_seq(const nb_ctx *ctx);
 NBI_HIDDEN void nbi_log(nb_ctx *ctx, nb_log_level level, const char *fmt, ...) NBI_PRINTF(3, 4);
+/* A line the user asked for (nb_debug_print): to the log callback at NB_LOG_LEVEL_INFO
+ * whatever its level, or to stderr when there is none. */
+NBI_HIDDEN void nbi_print_line(nb_ctx *ctx, const char *text);
 
 /* Take a zeroed object block with the given magic and refcount 1, or NULL (OOM recorded). */
 NBI_HIDDEN void *nbi_obj_new(nb_ctx *ctx, uint32_t magic, const char *fn);

@@ -1276,6 +1276,8 @@ static void build_specs(void) {
     g_covered_by[NBI_OP_CHECK] = "tests/ode/test_ode.c test_max_steps (a failed solve with "
                                  "throw_on_failure fails the call, under jit and grad; a "
                                  "successful one passes its values through)";
+    g_covered_by[NBI_OP_PRINT] = "test_jit.c test_debug_print (the value passes through: the "
+                                 "sums and gradients there; what it prints, in order)";
     g_covered_by[NBI_OP_FUSED] = "test_passes.c test_fusion_is_bit_identical (made only by the "
                                  "fusion pass; every case here with a chain runs fused)";
     g_covered_by[NBI_OP_FUSED_OUTPUT] = "test_passes.c test_fusion_multi_output (made only by "

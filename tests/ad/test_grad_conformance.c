@@ -1450,6 +1450,8 @@ static const struct {
                          "are inlined before autodiff); its rule defers to the loop's"},
     {NBI_OP_CHECK, "tests/ode/test_ode.c test_lv_gradients: gradients through a solve with "
                    "throw_on_failure (checks on every output) equal those without, bit for bit"},
+    {NBI_OP_PRINT, "tests/ad/test_jit.c test_debug_print: the gradient through a print is the "
+                   "gradient without it (cotangents pass through)"},
 };
 
 /* ---- the tests ---------------------------------------------------------------------- */

@@ -938,6 +938,102 @@ static void test_debug_nans(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- nb_debug_print ----------------------------------------------------------------------- */
+
+static char g_log[4096];
+static int g_log_lines;
+
+static void log_collect(void *ud, nb_log_level level, const char *msg) {
+    (void)ud;
+    if (level == NB_LOG_LEVEL_INFO) {
+        size_t n = strlen(g_log);
+        snprintf(g_log + n, sizeof g_log - n, "%s\n", msg);
+        g_log_lines++;
+    }
+}
+
+/* y = 2x printed as "twice", then an unused print of x ("x, unused"), then sum(y) */
+static nb_status body_prints(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]");
+    nb_var *y = nb_debug_print(nb_mul(x, nb_scalar(tr, 2.0)), "twice");
+    (void)nb_debug_print(x, "x, unused");
+    return nb_return(nb_sum(y, NULL, 0, false), out);
+}
+
+static nb_status body_count_print(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                  nb_tree **out) {
+    (void)self;
+    nb_var *c = nb_debug_print(nb_get(tr, args, "[1]"), "step");
+    return nb_return(nb_add(c, nb_scalar(tr, 1.0)), out);
+}
+
+static nb_status body_loop_prints(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                  nb_tree **out) {
+    (void)self;
+    nb_fn *b = NULL;
+    nb_status st = nb_fn_create(nb_trace_ctx(tr), "count", body_count_print, NULL, &b);
+    const nb_tree *r = st == NB_OK ? nb_fori_loop(tr, 0, 3, b, nb_tree_child(args, 0), NULL) : NULL;
+    nb_fn_destroy(b);
+    if (r == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
+static void test_debug_print(void **state) {
+    (void)state;
+    nb_ctx_opts o = nb_ctx_opts_default();
+    o.log = log_collect;
+    o.log_level = NB_LOG_LEVEL_ERROR; /* prints come through whatever the level */
+    nb_ctx *ctx = NULL;
+    NBT_OK(NULL, nb_ctx_create(&o, &ctx));
+    nb_fn *f = NULL, *g = NULL, *h = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "prints", body_prints, NULL, &f));
+    nb_tree *x = vec_leaf(ctx, NB_DTYPE_F32, 3, (double[]){1, 2, 3}), *args = tuple1(ctx, x);
+    nb_tree *out = NULL;
+    g_log[0] = '\0';
+    g_log_lines = 0;
+    for (int call = 0; call < 2; call++) { /* printed at every run, not at trace time */
+        NBT_OK(ctx, nb_fn_call(f, args, &out));
+        nb_tree_destroy(out);
+    }
+    const char *want = "twice: array([2., 4., 6.], dtype=float32)\n"
+                       "x, unused: array([1., 2., 3.], dtype=float32)\n"
+                       "twice: array([2., 4., 6.], dtype=float32)\n"
+                       "x, unused: array([1., 2., 3.], dtype=float32)\n";
+    if (strcmp(g_log, want) != 0) {
+        fail_msg("printed:\n%s\nwanted:\n%s", g_log, want);
+    }
+    /* under grad: the forward values print once per call, the gradient is unchanged */
+    NBT_OK(ctx, nb_grad(f, NULL, &g));
+    g_log[0] = '\0';
+    NBT_OK(ctx, nb_fn_call(g, args, &out));
+    NBT_EQ_F64(out_f32(out, "", 1), 2.0f);
+    NBT_TRUE(strstr(g_log, "twice: array([2., 4., 6.], dtype=float32)") != NULL);
+    nb_tree_destroy(out);
+    /* inside a loop: every step, in order */
+    NBT_OK(ctx, nb_fn_create(ctx, "loop", body_loop_prints, NULL, &h));
+    nb_tree *c0 = vec_leaf(ctx, NB_DTYPE_F64, 1, (double[]){10}), *cargs = tuple1(ctx, c0);
+    g_log[0] = '\0';
+    NBT_OK(ctx, nb_fn_call(h, cargs, &out));
+    nb_tree_destroy(out);
+    const char *want2 = "step: array([10.])\nstep: array([11.])\nstep: array([12.])\n";
+    if (strcmp(g_log, want2) != 0) {
+        fail_msg("printed:\n%s\nwanted:\n%s", g_log, want2);
+    }
+    nb_tree *trees[] = {cargs, c0, args, x};
+    for (int i = 0; i < 4; i++) {
+        nb_tree_destroy(trees[i]);
+    }
+    nb_fn_destroy(h);
+    nb_fn_destroy(g);
+    nb_fn_destroy(f);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- one context, two threads ----------------------------------------------------------- */
 
 /* Thread A's body, while tracing, lets thread B try a call on the same context and waits
@@ -1658,6 +1754,7 @@ int main(void) {
         cmocka_unit_test(test_donate_same_array_twice),
         cmocka_unit_test(test_debug_nans),
         cmocka_unit_test(test_context_two_threads),
+        cmocka_unit_test(test_debug_print),
         cmocka_unit_test(test_fault_jit_donate),
         cmocka_unit_test(test_eval_goes_through_the_cache),
         cmocka_unit_test(test_weak_scalars),
