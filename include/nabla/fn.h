@@ -20,7 +20,8 @@
  * A body's only inputs are args and self: a C global (an option, a flag) read by the body
  * is read once, at trace time, and its value is compiled in -- later calls do not see it
  * change. Pass such a value as a static leaf of args or self (a new value then retraces,
- * and the reason names it), or as an array (data).
+ * and the reason names it), or as an array (data). nb_jit_opts.debug_retrace finds such
+ * reads.
  *
  * Outputs: array outputs always come back as new arrays owned by the caller -- also those
  * that constant folding turned into constants and those that are inputs passed through;
@@ -94,6 +95,13 @@ typedef struct nb_jit_opts {
      * A value made by constant folding at compile time is not checked. */
     bool debug_nans;
     bool debug_infs;
+    /* Debugging: on every call served from the cache, trace the body again and compare the
+     * IR with the one compiled; a difference fails the call with NB_ERR_RUNTIME naming the
+     * first differing line. It catches a body that reads something besides its arguments
+     * and bound data -- a C global, a static variable -- that changed since it was traced
+     * (whose old value the compiled code still uses). NABLA_DEBUG_RETRACE=1 turns it on
+     * for every function. Each call costs a trace; off by default. */
+    bool debug_retrace;
 } nb_jit_opts;
 
 NB_API nb_jit_opts nb_jit_opts_default(void);

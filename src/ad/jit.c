@@ -80,6 +80,8 @@ typedef struct nbi_entry {
     int32_t n_out;
     nbi_dplan *plans;
     uint8_t debug; /* the checks it was compiled with (NBI_DEBUG_*): part of the key */
+    char *ir_text; /* NBI_DEBUG_RETRACE: the traced IR as text, to compare on every hit */
+    size_t ir_bytes;
 } nbi_entry;
 
 typedef struct nbi_ident {
@@ -286,7 +288,8 @@ nb_status nb_jit(nb_fn *f, const nb_jit_opts *opts, nb_fn **out) {
     nb_status st = nbi_fn_wrap(f, "nb_jit", NBI_FN_JIT, o.max_traces, o.inline_calls, out);
     if (st == NB_OK) {
         (*out)->debug =
-            (uint8_t)((o.debug_nans ? NBI_DEBUG_NANS : 0) | (o.debug_infs ? NBI_DEBUG_INFS : 0));
+            (uint8_t)((o.debug_nans ? NBI_DEBUG_NANS : 0) | (o.debug_infs ? NBI_DEBUG_INFS : 0) |
+                      (o.debug_retrace ? NBI_DEBUG_RETRACE : 0));
     }
     return st;
 }
@@ -300,8 +303,10 @@ static unsigned nbi_debug_env(void) {
     int f = atomic_load_explicit(&flags, memory_order_relaxed);
     if (f < 0) {
         const char *a = getenv("NABLA_DEBUG_NANS"), *b = getenv("NABLA_DEBUG_INFS");
+        const char *c = getenv("NABLA_DEBUG_RETRACE");
         f = (a != NULL && a[0] != '\0' && strcmp(a, "0") != 0 ? NBI_DEBUG_NANS : 0) |
-            (b != NULL && b[0] != '\0' && strcmp(b, "0") != 0 ? NBI_DEBUG_INFS : 0);
+            (b != NULL && b[0] != '\0' && strcmp(b, "0") != 0 ? NBI_DEBUG_INFS : 0) |
+            (c != NULL && c[0] != '\0' && strcmp(c, "0") != 0 ? NBI_DEBUG_RETRACE : 0);
         atomic_store_explicit(&flags, f, memory_order_relaxed);
     }
     return (unsigned)f;
@@ -366,7 +371,29 @@ static void nbi_entry_free(nb_ctx *ctx, nbi_entry *e) {
     if (e->sigs != NULL) {
         nbi_free(ctx, e->sigs, (size_t)e->n_leaves * sizeof(nbi_leafsig));
     }
+    if (e->ir_text != NULL) {
+        nbi_free(ctx, e->ir_text, e->ir_bytes);
+    }
     nbi_free(ctx, e, sizeof *e);
+}
+
+/* g as text (nb_fn_format_ir's form) in new memory: *out, *bytes (with the NUL). */
+static nb_status nbi_graph_text(nb_ctx *ctx, const nbi_graph *g, const char *name, char **out,
+                                size_t *bytes) {
+    nbi_sbuf m = nbi_sbuf_make(NULL, 0);
+    nbi_graph_format(&m, g, name);
+    size_t need = 0;
+    (void)nbi_sbuf_finish(&m, &need);
+    char *t = nbi_alloc(ctx, need + 1, 8);
+    if (t == NULL) {
+        return nbi_oom(ctx, "debug_retrace", need + 1);
+    }
+    nbi_sbuf s = nbi_sbuf_make(t, need + 1);
+    nbi_graph_format(&s, g, name);
+    (void)nbi_sbuf_finish(&s, NULL);
+    *out = t;
+    *bytes = need + 1;
+    return NB_OK;
 }
 
 static void nbi_ident_free(nb_ctx *ctx, nbi_ident *id) {
@@ -1170,11 +1197,17 @@ static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn 
     nbi_exec *exec = NULL;
     st = nbi_trace_graph(&tr, f, args, &out_def);
     nbi_graph opt;
+    unsigned checks = nbi_debug_mode & (NBI_DEBUG_NANS | NBI_DEBUG_INFS);
     if (st == NB_OK) {
-        st = nbi_optimize(ctx, &tr.g, nbi_debug_mode, &opt);
+        st = nbi_optimize(ctx, &tr.g, checks, &opt);
+    }
+    char *ir_text = NULL;
+    size_t ir_bytes = 0;
+    if (st == NB_OK && (nbi_debug_mode & NBI_DEBUG_RETRACE)) {
+        st = nbi_graph_text(ctx, &tr.g, f->name, &ir_text, &ir_bytes);
     }
     if (st == NB_OK) {
-        st = nbi_exec_compile(ctx, &opt, nbi_debug_mode, &exec);
+        st = nbi_exec_compile(ctx, &opt, checks, &exec);
     }
     if (st == NB_OK) {
         e = nbi_alloc(ctx, sizeof *e, 8);
@@ -1205,6 +1238,9 @@ static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn 
         e->out_def = out_def;
         e->n_out = nbi_exec_n_outputs(exec);
         e->debug = nbi_debug_mode;
+        e->ir_text = ir_text;
+        e->ir_bytes = ir_bytes;
+        ir_text = NULL;
         e->next = id->entries;
         id->entries = e;
         *out = e;
@@ -1218,6 +1254,9 @@ static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn 
     }
     nbi_exec_destroy(exec);
     nb_treedef_destroy(out_def);
+    if (ir_text != NULL) {
+        nbi_free(ctx, ir_text, ir_bytes);
+    }
     nbi_trace_settle(&tr, st == NB_OK);
     nbi_trace_release(&tr);
     return st;
@@ -1659,6 +1698,52 @@ static nb_status nbi_run_entry(nbi_jit_state *s, const nbi_entry *e, const nb_tr
 static nb_status nbi_fn_call_body(const char *fn, nb_fn *f, const nb_tree *args,
                                   const nb_call_opts *opts, nb_tree **out);
 
+/* debug_retrace: trace f again on args (quietly: no accounting) and compare its IR with the
+ * text e was compiled from. */
+static nb_status nbi_retrace_check(const char *fn, const nb_fn *f, const nb_tree *args,
+                                   const nbi_entry *e) {
+    nb_ctx *ctx = f->hdr.ctx;
+    nb_trace tr;
+    nb_status st = nbi_trace_init(&tr, ctx, f->name);
+    tr.quiet = true;
+    if (st == NB_OK) {
+        st = nbi_trace_graph(&tr, f, args, NULL);
+    }
+    char *now = NULL;
+    size_t bytes = 0;
+    if (st == NB_OK) {
+        st = nbi_graph_text(ctx, &tr.g, f->name, &now, &bytes);
+    }
+    nbi_trace_release(&tr);
+    if (st != NB_OK || strcmp(now, e->ir_text) == 0) {
+        if (now != NULL) {
+            nbi_free(ctx, now, bytes);
+        }
+        return st;
+    }
+    /* the first differing line, both ways */
+    const char *a = e->ir_text, *b = now;
+    int line = 1;
+    while (*a == *b && *a != '\0') {
+        line += *a == '\n';
+        a++;
+        b++;
+    }
+    while (a > e->ir_text && a[-1] != '\n') {
+        a--;
+        b--;
+    }
+    int la = (int)strcspn(a, "\n"), lb = (int)strcspn(b, "\n");
+    st = nbi_err(ctx, NB_ERR_RUNTIME,
+                 "%s: debug_retrace: '%s' traced again gives another IR than the one compiled, "
+                 "at line %d: was '%.*s', now '%.*s' -- the body reads something besides its "
+                 "arguments and bound data (a C global, a static variable) that changed; pass "
+                 "it as a static leaf (a new value retraces) or as an array",
+                 fn, f->name, line, la > 160 ? 160 : la, a, lb > 160 ? 160 : lb, b);
+    nbi_free(ctx, now, bytes);
+    return st;
+}
+
 /* A call from outside a trace: its checks (NBI_DEBUG_*) are what everything compiled for it
  * gets, nested loop bodies and calls included; a call made while another runs has its own. */
 static nb_status nbi_fn_call(const char *fn, nb_fn *f, const nb_tree *args,
@@ -1734,6 +1819,15 @@ static nb_status nbi_fn_call_body(const char *fn, nb_fn *f, const nb_tree *args,
     }
     int64_t first_arg = p->self ? p->self->n_leaves : 0;
     nbi_entry *e = nbi_entry_hit(id, args, s->leafbuf, n, nbi_debug_mode);
+    if (e != NULL && e->ir_text != NULL) {
+        st = nbi_retrace_check(fn, f, args, e);
+        if (st == NB_OK) {
+            st = nbi_gather(s, p->self, args, &n); /* tracing may have used the buffer */
+        }
+        if (st != NB_OK) {
+            return st;
+        }
+    }
     if (e != NULL) {
         id->stats.n_hits++;
     } else {

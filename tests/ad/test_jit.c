@@ -1034,6 +1034,55 @@ static void test_debug_print(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- debug_retrace: a body that reads a C global ------------------------------------------ */
+
+static double g_scale = 2.0; /* read by the body: compiled in at the first trace */
+
+static nb_status body_global(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)self;
+    return nb_return(nb_mul(nb_get(tr, args, "[0]"), nb_scalar(tr, g_scale)), out);
+}
+
+static void test_debug_retrace(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL, *plain = NULL, *checked = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "scaled", body_global, NULL, &f));
+    NBT_OK(ctx, nb_jit(f, NULL, &plain));
+    nb_jit_opts o = nb_jit_opts_default();
+    o.debug_retrace = true;
+    NBT_OK(ctx, nb_jit(f, &o, &checked));
+    nb_tree *x = arr_leaf(ctx, 3, 1.0f), *args = tuple1(ctx, x), *out = NULL;
+    g_scale = 2.0;
+    NBT_OK(ctx, nb_fn_call(plain, args, &out));
+    nb_tree_destroy(out);
+    NBT_OK(ctx, nb_fn_call(checked, args, &out));
+    NBT_EQ_F64(out_f32(out, "", 2), 6.0f);
+    nb_tree_destroy(out);
+    NBT_OK(ctx, nb_fn_call(checked, args, &out)); /* unchanged: the same IR, a hit */
+    nb_tree_destroy(out);
+    g_scale = 3.0;
+    /* the rule: the compiled code keeps the value it was traced with ... */
+    NBT_OK(ctx, nb_fn_call(plain, args, &out));
+    NBT_EQ_F64(out_f32(out, "", 2), 6.0f);
+    nb_tree_destroy(out);
+    /* ... which debug_retrace catches */
+    NBT_STATUS(ctx, NB_ERR_RUNTIME, nb_fn_call(checked, args, &out));
+    NBT_TRUE(out == NULL);
+    NBT_ERRMSG_HAS(ctx, "debug_retrace: 'scaled' traced again gives another IR");
+    NBT_ERRMSG_HAS(ctx, "value=2");
+    NBT_ERRMSG_HAS(ctx, "value=3");
+    NBT_ERRMSG_HAS(ctx, "a C global");
+    nb_tree_destroy(args);
+    nb_tree_destroy(x);
+    nb_fn_destroy(checked);
+    nb_fn_destroy(plain);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- one context, two threads ----------------------------------------------------------- */
 
 /* Thread A's body, while tracing, lets thread B try a call on the same context and waits
@@ -1755,6 +1804,7 @@ int main(void) {
         cmocka_unit_test(test_debug_nans),
         cmocka_unit_test(test_context_two_threads),
         cmocka_unit_test(test_debug_print),
+        cmocka_unit_test(test_debug_retrace),
         cmocka_unit_test(test_fault_jit_donate),
         cmocka_unit_test(test_eval_goes_through_the_cache),
         cmocka_unit_test(test_weak_scalars),
