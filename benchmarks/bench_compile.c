@@ -6,7 +6,8 @@
  * call of a jitted function -- trace, optimise, compile, run once -- timed for:
  *   sum     loss = sum of every leaf's sum (one reduction per leaf, a chain of adds);
  *   adam    a donated Adam step: updates, new state = adam(grads, state); params +
- *           updates (the optimizer's work for n leaves, as a train step does it);
+ *           updates (the optimizer's work for n leaves, as a train step does it), params
+ *           and state donated (updated in place, as a train step is called);
  *   grad    value_and_grad of sum(p_i^2) (the backward graph of n leaves).
  * Goal: 10^5 leaves in under 1 s for each. Also the cache-hit call (run only).
  *
@@ -80,16 +81,20 @@ static nb_tree *leaves(nb_ctx *ctx, int64_t n, double v) {
     return t;
 }
 
-/* First call (trace + compile + run) and a cache-hit call, in seconds. */
-static void time_fn(nb_ctx *ctx, nb_fn *f, const nb_tree *args, double *first, double *hit) {
+/* First call (trace + compile + run) and a cache-hit call, in seconds; donate: NULL, or the
+ * donate spec of both calls (the train step's params and state updated in place). */
+static void time_fn(nb_ctx *ctx, nb_fn *f, const nb_tree *args, const nb_tree *donate,
+                    double *first, double *hit) {
     nb_ctx_clear_cache(ctx);
+    nb_call_opts o = nb_call_opts_default();
+    o.donate = donate;
     nb_tree *out = NULL;
     double t0 = bench_now_s();
-    BENCH_CHECK(ctx, nb_fn_call(f, args, &out));
+    BENCH_CHECK(ctx, nb_fn_call_ex(f, args, &o, &out));
     *first = bench_now_s() - t0;
     nb_tree_destroy(out);
     t0 = bench_now_s();
-    BENCH_CHECK(ctx, nb_fn_call(f, args, &out));
+    BENCH_CHECK(ctx, nb_fn_call_ex(f, args, &o, &out));
     *hit = bench_now_s() - t0;
     nb_tree_destroy(out);
 }
@@ -130,6 +135,10 @@ int main(int argc, char **argv) {
         BENCH_CHECK(ctx, nb_optim_init(opt, p, &state));
         BENCH_CHECK(ctx, nb_tree_tuple(ctx, 1, &p, &a1));
         BENCH_CHECK(ctx, nb_tree_tuple(ctx, 4, (nb_tree *[]){p, g, state, opt}, &a4));
+        nb_tree *yes = NULL, *no = NULL, *donate = NULL;
+        BENCH_CHECK(ctx, nb_tree_bool(ctx, true, &yes));
+        BENCH_CHECK(ctx, nb_tree_bool(ctx, false, &no));
+        BENCH_CHECK(ctx, nb_tree_tuple(ctx, 4, (nb_tree *[]){yes, no, yes, no}, &donate));
         nb_fn *fs = NULL, *fa = NULL, *fq = NULL, *vg = NULL, *js = NULL, *ja = NULL, *jv = NULL;
         BENCH_CHECK(ctx, nb_fn_create(ctx, "sum", body_sum, NULL, &fs));
         BENCH_CHECK(ctx, nb_fn_create(ctx, "adam", body_adam, NULL, &fa));
@@ -140,13 +149,13 @@ int main(int argc, char **argv) {
         BENCH_CHECK(ctx, nb_jit(vg, NULL, &jv));
         double t[3][2] = {{NAN, NAN}, {NAN, NAN}, {NAN, NAN}};
         if (only == NULL || strcmp(only, "sum") == 0) {
-            time_fn(ctx, js, a1, &t[0][0], &t[0][1]);
+            time_fn(ctx, js, a1, NULL, &t[0][0], &t[0][1]);
         }
         if (only == NULL || strcmp(only, "adam") == 0) {
-            time_fn(ctx, ja, a4, &t[1][0], &t[1][1]);
+            time_fn(ctx, ja, a4, donate, &t[1][0], &t[1][1]);
         }
         if (only == NULL || strcmp(only, "grad") == 0) {
-            time_fn(ctx, jv, a1, &t[2][0], &t[2][1]);
+            time_fn(ctx, jv, a1, NULL, &t[2][0], &t[2][1]);
         }
         printf("| %lld | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", (long long)n, t[0][0],
                t[0][1] * 1e3, t[1][0], t[1][1] * 1e3, t[2][0], t[2][1] * 1e3);
@@ -158,8 +167,8 @@ int main(int argc, char **argv) {
         for (int i = 0; i < 7; i++) {
             nb_fn_destroy(all[i]);
         }
-        nb_tree *trees[] = {a4, a1, state, opt, g, p};
-        for (int i = 0; i < 6; i++) {
+        nb_tree *trees[] = {donate, no, yes, a4, a1, state, opt, g, p};
+        for (int i = 0; i < 9; i++) {
             nb_tree_destroy(trees[i]);
         }
     }

@@ -56,6 +56,9 @@ struct nbi_exec {
     int64_t *param_bytes; /* per input: its data bytes (0 when unused) */
     int32_t *param_node;  /* per input: its PARAM node, or -1 */
     bool *out_direct;     /* per output, per run: written into the caller's buffer (in ws) */
+    int32_t *in_hash;     /* donated runs: inputs by data pointer (in ws; hash_mask + 1 heads) */
+    int32_t *in_next;     /* ... and the chain through inputs sharing a bucket */
+    uint32_t hash_mask;
     int32_t max_in;
     size_t ws_bytes;    /* planned values */
     size_t scratch_off; /* kernel scratch, after the values */
@@ -479,8 +482,14 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     size_t io_out_bytes = nbi_round64((size_t)(e->n_outputs + 1) * sizeof(void *));
     size_t direct_bytes = nbi_round64((size_t)(e->n_outputs + 1) * sizeof(bool));
     size_t fixed_bytes = nbi_round64((size_t)(k_ins + 1) * sizeof(void *));
-    e->ws_alloc =
-        e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes + direct_bytes + fixed_bytes;
+    uint32_t buckets = 16;
+    while (buckets < 2u * (uint32_t)e->n_inputs && buckets < (1u << 30)) {
+        buckets *= 2;
+    }
+    size_t hash_bytes =
+        nbi_round64((size_t)(buckets + (uint32_t)e->n_inputs + 1) * sizeof(int32_t));
+    e->ws_alloc = e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes + direct_bytes +
+                  fixed_bytes + hash_bytes;
     e->ws = nbi_alloc(ctx, e->ws_alloc, 64);
     if (e->ws == NULL) {
         size_t want = e->ws_alloc;
@@ -494,6 +503,9 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
         (bool *)(e->ws + e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes);
     const void **fixed = (const void **)(e->ws + e->ws_bytes + scratch + ptr_bytes + io_in_bytes +
                                          io_out_bytes + direct_bytes);
+    e->in_hash = (int32_t *)((unsigned char *)fixed + fixed_bytes);
+    e->in_next = e->in_hash + buckets;
+    e->hash_mask = buckets - 1;
     for (int32_t t = 0; t < n_instr; t++) {
         nbi_instr *ins = &e->instrs[t];
         ins->fixed_in = fixed;
@@ -587,29 +599,48 @@ static bool nbi_inplace_ok(const nb_var *o, const nb_var *x) {
 }
 
 /* Decide, for this run, which outputs are written straight into the caller's buffers. */
+static uint32_t nbi_ptr_bucket(const nbi_exec *e, const void *p) {
+    uint64_t h = (uint64_t)(uintptr_t)p * 0x9e3779b97f4a7c15ull;
+    return (uint32_t)(h >> 32) & e->hash_mask;
+}
+
+/* Which outputs are made in the caller's buffers. A fresh output buffer shares memory with
+ * no input. A donated one is an input array's buffer: it may be written directly only if no
+ * input still to be read when it is made lives there -- unless that is the making kernel's
+ * own input at the same index. Arrays share memory only as a whole buffer (an array and its
+ * reshapes start at the same address), so the inputs at the output's address are the ones
+ * to look at: found through a hash of the input pointers, built once per donated run --
+ * O(inputs + outputs) per call, not O(inputs x outputs). */
 static void nbi_plan_outputs(const nbi_exec *e, const void *const *inputs, void *const *outputs,
                              const bool *donated) {
+    if (donated != NULL) {
+        memset(e->in_hash, 0xff, ((size_t)e->hash_mask + 1) * sizeof(int32_t)); /* -1: empty */
+        for (int32_t p = 0; p < e->n_inputs; p++) {
+            if (e->param_node[p] < 0 || e->param_bytes[p] == 0) {
+                continue; /* unused, or holds no memory to overlap */
+            }
+            uint32_t b = nbi_ptr_bucket(e, inputs[p]);
+            e->in_next[p] = e->in_hash[b];
+            e->in_hash[b] = p;
+        }
+    }
     for (int32_t i = 0; i < e->n_outputs; i++) {
         bool ok = e->out_first[i] == i;
         if (donated == NULL || !donated[i]) {
-            e->out_direct[i] = ok; /* a fresh buffer: it shares memory with no input */
+            e->out_direct[i] = ok;
             continue;
         }
         const nb_var *o = &e->nodes[e->outputs[i]];
         const unsigned char *ob = outputs[i];
-        size_t obytes = (size_t)o->size * nbi_dsize(o->dtype);
-        for (int32_t p = 0; ok && p < e->n_inputs; p++) {
-            if (e->param_node[p] < 0 || e->param_last[p] < e->out_instr[i]) {
-                continue; /* unused, or read only before the output is made */
+        if ((size_t)o->size * nbi_dsize(o->dtype) == 0) {
+            e->out_direct[i] = ok;
+            continue;
+        }
+        for (int32_t p = e->in_hash[nbi_ptr_bucket(e, ob)]; ok && p >= 0; p = e->in_next[p]) {
+            if (inputs[p] != ob || e->param_last[p] < e->out_instr[i]) {
+                continue; /* another address, or read only before the output is made */
             }
-            const unsigned char *xb = inputs[p];
-            size_t xbytes = (size_t)e->param_bytes[p];
-            if (obytes == 0 || xbytes == 0 || xb + xbytes <= ob || ob + obytes <= xb) {
-                continue; /* no overlap */
-            }
-            /* overlaps an input still to be read: only the making kernel itself may read
-             * it, at the same index */
-            ok = xb == ob && e->param_last[p] == e->out_instr[i] &&
+            ok = e->param_last[p] == e->out_instr[i] &&
                  nbi_inplace_ok(o, &e->nodes[e->param_node[p]]);
         }
         e->out_direct[i] = ok;

@@ -658,6 +658,14 @@ static void nbi_leaf_sig(const nb_tree *leaf, nbi_leafsig *s) {
     }
 }
 
+static uint64_t nbi_sig_hash(nb_dtype dtype, int rank, const int64_t *shape) {
+    uint64_t h = 0x9e3779b97f4a7c15ull * ((uint64_t)dtype + 1) + (uint64_t)rank;
+    for (int r = 0; r < rank; r++) {
+        h = (h ^ (uint64_t)shape[r]) * 0x100000001b3ull;
+    }
+    return h ^ (h >> 29);
+}
+
 static bool nbi_sig_eq(const nbi_leafsig *s, nb_dtype dtype, int rank, const int64_t *shape) {
     if ((int32_t)dtype != s->dtype || rank != s->rank) {
         return false;
@@ -1458,18 +1466,63 @@ static nb_status nbi_dplan_make(nbi_jit_state *s, const nbi_entry *e, const nb_t
         st = nbi_donate_walk(ctx, args, donate, false, flags, &k, &path);
     }
     bool any = false;
+    /* The donated args leaves by signature, each signature's in leaf order, so every output
+     * takes the first unused one of its own in O(1) (a scan of all leaves per output was
+     * quadratic: half of a 3*10^4-leaf Adam step's first call). */
+    uint32_t nbk = 16;
+    while (nbk < 2u * (uint32_t)(n_args + 1) && nbk < (1u << 30)) {
+        nbk *= 2;
+    }
+    size_t hbytes = (size_t)nbk * 3 * sizeof(int32_t) + (size_t)(n_args + 1) * sizeof(int32_t);
+    int32_t *rep = st == NB_OK ? nbi_alloc(ctx, hbytes, 8) : NULL; /* a leaf of the sig, or -1 */
+    if (st == NB_OK && rep == NULL) {
+        st = nbi_oom(ctx, fn, hbytes);
+    }
+    int32_t *head = rep + nbk, *tail = head + nbk, *next = tail + nbk;
+    if (st == NB_OK) {
+        memset(rep, 0xff, (size_t)nbk * 3 * sizeof(int32_t));
+        for (int64_t j = 0; j < n_args; j++) {
+            if (!flags[j]) {
+                continue;
+            }
+            const nbi_leafsig *sj = &e->sigs[first_arg + j];
+            uint32_t b =
+                (uint32_t)nbi_sig_hash((nb_dtype)sj->dtype, sj->rank, sj->shape) & (nbk - 1);
+            while (rep[b] >= 0 && !nbi_sig_eq(&e->sigs[first_arg + rep[b]], (nb_dtype)sj->dtype,
+                                              sj->rank, sj->shape)) {
+                b = (b + 1) & (nbk - 1);
+            }
+            next[j] = -1;
+            if (rep[b] < 0) {
+                rep[b] = head[b] = tail[b] = (int32_t)j;
+            } else {
+                if (head[b] < 0) {
+                    head[b] = (int32_t)j;
+                } else {
+                    next[tail[b]] = (int32_t)j;
+                }
+                tail[b] = (int32_t)j;
+            }
+        }
+    }
     for (int64_t i = 0; i < n_out && st == NB_OK; i++) {
         const nb_var *o = nbi_exec_output(e->exec, (int32_t)i);
         dp->take[i] = -1;
-        for (int64_t j = 0; j < n_args; j++) {
-            if (flags[j] && !used[j] &&
-                nbi_sig_eq(&e->sigs[first_arg + j], o->dtype, o->rank, o->shape)) {
-                used[j] = true;
-                dp->take[i] = (int32_t)(first_arg + j);
-                dp->donated[i] = any = true;
-                break;
-            }
+        uint32_t b = (uint32_t)nbi_sig_hash(o->dtype, o->rank, o->shape) & (nbk - 1);
+        while (rep[b] >= 0 &&
+               !nbi_sig_eq(&e->sigs[first_arg + rep[b]], o->dtype, o->rank, o->shape)) {
+            b = (b + 1) & (nbk - 1);
         }
+        if (rep[b] >= 0 && head[b] >= 0) {
+            int32_t jj = head[b];
+            head[b] = next[jj];
+            used[jj] = true;
+            dp->take[i] = (int32_t)(first_arg + jj);
+            dp->donated[i] = any = true;
+        }
+    }
+    if (rep != NULL) {
+        nbi_free(ctx, rep, hbytes);
     }
     if (st == NB_OK && any) {
         /* An output subtree whose leaves went, in order, into the leaves of an args subtree
