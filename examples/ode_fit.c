@@ -123,9 +123,7 @@ static nb_status train_step(nb_trace *tr, const nb_tree *self, const nb_tree *ar
         st = nb_value_and_grad(loss_fn, NULL, &vg);
     }
     if (st == NB_OK) {
-        st = nb_tree_tuple(ctx, 2,
-                           (nb_tree *[]){(nb_tree *)params, (nb_tree *)nb_tree_child(args, 2)},
-                           &loss_args);
+        st = nb_tree_tuple(ctx, 2, (const nb_tree *[]){params, nb_tree_child(args, 2)}, &loss_args);
     }
     /* (loss, grads), traced into this function */
     const nb_tree *lg = st == NB_OK ? nb_apply(tr, vg, loss_args) : NULL;
@@ -144,10 +142,8 @@ static nb_status train_step(nb_trace *tr, const nb_tree *self, const nb_tree *ar
     if (new_params == NULL) {
         return nb_trace_status(tr);
     }
-    return nb_tree_tuple(
-        ctx, 3,
-        (nb_tree *[]){(nb_tree *)new_params, (nb_tree *)new_state, (nb_tree *)nb_tree_child(lg, 0)},
-        out);
+    return nb_tree_tuple(ctx, 3, (const nb_tree *[]){new_params, new_state, nb_tree_child(lg, 0)},
+                         out);
 }
 
 /* dict(a, b, c, d) of f64 scalars: the parameters as a pytree. */

@@ -807,8 +807,7 @@ static nb_status bp_step_body(nb_trace *tr, const nb_tree *self, const nb_tree *
         st = nb_value_and_grad(loss, &go, &vg);
     }
     if (st == NB_OK) {
-        st = nb_tree_tuple(
-            ctx, 2, (nb_tree *[]){(nb_tree *)params, (nb_tree *)nb_tree_child(args, 2)}, &largs);
+        st = nb_tree_tuple(ctx, 2, (const nb_tree *[]){params, nb_tree_child(args, 2)}, &largs);
     }
     const nb_tree *res = st == NB_OK ? nb_apply(tr, vg, largs) : NULL; /* (loss, grads) */
     nb_tree_destroy(largs);
@@ -827,9 +826,7 @@ static nb_status bp_step_body(nb_trace *tr, const nb_tree *self, const nb_tree *
     if (new_params == NULL) {
         return nb_trace_status(tr);
     }
-    return nb_tree_tuple(ctx, 3,
-                         (nb_tree *[]){(nb_tree *)new_params, (nb_tree *)new_state,
-                                       (nb_tree *)nb_tree_child(res, 0)},
+    return nb_tree_tuple(ctx, 3, (const nb_tree *[]){new_params, new_state, nb_tree_child(res, 0)},
                          out);
 }
 
@@ -838,8 +835,8 @@ nb_status bench_step_fn(nb_ctx *ctx, const bench_problem *p, const nb_tree *opt,
     nb_fn *step = NULL;
     nb_status st = nb_tree_int(ctx, p - bench_problems, &idx);
     if (st == NB_OK) {
-        st = nb_tree_dict(ctx, 2, (const char *[]){"opt", "problem"},
-                          (nb_tree *[]){(nb_tree *)opt, idx}, &self);
+        st = nb_tree_dict(ctx, 2, (const char *[]){"opt", "problem"}, (const nb_tree *[]){opt, idx},
+                          &self);
     }
     if (st == NB_OK) {
         st = nb_fn_create(ctx, "bench_step", bp_step_body, self, &step);

@@ -395,12 +395,12 @@ static int demo_grad(nb_ctx *ctx, demo_data *data) {
     CHECK(ctx, nb_tree_lookup(params, "layers[0]", &l0));
     nb_tree *l0n = NULL, *list = NULL;
     CHECK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"w", "b"},
-                            (nb_tree *[]){(nb_tree *)nb_tree_get(l0, "w"), fb}, &l0n));
+                            (const nb_tree *[]){nb_tree_get(l0, "w"), fb}, &l0n));
     const nb_tree *layers = nb_tree_get(params, "layers");
-    CHECK(ctx, nb_tree_list(ctx, 3,
-                            (nb_tree *[]){l0n, (nb_tree *)nb_tree_child(layers, 1),
-                                          (nb_tree *)nb_tree_child(layers, 2)},
-                            &list));
+    CHECK(ctx,
+          nb_tree_list(ctx, 3,
+                       (const nb_tree *[]){l0n, nb_tree_child(layers, 1), nb_tree_child(layers, 2)},
+                       &list));
     CHECK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"layers"}, &list, &model));
     nb_tree *lx = NULL, *ly = NULL, *batch = NULL;
     CHECK(ctx, nb_tree_array(x, &lx));

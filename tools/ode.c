@@ -157,8 +157,8 @@ static nb_status ode_loss_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_tree *aux = NULL;
     nb_status st =
         nb_tree_tuple(ctx, 2,
-                      (nb_tree *[]){(nb_tree *)nb_tree_get(sol, "result"),
-                                    (nb_tree *)nb_tree_get(nb_tree_get(sol, "stats"), "num_steps")},
+                      (const nb_tree *[]){nb_tree_get(sol, "result"),
+                                          nb_tree_get(nb_tree_get(sol, "stats"), "num_steps")},
                       &aux);
     if (st != NB_OK) {
         return st;
@@ -184,8 +184,7 @@ static nb_status ode_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         st = nb_value_and_grad(loss, &go, &vg);
     }
     if (st == NB_OK) {
-        st = nb_tree_tuple(
-            ctx, 2, (nb_tree *[]){(nb_tree *)params, (nb_tree *)nb_tree_child(args, 2)}, &largs);
+        st = nb_tree_tuple(ctx, 2, (const nb_tree *[]){params, nb_tree_child(args, 2)}, &largs);
     }
     const nb_tree *res = st == NB_OK ? nb_apply(tr, vg, largs) : NULL; /* ((loss, aux), grads) */
     nb_tree_destroy(largs);
@@ -205,10 +204,8 @@ static nb_status ode_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     }
     const nb_tree *value = nb_tree_child(res, 0), *aux = nb_tree_child(value, 1);
     return nb_tree_tuple(ctx, 5,
-                         (nb_tree *[]){(nb_tree *)new_params, (nb_tree *)new_state,
-                                       (nb_tree *)nb_tree_child(value, 0),
-                                       (nb_tree *)nb_tree_child(aux, 0),
-                                       (nb_tree *)nb_tree_child(aux, 1)},
+                         (const nb_tree *[]){new_params, new_state, nb_tree_child(value, 0),
+                                             nb_tree_child(aux, 0), nb_tree_child(aux, 1)},
                          out);
 }
 

@@ -74,10 +74,9 @@ static nb_status step_body(nb_trace *tr, const nb_tree *self, const nb_tree *arg
     nb_ctx *ctx = nb_trace_ctx(tr);
     const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
     nb_tree *gargs = NULL;
-    nb_status st = nb_tree_tuple(ctx, 3,
-                                 (nb_tree *[]){(nb_tree *)params, (nb_tree *)nb_tree_child(args, 2),
-                                               (nb_tree *)nb_tree_child(args, 3)},
-                                 &gargs);
+    nb_status st = nb_tree_tuple(
+        ctx, 3, (const nb_tree *[]){params, nb_tree_child(args, 2), nb_tree_child(args, 3)},
+        &gargs);
     if (st != NB_OK) {
         return st;
     }
@@ -96,11 +95,10 @@ static nb_status step_body(nb_trace *tr, const nb_tree *self, const nb_tree *arg
         return nb_trace_status(tr);
     }
     const nb_tree *aux = nb_tree_child(vg, 0);
-    return nb_tree_tuple(ctx, 4,
-                         (nb_tree *[]){(nb_tree *)new_params, (nb_tree *)new_state,
-                                       (nb_tree *)nb_tree_child(aux, 0),
-                                       (nb_tree *)nb_tree_child(aux, 1)},
-                         out);
+    return nb_tree_tuple(
+        ctx, 4,
+        (const nb_tree *[]){new_params, new_state, nb_tree_child(aux, 0), nb_tree_child(aux, 1)},
+        out);
 }
 
 /* correct(params, x, y): the number of rows whose argmax is the label. */

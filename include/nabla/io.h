@@ -105,8 +105,11 @@ NB_API nb_status nb_load_bytes(nb_ctx *ctx, const void *data, size_t size, const
 /* One file holding a run's state: params, the optimizer state, the PRNG key and the step,
  * saved atomically (nb_save) as dict(params, opt_state, key, step) -- step an i64[] array.
  * Resuming from it continues a run bit for bit (tests/io/test_checkpoint_io.c). key may be
- * NULL (saved as null). Statuses, symlinks and refusals as nb_save; nb_load reads the file
- * whole unless the trees hold function references other than built-in activations. */
+ * NULL (saved as null); otherwise it is an i32[2] key (what nb_checkpoint_load reads back:
+ * another dtype or shape is NB_ERR_INVALID, nothing written). params, opt_state and key must
+ * come from one context (NB_ERR_INVALID otherwise). Statuses, symlinks and refusals as nb_save;
+ * nb_load reads the file whole unless the trees hold function references other than built-in
+ * activations. */
 NB_API nb_status nb_checkpoint_save(const char *path, const nb_tree *params,
                                     const nb_tree *opt_state, const nb_array *key, int64_t step);
 /* Load a checkpoint into templates (the run's current params and optimizer state, or any

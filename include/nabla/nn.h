@@ -125,9 +125,10 @@ NB_API nb_status nb_nn_conv2d_init(nb_ctx *ctx, int64_t in, int64_t out, int64_t
                                    const nb_nn_conv2d_opts *opts, nb_dtype dtype,
                                    const nb_array *key, nb_tree **layer);
 /* Sequential: dict {kind "sequential", layers: list of the n >= 0 layers (borrowed; the
- * tree takes references)}; a layer may be any layer tree above, another sequential, or an
+ * tree takes references; an array of nb_tree * or const nb_tree *, nb_tree_items in
+ * nabla/tree.h)}; a layer may be any layer tree above, another sequential, or an
  * activation leaf (nb_nn_activation_leaf), as Equinox's Sequential with Lambda. */
-NB_API nb_status nb_nn_sequential_init(nb_ctx *ctx, int n, nb_tree *const *layers, nb_tree **layer);
+NB_API nb_status nb_nn_sequential_init(nb_ctx *ctx, int n, nb_tree_items layers, nb_tree **layer);
 /* A function-reference leaf holding an activation (name NULL: as in nb_nn_mlp_opts). */
 NB_API nb_status nb_nn_activation_leaf(nb_ctx *ctx, nb_nn_activation fn, const char *name,
                                        nb_tree **leaf);
@@ -177,5 +178,9 @@ NB_API nb_var *nb_nn_apply(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var
 
 #ifdef __cplusplus
 }
+#endif
+
+#ifdef NB_TREE_ITEMS_UNION /* see nb_tree_items in nabla/tree.h */
+#define nb_nn_sequential_init(...) (__extension__ nb_nn_sequential_init(__VA_ARGS__))
 #endif
 #endif /* NABLA_NN_H */

@@ -91,8 +91,10 @@
  *
  * Statuses (eager functions): NB_OK; NB_ERR_MISUSE for NULL or destroyed handles;
  * NB_ERR_INVALID for bad settings (a negative learning rate, b1 outside [0, 1), ...) with a
- * message naming the optimizer and the setting; NB_ERR_STRUCTURE for trees that do not fit;
- * NB_ERR_OOM. Traced functions follow the trace's sticky-error rule (nabla/trace.h).
+ * message naming the optimizer and the setting, and for a schedule, mask or part made in
+ * another context than ctx (or than inner, for nb_optim_masked); NB_ERR_STRUCTURE for trees
+ * that do not fit; NB_ERR_OOM. Traced functions follow the trace's sticky-error rule
+ * (nabla/trace.h).
  */
 #ifndef NABLA_OPTIM_H
 #define NABLA_OPTIM_H
@@ -128,7 +130,8 @@ NB_API nb_status nb_schedule_exponential_decay(nb_ctx *ctx, double init_value,
                                                int64_t transition_steps, double decay_rate,
                                                int64_t transition_begin, bool staircase,
                                                double end_value, nb_tree **out);
-/* n >= 0 strictly increasing boundaries, each with its scale. */
+/* n >= 0 strictly increasing boundaries, each with its scale (NB_ERR_INVALID for n < 0;
+ * NB_ERR_MISUSE for NULL boundaries or scales with n > 0). */
 NB_API nb_status nb_schedule_piecewise_constant(nb_ctx *ctx, double init_value, int n,
                                                 const int64_t *boundaries, const double *scales,
                                                 nb_tree **out);
@@ -180,8 +183,9 @@ NB_API nb_status nb_optim_scale_by_schedule(nb_ctx *ctx, const nb_tree *schedule
 /* mask: a tree of bool leaves with the grads' node structure, or a prefix of it (a bool at
  * a node covers its subtree). Borrowed; stored by value. */
 NB_API nb_status nb_optim_masked(const nb_tree *inner, const nb_tree *mask, nb_tree **out);
-/* n >= 1 parts, applied in order. */
-NB_API nb_status nb_optim_chain(nb_ctx *ctx, int n, const nb_tree *const *parts, nb_tree **out);
+/* n >= 1 parts, applied in order (an array of nb_tree * or const nb_tree *: nb_tree_items in
+ * nabla/tree.h). */
+NB_API nb_status nb_optim_chain(nb_ctx *ctx, int n, nb_tree_items parts, nb_tree **out);
 
 /* The optimizer's state for template (the tree nb_grad_template gives: zero arrays where
  * there is a gradient, null elsewhere). Eager: a new tree of new arrays. template must hold
@@ -247,5 +251,9 @@ NB_API nb_status nb_optim_count(const nb_tree *state, int64_t *count);
 
 #ifdef __cplusplus
 }
+#endif
+
+#ifdef NB_TREE_ITEMS_UNION /* see nb_tree_items in nabla/tree.h */
+#define nb_optim_chain(...) (__extension__ nb_optim_chain(__VA_ARGS__))
 #endif
 #endif /* NABLA_OPTIM_H */

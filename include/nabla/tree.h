@@ -46,6 +46,38 @@ extern "C" {
 typedef struct nb_tree nb_tree;
 typedef struct nb_treedef nb_treedef;
 
+/* ---- arrays of trees as arguments ---------------------------------------------------
+ * Calls that take an array of trees (nb_tree_list, nb_tree_tuple, nb_tree_dict,
+ * nb_tree_map_n, nb_tree_combine, nb_optim_chain, nb_nn_sequential_init) only read it and
+ * retain the trees, so they accept both arrays of nb_tree * (the trees a builder gave you)
+ * and arrays of const nb_tree * (what the accessors nb_tree_child, nb_tree_get and
+ * nb_tree_lookup give you, and what a traced body receives), with no cast:
+ *     nb_tree_tuple(ctx, 2, (nb_tree *[]){leaf, state}, &out);
+ *     nb_tree_tuple(ctx, 2, (const nb_tree *[]){nb_tree_child(args, 0), leaf}, &out);
+ * The parameter type is nb_tree_items. In C++ it is const nb_tree *const *, to which
+ * nb_tree ** converts implicitly. In C it cannot be: C converts nb_tree ** to
+ * nb_tree *const * but not to const nb_tree *const * (gcc and clang warn), so with gcc or
+ * clang it is a transparent union of the two pointer types -- the argument is passed as a
+ * plain pointer (same ABI as the pointer), any other type is a compile error -- and each of
+ * these functions is also a function-like macro that wraps the call in __extension__, so
+ * that -Wpedantic does not flag the (GNU) conversion to the union. Calling through a
+ * function pointer bypasses the macro: there gcc's -Wpedantic warns, the call is still
+ * right. Other C compilers see const nb_tree *const *: cast an nb_tree ** argument there.
+ * (A _Generic macro cannot do this: the commas inside a compound literal such as
+ * (nb_tree *[]){a, b} split a macro's arguments, and nb_tree_dict has two such arrays.)
+ * Code receiving an nb_tree_items reads the pointer with NB_TREE_ITEMS_PTR. */
+#if defined(__GNUC__) && !defined(__cplusplus)
+typedef union nb_tree_items {
+    const nb_tree *const *c;
+    nb_tree *const *m;
+} nb_tree_items __attribute__((__transparent_union__));
+#define NB_TREE_ITEMS_UNION 1
+#define NB_TREE_ITEMS_PTR(items) ((items).c)
+#else
+typedef const nb_tree *const *nb_tree_items;
+#define NB_TREE_ITEMS_PTR(items) (items)
+#endif
+
 /* Values are ABI; new kinds are only appended. */
 typedef enum nb_tree_kind {
     NB_TREE_KIND_NULL = 0,
@@ -93,11 +125,12 @@ NB_API nb_status nb_tree_string(nb_ctx *ctx, const char *value, nb_tree **out);
 /* A function reference: fn must not be NULL; name (copied, non-empty) is what messages
  * and printing show. Equal when both pointer and name are equal. */
 NB_API nb_status nb_tree_fnref(nb_ctx *ctx, nb_fnptr fn, const char *name, nb_tree **out);
-/* Nodes with n children (items may be NULL when n is 0); keys are copied. */
-NB_API nb_status nb_tree_list(nb_ctx *ctx, int64_t n, nb_tree *const *items, nb_tree **out);
-NB_API nb_status nb_tree_tuple(nb_ctx *ctx, int64_t n, nb_tree *const *items, nb_tree **out);
-NB_API nb_status nb_tree_dict(nb_ctx *ctx, int64_t n, const char *const *keys,
-                              nb_tree *const *items, nb_tree **out);
+/* Nodes with n children (items may be NULL when n is 0; an array of nb_tree * or of
+ * const nb_tree *, see nb_tree_items above; each child is retained); keys are copied. */
+NB_API nb_status nb_tree_list(nb_ctx *ctx, int64_t n, nb_tree_items items, nb_tree **out);
+NB_API nb_status nb_tree_tuple(nb_ctx *ctx, int64_t n, nb_tree_items items, nb_tree **out);
+NB_API nb_status nb_tree_dict(nb_ctx *ctx, int64_t n, const char *const *keys, nb_tree_items items,
+                              nb_tree **out);
 
 /* Take another reference (returns t, or NULL for a NULL or destroyed handle). */
 NB_API nb_tree *nb_tree_retain(nb_tree *t);
@@ -200,7 +233,7 @@ NB_API nb_status nb_tree_map(const nb_tree *t, nb_tree_map_fn fn, void *ud, unsi
  * node kinds, lengths and dict keys, in order); at a leaf position of the first tree the
  * others may hold any leaf (null, array, static) but not a node. A mismatch is
  * NB_ERR_STRUCTURE naming the first differing path. */
-NB_API nb_status nb_tree_map_n(int n, const nb_tree *const *trees, nb_tree_map_fn fn, void *ud,
+NB_API nb_status nb_tree_map_n(int n, nb_tree_items trees, nb_tree_map_fn fn, void *ud,
                                unsigned flags, nb_tree **out);
 /* For use inside a map callback: record a formatted message on the trees' context and
  * return status (so "return nb_tree_map_fail(ctx, NB_ERR_SHAPE, ...)" works). */
@@ -225,7 +258,7 @@ NB_API nb_status nb_tree_partition(const nb_tree *t, nb_tree_pred pred, void *ud
 /* Inverse of partition: at each leaf position take the first non-null leaf of the n >= 1
  * trees (null if all are). The trees must share the node structure (else
  * NB_ERR_STRUCTURE naming the path). */
-NB_API nb_status nb_tree_combine(int n, const nb_tree *const *trees, nb_tree **out);
+NB_API nb_status nb_tree_combine(int n, nb_tree_items trees, nb_tree **out);
 
 /* ---- equality and diff -------------------------------------------------------------- */
 /* Same treedef (structure, null positions and static values; arrays not looked at). */
@@ -263,5 +296,15 @@ NB_API nb_status nb_tree_fprint_leaves(const nb_tree *t, FILE *f);
 
 #ifdef __cplusplus
 }
+#endif
+
+/* The calls taking an nb_tree_items, wrapped so that -Wpedantic accepts both array types
+ * (see nb_tree_items above). */
+#ifdef NB_TREE_ITEMS_UNION
+#define nb_tree_list(...) (__extension__ nb_tree_list(__VA_ARGS__))
+#define nb_tree_tuple(...) (__extension__ nb_tree_tuple(__VA_ARGS__))
+#define nb_tree_dict(...) (__extension__ nb_tree_dict(__VA_ARGS__))
+#define nb_tree_map_n(...) (__extension__ nb_tree_map_n(__VA_ARGS__))
+#define nb_tree_combine(...) (__extension__ nb_tree_combine(__VA_ARGS__))
 #endif
 #endif /* NABLA_TREE_H */

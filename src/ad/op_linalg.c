@@ -178,8 +178,8 @@ nb_var *nb_matmul(nb_var *a, nb_var *b) {
     return tr ? nbi_emit(tr, NBI_OP_MATMUL, 2, in, NULL) : NULL;
 }
 
-/* A composite: the [k] @ [k] case of matmul, with its own checks so that the message names
- * nb_dot. NULL, poison and foreign inputs are left to nb_matmul (through nbi_emit). */
+/* A composite: the [k] @ [k] case of matmul, with its own checks (NULL and foreign inputs
+ * too) so that every message names nb_dot; poison passes through. */
 nb_var *nb_dot(nb_var *a, nb_var *b) {
     nb_var *in[2] = {a, b};
     bool poisoned;
@@ -187,8 +187,28 @@ nb_var *nb_dot(nb_var *a, nb_var *b) {
     if (tr == NULL) {
         return NULL;
     }
-    if (poisoned || a->tr != tr || b->tr != tr) {
-        return nb_matmul(a, b);
+    if (tr->status != NB_OK) {
+        return tr->poison;
+    }
+    static const char *const names[2] = {"a", "b"};
+    for (int i = 0; i < 2; i++) {
+        if (in[i] == NULL) {
+            return nbi_trace_errv(tr, NB_ERR_MISUSE,
+                                  "nb_dot: %s is a NULL var (pass a rank-1 var of this trace)",
+                                  names[i]);
+        }
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    for (int i = 0; i < 2; i++) {
+        if (in[i]->tr != tr) {
+            return nbi_trace_errv(tr, NB_ERR_INVALID,
+                                  "nb_dot: %s belongs to another trace (a var was kept after its "
+                                  "trace ended, or an outer var was used inside a function "
+                                  "without being passed as an argument)",
+                                  names[i]);
+        }
     }
     if (nbi_mm_check_dtypes(tr, "nb_dot", a, b) != NB_OK) {
         return tr->poison;

@@ -551,10 +551,18 @@ void nbi_rng_permutation(uint32_t k0, uint32_t k1, int64_t n, int64_t *idx, void
 
 /* ---- the eager calls ---------------------------------------------------------------- */
 
-/* The two words of key, or an error naming fn. */
-static nb_status nbi_key_words(const nb_array *key, const char *fn, uint32_t *k0, uint32_t *k1) {
-    if (nb_array_check(key) != NB_OK) {
-        return NB_ERR_MISUSE;
+/* The entry checks of an eager call on key: a live key (a destroyed one is reported on its
+ * context), an out-parameter (NULL is reported on the key's context), then the key's two
+ * words, or an error naming fn. */
+static nb_status nbi_key_words(const nb_array *key, const char *fn, const void *out, uint32_t *k0,
+                               uint32_t *k1) {
+    nb_status st = nbi_check_handle(key, NBI_MAGIC_ARRAY, fn, "key");
+    if (st != NB_OK) {
+        return st;
+    }
+    if (out == NULL) {
+        return nbi_err_null(key->hdr.ctx, fn, "out",
+                            "pass the address of an nb_array * to receive the new array");
     }
     if (key->dtype != NB_DTYPE_I32 || key->rank != 1 || key->shape[0] != 2) {
         char sig[NBI_SIG_CAP];
@@ -583,8 +591,12 @@ nb_status nb_random_key(nb_ctx *ctx, uint64_t seed, nb_array **out) {
     if (out != NULL) {
         *out = NULL;
     }
-    if (ctx == NULL || out == NULL) {
-        return nbi_err(ctx, NB_ERR_MISUSE, "nb_random_key: ctx or out is NULL");
+    if (ctx == NULL) {
+        return NB_ERR_MISUSE; /* nowhere to say so */
+    }
+    if (out == NULL) {
+        return nbi_err_null(ctx, "nb_random_key", "out",
+                            "pass the address of an nb_array * to receive the key");
     }
     int32_t w[2] = {(int32_t)(uint32_t)(seed >> 32), (int32_t)(uint32_t)seed};
     return nbi_key_new(ctx, "nb_random_key", w, out);
@@ -596,7 +608,7 @@ nb_status nb_random_split(const nb_array *key, int64_t n, nb_array **out) {
         *out = NULL;
     }
     uint32_t k0 = 0, k1 = 0;
-    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    nb_status st = nbi_key_words(key, fn, out, &k0, &k1);
     if (st != NB_OK) {
         return st;
     }
@@ -618,7 +630,7 @@ nb_status nb_random_fold_in(const nb_array *key, uint32_t data, nb_array **out) 
         *out = NULL;
     }
     uint32_t k0 = 0, k1 = 0;
-    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    nb_status st = nbi_key_words(key, fn, out, &k0, &k1);
     if (st != NB_OK) {
         return st;
     }
@@ -634,7 +646,7 @@ static nb_status nbi_sample(const nb_array *key, const char *fn, nbi_rng_kind ki
         *out = NULL;
     }
     uint32_t k0 = 0, k1 = 0;
-    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    nb_status st = nbi_key_words(key, fn, out, &k0, &k1);
     if (st != NB_OK) {
         return st;
     }
@@ -682,7 +694,7 @@ nb_status nb_random_permutation(const nb_array *key, int64_t n, nb_array **out) 
         *out = NULL;
     }
     uint32_t k0 = 0, k1 = 0;
-    nb_status st = out == NULL ? NB_ERR_MISUSE : nbi_key_words(key, fn, &k0, &k1);
+    nb_status st = nbi_key_words(key, fn, out, &k0, &k1);
     if (st != NB_OK) {
         return st;
     }

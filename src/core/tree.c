@@ -381,7 +381,8 @@ static nb_status nbi_keys_unique_sorted(nb_ctx *ctx, const char *fn, int64_t n,
 }
 
 static nb_status nbi_tree_node(nb_ctx *ctx, const char *fn, nb_tree_kind kind, int64_t n,
-                               const char *const *keys, nb_tree *const *items, nb_tree **out) {
+                               const char *const *keys, const nb_tree *const *items,
+                               nb_tree **out) {
     if (ctx == NULL && n > 0 && items != NULL) {
         /* the children know their context: say there what is wrong */
         const nb_tree *other = NULL;
@@ -443,7 +444,7 @@ static nb_status nbi_tree_node(nb_ctx *ctx, const char *fn, nb_tree_kind kind, i
         }
     }
     for (int64_t i = 0; i < n; i++) {
-        taken[i] = nb_tree_retain(items[i]);
+        taken[i] = nb_tree_retain((nb_tree *)items[i]); /* immutable: only the count changes */
     }
     nb_status st = nbi_tree_node_take(ctx, fn, kind, n, keys, taken, out);
     if (taken != small) {
@@ -452,17 +453,21 @@ static nb_status nbi_tree_node(nb_ctx *ctx, const char *fn, nb_tree_kind kind, i
     return st;
 }
 
-nb_status nb_tree_list(nb_ctx *ctx, int64_t n, nb_tree *const *items, nb_tree **out) {
-    return nbi_tree_node(ctx, "nb_tree_list", NB_TREE_KIND_LIST, n, NULL, items, out);
+/* (name): the name is also a macro (tree.h, nb_tree_items) */
+nb_status(nb_tree_list)(nb_ctx *ctx, int64_t n, nb_tree_items items, nb_tree **out) {
+    return nbi_tree_node(ctx, "nb_tree_list", NB_TREE_KIND_LIST, n, NULL, NB_TREE_ITEMS_PTR(items),
+                         out);
 }
 
-nb_status nb_tree_tuple(nb_ctx *ctx, int64_t n, nb_tree *const *items, nb_tree **out) {
-    return nbi_tree_node(ctx, "nb_tree_tuple", NB_TREE_KIND_TUPLE, n, NULL, items, out);
+nb_status(nb_tree_tuple)(nb_ctx *ctx, int64_t n, nb_tree_items items, nb_tree **out) {
+    return nbi_tree_node(ctx, "nb_tree_tuple", NB_TREE_KIND_TUPLE, n, NULL,
+                         NB_TREE_ITEMS_PTR(items), out);
 }
 
-nb_status nb_tree_dict(nb_ctx *ctx, int64_t n, const char *const *keys, nb_tree *const *items,
-                       nb_tree **out) {
-    return nbi_tree_node(ctx, "nb_tree_dict", NB_TREE_KIND_DICT, n, keys, items, out);
+nb_status(nb_tree_dict)(nb_ctx *ctx, int64_t n, const char *const *keys, nb_tree_items items,
+                        nb_tree **out) {
+    return nbi_tree_node(ctx, "nb_tree_dict", NB_TREE_KIND_DICT, n, keys, NB_TREE_ITEMS_PTR(items),
+                         out);
 }
 
 nb_status nb_tree_freeze(const nb_tree *leaf, nb_tree **out) {

@@ -291,9 +291,10 @@ nb_status nb_tree_map(const nb_tree *t, nb_tree_map_fn fn, void *ud, unsigned fl
     return nbi_map_run("nb_tree_map", true, 1, trees, fn, ud, flags, out);
 }
 
-nb_status nb_tree_map_n(int n, const nb_tree *const *trees, nb_tree_map_fn fn, void *ud,
-                        unsigned flags, nb_tree **out) {
-    return nbi_map_run("nb_tree_map_n", false, n, trees, fn, ud, flags, out);
+/* (name): the name is also a macro (tree.h, nb_tree_items) */
+nb_status(nb_tree_map_n)(int n, nb_tree_items trees, nb_tree_map_fn fn, void *ud, unsigned flags,
+                         nb_tree **out) {
+    return nbi_map_run("nb_tree_map_n", false, n, NB_TREE_ITEMS_PTR(trees), fn, ud, flags, out);
 }
 
 /* ---- filter / partition / combine --------------------------------------------------- */
@@ -403,8 +404,8 @@ static nb_status nbi_combine_cb(void *ud, const char *path, int n, const nb_tree
     return NB_OK;
 }
 
-nb_status nb_tree_combine(int n, const nb_tree *const *trees, nb_tree **out) {
-    return nbi_map_run("nb_tree_combine", false, n, trees, nbi_combine_cb, NULL,
+nb_status(nb_tree_combine)(int n, nb_tree_items trees, nb_tree **out) {
+    return nbi_map_run("nb_tree_combine", false, n, NB_TREE_ITEMS_PTR(trees), nbi_combine_cb, NULL,
                        NB_TREE_MAP_NULLS | NB_TREE_MAP_STATIC, out);
 }
 

@@ -588,10 +588,28 @@ static void nbs_sync_dir(char *path) {
     }
 }
 
+/* The entry checks of a call on a tree and a path: a live tree (named arg), then a path. */
+static nb_status nbs_tree_path_args(const char *fn, const char *arg, const nb_tree *t,
+                                    const char *path) {
+    nb_status st = nbi_check_handle(t, NBI_MAGIC_TREE, fn, arg);
+    if (st == NB_OK && path == NULL) {
+        st = nbi_err_null(nb_tree_ctx(t), fn, "path", "pass the file's path");
+    }
+    return st;
+}
+
+/* A NULL out-parameter named out_name, on ctx. */
+static nb_status nbs_null_out(nb_ctx *ctx, const char *fn, const char *out_name) {
+    return nbi_err(ctx, NB_ERR_MISUSE,
+                   "%s: %s is NULL (pass the address of an nb_tree * to receive the loaded tree)",
+                   fn, out_name);
+}
+
 nb_status nb_save(const nb_tree *tree, const char *path) {
     static const char fn[] = "nb_save";
-    if (nb_tree_check(tree) != NB_OK || path == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status cst = nbs_tree_path_args(fn, "tree", tree, path);
+    if (cst != NB_OK) {
+        return cst;
     }
     nb_ctx *ctx = nb_tree_ctx(tree);
     nbs_save S = {.ctx = ctx,
@@ -1755,8 +1773,16 @@ nb_status nb_load_bytes(nb_ctx *ctx, const void *data, size_t size, const char *
     if (out != NULL) {
         *out = NULL;
     }
-    if (ctx == NULL || out == NULL || (data == NULL && size > 0)) {
-        return NB_ERR_MISUSE;
+    if (ctx == NULL) {
+        return NB_ERR_MISUSE; /* nowhere to say so */
+    }
+    if (out == NULL) {
+        return nbs_null_out(ctx, who, "out");
+    }
+    if (data == NULL && size > 0) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: data is NULL with size %zu (pass the bytes to read, or size 0)", who,
+                       size);
     }
     const char *file = name != NULL ? name : "<memory>";
     if (size < 8) {
@@ -1822,23 +1848,35 @@ static nb_status nbs_load_file(nb_ctx *ctx, const char *who, const char *path, c
 }
 
 nb_status nb_load(nb_ctx *ctx, const char *path, nb_tree **out) {
+    static const char fn[] = "nb_load";
     if (out != NULL) {
         *out = NULL;
     }
-    if (ctx == NULL || path == NULL || out == NULL) {
-        return NB_ERR_MISUSE;
+    if (ctx == NULL) {
+        return NB_ERR_MISUSE; /* nowhere to say so */
     }
-    return nbs_load_file(ctx, "nb_load", path, NULL, out, NULL);
+    if (out == NULL) {
+        return nbs_null_out(ctx, fn, "out");
+    }
+    if (path == NULL) {
+        return nbi_err_null(ctx, fn, "path", "pass the file's path");
+    }
+    return nbs_load_file(ctx, fn, path, NULL, out, NULL);
 }
 
 nb_status nb_load_into(const nb_tree *tmpl, const char *path, nb_tree **out) {
+    static const char fn[] = "nb_load_into";
     if (out != NULL) {
         *out = NULL;
     }
-    if (nb_tree_check(tmpl) != NB_OK || path == NULL || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbs_tree_path_args(fn, "tmpl", tmpl, path);
+    if (st == NB_OK && out == NULL) {
+        st = nbs_null_out(nb_tree_ctx(tmpl), fn, "out");
     }
-    return nbs_load_file(nb_tree_ctx(tmpl), "nb_load_into", path, tmpl, out, NULL);
+    if (st != NB_OK) {
+        return st;
+    }
+    return nbs_load_file(nb_tree_ctx(tmpl), fn, path, tmpl, out, NULL);
 }
 
 /* The template's structure with arrays from the file. */
@@ -2003,15 +2041,58 @@ static nb_status nbs_build(nbs_parse *p, const nbs_src *src, const nb_tree *tmpl
 
 /* ---- training checkpoints ------------------------------------------------------------------ */
 
+/* The entry checks of the checkpoint calls: two live trees (a, b: params and the optimizer
+ * state, or their templates) of one context, then a path. */
+static nb_status nbs_ckpt_trees(const char *fn, const nb_tree *a, const char *aname,
+                                const nb_tree *b, const char *bname, const char *path) {
+    nb_ctx *ctx = nbi_handle_ctx(a) != NULL ? nbi_handle_ctx(a) : nbi_handle_ctx(b);
+    nb_status st = nbi_check_handle_in(ctx, a, NBI_MAGIC_TREE, fn, aname);
+    if (st == NB_OK) {
+        st = nbi_check_handle_in(ctx, b, NBI_MAGIC_TREE, fn, bname);
+    }
+    if (st == NB_OK && nb_tree_ctx(b) != ctx) {
+        st = nbi_err(ctx, NB_ERR_INVALID,
+                     "%s: %s and %s belong to different contexts (each context's arrays and trees "
+                     "stay in it) -- make both in one context",
+                     fn, aname, bname);
+    }
+    if (st == NB_OK && path == NULL) {
+        st = nbi_err_null(ctx, fn, "path", "pass the checkpoint file's path");
+    }
+    return st;
+}
+
 nb_status nb_checkpoint_save(const char *path, const nb_tree *params, const nb_tree *opt_state,
                              const nb_array *key, int64_t step) {
-    if (path == NULL || nb_tree_check(params) != NB_OK || nb_tree_check(opt_state) != NB_OK) {
-        return NB_ERR_MISUSE;
-    }
+    static const char fn[] = "nb_checkpoint_save";
+    nb_status st = nbs_ckpt_trees(fn, params, "params", opt_state, "opt_state", path);
     nb_ctx *ctx = nb_tree_ctx(params);
+    if (st == NB_OK && key != NULL) {
+        st = nbi_check_handle_in(ctx, key, NBI_MAGIC_ARRAY, fn, "key");
+        if (st == NB_OK && nb_array_ctx(key) != ctx) {
+            st = nbi_err(ctx, NB_ERR_INVALID,
+                         "%s: key belongs to another context than params (each context's arrays "
+                         "and trees stay in it) -- make the key with nb_random_key in params' "
+                         "context",
+                         fn);
+        }
+        if (st == NB_OK && (nb_array_dtype(key) != NB_DTYPE_I32 || nb_array_rank(key) != 1 ||
+                            nb_array_shape(key)[0] != 2)) {
+            char sig[NBI_SIG_CAP];
+            nbi_sig(sig, sizeof sig, nb_array_dtype(key), nb_array_rank(key), nb_array_shape(key));
+            st = nbi_err(ctx, NB_ERR_INVALID,
+                         "%s: key is %s; a key is an i32[2] array (nb_checkpoint_load reads "
+                         "one) -- pass the run's key from nb_random_key / nb_random_split, or "
+                         "NULL",
+                         fn, sig);
+        }
+    }
+    if (st != NB_OK) {
+        return st;
+    }
     nb_array *sa = NULL;
     nb_tree *kl = NULL, *sl = NULL, *d = NULL;
-    nb_status st = nb_array_from_data(ctx, NB_DTYPE_I64, 0, NULL, &step, &sa);
+    st = nb_array_from_data(ctx, NB_DTYPE_I64, 0, NULL, &step, &sa);
     if (st == NB_OK) {
         st = nb_tree_array(sa, &sl);
     }
@@ -2020,7 +2101,7 @@ nb_status nb_checkpoint_save(const char *path, const nb_tree *params, const nb_t
     }
     if (st == NB_OK) {
         st = nb_tree_dict(ctx, 4, (const char *[]){"params", "opt_state", "key", "step"},
-                          (nb_tree *[]){(nb_tree *)params, (nb_tree *)opt_state, kl, sl}, &d);
+                          (const nb_tree *[]){params, opt_state, kl, sl}, &d);
     }
     if (st == NB_OK) {
         st = nb_save(d, path);
@@ -2047,9 +2128,10 @@ nb_status nb_checkpoint_load(const char *path, const nb_tree *params_template,
     if (step != NULL) {
         *step = 0;
     }
-    if (path == NULL || nb_tree_check(params_template) != NB_OK ||
-        nb_tree_check(opt_state_template) != NB_OK) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbs_ckpt_trees("nb_checkpoint_load", params_template, "params_template",
+                                  opt_state_template, "opt_state_template", path);
+    if (st != NB_OK) {
+        return st;
     }
     /* through templates only: the file's own tree may hold function references (a model's
      * activations) that a file cannot restore, while the templates hold them */
@@ -2057,14 +2139,13 @@ nb_status nb_checkpoint_load(const char *path, const nb_tree *params_template,
     nb_tree *tmpl = NULL, *sl = NULL, *kl = NULL, *kt = NULL, *got = NULL, *gk = NULL;
     nb_array *sa = NULL, *ka = NULL;
     int64_t zero = 0;
-    nb_status st = nb_array_from_data(ctx, NB_DTYPE_I64, 0, NULL, &zero, &sa);
+    st = nb_array_from_data(ctx, NB_DTYPE_I64, 0, NULL, &zero, &sa);
     if (st == NB_OK) {
         st = nb_tree_array(sa, &sl);
     }
     if (st == NB_OK) {
-        st = nb_tree_dict(
-            ctx, 3, (const char *[]){"params", "opt_state", "step"},
-            (nb_tree *[]){(nb_tree *)params_template, (nb_tree *)opt_state_template, sl}, &tmpl);
+        st = nb_tree_dict(ctx, 3, (const char *[]){"params", "opt_state", "step"},
+                          (const nb_tree *[]){params_template, opt_state_template, sl}, &tmpl);
     }
     /* the key: an i32[2] under "key", or none; read in the same pass as the rest, so that
      * a save replacing the file meanwhile cannot mix two checkpoints */

@@ -156,6 +156,12 @@ nb_status nbi_nn_check_key(nb_ctx *ctx, const char *fn, const nb_array *key) {
         return nbi_err(own != NULL ? own : ctx, NB_ERR_MISUSE, "%s (make one with nb_random_key)",
                        why);
     }
+    if (key->hdr.ctx != ctx) {
+        return nbi_err(ctx, NB_ERR_INVALID,
+                       "%s: key belongs to another context than ctx (each context's arrays and "
+                       "trees stay in it) -- make the key with nb_random_key(ctx, ...) or copy it",
+                       fn);
+    }
     return NB_OK;
 }
 
@@ -603,8 +609,10 @@ nb_status nb_nn_inference_mode(const nb_tree *model, bool inference, nb_tree **o
     return nb_tree_map(model, nbi_nn_inference_leaf, &inference, NB_TREE_MAP_STATIC, out);
 }
 
-nb_status nb_nn_sequential_init(nb_ctx *ctx, int n, nb_tree *const *layers, nb_tree **layer) {
+/* (name): the name is also a macro (tree.h, nb_tree_items) */
+nb_status(nb_nn_sequential_init)(nb_ctx *ctx, int n, nb_tree_items layers_in, nb_tree **layer) {
     static const char fn[] = "nb_nn_sequential_init";
+    const nb_tree *const *layers = NB_TREE_ITEMS_PTR(layers_in);
     nb_status st = nbi_nn_args(ctx, fn, layer);
     if (ctx == NULL && n > 0 && layers != NULL) {
         st = nbi_err_null_ctx(layers[0], fn); /* the layers know the context */
@@ -622,6 +630,12 @@ nb_status nb_nn_sequential_init(nb_ctx *ctx, int n, nb_tree *const *layers, nb_t
         st = nbi_check_handle_in(ctx, layers[i], NBI_MAGIC_TREE, fn, arg);
         if (st != NB_OK) {
             return st;
+        }
+        if (layers[i]->hdr.ctx != ctx) {
+            return nbi_err(ctx, NB_ERR_INVALID,
+                           "%s: %s belongs to another context than ctx (each context's arrays and "
+                           "trees stay in it) -- make the layer in ctx, or load it there",
+                           fn, arg);
         }
     }
     nbi_nn_dict d;

@@ -105,6 +105,44 @@ nb_status nbo_builder_dict(nbo_builder *b, nb_tree **out) {
 
 /* ---- constructors ------------------------------------------------------------------ */
 
+nb_status nbo_out_args(nb_ctx *ctx, const char *fn, nb_tree **out, const char *what) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    if (ctx == NULL) {
+        return NB_ERR_MISUSE; /* nowhere to say so */
+    }
+    if (out == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_tree * to receive the %s)", fn,
+                       what);
+    }
+    return NB_OK;
+}
+
+/* A tree argument t (may be NULL when optional) of a constructor taking ctx: live, and made
+ * in ctx. arg names it in messages. */
+static nb_status nbo_tree_in(nb_ctx *ctx, const char *fn, const char *arg, const nb_tree *t,
+                             bool optional) {
+    if (t == NULL && optional) {
+        return NB_OK;
+    }
+    nb_status st = nbi_check_handle_in(ctx, t, NBI_MAGIC_TREE, fn, arg);
+    if (st == NB_OK && nb_tree_ctx(t) != ctx) {
+        st = nbi_err(ctx, NB_ERR_INVALID,
+                     "%s: %s belongs to another context than ctx (each context's arrays and trees "
+                     "stay in it) -- make it in the same context",
+                     fn, arg);
+    }
+    return st;
+}
+
+/* The context a NULL ctx should have been: the first of two optional handles that has one
+ * (for the message; NULL when neither does). */
+static const void *nbo_ctx_hint(const void *a, const void *b) {
+    return nbi_handle_ctx(a) != NULL ? a : b;
+}
+
 nb_optim_opts nb_optim_opts_default(void) {
     nb_optim_opts o;
     memset(&o, 0, sizeof o);
@@ -140,6 +178,14 @@ typedef enum {
 
 static nb_status nbo_check_fields(nb_ctx *ctx, const char *who, const nb_optim_opts *o,
                                   unsigned used) {
+    /* the handles first: a destroyed one is misuse whatever the optimizer uses */
+    nb_status st = nbo_tree_in(ctx, who, "opts->schedule", o->schedule, true);
+    if (st == NB_OK) {
+        st = nbo_tree_in(ctx, who, "opts->mask", o->mask, true);
+    }
+    if (st != NB_OK) {
+        return st;
+    }
     struct {
         unsigned bit;
         bool set;
@@ -167,16 +213,10 @@ static nb_status nbo_check_fields(nb_ctx *ctx, const char *who, const nb_optim_o
         }
     }
     if (o->schedule != NULL) {
-        if (nb_tree_check(o->schedule) != NB_OK) {
-            return NB_ERR_MISUSE;
-        }
         if (nb_tree_get(o->schedule, "schedule") == NULL) {
             return nbi_err(ctx, NB_ERR_INVALID,
                            "%s: opts.schedule is not a schedule (make it with nb_schedule_*)", who);
         }
-    }
-    if (o->mask != NULL && nb_tree_check(o->mask) != NB_OK) {
-        return NB_ERR_MISUSE;
     }
     return NB_OK;
 }
@@ -310,16 +350,28 @@ static const nb_optim_opts *nbo_opts(const nb_optim_opts *opts, nb_optim_opts *t
     return opts;
 }
 
+/* The entry of an optimizer constructor: a NULL ctx is reported on the context of a schedule
+ * or mask in opts (when there is one), a NULL out on ctx, then opts' fields. */
+static nb_status nbo_begin(nb_ctx *ctx, const char *name, const nb_optim_opts *opts,
+                           nb_tree **out) {
+    if (ctx == NULL) {
+        if (out != NULL) {
+            *out = NULL;
+        }
+        return nbi_err_null_ctx(opts != NULL ? nbo_ctx_hint(opts->schedule, opts->mask) : NULL,
+                                name);
+    }
+    return nbo_out_args(ctx, name, out, "optimizer");
+}
+
 #define NBO_BEGIN(name, used)                                                                      \
-    if (out != NULL) {                                                                             \
-        *out = NULL;                                                                               \
-    }                                                                                              \
-    if (ctx == NULL || out == NULL) {                                                              \
-        return NB_ERR_MISUSE;                                                                      \
+    nb_status st = nbo_begin(ctx, name, opts, out);                                                \
+    if (st != NB_OK) {                                                                             \
+        return st;                                                                                 \
     }                                                                                              \
     nb_optim_opts tmp_;                                                                            \
     const nb_optim_opts *o = nbo_opts(opts, &tmp_);                                                \
-    nb_status st = nbo_check_fields(ctx, name, o, used);                                           \
+    st = nbo_check_fields(ctx, name, o, used);                                                     \
     if (st == NB_OK) {                                                                             \
         st = nbo_lr(ctx, name, learning_rate, o);                                                  \
     }                                                                                              \
@@ -497,27 +549,23 @@ static nb_status nbo_simple(nb_ctx *ctx, const char *kind, int n, const char *co
 }
 
 nb_status nb_optim_clip(nb_ctx *ctx, double max_delta, nb_tree **out) {
-    if (out != NULL) {
-        *out = NULL;
+    nb_status st = nbo_out_args(ctx, "nb_optim_clip", out, "optimizer");
+    if (st != NB_OK) {
+        return st;
     }
-    if (ctx == NULL || out == NULL) {
-        return NB_ERR_MISUSE;
-    }
-    nb_status st = nbo_check_hyper(ctx, "nb_optim_clip", "clip", "max_delta", max_delta);
+    st = nbo_check_hyper(ctx, "nb_optim_clip", "clip", "max_delta", max_delta);
     return st != NB_OK ? st
                        : nbo_simple(ctx, "clip", 1, (const char *[]){"max_delta"},
                                     (double[]){max_delta}, NULL, NULL, out);
 }
 
 nb_status nb_optim_clip_by_global_norm(nb_ctx *ctx, double max_norm, nb_tree **out) {
-    if (out != NULL) {
-        *out = NULL;
+    nb_status st = nbo_out_args(ctx, "nb_optim_clip_by_global_norm", out, "optimizer");
+    if (st != NB_OK) {
+        return st;
     }
-    if (ctx == NULL || out == NULL) {
-        return NB_ERR_MISUSE;
-    }
-    nb_status st = nbo_check_hyper(ctx, "nb_optim_clip_by_global_norm", "clip_by_global_norm",
-                                   "max_norm", max_norm);
+    st = nbo_check_hyper(ctx, "nb_optim_clip_by_global_norm", "clip_by_global_norm", "max_norm",
+                         max_norm);
     return st != NB_OK ? st
                        : nbo_simple(ctx, "clip_by_global_norm", 1, (const char *[]){"max_norm"},
                                     (double[]){max_norm}, NULL, NULL, out);
@@ -525,25 +573,39 @@ nb_status nb_optim_clip_by_global_norm(nb_ctx *ctx, double max_norm, nb_tree **o
 
 nb_status nb_optim_add_decayed_weights(nb_ctx *ctx, double weight_decay, const nb_tree *mask,
                                        nb_tree **out) {
-    if (out != NULL) {
-        *out = NULL;
+    static const char fn[] = "nb_optim_add_decayed_weights";
+    if (ctx == NULL) {
+        if (out != NULL) {
+            *out = NULL;
+        }
+        return nbi_err_null_ctx(mask, fn); /* the mask knows the context */
     }
-    if (ctx == NULL || out == NULL || (mask != NULL && nb_tree_check(mask) != NB_OK)) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbo_out_args(ctx, fn, out, "optimizer");
+    if (st == NB_OK) {
+        st = nbo_tree_in(ctx, fn, "mask", mask, true);
     }
-    nb_status st = nbo_check_hyper(ctx, "nb_optim_add_decayed_weights", "add_decayed_weights",
-                                   "weight_decay", weight_decay);
+    if (st == NB_OK) {
+        st = nbo_check_hyper(ctx, fn, "add_decayed_weights", "weight_decay", weight_decay);
+    }
     return st != NB_OK ? st
                        : nbo_simple(ctx, "add_decayed_weights", 1, (const char *[]){"weight_decay"},
                                     (double[]){weight_decay}, mask, NULL, out);
 }
 
 nb_status nb_optim_scale_by_schedule(nb_ctx *ctx, const nb_tree *schedule, nb_tree **out) {
-    if (out != NULL) {
-        *out = NULL;
+    static const char fn[] = "nb_optim_scale_by_schedule";
+    if (ctx == NULL) {
+        if (out != NULL) {
+            *out = NULL;
+        }
+        return nbi_err_null_ctx(schedule, fn); /* the schedule knows the context */
     }
-    if (ctx == NULL || out == NULL || nb_tree_check(schedule) != NB_OK) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbo_out_args(ctx, fn, out, "optimizer");
+    if (st == NB_OK) {
+        st = nbo_tree_in(ctx, fn, "schedule", schedule, false);
+    }
+    if (st != NB_OK) {
+        return st;
     }
     if (nb_tree_get(schedule, "schedule") == NULL) {
         return nbi_err(ctx, NB_ERR_INVALID,
@@ -562,13 +624,22 @@ static const char *nbo_kind(const nb_tree *opt) {
 }
 
 nb_status nb_optim_masked(const nb_tree *inner, const nb_tree *mask, nb_tree **out) {
+    static const char fn[] = "nb_optim_masked";
     if (out != NULL) {
         *out = NULL;
     }
-    if (nb_tree_check(inner) != NB_OK || nb_tree_check(mask) != NB_OK || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle_in(nbi_handle_ctx(mask), inner, NBI_MAGIC_TREE, fn, "inner");
+    if (st != NB_OK) {
+        return st;
     }
     nb_ctx *ctx = nb_tree_ctx(inner);
+    st = nbo_out_args(ctx, fn, out, "optimizer");
+    if (st == NB_OK) {
+        st = nbo_tree_in(ctx, fn, "mask", mask, false);
+    }
+    if (st != NB_OK) {
+        return st;
+    }
     if (nbo_kind(inner) == NULL) {
         return nbi_err(ctx, NB_ERR_INVALID,
                        "nb_optim_masked: inner is not an optimizer (make it with nb_optim_*)");
@@ -580,14 +651,31 @@ nb_status nb_optim_masked(const nb_tree *inner, const nb_tree *mask, nb_tree **o
     return nbo_builder_dict(&b, out);
 }
 
-nb_status nb_optim_chain(nb_ctx *ctx, int n, const nb_tree *const *parts, nb_tree **out) {
-    if (out != NULL) {
-        *out = NULL;
+/* (name): the name is also a macro (tree.h, nb_tree_items) */
+nb_status(nb_optim_chain)(nb_ctx *ctx, int n, nb_tree_items parts_in, nb_tree **out) {
+    static const char fn[] = "nb_optim_chain";
+    const nb_tree *const *parts = NB_TREE_ITEMS_PTR(parts_in);
+    if (ctx == NULL) {
+        if (out != NULL) {
+            *out = NULL;
+        }
+        /* the parts know the context: say there what is wrong */
+        const nb_tree *other = NULL;
+        for (int i = 0; parts != NULL && i < n && other == NULL; i++) {
+            other = nbi_handle_ctx(parts[i]) != NULL ? parts[i] : NULL;
+        }
+        return nbi_err_null_ctx(other, fn);
     }
-    if (ctx == NULL || out == NULL || n < 1 || parts == NULL) {
-        return ctx != NULL && n < 1 && out != NULL
-                   ? nbi_err(ctx, NB_ERR_INVALID, "nb_optim_chain: needs at least one part")
-                   : NB_ERR_MISUSE;
+    nb_status st = nbo_out_args(ctx, fn, out, "optimizer");
+    if (st != NB_OK) {
+        return st;
+    }
+    if (n < 1) {
+        return nbi_err(ctx, NB_ERR_INVALID, "nb_optim_chain: n is %d; it needs at least one part",
+                       n);
+    }
+    if (parts == NULL) {
+        return nbi_err_null(ctx, fn, "parts", "pass an array of n optimizers, applied in order");
     }
     if (n > 64) {
         return nbi_err(ctx, NB_ERR_INVALID,
@@ -596,8 +684,11 @@ nb_status nb_optim_chain(nb_ctx *ctx, int n, const nb_tree *const *parts, nb_tre
                        n);
     }
     for (int i = 0; i < n; i++) {
-        if (nb_tree_check(parts[i]) != NB_OK) {
-            return NB_ERR_MISUSE;
+        char arg[32];
+        snprintf(arg, sizeof arg, "parts[%d]", i);
+        st = nbo_tree_in(ctx, fn, arg, parts[i], false);
+        if (st != NB_OK) {
+            return st;
         }
         if (nbo_kind(parts[i]) == NULL) {
             return nbi_err(ctx, NB_ERR_INVALID,
@@ -606,7 +697,7 @@ nb_status nb_optim_chain(nb_ctx *ctx, int n, const nb_tree *const *parts, nb_tre
         }
     }
     nb_tree *tuple = NULL;
-    nb_status st = nb_tree_tuple(ctx, n, (nb_tree *const *)parts, &tuple);
+    st = nb_tree_tuple(ctx, n, parts, &tuple);
     nbo_builder b = nbo_builder_make(ctx);
     nbo_head(&b, "chain");
     nbo_put_st(&b, "parts", st, tuple);
@@ -1008,11 +1099,20 @@ static nb_status nbo_check_template(nb_ctx *ctx, nb_trace *tr, const char *who,
 }
 
 nb_status nb_optim_init(const nb_tree *opt, const nb_tree *template_, nb_tree **state) {
+    static const char fn[] = "nb_optim_init";
     if (state != NULL) {
         *state = NULL;
     }
-    if (nb_tree_check(opt) != NB_OK || nb_tree_check(template_) != NB_OK || state == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle_in(nbi_handle_ctx(template_), opt, NBI_MAGIC_TREE, fn, "opt");
+    if (st == NB_OK) {
+        st = nbi_check_handle_in(nb_tree_ctx(opt), template_, NBI_MAGIC_TREE, fn, "template_");
+    }
+    if (st == NB_OK && state == NULL) {
+        st = nbi_err_null(nb_tree_ctx(opt), fn, "state",
+                          "pass the address of an nb_tree * to receive the optimizer state");
+    }
+    if (st != NB_OK) {
+        return st;
     }
     nbo_init in = {nb_tree_ctx(opt), NULL, 0.0};
     if (nb_tree_ctx(template_) != in.ctx) {
@@ -1021,7 +1121,7 @@ nb_status nb_optim_init(const nb_tree *opt, const nb_tree *template_, nb_tree **
                        "contexts");
     }
     nb_tree *leaves = NULL;
-    nb_status st = nb_tree_flatten(template_, &leaves, NULL);
+    st = nb_tree_flatten(template_, &leaves, NULL);
     for (int64_t i = 0; st == NB_OK && i < nb_tree_len(leaves); i++) {
         if (nb_tree_kind_of(nb_tree_child(leaves, i)) != NB_TREE_KIND_ARRAY) {
             st = nbi_err(in.ctx, NB_ERR_INVALID,
@@ -1039,12 +1139,28 @@ nb_status nb_optim_init(const nb_tree *opt, const nb_tree *template_, nb_tree **
     return st;
 }
 
+/* The tree arguments of a traced call: the first of n that is not a live tree is recorded
+ * on the trace (naming fn and the argument) and its status returned. An entry with
+ * optional[i] may be NULL. */
+static nb_status nbo_trace_trees(nb_trace *tr, const char *fn, int n, const nb_tree *const *t,
+                                 const char *const *names, const bool *optional) {
+    char why[NBI_ERRMSG_CAP];
+    for (int i = 0; i < n; i++) {
+        if ((t[i] != NULL || !optional[i]) &&
+            nbi_handle_why(t[i], NBI_MAGIC_TREE, fn, names[i], why, sizeof why)) {
+            return nbi_trace_err(tr, NB_ERR_MISUSE, "%s", why);
+        }
+    }
+    return NB_OK;
+}
+
 const nb_tree *nb_optim_init_in(nb_trace *tr, const nb_tree *opt, const nb_tree *template_) {
     if (tr == NULL || nb_trace_status(tr) != NB_OK) {
         return NULL;
     }
-    if (nb_tree_check(opt) != NB_OK || nb_tree_check(template_) != NB_OK) {
-        nbi_trace_err(tr, NB_ERR_MISUSE, "nb_optim_init_in: NULL or destroyed opt or template");
+    if (nbo_trace_trees(tr, "nb_optim_init_in", 2, (const nb_tree *[]){opt, template_},
+                        (const char *[]){"opt", "template_"},
+                        (const bool[]){false, false}) != NB_OK) {
         return NULL;
     }
     nbo_init in = {nb_trace_ctx(tr), tr, 0.0};
@@ -1880,19 +1996,32 @@ nb_status nb_optim_update(nb_trace *tr, const nb_tree *opt, const nb_tree *grads
         *new_state = NULL;
     }
     if (tr == NULL) {
-        return NB_ERR_MISUSE;
+        /* no trace to record on: the trees know the context */
+        const nb_tree *t[4] = {opt, grads, state, params};
+        nb_ctx *ctx = NULL;
+        for (int i = 0; i < 4 && ctx == NULL; i++) {
+            ctx = nbi_handle_ctx(t[i]);
+        }
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "nb_optim_update: tr is NULL (call it inside a traced body with the "
+                       "nb_trace * the body received; outside a trace use "
+                       "nb_optim_update_eager)");
     }
     if (nb_trace_status(tr) != NB_OK) {
         return nb_trace_status(tr);
     }
     if (updates == NULL || new_state == NULL) {
         return nbi_trace_err(tr, NB_ERR_MISUSE,
-                             "nb_optim_update: updates and new_state must not be NULL");
+                             "nb_optim_update: %s is NULL (pass the address of a const nb_tree * "
+                             "to receive it)",
+                             updates == NULL ? "updates" : "new_state");
     }
-    if (nb_tree_check(opt) != NB_OK || nb_tree_check(grads) != NB_OK ||
-        nb_tree_check(state) != NB_OK || (params != NULL && nb_tree_check(params) != NB_OK)) {
-        return nbi_trace_err(tr, NB_ERR_MISUSE,
-                             "nb_optim_update: NULL or destroyed opt, grads or state tree");
+    nb_status cst =
+        nbo_trace_trees(tr, "nb_optim_update", 4, (const nb_tree *[]){opt, grads, state, params},
+                        (const char *[]){"opt", "grads", "state", "params"},
+                        (const bool[]){false, false, false, true});
+    if (cst != NB_OK) {
+        return cst;
     }
     nbo_run r;
     memset(&r, 0, sizeof r);
@@ -2043,8 +2172,9 @@ const nb_tree *nb_apply_updates(nb_trace *tr, const nb_tree *params, const nb_tr
     if (nb_trace_status(tr) != NB_OK) {
         return NULL;
     }
-    if (nb_tree_check(params) != NB_OK || nb_tree_check(updates) != NB_OK) {
-        nbi_trace_err(tr, NB_ERR_MISUSE, "nb_apply_updates: NULL or destroyed params or updates");
+    if (nbo_trace_trees(tr, "nb_apply_updates", 2, (const nb_tree *[]){params, updates},
+                        (const char *[]){"params", "updates"},
+                        (const bool[]){false, false}) != NB_OK) {
         return NULL;
     }
     nb_tree *out = NULL;
@@ -2075,33 +2205,45 @@ static nb_status nbo_update_body(nb_trace *tr, const nb_tree *self, const nb_tre
     if (st != NB_OK) {
         return st;
     }
-    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){(nb_tree *)up, (nb_tree *)ns}, out);
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (const nb_tree *[]){up, ns}, out);
 }
 
 nb_status nb_optim_update_eager(const nb_tree *opt, const nb_tree *grads, const nb_tree *state,
                                 const nb_tree *params, nb_tree **updates, nb_tree **new_state) {
+    static const char fn[] = "nb_optim_update_eager";
     if (updates != NULL) {
         *updates = NULL;
     }
     if (new_state != NULL) {
         *new_state = NULL;
     }
-    if (nb_tree_check(opt) != NB_OK || nb_tree_check(grads) != NB_OK ||
-        nb_tree_check(state) != NB_OK || (params != NULL && nb_tree_check(params) != NB_OK) ||
-        updates == NULL || new_state == NULL) {
-        return NB_ERR_MISUSE;
+    const nb_tree *t[4] = {opt, grads, state, params};
+    const char *names[4] = {"opt", "grads", "state", "params"};
+    nb_ctx *ctx = NULL;
+    for (int i = 0; i < 4 && ctx == NULL; i++) {
+        ctx = nbi_handle_ctx(t[i]);
     }
-    nb_ctx *ctx = nb_tree_ctx(opt);
-    nb_tree *null = NULL, *args = NULL, *res = NULL;
     nb_status st = NB_OK;
+    for (int i = 0; i < 4 && st == NB_OK; i++) {
+        if (t[i] != NULL || i < 3) { /* params may be NULL */
+            st = nbi_check_handle_in(ctx, t[i], NBI_MAGIC_TREE, fn, names[i]);
+        }
+    }
+    if (st == NB_OK && (updates == NULL || new_state == NULL)) {
+        st = nbi_err_null(ctx, fn, updates == NULL ? "updates" : "new_state",
+                          "pass the address of an nb_tree * to receive it");
+    }
+    if (st != NB_OK) {
+        return st;
+    }
+    ctx = nb_tree_ctx(opt);
+    nb_tree *null = NULL, *args = NULL, *res = NULL;
     if (params == NULL) {
         st = nb_tree_null(ctx, &null);
     }
     if (st == NB_OK) {
-        st = nb_tree_tuple(ctx, 3,
-                           (nb_tree *[]){(nb_tree *)grads, (nb_tree *)state,
-                                         params != NULL ? (nb_tree *)params : null},
-                           &args);
+        st = nb_tree_tuple(
+            ctx, 3, (const nb_tree *[]){grads, state, params != NULL ? params : null}, &args);
     }
     if (st == NB_OK) {
         st = nb_eval(ctx, nbo_update_body, opt, args, &res);
@@ -2128,16 +2270,24 @@ static nb_status nbo_apply_body(nb_trace *tr, const nb_tree *self, const nb_tree
 }
 
 nb_status nb_apply_updates_eager(const nb_tree *params, const nb_tree *updates, nb_tree **out) {
+    static const char fn[] = "nb_apply_updates_eager";
     if (out != NULL) {
         *out = NULL;
     }
-    if (nb_tree_check(params) != NB_OK || nb_tree_check(updates) != NB_OK || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_ctx *ctx = nbi_handle_ctx(params) != NULL ? nbi_handle_ctx(params) : nbi_handle_ctx(updates);
+    nb_status st = nbi_check_handle_in(ctx, params, NBI_MAGIC_TREE, fn, "params");
+    if (st == NB_OK) {
+        st = nbi_check_handle_in(ctx, updates, NBI_MAGIC_TREE, fn, "updates");
     }
-    nb_ctx *ctx = nb_tree_ctx(params);
+    if (st == NB_OK && out == NULL) {
+        st = nbi_err_null(ctx, fn, "out", "pass the address of an nb_tree * to receive the result");
+    }
+    if (st != NB_OK) {
+        return st;
+    }
+    ctx = nb_tree_ctx(params);
     nb_tree *args = NULL;
-    nb_status st =
-        nb_tree_tuple(ctx, 2, (nb_tree *[]){(nb_tree *)params, (nb_tree *)updates}, &args);
+    st = nb_tree_tuple(ctx, 2, (const nb_tree *[]){params, updates}, &args);
     if (st == NB_OK) {
         st = nb_eval(ctx, nbo_apply_body, NULL, args, out);
     }
@@ -2229,12 +2379,28 @@ static nb_status nbo_hyper_missing(const nb_tree *state, const char *who, const 
                    who, name);
 }
 
+/* The entry checks of the hyperparameter calls: a live state, a name, an out-parameter (when
+ * the call has one: out_name non-NULL). */
+static nb_status nbo_hyper_args(const nb_tree *state, const char *fn, const char *name,
+                                const char *out_name, const void *out) {
+    nb_status st = nbi_check_handle(state, NBI_MAGIC_TREE, fn, "state");
+    if (st == NB_OK && name == NULL) {
+        st = nbi_err_null(nb_tree_ctx(state), fn, "name",
+                          "pass a hyperparameter's name, e.g. \"learning_rate\"");
+    }
+    if (st == NB_OK && out_name != NULL && out == NULL) {
+        st = nbi_err(nb_tree_ctx(state), NB_ERR_MISUSE,
+                     "%s: %s is NULL (pass the address of a variable to receive it)", fn, out_name);
+    }
+    return st;
+}
+
 nb_status nb_optim_set_hyper(const nb_tree *state, const char *name, double value) {
-    if (nb_tree_check(state) != NB_OK || name == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbo_hyper_args(state, "nb_optim_set_hyper", name, NULL, NULL);
+    if (st != NB_OK) {
+        return st;
     }
     /* every entry is checked before any is written: a refused value changes nothing */
-    nb_status st = NB_OK;
     if (nbo_hyper_walk(state, name, NBO_HYPER_CHECK, &value, &st, 0) == 0) {
         return nbo_hyper_missing(state, "nb_optim_set_hyper", name);
     }
@@ -2248,10 +2414,10 @@ nb_status nb_optim_get_hyper(const nb_tree *state, const char *name, double *val
     if (value != NULL) {
         *value = 0.0;
     }
-    if (nb_tree_check(state) != NB_OK || name == NULL || value == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbo_hyper_args(state, "nb_optim_get_hyper", name, "value", value);
+    if (st != NB_OK) {
+        return st;
     }
-    nb_status st = NB_OK;
     if (nbo_hyper_walk(state, name, NBO_HYPER_GET, value, &st, 0) == 0) {
         return nbo_hyper_missing(state, "nb_optim_get_hyper", name);
     }
@@ -2284,8 +2450,9 @@ nb_status nb_optim_count(const nb_tree *state, int64_t *count) {
     if (count != NULL) {
         *count = 0;
     }
-    if (nb_tree_check(state) != NB_OK || count == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbo_hyper_args(state, "nb_optim_count", "", "count", count);
+    if (st != NB_OK) {
+        return st;
     }
     if (!nbo_count_walk(state, count, 0)) {
         return nbi_err(nb_tree_ctx(state), NB_ERR_NOT_FOUND,

@@ -8,6 +8,11 @@
 #include "core/internal.h"
 #include "nabla/optim.h"
 
+/* The entry checks of a constructor: *out set to NULL, then NB_ERR_MISUSE for a NULL ctx
+ * (nothing recorded: there is nowhere to) or a NULL out (recorded on ctx, naming fn and what
+ * out receives, e.g. "schedule"). */
+NBI_HIDDEN nb_status nbo_out_args(nb_ctx *ctx, const char *fn, nb_tree **out, const char *what);
+
 /* A dict under construction: up to 24 (key, tree) pairs; the first failure sticks and every
  * later put releases its tree. */
 #define NBO_BUILDER_MAX 24

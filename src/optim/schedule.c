@@ -15,11 +15,9 @@ static nb_status nbo_sched_bad(nb_ctx *ctx, const char *who, const char *what) {
 }
 
 nb_status nb_schedule_constant(nb_ctx *ctx, double value, nb_tree **out) {
-    if (out != NULL) {
-        *out = NULL;
-    }
-    if (ctx == NULL || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbo_out_args(ctx, "nb_schedule_constant", out, "schedule");
+    if (st != NB_OK) {
+        return st;
     }
     if (!isfinite(value)) {
         return nbo_sched_bad(ctx, "nb_schedule_constant", "value must be finite");
@@ -30,22 +28,19 @@ nb_status nb_schedule_constant(nb_ctx *ctx, double value, nb_tree **out) {
     return nbo_builder_dict(&b, out);
 }
 
-nb_status nb_schedule_polynomial(nb_ctx *ctx, double init_value, double end_value, double power,
-                                 int64_t transition_steps, int64_t transition_begin,
-                                 nb_tree **out) {
-    if (out != NULL) {
-        *out = NULL;
-    }
-    if (ctx == NULL || out == NULL) {
-        return NB_ERR_MISUSE;
+/* polynomial, reported as fn (nb_schedule_linear is a polynomial of power 1). */
+static nb_status nbo_sched_polynomial(nb_ctx *ctx, const char *fn, double init_value,
+                                      double end_value, double power, int64_t transition_steps,
+                                      int64_t transition_begin, nb_tree **out) {
+    nb_status st = nbo_out_args(ctx, fn, out, "schedule");
+    if (st != NB_OK) {
+        return st;
     }
     if (!isfinite(init_value) || !isfinite(end_value) || !isfinite(power)) {
-        return nbo_sched_bad(ctx, "nb_schedule_polynomial",
-                             "init_value, end_value and power must be finite");
+        return nbo_sched_bad(ctx, fn, "init_value, end_value and power must be finite");
     }
     if (transition_steps < 0 || transition_begin < 0) {
-        return nbo_sched_bad(ctx, "nb_schedule_polynomial",
-                             "transition_steps and transition_begin must be >= 0");
+        return nbo_sched_bad(ctx, fn, "transition_steps and transition_begin must be >= 0");
     }
     nbo_builder b = nbo_builder_make(ctx);
     nbo_put_string(&b, "schedule", "polynomial");
@@ -57,19 +52,24 @@ nb_status nb_schedule_polynomial(nb_ctx *ctx, double init_value, double end_valu
     return nbo_builder_dict(&b, out);
 }
 
+nb_status nb_schedule_polynomial(nb_ctx *ctx, double init_value, double end_value, double power,
+                                 int64_t transition_steps, int64_t transition_begin,
+                                 nb_tree **out) {
+    return nbo_sched_polynomial(ctx, "nb_schedule_polynomial", init_value, end_value, power,
+                                transition_steps, transition_begin, out);
+}
+
 nb_status nb_schedule_linear(nb_ctx *ctx, double init_value, double end_value,
                              int64_t transition_steps, int64_t transition_begin, nb_tree **out) {
-    return nb_schedule_polynomial(ctx, init_value, end_value, 1.0, transition_steps,
-                                  transition_begin, out);
+    return nbo_sched_polynomial(ctx, "nb_schedule_linear", init_value, end_value, 1.0,
+                                transition_steps, transition_begin, out);
 }
 
 nb_status nb_schedule_cosine_decay(nb_ctx *ctx, double init_value, int64_t decay_steps,
                                    double alpha, double exponent, nb_tree **out) {
-    if (out != NULL) {
-        *out = NULL;
-    }
-    if (ctx == NULL || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbo_out_args(ctx, "nb_schedule_cosine_decay", out, "schedule");
+    if (st != NB_OK) {
+        return st;
     }
     if (!isfinite(init_value) || !isfinite(alpha) || !isfinite(exponent)) {
         return nbo_sched_bad(ctx, "nb_schedule_cosine_decay",
@@ -90,11 +90,9 @@ nb_status nb_schedule_cosine_decay(nb_ctx *ctx, double init_value, int64_t decay
 nb_status nb_schedule_warmup_cosine_decay(nb_ctx *ctx, double init_value, double peak_value,
                                           int64_t warmup_steps, int64_t decay_steps,
                                           double end_value, double exponent, nb_tree **out) {
-    if (out != NULL) {
-        *out = NULL;
-    }
-    if (ctx == NULL || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbo_out_args(ctx, "nb_schedule_warmup_cosine_decay", out, "schedule");
+    if (st != NB_OK) {
+        return st;
     }
     if (!isfinite(init_value) || !isfinite(peak_value) || !isfinite(end_value) ||
         !isfinite(exponent)) {
@@ -124,11 +122,9 @@ nb_status nb_schedule_warmup_cosine_decay(nb_ctx *ctx, double init_value, double
 nb_status nb_schedule_exponential_decay(nb_ctx *ctx, double init_value, int64_t transition_steps,
                                         double decay_rate, int64_t transition_begin, bool staircase,
                                         double end_value, nb_tree **out) {
-    if (out != NULL) {
-        *out = NULL;
-    }
-    if (ctx == NULL || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbo_out_args(ctx, "nb_schedule_exponential_decay", out, "schedule");
+    if (st != NB_OK) {
+        return st;
     }
     if (!isfinite(init_value) || !isfinite(decay_rate) || isinf(end_value)) {
         return nbo_sched_bad(ctx, "nb_schedule_exponential_decay",
@@ -156,11 +152,19 @@ nb_status nb_schedule_exponential_decay(nb_ctx *ctx, double init_value, int64_t 
 nb_status nb_schedule_piecewise_constant(nb_ctx *ctx, double init_value, int n,
                                          const int64_t *boundaries, const double *scales,
                                          nb_tree **out) {
-    if (out != NULL) {
-        *out = NULL;
+    static const char fn[] = "nb_schedule_piecewise_constant";
+    nb_status st = nbo_out_args(ctx, fn, out, "schedule");
+    if (st != NB_OK) {
+        return st;
     }
-    if (ctx == NULL || out == NULL || n < 0 || (n > 0 && (boundaries == NULL || scales == NULL))) {
-        return NB_ERR_MISUSE;
+    if (n < 0) {
+        return nbi_err(ctx, NB_ERR_INVALID,
+                       "%s: n is %d; it must be >= 0 (the number of boundaries)", fn, n);
+    }
+    if (n > 0 && (boundaries == NULL || scales == NULL)) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: %s is NULL with n = %d (pass n entries, or n = 0 for a constant)", fn,
+                       boundaries == NULL ? "boundaries" : "scales", n);
     }
     if (!isfinite(init_value)) {
         return nbo_sched_bad(ctx, "nb_schedule_piecewise_constant", "init_value must be finite");
@@ -180,7 +184,6 @@ nb_status nb_schedule_piecewise_constant(nb_ctx *ctx, double init_value, int n,
         return nbi_oom(ctx, "nb_schedule_piecewise_constant", bytes);
     }
     memset(items, 0, bytes);
-    nb_status st = NB_OK;
     for (int i = 0; i < n && st == NB_OK; i++) {
         st = nb_tree_int(ctx, boundaries[i], &items[i]);
         if (st == NB_OK) {
@@ -256,11 +259,14 @@ nb_var *nb_schedule_eval(nb_trace *tr, const nb_tree *s, nb_var *count) {
     if (tr == NULL) {
         return NULL;
     }
-    if (count == NULL || nb_tree_check(s) != NB_OK) {
+    char why[NBI_ERRMSG_CAP];
+    if (nbi_handle_why(s, NBI_MAGIC_TREE, "nb_schedule_eval", "schedule", why, sizeof why) ||
+        count == NULL) {
         return tr->status != NB_OK ? tr->poison
+               : count != NULL     ? nbi_trace_errv(tr, NB_ERR_MISUSE, "%s", why)
                                    : nbi_trace_errv(tr, NB_ERR_MISUSE,
-                                                    "nb_schedule_eval: the schedule is NULL or "
-                                                    "destroyed, or count is NULL");
+                                                    "nb_schedule_eval: count is a NULL var (pass "
+                                                        "the step count, a 0-d integer var)");
     }
     if (nb_var_is_poison(count)) {
         return count;
@@ -345,20 +351,25 @@ static nb_status nbo_sched_body(nb_trace *tr, const nb_tree *self, const nb_tree
 }
 
 nb_status nb_schedule_value(const nb_tree *s, int64_t count, double *out) {
+    static const char fn[] = "nb_schedule_value";
     if (out != NULL) {
         *out = 0.0;
     }
-    if (nb_tree_check(s) != NB_OK || out == NULL) {
-        return NB_ERR_MISUSE;
+    nb_status st = nbi_check_handle(s, NBI_MAGIC_TREE, fn, "schedule");
+    if (st != NB_OK) {
+        return st;
     }
     nb_ctx *ctx = nb_tree_ctx(s);
+    if (out == NULL) {
+        return nbi_err_null(ctx, fn, "out", "pass the address of a double to receive the value");
+    }
     if (count < 0 || count > INT32_MAX) {
         return nbi_err(ctx, NB_ERR_INVALID, "nb_schedule_value: count %lld outside [0, 2^31)",
                        (long long)count);
     }
     nb_array *c = NULL;
     nb_tree *leaf = NULL, *args = NULL, *res = NULL;
-    nb_status st = nb_array_scalar(ctx, NB_DTYPE_I32, (double)count, &c);
+    st = nb_array_scalar(ctx, NB_DTYPE_I32, (double)count, &c);
     if (st == NB_OK) {
         st = nb_tree_array(c, &leaf);
     }

@@ -1516,6 +1516,10 @@ BINARY(nb_dot, v)
 TWALK(nb_select) {
     T_VAR(nb_select(VAR(T->b), VAR(T->x), VAR(T->x)));
 }
+TWALK(nb_debug_print) {
+    /* the label is required ("" for none) */
+    T_VAR(nb_debug_print(VAR(T->x), NUL("x")));
+}
 TWALK(nb_cast) {
     T_VAR(nb_cast(VAR(T->x), NB_DTYPE_F64));
 }
@@ -2416,6 +2420,7 @@ static const entry k_table[] = {
     TRACED(nb_logical_or),
     TRACED(nb_logical_not),
     TRACED(nb_select),
+    TRACED(nb_debug_print),
     TRACED(nb_cast),
     TRACED(nb_sum),
     TRACED(nb_mean),

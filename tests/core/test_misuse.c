@@ -6,6 +6,7 @@
 #include "nbtest.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 static nb_array *const k_sa = (nb_array *)(uintptr_t)0x10;
 static nb_tree *const k_st = (nb_tree *)(uintptr_t)0x20;
@@ -939,6 +940,86 @@ static void test_mixed_contexts(void **state) {
     nb_ctx_destroy(cb);
 }
 
+/* Optimizers, schedules and checkpoints given handles of another context: refused up
+ * front naming the function, the argument and the fix (not by the tree builder inside:
+ * "nb_tree_dict: child 3 was made in another context"); a checkpoint key its reader would
+ * refuse is not written. */
+static void test_mixed_contexts_optim_io(void **state) {
+    (void)state;
+    nb_ctx *ca = nbt_ctx(), *cb = nbt_ctx();
+    nb_tree *sched_b = NULL, *mask_b = NULL, *sgd_a = NULL, *sgd_b = NULL, *t = k_st;
+    NBT_OK(cb, nb_schedule_constant(cb, 0.1, &sched_b));
+    NBT_OK(cb, nb_tree_bool(cb, true, &mask_b));
+    NBT_OK(ca, nb_optim_sgd(ca, 0.1, NULL, &sgd_a));
+    NBT_OK(cb, nb_optim_sgd(cb, 0.1, NULL, &sgd_b));
+
+    nb_optim_opts oo = nb_optim_opts_default();
+    oo.schedule = sched_b;
+    NBT_STATUS(ca, NB_ERR_INVALID, nb_optim_adam(ca, 0.1, &oo, &t));
+    NBT_ERRMSG_HAS(ca, "nb_optim_adam: opts->schedule belongs to another context than ctx");
+    assert_null(t);
+    oo = nb_optim_opts_default();
+    oo.mask = mask_b;
+    t = k_st;
+    NBT_STATUS(ca, NB_ERR_INVALID, nb_optim_adamw(ca, 0.1, &oo, &t));
+    NBT_ERRMSG_HAS(ca, "nb_optim_adamw: opts->mask belongs to another context than ctx");
+    assert_null(t);
+    t = k_st;
+    NBT_STATUS(ca, NB_ERR_INVALID, nb_optim_scale_by_schedule(ca, sched_b, &t));
+    NBT_ERRMSG_HAS(ca, "nb_optim_scale_by_schedule: schedule belongs to another context");
+    t = k_st;
+    NBT_STATUS(ca, NB_ERR_INVALID, nb_optim_add_decayed_weights(ca, 1e-4, mask_b, &t));
+    NBT_ERRMSG_HAS(ca, "nb_optim_add_decayed_weights: mask belongs to another context");
+    t = k_st;
+    NBT_STATUS(ca, NB_ERR_INVALID, nb_optim_masked(sgd_a, mask_b, &t));
+    NBT_ERRMSG_HAS(ca, "nb_optim_masked: mask belongs to another context");
+    t = k_st;
+    NBT_STATUS(ca, NB_ERR_INVALID, nb_optim_chain(ca, 2, (nb_tree *[]){sgd_a, sgd_b}, &t));
+    NBT_ERRMSG_HAS(ca, "nb_optim_chain: parts[1] belongs to another context than ctx");
+    assert_null(t);
+    /* a NULL ctx is reported on the context the other arguments lead to */
+    nb_ctx_clear_error(cb);
+    NBT_STATUS(cb, NB_ERR_MISUSE, nb_optim_chain(NULL, 1, (nb_tree *[]){sgd_b}, &t));
+    NBT_ERRMSG_HAS(cb, "nb_optim_chain: ctx is NULL");
+    /* a negative count is a bad value, not misuse */
+    NBT_STATUS(ca, NB_ERR_INVALID, nb_schedule_piecewise_constant(ca, 1.0, -1, NULL, NULL, &t));
+    NBT_ERRMSG_HAS(ca, "nb_schedule_piecewise_constant: n is -1; it must be >= 0");
+
+    /* checkpoints: trees of two contexts, a key of another context or shape */
+    char dir[] = "/tmp/nb_misuse_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char path[64];
+    snprintf(path, sizeof path, "%s/ckpt.safetensors", dir);
+    nb_array *key_b = NULL, *key_bad = NULL;
+    NBT_OK(cb, nb_random_key(cb, 1, &key_b));
+    NBT_OK(ca, nb_array_zeros(ca, NB_DTYPE_F32, 1, (int64_t[]){3}, &key_bad));
+    NBT_STATUS(ca, NB_ERR_INVALID, nb_checkpoint_save(path, sgd_a, sgd_b, NULL, 0));
+    NBT_ERRMSG_HAS(ca, "nb_checkpoint_save: params and opt_state belong to different contexts");
+    NBT_STATUS(ca, NB_ERR_INVALID, nb_checkpoint_save(path, sgd_a, sgd_a, key_b, 0));
+    NBT_ERRMSG_HAS(ca, "nb_checkpoint_save: key belongs to another context than params");
+    NBT_STATUS(ca, NB_ERR_INVALID, nb_checkpoint_save(path, sgd_a, sgd_a, key_bad, 0));
+    NBT_ERRMSG_HAS(ca, "nb_checkpoint_save: key is f32[3]; a key is an i32[2] array");
+    FILE *f = fopen(path, "rb");
+    NBT_TRUE(f == NULL); /* nothing was written */
+    if (f != NULL) {
+        fclose(f);
+    }
+    rmdir(dir);
+
+    nb_array_destroy(key_b);
+    nb_array_destroy(key_bad);
+    nb_tree *ts[] = {sched_b, mask_b, sgd_a, sgd_b};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        nb_tree_destroy(ts[i]);
+    }
+    nbt_assert_no_live(ca);
+    nbt_assert_no_live(cb);
+    assert_ctx_works(ca);
+    assert_ctx_works(cb);
+    nb_ctx_destroy(ca);
+    nb_ctx_destroy(cb);
+}
+
 /* ---- destroying a context with live objects ----------------------------------------- */
 
 static void test_ctx_destroy_frees_everything(void **state) {
@@ -1179,6 +1260,7 @@ int main(void) {
         cmocka_unit_test(test_bad_dtypes),
         cmocka_unit_test(test_bad_shapes),
         cmocka_unit_test(test_mixed_contexts),
+        cmocka_unit_test(test_mixed_contexts_optim_io),
         cmocka_unit_test(test_ctx_destroy_frees_everything),
         cmocka_unit_test(test_oom_is_clean),
         cmocka_unit_test(test_misuse_messages),

@@ -1755,6 +1755,93 @@ static void test_filter(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* Arrays of trees are taken as nb_tree * or const nb_tree * (tree.h, nb_tree_items): the
+ * accessors' const results go into a builder with no cast, and arrays of nb_tree * still
+ * go in as before -- warning-free under -Wall -Wextra -Wpedantic -Werror (this file's
+ * flags with NABLA_WERROR). Before, the const arrays were -Wincompatible-pointer-types. */
+static int64_t n_leaf_cb_calls;
+static nb_status keep_first_cb(void *ud, const char *path, int n, const nb_tree *const *leaves,
+                               nb_tree **out) {
+    (void)ud;
+    (void)path;
+    (void)n;
+    n_leaf_cb_calls++;
+    *out = nb_tree_retain((nb_tree *)leaves[0]);
+    return NB_OK;
+}
+
+static void test_builders_take_const_items(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_tree *a = tint(ctx, 1), *b = tstr(ctx, "b"), *pair = NULL;
+    /* nb_tree *: a compound literal, an array, and nb_tree ** / nb_tree *const * pointers */
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){a, b}, &pair));
+    nb_tree *arr[2] = {b, a};
+    nb_tree **pm = arr;
+    nb_tree *const *pmc = arr;
+    nb_tree *l1 = NULL, *l2 = NULL, *l3 = NULL;
+    NBT_OK(ctx, nb_tree_list(ctx, 2, arr, &l1));
+    NBT_OK(ctx, nb_tree_list(ctx, 2, pm, &l2));
+    NBT_OK(ctx, nb_tree_list(ctx, 2, pmc, &l3));
+    NBT_TRUE(teq(ctx, l1, l2) && teq(ctx, l2, l3));
+
+    /* const nb_tree *: what the accessors return, straight into the builders */
+    const nb_tree *x = nb_tree_child(pair, 0), *y = nb_tree_child(pair, 1);
+    nb_tree *swapped = NULL, *dict = NULL, *list = NULL, *nested = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (const nb_tree *[]){y, x}, &swapped));
+    NBT_EQ_I64(nb_tree_len(swapped), 2);
+    assert_ptr_equal(nb_tree_child(swapped, 0), b); /* retained, not copied */
+    assert_ptr_equal(nb_tree_child(swapped, 1), a);
+    NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"x", "y"},
+                             (const nb_tree *[]){nb_tree_child(pair, 0), y}, &dict));
+    assert_ptr_equal(nb_tree_get(dict, "x"), a);
+    assert_ptr_equal(nb_tree_get(dict, "y"), b);
+    const nb_tree *carr[3] = {x, y, nb_tree_get(dict, "x")};
+    const nb_tree **pc = carr;
+    const nb_tree *const *pcc = carr;
+    NBT_OK(ctx, nb_tree_list(ctx, 3, pc, &list));
+    nb_tree_destroy(list);
+    NBT_OK(ctx, nb_tree_list(ctx, 3, pcc, &list));
+    NBT_EQ_I64(nb_tree_len(list), 3);
+    /* mixed: a new tree beside a borrowed one */
+    NBT_OK(ctx,
+           nb_tree_tuple(ctx, 2, (const nb_tree *[]){swapped, nb_tree_get(dict, "y")}, &nested));
+    const nb_tree *found = NULL;
+    NBT_OK(ctx, nb_tree_lookup(nested, "[0][1]", &found));
+    assert_ptr_equal(found, a);
+    /* n 0 with NULL items, either spelling of NULL */
+    nb_tree *empty = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 0, NULL, &empty));
+    NBT_EQ_I64(nb_tree_len(empty), 0);
+    nb_tree_destroy(empty);
+    NBT_OK(ctx, nb_tree_list(ctx, 0, 0, &empty));
+    nb_tree_destroy(empty);
+
+    /* map_n and combine took const arrays already; arrays of nb_tree * now go in too */
+    nb_tree *m = NULL, *c = NULL;
+    n_leaf_cb_calls = 0;
+    NBT_OK(ctx,
+           nb_tree_map_n(2, (nb_tree *[]){l1, l2}, keep_first_cb, NULL, NB_TREE_MAP_STATIC, &m));
+    NBT_EQ_I64(n_leaf_cb_calls, 2);
+    NBT_TRUE(teq(ctx, m, l1));
+    NBT_OK(ctx, nb_tree_combine(2, pm, &c)); /* nb_tree **: {b, a}, the first non-null */
+    NBT_TRUE(teq(ctx, c, b));
+    nb_tree_destroy(c);
+    NBT_OK(ctx, nb_tree_combine(2, (const nb_tree *[]){x, y}, &c));
+    NBT_TRUE(teq(ctx, c, a));
+    nb_tree_destroy(c);
+
+    /* the result outlives the tree its children were borrowed from */
+    nb_tree_destroy(pair);
+    NBT_EQ_I64(nb_tree_len(swapped), 2);
+    nb_tree *ts[] = {a, b, l1, l2, l3, swapped, dict, list, nested, m};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        nb_tree_destroy(ts[i]);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 static void test_partition_combine(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
@@ -2177,6 +2264,7 @@ int main(void) {
         cmocka_unit_test(test_map_n),
         cmocka_unit_test(test_map_n_structure_mismatch),
         cmocka_unit_test(test_filter),
+        cmocka_unit_test(test_builders_take_const_items),
         cmocka_unit_test(test_partition_combine),
         cmocka_unit_test(test_structure_equal_vs_equal),
         cmocka_unit_test(test_diff_pinned_messages),

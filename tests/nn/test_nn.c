@@ -1190,6 +1190,47 @@ static void test_errors(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* A key (or a layer) made in another context is refused up front, naming the initialiser,
+ * the argument and the fix -- not by the tree builder deep inside ("a child from another
+ * context"). */
+static void test_init_other_context(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx(), *other = nbt_ctx();
+    nb_array *key = key_of(other, 1);
+    nb_tree *t = NULL;
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_nn_linear_init(ctx, 3, 2, true, NB_DTYPE_F32, key, &t));
+    print_message("%s\n", nb_ctx_errmsg(ctx));
+    NBT_ERRMSG_HAS(ctx, "nb_nn_linear_init: key belongs to another context than ctx (each "
+                        "context's arrays and trees stay in it) -- make the key with "
+                        "nb_random_key(ctx, ...) or copy it");
+    NBT_TRUE(t == NULL);
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_nn_mlp_init(ctx, 3, 2, 4, 1, NULL, NB_DTYPE_F32, key, &t));
+    NBT_ERRMSG_HAS(ctx, "nb_nn_mlp_init: key belongs to another context than ctx");
+    NBT_TRUE(t == NULL);
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_nn_embedding_init(ctx, 10, 4, NB_DTYPE_F32, key, &t));
+    NBT_ERRMSG_HAS(ctx, "nb_nn_embedding_init: key belongs to another context than ctx");
+    NBT_TRUE(t == NULL);
+    NBT_STATUS(ctx, NB_ERR_INVALID,
+               nb_nn_conv2d_init(ctx, 2, 3, 3, 3, NULL, NB_DTYPE_F32, key, &t));
+    NBT_ERRMSG_HAS(ctx, "nb_nn_conv2d_init: key belongs to another context than ctx");
+    NBT_TRUE(t == NULL);
+    /* a layer of another context given to sequential */
+    nb_tree *lin = NULL;
+    NBT_OK(other, nb_nn_linear_init(other, 3, 2, true, NB_DTYPE_F32, key, &lin));
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_nn_sequential_init(ctx, 1, (nb_tree *[]){lin}, &t));
+    print_message("%s\n", nb_ctx_errmsg(ctx));
+    NBT_ERRMSG_HAS(ctx, "nb_nn_sequential_init: layers[0] belongs to another context than ctx");
+    NBT_TRUE(t == NULL);
+    /* nothing was recorded on the key's context, and both still work */
+    NBT_TRUE(nb_ctx_errcode(other) == NB_OK);
+    nb_tree_destroy(lin);
+    nb_array_destroy(key);
+    nbt_assert_no_live(ctx);
+    nbt_assert_no_live(other);
+    nb_ctx_destroy(other);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- a training step: grad + jit through the layers --------------------------------- */
 
 /* args = (model, batch): model = {conv, norm, head}, batch = {x [N,1,6,6], y [N]}. */
@@ -1335,6 +1376,7 @@ int main(void) {
         cmocka_unit_test(test_dropout),
         cmocka_unit_test(test_sequential),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_init_other_context),
         cmocka_unit_test(test_training_step_decreases_loss),
         cmocka_unit_test(test_init_out_of_memory),
     };
