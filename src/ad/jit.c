@@ -1478,8 +1478,11 @@ static nb_status nbi_dplan_make(nbi_jit_state *s, const nbi_entry *e, const nb_t
     if (st == NB_OK && rep == NULL) {
         st = nbi_oom(ctx, fn, hbytes);
     }
-    int32_t *head = rep + nbk, *tail = head + nbk, *next = tail + nbk;
+    int32_t *head = NULL, *tail = NULL, *next = NULL;
     if (st == NB_OK) {
+        head = rep + nbk;
+        tail = head + nbk;
+        next = tail + nbk;
         memset(rep, 0xff, (size_t)nbk * 3 * sizeof(int32_t));
         for (int64_t j = 0; j < n_args; j++) {
             if (!flags[j]) {
