@@ -412,7 +412,8 @@ NBI_HIDDEN nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
 /* The debugging checks of an executable (nb_jit_opts.debug_nans / debug_infs). */
 enum { NBI_DEBUG_NANS = 1, NBI_DEBUG_INFS = 2, NBI_DEBUG_RETRACE = 4 };
 /* debug != 0: no fusion, so every op's result is made, and checked, on its own. */
-NBI_HIDDEN nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, unsigned debug, nbi_graph *out);
+NBI_HIDDEN nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, unsigned debug,
+                                  nbi_arena *arena, nbi_graph *out);
 
 /* ---- callees of control flow (jit.c) ------------------------------------------------- */
 /* The executable of f traced on args (a tree of vars of tr, arrays and static leaves),

@@ -1207,7 +1207,7 @@ static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn 
     nbi_graph opt;
     unsigned checks = nbi_debug_mode & (NBI_DEBUG_NANS | NBI_DEBUG_INFS);
     if (st == NB_OK) {
-        st = nbi_optimize(ctx, &tr.g, checks, &opt);
+        st = nbi_optimize(ctx, &tr.g, checks, &tr.arena, &opt);
     }
     char *ir_text = NULL;
     size_t ir_bytes = 0;
@@ -2318,7 +2318,7 @@ nb_status nb_fn_format_ir(nb_fn *f, const nb_tree *args, int which, char *buf, s
     nbi_graph opt;
     const nbi_graph *show = &tr.g;
     if (st == NB_OK && which == NB_IR_OPTIMIZED) {
-        st = nbi_optimize(ctx, &tr.g, 0, &opt);
+        st = nbi_optimize(ctx, &tr.g, 0, &tr.arena, &opt);
         show = &opt;
     } else if (st == NB_OK) {
         st = nbi_graph_verify(ctx, &tr.g, "trace");

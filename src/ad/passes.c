@@ -1,7 +1,8 @@
 /*
  * passes.c -- graph -> graph passes: constant folding, common-subexpression elimination,
- * dead-code elimination. Each builds a new graph in the input's arena and is followed by
- * the verifier (always: it costs microseconds next to a compile).
+ * dead-code elimination, and the rest. Each builds a new graph (in the arena nbi_optimize
+ * gives it: intermediate graphs are freed once read) and is followed by the verifier in
+ * Debug builds and when NABLA_VERIFY_IR is set.
  */
 #include "ad/ir.h"
 
@@ -23,16 +24,27 @@ static nb_var *nbi_copy_node(nbi_graph *out, const nb_var *v, nb_var *const *map
         in[j] = map[v->in[j]->id];
     }
     proto.in = in;
+    if (v->op == NBI_OP_FUSED) {
+        /* a fused node's program lives in its graph's arena, which is freed once the next
+         * graph is built: the copy gets its own */
+        nbi_fprog *prog = nbi_arena_alloc_raw(out->arena, sizeof(nbi_fprog));
+        if (prog == NULL) {
+            return NULL;
+        }
+        *prog = *(const nbi_fprog *)v->at.callee;
+        proto.at.callee = prog;
+    }
     return nbi_graph_add(out, &proto);
 }
 
-/* Start out with in's arena; allocate the id map. */
+/* Start out in the arena nbi_optimize chose (out->arena; else in's); allocate the id map. */
 static nb_status nbi_pass_begin(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out, nb_var ***map,
                                 const char *pass) {
-    nbi_graph_init(out, in->arena);
+    nbi_arena *oa = out->arena != NULL ? out->arena : in->arena; /* set by nbi_optimize */
+    nbi_graph_init(out, oa);
     *map = nbi_arena_alloc(in->arena, (size_t)(in->n_nodes + 1) * sizeof(nb_var *));
-    out->inputs = nbi_arena_alloc(in->arena, (size_t)(in->n_inputs + 1) * sizeof(nb_var *));
-    out->outputs = nbi_arena_alloc(in->arena, (size_t)(in->n_outputs + 1) * sizeof(nb_var *));
+    out->inputs = nbi_arena_alloc(oa, (size_t)(in->n_inputs + 1) * sizeof(nb_var *));
+    out->outputs = nbi_arena_alloc(oa, (size_t)(in->n_outputs + 1) * sizeof(nb_var *));
     if (*map == NULL || out->inputs == NULL || out->outputs == NULL) {
         return nbi_err(ctx, NB_ERR_OOM, "%s: out of memory", pass);
     }
@@ -1287,7 +1299,7 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
                 members[nm++] = mlist[q];
             }
         }
-        nbi_fprog *prog = nbi_arena_alloc(in->arena, sizeof(nbi_fprog));
+        nbi_fprog *prog = nbi_arena_alloc(out->arena, sizeof(nbi_fprog)); /* outlives in */
         nb_var *ext[NBI_FUSE_MAX_EXT];
         const nb_var *ext_src[NBI_FUSE_MAX_EXT]; /* the input graph's node of each */
         int32_t n_ext = 0;
@@ -1398,38 +1410,44 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     return nbi_pass_end(ctx, in, out, map, "fuse");
 }
 
-nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, unsigned debug, nbi_graph *out) {
-    nbi_graph a, b, c, d, pp, d2, r, e2;
+/* The passes in order. Each builds a new graph; an intermediate one is needed only by the
+ * next pass, so graphs alternate between two arenas, each freed once its graph has been
+ * read: the memory held is two graphs (plus the trace's and the result), not one per pass
+ * -- a 10^5-leaf Adam step held about 11 GB. */
+typedef nb_status (*nbi_pass_fn)(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+
+nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, unsigned debug, nbi_arena *arena,
+                       nbi_graph *out) {
+    const nbi_pass_fn all[] = {nbi_pass_fold,     nbi_pass_transpose_matmul,
+                               nbi_pass_cse,      nbi_pass_dce,
+                               nbi_pass_pad_push, nbi_pass_dce,
+                               nbi_pass_remat,    nbi_pass_fuse,
+                               nbi_pass_dce};
+    const nbi_pass_fn no_fuse[] = {nbi_pass_fold,     nbi_pass_transpose_matmul,
+                                   nbi_pass_cse,      nbi_pass_dce,
+                                   nbi_pass_pad_push, nbi_pass_dce,
+                                   nbi_pass_remat,    nbi_pass_dce};
+    /* debug: every op on its own, to be checked (nbi_exec_compile) */
+    const nbi_pass_fn *passes = debug != 0 ? no_fuse : all;
+    int n =
+        debug != 0 ? (int)(sizeof no_fuse / sizeof no_fuse[0]) : (int)(sizeof all / sizeof all[0]);
     nb_status st = nbi_verify_ir_enabled() ? nbi_graph_verify(ctx, in, "trace") : NB_OK;
-    if (st == NB_OK) {
-        st = nbi_pass_fold(ctx, in, &a);
+    nbi_arena ar[2];
+    nbi_arena_init(&ar[0], ctx);
+    nbi_arena_init(&ar[1], ctx);
+    nbi_graph g[2];
+    const nbi_graph *cur = in;
+    for (int k = 0; k < n && st == NB_OK; k++) {
+        bool last = k == n - 1;
+        nbi_graph *next = last ? out : &g[k % 2];
+        nbi_arena *where = last ? arena : &ar[k % 2];
+        nbi_arena_free_all(where == arena ? &ar[k % 2] : where); /* graph k - 2: read */
+        memset(next, 0, sizeof *next);
+        next->arena = where;
+        st = passes[k](ctx, cur, next);
+        cur = next;
     }
-    if (st == NB_OK) {
-        st = nbi_pass_transpose_matmul(ctx, &a, &b);
-    }
-    if (st == NB_OK) {
-        st = nbi_pass_cse(ctx, &b, &c);
-    }
-    if (st == NB_OK) {
-        st = nbi_pass_dce(ctx, &c, &d); /* dead nodes must not block fusion by their uses */
-    }
-    if (st == NB_OK) {
-        st = nbi_pass_pad_push(ctx, &d, &pp);
-    }
-    if (st == NB_OK) {
-        st = nbi_pass_dce(ctx, &pp, &d2); /* what only the pushed pads read */
-    }
-    if (st == NB_OK) {
-        st = nbi_pass_remat(ctx, &d2, &r);
-    }
-    if (st == NB_OK && debug != 0) {
-        return nbi_pass_dce(ctx, &r, out); /* every op on its own, to be checked */
-    }
-    if (st == NB_OK) {
-        st = nbi_pass_fuse(ctx, &r, &e2);
-    }
-    if (st == NB_OK) {
-        st = nbi_pass_dce(ctx, &e2, out);
-    }
+    nbi_arena_free_all(&ar[0]);
+    nbi_arena_free_all(&ar[1]);
     return st;
 }

@@ -161,7 +161,7 @@ static nbi_exec *compile_traced(nb_ctx *ctx, nb_trace *tr, nb_var **ins, int32_t
     tr->g.outputs = out;
     tr->g.n_outputs = 1;
     nbi_graph opt;
-    NBT_OK(ctx, nbi_optimize(ctx, &tr->g, 0, &opt));
+    NBT_OK(ctx, nbi_optimize(ctx, &tr->g, 0, &tr->arena, &opt));
     nbi_exec *e = NULL;
     NBT_OK(ctx, nbi_exec_compile(ctx, &opt, 0, &e));
     return e;
