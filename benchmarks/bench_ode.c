@@ -477,7 +477,9 @@ int main(int argc, char **argv) {
             peer_run("build/peers/cvodes_lv --rtol 1e-9 --atol 1e-9 --method adams 2>/dev/null",
                      "sundials_version", &c9);
             for (int i = 0; i < c9.n && cv.n < MAX_ROWS; i++) {
-                snprintf(cv.name[cv.n], sizeof cv.name[cv.n], "%s_tol1e-9", c9.name[i]);
+                /* the name cut so that the suffix always fits */
+                snprintf(cv.name[cv.n], sizeof cv.name[cv.n], "%.*s_tol1e-9",
+                         (int)(sizeof cv.name[cv.n] - sizeof "_tol1e-9"), c9.name[i]);
                 cv.us[cv.n] = c9.us[i];
                 cv.err[cv.n] = c9.err[i];
                 cv.n++;

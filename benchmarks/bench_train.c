@@ -543,9 +543,9 @@ int main(int argc, char **argv) {
     }
 
     /* ---- the table ---- */
-    char pt[96];
+    char pt[160];
     if (torch_version[0]) {
-        snprintf(pt, sizeof pt, "PyTorch %s (/usr/bin/python3), torch.optim.Adam(foreach=True)",
+        snprintf(pt, sizeof pt, "PyTorch %.63s (/usr/bin/python3), torch.optim.Adam(foreach=True)",
                  torch_version);
     } else {
         snprintf(pt, sizeof pt, "PyTorch not run (needs /usr/bin/python3 with python3-torch)");

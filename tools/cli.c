@@ -212,8 +212,9 @@ static void cli_data_init(void) {
     if (env != NULL && !d->env_empty && !d->env_long) {
         snprintf(d->dir, sizeof d->dir, "%s", env);
         d->source = CLI_DATA_ENV;
-    } else if (d->installed[0] != '\0' && cli_is_dir(d->installed)) {
-        snprintf(d->dir, sizeof d->dir, "%s", d->installed);
+    } else if (d->installed[0] != '\0' && strlen(d->installed) < sizeof d->dir &&
+               cli_is_dir(d->installed)) {
+        memcpy(d->dir, d->installed, strlen(d->installed) + 1); /* fits: checked above */
         d->source = CLI_DATA_INSTALLED;
     } else {
         snprintf(d->dir, sizeof d->dir, "data");
