@@ -2924,7 +2924,8 @@ static bool api_scan(api *a, const char *text, const char *file) {
         }
         memcpy(a->name[a->n], start, len);
         a->name[a->n][len] = '\0';
-        snprintf(a->file[a->n], sizeof a->file[a->n], "%s", file);
+        snprintf(a->file[a->n], sizeof a->file[a->n], "%.*s", (int)sizeof a->file[a->n] - 1,
+                 file); /* a header's name, cut to fit */
         a->n++;
         p = paren;
     }
