@@ -100,7 +100,11 @@ NB_API nb_var *nb_iota(nb_trace *tr, nb_dtype dtype, int rank, const int64_t *sh
  * inside sigmoid, softplus and gelu; u35 (within 3.5 ULP, 2.7x faster) for tanh, an
  * activation whose consumers never need the last bits. sqrt, rsqrt (1/sqrt), reciprocal,
  * square and the arithmetic ops are IEEE operations, correctly rounded. Results are the
- * same for any thread count and whether or not ops are fused. */
+ * same for any thread count and whether or not ops are fused -- bit for bit, except the
+ * bits of a NaN: a NaN is a NaN on every path, but its sign and payload may differ between
+ * fused, folded and op-by-op evaluation (IEEE 754 does not fix them either; the CPU's
+ * vector and scalar instructions propagate them differently). Thread counts do not change
+ * them. */
 NB_API nb_var *nb_neg(nb_var *x);    /* any numeric dtype */
 NB_API nb_var *nb_abs(nb_var *x);    /* any numeric dtype */
 NB_API nb_var *nb_sign(nb_var *x);   /* any numeric dtype; sign(0) = 0, sign(NaN) = NaN */
