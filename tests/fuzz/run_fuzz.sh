@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # run_fuzz.sh -- run the libFuzzer targets for a bounded time (tests/fuzz/README.md).
 #
-#   tests/fuzz/run_fuzz.sh <build dir> [-runs N | -max_total_time S] [-- libFuzzer args...]
+#   tests/fuzz/run_fuzz.sh <build dir> [-runs N | -max_total_time S] [-targets a,b,...]
+#                          [-- libFuzzer args...]
 #
-# Default: -runs 100000 (inputs per target). Each target starts from its seed corpus
-# (tests/fuzz/corpus_<target>/, plus tests/io/oracle/hostile/ for safetensors), copied to a
-# scratch directory, so the source tree is never written to. Prints each target's final
+# Default: -runs 100000 (inputs per target), every target (safetensors, csv, programs).
+# Each target starts from its seed corpus (tests/fuzz/corpus_<target>/, plus
+# tests/io/oracle/hostile/ for safetensors), copied to a scratch directory, so the source
+# tree is never written to. Prints each target's final
 # libFuzzer line ("#N DONE cov: X ft: Y ...": executions, edges covered, features) and its
 # executions per second. Exits 1 if a target crashes, hangs (> 10 s on one input), leaks,
 # trips a sanitizer or breaks one of the rules in the targets' comments, or stops short of
@@ -19,7 +21,8 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 src_root=$(cd "$here/../.." && pwd)
 
 usage() {
-    echo "usage: $0 <build dir> [-runs N | -max_total_time S] [-- libFuzzer args...]" >&2
+    echo "usage: $0 <build dir> [-runs N | -max_total_time S] [-targets a,b,...]" \
+        "[-- libFuzzer args...]" >&2
     exit 2
 }
 
@@ -28,6 +31,7 @@ build=$1
 shift
 runs=100000
 max_time=""
+targets="safetensors csv programs"
 extra=()
 while [[ $# -gt 0 ]]; do
     case $1 in
@@ -35,6 +39,8 @@ while [[ $# -gt 0 ]]; do
     -runs=* | --runs=*) runs=${1#*=}; shift ;;
     -max_total_time | --max_total_time) [[ $# -ge 2 ]] || usage; max_time=$2; runs=""; shift 2 ;;
     -max_total_time=* | --max_total_time=*) max_time=${1#*=}; runs=""; shift ;;
+    -targets | --targets) [[ $# -ge 2 ]] || usage; targets=${2//,/ }; shift 2 ;;
+    -targets=* | --targets=*) targets=${1#*=}; targets=${targets//,/ }; shift ;;
     --) shift; extra=("$@"); break ;;
     *) usage ;;
     esac
@@ -79,7 +85,11 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1:allocator_ma
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 
 status=0
-for target in safetensors csv; do
+for target in $targets; do
+    case $target in
+    safetensors | csv | programs) ;;
+    *) echo "run_fuzz.sh: unknown target '$target' (safetensors, csv, programs)" >&2; exit 2 ;;
+    esac
     bin=$(find_bin "fuzz_$target")
     if [[ -z $bin ]]; then
         echo "run_fuzz.sh: fuzz_$target not found under $build (configure with clang and" \
@@ -96,8 +106,15 @@ for target in safetensors csv; do
         cp "$src_root"/tests/io/oracle/hostile/*.safetensors "$corpus"/ 2>/dev/null
     fi
     nseeds=$(find "$corpus" -type f | wc -l)
-    args=(-dict="$here/$target.dict" -artifact_prefix="$art/" -timeout=10
-        -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len=65536 -print_final_stats=1)
+    args=(-artifact_prefix="$art/" -timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024
+        -print_final_stats=1)
+    if [[ $target == programs ]]; then
+        # a program is a few hundred bytes at most (the decoder stops at 20 ops); no
+        # dictionary: every byte value means something
+        args+=(-max_len=512)
+    else
+        args+=(-dict="$here/$target.dict" -max_len=65536)
+    fi
     if [[ -n $runs ]]; then
         args+=(-runs="$runs")
     fi
@@ -125,6 +142,11 @@ for target in safetensors csv; do
             cp "$a" "$keep/fuzz_${target}_$(basename "$a")"
             echo "   reproducer: $keep/fuzz_${target}_$(basename "$a")"
             echo "   replay:     NABLA_FUZZ_DEBUG=1 $bin $keep/fuzz_${target}_$(basename "$a")"
+            if [[ $target == programs ]]; then
+                drv=$(find_bin fuzz_programs_driver)
+                echo "   minimize:   ${drv:-fuzz_programs_driver} --minimize" \
+                    "$keep/fuzz_${target}_$(basename "$a")"
+            fi
         done
         cp "$log" "$keep/fuzz_$target.log"
         status=1
