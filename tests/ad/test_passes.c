@@ -4,6 +4,9 @@
  */
 #include "nbtest.h"
 
+#include <stdlib.h>
+#include <time.h>
+
 /* args: (a, b, mode): mode 0: a^T @ b; 1: a @ b^T; 2: a^T @ b^T. Batched when rank 3. */
 static nb_status body_tmm(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
@@ -898,6 +901,78 @@ static void test_fusion_many_inputs(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- compile time against the number of leaves ----------------------------------------- */
+
+/* sum over n leaves (f32[4] each) of their sums: one reduction per leaf and a chain of adds,
+ * fused per leaf -- the graph grows linearly in n, and so must the compile */
+static nb_status body_sum_leaves(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    (void)self;
+    const nb_tree *p = nb_tree_child(args, 0);
+    nb_var *acc = NULL;
+    for (int64_t i = 0; i < nb_tree_len(p); i++) {
+        nb_var *s =
+            nb_sum(nb_mul(nb_var_of(tr, nb_tree_child(p, i)), nb_scalar(tr, 2.0)), NULL, 0, false);
+        acc = acc == NULL ? s : nb_add(acc, s);
+    }
+    return nb_return(acc, out);
+}
+
+/* Seconds for the first call (trace, optimise, compile, run) over n leaves; the best of 3. */
+static double first_call_seconds(nb_ctx *ctx, int64_t n) {
+    nb_tree **items = calloc((size_t)n, sizeof *items);
+    NBT_TRUE(items != NULL);
+    for (int64_t i = 0; i < n; i++) {
+        nb_array *a = NULL;
+        NBT_OK(ctx, nb_array_full(ctx, NB_DTYPE_F32, 1, (int64_t[]){4}, 1.0, &a));
+        NBT_OK(ctx, nb_tree_array(a, &items[i]));
+        nb_array_destroy(a);
+    }
+    nb_tree *p = NULL, *args = NULL, *out = NULL;
+    NBT_OK(ctx, nb_tree_list(ctx, n, items, &p));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 1, &p, &args));
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "sum_leaves", body_sum_leaves, NULL, &f));
+    double best = 1e9;
+    for (int rep = 0; rep < 3; rep++) {
+        nb_ctx_clear_cache(ctx);
+        struct timespec a, b;
+        clock_gettime(CLOCK_MONOTONIC, &a);
+        NBT_OK(ctx, nb_fn_call(f, args, &out));
+        clock_gettime(CLOCK_MONOTONIC, &b);
+        double t = (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) * 1e-9;
+        best = t < best ? t : best;
+        double v = 0;
+        NBT_OK(ctx, nb_array_get(nb_tree_get_array(out), NULL, &v));
+        NBT_EQ_F64(v, 8.0 * (double)n);
+        nb_tree_destroy(out);
+    }
+    nb_fn_destroy(f);
+    nb_tree_destroy(args);
+    nb_tree_destroy(p);
+    for (int64_t i = 0; i < n; i++) {
+        nb_tree_destroy(items[i]);
+    }
+    free(items);
+    return best;
+}
+
+/* 8x the leaves costs about 8x (linear); the fusion pass once scanned every earlier node per
+ * cluster, so it cost about 50x. A generous bound (the machine is shared): under 25x. */
+static void test_compile_time_linear(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    double t1 = first_call_seconds(ctx, 1000), t8 = first_call_seconds(ctx, 8000);
+    print_message("first call: 1000 leaves %.1f ms, 8000 leaves %.1f ms (%.1fx)\n", t1 * 1e3,
+                  t8 * 1e3, t8 / t1);
+    if (t8 > 25.0 * t1 + 0.05) {
+        fail_msg("8x the leaves took %.1fx as long (%.1f ms vs %.1f ms)", t8 / t1, t8 * 1e3,
+                 t1 * 1e3);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transpose_into_matmul),
@@ -909,6 +984,7 @@ int main(void) {
         cmocka_unit_test(test_pad_push),
         cmocka_unit_test(test_fusion_many_inputs),
         cmocka_unit_test(test_fusion_multi_output),
+        cmocka_unit_test(test_compile_time_linear),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
