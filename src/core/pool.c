@@ -200,7 +200,9 @@ void nbi_pool_run(nbi_pool *p, int64_t n_tasks, nbi_task_fn fn, void *ud) {
     atomic_store_explicit(&p->fn, fn, memory_order_release);
     atomic_store_explicit(&p->ud, ud, memory_order_release);
     atomic_store_explicit(&p->n_tasks, n_tasks, memory_order_release);
-    uint64_t job = (atomic_load_explicit(&p->ticket, memory_order_relaxed) >> 32) + 1;
+    /* job numbers are 32 bits and wrap (after 2^32 jobs) -- never into the task half */
+    uint64_t job =
+        ((atomic_load_explicit(&p->ticket, memory_order_relaxed) >> 32) + 1) & 0xffffffffu;
     /* seq_cst store, then the seq_cst load of sleepers: a worker increments sleepers before
      * its last look at the ticket, so either it sees this job or it is counted and woken. */
     atomic_store(&p->ticket, job << 32);
