@@ -686,6 +686,16 @@ static bool nbp_decode_fields(nbp_prog *P, nbp_op *op) {
         for (int i = 0; i < A->rank; i++) {
             p[8 + i] = i == ax ? p[3] : (ones & (1u << i)) ? 1 : A->shape[i];
         }
+        /* the gradient's mask is [result, dim of the axis] (repro/take_grad.c): keep it
+         * small */
+        if (ax >= 0 && ax < A->rank) {
+            const nbp_val *I = op->n_in == 2 ? &P->vals[op->in[1]] : NULL;
+            int64_t m = I != NULL && I->rank == A->rank ? I->shape[ax] : p[3];
+            int64_t isize = I != NULL ? I->size : 1;
+            if (A->size * m > (1 << 20) || isize * A->shape[ax] > (1 << 20)) {
+                return false;
+            }
+        }
         return true;
     }
     case NBP_F_DYN: {

@@ -195,7 +195,7 @@ enum {
     NBP_DONATE = 1u << 2,        /* also run with every argument donated */
     NBP_GRAD_SPECIAL = 1u << 3,  /* R3-R5 at the forward inputs (specials) instead of generic
                                     ones: bits only, no tolerance checks */
-    NBP_GRAD_POSITIVE = 1u << 4, /* generic float inputs in (0.25, 2) instead of (-1.5, 1.5) */
+    NBP_GRAD_POSITIVE = 1u << 4, /* generic float inputs in (0.25, 2), not +-(0.25, 1.5) */
     NBP_EXTRA_STATIC = 1u << 5,  /* params get a static int leaf too */
     NBP_EXTRA_NULL = 1u << 6,    /* params get a null leaf too */
     NBP_NO_HESS = 1u << 7,       /* skip R4 */

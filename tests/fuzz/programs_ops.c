@@ -745,7 +745,7 @@ void nbp_print_program(FILE *f, const nbp_prog *P) {
                                             : " R3 R5",
             (P->flags & (NBP_NO_GRAD | NBP_NO_HESS | NBP_GRAD_SPECIAL)) ? "" : " R4",
             (P->flags & NBP_DONATE) ? " donation" : "", (P->flags & NBP_OOM) ? " R6 R7" : " R6",
-            (P->flags & NBP_GRAD_POSITIVE) ? "in (0.25, 2)" : "in (-1.5, 1.5)");
+            (P->flags & NBP_GRAD_POSITIVE) ? "in (0.25, 2)" : "in +-(0.25, 1.5)");
     for (int k = 0; k < P->n_inputs; k++) {
         const nbp_input *in = &P->in[k];
         nbp_fmt_shape(s, sizeof s, in->dt, in->rank, in->shape);

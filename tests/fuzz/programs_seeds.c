@@ -661,6 +661,18 @@ static int nbs_build(nbs_seed *all) {
     nbs_binary(s, B_DIV, 0, 0);                     /* v7 = v6 / v6 */
     nbs_unary(s, U_SOFTPLUS, 4);                    /* v8 = softplus(v3) */
 
+    /* R7: an allocation failing while a program with a loop, a matmul and a reduction is
+     * traced, compiled or run */
+    s = &all[n++];
+    nbs_header(s, "alloc_failure", F_OOM | F_NO_GRAD, 35, 2);
+    nbs_in(s, D_F64, 2, 2, 3, 0, K_PARAM, L_RANDOM);
+    nbs_in(s, D_F32, 1, 4, 0, 0, K_CONST, L_SOME);
+    nbs_put(s, 4, OP_MATMUL, 4, 1, 4); /* v2 = v0 @ iota([3,4]) */
+    nbs_reduce(s, R_LSE, 0, 0x2, true, false, false);
+    nbs_loop(s, nbs_find(nbs_want_fori, (int[]){0, 3}), nbs_k(1, 1, 1), nbs_ms(0), 0x1b, 0x0c);
+    nbs_put(s, 1, 0);
+    nbs_unary(s, U_TANH, 2);
+
     /* R5: frozen, int, static and null leaves; a constant input */
     s = &all[n++];
     nbs_header(s, "grad_structure", F_STATIC | F_NULL, 30, 4);
