@@ -22,6 +22,7 @@
 #include "core/internal.h"
 #include "nabla/io.h"
 #include "nabla/nn.h"
+#include "nn/nn_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -179,25 +180,12 @@ static bool nbs_is_metadata_name(const char *s, size_t n) {
 }
 
 /* nabla's built-in activations (nabla/nn.h), stored by name (K in the tree encoding) and
- * restored by it. A function reference is stored so only when both its function and its
- * name are a row here -- the name nb_nn_activation_leaf gives that function -- so that
- * another function under a built-in's name is never restored as the built-in. */
-static const struct {
-    const char *name;
-    nb_nn_activation fn;
-} nbs_builtin_fns[] = {
-    {"relu", nb_relu}, {"tanh", nb_tanh},         {"sigmoid", nb_sigmoid},
-    {"gelu", nb_gelu}, {"softplus", nb_softplus}, {"identity", nb_nn_identity},
-};
-
-/* The built-in activation named s (n bytes), or NULL. */
+ * restored by it (src/nn/common.c holds the one table). A function reference is stored so
+ * only when both its function and its name are a built-in's -- the name
+ * nb_nn_activation_leaf gives that function -- so that another function under a
+ * built-in's name is never restored as the built-in. */
 static nb_fnptr nbs_builtin_fn(const char *s, size_t n) {
-    for (size_t i = 0; i < sizeof nbs_builtin_fns / sizeof nbs_builtin_fns[0]; i++) {
-        if (strlen(nbs_builtin_fns[i].name) == n && memcmp(nbs_builtin_fns[i].name, s, n) == 0) {
-            return (nb_fnptr)nbs_builtin_fns[i].fn;
-        }
-    }
-    return NULL;
+    return (nb_fnptr)nbi_nn_activation_named(s, n);
 }
 
 /* s (n bytes) for a message, at most 48 of them: printable ASCII as it is, other bytes as

@@ -504,20 +504,32 @@ nb_var *nb_nn_identity(nb_var *x) {
     return x;
 }
 
+/* The built-in activations and their names: one table for naming them and for finding
+ * them by name (safetensors restores them from files). */
+static const struct {
+    nb_nn_activation fn;
+    const char *name;
+} nbi_nn_known[] = {
+    {nb_relu, "relu"}, {nb_tanh, "tanh"},         {nb_sigmoid, "sigmoid"},
+    {nb_gelu, "gelu"}, {nb_softplus, "softplus"}, {nb_nn_identity, "identity"},
+};
+
 const char *nbi_nn_activation_name(nb_nn_activation fn) {
-    static const struct {
-        nb_nn_activation fn;
-        const char *name;
-    } known[] = {
-        {nb_relu, "relu"}, {nb_tanh, "tanh"},         {nb_sigmoid, "sigmoid"},
-        {nb_gelu, "gelu"}, {nb_softplus, "softplus"}, {nb_nn_identity, "identity"},
-    };
-    for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) {
-        if (known[i].fn == fn) {
-            return known[i].name;
+    for (size_t i = 0; i < sizeof nbi_nn_known / sizeof nbi_nn_known[0]; i++) {
+        if (nbi_nn_known[i].fn == fn) {
+            return nbi_nn_known[i].name;
         }
     }
     return "activation";
+}
+
+nb_nn_activation nbi_nn_activation_named(const char *s, size_t n) {
+    for (size_t i = 0; i < sizeof nbi_nn_known / sizeof nbi_nn_known[0]; i++) {
+        if (strlen(nbi_nn_known[i].name) == n && memcmp(nbi_nn_known[i].name, s, n) == 0) {
+            return nbi_nn_known[i].fn;
+        }
+    }
+    return NULL;
 }
 
 nb_status nb_nn_activation_leaf(nb_ctx *ctx, nb_nn_activation fn, const char *name,

@@ -45,6 +45,8 @@ NBI_HIDDEN nb_status nbi_nn_args(nb_ctx *ctx, const char *fn, nb_tree **out);
 NBI_HIDDEN nb_status nbi_nn_check_key(nb_ctx *ctx, const char *fn, const nb_array *key);
 /* "relu", "tanh", ... for the known activations, "activation" for others. */
 NBI_HIDDEN const char *nbi_nn_activation_name(nb_nn_activation fn);
+/* The built-in activation named s (n bytes, not NUL-terminated), or NULL. */
+NBI_HIDDEN nb_nn_activation nbi_nn_activation_named(const char *s, size_t n);
 /* The largest size, stride, padding or dilation a layer takes (2^31). */
 #define NBI_NN_SIZE_MAX ((int64_t)1 << 31)
 /* Common argument checks of the init functions (message on ctx, NB_ERR_INVALID). */
