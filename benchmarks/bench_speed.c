@@ -17,7 +17,7 @@
  * that the machine's drift hits each alike. Every number is a median. See
  * benchmarks/README.md.
  */
-#include "ad/vmath.h"
+#include "exec/vmath.h"
 
 #define BENCH_NAME "bench_speed"
 #include "bench_common.h"

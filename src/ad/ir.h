@@ -280,7 +280,7 @@ NBI_HIDDEN bool nbi_is_map(const nb_var *v);
 NBI_HIDDEN extern int nbi_isa_override;
 NBI_HIDDEN bool nbi_use_avx2(void);
 
-/* A fused elementwise program (op_fused.c): plain data, copied by value. Instruction i
+/* A fused elementwise program (src/exec/fused.c): plain data, copied by value. Instruction i
  * computes register i from operands src[] (>= 0: register, < 0: external input -src-1)
  * over the program's index space (map_rank, map_shape); the last instruction's register is
  * the node's output, or, with a trailing reduction (red_op != 0), the value reduced. The
@@ -330,7 +330,7 @@ typedef struct nbi_fprog {
     int32_t red_axes[NB_MAX_RANK];
     int64_t red_n;
     /* How the kernel reads its inputs and lays out its tiles, fixed by the shapes: set once
-     * by nbi_fused_prepare when an executable is compiled (op_fused.c's own layout). */
+     * by nbi_fused_prepare when an executable is compiled (src/exec/fused.c's own layout). */
     bool planned;
     _Alignas(8) unsigned char plan[2816];
 } nbi_fprog;

@@ -14,7 +14,7 @@
  * overflow); integer division by zero gives 0.
  */
 #include "ad/ir.h"
-#include "ad/vmath.h"
+#include "exec/vmath.h"
 
 #include <math.h>
 #include <string.h>

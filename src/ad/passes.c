@@ -584,7 +584,7 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
  * elementwise and have the root's shape, and sideways to earlier clusters of that shape
  * that read one of its inputs of that shape (siblings: the input is then read once). Each
  * cluster of two or more nodes becomes one fused node whose program replays the members
- * in order (op_fused.c), in the root's place; a member needed outside the cluster (an
+ * in order (src/exec/fused.c), in the root's place; a member needed outside the cluster (an
  * output of the graph, or read by a node outside) is stored by the same kernel as a
  * fused_output node -- Adam's new moments and parameters come from one pass over g, mu,
  * nu and p. So a cluster may only take in a node none of whose readers outside comes

@@ -1,5 +1,5 @@
 /*
- * op_fused.c -- fused elementwise programs: one pass over memory for a chain of
+ * src/exec/fused.c -- fused elementwise programs: one pass over memory for a chain of
  * elementwise ops (made by the fusion pass, passes.c).
  *
  * The output is walked in chunks of NBI_FUSE_CHUNK elements (fixed by the shape, split

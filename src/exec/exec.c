@@ -1,5 +1,5 @@
 /*
- * exec.c -- executables: a fixed list of kernels over one workspace.
+ * src/exec/exec.c -- executables: a fixed list of kernels over one workspace.
  *
  * Compilation copies the graph's nodes into memory the executable owns (so the trace's
  * arena can go), gives every value computed by a kernel a slot in one workspace, and

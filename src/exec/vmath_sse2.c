@@ -1,5 +1,5 @@
 /* vmath_sse2.c -- the SSE2 table, for x86-64 CPUs without AVX2 and FMA. */
-#include "ad/vmath.h"
+#include "exec/vmath.h"
 
 #include <emmintrin.h>
 

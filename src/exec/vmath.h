@@ -1,5 +1,5 @@
 /*
- * src/ad/vmath.h -- contiguous vector math over SLEEF, one table per instruction set.
+ * src/exec/vmath.h -- contiguous vector math over SLEEF, one table per instruction set.
  *
  * Every element, tails included, goes through the same SLEEF vector function (tails via a
  * padded register), so a result never depends on how an array was split into chunks.

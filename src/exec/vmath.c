@@ -1,5 +1,5 @@
 /* vmath.c -- choose the vector-math table for this CPU (see vmath.h). */
-#include "ad/vmath.h"
+#include "exec/vmath.h"
 
 const nbi_vmath *nbi_vmath_get(void) {
     /* __builtin_cpu_supports reads what libgcc recorded at start-up: no state of ours. */

@@ -1,5 +1,5 @@
 /* vmath_avx2.c -- the AVX2+FMA table (this file is compiled with -mavx2 -mfma). */
-#include "ad/vmath.h"
+#include "exec/vmath.h"
 
 #include <immintrin.h>
 
