@@ -102,7 +102,20 @@ typedef struct nb_jit_opts {
      * (whose old value the compiled code still uses). NABLA_DEBUG_RETRACE=1 turns it on
      * for every function. Each call costs a trace; off by default. */
     bool debug_retrace;
+    /* Which tier runs the compiled code (see "Native code" in docs/semantics.md):
+     * NB_NATIVE_AUTO (default): the interpreter, until an executable has run often enough
+     * to be worth compiling; then it is compiled to machine code (generated C, the system
+     * C compiler) on a background thread and swapped in between calls. A warm disk cache
+     * gives the native code from the first call. NB_NATIVE_OFF: the interpreter only.
+     * NB_NATIVE_NOW: compiled natively when the function is compiled (the first call
+     * waits). Both tiers give the same bits. With no C compiler, or when compiling fails,
+     * the interpreter runs (the reason is logged at NB_LOG_LEVEL_WARN). The environment variable
+     * NABLA_NATIVE=off|auto|now overrides AUTO for every function (read once). */
+    int native;
 } nb_jit_opts;
+
+/* nb_jit_opts.native */
+enum { NB_NATIVE_AUTO = 0, NB_NATIVE_OFF = 1, NB_NATIVE_NOW = 2 };
 
 NB_API nb_jit_opts nb_jit_opts_default(void);
 
@@ -161,6 +174,9 @@ typedef struct nb_fn_stats {
     /* Workspace bytes of the executable the last call ran (its planned intermediates and
      * kernel scratch: the peak memory of a run beyond inputs and outputs). */
     size_t workspace_bytes;
+    /* The tier that ran the last call's executable: 0 the interpreter, 1 native code. */
+    int tier;
+    int64_t n_native; /* calls run by native code */
 } nb_fn_stats;
 
 /* Counters of f's cache identity (shared by equal functions). Never allocates. */
@@ -174,11 +190,12 @@ NB_API nb_status nb_fn_retrace_reason(const nb_fn *f, int64_t i, char *buf, size
 NB_API void nb_ctx_clear_cache(nb_ctx *ctx);
 
 enum {
-    NB_IR_TRACED = 0,   /* the IR as traced */
-    NB_IR_OPTIMIZED = 1 /* after constant folding, CSE and DCE: what is compiled */
+    NB_IR_TRACED = 0,    /* the IR as traced */
+    NB_IR_OPTIMIZED = 1, /* after constant folding, CSE and DCE: what is compiled */
+    NB_IR_NATIVE_C = 2   /* the C source the native tier compiles for it (nb_jit_opts.native) */
 };
 /* Trace f on args (no cache, no run) and print its IR in the stable text form used by the
- * golden tests. snprintf contract. */
+ * golden tests, or the native tier's C source. snprintf contract. */
 NB_API nb_status nb_fn_format_ir(nb_fn *f, const nb_tree *args, int which, char *buf, size_t cap,
                                  size_t *needed);
 

@@ -453,6 +453,22 @@ NBI_HIDDEN int32_t nbi_exec_n_outputs(const nbi_exec *e);
 /* dtype/shape of output i. */
 NBI_HIDDEN const nb_var *nbi_exec_output(const nbi_exec *e, int32_t i);
 NBI_HIDDEN size_t nbi_exec_workspace_bytes(const nbi_exec *e);
+/* The native tier (src/exec/native.c). Give e (and its callees) native code according to
+ * mode (NB_NATIVE_* of nb_jit_opts, then NABLA_NATIVE): NOW compiles it at once, AUTO
+ * counts its runs and compiles it on a background thread once hot, OFF nothing. A failed
+ * compile is not an error: it is logged (NB_LOG_LEVEL_WARN) and the interpreter stays.
+ * NB_ERR_OOM if the tier's bookkeeping cannot be allocated. Cheap when already attached. */
+NBI_HIDDEN nb_status nbi_native_attach(nbi_exec *e, int mode);
+/* The mode an option value runs in once NABLA_NATIVE is applied. */
+NBI_HIDDEN int nbi_native_resolve(int mode);
+/* Does e run native code now (on this thread)? */
+NBI_HIDDEN bool nbi_exec_native(const nbi_exec *e);
+/* Whether runs on this thread must stay interpreted (a call whose mode is OFF: executables
+ * are shared by equal functions, so a function asking for the interpreter gets it even from
+ * an executable that has native code). Returns the previous value. */
+NBI_HIDDEN bool nbi_native_set_interp_only(bool on);
+/* The C source of the executable g compiles to, for nb_fn_format_ir (NB_IR_NATIVE_C). */
+NBI_HIDDEN nb_status nbi_native_format(nb_ctx *ctx, const nbi_graph *g, nbi_sbuf *s);
 NBI_HIDDEN nb_status nbi_callee(nb_trace *tr, nb_fn *f, const nb_tree *args, const char *who,
                                 nbi_callee_info *out);
 /* Derivatives through a while op (src/loops/loop.c): record why they cannot be taken (the

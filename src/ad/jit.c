@@ -285,8 +285,18 @@ nb_status nbi_fn_wrap(nb_fn *f, const char *fn_name, nbi_fn_kind kind, int max_t
 
 nb_status nb_jit(nb_fn *f, const nb_jit_opts *opts, nb_fn **out) {
     nb_jit_opts o = opts ? *opts : nb_jit_opts_default();
+    if (nbi_fn_live(f) && (o.native < NB_NATIVE_AUTO || o.native > NB_NATIVE_NOW)) {
+        if (out != NULL) {
+            *out = NULL;
+        }
+        return nbi_err(f->hdr.ctx, NB_ERR_INVALID,
+                       "nb_jit: opts->native is %d; it must be NB_NATIVE_AUTO (%d), "
+                       "NB_NATIVE_OFF (%d) or NB_NATIVE_NOW (%d)",
+                       o.native, NB_NATIVE_AUTO, NB_NATIVE_OFF, NB_NATIVE_NOW);
+    }
     nb_status st = nbi_fn_wrap(f, "nb_jit", NBI_FN_JIT, o.max_traces, o.inline_calls, out);
     if (st == NB_OK) {
+        (*out)->native = (uint8_t)o.native;
         (*out)->debug =
             (uint8_t)((o.debug_nans ? NBI_DEBUG_NANS : 0) | (o.debug_infs ? NBI_DEBUG_INFS : 0) |
                       (o.debug_retrace ? NBI_DEBUG_RETRACE : 0));
@@ -296,6 +306,18 @@ nb_status nb_jit(nb_fn *f, const nb_jit_opts *opts, nb_fn **out) {
 
 /* The checks (NBI_DEBUG_*) of the call being made on this thread: what compiles get. */
 static _Thread_local uint8_t nbi_debug_mode;
+/* The native mode (NB_NATIVE_*) of the call being made on this thread: the innermost jit
+ * layer that says other than AUTO. */
+static _Thread_local uint8_t nbi_native_mode;
+
+static uint8_t nbi_native_of(const nb_fn *f) {
+    for (const nb_fn *g = f; g != NULL; g = g->inner) {
+        if (g->kind == NBI_FN_JIT && g->native != NB_NATIVE_AUTO) {
+            return g->native;
+        }
+    }
+    return NB_NATIVE_AUTO;
+}
 
 /* NABLA_DEBUG_NANS / NABLA_DEBUG_INFS, read once per process. */
 static unsigned nbi_debug_env(void) {
@@ -1814,10 +1836,15 @@ static nb_status nbi_fn_call(const char *fn, nb_fn *f, const nb_tree *args,
             return g;
         }
     }
-    uint8_t saved = nbi_debug_mode;
+    uint8_t saved = nbi_debug_mode, saved_native = nbi_native_mode;
     nbi_debug_mode = nbi_fn_live(f) ? nbi_debug_of(f) : 0;
+    nbi_native_mode = nbi_fn_live(f) ? nbi_native_of(f) : NB_NATIVE_AUTO;
+    bool saved_interp =
+        nbi_native_set_interp_only(nbi_native_resolve(nbi_native_mode) == NB_NATIVE_OFF);
     nb_status st = nbi_fn_call_body(fn, f, args, opts, out);
     nbi_debug_mode = saved;
+    nbi_native_mode = saved_native;
+    nbi_native_set_interp_only(saved_interp);
     if (held != NULL) {
         nbi_ctx_leave(held);
     }
@@ -1921,8 +1948,13 @@ static nb_status nbi_fn_call_body(const char *fn, nb_fn *f, const nb_tree *args,
     }
     if (st == NB_OK) {
         id->stats.workspace_bytes = nbi_exec_workspace_bytes(e->exec);
+        st = nbi_native_attach(e->exec, nbi_native_mode);
+    }
+    if (st == NB_OK) {
         st =
             nbi_run_entry(s, e, s->leafbuf, n, unaliased != NULL ? unaliased : dp, s->nodebuf, out);
+        id->stats.tier = nbi_exec_native(e->exec) ? 1 : 0;
+        id->stats.n_native += id->stats.tier;
     }
     if (unaliased != NULL) {
         nbi_dplan_free(ctx, unaliased);
@@ -2317,13 +2349,19 @@ nb_status nb_fn_format_ir(nb_fn *f, const nb_tree *args, int which, char *buf, s
     }
     nbi_graph opt;
     const nbi_graph *show = &tr.g;
-    if (st == NB_OK && which == NB_IR_OPTIMIZED) {
+    if (st == NB_OK && (which == NB_IR_OPTIMIZED || which == NB_IR_NATIVE_C)) {
         st = nbi_optimize(ctx, &tr.g, 0, &tr.arena, &opt);
         show = &opt;
     } else if (st == NB_OK) {
         st = nbi_graph_verify(ctx, &tr.g, "trace");
     }
-    if (st == NB_OK) {
+    if (st == NB_OK && which == NB_IR_NATIVE_C) {
+        nbi_sbuf sb = nbi_sbuf_make(buf, cap);
+        st = nbi_native_format(ctx, show, &sb);
+        if (st == NB_OK) {
+            st = nbi_sbuf_finish(&sb, needed);
+        }
+    } else if (st == NB_OK) {
         nbi_sbuf sb = nbi_sbuf_make(buf, cap);
         nbi_graph_format(&sb, show, f->name);
         st = nbi_sbuf_finish(&sb, needed);

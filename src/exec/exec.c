@@ -19,63 +19,12 @@
  * several values: each gets its slot (or takes over an input's) when the kernel runs, and
  * the kernel gets their buffers in nbi_kargs.outs.
  */
-#include "ad/ir.h"
+#include "exec/exec.h"
+#include "exec/native.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-
-typedef struct nbi_instr {
-    int32_t node; /* index into nodes */
-    int32_t n_in;
-    int32_t *in;     /* value (node) indices of the inputs */
-    int32_t n_store; /* a fused node's stored values: */
-    int32_t *store;  /* the fused_output node of each (-1: none left) */
-    /* Where each input and the output are when that is fixed at compile time (a value in
-     * the workspace that is not an output of the executable), else NULL: found per run. */
-    const void **fixed_in;
-    void *fixed_out;
-} nbi_instr;
-
-struct nbi_exec {
-    nb_ctx *ctx;
-    int64_t refcount;
-    int32_t n_nodes;
-    nb_var *nodes;     /* copies; in[] point into this array */
-    int64_t *offset;   /* per node: workspace offset, or -1 for a parameter */
-    int32_t *param_of; /* per node: the input index of a PARAM node, else -1 */
-    int32_t n_instrs;
-    nbi_instr *instrs;
-    int32_t n_inputs;
-    int32_t n_outputs;
-    int32_t *outputs;     /* node index of each output (always a workspace value) */
-    int32_t *out_instr;   /* per output: the instruction that makes it */
-    int32_t *out_first;   /* per output: the first output with the same node */
-    int32_t *out_of;      /* per node: the first output it is, or -1 */
-    int32_t *param_last;  /* per input: the last instruction reading it, or -1 */
-    int64_t *param_bytes; /* per input: its data bytes (0 when unused) */
-    int32_t *param_node;  /* per input: its PARAM node, or -1 */
-    bool *out_direct;     /* per output, per run: written into the caller's buffer (in ws) */
-    int32_t *in_hash;     /* donated runs: inputs by data pointer (in ws; hash_mask + 1 heads) */
-    int32_t *in_next;     /* ... and the chain through inputs sharing a bucket */
-    uint32_t hash_mask;
-    int32_t max_in;
-    size_t ws_bytes;    /* planned values */
-    size_t scratch_off; /* kernel scratch, after the values */
-    size_t scratch_bytes;
-    unsigned char *ws; /* ws_bytes + scratch + pointer tables, 64-byte aligned */
-    size_t ws_alloc;
-    const void **in_ptrs; /* max_in entries, inside ws */
-    const void **io_in;   /* n_inputs entries, inside ws (nbi_exec_run) */
-    void **io_out;        /* n_outputs entries, inside ws */
-    void *mem;            /* one allocation for nodes, tables, instrs */
-    nbi_pool *pool;       /* the context's threads, or NULL */
-    int n_workers;        /* threads that may run a kernel's tasks (scratch slices) */
-    size_t mem_bytes;
-    unsigned debug;    /* NBI_DEBUG_*: every instruction's result checked (run_raw) */
-    char *dbg_strings; /* debug: the nodes' fn and path strings, copied (fn, path) */
-    size_t dbg_bytes;
-};
 
 /* Constants up to this size live in the workspace for the executable's lifetime. */
 #define NBI_RESIDENT_MAX_BYTES ((size_t)64 * 1024)
@@ -482,6 +431,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     size_t io_out_bytes = nbi_round64((size_t)(e->n_outputs + 1) * sizeof(void *));
     size_t direct_bytes = nbi_round64((size_t)(e->n_outputs + 1) * sizeof(bool));
     size_t fixed_bytes = nbi_round64((size_t)(k_ins + 1) * sizeof(void *));
+    size_t last_bytes = nbi_round64((size_t)(e->n_inputs + 2 * e->n_outputs + 1) * sizeof(void *));
     uint32_t buckets = 16;
     while (buckets < 2u * (uint32_t)e->n_inputs && buckets < (1u << 30)) {
         buckets *= 2;
@@ -489,7 +439,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     size_t hash_bytes =
         nbi_round64((size_t)(buckets + (uint32_t)e->n_inputs + 1) * sizeof(int32_t));
     e->ws_alloc = e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes + direct_bytes +
-                  fixed_bytes + hash_bytes;
+                  fixed_bytes + hash_bytes + last_bytes;
     e->ws = nbi_alloc(ctx, e->ws_alloc, 64);
     if (e->ws == NULL) {
         size_t want = e->ws_alloc;
@@ -506,6 +456,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     e->in_hash = (int32_t *)((unsigned char *)fixed + fixed_bytes);
     e->in_next = e->in_hash + buckets;
     e->hash_mask = buckets - 1;
+    e->last_io = (const void **)((unsigned char *)e->in_hash + hash_bytes);
+    e->last_valid = false;
     for (int32_t t = 0; t < n_instr; t++) {
         nbi_instr *ins = &e->instrs[t];
         ins->fixed_in = fixed;
@@ -551,6 +503,7 @@ void nbi_exec_destroy(nbi_exec *e) {
             nbi_exec_destroy(e->nodes[i].at.callee3); /* NULL-safe */
         }
     }
+    nbi_native_release(e);
     nb_ctx *ctx = e->ctx;
     if (e->ws != NULL) {
         nbi_free(ctx, e->ws, e->ws_alloc);
@@ -568,7 +521,8 @@ void nbi_exec_destroy(nbi_exec *e) {
  * same index: an elementwise map (or fused chain) of x's own shape and element size. A
  * value a fused node stores (o a fused_output) is its kernel's like the node's own: copied
  * out at the end of each tile, after the tile's last read -- also when the kernel then
- * reduces the tile (each element is visited once). */
+ * reduces the tile (each element is visited once). Two kernels write into one operand by
+ * design: dynamic_update_slice into its data, an accumulating matmul into its accumulator. */
 static bool nbi_inplace_ok(const nb_var *o, const nb_var *x) {
     if (o->op == NBI_OP_DYN_UPDATE) {
         /* writing into its own data operand: the kernel skips the copy and writes only the
@@ -613,6 +567,32 @@ static uint32_t nbi_ptr_bucket(const nbi_exec *e, const void *p) {
  * O(inputs + outputs) per call, not O(inputs x outputs). */
 static void nbi_plan_outputs(const nbi_exec *e, const void *const *inputs, void *const *outputs,
                              const bool *donated) {
+    if (donated != NULL) {
+        /* A loop body runs on the same buffers step after step: the plan of the last donated
+         * run holds while every input and output pointer and donation flag is the same. */
+        const void **last = e->last_io;
+        bool same = e->last_valid;
+        for (int32_t p = 0; same && p < e->n_inputs; p++) {
+            same = last[p] == inputs[p];
+        }
+        for (int32_t i = 0; same && i < e->n_outputs; i++) {
+            same = last[e->n_inputs + i] == outputs[i] &&
+                   (last[e->n_inputs + e->n_outputs + i] != NULL) == donated[i];
+        }
+        if (same) {
+            return;
+        }
+        for (int32_t p = 0; p < e->n_inputs; p++) {
+            last[p] = inputs[p];
+        }
+        for (int32_t i = 0; i < e->n_outputs; i++) {
+            last[e->n_inputs + i] = outputs[i];
+            last[e->n_inputs + e->n_outputs + i] = donated[i] ? (const void *)last : NULL;
+        }
+        ((nbi_exec *)e)->last_valid = true;
+    } else {
+        ((nbi_exec *)e)->last_valid = false;
+    }
     if (donated != NULL) {
         memset(e->in_hash, 0xff, ((size_t)e->hash_mask + 1) * sizeof(int32_t)); /* -1: empty */
         for (int32_t p = 0; p < e->n_inputs; p++) {
@@ -755,10 +735,24 @@ static bool nbi_debug_check(const nbi_exec *e, const nb_var *v, const nbi_kargs 
     return nbi_check_fail_text(msg);
 }
 
+static void nbi_exec_copy_out(const nbi_exec *e, void *const *outputs);
+
 void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const *outputs,
                       const bool *donated) {
     unsigned char *ws = e->ws;
     nbi_plan_outputs(e, inputs, outputs, donated);
+    if (e->native != NULL && e->native_fn == NULL) {
+        nbi_native_tick((nbi_exec *)e); /* the context's thread: it owns e's native state */
+    }
+    void *check = NULL;
+    if (e->native_fn != NULL && !nbi_native_interp_only()) {
+        if (!nbi_native_checking()) {
+            nbi_native_run(e, inputs, outputs);
+            nbi_exec_copy_out(e, outputs);
+            return;
+        }
+        check = nbi_native_check_begin(e, inputs);
+    }
     for (int32_t t = 0; t < e->n_instrs; t++) {
         const nbi_instr *ins = &e->instrs[t];
         const nb_var *v = &e->nodes[ins->node];
@@ -795,6 +789,15 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
             return; /* the call fails with the first failure; its outputs are not used */
         }
     }
+    nbi_exec_copy_out(e, outputs);
+    if (check != NULL) {
+        nbi_native_check_end(e, check, outputs);
+    }
+}
+
+/* The outputs not made in the caller's buffers, copied there. */
+static void nbi_exec_copy_out(const nbi_exec *e, void *const *outputs) {
+    unsigned char *ws = e->ws;
     for (int32_t i = 0; i < e->n_outputs; i++) {
         const nb_var *o = &e->nodes[e->outputs[i]];
         size_t nbytes = (size_t)o->size * nbi_dsize(o->dtype);

@@ -1,0 +1,992 @@
+/*
+ * src/exec/codegen.c -- an executable as C: the native tier's code generator.
+ *
+ * The output is one self-contained translation unit (no #include: it compiles without
+ * nabla's headers or the C library's) defining
+ *
+ *     void nbx_run(const nbx_env *env, const void *const *in, void *const *out,
+ *                  const _Bool *direct);
+ *
+ * which does what the interpreter's loop in nbi_exec_run_raw does, instruction by
+ * instruction, over the same workspace layout: every value at the same offset, outputs in
+ * the caller's buffers where direct[] says so. Two kinds of instruction:
+ *
+ *  - A fused elementwise program over a small index space (at most NBX_INLINE_MAX
+ *    elements) whose ops are all written out here: one loop nest over the index space with
+ *    the shapes, strides and offsets as constants, each instruction a C expression on
+ *    scalars -- the same IEEE operation per element as the op's kernel (nbi_ew_tile and
+ *    the kernels of src/ad/op_elementwise.c), transcendental functions through the same
+ *    SLEEF vector functions (one element through the padded-register path, which gives
+ *    the bits of any other split), a trailing reduction as the reduction kernel's left
+ *    fold from the first element (float sums below one pairwise block, max, min, integer
+ *    sums). The file is compiled with -ffp-contract=off and without fast-math, so nothing
+ *    is contracted or reassociated: the interpreter's bits.
+ *  - Everything else: a direct call of the op's kernel (the same function the interpreter
+ *    calls) on an nbi_kargs built in place, its buffers resolved at compile time.
+ *
+ * So the native code saves the interpreter's dispatch: resolving buffers, walking the
+ * program, and calling one tile function per fused instruction. Loops (while, scan, the
+ * checkpointed reversal) are kernel calls whose bodies are executables with native code
+ * of their own.
+ */
+#include "exec/exec.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Fused programs over more elements than this run through the interpreter's kernel, which
+ * splits large arrays across threads and runs tiles through vector kernels. */
+#define NBX_INLINE_MAX 4096
+
+static const char *nbx_ctype(nb_dtype d) {
+    switch (d) {
+    case NB_DTYPE_F32:
+        return "float";
+    case NB_DTYPE_F64:
+        return "double";
+    case NB_DTYPE_I32:
+        return "i32";
+    case NB_DTYPE_I64:
+        return "i64";
+    case NB_DTYPE_BOOL:
+        return "u8";
+    }
+    return "u8";
+}
+
+static const char *nbx_utype(nb_dtype d) {
+    return d == NB_DTYPE_I32 ? "u32" : "u64";
+}
+
+static bool nbx_is_float(nb_dtype d) {
+    return d == NB_DTYPE_F32 || d == NB_DTYPE_F64;
+}
+
+/* The vector-math function of a transcendental op (vmath.h's order), or -1. */
+static int nbx_vm_index(nbi_op op) {
+    switch (op) {
+    case NBI_OP_EXP:
+        return 0;
+    case NBI_OP_EXPM1:
+        return 1;
+    case NBI_OP_LOG:
+        return 2;
+    case NBI_OP_LOG1P:
+        return 3;
+    case NBI_OP_SIN:
+        return 4;
+    case NBI_OP_COS:
+        return 5;
+    case NBI_OP_TAN:
+        return 6;
+    case NBI_OP_TANH:
+        return 7;
+    case NBI_OP_ERF:
+        return 8;
+    default:
+        return -1;
+    }
+}
+
+/* Can instruction in be written as a C expression here? */
+static bool nbx_instr_ok(const nbi_finstr *in) {
+    nbi_op op = (nbi_op)in->op;
+    nb_dtype d = in->dtype, a = in->in_dtype;
+    bool fl = nbx_is_float(d), in_int = a == NB_DTYPE_I32 || a == NB_DTYPE_I64;
+    switch (op) {
+    case NBI_OP_NEG:
+    case NBI_OP_ABS:
+    case NBI_OP_SIGN:
+    case NBI_OP_SQUARE:
+    case NBI_OP_RELU:
+        return fl || d == NB_DTYPE_I32 || d == NB_DTYPE_I64;
+    case NBI_OP_EXP:
+    case NBI_OP_EXPM1:
+    case NBI_OP_LOG:
+    case NBI_OP_LOG1P:
+    case NBI_OP_SIN:
+    case NBI_OP_COS:
+    case NBI_OP_TAN:
+    case NBI_OP_TANH:
+    case NBI_OP_ERF:
+    case NBI_OP_SQRT:
+    case NBI_OP_RSQRT:
+    case NBI_OP_RECIPROCAL:
+    case NBI_OP_SIGMOID:
+    case NBI_OP_SOFTPLUS:
+    case NBI_OP_GELU:
+    case NBI_OP_POW:
+        return fl;
+    case NBI_OP_ADD:
+    case NBI_OP_SUB:
+    case NBI_OP_MUL:
+    case NBI_OP_DIV:
+    case NBI_OP_MAXIMUM:
+    case NBI_OP_MINIMUM:
+        return fl || d == NB_DTYPE_I32 || d == NB_DTYPE_I64;
+    case NBI_OP_EQ:
+    case NBI_OP_NE:
+    case NBI_OP_LT:
+    case NBI_OP_LE:
+    case NBI_OP_GT:
+    case NBI_OP_GE:
+        return nbx_is_float(a) || in_int || a == NB_DTYPE_BOOL;
+    case NBI_OP_LOGICAL_NOT:
+    case NBI_OP_LOGICAL_AND:
+    case NBI_OP_LOGICAL_OR:
+        return d == NB_DTYPE_BOOL;
+    case NBI_OP_SELECT:
+    case NBI_OP_CAST:
+    case NBI_OP_IDENTITY:
+        return true;
+    default:
+        return false;
+    }
+}
+
+/* Is fused node v written out inline? */
+static bool nbx_fused_inline(const nb_var *v) {
+    const nbi_fprog *p = v->at.callee;
+    int64_t size = nbi_shape_size(p->map_rank, p->map_shape);
+    if (size <= 0 || size > NBX_INLINE_MAX) {
+        return false;
+    }
+    for (int32_t i = 0; i < p->n_instr; i++) {
+        if (!nbx_instr_ok(&p->ins[i])) {
+            return false;
+        }
+    }
+    if (p->red_op != 0) {
+        nb_dtype d = v->dtype;
+        bool fl = nbx_is_float(d);
+        if (p->red_op == NBI_OP_SUM) {
+            if (fl && p->red_n >= 128) { /* pairwise blocks: the kernel's own path */
+                return false;
+            }
+        } else if (p->red_op != NBI_OP_MAX && p->red_op != NBI_OP_MIN) {
+            return false;
+        }
+        if (!fl && d != NB_DTYPE_I32 && d != NB_DTYPE_I64) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A double as an exact C literal. */
+static void nbx_double(nbi_sbuf *s, double x) {
+    if (x != x) {
+        nbi_sbuf_puts(s, "(0.0/0.0)"); /* pad values only; never arithmetic on it */
+    } else if (x == 1.0 / 0.0) {
+        nbi_sbuf_puts(s, "(1.0/0.0)");
+    } else if (x == -1.0 / 0.0) {
+        nbi_sbuf_puts(s, "(-1.0/0.0)");
+    } else {
+        nbi_sbuf_printf(s, "%a", x);
+    }
+}
+
+/* The operand text of instruction operand src (a register or an external input). */
+static void nbx_operand(char *buf, size_t cap, int16_t src) {
+    if (src >= 0) {
+        snprintf(buf, cap, "r%d", (int)src);
+    } else {
+        snprintf(buf, cap, "e%d", (int)(-src - 1));
+    }
+}
+
+/* The cast of expression x from dtype a to dtype d, as nbi_cast_kernel converts. */
+static void nbx_cast(nbi_sbuf *s, nb_dtype a, nb_dtype d, const char *x) {
+    bool from_int = !nbx_is_float(a);
+    char qx[64], dx[64];
+    if (a == NB_DTYPE_BOOL) {
+        snprintf(qx, sizeof qx, "(i64)(%s != 0)", x);
+    } else {
+        snprintf(qx, sizeof qx, "(i64)%s", x);
+    }
+    snprintf(dx, sizeof dx, "(double)%s", x);
+    const char *v = from_int ? qx : dx;
+    switch (d) {
+    case NB_DTYPE_F32:
+        if (a == NB_DTYPE_BOOL) {
+            nbi_sbuf_printf(s, "(%s != 0 ? 1.0f : 0.0f)", x);
+        } else {
+            nbi_sbuf_printf(s, "(float)%s", from_int ? qx : x);
+        }
+        return;
+    case NB_DTYPE_F64:
+        if (a == NB_DTYPE_BOOL) {
+            nbi_sbuf_printf(s, "(%s != 0 ? 1.0 : 0.0)", x);
+        } else {
+            nbi_sbuf_printf(s, "(double)%s", from_int ? qx : x);
+        }
+        return;
+    case NB_DTYPE_I32:
+        nbi_sbuf_printf(s, from_int ? "nbx_sat_i32_q(%s)" : "nbx_sat_i32_d(%s)", v);
+        return;
+    case NB_DTYPE_I64:
+        nbi_sbuf_printf(s, from_int ? "(%s)" : "nbx_sat_i64_d(%s)", v);
+        return;
+    case NB_DTYPE_BOOL:
+        nbi_sbuf_printf(s, "(u8)(%s != 0)", v);
+        return;
+    }
+}
+
+/* Instruction i of p as "T ri = <expr>;". */
+static void nbx_instr(nbi_sbuf *s, const nbi_fprog *p, int32_t i) {
+    const nbi_finstr *in = &p->ins[i];
+    nbi_op op = (nbi_op)in->op;
+    nb_dtype d = in->dtype;
+    const char *T = nbx_ctype(d);
+    char x[16], y[16], z[16];
+    nbx_operand(x, sizeof x, in->src[0]);
+    if (in->n_in > 1) {
+        nbx_operand(y, sizeof y, in->src[1]);
+    }
+    if (in->n_in > 2) {
+        nbx_operand(z, sizeof z, in->src[2]);
+    }
+    bool fl = nbx_is_float(d), f32 = d == NB_DTYPE_F32;
+    const char *U = nbx_utype(d);
+    const char *sfx = f32 ? "f" : "d"; /* helper suffix */
+    nbi_sbuf_printf(s, "            %s r%d = ", T, (int)i);
+    int vm = nbx_vm_index(op);
+    if (vm >= 0) {
+        nbi_sbuf_printf(s, "nbx_vm1%s(vm, %d, %s);\n", sfx, vm, x);
+        return;
+    }
+    switch (op) {
+    case NBI_OP_NEG:
+        if (fl) {
+            nbi_sbuf_printf(s, "-%s;\n", x);
+        } else {
+            nbi_sbuf_printf(s, "(%s)(0u - (%s)%s);\n", T, U, x);
+        }
+        return;
+    case NBI_OP_ABS:
+        if (fl) {
+            nbi_sbuf_printf(s, "__builtin_fabs%s(%s);\n", f32 ? "f" : "", x);
+        } else {
+            nbi_sbuf_printf(s, "%s < 0 ? (%s)(0u - (%s)%s) : %s;\n", x, T, U, x, x);
+        }
+        return;
+    case NBI_OP_SIGN:
+        if (fl) {
+            nbi_sbuf_printf(s, "%s > 0 ? (%s)1 : %s < 0 ? (%s)-1 : %s;\n", x, T, x, T, x);
+        } else {
+            nbi_sbuf_printf(s, "(%s)((%s > 0) - (%s < 0));\n", T, x, x);
+        }
+        return;
+    case NBI_OP_SQRT:
+        nbi_sbuf_printf(s, "__builtin_sqrt%s(%s);\n", f32 ? "f" : "", x);
+        return;
+    case NBI_OP_RSQRT:
+        nbi_sbuf_printf(s, "(%s)1 / __builtin_sqrt%s(%s);\n", T, f32 ? "f" : "", x);
+        return;
+    case NBI_OP_SQUARE:
+        if (fl) {
+            nbi_sbuf_printf(s, "%s * %s;\n", x, x);
+        } else {
+            nbi_sbuf_printf(s, "(%s)((%s)%s * (%s)%s);\n", T, U, x, U, x);
+        }
+        return;
+    case NBI_OP_RECIPROCAL:
+        nbi_sbuf_printf(s, "(%s)1 / %s;\n", T, x);
+        return;
+    case NBI_OP_RELU:
+        if (fl) {
+            nbi_sbuf_printf(s, "(%s > 0 || %s != %s) ? %s : (%s)0;\n", x, x, x, x, T);
+        } else {
+            nbi_sbuf_printf(s, "%s > 0 ? %s : 0;\n", x, x);
+        }
+        return;
+    case NBI_OP_SIGMOID:
+        nbi_sbuf_printf(s, "nbx_sigmoid%s(vm, %s);\n", sfx, x);
+        return;
+    case NBI_OP_SOFTPLUS:
+        nbi_sbuf_printf(s, "nbx_softplus%s(vm, %s);\n", sfx, x);
+        return;
+    case NBI_OP_GELU:
+        nbi_sbuf_printf(s, "nbx_gelu%s(vm, %s);\n", sfx, x);
+        return;
+    case NBI_OP_LOGICAL_NOT:
+        nbi_sbuf_printf(s, "(u8)!%s;\n", x);
+        return;
+    case NBI_OP_IDENTITY: /* a copy: standalone broadcasts */
+        nbi_sbuf_printf(s, "%s;\n", x);
+        return;
+    case NBI_OP_CAST:
+        nbx_cast(s, in->in_dtype, d, x);
+        nbi_sbuf_puts(s, ";\n");
+        return;
+    case NBI_OP_ADD:
+    case NBI_OP_SUB:
+    case NBI_OP_MUL: {
+        const char *o = op == NBI_OP_ADD ? "+" : op == NBI_OP_SUB ? "-" : "*";
+        if (fl) {
+            nbi_sbuf_printf(s, "%s %s %s;\n", x, o, y);
+        } else {
+            nbi_sbuf_printf(s, "(%s)((%s)%s %s (%s)%s);\n", T, U, x, o, U, y);
+        }
+        return;
+    }
+    case NBI_OP_DIV:
+        if (fl) {
+            nbi_sbuf_printf(s, "%s / %s;\n", x, y);
+        } else {
+            nbi_sbuf_printf(s, "%s == 0 ? (%s)0 : %s == -1 ? (%s)(0u - (%s)%s) : (%s)(%s / %s);\n",
+                            y, T, y, T, U, x, T, x, y);
+        }
+        return;
+    case NBI_OP_POW:
+        nbi_sbuf_printf(s, "nbx_pow%s(vm, %s, %s);\n", sfx, x, y);
+        return;
+    case NBI_OP_MAXIMUM:
+        if (fl) {
+            nbi_sbuf_printf(s, "(%s > %s || %s != %s) ? %s : %s;\n", x, y, x, x, x, y);
+        } else {
+            nbi_sbuf_printf(s, "%s > %s ? %s : %s;\n", x, y, x, y);
+        }
+        return;
+    case NBI_OP_MINIMUM:
+        if (fl) {
+            nbi_sbuf_printf(s, "(%s < %s || %s != %s) ? %s : %s;\n", x, y, x, x, x, y);
+        } else {
+            nbi_sbuf_printf(s, "%s < %s ? %s : %s;\n", x, y, x, y);
+        }
+        return;
+    case NBI_OP_EQ:
+    case NBI_OP_NE:
+    case NBI_OP_LT:
+    case NBI_OP_LE:
+    case NBI_OP_GT:
+    case NBI_OP_GE: {
+        const char *o = op == NBI_OP_EQ   ? "=="
+                        : op == NBI_OP_NE ? "!="
+                        : op == NBI_OP_LT ? "<"
+                        : op == NBI_OP_LE ? "<="
+                        : op == NBI_OP_GT ? ">"
+                                          : ">=";
+        nbi_sbuf_printf(s, "(u8)(%s %s %s);\n", x, o, y);
+        return;
+    }
+    case NBI_OP_LOGICAL_AND:
+        nbi_sbuf_printf(s, "(u8)(%s && %s);\n", x, y);
+        return;
+    case NBI_OP_LOGICAL_OR:
+        nbi_sbuf_printf(s, "(u8)(%s || %s);\n", x, y);
+        return;
+    case NBI_OP_SELECT:
+        nbi_sbuf_printf(s, "%s ? %s : %s;\n", x, y, z);
+        return;
+    default:
+        nbi_sbuf_puts(s, "0; /* unreachable */\n");
+        return;
+    }
+}
+
+/* The address text of value node (its buffer this run) into buf. */
+typedef struct nbx_ctx {
+    const nbi_exec *e;
+    nbi_sbuf *s;
+} nbx_ctx;
+
+static void nbx_value(const nbi_exec *e, int32_t node, char *buf, size_t cap) {
+    if (e->param_of[node] >= 0) {
+        snprintf(buf, cap, "((u8 *)in[%d])", (int)e->param_of[node]);
+    } else if (e->out_of[node] >= 0) {
+        snprintf(buf, cap, "v%d", (int)node);
+    } else {
+        snprintf(buf, cap, "(ws + %lld)", (long long)e->offset[node]);
+    }
+}
+
+/* A fused node written out: one loop nest over its index space. */
+static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
+                           const nbi_fprog *p) {
+    const nb_var *v = &e->nodes[ins->node];
+    int r = p->map_rank;
+    const int64_t *shape = p->map_shape;
+    char buf[96];
+    nbi_sbuf_puts(s, "    {\n");
+    /* externals: typed base pointers and per-dim strides in elements */
+    int64_t st[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
+    int64_t off[NBI_FUSE_MAX_EXT];
+    bool flat[NBI_FUSE_MAX_EXT];
+    for (int32_t x = 0; x < p->n_ext; x++) {
+        const nb_var *in = v->in[x];
+        bool view = (p->view_mask >> x) & 1u;
+        off[x] = view ? p->view_off[x] : 0;
+        if (view) {
+            memcpy(st[x], p->view_st[x], sizeof st[x]);
+        } else {
+            nbi_bcast_strides(in->rank, in->shape, r, shape, st[x]);
+        }
+        int64_t want = 1;
+        flat[x] = !((p->pad_mask >> x) & 1u);
+        for (int d = r - 1; d >= 0; d--) {
+            flat[x] = flat[x] && (shape[d] == 1 || st[x][d] == want);
+            want *= shape[d];
+        }
+        nbx_value(e, ins->in[x], buf, sizeof buf);
+        nbi_sbuf_printf(s, "        const %s *x%d = (const %s *)%s;\n", nbx_ctype(in->dtype),
+                        (int)x, nbx_ctype(in->dtype), buf);
+    }
+    char ob[96];
+    nbx_value(e, ins->node, ob, sizeof ob);
+    nbi_sbuf_printf(s, "        %s *o = (%s *)%s;\n", nbx_ctype(v->dtype), nbx_ctype(v->dtype), ob);
+    for (int32_t k = 0; k < ins->n_store; k++) {
+        int32_t sn = ins->store[k];
+        if (sn < 0) {
+            continue;
+        }
+        nbx_value(e, sn, buf, sizeof buf);
+        const char *T = nbx_ctype(p->ins[p->store[k]].dtype);
+        nbi_sbuf_printf(s, "        %s *s%d = (%s *)%s;\n", T, (int)k, T, buf);
+    }
+    bool red = p->red_op != 0;
+    if (red) {
+        nbi_sbuf_printf(s, "        %s acc = 0;\n        i64 pos = 0, row = 0;\n",
+                        nbx_ctype(v->dtype));
+    }
+    nbi_sbuf_puts(s, "        i64 i = 0;\n");
+    for (int d = 0; d < r; d++) {
+        nbi_sbuf_printf(s, "        for (i64 i%d = 0; i%d < %lld; i%d++)\n", d, d,
+                        (long long)shape[d], d);
+    }
+    nbi_sbuf_puts(s, "        {\n");
+    for (int32_t x = 0; x < p->n_ext; x++) {
+        const nb_var *in = v->in[x];
+        const char *T = nbx_ctype(in->dtype);
+        /* the element offset as text */
+        char idx[512];
+        nbi_sbuf is = nbi_sbuf_make(idx, sizeof idx);
+        if (flat[x]) {
+            nbi_sbuf_printf(&is, "%lld + i", (long long)off[x]);
+        } else {
+            nbi_sbuf_printf(&is, "%lld", (long long)off[x]);
+            for (int d = 0; d < r; d++) {
+                if (st[x][d] != 0 && shape[d] > 1) {
+                    nbi_sbuf_printf(&is, " + i%d * %lld", d, (long long)st[x][d]);
+                }
+            }
+        }
+        if ((p->pad_mask >> x) & 1u) {
+            /* inside the padded dims: the view at idx - lo, else the padding value */
+            nbi_sbuf_printf(s, "            %s e%d = (1", T, (int)x);
+            for (int d = 0; d < r; d++) {
+                long long lo = (long long)p->pad_lo[x][d], dim = (long long)p->pad_dims[x][d];
+                nbi_sbuf_printf(s, " && i%d - %lld >= 0 && i%d - %lld < %lld", d, lo, d, lo, dim);
+            }
+            nbi_sbuf_printf(s, ") ? x%d[%lld", (int)x, (long long)off[x]);
+            for (int d = 0; d < r; d++) {
+                if (st[x][d] != 0) {
+                    nbi_sbuf_printf(s, " + (i%d - %lld) * %lld", d, (long long)p->pad_lo[x][d],
+                                    (long long)st[x][d]);
+                }
+            }
+            unsigned char pv[8];
+            memset(pv, 0, sizeof pv);
+            nbi_elem_from_f64(in->dtype, p->pad_value[x], pv);
+            nbi_sbuf_puts(s, "] : ");
+            if (in->dtype == NB_DTYPE_F32) {
+                float f;
+                memcpy(&f, pv, 4);
+                nbi_sbuf_puts(s, "(float)");
+                nbx_double(s, (double)f);
+            } else if (in->dtype == NB_DTYPE_F64) {
+                double f;
+                memcpy(&f, pv, 8);
+                nbx_double(s, f);
+            } else if (in->dtype == NB_DTYPE_I32) {
+                int32_t q;
+                memcpy(&q, pv, 4);
+                nbi_sbuf_printf(s, "(i32)%lld", (long long)q);
+            } else if (in->dtype == NB_DTYPE_I64) {
+                int64_t q;
+                memcpy(&q, pv, 8);
+                nbi_sbuf_printf(s, "(i64)%lldll", (long long)q);
+            } else {
+                nbi_sbuf_printf(s, "(u8)%u", (unsigned)pv[0]);
+            }
+            nbi_sbuf_puts(s, ";\n");
+        } else {
+            nbi_sbuf_printf(s, "            %s e%d = x%d[%s];\n", T, (int)x, (int)x, idx);
+        }
+    }
+    for (int32_t i = 0; i < p->n_instr; i++) {
+        nbx_instr(s, p, i);
+    }
+    for (int32_t k = 0; k < ins->n_store; k++) {
+        if (ins->store[k] >= 0) {
+            nbi_sbuf_printf(s, "            s%d[i] = r%d;\n", (int)k, (int)p->store[k]);
+        }
+    }
+    int last = p->n_instr - 1;
+    if (!red) {
+        nbi_sbuf_printf(s, "            o[i] = r%d;\n", last);
+    } else {
+        bool fl = nbx_is_float(v->dtype);
+        const char *T = nbx_ctype(v->dtype), *U = nbx_utype(v->dtype);
+        nbi_sbuf_printf(s, "            %s t = r%d;\n", T, last);
+        nbi_sbuf_puts(s, "            if (pos == 0) acc = t;\n            else ");
+        if (p->red_op == NBI_OP_SUM) {
+            if (fl) {
+                nbi_sbuf_puts(s, "acc = acc + t;\n");
+            } else {
+                nbi_sbuf_printf(s, "acc = (%s)((%s)acc + (%s)t);\n", T, U, U);
+            }
+        } else {
+            const char *cmp = p->red_op == NBI_OP_MAX ? ">" : "<";
+            if (fl) {
+                nbi_sbuf_printf(s, "acc = (t %s acc || t != t) ? t : acc;\n", cmp);
+            } else {
+                nbi_sbuf_printf(s, "acc = t %s acc ? t : acc;\n", cmp);
+            }
+        }
+        nbi_sbuf_printf(s, "            if (++pos == %lld) { o[row++] = acc; pos = 0; }\n",
+                        (long long)p->red_n);
+    }
+    nbi_sbuf_puts(s, "            i++;\n        }\n");
+    nbi_sbuf_puts(s, "        (void)i;\n    }\n");
+}
+
+/* A standalone elementwise node (or a broadcast, as a copy) as a one-instruction program
+ * over its own shape, when small: the same per-element code. */
+static bool nbx_single_program(const nb_var *v, nbi_fprog *p) {
+    if (v->size <= 0 || v->size > NBX_INLINE_MAX) {
+        return false;
+    }
+    bool map = nbi_is_map(v) && v->n_in >= 1 && v->n_in <= 3;
+    bool bcast = v->op == NBI_OP_BROADCAST;
+    if (!map && !bcast) {
+        return false;
+    }
+    memset(p, 0, sizeof *p);
+    p->n_instr = 1;
+    p->n_ext = v->n_in;
+    p->ins[0].op = bcast ? (uint16_t)NBI_OP_IDENTITY : v->op;
+    p->ins[0].n_in = (uint8_t)v->n_in;
+    p->ins[0].dtype = v->dtype;
+    p->ins[0].in_dtype = v->in[0]->dtype;
+    for (int32_t j = 0; j < v->n_in; j++) {
+        p->ins[0].src[j] = (int16_t)(-j - 1);
+    }
+    p->map_rank = v->rank;
+    memcpy(p->map_shape, v->shape, sizeof p->map_shape);
+    return nbx_instr_ok(&p->ins[0]);
+}
+
+/* A standalone reduction (sum, max, min, prod over any axes) of a small array whose
+ * written-out form is the kernel's: each output a left fold, from its first element, of
+ * its reduced sequence (the input elements in row-major order over the reduced axes) --
+ * float sums only below one pairwise block. */
+static bool nbx_reduce_ok(const nb_var *v) {
+    const nb_var *x = v->in[0];
+    if (v->op != NBI_OP_SUM && v->op != NBI_OP_MAX && v->op != NBI_OP_MIN &&
+        v->op != NBI_OP_PROD) {
+        return false;
+    }
+    if (x->size <= 0 || x->size > NBX_INLINE_MAX || v->size <= 0) {
+        return false;
+    }
+    int64_t count = x->size / v->size;
+    if (v->dtype != x->dtype || (v->dtype != NB_DTYPE_F32 && v->dtype != NB_DTYPE_F64 &&
+                                 v->dtype != NB_DTYPE_I32 && v->dtype != NB_DTYPE_I64)) {
+        return false;
+    }
+    return !(nbx_is_float(v->dtype) && v->op == NBI_OP_SUM && count >= 128);
+}
+
+static void nbx_emit_reduce(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) {
+    const nb_var *v = &e->nodes[ins->node], *x = v->in[0];
+    bool red[NB_MAX_RANK] = {false}; /* at.axes: normalised, sorted; none is none */
+    for (int a = 0; a < v->at.n_axes; a++) {
+        int ax = v->at.axes[a] < 0 ? v->at.axes[a] + x->rank : v->at.axes[a];
+        red[ax] = true;
+    }
+    int64_t st[NB_MAX_RANK], w = 1;
+    for (int d = x->rank - 1; d >= 0; d--) {
+        st[d] = w;
+        w *= x->shape[d];
+    }
+    const char *T = nbx_ctype(v->dtype), *U = nbx_utype(v->dtype);
+    bool fl = nbx_is_float(v->dtype);
+    char xb[96], ob[96];
+    nbx_value(e, ins->in[0], xb, sizeof xb);
+    nbx_value(e, ins->node, ob, sizeof ob);
+    nbi_sbuf_printf(s, "    {\n        const %s *x = (const %s *)%s;\n", T, T, xb);
+    nbi_sbuf_printf(s, "        %s *o = (%s *)%s;\n        i64 q = 0;\n", T, T, ob);
+    for (int d = 0; d < x->rank; d++) {
+        if (!red[d]) {
+            nbi_sbuf_printf(s, "        for (i64 i%d = 0; i%d < %lld; i%d++)\n", d, d,
+                            (long long)x->shape[d], d);
+        }
+    }
+    nbi_sbuf_printf(s, "        {\n            %s acc = 0;\n            int first = 1;\n", T);
+    for (int d = 0; d < x->rank; d++) {
+        if (red[d]) {
+            nbi_sbuf_printf(s, "            for (i64 i%d = 0; i%d < %lld; i%d++)\n", d, d,
+                            (long long)x->shape[d], d);
+        }
+    }
+    nbi_sbuf_puts(s, "            {\n                ");
+    nbi_sbuf_printf(s, "%s t = x[0", T);
+    for (int d = 0; d < x->rank; d++) {
+        if (x->shape[d] > 1) {
+            nbi_sbuf_printf(s, " + i%d * %lld", d, (long long)st[d]);
+        }
+    }
+    nbi_sbuf_puts(s, "];\n                if (first) { acc = t; first = 0; }\n                else ");
+    switch ((nbi_op)v->op) {
+    case NBI_OP_SUM:
+    case NBI_OP_PROD: {
+        const char *o = v->op == NBI_OP_SUM ? "+" : "*";
+        if (fl) {
+            nbi_sbuf_printf(s, "acc = acc %s t;\n", o);
+        } else {
+            nbi_sbuf_printf(s, "acc = (%s)((%s)acc %s (%s)t);\n", T, U, o, U);
+        }
+        break;
+    }
+    default: {
+        const char *cmp = v->op == NBI_OP_MAX ? ">" : "<";
+        if (fl) {
+            nbi_sbuf_printf(s, "acc = (t %s acc || t != t) ? t : acc;\n", cmp);
+        } else {
+            nbi_sbuf_printf(s, "acc = t %s acc ? t : acc;\n", cmp);
+        }
+        break;
+    }
+    }
+    nbi_sbuf_puts(s, "            }\n            o[q++] = acc;\n        }\n        (void)q;\n    }\n");
+}
+
+/* Copies (reshape, stop_gradient, identity): the bytes, unless made in place. */
+static bool nbx_is_copy(const nb_var *v) {
+    return (v->op == NBI_OP_RESHAPE || v->op == NBI_OP_STOP_GRADIENT ||
+            v->op == NBI_OP_IDENTITY) &&
+           v->n_in == 1 && v->dtype == v->in[0]->dtype && v->size == v->in[0]->size;
+}
+
+static void nbx_emit_copy(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) {
+    const nb_var *v = &e->nodes[ins->node];
+    char xb[96], ob[96];
+    nbx_value(e, ins->in[0], xb, sizeof xb);
+    nbx_value(e, ins->node, ob, sizeof ob);
+    size_t bytes = (size_t)v->size * nbi_dsize(v->dtype);
+    if (bytes > 0) {
+        nbi_sbuf_printf(s, "    if (%s != %s) __builtin_memmove(%s, %s, %zu);\n", ob, xb, ob, xb,
+                        bytes);
+    }
+}
+
+/* The unsigned type of an element of es bytes (copies move bits). */
+static const char *nbx_bits(size_t es) {
+    return es == 1 ? "u8" : es == 4 ? "u32" : "u64";
+}
+
+/* Small data movement written out: a call's output taken from its buffer, a slice, a
+ * concatenation, a dynamic slice or update (start indices clamped into range, as the
+ * kernels do). False: not this kind, or too large -- the kernel then. */
+static bool nbx_emit_move(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) {
+    const nb_var *v = &e->nodes[ins->node];
+    size_t es = nbi_dsize(v->dtype);
+    if (v->size > NBX_INLINE_MAX || (es != 1 && es != 4 && es != 8)) {
+        return false;
+    }
+    const char *B = nbx_bits(es);
+    char ob[96], xb[96];
+    nbx_value(e, ins->node, ob, sizeof ob);
+    switch ((nbi_op)v->op) {
+    case NBI_OP_CALL_OUTPUT:
+        nbx_value(e, ins->in[0], xb, sizeof xb);
+        if (v->size > 0) {
+            nbi_sbuf_printf(s, "    __builtin_memcpy(%s, %s + %lld, %zu);\n", ob, xb,
+                            (long long)v->at.a[0], (size_t)v->size * es);
+        }
+        return true;
+    case NBI_OP_CONCAT: {
+        int ax = v->at.axis < 0 ? v->at.axis + v->rank : v->at.axis;
+        int64_t outer = 1, inner = 1;
+        for (int d = 0; d < ax; d++) {
+            outer *= v->shape[d];
+        }
+        for (int d = ax + 1; d < v->rank; d++) {
+            inner *= v->shape[d];
+        }
+        int64_t at = 0;
+        for (int32_t j = 0; j < ins->n_in; j++) {
+            const nb_var *x = v->in[j];
+            if (x->dtype != v->dtype) {
+                return false;
+            }
+        }
+        nbi_sbuf_printf(s, "    {\n        %s *o = (%s *)%s;\n", B, B, ob);
+        for (int32_t j = 0; j < ins->n_in; j++) {
+            const nb_var *x = v->in[j];
+            int64_t m = x->rank > ax ? x->shape[ax] : 1;
+            if (m * inner * outer > 0) {
+                nbx_value(e, ins->in[j], xb, sizeof xb);
+                nbi_sbuf_printf(s,
+                                "        for (i64 q = 0; q < %lld; q++)\n"
+                                "            for (i64 r = 0; r < %lld; r++)\n"
+                                "                o[q * %lld + %lld + r] = ((const %s *)%s)[q * %lld + r];\n",
+                                (long long)outer, (long long)(m * inner),
+                                (long long)(v->shape[ax] * inner), (long long)(at * inner), B, xb,
+                                (long long)(m * inner));
+            }
+            at += m;
+        }
+        nbi_sbuf_puts(s, "    }\n");
+        return true;
+    }
+    case NBI_OP_DYN_SLICE:
+    case NBI_OP_DYN_UPDATE: {
+        bool upd = v->op == NBI_OP_DYN_UPDATE;
+        const nb_var *x = v->in[0], *blk = upd ? v->in[1] : v;
+        int first = upd ? 2 : 1;
+        if (x->dtype != v->dtype || (upd && blk->dtype != v->dtype) || x->size == 0) {
+            return false;
+        }
+        for (int d = 0; d < x->rank; d++) {
+            nb_dtype it = v->in[first + d]->dtype;
+            if (it != NB_DTYPE_I32 && it != NB_DTYPE_I64) {
+                return false;
+            }
+        }
+        int64_t xst[NB_MAX_RANK], bst[NB_MAX_RANK], w = 1, w2 = 1;
+        for (int d = x->rank - 1; d >= 0; d--) {
+            xst[d] = w;
+            w *= x->shape[d];
+            bst[d] = w2;
+            w2 *= blk->shape[d];
+        }
+        nbx_value(e, ins->in[0], xb, sizeof xb);
+        nbi_sbuf_printf(s, "    {\n        %s *o = (%s *)%s;\n        const %s *x = (const %s *)%s;\n",
+                        B, B, ob, B, B, xb);
+        if (upd) {
+            nbi_sbuf_printf(s, "        if ((void *)o != (const void *)x) __builtin_memmove(o, x, %zu);\n",
+                            (size_t)v->size * es);
+            char ub[96];
+            nbx_value(e, ins->in[1], ub, sizeof ub);
+            nbi_sbuf_printf(s, "        const %s *u = (const %s *)%s;\n", B, B, ub);
+        }
+        nbi_sbuf_puts(s, "        i64 off = 0;\n");
+        for (int d = 0; d < x->rank; d++) {
+            char ib[96];
+            nbx_value(e, ins->in[first + d], ib, sizeof ib);
+            long long hi = (long long)(x->shape[d] - blk->shape[d]);
+            nbi_sbuf_printf(s,
+                            "        { i64 t = (i64)((const %s *)%s)[0]; t = t < 0 ? 0 : t > %lld ? "
+                            "%lld : t; off += t * %lld; }\n",
+                            nbx_ctype(v->in[first + d]->dtype), ib, hi, hi, (long long)xst[d]);
+        }
+        if (blk->size > 0) {
+            for (int d = 0; d < x->rank; d++) {
+                nbi_sbuf_printf(s, "        for (i64 i%d = 0; i%d < %lld; i%d++)\n", d, d,
+                                (long long)blk->shape[d], d);
+            }
+            nbi_sbuf_puts(s, "        {\n            i64 xo = off, bo = 0;\n");
+            for (int d = 0; d < x->rank; d++) {
+                nbi_sbuf_printf(s, "            xo += i%d * %lld; bo += i%d * %lld;\n", d,
+                                (long long)xst[d], d, (long long)bst[d]);
+            }
+            nbi_sbuf_puts(s, upd ? "            o[xo] = u[bo];\n" : "            o[bo] = x[xo];\n");
+            nbi_sbuf_puts(s, "        }\n");
+        }
+        nbi_sbuf_puts(s, "    }\n");
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
+/* A slice as a one-instruction program reading a view (a copy through strides). */
+static bool nbx_slice_program(const nb_var *v, nbi_fprog *p) {
+    const nb_var *y = v->in[0];
+    if (v->op != NBI_OP_SLICE || v->size <= 0 || v->size > NBX_INLINE_MAX || y->size <= 0) {
+        return false;
+    }
+    memset(p, 0, sizeof *p);
+    p->n_instr = 1;
+    p->n_ext = 1;
+    p->ins[0].op = (uint16_t)NBI_OP_IDENTITY;
+    p->ins[0].n_in = 1;
+    p->ins[0].dtype = v->dtype;
+    p->ins[0].in_dtype = v->dtype;
+    p->ins[0].src[0] = -1;
+    p->map_rank = v->rank;
+    memcpy(p->map_shape, v->shape, sizeof p->map_shape);
+    p->view_mask = 1;
+    int64_t ys = 1;
+    for (int d = y->rank - 1; d >= 0; d--) {
+        p->view_off[0] += v->at.a[d] * ys;
+        p->view_st[0][d] = v->at.c[d] * ys;
+        ys *= y->shape[d];
+    }
+    return true;
+}
+
+/* Any other instruction: its kernel, called as the interpreter calls it. */
+static void nbx_emit_call(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) {
+    char buf[96];
+    nbi_sbuf_puts(s, "    {\n        const void *a[] = {");
+    for (int32_t j = 0; j < ins->n_in; j++) {
+        nbx_value(e, ins->in[j], buf, sizeof buf);
+        nbi_sbuf_printf(s, "%s%s", j ? ", " : "", buf);
+    }
+    if (ins->n_in == 0) {
+        nbi_sbuf_puts(s, "0");
+    }
+    nbi_sbuf_puts(s, "};\n");
+    if (ins->n_store > 0) {
+        nbi_sbuf_puts(s, "        void *st[] = {");
+        for (int32_t k = 0; k < ins->n_store; k++) {
+            int32_t sn = ins->store[k];
+            if (sn >= 0) {
+                nbx_value(e, sn, buf, sizeof buf);
+            } else {
+                snprintf(buf, sizeof buf, "0");
+            }
+            nbi_sbuf_printf(s, "%s%s", k ? ", " : "", buf);
+        }
+        nbi_sbuf_puts(s, "};\n");
+    }
+    nbx_value(e, ins->node, buf, sizeof buf);
+    nbi_sbuf_printf(s,
+                    "        nbx_kargs k = {env->node[%d], %s, a, env->scratch, env->pool, "
+                    "env->n_workers, %s};\n",
+                    (int)ins->node, buf, ins->n_store > 0 ? "st" : "0");
+    nbi_sbuf_printf(s, "        env->kern[%d](&k);\n    }\n", (int)ins->node);
+}
+
+/* The prelude: types, the environment's layout (native.c's nbi_native_env), helpers that
+ * mirror the kernels' composite activations and conversions. */
+static const char nbx_prelude[] =
+    "typedef signed char i8;\n"
+    "typedef int i32;\n"
+    "typedef long long i64;\n"
+    "typedef unsigned char u8;\n"
+    "typedef unsigned int u32;\n"
+    "typedef unsigned long long u64;\n"
+    "typedef struct nbx_kargs {\n"
+    "    const void *node; void *out; const void *const *in; void *scratch;\n"
+    "    void *pool; int n_workers; void *const *outs;\n"
+    "} nbx_kargs;\n"
+    "typedef struct nbx_vmath {\n"
+    "    const char *isa;\n"
+    "    void (*f32[9])(float *, const float *, i64);\n"
+    "    void (*f64[9])(double *, const double *, i64);\n"
+    "    void (*pow_f32)(float *, const float *, const float *, i64);\n"
+    "    void (*pow_f64)(double *, const double *, const double *, i64);\n"
+    "} nbx_vmath;\n"
+    "typedef struct nbx_env {\n"
+    "    u8 *ws; void *scratch; void *pool; int n_workers;\n"
+    "    const void *const *node; void (*const *kern)(const nbx_kargs *);\n"
+    "    const nbx_vmath *vm;\n"
+    "} nbx_env;\n"
+    "static inline float nbx_vm1f(const nbx_vmath *vm, int f, float x) {\n"
+    "    float o; vm->f32[f](&o, &x, 1); return o;\n"
+    "}\n"
+    "static inline double nbx_vm1d(const nbx_vmath *vm, int f, double x) {\n"
+    "    double o; vm->f64[f](&o, &x, 1); return o;\n"
+    "}\n"
+    "static inline float nbx_powf(const nbx_vmath *vm, float x, float y) {\n"
+    "    float o; vm->pow_f32(&o, &x, &y, 1); return o;\n"
+    "}\n"
+    "static inline double nbx_powd(const nbx_vmath *vm, double x, double y) {\n"
+    "    double o; vm->pow_f64(&o, &x, &y, 1); return o;\n"
+    "}\n"
+    "#define NBX_ACT(T, S, ABS)                                                       \\\n"
+    "static inline T nbx_sigmoid##S(const nbx_vmath *vm, T x) {                        \\\n"
+    "    T u = nbx_vm1##S(vm, 0, -ABS(x));                                             \\\n"
+    "    return x >= 0 ? (T)1 / ((T)1 + u) : u / ((T)1 + u);                           \\\n"
+    "}                                                                                 \\\n"
+    "static inline T nbx_softplus##S(const nbx_vmath *vm, T x) {                       \\\n"
+    "    T u = nbx_vm1##S(vm, 0, -ABS(x));                                             \\\n"
+    "    T t = nbx_vm1##S(vm, 3, u);                                                   \\\n"
+    "    return (x > 0 ? x : (T)0) + t;                                                \\\n"
+    "}                                                                                 \\\n"
+    "static inline T nbx_gelu##S(const nbx_vmath *vm, T x) {                           \\\n"
+    "    T u = nbx_vm1##S(vm, 0, -ABS((T)1.5957691216057308 *                          \\\n"
+    "                                 (x + (T)0.044715 * x * x * x)));                 \\\n"
+    "    T z = x + (T)0.044715 * x * x * x;                                            \\\n"
+    "    return x * (z >= 0 ? (T)1 / ((T)1 + u) : u / ((T)1 + u));                     \\\n"
+    "}\n"
+    "NBX_ACT(float, f, __builtin_fabsf)\n"
+    "NBX_ACT(double, d, __builtin_fabs)\n"
+    "static inline i32 nbx_sat_i32_d(double d) {\n"
+    "    return d != d ? 0 : d <= -2147483648.0 ? (i32)(-2147483647 - 1)\n"
+    "         : d >= 2147483647.0 ? 2147483647 : (i32)d;\n"
+    "}\n"
+    "static inline i32 nbx_sat_i32_q(i64 q) {\n"
+    "    return q < -2147483648ll ? (i32)(-2147483647 - 1) : q > 2147483647ll ? 2147483647 : (i32)q;\n"
+    "}\n"
+    "static inline i64 nbx_sat_i64_d(double d) {\n"
+    "    return d != d ? 0 : d <= -9223372036854775808.0 ? (i64)(-9223372036854775807ll - 1)\n"
+    "         : d >= 9223372036854775808.0 ? 9223372036854775807ll : (i64)d;\n"
+    "}\n";
+
+/* NABLA_NATIVE_CALLS=<mask> (debugging the generator): instructions of the kinds in mask
+ * are kernel calls instead of written out -- 1 fused programs, 2 standalone elementwise
+ * ops and broadcasts, 4 reductions, 8 slices, 16 copies, 32 other data movement. */
+static unsigned nbx_calls_mask(void) {
+    const char *m = getenv("NABLA_NATIVE_CALLS");
+    return m != NULL ? (unsigned)strtoul(m, NULL, 0) : 0u;
+}
+
+void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
+    unsigned calls = nbx_calls_mask();
+    nbi_sbuf_puts(s, "/* nabla native tier: generated from an optimized executable. */\n");
+    nbi_sbuf_puts(s, nbx_prelude);
+    int32_t inl = 0;
+    for (int32_t t = 0; t < e->n_instrs; t++) {
+        const nb_var *v = &e->nodes[e->instrs[t].node];
+        inl += v->op == NBI_OP_FUSED && nbx_fused_inline(v);
+    }
+    nbi_sbuf_printf(s,
+                    "/* %d instructions (%d fused programs written out), %d inputs, %d outputs, "
+                    "workspace %zu bytes */\n",
+                    (int)e->n_instrs, (int)inl, (int)e->n_inputs, (int)e->n_outputs, e->ws_bytes);
+    nbi_sbuf_puts(s, "void nbx_run(const nbx_env *env, const void *const *in, void *const *out,\n"
+                     "             const _Bool *direct) {\n"
+                     "    u8 *ws = env->ws;\n"
+                     "    const nbx_vmath *vm = env->vm;\n"
+                     "    (void)in; (void)out; (void)direct; (void)ws; (void)vm;\n");
+    /* outputs: in the caller's buffer or the workspace, per run */
+    for (int32_t i = 0; i < e->n_outputs; i++) {
+        int32_t node = e->outputs[i];
+        if (e->out_first[i] != i || e->out_of[node] != i) {
+            continue;
+        }
+        nbi_sbuf_printf(s, "    u8 *v%d = direct[%d] ? (u8 *)out[%d] : ws + %lld;\n", (int)node,
+                        (int)i, (int)i, (long long)e->offset[node]);
+    }
+    for (int32_t t = 0; t < e->n_instrs; t++) {
+        const nbi_instr *ins = &e->instrs[t];
+        const nb_var *v = &e->nodes[ins->node];
+        char sig[NBI_SIG_CAP];
+        nbi_sbuf_printf(s, "    /* %%%d = %s: %s */\n", (int)v->src, nbi_op_name((nbi_op)v->op),
+                        nbi_var_sig(sig, sizeof sig, v));
+        nbi_fprog single;
+        if (!(calls & 1) && v->op == NBI_OP_FUSED && nbx_fused_inline(v)) {
+            nbx_emit_fused(s, e, ins, v->at.callee);
+        } else if (!(calls & 2) && nbx_single_program(v, &single)) {
+            nbx_emit_fused(s, e, ins, &single);
+        } else if (!(calls & 4) && nbx_reduce_ok(v)) {
+            nbx_emit_reduce(s, e, ins);
+        } else if (!(calls & 8) && nbx_slice_program(v, &single)) {
+            nbx_emit_fused(s, e, ins, &single);
+        } else if (!(calls & 16) && nbx_is_copy(v)) {
+            nbx_emit_copy(s, e, ins);
+        } else if (!(calls & 32) && nbx_emit_move(s, e, ins)) {
+            /* written out */
+        } else {
+            nbx_emit_call(s, e, ins);
+        }
+    }
+    nbi_sbuf_puts(s, "}\n");
+}

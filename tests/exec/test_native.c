@@ -1,0 +1,367 @@
+/*
+ * test_native.c -- the native tier (src/exec/native.c, codegen.c): the same bits as the
+ * interpreter, NOW and AUTO (a background compile swapped in between calls), the C source
+ * a user can read, a compile that fails falling back to the interpreter with a logged
+ * reason, a warm disk cache.
+ *
+ * Environment: NABLA_NATIVE_CACHE is set to a fresh directory and NABLA_NATIVE_HOT low
+ * before the first call (both are read once per process), NABLA_NATIVE is unset.
+ */
+#include "nbtest.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nabla/fn.h>
+#include <nabla/loops.h>
+#include <nabla/trace.h>
+
+#include "exec/native.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static nb_fn_stats stats_of(const nb_fn *f) {
+    nb_fn_stats s;
+    NBT_OK(NULL, nb_fn_stats_get(f, &s));
+    return s;
+}
+
+/* ---- a body that uses every kind of fused instruction --------------------------------- */
+
+/* args: (x f32[5], y f64[3,4], k i32[4]) */
+static nb_status body_mix(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *x = nb_get(tr, args, "[0]"), *y = nb_get(tr, args, "[1]"), *k = nb_get(tr, args, "[2]");
+    nb_var *a = nb_mul(nb_tanh(nb_add(nb_mul(x, nb_scalar(tr, 2.0)), nb_scalar(tr, 1.0))),
+                       nb_exp(nb_neg(x)));
+    nb_var *b = nb_add(nb_add(nb_sigmoid(x), nb_softplus(x)), nb_gelu(x));
+    nb_var *c = nb_pow(nb_add(nb_abs(x), nb_scalar(tr, 1.0)), nb_scalar(tr, 0.7));
+    nb_var *d = nb_sum(nb_mul(y, y), (const int[]){1}, 1, false); /* a short run per row */
+    nb_var *e = nb_max(nb_sub(y, nb_scalar(tr, 0.5)), (const int[]){1}, 1, true);
+    nb_var *f = nb_add(nb_pad(nb_slice(x, (const int64_t[]){1}, (const int64_t[]){4}, NULL),
+                              (const int64_t[]){2}, (const int64_t[]){1}, -3.5),
+                       nb_scalar(tr, 1.0)); /* a padded view of a slice */
+    nb_var *g = nb_add(y, nb_reshape(nb_cast(k, NB_DTYPE_F64), 2, (const int64_t[]){1, 4}));
+    nb_var *h = nb_div(nb_neg(k), nb_sub(k, nb_scalar_typed(tr, NB_DTYPE_I32, 2))); /* / 0 */
+    nb_var *i = nb_cast(nb_mul(nb_cast(x, NB_DTYPE_F64), nb_scalar(tr, 1e12)), NB_DTYPE_I32);
+    nb_var *j = nb_select(nb_gt(x, nb_scalar(tr, 1.5)), nb_sqrt(x), nb_rsqrt(nb_add(x, x)));
+    nb_var *l = nb_min(nb_log1p(nb_abs(y)), NULL, 0, false);
+    nb_var *m = nb_sum(nb_cast(nb_lt(x, nb_scalar(tr, 2.0)), NB_DTYPE_I64), NULL, 0, false);
+    nb_var *vs[] = {a, b, c, d, e, f, g, h, i, j, l, m};
+    nb_tree *leaves[12];
+    for (int q = 0; q < 12; q++) {
+        leaves[q] = nb_leaf(vs[q]);
+    }
+    return nb_tree_tuple(ctx, 12, leaves, out);
+}
+
+static nb_tree *mix_args(nb_ctx *ctx, int variant) {
+    float xv[5] = {-1.25f, 0.0f, 0.5f, 1.75f, 3.0f};
+    double yv[12];
+    for (int q = 0; q < 12; q++) {
+        yv[q] = 0.37 * (q - 5) + 0.01 * variant;
+    }
+    xv[1] += 0.125f * (float)variant;
+    nb_array *x = nbt_arr_f32(ctx, 1, (const int64_t[]){5}, xv);
+    nb_array *y = nbt_arr_f64(ctx, 2, (const int64_t[]){3, 4}, yv);
+    nb_array *k = NULL;
+    NBT_OK(ctx, nb_array_arange(ctx, NB_DTYPE_I32, 0, 4, 1, &k));
+    nb_tree *lx = NULL, *ly = NULL, *lk = NULL, *t = NULL;
+    NBT_OK(ctx, nb_tree_array(x, &lx));
+    NBT_OK(ctx, nb_tree_array(y, &ly));
+    NBT_OK(ctx, nb_tree_array(k, &lk));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){lx, ly, lk}, &t));
+    nb_array_destroy(x);
+    nb_array_destroy(y);
+    nb_array_destroy(k);
+    nb_tree_destroy(lx);
+    nb_tree_destroy(ly);
+    nb_tree_destroy(lk);
+    return t;
+}
+
+/* Every leaf of a and b the same bits (NaNs by NaN-ness). */
+static void assert_same_bits(const nb_tree *a, const nb_tree *b) {
+    nb_tree *la = NULL, *lb = NULL;
+    nb_treedef *da = NULL, *db = NULL;
+    NBT_OK(NULL, nb_tree_flatten(a, &la, &da));
+    NBT_OK(NULL, nb_tree_flatten(b, &lb, &db));
+    nb_treedef_destroy(da);
+    nb_treedef_destroy(db);
+    int64_t n = nb_tree_len(la);
+    assert_int_equal(n, nb_tree_len(lb));
+    for (int64_t q = 0; q < n; q++) {
+        const nb_array *x = nb_tree_get_array(nb_tree_child(la, q));
+        const nb_array *y = nb_tree_get_array(nb_tree_child(lb, q));
+        assert_non_null(x);
+        assert_non_null(y);
+        size_t bytes = nb_array_nbytes(x);
+        assert_int_equal(bytes, nb_array_nbytes(y));
+        if (memcmp(nb_array_data(x), nb_array_data(y), bytes) != 0) {
+            fail_msg("output %lld differs between the tiers", (long long)q);
+        }
+    }
+    nb_tree_destroy(la);
+    nb_tree_destroy(lb);
+}
+
+static nb_fn *jit_mode(nb_ctx *ctx, nb_fn_body body, const char *name, int mode) {
+    nb_fn *f = NULL, *j = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, name, body, NULL, &f));
+    nb_jit_opts o = nb_jit_opts_default();
+    o.native = mode;
+    NBT_OK(ctx, nb_jit(f, &o, &j));
+    nb_fn_destroy(f);
+    return j;
+}
+
+/* NOW: native code from the first call, the interpreter's bits. */
+static void test_now_same_bits(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *off = jit_mode(ctx, body_mix, "mix", NB_NATIVE_OFF);
+    nb_fn *now = jit_mode(ctx, body_mix, "mix_now", NB_NATIVE_NOW);
+    for (int v = 0; v < 3; v++) {
+        nb_tree *args = mix_args(ctx, v), *a = NULL, *b = NULL;
+        /* (equal functions share their counters: each is read right after its call) */
+        NBT_OK(ctx, nb_fn_call(off, args, &a));
+        assert_int_equal(stats_of(off).tier, 0);
+        NBT_OK(ctx, nb_fn_call(now, args, &b));
+        assert_int_equal(stats_of(now).tier, 1);
+        assert_same_bits(a, b);
+        nb_tree_destroy(a);
+        nb_tree_destroy(b);
+        nb_tree_destroy(args);
+    }
+    nb_fn_destroy(off);
+    nb_fn_destroy(now);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- loops: the body's executable has native code of its own ------------------------- */
+
+static nb_status body_step(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *i = nb_cast(nb_get(tr, args, "[0]"), NB_DTYPE_F64);
+    nb_var *x = nb_get(tr, args, "[1]");
+    nb_var *y = nb_add(nb_mul(x, nb_scalar(tr, 0.999)), nb_mul(nb_sin(i), nb_scalar(tr, 1e-3)));
+    return nb_return(nb_sub(y, nb_mul(nb_sum(nb_mul(y, y), NULL, 0, false), nb_scalar(tr, 1e-4))),
+                     out);
+}
+
+static nb_status body_loop(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_fn *step = NULL;
+    nb_status st = nb_fn_create(ctx, "step", body_step, NULL, &step);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_tree *r = nb_fori_loop(tr, 0, 500, step, nb_tree_child(args, 0), NULL);
+    nb_fn_destroy(step);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
+static nb_tree *vec_args(nb_ctx *ctx, int n) {
+    double v[16];
+    for (int q = 0; q < n; q++) {
+        v[q] = 0.1 * q - 0.3;
+    }
+    nb_array *a = nbt_arr_f64(ctx, 1, (const int64_t[]){n}, v);
+    nb_tree *l = NULL, *t = NULL;
+    NBT_OK(ctx, nb_tree_array(a, &l));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 1, &l, &t));
+    nb_array_destroy(a);
+    nb_tree_destroy(l);
+    return t;
+}
+
+static void test_loop_same_bits(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *off = jit_mode(ctx, body_loop, "loop", NB_NATIVE_OFF);
+    nb_fn *now = jit_mode(ctx, body_loop, "loop_now", NB_NATIVE_NOW);
+    nb_tree *args = vec_args(ctx, 7), *a = NULL, *b = NULL;
+    NBT_OK(ctx, nb_fn_call(off, args, &a));
+    NBT_OK(ctx, nb_fn_call(now, args, &b));
+    assert_int_equal(stats_of(now).tier, 1);
+    assert_same_bits(a, b);
+    nb_tree_destroy(a);
+    nb_tree_destroy(b);
+    nb_tree_destroy(args);
+    nb_fn_destroy(off);
+    nb_fn_destroy(now);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* AUTO: interpreted until hot (NABLA_NATIVE_HOT, set low here), then compiled on the
+ * compile thread and swapped in between calls; every call gives the same bits. */
+static void test_auto_swaps_in(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *off = jit_mode(ctx, body_mix, "mix_ref", NB_NATIVE_OFF);
+    nb_fn *aut = jit_mode(ctx, body_mix, "mix_auto", NB_NATIVE_AUTO);
+    nb_tree *args = mix_args(ctx, 1), *ref = NULL;
+    NBT_OK(ctx, nb_fn_call(off, args, &ref));
+    int64_t calls = 0;
+    double t0 = now_s();
+    bool interpreted_first = false;
+    while (stats_of(aut).tier == 0 || calls < 2) {
+        nb_tree *b = NULL;
+        NBT_OK(ctx, nb_fn_call(aut, args, &b));
+        interpreted_first = interpreted_first || (calls == 0 && stats_of(aut).tier == 0);
+        assert_same_bits(ref, b);
+        nb_tree_destroy(b);
+        calls++;
+        if (now_s() - t0 > 60) {
+            fail_msg("AUTO: no native code after %lld calls and 60 s", (long long)calls);
+        }
+        if (stats_of(aut).tier == 0) {
+            struct timespec ts = {0, 2000000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_true(interpreted_first);
+    nb_tree *b = NULL;
+    NBT_OK(ctx, nb_fn_call(aut, args, &b));
+    assert_int_equal(stats_of(aut).tier, 1);
+    assert_same_bits(ref, b);
+    print_message("AUTO: native after %lld calls, %.3f s\n", (long long)calls, now_s() - t0);
+    nb_tree_destroy(b);
+    nb_tree_destroy(ref);
+    nb_tree_destroy(args);
+    nb_fn_destroy(off);
+    nb_fn_destroy(aut);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* The C source is there to read: nb_fn_format_ir(NB_IR_NATIVE_C). */
+static void test_format_c(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "mix", body_mix, NULL, &f));
+    nb_tree *args = mix_args(ctx, 0);
+    size_t need = 0;
+    assert_int_equal(nb_fn_format_ir(f, args, NB_IR_NATIVE_C, NULL, 0, &need), NB_ERR_TRUNCATED);
+    char *buf = malloc(need + 1);
+    assert_non_null(buf);
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_NATIVE_C, buf, need + 1, NULL));
+    assert_non_null(strstr(buf, "void nbx_run("));
+    assert_non_null(strstr(buf, "fused programs written out"));
+    assert_null(strstr(buf, "#include")); /* self-contained */
+    free(buf);
+    nb_tree_destroy(args);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* A compiler that fails: the interpreter runs (same results), and the log says why. */
+typedef struct log_rec {
+    char last[1024];
+    int n;
+} log_rec;
+
+static void log_cb(void *ud, nb_log_level level, const char *msg) {
+    log_rec *r = ud;
+    if (level <= NB_LOG_LEVEL_WARN && strstr(msg, "native tier") != NULL) {
+        snprintf(r->last, sizeof r->last, "%s", msg);
+        r->n++;
+    }
+}
+
+static void test_fallback_logged(void **state) {
+    (void)state;
+    log_rec rec = {{0}, 0};
+    nb_ctx_opts o = nb_ctx_opts_default();
+    o.log = log_cb;
+    o.log_ud = &rec;
+    o.n_threads = 1;
+    nb_ctx *ctx = NULL;
+    assert_int_equal(nb_ctx_create(&o, &ctx), NB_OK);
+    setenv("NABLA_CC", "/bin/false", 1);
+    nbi_native_config_reset();
+    nb_fn *off = jit_mode(ctx, body_mix, "mix_ref", NB_NATIVE_OFF);
+    nb_fn *now = jit_mode(ctx, body_mix, "mix_bad_cc", NB_NATIVE_NOW);
+    nb_tree *args = mix_args(ctx, 2), *a = NULL, *b = NULL;
+    NBT_OK(ctx, nb_fn_call(off, args, &a));
+    NBT_OK(ctx, nb_fn_call(now, args, &b));
+    assert_int_equal(stats_of(now).tier, 0);
+    assert_same_bits(a, b);
+    assert_true(rec.n >= 1);
+    print_message("logged: %s\n", rec.last);
+    assert_non_null(strstr(rec.last, "false"));
+    unsetenv("NABLA_CC");
+    nbi_native_config_reset();
+    nb_tree_destroy(a);
+    nb_tree_destroy(b);
+    nb_tree_destroy(args);
+    nb_fn_destroy(off);
+    nb_fn_destroy(now);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* A second context compiling the same program: a hit in the disk cache (a dlopen, no
+ * compiler), much faster than the first compile. */
+static void test_warm_cache(void **state) {
+    (void)state;
+    double t[2];
+    for (int round = 0; round < 2; round++) {
+        nb_ctx *ctx = nbt_ctx();
+        nb_fn *now = jit_mode(ctx, body_loop, "loop_cache", NB_NATIVE_NOW);
+        nb_tree *args = vec_args(ctx, 5), *b = NULL;
+        double t0 = now_s();
+        NBT_OK(ctx, nb_fn_call(now, args, &b));
+        t[round] = now_s() - t0;
+        assert_int_equal(stats_of(now).tier, 1);
+        nb_tree_destroy(b);
+        nb_tree_destroy(args);
+        nb_fn_destroy(now);
+        nbt_assert_no_live(ctx);
+        nb_ctx_destroy(ctx);
+    }
+    print_message("first call with compile %.1f ms, with a warm cache %.1f ms\n", 1e3 * t[0],
+                  1e3 * t[1]);
+    assert_true(t[1] < t[0]);
+}
+
+int main(void) {
+    char dir[] = "/tmp/nabla-test-native-XXXXXX";
+    if (mkdtemp(dir) == NULL) {
+        return 1;
+    }
+    setenv("NABLA_NATIVE_CACHE", dir, 1);
+    setenv("NABLA_NATIVE_HOT", "200", 1);
+    unsetenv("NABLA_NATIVE");
+    unsetenv("NABLA_CC");
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_now_same_bits),   cmocka_unit_test(test_loop_same_bits),
+        cmocka_unit_test(test_auto_swaps_in),   cmocka_unit_test(test_format_c),
+        cmocka_unit_test(test_fallback_logged), cmocka_unit_test(test_warm_cache),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) {
+        return 1;
+    }
+    return rc;
+}
