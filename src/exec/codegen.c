@@ -392,8 +392,16 @@ typedef struct nbx_ctx {
     nbi_sbuf *s;
 } nbx_ctx;
 
+/* Values kept in C locals instead of the workspace (per node, during one codegen on this
+ * thread): small intermediates made and read only by written-out code, so the compiler
+ * keeps them in registers across instructions (the workspace is memory that may alias the
+ * inputs and outputs, so every value there is stored and loaded again). */
+static _Thread_local const bool *nbx_promoted;
+
 static void nbx_value(const nbi_exec *e, int32_t node, char *buf, size_t cap) {
-    if (e->param_of[node] >= 0) {
+    if (nbx_promoted != NULL && nbx_promoted[node]) {
+        snprintf(buf, cap, "((u8 *)L%d)", (int)node);
+    } else if (e->param_of[node] >= 0) {
         snprintf(buf, cap, "((u8 *)in[%d])", (int)e->param_of[node]);
     } else if (e->out_of[node] >= 0) {
         snprintf(buf, cap, "v%d", (int)node);
@@ -938,8 +946,80 @@ static unsigned nbx_calls_mask(void) {
     return m != NULL ? (unsigned)strtoul(m, NULL, 0) : 0u;
 }
 
+/* How instruction t is written (the same decision the emitter makes). */
+enum { NBX_CALL, NBX_FUSED, NBX_SINGLE, NBX_REDUCE, NBX_SLICE, NBX_COPY, NBX_MOVE };
+
+static bool nbx_move_kind(const nbi_exec *e, const nbi_instr *ins) {
+    char scratch[1];
+    nbi_sbuf none = nbi_sbuf_make(scratch, 0);
+    return nbx_emit_move(&none, e, ins); /* decides without writing (cap 0) */
+}
+
+static int nbx_kind(const nbi_exec *e, const nbi_instr *ins, unsigned calls) {
+    const nb_var *v = &e->nodes[ins->node];
+    nbi_fprog single;
+    if (!(calls & 1) && v->op == NBI_OP_FUSED && nbx_fused_inline(v)) {
+        return NBX_FUSED;
+    }
+    if (!(calls & 2) && nbx_single_program(v, &single)) {
+        return NBX_SINGLE;
+    }
+    if (!(calls & 4) && nbx_reduce_ok(v)) {
+        return NBX_REDUCE;
+    }
+    if (!(calls & 8) && nbx_slice_program(v, &single)) {
+        return NBX_SLICE;
+    }
+    if (!(calls & 16) && nbx_is_copy(v)) {
+        return NBX_COPY;
+    }
+    if (!(calls & 32) && nbx_move_kind(e, ins)) {
+        return NBX_MOVE;
+    }
+    return NBX_CALL;
+}
+
+/* Locals: at most this many elements (a state vector of an ODE, a scalar of a controller). */
+#define NBX_PROMOTE_MAX 16
+
 void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
     unsigned calls = nbx_calls_mask();
+    /* kinds, then which values live in locals: made by written-out code, read only by
+     * written-out code, not an output, small */
+    size_t kbytes = (size_t)(e->n_instrs + 1) * sizeof(int), pbytes = (size_t)e->n_nodes + 1;
+    int *kind = malloc(kbytes);
+    bool *promoted = calloc(pbytes, 1);
+    if (kind != NULL && promoted != NULL && !(calls & 64)) {
+        for (int32_t t = 0; t < e->n_instrs; t++) {
+            kind[t] = nbx_kind(e, &e->instrs[t], calls);
+            const nbi_instr *ins = &e->instrs[t];
+            if (kind[t] == NBX_CALL) {
+                continue;
+            }
+            promoted[ins->node] = true;
+            for (int32_t k = 0; k < ins->n_store; k++) {
+                if (ins->store[k] >= 0) {
+                    promoted[ins->store[k]] = true;
+                }
+            }
+        }
+        for (int32_t i = 0; i < e->n_nodes; i++) {
+            const nb_var *v = &e->nodes[i];
+            size_t es = nbi_dsize(v->dtype);
+            promoted[i] = promoted[i] && e->out_of[i] < 0 && e->param_of[i] < 0 && v->size > 0 &&
+                          v->size <= NBX_PROMOTE_MAX && (es == 1 || es == 4 || es == 8);
+        }
+        for (int32_t t = 0; t < e->n_instrs; t++) {
+            if (kind[t] != NBX_CALL) {
+                continue;
+            }
+            for (int32_t j = 0; j < e->instrs[t].n_in; j++) {
+                promoted[e->instrs[t].in[j]] = false; /* a kernel reads it from memory */
+            }
+        }
+    } else if (promoted != NULL) {
+        memset(promoted, 0, pbytes);
+    }
     nbi_sbuf_puts(s, "/* nabla native tier: generated from an optimized executable. */\n");
     nbi_sbuf_puts(s, nbx_prelude);
     int32_t inl = 0;
@@ -956,6 +1036,14 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
                      "    u8 *ws = env->ws;\n"
                      "    const nbx_vmath *vm = env->vm;\n"
                      "    (void)in; (void)out; (void)direct; (void)ws; (void)vm;\n");
+    for (int32_t i = 0; promoted != NULL && i < e->n_nodes; i++) {
+        if (promoted[i]) {
+            const nb_var *v = &e->nodes[i];
+            nbi_sbuf_printf(s, "    %s L%d[%lld];\n", nbx_ctype(v->dtype), (int)i,
+                            (long long)v->size);
+        }
+    }
+    nbx_promoted = promoted;
     /* outputs: in the caller's buffer or the workspace, per run */
     for (int32_t i = 0; i < e->n_outputs; i++) {
         int32_t node = e->outputs[i];
@@ -989,4 +1077,7 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
         }
     }
     nbi_sbuf_puts(s, "}\n");
+    nbx_promoted = NULL;
+    free(promoted);
+    free(kind);
 }
