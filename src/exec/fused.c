@@ -23,6 +23,13 @@
  * the shape: groups of whole runs when a run is at most NBI_RSEG elements, else segments of
  * NBI_RSEG elements whose partial results are combined afterwards in the same tree the
  * unfused kernel builds. So a fused reduction gives the unfused bits for any thread count.
+ *
+ * Tiny index spaces (up to NBI_FUSE_TINY elements: an ODE's state, a scalar loss, a bias)
+ * skip all of that: the plan holds, per instruction, where its operands and result are and
+ * how it runs, and the offset of every element each gathered input reads, so a run is one
+ * tile of that size -- no chunks, threads, index arithmetic or tile layout -- through the
+ * same kernels (float arithmetic on up to NBI_FUSE_TINY_INLINE elements in line: the same
+ * IEEE operations), its short runs reduced by the reduction kernel's left folds.
  */
 #include "ad/ir.h"
 
@@ -58,6 +65,48 @@ static size_t nbi_fused_bytes(const nbi_fprog *p, int32_t n_slots) {
     return tiles;
 }
 
+/* The plan of a tiny program (nbi_fused_tiny): up to NBI_FUSE_TINY elements, and at most
+ * NBI_FUSE_TINY_OFFS offsets of gathered inputs in all. Past 64 elements the tiled path is
+ * as fast (measured per call, LV-like chains and views: 1,936 -> 660 instructions at 1
+ * element, 2,098 -> 1,571 at 64; with two padded views 1,894 -> 1,697 at 64 but 2,605 ->
+ * 3,018 at 128, where the per-element offsets cost more than the tiles' run copies). */
+#define NBI_FUSE_TINY 64
+#define NBI_FUSE_TINY_OFFS 256
+#define NBI_FUSE_TINY_INLINE 4      /* float arithmetic in line up to this many elements */
+#define NBI_FUSE_TINY_PAD INT16_MIN /* the offset of a padding element */
+/* How a tiny program runs an instruction: through nbi_ew_tile, the resolved binary or
+ * vector-math function (nbi_ew_fast), or in line (nbi_fused_tiny_how). */
+enum {
+    NBI_TINY_TILE,
+    NBI_TINY_BIN,
+    NBI_TINY_UN32,
+    NBI_TINY_UN64,
+    NBI_TINY_ADD64,
+    NBI_TINY_SUB64,
+    NBI_TINY_MUL64,
+    NBI_TINY_DIV64,
+    NBI_TINY_ADD32,
+    NBI_TINY_SUB32,
+    NBI_TINY_MUL32,
+    NBI_TINY_DIV32
+};
+typedef struct nbi_ftins {
+    uint8_t base[3]; /* operand a is at base[a]'s pointer (0: the slots, 1 + e: input e) */
+    uint8_t how;     /* NBI_TINY_* */
+    int16_t off[3];  /* ... plus off[a] bytes */
+    int16_t dst;     /* the result is dst bytes into the slots (out 0) or the output (1) */
+    uint8_t out;
+    uint8_t scalar; /* bit a: operand a is one value for all (stride 0) */
+    int8_t sa, sb;  /* the element strides of operands 0 and 1: 0 (scalar) or 1 */
+} nbi_ftins;
+typedef struct nbi_ftiny {
+    nbi_ftins ins[NBI_FUSE_MAX_INSTR];
+    int16_t off[NBI_FUSE_TINY_OFFS]; /* gathered inputs' element offsets from element 0 */
+    int16_t first[NBI_FUSE_MAX_EXT]; /* where gathered input gather[g]'s offsets start */
+    int8_t gather[NBI_FUSE_MAX_EXT]; /* the inputs gathered into their slots, n_gather */
+    int32_t n_gather, slot_bytes;
+} nbi_ftiny;
+
 /* What a fused node's shapes fix: computed once per executable (nbi_fused_prepare, kept
  * in the program's plan bytes), not on every run. */
 typedef struct nbi_fplan {
@@ -66,7 +115,11 @@ typedef struct nbi_fplan {
     int r;           /* the index space (map shape) */
     int64_t size;
     int64_t rows_per_piece, segs; /* reductions: whole runs per piece, or segments per run */
-    int64_t strides[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
+    bool tiny; /* run by nbi_fused_tiny, planned in tiny_plan (which replaces strides) */
+    union {
+        int64_t strides[NBI_FUSE_MAX_EXT][NB_MAX_RANK]; /* gathered inputs (tiles) */
+        nbi_ftiny tiny_plan;
+    };
     int64_t ext_off[NBI_FUSE_MAX_EXT];  /* bytes from the input's buffer to element 0 */
     bool direct[NBI_FUSE_MAX_EXT];      /* the input has the output's shape: read it in place */
     bool scalar[NBI_FUSE_MAX_EXT];      /* one element, only read by binary ops/select: stride 0 */
@@ -462,6 +515,97 @@ static void nbi_pad_bytes(nb_dtype d, double v, unsigned char *out) {
     nbi_elem_from_f64(d, v, out);
 }
 
+/* How a tiny program of n elements runs instruction in (resolved to f). Float +, -, *, /
+ * on up to NBI_FUSE_TINY_INLINE elements run in line: one IEEE operation per element,
+ * rounded to the dtype -- what the op's kernels (nbi_badd_f64 and the rest, scalar or
+ * AVX2) compute, so the same bits -- without a call that costs more than the two elements
+ * of an ODE state. On more, the kernels' AVX2 loops are faster. */
+static int nbi_fused_tiny_how(const nbi_finstr *in, const nbi_ew_fast *f, int64_t n) {
+    bool f64 = in->in_dtype == NB_DTYPE_F64, f32 = in->in_dtype == NB_DTYPE_F32;
+    if (n <= NBI_FUSE_TINY_INLINE && in->n_in == 2 && in->dtype == in->in_dtype && (f64 || f32)) {
+        int base = f64 ? NBI_TINY_ADD64 : NBI_TINY_ADD32;
+        switch ((nbi_op)in->op) {
+        case NBI_OP_ADD:
+            return base;
+        case NBI_OP_SUB:
+            return base + 1;
+        case NBI_OP_MUL:
+            return base + 2;
+        case NBI_OP_DIV:
+            return base + 3;
+        default:
+            break;
+        }
+    }
+    return f->kind == 1   ? NBI_TINY_BIN
+           : f->kind == 2 ? (in->dtype == NB_DTYPE_F32 ? NBI_TINY_UN32 : NBI_TINY_UN64)
+                          : NBI_TINY_TILE;
+}
+
+/* The tiny plan (pl->tiny), when the index space is tiny and the offsets fit; pl, else
+ * left as it is, is complete otherwise (slots, functions). The offsets come from the
+ * strides, which the tiny plan then replaces. */
+static void nbi_fused_plan_tiny(const nbi_fprog *p, nbi_fplan *pl) {
+    int64_t n = pl->size;
+    if (n < 1 || n > NBI_FUSE_TINY) {
+        return;
+    }
+    nbi_ftiny t;
+    memset(&t, 0, sizeof t);
+    t.slot_bytes = (int32_t)((n * 8 + 63) / 64 * 64);
+    if ((int64_t)pl->n_slots * t.slot_bytes > INT16_MAX) {
+        return;
+    }
+    int32_t used = 0;
+    for (int32_t e = 0; e < p->n_ext; e++) {
+        if (pl->ext_slot[e] < 0) {
+            continue; /* the output's shape, or one value: read in place */
+        }
+        if (used + n > NBI_FUSE_TINY_OFFS) {
+            return;
+        }
+        bool pad = (p->pad_mask & (1u << e)) != 0;
+        t.first[t.n_gather] = (int16_t)used;
+        t.gather[t.n_gather++] = (int8_t)e;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t rest = i, off = 0;
+            bool inside = true;
+            for (int d = pl->r - 1; d >= 0; d--) {
+                int64_t idx = rest % p->map_shape[d], xi = idx - (pad ? p->pad_lo[e][d] : 0);
+                rest /= p->map_shape[d];
+                inside = inside && (!pad || (xi >= 0 && xi < p->pad_dims[e][d]));
+                off += xi * pl->strides[e][d];
+            }
+            if (inside && (off <= NBI_FUSE_TINY_PAD || off > INT16_MAX)) {
+                return;
+            }
+            t.off[used + i] = inside ? (int16_t)off : (int16_t)NBI_FUSE_TINY_PAD;
+        }
+        used += (int32_t)n;
+    }
+    for (int32_t i = 0; i < p->n_instr; i++) {
+        const nbi_finstr *in = &p->ins[i];
+        nbi_ftins *ti = &t.ins[i];
+        for (int a = 0; a < in->n_in; a++) {
+            int32_t r = in->src[a], e = -r - 1;
+            int32_t slot = r >= 0 ? pl->reg_slot[r] : pl->ext_slot[e];
+            ti->base[a] = (uint8_t)(slot >= 0 ? 0 : 1 + e);
+            ti->off[a] = (int16_t)(slot >= 0 ? slot * t.slot_bytes : 0);
+            if (r < 0 && pl->scalar[e]) {
+                ti->scalar |= (uint8_t)(1u << a);
+            }
+        }
+        ti->sa = (ti->scalar & 1u) ? 0 : 1;
+        ti->sb = (ti->scalar & 2u) ? 0 : 1;
+        ti->out = i == p->n_instr - 1;
+        ti->dst = (int16_t)(ti->out ? 0 : pl->reg_slot[i] * t.slot_bytes);
+        ti->how = (uint8_t)nbi_fused_tiny_how(in, &pl->fast[i], n);
+    }
+    pl->tiny_plan = t;
+    pl->tiny = true;
+    pl->worker_bytes = ((size_t)pl->n_slots * (size_t)t.slot_bytes + 64 + 63) / 64 * 64;
+}
+
 /* The plan of node (a fused node whose inputs are set): how each input is read, the tile
  * slots, how a reduction is cut into pieces. */
 static void nbi_fused_plan(const nb_var *node, nbi_fplan *pl) {
@@ -511,12 +655,132 @@ static void nbi_fused_plan(const nb_var *node, nbi_fplan *pl) {
         pl->segs = nbi_fused_segs(p);
         pl->rows_per_piece = NBI_RSEG / p->red_n > 0 ? NBI_RSEG / p->red_n : 1;
     }
+    nbi_fused_plan_tiny(p, pl);
 }
 
 void nbi_fused_prepare(nb_var *node) {
     nbi_fprog *p = node->at.callee;
     nbi_fused_plan(node, (nbi_fplan *)(void *)p->plan);
     p->planned = true;
+}
+
+/* n elements of es bytes gathered from src at the planned offsets (the pad value v where
+ * an offset says padding). */
+static void nbi_fused_tiny_gather(unsigned char *restrict dst, const unsigned char *src,
+                                  const int16_t *off, const unsigned char *v, size_t es,
+                                  int64_t n) {
+    if (es == 8) {
+        uint64_t *q = (uint64_t *)(void *)dst;
+        for (int64_t i = 0; i < n; i++) {
+            memcpy(&q[i], off[i] == NBI_FUSE_TINY_PAD ? v : src + (ptrdiff_t)off[i] * 8, 8);
+        }
+    } else if (es == 4) {
+        uint32_t *q = (uint32_t *)(void *)dst;
+        for (int64_t i = 0; i < n; i++) {
+            memcpy(&q[i], off[i] == NBI_FUSE_TINY_PAD ? v : src + (ptrdiff_t)off[i] * 4, 4);
+        }
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            memcpy(dst + (size_t)i * es,
+                   off[i] == NBI_FUSE_TINY_PAD ? v : src + (ptrdiff_t)off[i] * (ptrdiff_t)es, es);
+        }
+    }
+}
+
+/* A tiny fused node: the whole index space as one tile, in the scratch, on this thread. The
+ * same kernels on the same values as the tiled path (so the same bits), and the reduction
+ * of its short runs by the same left folds. */
+static void nbi_fused_tiny(const nbi_kargs *k, const nbi_fprog *p, const nbi_fplan *pl) {
+    const nbi_ftiny *t = &pl->tiny_plan;
+    const nb_var *node = k->node;
+    int64_t n = pl->size;
+    unsigned char *regs = (unsigned char *)(((uintptr_t)k->scratch + 63) & ~(uintptr_t)63);
+    for (int32_t g = 0; g < t->n_gather; g++) {
+        int32_t e = t->gather[g];
+        nbi_fused_tiny_gather(regs + (size_t)pl->ext_slot[e] * (size_t)t->slot_bytes,
+                              (const unsigned char *)k->in[e] + pl->ext_off[e],
+                              &t->off[t->first[g]], pl->padv[e], nbi_dsize(node->in[e]->dtype), n);
+    }
+    unsigned char *vals = p->red_op != 0 ? regs + (size_t)pl->out_slot * (size_t)t->slot_bytes
+                                         : (unsigned char *)k->out;
+    const unsigned char *base[1 + NBI_FUSE_MAX_EXT];
+    base[0] = regs;
+    for (int32_t e = 0; e < p->n_ext; e++) {
+        base[1 + e] = (const unsigned char *)k->in[e] + pl->ext_off[e];
+    }
+    unsigned char *dsts[2] = {regs, vals};
+    for (const nbi_ftins *ti = t->ins, *end = t->ins + p->n_instr; ti < end; ti++) {
+        /* (operands past n_in: the first slot, never read) */
+        const void *a0 = base[ti->base[0]] + ti->off[0], *a1 = base[ti->base[1]] + ti->off[1];
+        void *o = dsts[ti->out] + ti->dst;
+#define NBI_TINY_ARITH(T, OP)                                                                      \
+    {                                                                                              \
+        T *q = o;                                                                                  \
+        const T *qa = a0, *qb = a1;                                                                \
+        int64_t sa = ti->sa, sb = ti->sb;                                                          \
+        for (int64_t j = 0; j < n; j++) {                                                          \
+            q[j] = qa[j * sa] OP qb[j * sb];                                                       \
+        }                                                                                          \
+    }                                                                                              \
+    break
+        switch (ti->how) {
+        case NBI_TINY_ADD64:
+            NBI_TINY_ARITH(double, +);
+        case NBI_TINY_SUB64:
+            NBI_TINY_ARITH(double, -);
+        case NBI_TINY_MUL64:
+            NBI_TINY_ARITH(double, *);
+        case NBI_TINY_DIV64:
+            NBI_TINY_ARITH(double, /);
+        case NBI_TINY_ADD32:
+            NBI_TINY_ARITH(float, +);
+        case NBI_TINY_SUB32:
+            NBI_TINY_ARITH(float, -);
+        case NBI_TINY_MUL32:
+            NBI_TINY_ARITH(float, *);
+        case NBI_TINY_DIV32:
+            NBI_TINY_ARITH(float, /);
+        case NBI_TINY_BIN:
+            pl->fast[ti - t->ins].bin(o, a0, a1, n, ti->sa, ti->sb);
+            break;
+        case NBI_TINY_UN32:
+            pl->fast[ti - t->ins].un32(o, a0, n);
+            break;
+        case NBI_TINY_UN64:
+            pl->fast[ti - t->ins].un64(o, a0, n);
+            break;
+        default: {
+            const nbi_finstr *in = &p->ins[ti - t->ins];
+            const void *ops[3] = {a0, a1, base[ti->base[2]] + ti->off[2]};
+            unsigned sc = ti->scalar;
+            bool scb[3] = {(sc & 1u) != 0, (sc & 2u) != 0, (sc & 4u) != 0};
+            nbi_ew_tile((nbi_op)in->op, in->dtype, in->in_dtype, in->n_in, o, ops, scb, n);
+        }
+        }
+#undef NBI_TINY_ARITH
+    }
+    for (int32_t s = 0; s < p->n_store && k->outs != NULL; s++) {
+        int32_t r = p->store[s];
+        if (k->outs[s] != NULL) {
+            memcpy(k->outs[s], dsts[t->ins[r].out] + t->ins[r].dst,
+                   (size_t)n * nbi_dsize(p->ins[r].dtype));
+        }
+    }
+    if (p->red_op == 0) {
+        return;
+    }
+    /* runs shorter than a pairwise block: left folds from their first element, as
+     * nbi_reduce_short_runs does them (floats), else a stream per run */
+    nbi_op op = (nbi_op)p->red_op;
+    if (!nbi_reduce_short_runs(op, node->dtype, vals, node->size, p->red_n, k->out)) {
+        size_t es = nbi_dsize(node->dtype);
+        for (int64_t row = 0; row < node->size; row++) {
+            nbi_rstream s;
+            nbi_rstream_begin(&s, op, node->dtype);
+            nbi_rstream_feed(&s, vals + (size_t)(row * p->red_n) * es, p->red_n);
+            nbi_rstream_end(&s, (unsigned char *)k->out + (size_t)row * es);
+        }
+    }
 }
 
 static void nbi_k_fused(const nbi_kargs *k) {
@@ -527,6 +791,10 @@ static void nbi_k_fused(const nbi_kargs *k) {
     if (!p->planned) { /* a fused node run outside an executable */
         nbi_fused_plan(node, &local);
         pl = &local;
+    }
+    if (pl->tiny) {
+        nbi_fused_tiny(k, p, pl);
+        return;
     }
     if (pl->size == 0) {
         return; /* reductions over nothing are never fused */

@@ -1,0 +1,270 @@
+/*
+ * test_fused.c -- fused elementwise programs over tiny index spaces (src/exec/fused.c runs
+ * those of up to 64 elements as one planned tile, float arithmetic in line up to 4):
+ * at sizes on both sides of those limits, programs with a broadcast row, a scalar, offset,
+ * reversed, strided and padded views, stored values (a cluster member also returned) and
+ * trailing sums, maxima and minima (f32, f64, i32; NaN and -0.0 among the values) give
+ * the bits of the unfused evaluation -- the same program over constants, folded op by op
+ * at compile time -- with 1 and 3 threads.
+ */
+#include "nbtest.h"
+
+#include <stdlib.h>
+
+#include <nabla/fn.h>
+#include <nabla/trace.h>
+
+static bool g_consts; /* trace over the constants g_in: folded op by op, unfused */
+static nb_array *g_in[5];
+static int64_t g_r, g_c;
+
+#define N_OUT 10
+
+/* args: (x [r, c], w [c], s [], big [2r + 3, 2c + 3], k i32 [r, c]); x, w, s, big f32 or f64 */
+static nb_status body_tiny(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *v[5];
+    for (int i = 0; i < 5; i++) {
+        v[i] = g_consts ? nb_constant(tr, g_in[i]) : nb_get(tr, args, "[%d]", i);
+    }
+    nb_var *x = v[0], *w = v[1], *s = v[2], *big = v[3], *k = v[4];
+    int64_t r = g_r, c = g_c;
+    nb_var *v1 = nb_slice(big, (int64_t[]){1, 2}, (int64_t[]){1 + r, 2 + c}, NULL);
+    nb_var *v2 = nb_slice(big, (int64_t[]){r, c}, (int64_t[]){0, 0}, (int64_t[]){-1, -1});
+    nb_var *v3 = nb_slice(big, (int64_t[]){0, 1}, (int64_t[]){2 * r, 2 * c + 1}, (int64_t[]){2, 2});
+    nb_var *p1 = v2; /* padded rows, else padded columns (a 1 x 1 has nothing to pad) */
+    if (r >= 2) {
+        p1 = nb_pad(nb_slice(big, (int64_t[]){2, 0}, (int64_t[]){r + 1, c}, NULL),
+                    (int64_t[]){1, 0}, (int64_t[]){0, 0}, 0.75);
+    } else if (c >= 2) {
+        p1 = nb_pad(nb_slice(big, (int64_t[]){0, 3}, (int64_t[]){r, c + 2}, NULL),
+                    (int64_t[]){0, 0}, (int64_t[]){0, 1}, -2.5);
+    }
+    nb_var *p2 = v3; /* padded before and after */
+    if (c >= 3) {
+        p2 = nb_pad(nb_slice(big, (int64_t[]){1, 1}, (int64_t[]){1 + r, c - 1}, NULL),
+                    (int64_t[]){0, 1}, (int64_t[]){0, 1}, 0.5);
+    }
+    nb_var *t = nb_tanh(nb_add(nb_mul(x, w), s));
+    nb_var *u = nb_sub(nb_add(nb_mul(t, v1), nb_mul(v2, v3)), nb_div(p1, nb_add(s, p2)));
+    nb_var *q = nb_log(nb_add(x, nb_scalar(tr, 0.5))); /* NaN where x < -0.5 */
+    nb_var *y = nb_select(nb_gt(u, s), u, nb_mul(u, q));
+    nb_var *ki = nb_sub(nb_mul(k, nb_add(k, nb_scalar(tr, 3))), k);
+    nb_var *res[N_OUT] = {
+        y,
+        t, /* also read by u and y's cluster: stored */
+        nb_sum(nb_mul(u, y), (int[]){-1}, 1, false),
+        nb_max(nb_add(y, q), (int[]){-1}, 1, true),
+        nb_min(nb_sub(y, t), (int[]){-1}, 1, false),
+        nb_sum(nb_mul(nb_square(x), w), NULL, 0, false),
+        nb_sum(ki, (int[]){-1}, 1, false),
+        nb_max(ki, (int[]){-1}, 1, false),
+        nb_min(nb_neg(ki), NULL, 0, false),
+        nb_sqrt(nb_abs(nb_sub(nb_exp(x), nb_cast(k, nb_var_dtype(x))))),
+    };
+    nb_tree *leaves[N_OUT];
+    for (int i = 0; i < N_OUT; i++) {
+        leaves[i] = nb_leaf(res[i]);
+    }
+    nb_status st = nb_tree_tuple(nb_trace_ctx(tr), N_OUT, leaves, out);
+    for (int i = 0; i < N_OUT; i++) {
+        nb_tree_destroy(leaves[i]);
+    }
+    return st;
+}
+
+/* values -1.6 .. 1.6 in steps, with -0.0 at 1 and NaN at 2 (when there is room) */
+static nb_array *tiny_values(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape,
+                             double scale) {
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, dt, rank, shape, &a));
+    for (int64_t i = 0; i < nb_array_size(a); i++) {
+        double v = scale * ((double)(i * 7 % 33) * 0.1 - 1.6);
+        v = i == 1 ? -0.0 : i == 2 ? NAN : v;
+        if (dt == NB_DTYPE_F32) {
+            ((float *)nb_array_data(a))[i] = (float)v;
+        } else if (dt == NB_DTYPE_F64) {
+            ((double *)nb_array_data(a))[i] = v;
+        } else {
+            ((int32_t *)nb_array_data(a))[i] = (int32_t)(i * 2654435761u >> 5) - (1 << 25);
+        }
+    }
+    return a;
+}
+
+/* a and b bit for bit, but for NaNs, which need only be NaN in both: fused and op-by-op
+ * evaluation promise a NaN where there is one, not its sign and payload (the compiler may
+ * commute the operands of x * y, and x86 keeps the first NaN operand's). */
+static bool same_bits(nb_ctx *ctx, const nb_array *a, const nb_array *b) {
+    bool same = false;
+    NBT_OK(ctx, nb_array_identical(a, b, &same));
+    if (same || nb_array_dtype(a) != nb_array_dtype(b) || nb_array_size(a) != nb_array_size(b)) {
+        return same;
+    }
+    for (int64_t i = 0; i < nb_array_size(a); i++) {
+        double x = 0, y = 0;
+        NBT_OK(ctx, nb_array_get_flat(a, i, &x));
+        NBT_OK(ctx, nb_array_get_flat(b, i, &y));
+        if (!(isnan(x) && isnan(y)) && !(x == y && signbit(x) == signbit(y))) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static int count_of(const char *s, const char *sub) {
+    int n = 0;
+    for (const char *q = strstr(s, sub); q != NULL; q = strstr(q + 1, sub)) {
+        n++;
+    }
+    return n;
+}
+
+static void run_tiny(int threads, nb_dtype dt, int64_t r, int64_t c) {
+    nb_ctx_opts o = nb_ctx_opts_default();
+    o.n_threads = threads;
+    nb_ctx *ctx = NULL;
+    NBT_OK(NULL, nb_ctx_create(&o, &ctx));
+    g_r = r;
+    g_c = c;
+    g_in[0] = tiny_values(ctx, dt, 2, (int64_t[]){r, c}, 1.0);
+    g_in[1] = tiny_values(ctx, dt, 1, (int64_t[]){c}, -0.75);
+    NBT_OK(ctx, nb_array_scalar(ctx, dt, 0.125, &g_in[2]));
+    g_in[3] = tiny_values(ctx, dt, 2, (int64_t[]){2 * r + 3, 2 * c + 3}, 1.25);
+    g_in[4] = tiny_values(ctx, NB_DTYPE_I32, 2, (int64_t[]){r, c}, 1.0);
+    nb_tree *leaves[5], *args = NULL, *empty = NULL, *out1 = NULL, *out2 = NULL;
+    for (int i = 0; i < 5; i++) {
+        NBT_OK(ctx, nb_tree_array(g_in[i], &leaves[i]));
+    }
+    NBT_OK(ctx, nb_tree_tuple(ctx, 5, leaves, &args));
+    NBT_OK(ctx, nb_tree_tuple(ctx, 0, NULL, &empty));
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "tiny", body_tiny, NULL, &f));
+    g_consts = false;
+    static char ir[65536];
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+    /* fused maps reading views (no slice or pad node left), a stored value, and reductions
+     * fused into their maps */
+    if (count_of(ir, "] = fused ") < 3 || strstr(ir, "store") == NULL ||
+        count_of(ir, "; then ") < 4 || strstr(ir, "] = slice") != NULL ||
+        strstr(ir, "] = pad") != NULL || strstr(ir, "view(") == NULL) {
+        fail_msg("%s [%lld, %lld]: expected fused maps over views, a stored value and fused "
+                 "reductions:\n%s",
+                 nb_dtype_name(dt), (long long)r, (long long)c, ir);
+    }
+    for (int call = 0; call < 2; call++) { /* the second call reuses the executable */
+        NBT_OK(ctx, nb_fn_call(f, args, &out1));
+        if (call == 0) {
+            nb_tree_destroy(out1);
+        }
+    }
+    nb_ctx_clear_cache(ctx);
+    g_consts = true;
+    NBT_OK(ctx, nb_fn_call(f, empty, &out2));
+    NBT_EQ_I64(nb_tree_len(out1), N_OUT);
+    for (int64_t i = 0; i < N_OUT; i++) {
+        nb_array *a = nb_tree_get_array(nb_tree_child(out1, i));
+        nb_array *b = nb_tree_get_array(nb_tree_child(out2, i));
+        if (!same_bits(ctx, a, b)) {
+            fail_msg("%s [%lld, %lld], %d threads: output %d differs from the unfused one",
+                     nb_dtype_name(dt), (long long)r, (long long)c, threads, (int)i);
+        }
+    }
+    nb_tree_destroy(out2);
+    nb_tree_destroy(out1);
+    nb_fn_destroy(f);
+    nb_tree_destroy(empty);
+    nb_tree_destroy(args);
+    for (int i = 0; i < 5; i++) {
+        nb_tree_destroy(leaves[i]);
+        nb_array_destroy(g_in[i]);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+static void test_fused_tiny(void **state) {
+    (void)state;
+    /* 1, 2, 4 (in line), 5, 6 (calls), 64 (the last tiny size), 65 and more (tiles) */
+    static const int64_t sizes[][2] = {{1, 1},  {1, 2}, {2, 2},  {1, 5},  {2, 3},  {3, 7},
+                                       {4, 16}, {8, 8}, {1, 64}, {5, 13}, {1, 65}, {3, 23}};
+    static const nb_dtype dts[2] = {NB_DTYPE_F64, NB_DTYPE_F32};
+    for (int threads = 1; threads <= 3; threads += 2) {
+        for (int d = 0; d < 2; d++) {
+            for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+                run_tiny(threads, dts[d], sizes[i][0], sizes[i][1]);
+            }
+        }
+    }
+}
+
+/* Rank 0 (an ODE's scalar parameters): a chain over scalars, one stored, no views. */
+static nb_status body_scalar(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)self;
+    nb_var *a = g_consts ? nb_constant(tr, g_in[0]) : nb_get(tr, args, "[0]");
+    nb_var *b = g_consts ? nb_constant(tr, g_in[1]) : nb_get(tr, args, "[1]");
+    nb_var *m = nb_div(nb_sub(nb_mul(a, b), nb_scalar(tr, 0.3)), nb_add(a, b));
+    nb_var *y = nb_select(nb_gt(m, a), nb_exp(m), nb_mul(m, nb_tanh(b)));
+    nb_tree *leaves[2] = {nb_leaf(y), nb_leaf(m)};
+    nb_status st = nb_tree_tuple(nb_trace_ctx(tr), 2, leaves, out);
+    nb_tree_destroy(leaves[0]);
+    nb_tree_destroy(leaves[1]);
+    return st;
+}
+
+static void test_fused_scalar(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    static const double vals[][2] = {{1.5, -0.25}, {-0.0, 2.0}, {0.7, NAN}, {-3.0, 3.0}};
+    for (int d = 0; d < 2; d++) {
+        nb_dtype dt = d == 0 ? NB_DTYPE_F64 : NB_DTYPE_F32;
+        for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
+            NBT_OK(ctx, nb_array_scalar(ctx, dt, vals[i][0], &g_in[0]));
+            NBT_OK(ctx, nb_array_scalar(ctx, dt, vals[i][1], &g_in[1]));
+            nb_tree *leaves[2], *args = NULL, *empty = NULL, *out1 = NULL, *out2 = NULL;
+            NBT_OK(ctx, nb_tree_array(g_in[0], &leaves[0]));
+            NBT_OK(ctx, nb_tree_array(g_in[1], &leaves[1]));
+            NBT_OK(ctx, nb_tree_tuple(ctx, 2, leaves, &args));
+            NBT_OK(ctx, nb_tree_tuple(ctx, 0, NULL, &empty));
+            nb_fn *f = NULL;
+            NBT_OK(ctx, nb_fn_create(ctx, "scalar", body_scalar, NULL, &f));
+            g_consts = false;
+            char ir[8192];
+            NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+            if (count_of(ir, "] = fused ") != 1 || strstr(ir, "store") == NULL) {
+                fail_msg("expected one fused node storing m:\n%s", ir);
+            }
+            NBT_OK(ctx, nb_fn_call(f, args, &out1));
+            nb_ctx_clear_cache(ctx);
+            g_consts = true;
+            NBT_OK(ctx, nb_fn_call(f, empty, &out2));
+            for (int64_t j = 0; j < 2; j++) {
+                if (!same_bits(ctx, nb_tree_get_array(nb_tree_child(out1, j)),
+                               nb_tree_get_array(nb_tree_child(out2, j)))) {
+                    fail_msg("%s (%g, %g): output %d differs from the unfused one",
+                             nb_dtype_name(dt), vals[i][0], vals[i][1], (int)j);
+                }
+            }
+            nb_tree_destroy(out2);
+            nb_tree_destroy(out1);
+            nb_fn_destroy(f);
+            nb_tree_destroy(empty);
+            nb_tree_destroy(args);
+            for (int j = 0; j < 2; j++) {
+                nb_tree_destroy(leaves[j]);
+                nb_array_destroy(g_in[j]);
+            }
+        }
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fused_tiny),
+        cmocka_unit_test(test_fused_scalar),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
