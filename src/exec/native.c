@@ -95,7 +95,15 @@ struct nbi_native {
     nbi_kernel_fn *kerns;
     size_t bytes;
     int source_id; /* the process's count of generated sources (NABLA_NATIVE_SOURCES) */
+    bool looked_up; /* AUTO: the disk cache was asked at the first call */
 };
+
+/* Executables with more instructions stay interpreted: the compiler's time grows with the
+ * file (a 10^4-leaf optimizer update would be minutes of gcc), and such programs spend
+ * their time in kernels over large arrays, which both tiers share. */
+#define NBI_NATIVE_MAX_INSTRS 3000
+/* AUTO asks the disk cache at the first call for executables up to this size. */
+#define NBI_NATIVE_LOOKUP_INSTRS 400
 
 /* ---- configuration -------------------------------------------------------------------- */
 
@@ -361,6 +369,31 @@ nb_status nbi_native_attach(nbi_exec *e, int mode) {
         e->native = n;
     }
     struct nbi_native *n = e->native;
+    if (n->state == NBI_NSTATE_NONE && e->n_instrs > NBI_NATIVE_MAX_INSTRS) {
+        n->state = NBI_NSTATE_FAILED; /* the compiler would take too long: interpreted */
+        nbi_log(e->ctx, NB_LOG_LEVEL_INFO,
+                "native tier: an executable of %d instructions stays interpreted (more than "
+                "%d)",
+                (int)e->n_instrs, NBI_NATIVE_MAX_INSTRS);
+        return NB_OK;
+    }
+    if (mode == NB_NATIVE_AUTO && n->state == NBI_NSTATE_NONE && !n->looked_up &&
+        e->n_instrs <= NBI_NATIVE_LOOKUP_INSTRS) {
+        /* a warm disk cache gives native code from the first call, compiling nothing (for
+         * small executables: writing and hashing the C of a large one would slow the first
+         * call; it is compiled, or found in the cache, once hot) */
+        n->looked_up = true;
+        size_t len = 0;
+        char *src = nbi_native_source(e, &len);
+        char why[256];
+        nbi_native_lib *lib = src != NULL ? nbi_native_load_cached(src, len, why, sizeof why,
+                                                                    NULL)
+                                          : NULL;
+        free(src);
+        if (lib != NULL) {
+            nbi_native_install(e, lib);
+        }
+    }
     if (mode == NB_NATIVE_NOW && n->state != NBI_NSTATE_READY && n->state != NBI_NSTATE_FAILED) {
         n->mode = NB_NATIVE_NOW;
         if (n->job != NULL) { /* a background compile is under way: wait for it */

@@ -73,6 +73,11 @@ typedef struct nbi_native_load_info {
  * several processes may fill one cache at once. Allocates with malloc. Needs /proc. */
 NBI_HIDDEN nbi_native_lib *nbi_native_load(const char *src, size_t len, char *why, size_t why_cap,
                                            nbi_native_load_info *info);
+/* The same, but only from the disk cache (or already loaded): NULL, compiling nothing,
+ * when the source has no entry ("not in the cache") -- AUTO's first call with a warm
+ * cache. */
+NBI_HIDDEN nbi_native_lib *nbi_native_load_cached(const char *src, size_t len, char *why,
+                                                  size_t why_cap, nbi_native_load_info *info);
 /* The address of a symbol of the library, or NULL (also for a NULL lib or name). */
 NBI_HIDDEN void *nbi_native_sym(nbi_native_lib *lib, const char *name);
 /* Drop one load: the last one dlcloses and frees (NULL is a no-op). Every symbol address

@@ -987,6 +987,7 @@ typedef struct ncache_job {
     char key[65];
     char err[NCACHE_ERR_CAP]; /* the first failure */
     nbi_native_load_info info;
+    bool no_compile; /* nbi_native_load_cached: a hit or nothing */
 } ncache_job;
 
 static void ncache_fail(ncache_job *job, const char *fmt, ...) NBI_PRINTF(2, 3);
@@ -1679,6 +1680,8 @@ static nbi_native_lib *ncache_load_cached(ncache_job *job, const char *src, size
         job->info.cache_hit = true;
         job->info.stored = true;
         lib = ncache_dlopen(job, fd);
+    } else if (found == NCACHE_MISS && job->no_compile) {
+        ncache_fail(job, "not in the cache");
     } else if (found == NCACHE_MISS) {
         lib = ncache_insert(job, dfd, name, src, len, fallback);
     }
@@ -1686,8 +1689,21 @@ static nbi_native_lib *ncache_load_cached(ncache_job *job, const char *src, size
     return lib;
 }
 
+static nbi_native_lib *ncache_load(const char *src, size_t len, bool no_compile, char *why,
+                                   size_t why_cap, nbi_native_load_info *info);
+
 nbi_native_lib *nbi_native_load(const char *src, size_t len, char *why, size_t why_cap,
                                 nbi_native_load_info *info) {
+    return ncache_load(src, len, false, why, why_cap, info);
+}
+
+nbi_native_lib *nbi_native_load_cached(const char *src, size_t len, char *why, size_t why_cap,
+                                       nbi_native_load_info *info) {
+    return ncache_load(src, len, true, why, why_cap, info);
+}
+
+static nbi_native_lib *ncache_load(const char *src, size_t len, bool no_compile, char *why,
+                                   size_t why_cap, nbi_native_load_info *info) {
     double t0 = ncache_now_ms();
     ncache_job *job = ncache_malloc(sizeof *job);
     if (job == NULL) {
@@ -1700,6 +1716,7 @@ nbi_native_lib *nbi_native_load(const char *src, size_t len, char *why, size_t w
         return NULL;
     }
     memset(job, 0, sizeof *job);
+    job->no_compile = no_compile;
     nbi_native_lib *lib = NULL;
     if (src == NULL) {
         ncache_fail(job, "no source");
@@ -1726,14 +1743,17 @@ nbi_native_lib *nbi_native_load(const char *src, size_t len, char *why, size_t w
             ncache_note(job, "already loaded in this process");
         } else {
             bool fallback = job->cfg.dir_mode != NCACHE_DIR_CACHE;
-            if (job->cfg.dir_mode == NCACHE_DIR_CACHE) {
+            if (no_compile && job->cfg.dir_mode != NCACHE_DIR_CACHE) {
+                ncache_fail(job, "no disk cache");
+                fallback = false;
+            } else if (job->cfg.dir_mode == NCACHE_DIR_CACHE) {
                 lib = ncache_load_cached(job, src, len, &fallback);
             } else if (job->cfg.dir_mode == NCACHE_DIR_NONE) {
                 ncache_note(job, "%s", job->cfg.dir_note);
             } else {
                 ncache_note(job, "not cached: NABLA_NATIVE_CACHE=off");
             }
-            if (lib == NULL && fallback && job->err[0] == '\0') {
+            if (lib == NULL && fallback && !no_compile && job->err[0] == '\0') {
                 lib = ncache_load_private(job, src, len);
             }
         }

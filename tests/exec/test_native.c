@@ -213,6 +213,12 @@ static void test_loop_same_bits(void **state) {
  * compile thread and swapped in between calls; every call gives the same bits. */
 static void test_auto_swaps_in(void **state) {
     (void)state;
+    /* a cache of its own: the body's code is in none yet (the tests above compiled it) */
+    char dir[] = "/tmp/nabla-test-native-auto-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char *was = strdup(getenv("NABLA_NATIVE_CACHE"));
+    setenv("NABLA_NATIVE_CACHE", dir, 1);
+    nbi_native_config_reset();
     nb_ctx *ctx = nbt_ctx();
     nb_fn *off = jit_mode(ctx, body_mix, "mix_ref", NB_NATIVE_OFF);
     nb_fn *aut = jit_mode(ctx, body_mix, "mix_auto", NB_NATIVE_AUTO);
@@ -243,12 +249,26 @@ static void test_auto_swaps_in(void **state) {
     assert_same_bits(ref, b);
     print_message("AUTO: native after %lld calls, %.3f s\n", (long long)calls, now_s() - t0);
     nb_tree_destroy(b);
+    nb_fn_destroy(aut);
+    nb_ctx_clear_cache(ctx); /* the executable and its loaded code go */
+    /* the cache is warm now: a fresh function in AUTO runs native code from its first call */
+    aut = jit_mode(ctx, body_mix, "mix_auto_warm", NB_NATIVE_AUTO);
+    NBT_OK(ctx, nb_fn_call(aut, args, &b));
+    assert_int_equal(stats_of(aut).tier, 1);
+    assert_same_bits(ref, b);
+    nb_tree_destroy(b);
     nb_tree_destroy(ref);
     nb_tree_destroy(args);
     nb_fn_destroy(off);
     nb_fn_destroy(aut);
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
+    setenv("NABLA_NATIVE_CACHE", was, 1);
+    free(was);
+    nbi_native_config_reset();
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
 }
 
 /* The C source is there to read: nb_fn_format_ir(NB_IR_NATIVE_C). */
