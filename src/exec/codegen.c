@@ -144,6 +144,18 @@ static bool nbx_instr_ok(const nbi_finstr *in) {
     }
 }
 
+/* Does instruction in call a vector-math function (one element at a time when written
+ * out: the padded-register path, ~20 ns an element)? */
+static bool nbx_instr_vm(const nbi_finstr *in) {
+    nbi_op op = (nbi_op)in->op;
+    return nbx_vm_index(op) >= 0 || op == NBI_OP_POW || op == NBI_OP_SIGMOID ||
+           op == NBI_OP_SOFTPLUS || op == NBI_OP_GELU;
+}
+
+/* Programs calling vector math are written out up to this many elements; above, the
+ * interpreter's kernel calls it a tile at a time. */
+#define NBX_INLINE_VM_MAX 16
+
 /* Is fused node v written out inline? */
 static bool nbx_fused_inline(const nb_var *v) {
     const nbi_fprog *p = v->at.callee;
@@ -152,7 +164,7 @@ static bool nbx_fused_inline(const nb_var *v) {
         return false;
     }
     for (int32_t i = 0; i < p->n_instr; i++) {
-        if (!nbx_instr_ok(&p->ins[i])) {
+        if (!nbx_instr_ok(&p->ins[i]) || (nbx_instr_vm(&p->ins[i]) && size > NBX_INLINE_VM_MAX)) {
             return false;
         }
     }
@@ -458,12 +470,32 @@ static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
         nbi_sbuf_printf(s, "        %s acc = 0;\n        i64 pos = 0, row = 0;\n",
                         nbx_ctype(v->dtype));
     }
-    nbi_sbuf_puts(s, "        i64 i = 0;\n");
-    for (int d = 0; d < r; d++) {
-        nbi_sbuf_printf(s, "        for (i64 i%d = 0; i%d < %lld; i%d++)\n", d, d,
-                        (long long)shape[d], d);
+    /* Every input read at the element's own index or as one value, no reduction: one flat
+     * loop the compiler vectorises -- its iterations are independent (an output shares a
+     * buffer with an input only at the same index), which the pragmas tell it. */
+    bool simple = !red && p->pad_mask == 0;
+    for (int32_t x = 0; x < p->n_ext && simple; x++) {
+        bool zero = true;
+        for (int d = 0; d < r; d++) {
+            zero = zero && (st[x][d] == 0 || shape[d] == 1);
+        }
+        simple = flat[x] || zero;
     }
-    nbi_sbuf_puts(s, "        {\n");
+    int64_t total = nbi_shape_size(r, shape);
+    if (simple && total > 1) {
+        nbi_sbuf_printf(s,
+                        "#pragma GCC ivdep\n"
+                        "        for (i64 i = 0; i < %lld; i++)\n        {\n",
+                        (long long)total);
+    } else {
+        simple = false;
+        nbi_sbuf_puts(s, "        i64 i = 0;\n");
+        for (int d = 0; d < r; d++) {
+            nbi_sbuf_printf(s, "        for (i64 i%d = 0; i%d < %lld; i%d++)\n", d, d,
+                            (long long)shape[d], d);
+        }
+        nbi_sbuf_puts(s, "        {\n");
+    }
     for (int32_t x = 0; x < p->n_ext; x++) {
         const nb_var *in = v->in[x];
         const char *T = nbx_ctype(in->dtype);
@@ -556,8 +588,12 @@ static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
         nbi_sbuf_printf(s, "            if (++pos == %lld) { o[row++] = acc; pos = 0; }\n",
                         (long long)p->red_n);
     }
-    nbi_sbuf_puts(s, "            i++;\n        }\n");
-    nbi_sbuf_puts(s, "        (void)i;\n    }\n");
+    if (simple) {
+        nbi_sbuf_puts(s, "        }\n    }\n");
+    } else {
+        nbi_sbuf_puts(s, "            i++;\n        }\n");
+        nbi_sbuf_puts(s, "        (void)i;\n    }\n");
+    }
 }
 
 /* A standalone elementwise node (or a broadcast, as a copy) as a one-instruction program
@@ -583,7 +619,7 @@ static bool nbx_single_program(const nb_var *v, nbi_fprog *p) {
     }
     p->map_rank = v->rank;
     memcpy(p->map_shape, v->shape, sizeof p->map_shape);
-    return nbx_instr_ok(&p->ins[0]);
+    return nbx_instr_ok(&p->ins[0]) && !(nbx_instr_vm(&p->ins[0]) && v->size > NBX_INLINE_VM_MAX);
 }
 
 /* A standalone reduction (sum, max, min, prod over any axes) of a small array whose
