@@ -407,8 +407,17 @@ NBI_HIDDEN nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in,
 NBI_HIDDEN nb_status nbi_pass_pad_push(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 /* Small elementwise trees with several fusible consumers copied into each (passes.c). */
 NBI_HIDDEN nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
-/* The standard pipeline: fold, transpose-matmul, CSE, DCE, pad push, DCE, remat, fuse,
- * DCE. */
+/* add(matmul(a, b), c), either order, c of the sum's dtype and shape (not broadcast) and
+ * the product read only there, becomes matmul(a, b, c): a matmul node with a third operand
+ * computes a @ b + c, into c's buffer when the memory plan allows (op_linalg.c,
+ * pass_accumulate.c). Runs after transpose-matmul (which reads only operands 0 and 1). */
+NBI_HIDDEN nb_status nbi_pass_accumulate(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+/* May such a node's output take its accumulator's buffer (exec.c's memory plan asks)? Yes
+ * where nabla's own loops make the product (small and outer float products, integers); no
+ * where BLIS does, which makes the product in the output and adds c after (op_linalg.c). */
+NBI_HIDDEN bool nbi_matmul_acc_in_place(const nb_var *node);
+/* The standard pipeline: fold, transpose-matmul, CSE, DCE, accumulate, pad push, DCE, remat,
+ * fuse, DCE (the debugging one: no accumulate, no fuse). */
 /* The debugging checks of an executable (nb_jit_opts.debug_nans / debug_infs). */
 enum { NBI_DEBUG_NANS = 1, NBI_DEBUG_INFS = 2, NBI_DEBUG_RETRACE = 4 };
 /* debug != 0: no fusion, so every op's result is made, and checked, on its own. */

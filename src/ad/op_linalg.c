@@ -17,10 +17,22 @@
  * Rapidly Instantiating BLAS Functionality", ACM TOMS 41(3), 2015.
  *
  * Small float products (at most NBI_MM_SMALL multiply-adds), where BLIS's set-up would cost
- * more than the arithmetic, use register-tiled loops of their own instead, every output summed
- * over k in increasing order (see "small float products" below). Integer dtypes use a plain
+ * more than the arithmetic, and outer products (k == 1) of any size, use register-tiled
+ * loops of their own instead, every output summed over k in increasing order (see "small
+ * float products" below). Other matrix-vector products (n == 1, or m == 1) go to BLIS's gemv
+ * (bli_sgemv_ex / bli_dgemv_ex, "matrix-vector products" below). Integer dtypes use a plain
  * loop that wraps (two's complement, computed in the unsigned type), every output summed over
  * k in increasing order.
+ *
+ * Accumulation. A matmul node with a third operand c (of the product's dtype and shape,
+ * never broadcast) computes a @ b + c: the optimizer's accumulate pass (pass_accumulate.c)
+ * turns add(matmul(a, b), c) into it, so that a weight gradient summed over several uses
+ * is added into one buffer block by block instead of each product being made whole and the
+ * sum then taken in another pass. The output may be c's own buffer (the memory plan gives
+ * it that slot when c is read for the last time there: exec.c's nbi_inplace_ok). Every
+ * output is the product's value plus c, rounded once more -- exactly the bits of the
+ * product and the add made separately, whichever code makes the product (nbi_mm_block), so
+ * the rewrite changes no result.
  *
  * Behaviour pinned by the tests: beta = 0 makes BLIS overwrite C without reading it, so the
  * uninitialised output buffer never leaks NaN or garbage into the result; k == 0 writes zeros
@@ -48,6 +60,8 @@ typedef struct nbi_mm_geom {
     int64_t c_rs;                   /* row stride of the output block (n of the full C) */
     int ra_bat, rb_bat;             /* batch ranks of a and b (leading dims of their shapes) */
     int rbat;                       /* rank of the broadcast batch shape */
+    bool acc;                       /* a @ b + c ("Accumulation" above, nbi_mm_block) */
+    const void *cin; /* acc, nabla's loops: where they read the block's c (nbi_mm_block) */
     int64_t bat[NB_MAX_RANK];
 } nbi_mm_geom;
 
@@ -75,6 +89,8 @@ static bool nbi_mm_geometry(const nb_var *node, nbi_mm_geom *g) {
     g->b_rs = tb ? 1 : g->n;
     g->b_cs = tb ? g->k : 1;
     g->c_rs = g->n;
+    g->acc = node->n_in == 3;
+    g->cin = NULL;
     g->ra_bat = ra > 2 ? ra - 2 : 0;
     g->rb_bat = rb > 2 ? rb - 2 : 0;
     g->rbat = 0;
@@ -113,6 +129,10 @@ static const char *nbi_mm_dims(char *buf, size_t cap, int rank, const int64_t *s
 }
 
 static nb_status nbi_infer_matmul(nb_trace *tr, nb_var *p) {
+    if (p->n_in < 2) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL,
+                             "nb_matmul: %d operands (2, or 3 with an accumulator)", (int)p->n_in);
+    }
     const nb_var *a = p->in[0], *b = p->in[1];
     char sa[NBI_SIG_CAP], sb[NBI_SIG_CAP];
     nb_status st = nbi_mm_check_dtypes(tr, "nb_matmul", a, b);
@@ -166,6 +186,24 @@ static nb_status nbi_infer_matmul(nb_trace *tr, nb_var *p) {
     }
     p->rank = (int8_t)r;
     p->dtype = a->dtype;
+    if (p->n_in == 3) { /* an accumulating product (pass_accumulate.c): c of the result's type */
+        const nb_var *c = p->in[2];
+        bool same = c->dtype == p->dtype && c->rank == p->rank;
+        for (int d = 0; same && d < r; d++) {
+            same = c->shape[d] == p->shape[d];
+        }
+        if (!same) {
+            char sc[NBI_SIG_CAP], sp[NBI_SIG_CAP];
+            return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                 "nb_matmul: %s @ %s accumulated into %s: the accumulator must "
+                                 "have the product's dtype and shape %s",
+                                 nbi_var_sig(sa, sizeof sa, a), nbi_var_sig(sb, sizeof sb, b),
+                                 nbi_var_sig(sc, sizeof sc, c), nbi_var_sig(sp, sizeof sp, p));
+        }
+    } else if (p->n_in != 2) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL,
+                             "nb_matmul: %d operands (2, or 3 with an accumulator)", (int)p->n_in);
+    }
     return NB_OK;
 }
 
@@ -253,19 +291,57 @@ static void nbi_mm_f32(const nbi_mm_geom *g, const void *a, const void *b, void 
     (void)scratch;
     rntm_t rntm = BLIS_RNTM_INITIALIZER;
     bli_rntm_set_num_threads(1, &rntm);
-    float one = 1.0f, zero = 0.0f;
+    float one = 1.0f, beta = g->acc ? 1.0f : 0.0f; /* 1: only in place (nbi_mm_block) */
     /* BLIS's typed API takes non-const pointers; it only reads a and b. */
     bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, g->m, g->n, g->k, &one, (float *)a, g->a_rs,
-                 g->a_cs, (float *)b, g->b_rs, g->b_cs, &zero, c, g->c_rs, 1, NULL, &rntm);
+                 g->a_cs, (float *)b, g->b_rs, g->b_cs, &beta, c, g->c_rs, 1, NULL, &rntm);
 }
 
 static void nbi_mm_f64(const nbi_mm_geom *g, const void *a, const void *b, void *c, void *scratch) {
     (void)scratch;
     rntm_t rntm = BLIS_RNTM_INITIALIZER;
     bli_rntm_set_num_threads(1, &rntm);
-    double one = 1.0, zero = 0.0;
+    double one = 1.0, beta = g->acc ? 1.0 : 0.0;
     bli_dgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, g->m, g->n, g->k, &one, (double *)a, g->a_rs,
-                 g->a_cs, (double *)b, g->b_rs, g->b_cs, &zero, c, g->c_rs, 1, NULL, &rntm);
+                 g->a_cs, (double *)b, g->b_rs, g->b_cs, &beta, c, g->c_rs, 1, NULL, &rntm);
+}
+
+/* Matrix-vector products (n == 1: c = A b; or m == 1: c = a B, i.e. c^T = B^T a^T) go to
+ * BLIS's gemv instead, which streams the matrix once: a 1000 x 1000 f32 product took 48-52
+ * us where gemm with one column took 72 (101 with A stored transposed). What gemv does,
+ * read in BLIS 0.9's typed API and checked by the tests: level-2 operations never thread
+ * (rntm is not consulted), and the variant is chosen by the matrix's storage alone --
+ * row-stored: each output a dot product of a row with x (the dotxf kernel, 8 rows at a
+ * time); column-stored: y += A[:, j..j+f) x[j..j+f) for f-column chunks in order (axpyf).
+ * Both use FMA and sum in an order fixed by the shapes: not gemm's order, but the same for
+ * any alignment of the buffers, run to run, and -- the blocks being fixed -- any thread
+ * count (test_matmul_gemv_bits pins the bits to a direct call). */
+static void nbi_mv_f32(const nbi_mm_geom *g, const void *a, const void *b, void *c, void *scratch) {
+    (void)scratch;
+    rntm_t rntm = BLIS_RNTM_INITIALIZER;
+    bli_rntm_set_num_threads(1, &rntm);
+    float one = 1.0f, beta = g->acc ? 1.0f : 0.0f;
+    if (g->n == 1) {
+        bli_sgemv_ex(BLIS_NO_TRANSPOSE, BLIS_NO_CONJUGATE, g->m, g->k, &one, (float *)a, g->a_rs,
+                     g->a_cs, (float *)b, g->b_rs, &beta, c, g->c_rs, NULL, &rntm);
+    } else {
+        bli_sgemv_ex(BLIS_TRANSPOSE, BLIS_NO_CONJUGATE, g->k, g->n, &one, (float *)b, g->b_rs,
+                     g->b_cs, (float *)a, g->a_cs, &beta, c, 1, NULL, &rntm);
+    }
+}
+
+static void nbi_mv_f64(const nbi_mm_geom *g, const void *a, const void *b, void *c, void *scratch) {
+    (void)scratch;
+    rntm_t rntm = BLIS_RNTM_INITIALIZER;
+    bli_rntm_set_num_threads(1, &rntm);
+    double one = 1.0, beta = g->acc ? 1.0 : 0.0;
+    if (g->n == 1) {
+        bli_dgemv_ex(BLIS_NO_TRANSPOSE, BLIS_NO_CONJUGATE, g->m, g->k, &one, (double *)a, g->a_rs,
+                     g->a_cs, (double *)b, g->b_rs, &beta, c, g->c_rs, NULL, &rntm);
+    } else {
+        bli_dgemv_ex(BLIS_TRANSPOSE, BLIS_NO_CONJUGATE, g->k, g->n, &one, (double *)b, g->b_rs,
+                     g->b_cs, (double *)a, g->a_cs, &beta, c, 1, NULL, &rntm);
+    }
 }
 
 /* Integers: row i of c accumulates a[i, p] * b[p, :] for p = 0, 1, ..., k-1, in the unsigned
@@ -278,7 +354,7 @@ static void nbi_mm_f64(const nbi_mm_geom *g, const void *a, const void *b, void 
         U *restrict c = c_;                                                                        \
         for (int64_t i = 0; i < g->m; i++) {                                                       \
             U *restrict ci = c + i * g->c_rs;                                                      \
-            for (int64_t j = 0; j < g->n; j++) {                                                   \
+            for (int64_t j = 0; !g->acc && j < g->n; j++) {                                        \
                 ci[j] = 0;                                                                         \
             }                                                                                      \
             for (int64_t p = 0; p < g->k; p++) {                                                   \
@@ -300,7 +376,8 @@ NBI_MM_INT_FN(nbi_mm_i64, int64_t, uint64_t)
  * run the loops below instead. Every output is computed exactly as
  *   acc = 0; for p = 0, 1, ..., k-1: acc = acc + a[i, p] * b[p, j]
  * with a rounded multiply and a rounded add (never FMA, never reassociated, k never split):
- * the loops only choose which outputs advance together, which changes no output's bits. So
+ * the loops only choose which outputs advance together, which changes no output's bits.
+ * Accumulating (nbi_mm_block), each finished acc is then added to c: c = acc + c. So
  * the baseline and AVX2 versions, which group outputs differently, give the same bits, and
  * which one runs depends on the shapes and the CPU, never on the thread count.
  *
@@ -456,7 +533,8 @@ NBI_MM_PACK_ATTR void nbi_mm_pack_f64x2(double *restrict pk, int64_t ldp, const 
  * once inlined, so the loops unroll and the accumulators stay in registers). */
 #define NBI_MM_DOTS_FN(name, T)                                                                    \
     NBI_MM_INLINE void name(int R, int64_t k, const T *restrict a, int64_t a_rs, int64_t a_cs,     \
-                            const T *restrict b, int64_t ldb, T *restrict c, int64_t ldc) {        \
+                            const T *restrict b, int64_t ldb, T *restrict c, int64_t ldc,          \
+                            bool add) {                                                            \
         T acc[NBI_MM_DOTS];                                                                        \
         NBI_UNROLL                                                                                 \
         for (int r = 0; r < R; r++) {                                                              \
@@ -471,7 +549,7 @@ NBI_MM_PACK_ATTR void nbi_mm_pack_f64x2(double *restrict pk, int64_t ldp, const 
         }                                                                                          \
         NBI_UNROLL                                                                                 \
         for (int r = 0; r < R; r++) {                                                              \
-            c[r * ldc] = acc[r];                                                                   \
+            c[r * ldc] = add ? acc[r] + c[r * ldc] : acc[r];                                       \
         }                                                                                          \
     }
 NBI_MM_DOTS_FN(nbi_mm_dots_f32, float)
@@ -490,7 +568,7 @@ NBI_MM_DOTS_FN(nbi_mm_dots_f64, double)
 #define NBI_MM_SMALL_DEFS(S, T, V, P, DOTS, ATTR)                                                  \
     NBI_MM_INLINE void nbi_mm_tile_##S(int R, int NV, int64_t k, const T *restrict a,              \
                                        int64_t a_rs, int64_t a_cs, const T *restrict b,            \
-                                       int64_t ldb, T *restrict c, int64_t ldc) {                  \
+                                       int64_t ldb, T *restrict c, int64_t ldc, bool add) {        \
         enum { L = sizeof(V) / sizeof(T) };                                                        \
         V acc[NBI_MM_MR][NBI_MM_NV];                                                               \
         NBI_UNROLL                                                                                 \
@@ -519,6 +597,11 @@ NBI_MM_DOTS_FN(nbi_mm_dots_f64, double)
         for (int r = 0; r < R; r++) {                                                              \
             NBI_UNROLL                                                                             \
             for (int v = 0; v < NV; v++) {                                                         \
+                if (add) {                                                                         \
+                    V old;                                                                         \
+                    memcpy(&old, c + r * ldc + v * L, sizeof(V));                                  \
+                    acc[r][v] = acc[r][v] + old;                                                   \
+                }                                                                                  \
                 memcpy(c + r * ldc + v * L, &acc[r][v], sizeof(V));                                \
             }                                                                                      \
         }                                                                                          \
@@ -526,19 +609,20 @@ NBI_MM_DOTS_FN(nbi_mm_dots_f64, double)
                                                                                                    \
     NBI_MM_INLINE void nbi_mm_panel_##S(int NV, int64_t m, int64_t k, const T *restrict a,         \
                                         int64_t a_rs, int64_t a_cs, const T *restrict b,           \
-                                        int64_t ldb, T *restrict c, int64_t ldc) {                 \
+                                        int64_t ldb, T *restrict c, int64_t ldc, bool add) {       \
         int64_t i = 0;                                                                             \
         for (; i + NBI_MM_MR <= m; i += NBI_MM_MR) {                                               \
-            nbi_mm_tile_##S(NBI_MM_MR, NV, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc); \
+            nbi_mm_tile_##S(NBI_MM_MR, NV, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc,  \
+                            add);                                                                  \
         }                                                                                          \
         for (; i < m; i++) {                                                                       \
-            nbi_mm_tile_##S(1, NV, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);         \
+            nbi_mm_tile_##S(1, NV, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, add);    \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
     NBI_MM_INLINE void nbi_mm_lanes_##S(int RV, int64_t k, const T *restrict a, int64_t a_cs,      \
                                         const T *restrict b, int64_t ldb, T *restrict c,           \
-                                        int64_t ldc) {                                             \
+                                        int64_t ldc, bool add) {                                   \
         enum { L = sizeof(V) / sizeof(T) };                                                        \
         V acc[NBI_MM_RV];                                                                          \
         NBI_UNROLL                                                                                 \
@@ -557,12 +641,18 @@ NBI_MM_DOTS_FN(nbi_mm_dots_f64, double)
         NBI_UNROLL                                                                                 \
         for (int v = 0; v < RV; v++) {                                                             \
             if (ldc == 1) {                                                                        \
+                if (add) {                                                                         \
+                    V old;                                                                         \
+                    memcpy(&old, c + v * L, sizeof(V));                                            \
+                    acc[v] = acc[v] + old;                                                         \
+                }                                                                                  \
                 memcpy(c + v * L, &acc[v], sizeof(V));                                             \
                 continue;                                                                          \
             }                                                                                      \
             NBI_UNROLL                                                                             \
             for (int l = 0; l < L; l++) {                                                          \
-                c[(v * L + l) * ldc] = acc[v][l];                                                  \
+                T *o = c + (v * L + l) * ldc;                                                      \
+                *o = add ? acc[v][l] + *o : acc[v][l];                                             \
             }                                                                                      \
         }                                                                                          \
     }                                                                                              \
@@ -572,21 +662,21 @@ NBI_MM_DOTS_FN(nbi_mm_dots_f64, double)
      * (inlined into the product's function, gcc kept a loop counter on the stack). */             \
     ATTR static __attribute__((noinline)) void nbi_mm_lanes_col_##S(                               \
         int64_t m, int64_t k, const T *restrict a, int64_t a_cs, const T *restrict b, int64_t ldb, \
-        T *restrict c, int64_t ldc) {                                                              \
+        T *restrict c, int64_t ldc, bool add) {                                                    \
         enum { L = sizeof(V) / sizeof(T) };                                                        \
         int64_t i = 0;                                                                             \
         for (; i + NBI_MM_RV * L <= m; i += NBI_MM_RV * L) {                                       \
-            nbi_mm_lanes_##S(NBI_MM_RV, k, a + i, a_cs, b, ldb, c + i * ldc, ldc);                 \
+            nbi_mm_lanes_##S(NBI_MM_RV, k, a + i, a_cs, b, ldb, c + i * ldc, ldc, add);            \
         }                                                                                          \
         switch ((m - i) / L) {                                                                     \
         case 3:                                                                                    \
-            nbi_mm_lanes_##S(3, k, a + i, a_cs, b, ldb, c + i * ldc, ldc);                         \
+            nbi_mm_lanes_##S(3, k, a + i, a_cs, b, ldb, c + i * ldc, ldc, add);                    \
             break;                                                                                 \
         case 2:                                                                                    \
-            nbi_mm_lanes_##S(2, k, a + i, a_cs, b, ldb, c + i * ldc, ldc);                         \
+            nbi_mm_lanes_##S(2, k, a + i, a_cs, b, ldb, c + i * ldc, ldc, add);                    \
             break;                                                                                 \
         case 1:                                                                                    \
-            nbi_mm_lanes_##S(1, k, a + i, a_cs, b, ldb, c + i * ldc, ldc);                         \
+            nbi_mm_lanes_##S(1, k, a + i, a_cs, b, ldb, c + i * ldc, ldc, add);                    \
             break;                                                                                 \
         default:                                                                                   \
             break;                                                                                 \
@@ -595,21 +685,81 @@ NBI_MM_DOTS_FN(nbi_mm_dots_f64, double)
                                                                                                    \
     ATTR static __attribute__((noinline)) void nbi_mm_dots_col_##S(                                \
         int64_t m, int64_t k, const T *restrict a, int64_t a_rs, int64_t a_cs,                     \
-        const T *restrict b, int64_t ldb, T *restrict c, int64_t ldc) {                            \
+        const T *restrict b, int64_t ldb, T *restrict c, int64_t ldc, bool add) {                  \
         int64_t i = 0;                                                                             \
         for (; i + NBI_MM_DOTS <= m; i += NBI_MM_DOTS) {                                           \
-            DOTS(NBI_MM_DOTS, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);              \
+            DOTS(NBI_MM_DOTS, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, add);         \
         }                                                                                          \
         if (m - i >= 4) {                                                                          \
-            DOTS(4, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);                        \
+            DOTS(4, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, add);                   \
             i += 4;                                                                                \
         }                                                                                          \
         if (m - i >= 2) {                                                                          \
-            DOTS(2, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);                        \
+            DOTS(2, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, add);                   \
             i += 2;                                                                                \
         }                                                                                          \
         if (m - i >= 1) {                                                                          \
-            DOTS(1, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc);                        \
+            DOTS(1, k, a + i * a_rs, a_rs, a_cs, b, ldb, c + i * ldc, ldc, add);                   \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    /* k == 1, an outer product: c[i, j] = 0 + a[i] b[j], plus cin[i, j] when accumulating,        \
+     * row by row, 4 vectors a step: c streams through once and b stays in the L1 cache. On a      \
+     * 1000 x 1000 f32 c accumulated in place: 49 us, BLIS's sger (which fuses with FMA) 48,       \
+     * the tiles (walking c in strips of columns) 75. The same operations per output as the        \
+     * tiles, so the same bits. cin may be c itself. */                                            \
+    NBI_MM_INLINE void nbi_mm_outer_row_##S(int64_t n, T x, const T *b, const T *q, T *o) {        \
+        enum { L = sizeof(V) / sizeof(T) };                                                        \
+        V xv = x - (V){0};                                                                         \
+        int64_t j = 0;                                                                             \
+        for (; j + 4 * L <= n; j += 4 * L) {                                                       \
+            V p[4];                                                                                \
+            NBI_UNROLL                                                                             \
+            for (int u = 0; u < 4; u++) {                                                          \
+                V y;                                                                               \
+                memcpy(&y, b + j + u * L, sizeof y);                                               \
+                p[u] = (V){0} + xv * y;                                                            \
+            }                                                                                      \
+            if (q != NULL) {                                                                       \
+                NBI_UNROLL                                                                         \
+                for (int u = 0; u < 4; u++) {                                                      \
+                    V old;                                                                         \
+                    memcpy(&old, q + j + u * L, sizeof old);                                       \
+                    p[u] = p[u] + old;                                                             \
+                }                                                                                  \
+            }                                                                                      \
+            NBI_UNROLL                                                                             \
+            for (int u = 0; u < 4; u++) {                                                          \
+                memcpy(o + j + u * L, &p[u], sizeof p[u]);                                         \
+            }                                                                                      \
+        }                                                                                          \
+        for (; j + L <= n; j += L) {                                                               \
+            V y;                                                                                   \
+            memcpy(&y, b + j, sizeof y);                                                           \
+            V p = (V){0} + xv * y;                                                                 \
+            if (q != NULL) {                                                                       \
+                V old;                                                                             \
+                memcpy(&old, q + j, sizeof old);                                                   \
+                p = p + old;                                                                       \
+            }                                                                                      \
+            memcpy(o + j, &p, sizeof p);                                                           \
+        }                                                                                          \
+        for (; j < n; j++) {                                                                       \
+            T p = (T)0 + x * b[j];                                                                 \
+            o[j] = q != NULL ? p + q[j] : p;                                                       \
+        }                                                                                          \
+    }                                                                                              \
+                                                                                                   \
+    ATTR static __attribute__((noinline)) void nbi_mm_outer_##S(const nbi_mm_geom *g, const T *a,  \
+                                                                const T *b, T *c) {                \
+        for (int64_t i = 0; i < g->m; i++) {                                                       \
+            T x = a[i * g->a_rs];                                                                  \
+            if (g->acc) {                                                                          \
+                nbi_mm_outer_row_##S(g->n, x, b, (const T *)g->cin + i * g->c_rs,                  \
+                                     c + i * g->c_rs);                                             \
+            } else {                                                                               \
+                nbi_mm_outer_row_##S(g->n, x, b, NULL, c + i * g->c_rs);                           \
+            }                                                                                      \
         }                                                                                          \
     }                                                                                              \
                                                                                                    \
@@ -618,8 +768,13 @@ NBI_MM_DOTS_FN(nbi_mm_dots_f64, double)
         enum { L = sizeof(V) / sizeof(T) };                                                        \
         const T *a = a_, *b = b_;                                                                  \
         T *c = c_;                                                                                 \
+        if (g->k == 1) { /* a_rs and b_cs are 1 */                                                 \
+            nbi_mm_outer_##S(g, a, b, c);                                                          \
+            return;                                                                                \
+        }                                                                                          \
         int64_t m = g->m, n = g->n, k = g->k, a_rs = g->a_rs, a_cs = g->a_cs, ldb = g->b_rs;       \
         int64_t ldc = g->c_rs;                                                                     \
+        bool add = g->acc;                                                                         \
         if (g->b_cs != 1 && n > 1) {                                                               \
             P(scratch, n, b, g->b_rs, g->b_cs, k, n);                                              \
             b = scratch;                                                                           \
@@ -640,22 +795,22 @@ NBI_MM_DOTS_FN(nbi_mm_dots_f64, double)
             int64_t i = 0;                                                                         \
             for (; i + 2 <= m; i += 2) {                                                           \
                 nbi_mm_tile_##S(2, NBI_MM_NV, k, a + i * a_rs, a_rs, a_cs, b + j, ldb,             \
-                                c + i * ldc + j, ldc);                                             \
+                                c + i * ldc + j, ldc, add);                                        \
             }                                                                                      \
             if (i < m) {                                                                           \
                 nbi_mm_tile_##S(1, NBI_MM_NV, k, a + i * a_rs, a_rs, a_cs, b + j, ldb,             \
-                                c + i * ldc + j, ldc);                                             \
+                                c + i * ldc + j, ldc, add);                                        \
             }                                                                                      \
         }                                                                                          \
         switch ((nv - j) / L) {                                                                    \
         case 3:                                                                                    \
-            nbi_mm_panel_##S(3, m, k, a, a_rs, a_cs, b + j, ldb, c + j, ldc);                      \
+            nbi_mm_panel_##S(3, m, k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, add);                 \
             break;                                                                                 \
         case 2:                                                                                    \
-            nbi_mm_panel_##S(2, m, k, a, a_rs, a_cs, b + j, ldb, c + j, ldc);                      \
+            nbi_mm_panel_##S(2, m, k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, add);                 \
             break;                                                                                 \
         case 1:                                                                                    \
-            nbi_mm_panel_##S(1, m, k, a, a_rs, a_cs, b + j, ldb, c + j, ldc);                      \
+            nbi_mm_panel_##S(1, m, k, a, a_rs, a_cs, b + j, ldb, c + j, ldc, add);                 \
             break;                                                                                 \
         default:                                                                                   \
             break;                                                                                 \
@@ -663,11 +818,11 @@ NBI_MM_DOTS_FN(nbi_mm_dots_f64, double)
         for (j = nv; j < n; j++) {                  /* the columns left over, fewer than L */      \
             int64_t mv = a_rs == 1 ? m - m % L : 0; /* rows done across rows */                    \
             if (mv > 0) {                                                                          \
-                nbi_mm_lanes_col_##S(mv, k, a, a_cs, b + j, ldb, c + j, ldc);                      \
+                nbi_mm_lanes_col_##S(mv, k, a, a_cs, b + j, ldb, c + j, ldc, add);                 \
             }                                                                                      \
             if (mv < m) {                                                                          \
                 nbi_mm_dots_col_##S(m - mv, k, a + mv * a_rs, a_rs, a_cs, b + j, ldb,              \
-                                    c + mv * ldc + j, ldc);                                        \
+                                    c + mv * ldc + j, ldc, add);                                   \
             }                                                                                      \
         }                                                                                          \
     }
@@ -765,7 +920,8 @@ nbi_mm_small_f64_avx2(const nbi_mm_geom *g, const void *a, const void *b, void *
                 for (int64_t p = 0; p < g->k; p++) {                                               \
                     acc = acc + a[i * g->a_rs + p * g->a_cs] * b[p * g->b_rs + j * g->b_cs];       \
                 }                                                                                  \
-                c[i * g->c_rs + j] = acc;                                                          \
+                int64_t o = i * g->c_rs + j;                                                       \
+                c[o] = g->acc ? acc + ((const T *)g->cin)[o] : acc;                                \
             }                                                                                      \
         }                                                                                          \
     }
@@ -774,8 +930,22 @@ NBI_MM_SMALL_REF_FN(nbi_mm_small_f64, double)
 #define NBI_MM_AVX2 0
 #endif
 
+/* Which code computes a product, by its dtype and shape alone (never the thread count):
+ * nabla's loops for small float products and for every k == 1 product (an outer product:
+ * each output is 0 + a[i] b[j], pure memory traffic that BLIS would pack first -- 1000 x
+ * 1000 f32 took 71 us through sgemm, 46 through nbi_mm_outer_S), BLIS's gemv for other
+ * matrix-vector products, its gemm for the rest. Medians of interleaved runs on one core
+ * of this machine (AMD EPYC, Zen 4; BLIS picks its zen3 kernels). */
+static bool nbi_mm_is_small(nb_dtype d, const nbi_mm_geom *g) {
+    return nb_dtype_is_float(d) && (g->m * g->n * g->k <= NBI_MM_SMALL || g->k == 1);
+}
+
+static bool nbi_mm_is_mv(nb_dtype d, const nbi_mm_geom *g) {
+    return nb_dtype_is_float(d) && !nbi_mm_is_small(d, g) && (g->m == 1 || g->n == 1);
+}
+
 static nbi_mm_fn nbi_mm_fn_of(nb_dtype d, const nbi_mm_geom *g) {
-    bool small = g->m * g->n * g->k <= NBI_MM_SMALL && nb_dtype_is_float(d);
+    bool small = nbi_mm_is_small(d, g), mv = nbi_mm_is_mv(d, g);
     if (small && nbi_use_avx2()) {
 #if NBI_MM_AVX2
         return d == NB_DTYPE_F32 ? nbi_mm_small_f32_avx2 : nbi_mm_small_f64_avx2;
@@ -783,9 +953,9 @@ static nbi_mm_fn nbi_mm_fn_of(nb_dtype d, const nbi_mm_geom *g) {
     }
     switch (d) {
     case NB_DTYPE_F32:
-        return small ? nbi_mm_small_f32 : nbi_mm_f32;
+        return small ? nbi_mm_small_f32 : mv ? nbi_mv_f32 : nbi_mm_f32;
     case NB_DTYPE_F64:
-        return small ? nbi_mm_small_f64 : nbi_mm_f64;
+        return small ? nbi_mm_small_f64 : mv ? nbi_mv_f64 : nbi_mm_f64;
     case NB_DTYPE_I32:
         return nbi_mm_i32;
     case NB_DTYPE_I64:
@@ -795,13 +965,20 @@ static nbi_mm_fn nbi_mm_fn_of(nb_dtype d, const nbi_mm_geom *g) {
     }
 }
 
-/* The work is cut into blocks of NBI_MM_ROWS x nbi_mm_cols(n) of the output per batch element
- * -- sizes fixed here, never chosen by the thread count -- and each block is one
- * single-threaded BLIS call (or integer loop) on sub-matrices addressed by offsets and
- * strides. The k loop is never split, so each output element is computed by the same code
- * on the same data whatever the number of threads: results are bit-identical. */
+/* The work is cut into blocks of rows x cols of the output per batch element (nbi_mm_blocks)
+ * -- sizes fixed here by the shapes, never chosen by the thread count -- and each block is
+ * one single-threaded BLIS call (or loop of nabla's) on sub-matrices addressed by offsets
+ * and strides. The k loop is never split, so each output element is computed by the same
+ * code on the same data whatever the number of threads: results are bit-identical. */
 #define NBI_MM_ROWS 1024
 #define NBI_MM_COLS 256
+/* Matrix-vector products whose matrix is read row by row (gemv's dot-product variant; a
+ * multiple of its 8-row kernel): blocks of this many outputs, so that 1000 x 1000 runs on
+ * two threads. Read column by column (its axpy variant), one block of up to NBI_MM_ROWS:
+ * cut into 256-row blocks, 1000 x 1000 f32 went from 47 to 69 us (strided row pieces). */
+#define NBI_MV_BLOCK 256
+/* Rows per block of an outer product (whole rows: nbi_mm_outer_S streams them). */
+#define NBI_MM_OUTER_ROWS 128
 
 /* Columns per block: NBI_MM_COLS, or half that for n <= NBI_MM_COLS so that a product
  * of that width still has two blocks for two threads. Every block is a BLIS call that
@@ -811,16 +988,103 @@ static int64_t nbi_mm_cols(int64_t n) {
     return n <= NBI_MM_COLS ? NBI_MM_COLS / 2 : NBI_MM_COLS;
 }
 
+static void nbi_mm_blocks(nb_dtype d, const nbi_mm_geom *g, int64_t *rows, int64_t *cols) {
+    *rows = NBI_MM_ROWS;
+    *cols = nbi_mm_cols(g->n);
+    if (nb_dtype_is_float(d) && g->k == 1) {
+        *rows = NBI_MM_OUTER_ROWS;
+        *cols = g->n;
+    } else if (nbi_mm_is_mv(d, g) && g->n == 1) {
+        *rows = g->a_cs == 1 ? NBI_MV_BLOCK : NBI_MM_ROWS; /* row-stored a: dot products */
+    } else if (nbi_mm_is_mv(d, g)) {
+        *cols = g->b_rs == 1 ? NBI_MV_BLOCK : NBI_MM_ROWS; /* b stored transposed: dots */
+    }
+}
+
 typedef struct nbi_mm_job {
     const nbi_kargs *k;
     nbi_mm_geom g;
     nbi_mm_fn f;
     size_t es;
-    int64_t cols; /* columns per block (nbi_mm_cols) */
+    bool blis;          /* BLIS computes the product (gemm or gemv) */
+    int64_t rows, cols; /* per block (nbi_mm_blocks) */
     int64_t row_blocks, col_blocks;
     size_t scratch_bytes; /* per worker */
     int64_t sa[NB_MAX_RANK], sb[NB_MAX_RANK];
 } nbi_mm_job;
+
+/* Accumulation, block by block (see "Accumulation" at the top): out = p + c for the block's
+ * product p, rounded as the separate add rounds it, wherever the product comes from.
+ *   - BLIS (gemm, gemv) makes the block's product in the output block as usual (beta = 0),
+ *     then out += c while the block is in the cache. So the output cannot be c's buffer:
+ *     nbi_matmul_acc_in_place says no to the memory plan. Not beta = 1 into c: BLIS adds C
+ *     into its micro-tiles with the separate add's rounding in most shapes but not all --
+ *     its kernels for skinny products, k past its 256-deep k-blocks (where C enters before
+ *     the last block's sum), gemv over a column-stored matrix (y += chunk by chunk) -- and
+ *     a rewrite of the optimizer must not change results. (Handed c's buffer as the output
+ *     all the same -- a caller other than the executor -- the kernel does use beta = 1:
+ *     deterministic, but that rounding.)
+ *   - nabla's outer-product loop (float, k == 1) reads c's block and writes the output in
+ *     one pass (g->cin), in place or not;
+ *   - nabla's other loops (small float products, integers) read the accumulator from the
+ *     output block, where c is copied first unless the output is c's own buffer.
+ * In place or not, nabla's loops do the same operations on the same values: the same bits. */
+static void nbi_mm_acc_copy(const nbi_kargs *k, size_t off, int64_t rows, int64_t cols, int64_t ld,
+                            size_t es) {
+    if (k->out == k->in[2]) {
+        return;
+    }
+    unsigned char *o = (unsigned char *)k->out + off * es;
+    const unsigned char *c = (const unsigned char *)k->in[2] + off * es;
+    for (int64_t i = 0; i < rows; i++) {
+        memcpy(o + (size_t)(i * ld) * es, c + (size_t)(i * ld) * es, (size_t)cols * es);
+    }
+}
+
+/* o[i, j] = o[i, j] + c[i, j] over a rows x cols block (row stride ld): the product already
+ * in o, plus the accumulator. */
+#define NBI_MM_ADD_FN(name, T)                                                                     \
+    static void name(void *o_, const void *c_, int64_t rows, int64_t cols, int64_t ld) {           \
+        for (int64_t i = 0; i < rows; i++) {                                                       \
+            T *restrict o = (T *)o_ + i * ld;                                                      \
+            const T *restrict c = (const T *)c_ + i * ld;                                          \
+            for (int64_t j = 0; j < cols; j++) {                                                   \
+                o[j] = o[j] + c[j];                                                                \
+            }                                                                                      \
+        }                                                                                          \
+    }
+NBI_MM_ADD_FN(nbi_mm_add_f32, float)
+NBI_MM_ADD_FN(nbi_mm_add_f64, double)
+
+/* One block of the product: sub is its geometry (m, n of the block), a and b its operands,
+ * off the element offset of its output (row stride g->n), scratch the worker's. */
+static void nbi_mm_block(const nbi_kargs *k, nbi_mm_fn f, bool blis, nbi_mm_geom *sub,
+                         const void *a, const void *b, size_t off, void *scratch) {
+    nb_dtype d = k->node->dtype;
+    size_t es = nb_dtype_size(d);
+    unsigned char *o = (unsigned char *)k->out + off * es;
+    int64_t ld = sub->c_rs;
+    if (!sub->acc) {
+        f(sub, a, b, o, scratch);
+        return;
+    }
+    const unsigned char *c = (const unsigned char *)k->in[2] + off * es;
+    if (blis && (const void *)o != (const void *)c) {
+        nbi_mm_geom pg = *sub;
+        pg.acc = false;
+        f(&pg, a, b, o, scratch);
+        (d == NB_DTYPE_F32 ? nbi_mm_add_f32 : nbi_mm_add_f64)(o, c, sub->m, sub->n, ld);
+    } else if (blis) {
+        f(sub, a, b, o, scratch); /* beta = 1 into c itself: see above */
+    } else if (sub->k == 1 && nb_dtype_is_float(d)) {
+        sub->cin = c;
+        f(sub, a, b, o, scratch);
+    } else {
+        nbi_mm_acc_copy(k, off, sub->m, sub->n, ld, es);
+        sub->cin = o;
+        f(sub, a, b, o, scratch);
+    }
+}
 
 static void nbi_mm_task(void *ud, int64_t task, int worker) {
     const nbi_mm_job *j = ud;
@@ -837,32 +1101,31 @@ static void nbi_mm_task(void *ud, int64_t task, int worker) {
         ob += i * j->sb[d];
     }
     nbi_mm_geom sub = *g;
-    int64_t r0 = rb * NBI_MM_ROWS, c0 = cb * j->cols;
-    sub.m = g->m - r0 < NBI_MM_ROWS ? g->m - r0 : NBI_MM_ROWS;
+    int64_t r0 = rb * j->rows, c0 = cb * j->cols;
+    sub.m = g->m - r0 < j->rows ? g->m - r0 : j->rows;
     sub.n = g->n - c0 < j->cols ? g->n - c0 : j->cols;
     size_t es = j->es;
     const unsigned char *a = (const unsigned char *)j->k->in[0] +
                              ((size_t)(oa * g->m * g->k) + (size_t)(r0 * g->a_rs)) * es;
     const unsigned char *b = (const unsigned char *)j->k->in[1] +
                              ((size_t)(ob * g->k * g->n) + (size_t)(c0 * g->b_cs)) * es;
-    unsigned char *c =
-        (unsigned char *)j->k->out + ((size_t)(t * g->m * g->n) + (size_t)(r0 * g->n + c0)) * es;
     /* no scratch (a product that needs none, or constant folding, which gives none): no
      * offset from a NULL pointer */
     unsigned char *scratch = (unsigned char *)j->k->scratch;
     if (scratch != NULL) {
         scratch += (size_t)worker * j->scratch_bytes;
     }
-    j->f(&sub, a, b, c, scratch);
+    size_t off = (size_t)(t * g->m * g->n) + (size_t)(r0 * g->n + c0);
+    nbi_mm_block(j->k, j->f, j->blis, &sub, a, b, off, scratch);
 }
 
 /* Per worker, for the small-product loops: room for b copied row-major when it is stored
  * transposed (k x the block's columns), then for an f32 a copied transposed when it is not
  * stored so and the last columns do not fill a 256-bit vector (k x the block's rows, at most
- * NBI_MM_APACK elements). A function of the shapes only: it covers whichever version
- * (baseline or AVX2, 4 or 8 lanes) runs. */
+ * NBI_MM_APACK elements). k == 1 needs neither: b_cs and a_rs are 1. A function of the
+ * shapes only: it covers whichever version (baseline or AVX2, 4 or 8 lanes) runs. */
 static size_t nbi_mm_scratch_of(const nbi_mm_geom *g, nb_dtype d) {
-    if (!nb_dtype_is_float(d) || g->m * g->n * g->k > NBI_MM_SMALL) {
+    if (!nbi_mm_is_small(d, g)) {
         return 0;
     }
     size_t es = nb_dtype_size(d), bytes = 0;
@@ -886,6 +1149,36 @@ static size_t nbi_mm_scratch(const nb_var *node) {
     return nbi_mm_scratch_of(&g, node->dtype);
 }
 
+bool nbi_matmul_acc_in_place(const nb_var *node) {
+    nbi_mm_geom g;
+    if (node->op != NBI_OP_MATMUL || node->n_in != 3 || !nbi_mm_geometry(node, &g)) {
+        return false;
+    }
+    return !nb_dtype_is_float(node->dtype) || nbi_mm_is_small(node->dtype, &g);
+}
+
+/* k == 0: the product is zeros; accumulated, the output is 0 + c (floats: -0 becomes +0, as
+ * in add(zeros, c)). */
+static void nbi_mm_empty_k(const nbi_kargs *k, size_t es) {
+    const nb_var *node = k->node;
+    if (node->n_in != 3) {
+        memset(k->out, 0, (size_t)node->size * es); /* all-bits-zero is 0 / +0.0 */
+        return;
+    }
+    nbi_mm_acc_copy(k, 0, 1, node->size, 0, es);
+    if (node->dtype == NB_DTYPE_F32) {
+        float *o = k->out;
+        for (int64_t i = 0; i < node->size; i++) {
+            o[i] = 0.0f + o[i];
+        }
+    } else if (node->dtype == NB_DTYPE_F64) {
+        double *o = k->out;
+        for (int64_t i = 0; i < node->size; i++) {
+            o[i] = 0.0 + o[i];
+        }
+    }
+}
+
 static void nbi_k_matmul(const nbi_kargs *k) {
     const nb_var *node = k->node;
     if (node->size == 0) {
@@ -895,21 +1188,23 @@ static void nbi_k_matmul(const nbi_kargs *k) {
     (void)nbi_mm_geometry(node, &g); /* checked by inference */
     size_t es = nb_dtype_size(node->dtype);
     if (g.k == 0) {
-        memset(k->out, 0, (size_t)node->size * es); /* all-bits-zero is 0 / +0.0 */
+        nbi_mm_empty_k(k, es);
         return;
     }
     nbi_mm_fn f = nbi_mm_fn_of(node->dtype, &g);
     if (f == NULL) {
         return;
     }
-    int64_t cols = nbi_mm_cols(g.n);
-    int64_t row_blocks = (g.m + NBI_MM_ROWS - 1) / NBI_MM_ROWS;
+    bool blis = nb_dtype_is_float(node->dtype) && !nbi_mm_is_small(node->dtype, &g);
+    int64_t rows, cols;
+    nbi_mm_blocks(node->dtype, &g, &rows, &cols);
+    int64_t row_blocks = (g.m + rows - 1) / rows;
     int64_t col_blocks = (g.n + cols - 1) / cols;
     int64_t n_tasks = nbi_shape_size(g.rbat, g.bat) * row_blocks * col_blocks;
     if (n_tasks == 1) {
         /* the one block is the whole product: what nbi_mm_task does for task 0, without
          * setting up a job (small products are dominated by such fixed costs) */
-        f(&g, k->in[0], k->in[1], k->out, k->scratch);
+        nbi_mm_block(k, f, blis, &g, k->in[0], k->in[1], 0, k->scratch);
         return;
     }
     const nb_var *x = node->in[0], *y = node->in[1];
@@ -919,10 +1214,12 @@ static void nbi_k_matmul(const nbi_kargs *k) {
     j.es = es;
     j.f = f;
     j.k = k;
+    j.blis = blis;
     j.scratch_bytes = nbi_mm_scratch_of(&g, node->dtype);
     nbi_bcast_strides(j.g.ra_bat, x->shape, j.g.rbat, j.g.bat, j.sa);
     nbi_bcast_strides(j.g.rb_bat, y->shape, j.g.rbat, j.g.bat, j.sb);
     j.row_blocks = row_blocks;
+    j.rows = rows;
     j.cols = cols;
     j.col_blocks = col_blocks;
     nbi_pool_run(k->pool, n_tasks, nbi_mm_task, &j);
@@ -1007,6 +1304,9 @@ static void nbi_vjp_matmul(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_c
     nb_var *g = nb_reshape(ct, rbat + 2, s);
     in_ct[0] = nbi_mm_back(node, 0, nb_matmul(g, nbi_mm_swap(b)));
     in_ct[1] = nbi_mm_back(node, 1, nb_matmul(nbi_mm_swap(a), g));
+    if (node->n_in == 3) {
+        in_ct[2] = ct; /* the accumulator is added as it is */
+    }
 }
 
 static nb_var *nbi_jvp_matmul(nb_trace *tr, nb_var *node, nb_var *const *tan) {
@@ -1021,13 +1321,17 @@ static nb_var *nbi_jvp_matmul(nb_trace *tr, nb_var *node, nb_var *const *tan) {
     if (tan[1] != NULL) {
         q = nb_matmul(a, nbi_mm_trans(node, 1) ? nbi_mm_swap(tan[1]) : tan[1]);
     }
-    return p && q ? nb_add(p, q) : p ? p : q;
+    nb_var *t = p && q ? nb_add(p, q) : p ? p : q;
+    if (node->n_in == 3 && tan[2] != NULL) {
+        t = t != NULL ? nb_add(t, tan[2]) : tan[2];
+    }
+    return t;
 }
 
 /* ---- registry entries --------------------------------------------------------------- */
 
 const nbi_op_info nbi_opinfo_matmul = {.name = "matmul",
-                                       .n_in = 2,
+                                       .n_in = -1, /* 2, or 3 accumulating */
                                        .infer = nbi_infer_matmul,
                                        .kernel = nbi_k_matmul,
                                        .scratch = nbi_mm_scratch,

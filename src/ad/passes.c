@@ -1418,11 +1418,11 @@ typedef nb_status (*nbi_pass_fn)(nb_ctx *ctx, const nbi_graph *in, nbi_graph *ou
 
 nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, unsigned debug, nbi_arena *arena,
                        nbi_graph *out) {
-    const nbi_pass_fn all[] = {nbi_pass_fold,     nbi_pass_transpose_matmul,
-                               nbi_pass_cse,      nbi_pass_dce,
-                               nbi_pass_pad_push, nbi_pass_dce,
-                               nbi_pass_remat,    nbi_pass_fuse,
-                               nbi_pass_dce};
+    const nbi_pass_fn all[] = {nbi_pass_fold,       nbi_pass_transpose_matmul,
+                               nbi_pass_cse,        nbi_pass_dce,
+                               nbi_pass_accumulate, nbi_pass_pad_push,
+                               nbi_pass_dce,        nbi_pass_remat,
+                               nbi_pass_fuse,       nbi_pass_dce};
     const nbi_pass_fn no_fuse[] = {nbi_pass_fold,     nbi_pass_transpose_matmul,
                                    nbi_pass_cse,      nbi_pass_dce,
                                    nbi_pass_pad_push, nbi_pass_dce,

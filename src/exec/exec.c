@@ -535,6 +535,14 @@ static bool nbi_inplace_ok(const nb_var *o, const nb_var *x) {
         }
         return o->in[0] == x && x->dtype == o->dtype;
     }
+    if (o->op == NBI_OP_MATMUL) {
+        /* an accumulating product (a @ b + c, c its third operand: pass_accumulate.c) adds
+         * into its accumulator's buffer where its kernel allows it (each block reads its c
+         * elements before writing them); not when x is also a factor (read across rows and
+         * columns while written) */
+        return o->n_in == 3 && o->in[2] == x && o->in[0] != x && o->in[1] != x &&
+               x->dtype == o->dtype && nbi_matmul_acc_in_place(o);
+    }
     /* a fused kernel reading a view (slice, pad) reads x elsewhere than it writes */
     const nb_var *mk = o->op == NBI_OP_FUSED_OUTPUT ? o->in[0] : o;
     const nbi_fprog *fp = mk->op == NBI_OP_FUSED ? mk->at.callee : NULL;

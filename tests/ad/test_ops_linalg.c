@@ -269,7 +269,7 @@ static void test_registry_entry(void **state) {
     NBT_TRUE(info == &nbi_opinfo_matmul);
     NBT_STREQ(info->name, "matmul");
     NBT_STREQ(nbi_op_name(NBI_OP_MATMUL), "matmul");
-    NBT_EQ_I64(info->n_in, 2);
+    NBT_EQ_I64(info->n_in, -1); /* 2, or 3 when accumulating (pass_accumulate.c) */
     NBT_TRUE(info->infer != NULL);
     NBT_TRUE(info->kernel != NULL);
     NBT_TRUE(info->scratch != NULL);
@@ -339,6 +339,19 @@ static void test_matmul_large(void **state) {
             false);
     lt_case(NB_DTYPE_F32, 2, (int64_t[]){256, 1}, 2, (int64_t[]){1, 700}, 2, (int64_t[]){256, 700},
             false);
+    /* matrix-vector products through gemv: a long dot, rank-1 operands either side (several
+     * 256-output blocks), a column and a row of a batch, a broadcast matrix */
+    for (int d = 0; d < 2; d++) {
+        lt_case(lt_numeric[d], 1, (int64_t[]){40000}, 1, (int64_t[]){40000}, 0, NULL, true);
+        lt_case(lt_numeric[d], 2, (int64_t[]){700, 300}, 1, (int64_t[]){300}, 1, (int64_t[]){700},
+                false);
+        lt_case(lt_numeric[d], 1, (int64_t[]){300}, 2, (int64_t[]){300, 1100}, 1, (int64_t[]){1100},
+                false);
+        lt_case(lt_numeric[d], 3, (int64_t[]){3, 300, 200}, 3, (int64_t[]){3, 200, 1}, 3,
+                (int64_t[]){3, 300, 1}, false);
+        lt_case(lt_numeric[d], 3, (int64_t[]){2, 1, 300}, 2, (int64_t[]){300, 400}, 3,
+                (int64_t[]){2, 1, 400}, false);
+    }
 }
 
 static void test_matmul_1d_2d(void **state) {
@@ -611,10 +624,58 @@ static void test_matmul_same_operand(void **state) {
 LT_REF_FN(lt_ref_f32, float)
 LT_REF_FN(lt_ref_f64, double)
 
+/* The accumulating form of node v (a matmul of params a and b): matmul(a, b, c) with a new
+ * param c of v's type, as the accumulate pass makes it (pass_accumulate.c). */
+static nb_var *lt_acc_node(lt_env *e, const nb_var *v, int32_t index) {
+    nb_var *c = lt_param(e, index, v->dtype, v->rank, v->shape);
+    nb_var *in[3] = {v->in[0], v->in[1], c};
+    nb_var *w = nbi_emit(&e->tr, NBI_OP_MATMUL, 3, in, &v->at);
+    NBT_OK(e->ctx, nb_trace_status(&e->tr));
+    NBT_EQ_I64(w->n_in, 3);
+    return w;
+}
+
+/* Run an accumulating node w on (a, b, c) into a separate output (c must stay as it is),
+ * leaving the result in out; then in place (the output is a copy of c that the kernel adds
+ * into, as the memory plan may give it), leaving that result in inpl when it is not NULL.
+ * Where the memory plan allows in place (nbi_matmul_acc_in_place) the two must agree bit
+ * for bit. */
+static void lt_run_acc2(const nb_var *w, void *out, void *inpl, const void *a, const void *b,
+                        const void *c) {
+    const nbi_op_info *info = nbi_op_get(NBI_OP_MATMUL);
+    size_t bytes = (size_t)w->size * nb_dtype_size(w->dtype), sb = info->scratch(w);
+    unsigned char *scratch = lt_alloc(sb), *cc = lt_alloc(bytes), *ip = lt_alloc(bytes);
+    memcpy(cc, c, bytes);
+    lt_poison_fill(w->dtype, out, w->size);
+    nbi_kargs k1 = {
+        .node = w, .out = out, .in = (const void *const[]){a, b, cc}, .scratch = scratch};
+    info->kernel(&k1);
+    NBT_TRUE(memcmp(cc, c, bytes) == 0); /* the accumulator is an input: left alone */
+    memcpy(ip, c, bytes);
+    nbi_kargs k2 = {
+        .node = w, .out = ip, .in = (const void *const[]){a, b, ip}, .scratch = scratch};
+    info->kernel(&k2);
+    if (nbi_matmul_acc_in_place(w) && memcmp(out, ip, bytes) != 0) {
+        fail_msg("an accumulating %s product gives other bits in place", nb_dtype_name(w->dtype));
+    }
+    if (inpl != NULL) {
+        memcpy(inpl, ip, bytes);
+    }
+    free(scratch);
+    free(cc);
+    free(ip);
+}
+
+static void lt_run_acc(const nb_var *w, void *out, const void *a, const void *b, const void *c) {
+    lt_run_acc2(w, out, NULL, a, b, c);
+}
+
 /* One [m, k] @ [k, n] product, a stored transposed if ta, b if tb (the flags the optimizer
  * sets), run through the registry like the executor does, on its exact scratch size and an
  * output that are both followed by guard bytes: the result must equal the reference bit for
- * bit and nothing past the scratch or the output may be written. */
+ * bit and nothing past the scratch or the output may be written. Then accumulated into a c
+ * (lt_run_acc): exactly the reference plus c, rounded once more -- the product and the add
+ * made separately. */
 static void lt_small_case(lt_env *e, nb_dtype dt, int64_t m, int64_t k, int64_t n, int ta, int tb) {
     int64_t sa[2] = {ta ? k : m, ta ? m : k}, sb[2] = {tb ? n : k, tb ? k : n};
     nb_var *in[2] = {lt_param(e, 0, dt, 2, sa), lt_param(e, 1, dt, 2, sb)};
@@ -671,6 +732,30 @@ static void lt_small_case(lt_env *e, nb_dtype dt, int64_t m, int64_t k, int64_t 
         NBT_TRUE(cbuf[cbytes + i] == 0xa5);
         NBT_TRUE(scratch[sbytes + i] == 0x5a);
     }
+    nb_var *w = lt_acc_node(e, v, 2);
+    NBT_EQ_I64(info->scratch(w), (int64_t)sbytes);
+    unsigned char *acc = lt_alloc(cbytes), *got = lt_alloc(cbytes);
+    lt_fill(dt, acc, m * n, seed + 2);
+    lt_run_acc(w, got, abuf, bbuf, acc);
+    for (int64_t o = 0; o < m * n; o++) {
+        unsigned char x[8];
+        if (dt == NB_DTYPE_F32) {
+            float sum = ((const float *)want)[o] + ((const float *)acc)[o];
+            memcpy(x, &sum, sizeof sum);
+        } else {
+            double sum = ((const double *)want)[o] + ((const double *)acc)[o];
+            memcpy(x, &sum, sizeof sum);
+        }
+        if (memcmp(got + (size_t)o * es, x, es) != 0) {
+            fail_msg("%s %s[%lld,%lld] @ [%lld,%lld] (flags %d%d) accumulated: element (%lld, "
+                     "%lld) is %.17g, the in-order sum plus c is %.17g",
+                     nbi_use_avx2() ? "avx2" : "baseline", nb_dtype_name(dt), (long long)m,
+                     (long long)k, (long long)k, (long long)n, ta, tb, (long long)(o / n),
+                     (long long)(o % n), lt_get_f(dt, got, o), lt_get_f(dt, x, 0));
+        }
+    }
+    free(acc);
+    free(got);
     free(abuf);
     free(bbuf);
     free(cbuf);
@@ -684,7 +769,8 @@ static void lt_small_case(lt_env *e, nb_dtype dt, int64_t m, int64_t k, int64_t 
  * blocks, all four transpose flags, f32 and f64, in the baseline and the AVX2 loops. Then
  * larger ones: an a too large to be copied transposed for the column tail, and products
  * cut into row blocks (over 1024 rows) and column blocks (over 128 columns), each block
- * with its own copies in the same scratch. */
+ * with its own copies in the same scratch; and outer products (k = 1), which nabla's loop
+ * computes at any size, in blocks of whole rows. Each also accumulated (lt_small_case). */
 static void test_matmul_small_bits(void **state) {
     (void)state;
     static const int64_t ks[] = {1, 2, 5, 8, 16, 37};
@@ -709,8 +795,9 @@ static void test_matmul_small_bits(void **state) {
                 nbi_trace_release(&e.tr); /* keep the trace small */
                 NBT_OK(e.ctx, nbi_trace_init(&e.tr, e.ctx, "test"));
             }
-            static const int64_t big[][3] = {{64, 80, 3},  {130, 40, 5}, {1030, 3, 5},
-                                             {1100, 2, 9}, {8, 4, 300},  {5, 3, 700}};
+            static const int64_t big[][3] = {{64, 80, 3},     {130, 40, 5},  {1030, 3, 5},
+                                             {1100, 2, 9},    {8, 4, 300},   {5, 3, 700},
+                                             {1000, 1, 1000}, {1030, 1, 37}, {3, 1, 2053}};
             for (size_t q = 0; q < sizeof big / sizeof big[0]; q++) {
                 for (int t = 0; t < 4; t++) {
                     lt_small_case(&e, dts[d], big[q][0], big[q][1], big[q][2], t & 1, t >> 1);
@@ -722,6 +809,228 @@ static void test_matmul_small_bits(void **state) {
     nbi_isa_override = saved;
     if (!nbi_use_avx2()) {
         print_message("note: this CPU has no AVX2; both runs used the baseline loops\n");
+    }
+}
+
+/* ---- accumulation and matrix-vector products through BLIS ---------------------------- */
+
+/* Check an accumulated w = c + a @ b (w from lt_acc_node, operands rank 2 or a rank-1 a/b as
+ * numpy promotes them, stored transposed per w's flags) against a double-precision c + sum:
+ * |got - ref| <= rel * (k * max_p |a_ip b_pj| + |c|). */
+static void lt_check_acc(const nb_var *w, const void *out, const void *a, const void *b,
+                         const void *c) {
+    const nb_var *x = w->in[0], *y = w->in[1];
+    bool ta = w->at.axes[0] && x->rank >= 2, tb = w->at.axes[1] && y->rank >= 2;
+    int64_t m = x->rank >= 2 ? x->shape[ta ? 1 : 0] : 1, k = x->shape[x->rank - (ta ? 2 : 1)];
+    int64_t n = y->rank >= 2 ? y->shape[tb ? 0 : 1] : 1;
+    nb_dtype dt = w->dtype;
+    double rel = dt == NB_DTYPE_F32 ? 1e-5 : 1e-12;
+    for (int64_t i = 0; i < m; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            double sum = 0, mx = 0;
+            for (int64_t p = 0; p < k; p++) {
+                double t = lt_get_f(dt, a, ta ? p * m + i : i * k + p) *
+                           lt_get_f(dt, b, tb ? j * k + p : p * n + j);
+                sum += t;
+                mx = fabs(t) > mx ? fabs(t) : mx;
+            }
+            double cv = lt_get_f(dt, c, i * n + j), got = lt_get_f(dt, out, i * n + j);
+            double tol = rel * ((double)k * mx + fabs(cv));
+            if (!(fabs(got - (sum + cv)) <= tol)) {
+                fail_msg("(%lld, %lld): got %.17g, want %.17g (tol %g)", (long long)i, (long long)j,
+                         got, sum + cv, tol);
+            }
+        }
+    }
+}
+
+/* a @ b + c through BLIS -- gemm (one block and several; k past BLIS's 256-deep k-blocks),
+ * gemv for a matrix-vector product (n == 1 or m == 1, the matrix read by rows or by
+ * columns) -- and integer products: exactly the product made alone plus c (floats rounded
+ * once more, integers wrapping), and within tolerance of the double reference. BLIS's
+ * products are never planned in place (the kernel makes them in the output, then adds c);
+ * handed c's buffer all the same, the kernel has BLIS add into it (beta = 1): then within
+ * tolerance and the same bits run to run. */
+static void test_matmul_accumulate(void **state) {
+    (void)state;
+    const struct {
+        int64_t m, k, n;
+        int ta, tb;
+    } sh[] = {{64, 48, 40, 0, 0},  {300, 40, 300, 1, 0}, {200, 600, 70, 0, 1},
+              {40, 300, 1, 0, 0},  {600, 300, 1, 1, 0},  {1, 300, 700, 0, 0},
+              {1, 300, 700, 0, 1}, {1, 400, 1, 0, 0},    {1100, 30, 3, 0, 0}};
+    for (size_t q = 0; q < sizeof sh / sizeof sh[0]; q++) {
+        for (int d = 0; d < LT_N_NUMERIC; d++) {
+            nb_dtype dt = lt_numeric[d];
+            int64_t m = sh[q].m, k = sh[q].k, n = sh[q].n;
+            lt_env e;
+            lt_begin(&e);
+            int64_t sa[2] = {sh[q].ta ? k : m, sh[q].ta ? m : k};
+            int64_t sb[2] = {sh[q].tb ? n : k, sh[q].tb ? k : n};
+            nb_var *in[2] = {lt_param(&e, 0, dt, 2, sa), lt_param(&e, 1, dt, 2, sb)};
+            nbi_attrs at;
+            memset(&at, 0, sizeof at);
+            at.axes[0] = sh[q].ta;
+            at.axes[1] = sh[q].tb;
+            nb_var *v = nbi_emit(&e.tr, NBI_OP_MATMUL, 2, in, &at);
+            nb_var *w = lt_acc_node(&e, v, 2);
+            /* in place: integers and nabla's small loops ([1,400] @ [400,1]) */
+            NBT_EQ_I64(nbi_matmul_acc_in_place(w), !nb_dtype_is_float(dt) || m * n * k <= LT_SMALL);
+            size_t es = nb_dtype_size(dt), bytes = (size_t)(m * n) * es;
+            void *abuf = lt_alloc((size_t)(m * k) * es), *bbuf = lt_alloc((size_t)(k * n) * es);
+            void *c = lt_alloc(bytes), *o1 = lt_alloc(bytes), *o2 = lt_alloc(bytes);
+            void *i1 = lt_alloc(bytes), *i2 = lt_alloc(bytes), *p = lt_alloc(bytes);
+            lt_fill(dt, abuf, m * k, 100 + q);
+            lt_fill(dt, bbuf, k * n, 200 + q);
+            lt_fill(dt, c, m * n, 300 + q);
+            lt_run_acc2(w, o1, i1, abuf, bbuf, c);
+            lt_run_acc2(w, o2, i2, abuf, bbuf, c);
+            NBT_TRUE(memcmp(o1, o2, bytes) == 0);
+            NBT_TRUE(memcmp(i1, i2, bytes) == 0);
+            lt_run(v, p, abuf, bbuf);
+            for (int64_t i = 0; i < m * n; i++) {
+                bool same;
+                if (dt == NB_DTYPE_F32) {
+                    float x = ((const float *)p)[i] + ((const float *)c)[i];
+                    same = memcmp(&x, (const float *)o1 + i, 4) == 0;
+                } else if (dt == NB_DTYPE_F64) {
+                    double x = ((const double *)p)[i] + ((const double *)c)[i];
+                    same = memcmp(&x, (const double *)o1 + i, 8) == 0;
+                } else { /* wrapping */
+                    uint64_t x = lt_get_u(dt, p, i) + lt_get_u(dt, c, i);
+                    x = dt == NB_DTYPE_I32 ? (uint64_t)(int64_t)(int32_t)(uint32_t)x : x;
+                    same = lt_get_u(dt, o1, i) == x;
+                }
+                if (!same) {
+                    fail_msg("%s [%lld,%lld] @ [%lld,%lld] accumulated: element %lld is not the "
+                             "product plus c",
+                             nb_dtype_name(dt), (long long)m, (long long)k, (long long)k,
+                             (long long)n, (long long)i);
+                }
+            }
+            if (nb_dtype_is_float(dt)) {
+                lt_check_acc(w, o1, abuf, bbuf, c);
+                lt_check_acc(w, i1, abuf, bbuf, c);
+            }
+            void *bufs[] = {abuf, bbuf, c, o1, o2, i1, i2, p};
+            for (size_t b = 0; b < sizeof bufs / sizeof bufs[0]; b++) {
+                free(bufs[b]);
+            }
+            lt_end(&e);
+        }
+    }
+}
+
+/* k = 0 accumulated: c + 0 (a -0 in c comes out +0, as from add(zeros, c)); integers: c. */
+static void test_matmul_accumulate_k_zero(void **state) {
+    (void)state;
+    for (int d = 0; d < LT_N_NUMERIC; d++) {
+        nb_dtype dt = lt_numeric[d];
+        lt_env e;
+        lt_begin(&e);
+        nb_var *a = lt_param(&e, 0, dt, 2, (int64_t[]){2, 0});
+        nb_var *b = lt_param(&e, 1, dt, 2, (int64_t[]){0, 3});
+        nb_var *w = lt_acc_node(&e, nb_matmul(a, b), 2);
+        unsigned char c[6 * 8], out[6 * 8];
+        lt_fill(dt, c, 6, 9);
+        if (dt == NB_DTYPE_F32) {
+            ((float *)c)[0] = -0.0f;
+        } else if (dt == NB_DTYPE_F64) {
+            ((double *)c)[0] = -0.0;
+        }
+        lt_run_acc(w, out, NULL, NULL, c);
+        for (int64_t i = 0; i < 6; i++) {
+            if (nb_dtype_is_float(dt)) {
+                double x = lt_get_f(dt, out, i), y = lt_get_f(dt, c, i);
+                NBT_TRUE(x == y);
+                NBT_TRUE(!signbit(x) || (i != 0 && signbit(y)));
+            } else {
+                NBT_EQ_I64((int64_t)lt_get_u(dt, out, i), (int64_t)lt_get_u(dt, c, i));
+            }
+        }
+        lt_end(&e);
+    }
+}
+
+/* A matrix-vector product of more than NBI_MM_SMALL multiply-adds is BLIS's gemv, called
+ * exactly as below: the same bits as a direct call -- the matrix read by rows (dot products;
+ * nabla cuts it into blocks of 256 outputs, so that 600 rows are three calls) or by columns
+ * (one call) -- and, accumulated, those bits plus c. */
+static void test_matmul_gemv_bits(void **state) {
+    (void)state;
+    const struct {
+        int64_t m, k, n;
+        int ta, tb;
+    } sh[] = {{600, 300, 1, 0, 0}, {600, 300, 1, 1, 0}, {1, 300, 700, 0, 0}, {1, 300, 700, 0, 1}};
+    for (size_t q = 0; q < sizeof sh / sizeof sh[0]; q++) {
+        for (int d = 0; d < 2; d++) {
+            nb_dtype dt = d ? NB_DTYPE_F64 : NB_DTYPE_F32;
+            int64_t m = sh[q].m, k = sh[q].k, n = sh[q].n;
+            lt_env e;
+            lt_begin(&e);
+            int64_t sa[2] = {sh[q].ta ? k : m, sh[q].ta ? m : k};
+            int64_t sb[2] = {sh[q].tb ? n : k, sh[q].tb ? k : n};
+            /* rank-1 vectors, as nabla's gradients have them: [m, k] @ [k], [k] @ [k, n] */
+            nb_var *in[2] = {m == 1 ? lt_param(&e, 0, dt, 1, &k) : lt_param(&e, 0, dt, 2, sa),
+                             n == 1 ? lt_param(&e, 1, dt, 1, &k) : lt_param(&e, 1, dt, 2, sb)};
+            nbi_attrs at;
+            memset(&at, 0, sizeof at);
+            at.axes[0] = sh[q].ta;
+            at.axes[1] = sh[q].tb;
+            nb_var *v = nbi_emit(&e.tr, NBI_OP_MATMUL, 2, in, &at);
+            NBT_OK(e.ctx, nb_trace_status(&e.tr));
+            nb_var *w = lt_acc_node(&e, v, 2);
+            size_t es = nb_dtype_size(dt), bytes = (size_t)(m * n) * es;
+            unsigned char *abuf = lt_alloc((size_t)(m * k) * es);
+            unsigned char *bbuf = lt_alloc((size_t)(k * n) * es), *c = lt_alloc(bytes);
+            unsigned char *o = lt_alloc(bytes), *want = lt_alloc(bytes), *wacc = lt_alloc(bytes);
+            lt_fill(dt, abuf, m * k, 7 + q);
+            lt_fill(dt, bbuf, k * n, 8 + q);
+            lt_fill(dt, c, m * n, 9 + q);
+            rntm_t rntm = BLIS_RNTM_INITIALIZER;
+            bli_rntm_set_num_threads(1, &rntm);
+            /* y = A x: A m x k for n == 1; for m == 1, y^T = B^T a^T with B k x n */
+            trans_t tr = n == 1 ? BLIS_NO_TRANSPOSE : BLIS_TRANSPOSE;
+            dim_t rows = n == 1 ? m : k, cols = n == 1 ? k : n;
+            void *mat = n == 1 ? (void *)abuf : (void *)bbuf, *vec = n == 1 ? bbuf : abuf;
+            inc_t rs = n == 1 ? (sh[q].ta ? 1 : k) : (sh[q].tb ? 1 : n);
+            inc_t cs = n == 1 ? (sh[q].ta ? m : 1) : (sh[q].tb ? k : 1);
+            if (dt == NB_DTYPE_F32) {
+                float one = 1, zero = 0;
+                bli_sgemv_ex(tr, BLIS_NO_CONJUGATE, rows, cols, &one, mat, rs, cs, vec, 1, &zero,
+                             (void *)want, 1, NULL, &rntm);
+                for (int64_t i = 0; i < m * n; i++) {
+                    ((float *)wacc)[i] = ((float *)want)[i] + ((float *)c)[i];
+                }
+            } else {
+                double one = 1, zero = 0;
+                bli_dgemv_ex(tr, BLIS_NO_CONJUGATE, rows, cols, &one, mat, rs, cs, vec, 1, &zero,
+                             (void *)want, 1, NULL, &rntm);
+                for (int64_t i = 0; i < m * n; i++) {
+                    ((double *)wacc)[i] = ((double *)want)[i] + ((double *)c)[i];
+                }
+            }
+            lt_poison_fill(dt, o, m * n);
+            lt_run(v, o, abuf, bbuf);
+            if (memcmp(o, want, bytes) != 0) {
+                fail_msg("%s [%lld,%lld]%s @ [%lld,%lld]%s: not BLIS's gemv bits",
+                         nb_dtype_name(dt), (long long)m, (long long)k, sh[q].ta ? "^T" : "",
+                         (long long)k, (long long)n, sh[q].tb ? "^T" : "");
+            }
+            lt_run_acc(w, o, abuf, bbuf, c);
+            if (memcmp(o, wacc, bytes) != 0) {
+                fail_msg("%s [%lld,%lld] @ [%lld,%lld] accumulated: not gemv's bits plus c",
+                         nb_dtype_name(dt), (long long)m, (long long)k, (long long)k, (long long)n);
+            }
+            lt_check_acc(w, o, abuf, bbuf, c);
+            free(abuf);
+            free(bbuf);
+            free(c);
+            free(o);
+            free(want);
+            free(wacc);
+            lt_end(&e);
+        }
     }
 }
 
@@ -1090,6 +1399,42 @@ static void test_blis_threads_same_bits(void **state) {
     }
 }
 
+/* The rules of the accumulating form matmul(a, b, c), which only the optimizer makes (after
+ * differentiation, so they never run there; kept right all the same), checked on the IR
+ * they emit: the cotangent of c is the output's own, a and b get cotangents of their
+ * shapes (the plain product's rules, checked above); the tangent is the plain product's
+ * plus dc, or dc alone. */
+static void test_matmul_accumulate_rules(void **state) {
+    (void)state;
+    lt_env e;
+    lt_begin(&e);
+    nb_var *a = lt_param(&e, 0, NB_DTYPE_F64, 2, (int64_t[]){4, 3});
+    nb_var *b = lt_param(&e, 1, NB_DTYPE_F64, 2, (int64_t[]){3, 5});
+    nb_var *v = nb_matmul(a, b);
+    nb_var *w = lt_acc_node(&e, v, 2);
+    nb_var *ct = lt_param(&e, 3, NB_DTYPE_F64, 2, (int64_t[]){4, 5});
+    nb_var *da = lt_param(&e, 4, NB_DTYPE_F64, 2, (int64_t[]){4, 3});
+    const nbi_op_info *info = nbi_op_get(NBI_OP_MATMUL);
+    nb_var *in_ct[3] = {NULL, NULL, NULL};
+    info->vjp(&e.tr, w, ct, in_ct);
+    NBT_OK(e.ctx, nb_trace_status(&e.tr));
+    NBT_TRUE(in_ct[2] == ct);
+    NBT_TRUE(in_ct[0] != NULL && in_ct[0]->rank == 2 && in_ct[0]->shape[0] == 4 &&
+             in_ct[0]->shape[1] == 3);
+    NBT_TRUE(in_ct[1] != NULL && in_ct[1]->rank == 2 && in_ct[1]->shape[0] == 3 &&
+             in_ct[1]->shape[1] == 5);
+    nb_var *tan[3] = {da, NULL, ct}; /* ct stands in for dc: any [4, 5] */
+    nb_var *t = info->jvp(&e.tr, w, tan);
+    NBT_OK(e.ctx, nb_trace_status(&e.tr));
+    NBT_TRUE(t != NULL && t->op == NBI_OP_ADD && t->in[1] == ct);
+    NBT_TRUE(t->in[0]->op == NBI_OP_MATMUL && t->in[0]->in[0] == da && t->in[0]->in[1] == b);
+    nb_var *only_c[3] = {NULL, NULL, ct};
+    NBT_TRUE(info->jvp(&e.tr, w, only_c) == ct);
+    nb_var *none[3] = {NULL, NULL, NULL};
+    NBT_TRUE(info->jvp(&e.tr, w, none) == NULL);
+    lt_end(&e);
+}
+
 /* A batched product of constants, folded at compile time: iota f64[5,3] @ iota f64[5,3,1]
  * (a broadcast batch, no scratch). Folding runs the kernel without a scratch buffer; the
  * kernel offset a NULL scratch pointer per worker (undefined behaviour: clang's
@@ -1146,6 +1491,9 @@ int main(void) {
         cmocka_unit_test(test_matmul_deterministic),
         cmocka_unit_test(test_matmul_same_operand),
         cmocka_unit_test(test_matmul_small_bits),
+        cmocka_unit_test(test_matmul_accumulate),
+        cmocka_unit_test(test_matmul_accumulate_k_zero),
+        cmocka_unit_test(test_matmul_gemv_bits),
         cmocka_unit_test(test_matmul_bool_rejected),
         cmocka_unit_test(test_matmul_dtype_mismatch),
         cmocka_unit_test(test_matmul_inner_dim_message),
@@ -1155,6 +1503,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_foreign_trace),
         cmocka_unit_test(test_matmul_grad_rules),
         cmocka_unit_test(test_matmul_grad_rules_transposed_operands),
+        cmocka_unit_test(test_matmul_accumulate_rules),
         cmocka_unit_test(test_blis_threads_same_bits),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
