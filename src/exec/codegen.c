@@ -628,8 +628,7 @@ static bool nbx_single_program(const nb_var *v, nbi_fprog *p) {
  * float sums only below one pairwise block. */
 static bool nbx_reduce_ok(const nb_var *v) {
     const nb_var *x = v->in[0];
-    if (v->op != NBI_OP_SUM && v->op != NBI_OP_MAX && v->op != NBI_OP_MIN &&
-        v->op != NBI_OP_PROD) {
+    if (v->op != NBI_OP_SUM && v->op != NBI_OP_MAX && v->op != NBI_OP_MIN && v->op != NBI_OP_PROD) {
         return false;
     }
     if (x->size <= 0 || x->size > NBX_INLINE_MAX || v->size <= 0) {
@@ -682,7 +681,8 @@ static void nbx_emit_reduce(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins
             nbi_sbuf_printf(s, " + i%d * %lld", d, (long long)st[d]);
         }
     }
-    nbi_sbuf_puts(s, "];\n                if (first) { acc = t; first = 0; }\n                else ");
+    nbi_sbuf_puts(s,
+                  "];\n                if (first) { acc = t; first = 0; }\n                else ");
     switch ((nbi_op)v->op) {
     case NBI_OP_SUM:
     case NBI_OP_PROD: {
@@ -704,13 +704,13 @@ static void nbx_emit_reduce(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins
         break;
     }
     }
-    nbi_sbuf_puts(s, "            }\n            o[q++] = acc;\n        }\n        (void)q;\n    }\n");
+    nbi_sbuf_puts(s,
+                  "            }\n            o[q++] = acc;\n        }\n        (void)q;\n    }\n");
 }
 
 /* Copies (reshape, stop_gradient, identity): the bytes, unless made in place. */
 static bool nbx_is_copy(const nb_var *v) {
-    return (v->op == NBI_OP_RESHAPE || v->op == NBI_OP_STOP_GRADIENT ||
-            v->op == NBI_OP_IDENTITY) &&
+    return (v->op == NBI_OP_RESHAPE || v->op == NBI_OP_STOP_GRADIENT || v->op == NBI_OP_IDENTITY) &&
            v->n_in == 1 && v->dtype == v->in[0]->dtype && v->size == v->in[0]->size;
 }
 
@@ -773,13 +773,13 @@ static bool nbx_emit_move(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) 
             int64_t m = x->rank > ax ? x->shape[ax] : 1;
             if (m * inner * outer > 0) {
                 nbx_value(e, ins->in[j], xb, sizeof xb);
-                nbi_sbuf_printf(s,
-                                "        for (i64 q = 0; q < %lld; q++)\n"
-                                "            for (i64 r = 0; r < %lld; r++)\n"
-                                "                o[q * %lld + %lld + r] = ((const %s *)%s)[q * %lld + r];\n",
-                                (long long)outer, (long long)(m * inner),
-                                (long long)(v->shape[ax] * inner), (long long)(at * inner), B, xb,
-                                (long long)(m * inner));
+                nbi_sbuf_printf(
+                    s,
+                    "        for (i64 q = 0; q < %lld; q++)\n"
+                    "            for (i64 r = 0; r < %lld; r++)\n"
+                    "                o[q * %lld + %lld + r] = ((const %s *)%s)[q * %lld + r];\n",
+                    (long long)outer, (long long)(m * inner), (long long)(v->shape[ax] * inner),
+                    (long long)(at * inner), B, xb, (long long)(m * inner));
             }
             at += m;
         }
@@ -808,11 +808,13 @@ static bool nbx_emit_move(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) 
             w2 *= blk->shape[d];
         }
         nbx_value(e, ins->in[0], xb, sizeof xb);
-        nbi_sbuf_printf(s, "    {\n        %s *o = (%s *)%s;\n        const %s *x = (const %s *)%s;\n",
+        nbi_sbuf_printf(s,
+                        "    {\n        %s *o = (%s *)%s;\n        const %s *x = (const %s *)%s;\n",
                         B, B, ob, B, B, xb);
         if (upd) {
-            nbi_sbuf_printf(s, "        if ((void *)o != (const void *)x) __builtin_memmove(o, x, %zu);\n",
-                            (size_t)v->size * es);
+            nbi_sbuf_printf(
+                s, "        if ((void *)o != (const void *)x) __builtin_memmove(o, x, %zu);\n",
+                (size_t)v->size * es);
             char ub[96];
             nbx_value(e, ins->in[1], ub, sizeof ub);
             nbi_sbuf_printf(s, "        const %s *u = (const %s *)%s;\n", B, B, ub);
@@ -822,10 +824,11 @@ static bool nbx_emit_move(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) 
             char ib[96];
             nbx_value(e, ins->in[first + d], ib, sizeof ib);
             long long hi = (long long)(x->shape[d] - blk->shape[d]);
-            nbi_sbuf_printf(s,
-                            "        { i64 t = (i64)((const %s *)%s)[0]; t = t < 0 ? 0 : t > %lld ? "
-                            "%lld : t; off += t * %lld; }\n",
-                            nbx_ctype(v->in[first + d]->dtype), ib, hi, hi, (long long)xst[d]);
+            nbi_sbuf_printf(
+                s,
+                "        { i64 t = (i64)((const %s *)%s)[0]; t = t < 0 ? 0 : t > %lld ? "
+                "%lld : t; off += t * %lld; }\n",
+                nbx_ctype(v->in[first + d]->dtype), ib, hi, hi, (long long)xst[d]);
         }
         if (blk->size > 0) {
             for (int d = 0; d < x->rank; d++) {
@@ -967,7 +970,8 @@ static const char nbx_prelude[] =
     "         : d >= 2147483647.0 ? 2147483647 : (i32)d;\n"
     "}\n"
     "static inline i32 nbx_sat_i32_q(i64 q) {\n"
-    "    return q < -2147483648ll ? (i32)(-2147483647 - 1) : q > 2147483647ll ? 2147483647 : (i32)q;\n"
+    "    return q < -2147483648ll ? (i32)(-2147483647 - 1) : q > 2147483647ll ? 2147483647 : "
+    "(i32)q;\n"
     "}\n"
     "static inline i64 nbx_sat_i64_d(double d) {\n"
     "    return d != d ? 0 : d <= -9223372036854775808.0 ? (i64)(-9223372036854775807ll - 1)\n"

@@ -64,7 +64,7 @@ struct nbi_exec {
     nbi_pool *pool;       /* the context's threads, or NULL */
     int n_workers;        /* threads that may run a kernel's tasks (scratch slices) */
     size_t mem_bytes;
-    unsigned debug;    /* NBI_DEBUG_*: every instruction's result checked (run_raw) */
+    unsigned debug; /* NBI_DEBUG_*: every instruction's result checked (run_raw) */
     /* The native tier (native.c): the compiled function, when one is installed, and its
      * state; owned and changed by the context's thread only (a background compile hands
      * its result over through the job). */
@@ -86,8 +86,7 @@ NBI_HIDDEN bool nbi_native_interp_only(void);
 /* NABLA_NATIVE=check is set. */
 NBI_HIDDEN bool nbi_native_checking(void);
 /* Run e's native code (installed) with e->out_direct as planned. */
-NBI_HIDDEN void nbi_native_run(const nbi_exec *e, const void *const *inputs,
-                               void *const *outputs);
+NBI_HIDDEN void nbi_native_run(const nbi_exec *e, const void *const *inputs, void *const *outputs);
 /* Check mode: run the native code into scratch outputs (before the interpreter runs), and
  * after it compare them with the interpreter's; a difference is recorded as the run's
  * failure. begin returns the scratch (NULL: no check this run). */

@@ -24,8 +24,8 @@
  * the last one; an executable destroyed while its job is queued or compiling just drops
  * its reference.
  */
-#include "exec/exec.h"
 #include "exec/native.h"
+#include "exec/exec.h"
 #include "exec/vmath.h"
 
 #include <nabla/fn.h>
@@ -94,7 +94,7 @@ struct nbi_native {
     const void **nodes;
     nbi_kernel_fn *kerns;
     size_t bytes;
-    int source_id; /* the process's count of generated sources (NABLA_NATIVE_SOURCES) */
+    int source_id;  /* the process's count of generated sources (NABLA_NATIVE_SOURCES) */
     bool looked_up; /* AUTO: the disk cache was asked at the first call */
 };
 
@@ -251,8 +251,10 @@ static char *nbi_native_source(nbi_exec *e, size_t *len) {
 
 static void nbi_native_fail(nbi_exec *e, const char *why) {
     e->native->state = NBI_NSTATE_FAILED;
-    nbi_log(e->ctx, NB_LOG_LEVEL_WARN, "native tier: an executable of %d instructions stays "
-            "interpreted: %s", (int)e->n_instrs, why);
+    nbi_log(e->ctx, NB_LOG_LEVEL_WARN,
+            "native tier: an executable of %d instructions stays "
+            "interpreted: %s",
+            (int)e->n_instrs, why);
 }
 
 /* Install lib's nbx_run on e (the context's thread). */
@@ -386,9 +388,8 @@ nb_status nbi_native_attach(nbi_exec *e, int mode) {
         size_t len = 0;
         char *src = nbi_native_source(e, &len);
         char why[256];
-        nbi_native_lib *lib = src != NULL ? nbi_native_load_cached(src, len, why, sizeof why,
-                                                                    NULL)
-                                          : NULL;
+        nbi_native_lib *lib =
+            src != NULL ? nbi_native_load_cached(src, len, why, sizeof why, NULL) : NULL;
         free(src);
         if (lib != NULL) {
             nbi_native_install(e, lib);
@@ -554,4 +555,3 @@ void nbi_native_check_end(const nbi_exec *e, void *mem, void *const *outputs) {
     }
     free(mem);
 }
-

@@ -75,8 +75,14 @@ extern char **environ;
  * -fno-strict-aliasing: the generated code moves elements as same-sized unsigned integers
  * (concatenations, dynamic slices) and computes on them as floats in the same function. */
 static const char *const ncache_flags[] = {
-    "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-math-errno", "-fno-strict-aliasing",
-    "-march=native", "-w",
+    "-O2",
+    "-fPIC",
+    "-shared",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-fno-strict-aliasing",
+    "-march=native",
+    "-w",
 };
 #define NCACHE_N_FLAGS ((int)(sizeof ncache_flags / sizeof ncache_flags[0]))
 
