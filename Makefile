@@ -11,11 +11,15 @@
 #                       pointer-overflow and float-cast-overflow)
 #   make test-asan      asan, then every ctest suite there
 #   make test-clang     the default build with clang in build-clang/, then every suite
+#   make test-native    the default build in build-native/ with every suite run with the
+#                       native tier forced and checked (NABLA_TEST_NATIVE=check: every
+#                       executable's generated C against the interpreter, bit for bit)
 #   make build-matrix   build everything in every build type (Release, RelWithDebInfo,
 #                       MinSizeRel, Debug) with gcc and clang, -Werror, in build-matrix/
 #   make format         clang-format -i over all C sources and headers
 #   make format-check   fail if any file is not formatted
-#   make clean          remove build/, build-asan/, build-clang/, build-fuzz/, build-matrix/
+#   make clean          remove build/, build-asan/, build-clang/, build-fuzz/, build-matrix/,
+#                       build-native/
 #
 # Nothing here needs Python. JOBS=N overrides the parallelism (default 2).
 
@@ -38,7 +42,7 @@ FORMAT_FILES = $(shell find $(FORMAT_DIRS) -type f \( -name '*.c' -o -name '*.h'
 .DEFAULT_GOAL := build
 # Targets share build directories and apt; never run two of them at once.
 .NOTPARALLEL:
-.PHONY: build deps test test-fuzz run bench asan test-asan test-clang build-matrix format format-check check-clang-format clean
+.PHONY: build deps test test-fuzz run bench asan test-asan test-clang test-native build-matrix format format-check check-clang-format clean
 
 deps:
 	@bash scripts/deps.sh
@@ -81,6 +85,12 @@ test-clang: deps
 	$(RUN) $(CMAKE) --build --preset clang -j $(JOBS)
 	$(RUN) $(CTEST) --preset clang -j $(JOBS)
 
+test-native: deps
+	@test -f build-native/CMakeCache.txt || $(RUN) $(CMAKE) --preset default \
+		-B build-native -DNABLA_TEST_NATIVE=check
+	$(RUN) $(CMAKE) --build build-native -j $(JOBS)
+	cd build-native && $(RUN) $(CTEST) -j $(JOBS) --output-on-failure -LE fuzz
+
 build-matrix: deps
 	$(RUN) bash scripts/build_matrix.sh
 
@@ -98,4 +108,4 @@ check-clang-format:
 		exit 1; }
 
 clean:
-	rm -rf build build-asan build-clang build-fuzz build-matrix
+	rm -rf build build-asan build-clang build-fuzz build-matrix build-native
