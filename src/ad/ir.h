@@ -476,6 +476,9 @@ NBI_HIDDEN bool nbi_exec_native(const nbi_exec *e);
  * are shared by equal functions, so a function asking for the interpreter gets it even from
  * an executable that has native code). Returns the previous value. */
 NBI_HIDDEN bool nbi_native_set_interp_only(bool on);
+/* True while NABLA_NATIVE=check runs an executable's native code beside the interpreter
+ * on this thread: side effects (nb_debug_print) happen in the interpreter's run only. */
+NBI_HIDDEN bool nbi_native_shadow_run(void);
 /* The C source of the executable g compiles to, for nb_fn_format_ir (NB_IR_NATIVE_C). */
 NBI_HIDDEN nb_status nbi_native_format(nb_ctx *ctx, const nbi_graph *g, nbi_sbuf *s);
 NBI_HIDDEN nb_status nbi_callee(nb_trace *tr, nb_fn *f, const nb_tree *args, const char *who,

@@ -320,6 +320,11 @@ static nb_status nbi_native_callees(nbi_exec *e, int mode) {
 }
 
 static _Thread_local bool nbi_interp_only;
+static _Thread_local bool nbi_shadow; /* check mode: the native run beside the interpreter */
+
+bool nbi_native_shadow_run(void) {
+    return nbi_shadow;
+}
 
 bool nbi_native_set_interp_only(bool on) {
     bool was = nbi_interp_only;
@@ -521,7 +526,10 @@ void *nbi_native_check_begin(const nbi_exec *e, const void *const *inputs) {
         direct[i] = e->out_first[i] == i;
         p += ((size_t)o->size * nbi_dsize(o->dtype) + 63) / 64 * 64;
     }
+    bool was = nbi_shadow;
+    nbi_shadow = true;
     e->native_fn(&e->native->env, inputs, (void *const *)outs, direct);
+    nbi_shadow = was;
     for (int32_t i = 0; i < e->n_outputs; i++) {
         const nb_var *o = &e->nodes[e->outputs[i]];
         if (!direct[i]) {
