@@ -109,6 +109,7 @@ struct nbi_native {
 
 static _Atomic int nbi_native_env_mode = -1; /* -1: not read; else NB_NATIVE_*, 3: check */
 static _Atomic long long nbi_native_hot = -1;
+static _Atomic int nbi_native_env_bad; /* 1: NABLA_NATIVE is no known value; 2: said so */
 
 static int nbi_native_env_read(void) {
     int m = atomic_load_explicit(&nbi_native_env_mode, memory_order_relaxed);
@@ -124,6 +125,8 @@ static int nbi_native_env_read(void) {
             m = NB_NATIVE_NOW;
         } else if (strcmp(v, "check") == 0) {
             m = 3;
+        } else if (strcmp(v, "auto") != 0 && v[0] != '\0') {
+            atomic_store_explicit(&nbi_native_env_bad, 1, memory_order_relaxed);
         }
     }
     const char *h = getenv("NABLA_NATIVE_HOT");
@@ -352,6 +355,12 @@ nb_status nbi_native_format(nb_ctx *ctx, const nbi_graph *g, nbi_sbuf *s) {
 
 nb_status nbi_native_attach(nbi_exec *e, int mode) {
     mode = nbi_native_resolve(mode);
+    int bad = 1;
+    if (e != NULL && atomic_compare_exchange_strong(&nbi_native_env_bad, &bad, 2)) {
+        nbi_log(e->ctx, NB_LOG_LEVEL_WARN,
+                "NABLA_NATIVE='%s' is none of off, auto, now, check: auto is used",
+                getenv("NABLA_NATIVE") ? getenv("NABLA_NATIVE") : "");
+    }
     if (e == NULL || e->debug != 0 || mode == NB_NATIVE_OFF || e->n_instrs == 0) {
         return NB_OK;
     }
