@@ -86,7 +86,7 @@ static nb_array *tiny_values(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *
         } else if (dt == NB_DTYPE_F64) {
             ((double *)nb_array_data(a))[i] = v;
         } else {
-            ((int32_t *)nb_array_data(a))[i] = (int32_t)(i * 2654435761u >> 5) - (1 << 25);
+            ((int32_t *)nb_array_data(a))[i] = (int32_t)((i * 2654435761u) % 2000003) - 1000000;
         }
     }
     return a;
