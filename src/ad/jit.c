@@ -306,8 +306,8 @@ nb_status nb_jit(nb_fn *f, const nb_jit_opts *opts, nb_fn **out) {
 
 /* The checks (NBI_DEBUG_*) of the call being made on this thread: what compiles get. */
 static _Thread_local uint8_t nbi_debug_mode;
-/* The native mode (NB_NATIVE_*) of the call being made on this thread: the innermost jit
- * layer that says other than AUTO. */
+/* The native mode (NB_NATIVE_*) of the call being made on this thread: that of the
+ * outermost jit layer that says other than AUTO (a wrapper decides for what it wraps). */
 static _Thread_local uint8_t nbi_native_mode;
 
 static uint8_t nbi_native_of(const nb_fn *f) {
