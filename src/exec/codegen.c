@@ -9,20 +9,28 @@
  *
  * which does what the interpreter's loop in nbi_exec_run_raw does, instruction by
  * instruction, over the same workspace layout: every value at the same offset, outputs in
- * the caller's buffers where direct[] says so. Two kinds of instruction:
+ * the caller's buffers where direct[] says so. Instructions are either written out or
+ * kernel calls:
  *
- *  - A fused elementwise program over a small index space (at most NBX_INLINE_MAX
- *    elements) whose ops are all written out here: one loop nest over the index space with
- *    the shapes, strides and offsets as constants, each instruction a C expression on
+ *  - Written out, when small: a fused elementwise program (at most NBX_INLINE_MAX
+ *    elements; NBX_INLINE_VM_MAX when it calls vector math), a standalone elementwise op
+ *    or broadcast, a slice, a reduction, a copy, a concatenation, a dynamic slice or update,
+ *    a call's output. One loop nest over the index space with the shapes, strides and
+ *    offsets as constants (a single loop the compiler vectorises when every input is read
+ *    at the element's own index or as one value); each fused instruction a C expression on
  *    scalars -- the same IEEE operation per element as the op's kernel (nbi_ew_tile and
  *    the kernels of src/ad/op_elementwise.c), transcendental functions through the same
  *    SLEEF vector functions (one element through the padded-register path, which gives
- *    the bits of any other split), a trailing reduction as the reduction kernel's left
- *    fold from the first element (float sums below one pairwise block, max, min, integer
- *    sums). The file is compiled with -ffp-contract=off and without fast-math, so nothing
- *    is contracted or reassociated: the interpreter's bits.
- *  - Everything else: a direct call of the op's kernel (the same function the interpreter
- *    calls) on an nbi_kargs built in place, its buffers resolved at compile time.
+ *    the bits of any other split); reductions, fused or not, as the reduction kernel's
+ *    left fold from the first element (float sums below one pairwise block, max, min,
+ *    integer sums; prod when not fused); data movement as element copies (clamped start indices as the
+ *    kernels clamp them). The file is compiled with -ffp-contract=off and without
+ *    fast-math, so nothing is contracted or reassociated: the interpreter's bits.
+ *    Intermediates of at most NBX_PROMOTE_MAX elements that only written-out code makes
+ *    and reads are C locals instead of workspace slots, so they stay in registers.
+ *  - Everything else (matrix products, large arrays, loops, random numbers): a direct
+ *    call of the op's kernel -- the function the interpreter calls -- on an nbi_kargs
+ *    built in place, its buffers resolved at compile time.
  *
  * So the native code saves the interpreter's dispatch: resolving buffers, walking the
  * program, and calling one tile function per fused instruction. Loops (while, scan, the
