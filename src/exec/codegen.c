@@ -23,9 +23,9 @@
  *    SLEEF vector functions (one element through the padded-register path, which gives
  *    the bits of any other split); reductions, fused or not, as the reduction kernel's
  *    left fold from the first element (float sums below one pairwise block, max, min,
- *    integer sums; prod when not fused); data movement as element copies (clamped start indices as the
- *    kernels clamp them). The file is compiled with -ffp-contract=off and without
- *    fast-math, so nothing is contracted or reassociated: the interpreter's bits.
+ *    integer sums; prod when not fused); data movement as element copies (clamped start
+ *    indices as the kernels clamp them). The file is compiled with -ffp-contract=off and
+ *    without fast-math, so nothing is contracted or reassociated: the interpreter's bits.
  *    Intermediates of at most NBX_PROMOTE_MAX elements that only written-out code makes
  *    and reads are C locals instead of workspace slots, so they stay in registers.
  *  - Everything else (matrix products, large arrays, loops, random numbers): a direct
