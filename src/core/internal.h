@@ -137,7 +137,7 @@ struct nb_fn {
     nbi_fn_kind kind;
     int32_t max_traces;
     bool inline_calls;
-    uint8_t debug; /* JIT: NBI_DEBUG_NANS | NBI_DEBUG_INFS (nb_jit_opts) */
+    uint8_t debug;  /* JIT: NBI_DEBUG_NANS | NBI_DEBUG_INFS (nb_jit_opts) */
     uint8_t native; /* JIT: nb_jit_opts.native (NB_NATIVE_*) */
     nb_fn_body body;
     nb_tree *self;    /* PLAIN: bound data (a reference), may be NULL */

@@ -988,7 +988,8 @@ static const char nbx_prelude[] =
 
 /* NABLA_NATIVE_CALLS=<mask> (debugging the generator): instructions of the kinds in mask
  * are kernel calls instead of written out -- 1 fused programs, 2 standalone elementwise
- * ops and broadcasts, 4 reductions, 8 slices, 16 copies, 32 other data movement. */
+ * ops and broadcasts, 4 reductions, 8 slices, 16 copies, 32 other data movement; 64 keeps
+ * every value in the workspace (no C locals). */
 static unsigned nbx_calls_mask(void) {
     const char *m = getenv("NABLA_NATIVE_CALLS");
     return m != NULL ? (unsigned)strtoul(m, NULL, 0) : 0u;
@@ -1037,9 +1038,11 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
     size_t kbytes = (size_t)(e->n_instrs + 1) * sizeof(int), pbytes = (size_t)e->n_nodes + 1;
     int *kind = malloc(kbytes);
     bool *promoted = calloc(pbytes, 1);
+    for (int32_t t = 0; kind != NULL && t < e->n_instrs; t++) {
+        kind[t] = nbx_kind(e, &e->instrs[t], calls);
+    }
     if (kind != NULL && promoted != NULL && !(calls & 64)) {
         for (int32_t t = 0; t < e->n_instrs; t++) {
-            kind[t] = nbx_kind(e, &e->instrs[t], calls);
             const nbi_instr *ins = &e->instrs[t];
             if (kind[t] == NBX_CALL) {
                 continue;
@@ -1072,8 +1075,7 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
     nbi_sbuf_puts(s, nbx_prelude);
     int32_t inl = 0;
     for (int32_t t = 0; t < e->n_instrs; t++) {
-        const nb_var *v = &e->nodes[e->instrs[t].node];
-        inl += v->op == NBI_OP_FUSED && nbx_fused_inline(v);
+        inl += (kind != NULL ? kind[t] : nbx_kind(e, &e->instrs[t], calls)) == NBX_FUSED;
     }
     nbi_sbuf_printf(s,
                     "/* %d instructions (%d fused programs written out), %d inputs, %d outputs, "
@@ -1108,20 +1110,30 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
         nbi_sbuf_printf(s, "    /* %%%d = %s: %s */\n", (int)v->src, nbi_op_name((nbi_op)v->op),
                         nbi_var_sig(sig, sizeof sig, v));
         nbi_fprog single;
-        if (!(calls & 1) && v->op == NBI_OP_FUSED && nbx_fused_inline(v)) {
+        switch (kind != NULL ? kind[t] : nbx_kind(e, ins, calls)) {
+        case NBX_FUSED:
             nbx_emit_fused(s, e, ins, v->at.callee);
-        } else if (!(calls & 2) && nbx_single_program(v, &single)) {
+            break;
+        case NBX_SINGLE:
+            nbx_single_program(v, &single);
             nbx_emit_fused(s, e, ins, &single);
-        } else if (!(calls & 4) && nbx_reduce_ok(v)) {
+            break;
+        case NBX_REDUCE:
             nbx_emit_reduce(s, e, ins);
-        } else if (!(calls & 8) && nbx_slice_program(v, &single)) {
+            break;
+        case NBX_SLICE:
+            nbx_slice_program(v, &single);
             nbx_emit_fused(s, e, ins, &single);
-        } else if (!(calls & 16) && nbx_is_copy(v)) {
+            break;
+        case NBX_COPY:
             nbx_emit_copy(s, e, ins);
-        } else if (!(calls & 32) && nbx_emit_move(s, e, ins)) {
-            /* written out */
-        } else {
+            break;
+        case NBX_MOVE:
+            nbx_emit_move(s, e, ins);
+            break;
+        default:
             nbx_emit_call(s, e, ins);
+            break;
         }
     }
     nbi_sbuf_puts(s, "}\n");
