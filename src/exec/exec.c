@@ -438,8 +438,9 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     }
     size_t hash_bytes =
         nbi_round64((size_t)(buckets + (uint32_t)e->n_inputs + 1) * sizeof(int32_t));
+    size_t copy_bytes = nbi_round64((size_t)(e->n_outputs + 1) * sizeof(int32_t));
     e->ws_alloc = e->ws_bytes + scratch + ptr_bytes + io_in_bytes + io_out_bytes + direct_bytes +
-                  fixed_bytes + hash_bytes + last_bytes;
+                  fixed_bytes + hash_bytes + last_bytes + copy_bytes;
     e->ws = nbi_alloc(ctx, e->ws_alloc, 64);
     if (e->ws == NULL) {
         size_t want = e->ws_alloc;
@@ -458,6 +459,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     e->hash_mask = buckets - 1;
     e->last_io = (const void **)((unsigned char *)e->in_hash + hash_bytes);
     e->last_valid = false;
+    e->copy_out = (int32_t *)((unsigned char *)e->last_io + last_bytes);
+    e->n_copy_out = 0;
     for (int32_t t = 0; t < n_instr; t++) {
         nbi_instr *ins = &e->instrs[t];
         ins->fixed_in = fixed;
@@ -633,6 +636,15 @@ static void nbi_plan_outputs(const nbi_exec *e, const void *const *inputs, void 
         }
         e->out_direct[i] = ok;
     }
+    /* the outputs copied into the caller's buffers after the run (nbi_exec_copy_out) */
+    int32_t n_copy = 0;
+    for (int32_t i = 0; i < e->n_outputs; i++) {
+        const nb_var *o = &e->nodes[e->outputs[i]];
+        if (!e->out_direct[i] && o->size > 0) {
+            e->copy_out[n_copy++] = i;
+        }
+    }
+    ((nbi_exec *)e)->n_copy_out = n_copy;
 }
 
 /* ---- debugging checks (nb_jit_opts.debug_nans / debug_infs) ---------------------------- */
@@ -806,14 +818,12 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
 /* The outputs not made in the caller's buffers, copied there. */
 static void nbi_exec_copy_out(const nbi_exec *e, void *const *outputs) {
     unsigned char *ws = e->ws;
-    for (int32_t i = 0; i < e->n_outputs; i++) {
+    for (int32_t c = 0; c < e->n_copy_out; c++) {
+        int32_t i = e->copy_out[c];
         const nb_var *o = &e->nodes[e->outputs[i]];
         size_t nbytes = (size_t)o->size * nbi_dsize(o->dtype);
         int32_t f = e->out_first[i];
-        if (nbytes > 0 && !e->out_direct[i]) {
-            memcpy(outputs[i], e->out_direct[f] ? outputs[f] : ws + e->offset[e->outputs[i]],
-                   nbytes);
-        }
+        memcpy(outputs[i], e->out_direct[f] ? outputs[f] : ws + e->offset[e->outputs[i]], nbytes);
     }
 }
 

@@ -51,6 +51,10 @@ struct nbi_exec {
      * output plan is reused while they stay the same. */
     const void **last_io;
     bool last_valid;
+    /* The outputs the planned run copies into the caller's buffers (not direct, not
+     * empty), in ws; set with out_direct. */
+    int32_t *copy_out;
+    int32_t n_copy_out;
     int32_t max_in;
     size_t ws_bytes;    /* planned values */
     size_t scratch_off; /* kernel scratch, after the values */

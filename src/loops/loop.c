@@ -1965,8 +1965,12 @@ static nbl_rev_layout nbl_rev_plan(const nb_var *node) {
     L.off_vout = off;
     off += L.vjp_out;
     L.off_ptrs = off;
-    L.n_ptrs = (size_t)(nc + ncar) + (size_t)(nb + ncar) + (size_t)ncar + (size_t)(nv + 2 * ncar) +
-               (size_t)nvo + 8 + (size_t)ncar / sizeof(void *) + 1; /* + the donated flags */
+    /* cond and body inputs, body outputs, the step vjp's inputs and outputs twice (one set
+     * per cotangent buffer), the slot copies' runs (3 words each), the flag and the donated
+     * flags */
+    L.n_ptrs = (size_t)(nc + ncar) + (size_t)(nb + ncar) + (size_t)ncar +
+               2 * ((size_t)(nv + 2 * ncar) + (size_t)nvo) + 3 * (size_t)ncar + 8 +
+               (size_t)ncar / sizeof(void *) + 1;
     off += L.n_ptrs * sizeof(void *);
     off = (off + 63) / 64 * 64;
     L.off_work = off;
@@ -1990,21 +1994,40 @@ static void nbl_leaf_ptrs(const nbi_exec *vjp, int32_t first, int32_t n, unsigne
     }
 }
 
-/* Copy the non-buffer leaves of a packed carry into a slot (to_slot) or back. */
-static void nbl_slot_copy(const nb_var *node, const nbi_exec *vjp, int64_t ncar,
-                          unsigned char *state, unsigned char *slot, bool to_slot) {
+/* The runs of a packed carry's non-buffer leaves (adjacent leaves merged): run r copies
+ * runs[3r + 2] bytes between the state at runs[3r] and the slot at runs[3r + 1]. Returns
+ * the number of runs. */
+static int64_t nbl_slot_runs(const nb_var *node, const nbi_exec *vjp, int64_t ncar, size_t *runs) {
     size_t off = 0, soff = 0;
+    int64_t n = 0;
     for (int64_t j = 0; j < ncar; j++) {
         size_t bytes = nbl_leaf_bytes(nbi_exec_output(vjp, (int32_t)j));
-        if (!nbl_is_buf(node, j)) {
-            if (to_slot) {
-                memcpy(slot + soff, state + off, bytes);
+        if (!nbl_is_buf(node, j) && bytes > 0) {
+            if (n > 0 && runs[3 * (n - 1)] + runs[3 * (n - 1) + 2] == off) {
+                runs[3 * (n - 1) + 2] += bytes;
             } else {
-                memcpy(state + off, slot + soff, bytes);
+                runs[3 * n] = off;
+                runs[3 * n + 1] = soff;
+                runs[3 * n + 2] = bytes;
+                n++;
             }
             soff += bytes;
         }
         off += bytes;
+    }
+    return n;
+}
+
+/* Copy the non-buffer leaves of a packed carry into a slot (to_slot) or back. */
+static void nbl_slot_copy(const size_t *runs, int64_t n_runs, unsigned char *state,
+                          unsigned char *slot, bool to_slot) {
+    for (int64_t r = 0; r < n_runs; r++) {
+        const size_t *x = runs + 3 * r;
+        if (to_slot) {
+            memcpy(slot + x[1], state + x[0], x[2]);
+        } else {
+            memcpy(state + x[0], slot + x[1], x[2]);
+        }
     }
 }
 
@@ -2019,9 +2042,14 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
     const void **cond_in = (const void **)(S + L.off_ptrs);
     const void **body_in = cond_in + nc + ncar;
     void **body_out = (void **)(body_in + nb + ncar);
-    const void **vjp_in = (const void **)(body_out + ncar);
-    void **vjp_out = (void **)(vjp_in + nv + 2 * ncar);
-    bool *flag = (bool *)(vjp_out + nvo);
+    /* the step vjp's inputs and outputs when the incoming cotangent is in ct buffer p */
+    const void **vjp_in[2], **vjp_out[2];
+    vjp_in[0] = (const void **)(body_out + ncar);
+    vjp_in[1] = vjp_in[0] + nv + 2 * ncar;
+    vjp_out[0] = vjp_in[1] + nv + 2 * ncar;
+    vjp_out[1] = vjp_out[0] + nvo;
+    size_t *runs = (size_t *)(void *)(vjp_out[1] + nvo);
+    bool *flag = (bool *)(runs + 3 * ncar);
     bool *donated = flag + 1;
     for (int64_t i = 0; i < ncar; i++) {
         donated[i] = true; /* the body runs in place on the working state (see nbi_k_while) */
@@ -2036,20 +2064,32 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
     for (int64_t i = 0; i < nb; i++) {
         body_in[i] = ops_body[i];
     }
-    for (int64_t i = 0; i < nv; i++) {
-        vjp_in[i] = ops_vjp[i];
-    }
-    /* the working state: x_0 copied into W[0] */
-    int w = 0;
+    /* the working state W[0] and every pointer into it, set once: the body runs in place */
+    unsigned char *W = S + L.off_w[0];
     size_t off = 0;
     for (int64_t i = 0; i < ncar; i++) {
         const nb_var *o = nbi_exec_output(vjp, (int32_t)i);
         size_t bytes = (size_t)o->size * nbi_dsize(o->dtype);
         if (bytes > 0) {
-            memcpy(S + L.off_w[0] + off, carry0[i], bytes);
+            memcpy(W + off, carry0[i], bytes);
         }
         off += nbl_leaf_bytes(o);
     }
+    nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, W, cond_in + nc);
+    nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, W, body_in + nb);
+    nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, W, (const void **)body_out);
+    for (int p = 0; p < 2; p++) {
+        for (int64_t i = 0; i < nv; i++) {
+            vjp_in[p][i] = ops_vjp[i];
+        }
+        nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, W, vjp_in[p] + nv);
+        nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_ct[p], vjp_in[p] + nv + ncar);
+        /* outputs: the previous cotangent into the other ct buffer, self cts after */
+        nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_ct[p ^ 1], vjp_out[p]);
+        nbl_leaf_ptrs(vjp, (int32_t)ncar, nvo - (int32_t)ncar, S + L.off_vout, vjp_out[p] + ncar);
+    }
+    int64_t n_runs = nbl_slot_runs(n, vjp, ncar, runs);
+    unsigned char *slots = S + L.off_slots;
     nbl_online on;
     nbl_ckpt_rev rev;
     int64_t known = n->at.a[6];
@@ -2061,7 +2101,6 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
     /* forward sweep (online) */
     int64_t steps = 0;
     for (; known == 0 && (max_steps <= 0 || steps < max_steps); steps++) {
-        nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], cond_in + nc);
         void *fo = flag;
         nbi_exec_run_raw(cond, cond_in, &fo, NULL);
         if (!*flag) {
@@ -2069,11 +2108,8 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
         }
         int64_t slot = nbl_online_next(&on);
         if (slot >= 0) {
-            nbl_slot_copy(n, vjp, ncar, S + L.off_w[w],
-                          S + L.off_slots + (size_t)slot * L.slot_state, true);
+            nbl_slot_copy(runs, n_runs, W, slots + (size_t)slot * L.slot_state, true);
         }
-        nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], body_in + nb);
-        nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], (const void **)body_out);
         nbi_exec_run_raw(body, body_in, body_out, donated);
     }
     /* the reversal */
@@ -2098,25 +2134,15 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
             break;
         }
         if (act.op == NBL_CKPT_ADVANCE) {
-            nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], body_in + nb);
-            nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], (const void **)body_out);
             for (int64_t s = 0; s < act.count; s++) {
                 nbi_exec_run_raw(body, body_in, body_out, donated);
             }
         } else if (act.op == NBL_CKPT_TAKESHOT) {
-            nbl_slot_copy(n, vjp, ncar, S + L.off_w[w],
-                          S + L.off_slots + (size_t)act.slot * L.slot_state, true);
+            nbl_slot_copy(runs, n_runs, W, slots + (size_t)act.slot * L.slot_state, true);
         } else if (act.op == NBL_CKPT_RESTORE) {
-            nbl_slot_copy(n, vjp, ncar, S + L.off_w[w],
-                          S + L.off_slots + (size_t)act.slot * L.slot_state, false);
+            nbl_slot_copy(runs, n_runs, W, slots + (size_t)act.slot * L.slot_state, false);
         } else if (act.op == NBL_CKPT_TAPE) {
-            nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_w[w], vjp_in + nv);
-            nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_ct[ct], vjp_in + nv + ncar);
-            /* outputs: the previous cotangent into the other ct buffer, self cts after */
-            nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, S + L.off_ct[ct ^ 1], (const void **)vjp_out);
-            nbl_leaf_ptrs(vjp, (int32_t)ncar, nvo - (int32_t)ncar, S + L.off_vout,
-                          (const void **)(vjp_out + ncar));
-            nbi_exec_run_raw(vjp, vjp_in, vjp_out, NULL);
+            nbi_exec_run_raw(vjp, vjp_in[ct], (void *const *)vjp_out[ct], NULL);
             ct ^= 1;
             /* acc += this step's self cotangents, in step order (as the bounded reversal) */
             size_t o2 = 0;

@@ -326,7 +326,13 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     double sign = cfg.v[CFG_SIGN], tau1 = cfg.v[CFG_T1];
     bool adaptive = cfg.v[CFG_ADAPTIVE] != 0.0;
     int saveat = (int)cfg.v[CFG_SAVEAT];
-    nb_var *t = nb_get(tr, args, "[0]"), *tn = nb_get(tr, args, "[1]");
+    /* The times carry no derivative: t0, t1, dt0 and the save times' grid are constants
+     * (nb_ode_opts), so a cotangent of t or tn only ever flows back into earlier times and
+     * ends at those constants. Stopped here, the step's vjp computes none of it -- not the
+     * controller's pow that the next step's landing test needs, nor the time chain -- and
+     * every other cotangent keeps its bits. */
+    nb_var *t = nb_stop_gradient(nb_get(tr, args, "[0]"));
+    nb_var *tn = nb_stop_gradient(nb_get(tr, args, "[1]"));
     nb_dtype dt = nb_var_dtype(t);
     int64_t L = 0, Lf = 0;
     nb_treedef *ydef = NULL;
