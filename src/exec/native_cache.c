@@ -2,8 +2,9 @@
  * src/exec/native_cache.c -- C source -> a loaded shared object, through a disk cache.
  *
  * The key of a source is SHA-256 over the source bytes and a per-process "salt": the
- * compiler's identity (its resolved path and the first line of `<cc> --version`), the fixed
- * flags, nabla's version and the CPU (-march=native depends on it). An entry is the file
+ * compiler's identity (its resolved path and the first line of `<cc> --version`, which is
+ * remembered in the cache: see ncache_memo_name), the fixed flags, nabla's version and the
+ * CPU (-march=native depends on it). An entry is the file
  * <cache dir>/<hex key>.so: the compiler's ELF output followed by a trailer (the key, the
  * length of the ELF part and its SHA-256, a magic); the dynamic loader maps the ELF by its
  * program headers and never reads past them, so the trailer does not disturb dlopen.
@@ -251,6 +252,11 @@ int nbi_native_inject_alloc_fault(int nth) {
 static bool ncache_fault_take(int where) {
     int expected = where;
     return atomic_compare_exchange_strong(&ncache_fault, &expected, NBI_NATIVE_FAULT_NONE);
+}
+
+/* The spawn fault is armed: the configuration runs --version (not its memo) to meet it. */
+static bool ncache_ccfault_memo(void) {
+    return atomic_load(&ncache_fault) == NBI_NATIVE_FAULT_SPAWN;
 }
 
 static void *ncache_malloc(size_t size) {
@@ -805,6 +811,123 @@ static bool ncache_abs_path(const char *path, char *out, size_t cap) {
     return true;
 }
 
+/* ---- the compiler's identity, remembered ------------------------------------------------ */
+
+/* Running `<cc> --version` costs a process start (about a millisecond), which would be on
+ * the first call of every process that looks its programs up in the cache. So its first
+ * line is remembered in the cache directory as cc-<32 hex>, named by a hash of the resolved
+ * compiler path and its inode's identity and times (device, inode, size, mtime, ctime): a
+ * reinstalled or upgraded compiler is a new name, and its --version runs again. The memo is
+ * read with the checks an entry gets (the directory and the file owned by this user and
+ * writable by nobody else, O_NOFOLLOW, a regular file) and written atomically (tmp- file,
+ * rename). It only saves time: when it cannot be read or written, --version runs, as it
+ * would without it, and nothing else changes. */
+
+#define NCACHE_MEMO_MAGIC "nabla cc identity 1\n"
+
+static bool ncache_memo_name(const char *real, char name[40]) {
+    struct stat st;
+    if (stat(real, &st) != 0) {
+        return false;
+    }
+    int64_t f[9] = {
+        (int64_t)st.st_dev,          (int64_t)st.st_ino,          (int64_t)st.st_size,
+        (int64_t)st.st_mtim.tv_sec,  (int64_t)st.st_mtim.tv_nsec, (int64_t)st.st_ctim.tv_sec,
+        (int64_t)st.st_ctim.tv_nsec, (int64_t)st.st_mode,         (int64_t)st.st_uid};
+    ncache_sha s;
+    ncache_sha_init(&s);
+    ncache_sha_field(&s, NCACHE_MEMO_MAGIC, strlen(NCACHE_MEMO_MAGIC));
+    ncache_sha_field(&s, real, strlen(real));
+    ncache_sha_field(&s, f, sizeof f);
+    uint8_t h[32];
+    ncache_sha_final(&s, h);
+    memcpy(name, "cc-", 3);
+    ncache_hex(h, 16, name + 3);
+    return true;
+}
+
+/* Make dir and its missing parents (0700): 0 or the errno of the first failure. */
+static int ncache_mkdirs(const char *dir) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1;; s++) {
+        if (*s == '/' || *s == '\0') {
+            char keep = *s;
+            *s = '\0';
+            if (mkdir(p, 0700) != 0 && errno != EEXIST) {
+                return errno;
+            }
+            *s = keep;
+            if (keep == '\0') {
+                return 0;
+            }
+        }
+    }
+}
+
+/* The cache directory (made when missing, as ncache_open_dir makes it), opened when it
+ * passes the entry checks; else -1. */
+static int ncache_memo_dir(const ncache_config *c) {
+    if (c->dir_mode != NCACHE_DIR_CACHE) {
+        return -1;
+    }
+    int dfd = open(c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 && errno == ENOENT && ncache_mkdirs(c->dir) == 0) {
+        dfd = open(c->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    }
+    struct stat st;
+    if (dfd >= 0 && (fstat(dfd, &st) != 0 || st.st_uid != geteuid() ||
+                     (st.st_mode & (S_IWGRP | S_IWOTH)) != 0)) {
+        close(dfd);
+        dfd = -1;
+    }
+    return dfd;
+}
+
+/* The remembered first line of --version into line (cap bytes), or false. */
+static bool ncache_memo_read(int dfd, const char *name, char *line, size_t cap) {
+    int fd = openat(dfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        return false;
+    }
+    struct stat st;
+    char buf[NCACHE_ERR_CAP];
+    int n = -1;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+        (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 && st.st_size < (off_t)sizeof buf) {
+        n = ncache_pread_all(fd, buf, (size_t)st.st_size, 0) == 1 ? (int)st.st_size : -1;
+    }
+    close(fd);
+    size_t ml = strlen(NCACHE_MEMO_MAGIC);
+    if (n < (int)ml + 1 || memcmp(buf, NCACHE_MEMO_MAGIC, ml) != 0 || buf[n - 1] != '\n') {
+        return false;
+    }
+    size_t len = (size_t)n - ml - 1;
+    if (len >= cap || memchr(buf + ml, '\n', len) != NULL || memchr(buf + ml, '\0', len) != NULL) {
+        return false;
+    }
+    memcpy(line, buf + ml, len);
+    line[len] = '\0';
+    return true;
+}
+
+/* Remember line (best effort: see above). */
+static void ncache_memo_write(int dfd, const char *name, const char *line, size_t len) {
+    char tmp[64];
+    snprintf(tmp, sizeof tmp, "tmp-%s-%ld", name, (long)getpid());
+    int fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        return;
+    }
+    size_t ml = strlen(NCACHE_MEMO_MAGIC);
+    bool ok = ncache_write_all(fd, NCACHE_MEMO_MAGIC, ml) && ncache_write_all(fd, line, len) &&
+              ncache_write_all(fd, "\n", 1);
+    ok = close(fd) == 0 && ok;
+    if (!ok || renameat(dfd, tmp, dfd, name) != 0) {
+        unlinkat(dfd, tmp, 0);
+    }
+}
+
 static void ncache_config_read(ncache_config *c) {
     memset(c, 0, sizeof *c);
     c->max_bytes = NCACHE_DEFAULT_MAX;
@@ -873,28 +996,52 @@ static void ncache_config_read(ncache_config *c) {
     if (!ncache_find_cc(c)) {
         return;
     }
-    /* The compiler's identity: its resolved path and the first line of --version. */
+    /* The compiler's identity: its resolved path and the first line of --version
+     * (remembered in the cache directory, see ncache_memo_name). */
     char real[PATH_MAX];
     ncache_resolve(c->cc, real, sizeof real);
-    char *argv[] = {c->cc, "--version", NULL};
-    ncache_run *r = ncache_malloc(sizeof *r);
-    if (r == NULL) {
-        snprintf(c->err, sizeof c->err, "out of memory");
-        c->transient = true;
-        return;
-    }
-    char what[PATH_MAX + 16];
-    snprintf(what, sizeof what, "%s --version", c->cc);
-    if (!ncache_spawn(c->cc, what, argv, environ, c->timeout_s, r, c->err, sizeof c->err)) {
-        c->transient = true;
+    char version[NCACHE_ERR_CAP];
+    char memo[40];
+    bool named = !ncache_ccfault_memo() && ncache_memo_name(real, memo);
+    int dfd = named ? ncache_memo_dir(c) : -1;
+    if (dfd < 0 || !ncache_memo_read(dfd, memo, version, sizeof version)) {
+        char *argv[] = {c->cc, "--version", NULL};
+        ncache_run *r = ncache_malloc(sizeof *r);
+        if (r == NULL) {
+            snprintf(c->err, sizeof c->err, "out of memory");
+            c->transient = true;
+            if (dfd >= 0) {
+                close(dfd);
+            }
+            return;
+        }
+        char what[PATH_MAX + 16];
+        snprintf(what, sizeof what, "%s --version", c->cc);
+        bool ok = ncache_spawn(c->cc, what, argv, environ, c->timeout_s, r, c->err, sizeof c->err);
+        if (!ok) {
+            c->transient = true;
+        }
+        ok = ok && ncache_run_ok(r, what, NULL, c->timeout_s, c->err, sizeof c->err);
+        size_t vl = ok ? strcspn(r->out, "\n") : 0;
+        if (ok && vl >= sizeof version) {
+            vl = sizeof version - 1;
+        }
+        memcpy(version, r->out, vl);
+        version[vl] = '\0';
         free(r);
-        return;
+        if (!ok) {
+            if (dfd >= 0) {
+                close(dfd);
+            }
+            return;
+        }
+        if (dfd >= 0) {
+            ncache_memo_write(dfd, memo, version, vl);
+        }
     }
-    if (!ncache_run_ok(r, what, NULL, c->timeout_s, c->err, sizeof c->err)) {
-        free(r);
-        return;
+    if (dfd >= 0) {
+        close(dfd);
     }
-    size_t vl = strcspn(r->out, "\n");
 
     ncache_sha s;
     ncache_sha_init(&s);
@@ -902,12 +1049,11 @@ static void ncache_config_read(ncache_config *c) {
     ncache_sha_field(&s, tag, sizeof tag - 1);
     ncache_sha_field(&s, NB_VERSION_STRING, strlen(NB_VERSION_STRING));
     ncache_sha_field(&s, real, strlen(real));
-    ncache_sha_field(&s, r->out, vl);
+    ncache_sha_field(&s, version, strlen(version));
     for (int i = 0; i < NCACHE_N_FLAGS; i++) {
         ncache_sha_field(&s, ncache_flags[i], strlen(ncache_flags[i]));
     }
     ncache_sha_field(&s, NBI_NATIVE_KEY_SYMBOL, strlen(NBI_NATIVE_KEY_SYMBOL));
-    free(r);
     if (!ncache_hash_cpu(&s)) {
         snprintf(c->err, sizeof c->err, "out of memory");
         c->transient = true;
@@ -1310,23 +1456,7 @@ static int ncache_open_dir(ncache_job *job, int *dfd_out) {
     *dfd_out = -1;
     int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0 && errno == ENOENT) {
-        char p[PATH_MAX];
-        snprintf(p, sizeof p, "%s", dir);
-        int e = 0;
-        for (char *s = p + 1;; s++) {
-            if (*s == '/' || *s == '\0') {
-                char keep = *s;
-                *s = '\0';
-                if (mkdir(p, 0700) != 0 && errno != EEXIST) {
-                    e = errno;
-                    break;
-                }
-                *s = keep;
-                if (keep == '\0') {
-                    break;
-                }
-            }
-        }
+        int e = ncache_mkdirs(dir);
         if (e != 0) {
             if (ncache_unwritable(e)) {
                 ncache_note(job, "not cached: cannot create the cache directory %s: %s", dir,

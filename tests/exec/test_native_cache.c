@@ -7,7 +7,8 @@
  * another key's, empty) are rebuilt; a cache directory or an entry that others may write,
  * or that someone else owns, is refused; a symlink in an entry's place is never followed;
  * the compiler failing every way (status, signal, timeout with no zombie, missing, no
- * output, bad --version) gives one-line reasons naming it; NABLA_NATIVE_CACHE=off and the
+ * output, bad --version) gives one-line reasons naming it; --version runs once per compiler
+ * (its memo in the cache, not trusted when others may write it); NABLA_NATIVE_CACHE=off and the
  * read-only fallback leave nothing behind; the size bound evicts the least recently used;
  * two processes and four threads filling the cache at once; every injected fault and
  * every allocation failure gives NULL (or the documented fallback) and the next load works.
@@ -674,6 +675,75 @@ static void test_compiler_fails(void **state) {
     env_defaults();
 }
 
+/* The number of lines in path (0 when it does not exist). */
+static int count_lines(const char *path) {
+    FILE *f = fopen(path, "r");
+    int n = 0;
+    if (f != NULL) {
+        for (int ch; (ch = fgetc(f)) != EOF;) {
+            n += ch == '\n';
+        }
+        fclose(f);
+    }
+    return n;
+}
+
+/* The compiler's --version runs once per compiler and cache: the next processes read its
+ * memo (cc-*) and get the same keys; a memo writable by others is not read (and is
+ * replaced); a changed compiler (a new mtime) runs --version again under a new memo. */
+static void test_compiler_memo(void **state) {
+    (void)state;
+    char src[256], cc[800], count[800], memo[1200];
+    snprintf(count, sizeof count, "%s/versions", g_root);
+    fake_cc(cc, sizeof cc, "counting", "exit 0");
+    FILE *f = fopen(cc, "w");
+    assert_non_null(f);
+    fprintf(f,
+            "#!/bin/sh\nif [ \"$1\" = --version ]; then echo v >> '%s'; echo 'fake-cc 3.0'; "
+            "exit 0; fi\nexec cc \"$@\"\n",
+            count);
+    fclose(f);
+    setenv("NABLA_CC", cc, 1);
+    nbi_native_config_reset();
+    make_src(src, sizeof src, 21);
+    nbi_native_load_info info;
+    NBT_EQ_I64(load_answer(src, &info), 21);
+    NBT_TRUE(!info.cache_hit);
+    NBT_EQ_I64(count_lines(count), 1);
+    NBT_EQ_I64(count_prefixed(g_cache, "cc-"), 1);
+    /* a new process (the configuration read again): the memo, the same key */
+    nbi_native_config_reset();
+    NBT_EQ_I64(load_answer(src, &info), 21);
+    NBT_TRUE(info.cache_hit);
+    NBT_EQ_I64(count_lines(count), 1);
+    /* a memo others could write is not trusted: --version runs, the memo is made anew */
+    DIR *d = opendir(g_cache);
+    assert_non_null(d);
+    memo[0] = '\0';
+    for (struct dirent *de; (de = readdir(d)) != NULL;) {
+        if (strncmp(de->d_name, "cc-", 3) == 0) {
+            snprintf(memo, sizeof memo, "%s/%s", g_cache, de->d_name);
+        }
+    }
+    closedir(d);
+    assert_int_equal(chmod(memo, 0666), 0);
+    nbi_native_config_reset();
+    NBT_EQ_I64(load_answer(src, &info), 21);
+    NBT_TRUE(info.cache_hit);
+    NBT_EQ_I64(count_lines(count), 2);
+    struct stat st;
+    assert_int_equal(stat(memo, &st), 0);
+    NBT_EQ_I64(st.st_mode & 0777, 0600);
+    /* the compiler changed: --version again, a second memo, still the same key */
+    set_mtime(cc, 1000000);
+    nbi_native_config_reset();
+    NBT_EQ_I64(load_answer(src, &info), 21);
+    NBT_TRUE(info.cache_hit);
+    NBT_EQ_I64(count_lines(count), 3);
+    NBT_EQ_I64(count_prefixed(g_cache, "cc-"), 2);
+    assert_no_leftovers();
+}
+
 /* NABLA_NATIVE_CACHE=off: compiled privately, nothing left behind, nothing cached. */
 static void test_cache_off(void **state) {
     (void)state;
@@ -990,6 +1060,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_dir_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_entry_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_compiler_fails, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_compiler_memo, setup, teardown),
         cmocka_unit_test_setup_teardown(test_cache_off, setup, teardown),
         cmocka_unit_test_setup_teardown(test_readonly_fallback, setup, teardown),
         cmocka_unit_test_setup_teardown(test_size_bound, setup, teardown),
