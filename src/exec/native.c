@@ -239,16 +239,28 @@ static int nbi_native_keep_source(const char *src, size_t len) {
 
 /* e's C source in new memory (malloc; the compile thread frees it). */
 static char *nbi_native_source(nbi_exec *e, size_t *len) {
-    nbi_sbuf m = nbi_sbuf_make(NULL, 0);
-    nbi_native_codegen(e, &m);
-    char *src = malloc(m.len + 1);
+    /* one pass into a buffer sized from the executable (written-out code runs to about a
+     * kilobyte per instruction); a second pass only when the text did not fit */
+    size_t cap = 16384 + (size_t)e->n_instrs * 1536;
+    char *src = malloc(cap);
     if (src == NULL) {
         return NULL;
     }
-    nbi_sbuf s = nbi_sbuf_make(src, m.len + 1);
+    nbi_sbuf s = nbi_sbuf_make(src, cap);
     nbi_native_codegen(e, &s);
-    *len = m.len;
-    e->native->source_id = nbi_native_keep_source(src, m.len);
+    if (s.len >= cap) {
+        size_t want = s.len + 1;
+        char *big = realloc(src, want);
+        if (big == NULL) {
+            free(src);
+            return NULL;
+        }
+        src = big;
+        s = nbi_sbuf_make(src, want);
+        nbi_native_codegen(e, &s);
+    }
+    *len = s.len;
+    e->native->source_id = nbi_native_keep_source(src, s.len);
     return src;
 }
 
