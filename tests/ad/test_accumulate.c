@@ -285,15 +285,6 @@ static void test_accumulate_results(void **state) {
 
 /* ---- what the pass rewrites and what it leaves ------------------------------------- */
 
-static nb_tree *ta_tuple(nb_ctx *ctx, int n, nb_tree **leaves) {
-    nb_tree *t = NULL;
-    NBT_OK(ctx, nb_tree_tuple(ctx, n, leaves, &t));
-    for (int i = 0; i < n; i++) {
-        nb_tree_destroy(leaves[i]);
-    }
-    return t;
-}
-
 /* g1 y1^T + g2 y2^T + g3 y3^T: the first product is made, the next two are added into it
  * (a chain, each step in place), with the bits of the three products and two adds. */
 static void test_accumulate_chain(void **state) {
@@ -304,7 +295,7 @@ static void test_accumulate_chain(void **state) {
         leaves[2 * i] = ta_leaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){300, 1}, 10u + (uint32_t)i);
         leaves[2 * i + 1] = ta_leaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){1, 200}, 20u + (uint32_t)i);
     }
-    nb_tree *args = ta_tuple(ctx, 6, leaves);
+    nb_tree *args = nbt_tuple_take(ctx, 6, leaves);
     nb_fn *f = NULL;
     NBT_OK(ctx, nb_fn_create(ctx, "chain", body_chain, NULL, &f));
     int n_mm = 0, n_acc = 0;
@@ -350,7 +341,7 @@ static void ta_in_place_case(int64_t k, bool in_place) {
                           ta_leaf(ctx, NB_DTYPE_F64, 2, (int64_t[]){k, n}, 2),
                           ta_leaf(ctx, NB_DTYPE_F64, 2, (int64_t[]){m, k}, 3),
                           ta_leaf(ctx, NB_DTYPE_F64, 2, (int64_t[]){k, n}, 4)};
-    nb_tree *args = ta_tuple(ctx, 4, leaves);
+    nb_tree *args = nbt_tuple_take(ctx, 4, leaves);
     nb_fn *f = NULL;
     NBT_OK(ctx, nb_fn_create(ctx, "inplace", body_inplace, NULL, &f));
     int n_mm = 0, n_acc = 0;
@@ -453,7 +444,7 @@ static void test_accumulate_not_rewritten(void **state) {
             leaves[2] = ta_leaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){8, 6}, 3);
             leaves[3] = ta_leaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){6, 5}, 4);
         }
-        nb_tree *args = ta_tuple(ctx, cases[q].n_args, leaves);
+        nb_tree *args = nbt_tuple_take(ctx, cases[q].n_args, leaves);
         nb_fn *f = NULL;
         NBT_OK(ctx, nb_fn_create(ctx, "alone", cases[q].body, NULL, &f));
         int n_mm = 0, n_acc = 0;
@@ -490,7 +481,7 @@ static void test_accumulate_gradient(void **state) {
         nb_tree *leaves[3] = {ta_leaf(ctx[t], NB_DTYPE_F64, 2, (int64_t[]){n, n}, 5),
                               ta_leaf(ctx[t], NB_DTYPE_F64, 1, &n, 6),
                               ta_leaf(ctx[t], NB_DTYPE_F64, 1, &n, 7)};
-        nb_tree *args = ta_tuple(ctx[t], 3, leaves);
+        nb_tree *args = nbt_tuple_take(ctx[t], 3, leaves);
         nb_fn *f = NULL, *df = NULL;
         NBT_OK(ctx[t], nb_fn_create(ctx[t], "two_uses", body_two_uses, NULL, &f));
         NBT_OK(ctx[t], nb_grad(f, NULL, &df));

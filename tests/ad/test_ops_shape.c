@@ -2100,16 +2100,6 @@ static nb_tree *leaf_f64(nb_ctx *ctx, int rank, const int64_t *shape, const doub
     return t;
 }
 
-/* A tuple of n trees, taking the caller's references. */
-static nb_tree *tuple_take(nb_ctx *ctx, int n, nb_tree **items) {
-    nb_tree *t = NULL;
-    NBT_OK(ctx, nb_tree_tuple(ctx, n, items, &t));
-    for (int i = 0; i < n; i++) {
-        nb_tree_destroy(items[i]);
-    }
-    return t;
-}
-
 /* The f64 array at path of t, checked against rank/shape, copied into d (n elements). */
 static void read_f64(const nb_tree *t, const char *path, int rank, const int64_t *shape,
                      double *d) {
@@ -2143,7 +2133,7 @@ static nb_tree *args_of(gctx *g, double *const *x) {
     for (int i = 0; i < g->c->n_in; i++) {
         items[i] = leaf_f64(g->ctx, g->c->rank[i], g->c->shape[i], x[i]);
     }
-    return tuple_take(g->ctx, g->c->n_in, items);
+    return nbt_tuple_take(g->ctx, g->c->n_in, items);
 }
 
 /* y = f(x) into y (g->ny elements). */
@@ -2191,7 +2181,7 @@ static nb_status body_loss2(nb_trace *tr, const nb_tree *self, const nb_tree *ar
 /* grad(loss2) at (x, u) into gx[i]. */
 static void eval_grad2(gctx *g, nb_fn *grad2, double *const *x, const double *u, double **gx) {
     nb_tree *items[2] = {args_of(g, x), leaf_f64(g->ctx, g->yrank, g->yshape, u)};
-    nb_tree *args = tuple_take(g->ctx, 2, items), *out = NULL;
+    nb_tree *args = nbt_tuple_take(g->ctx, 2, items), *out = NULL;
     NBT_OK(g->ctx, nb_fn_call(grad2, args, &out));
     for (int i = 0; i < g->c->n_in; i++) {
         char path[16];
@@ -2225,9 +2215,9 @@ static void check_second_order(gctx *g, const nb_tree *self, double *const *x, c
     }
     NBT_OK(g->ctx, nb_tree_null(g->ctx, &ut));
     nb_tree *prim[2] = {args_of(g, x), leaf_f64(g->ctx, g->yrank, g->yshape, u)};
-    nb_tree *tang[2] = {tuple_take(g->ctx, c->n_in, vt), ut};
-    nb_tree *items[2] = {tuple_take(g->ctx, 2, prim), tuple_take(g->ctx, 2, tang)};
-    nb_tree *args = tuple_take(g->ctx, 2, items), *out = NULL;
+    nb_tree *tang[2] = {nbt_tuple_take(g->ctx, c->n_in, vt), ut};
+    nb_tree *items[2] = {nbt_tuple_take(g->ctx, 2, prim), nbt_tuple_take(g->ctx, 2, tang)};
+    nb_tree *args = nbt_tuple_take(g->ctx, 2, items), *out = NULL;
     NBT_OK(g->ctx, nb_fn_call(hvp, args, &out));
     for (int i = 0; i < c->n_in; i++) {
         char path[16];
@@ -2305,7 +2295,7 @@ static void check_grad_case(const adcase *c) {
     /* vjp: ((x...), u) -> (y, (ct...)) */
     {
         nb_tree *items[2] = {args_of(&g, x), leaf_f64(g.ctx, g.yrank, g.yshape, u)};
-        nb_tree *args = tuple_take(g.ctx, 2, items), *out = NULL;
+        nb_tree *args = nbt_tuple_take(g.ctx, 2, items), *out = NULL;
         NBT_OK(g.ctx, nb_fn_call(vjp, args, &out));
         double *yv = malloc(yb);
         read_f64(out, "[0]", g.yrank, g.yshape, yv);
@@ -2324,7 +2314,7 @@ static void check_grad_case(const adcase *c) {
     /* grad of <u, f(x)>: args ((x...), u) -> (ct...) */
     {
         nb_tree *items[2] = {args_of(&g, x), leaf_f64(g.ctx, g.yrank, g.yshape, u)};
-        nb_tree *args = tuple_take(g.ctx, 2, items), *out = NULL;
+        nb_tree *args = nbt_tuple_take(g.ctx, 2, items), *out = NULL;
         NBT_OK(g.ctx, nb_fn_call(grad, args, &out));
         for (int i = 0; i < c->n_in; i++) {
             char path[16];
@@ -2346,8 +2336,8 @@ static void check_grad_case(const adcase *c) {
         for (int i = 0; i < c->n_in; i++) {
             vt[i] = leaf_f64(g.ctx, c->rank[i], c->shape[i], v[i]);
         }
-        nb_tree *items[2] = {args_of(&g, x), tuple_take(g.ctx, c->n_in, vt)};
-        nb_tree *args = tuple_take(g.ctx, 2, items), *out = NULL;
+        nb_tree *items[2] = {args_of(&g, x), nbt_tuple_take(g.ctx, c->n_in, vt)};
+        nb_tree *args = nbt_tuple_take(g.ctx, 2, items), *out = NULL;
         NBT_OK(g.ctx, nb_fn_call(jvp, args, &out));
         read_f64(out, "[1]", g.yrank, g.yshape, ty);
         nb_tree_destroy(out);
@@ -2364,8 +2354,8 @@ static void check_grad_case(const adcase *c) {
             nb_tree *vt[2] = {NULL, NULL};
             vt[which] = leaf_f64(g.ctx, c->rank[which], c->shape[which], v[which]);
             NBT_OK(g.ctx, nb_tree_null(g.ctx, &vt[1 - which]));
-            nb_tree *items[2] = {args_of(&g, x), tuple_take(g.ctx, 2, vt)};
-            nb_tree *args = tuple_take(g.ctx, 2, items), *out = NULL;
+            nb_tree *items[2] = {args_of(&g, x), nbt_tuple_take(g.ctx, 2, vt)};
+            nb_tree *args = nbt_tuple_take(g.ctx, 2, items), *out = NULL;
             NBT_OK(g.ctx, nb_fn_call(jvp, args, &out));
             read_f64(out, "[1]", g.yrank, g.yshape, yp);
             for (int64_t j = 0; j < g.ny; j++) {

@@ -57,6 +57,15 @@ nb_ctx *nbt_ctx(void) {
     return ctx;
 }
 
+nb_tree *nbt_tuple_take(nb_ctx *ctx, int n, nb_tree **items) {
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, n, items, &t));
+    for (int i = 0; i < n; i++) {
+        nb_tree_destroy(items[i]);
+    }
+    return t;
+}
+
 void nbt_assert_no_live(nb_ctx *ctx) {
     /* The compile cache holds treedefs and constant arrays of its own: drop it first. */
     nb_ctx_clear_cache(ctx);

@@ -113,6 +113,10 @@ nb_ctx *nbt_ctx(void);
  * granularity, stronger than LeakSanitizer at exit because objects live in pools). */
 void nbt_assert_no_live(nb_ctx *ctx);
 
+/* A tuple of the n trees in items, taking the caller's references (each item destroyed);
+ * fails the test if the tuple cannot be made. */
+nb_tree *nbt_tuple_take(nb_ctx *ctx, int n, nb_tree **items);
+
 /* Allocation-failure sweep: run scenario in a fresh context (nbt_alloc_make) failing its
  * k-th allocation, for k = 1, 2, ... until a run completes without an injected failure.
  * Every failed run must return NB_ERR_OOM (and, with check_msg, a message containing "out

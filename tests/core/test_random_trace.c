@@ -143,15 +143,6 @@ static nb_status body_case(nb_trace *tr, const nb_tree *self, const nb_tree *arg
 
 /* ---- helpers ------------------------------------------------------------------------ */
 
-static nb_tree *tuple_of(nb_ctx *ctx, int n, nb_tree **items) {
-    nb_tree *t = NULL;
-    NBT_OK(ctx, nb_tree_tuple(ctx, n, items, &t));
-    for (int i = 0; i < n; i++) {
-        nb_tree_destroy(items[i]);
-    }
-    return t;
-}
-
 static nb_tree *arr_leaf(nb_ctx *ctx, nb_array *a) {
     nb_tree *t = NULL;
     NBT_OK(ctx, nb_tree_array(a, &t));
@@ -226,7 +217,7 @@ static void run_cases(int n_threads) {
             nb_tree *items[3] = {NULL, arr_leaf(ctx, scalar_int(ctx, ddt, DATA[k])),
                                  int_leaf(ctx, i)};
             NBT_OK(ctx, nb_tree_array(key, &items[0]));
-            nb_tree *args = tuple_of(ctx, 3, items), *out = NULL;
+            nb_tree *args = nbt_tuple_take(ctx, 3, items), *out = NULL;
             NBT_OK(ctx, nb_fn_call(jf, args, &out));
             nb_array *got = nb_tree_get_array(out);
             nb_array *want =
@@ -312,7 +303,7 @@ static void test_truncated_normal_threads(void **state) {
                                      int_leaf(ctx, dt)};
                 NBT_OK(ctx, nb_tree_float(ctx, bounds[c][0], &items[1]));
                 NBT_OK(ctx, nb_tree_float(ctx, bounds[c][1], &items[2]));
-                nb_tree *args = tuple_of(ctx, 4, items), *out = NULL;
+                nb_tree *args = nbt_tuple_take(ctx, 4, items), *out = NULL;
                 NBT_OK(ctx, nb_eval(ctx, body_tn, NULL, args, &out));
                 res[t] = nb_array_retain(nb_tree_get_array(out));
                 nb_array *want = NULL;
@@ -371,7 +362,7 @@ static void test_fold_in_step_and_split_rows(void **state) {
     for (int step = 0; step < 5; step++) {
         nb_tree *items[2] = {NULL, arr_leaf(ctx, scalar_int(ctx, NB_DTYPE_I32, step))};
         NBT_OK(ctx, nb_tree_array(key, &items[0]));
-        nb_tree *args = tuple_of(ctx, 2, items), *out = NULL;
+        nb_tree *args = nbt_tuple_take(ctx, 2, items), *out = NULL;
         NBT_OK(ctx, nb_fn_call(jf, args, &out));
         nb_array *k = NULL, *keys = NULL, *row = NULL, *want = NULL;
         NBT_OK(ctx, nb_random_fold_in(key, (uint32_t)step, &k));
@@ -491,7 +482,7 @@ static void test_errors_name_the_op(void **state) {
         nb_array *bad = NULL;
         NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F64, 1, (int64_t[]){2}, &bad));
         nb_tree *items[3] = {arr_leaf(ctx, key_of(ctx, 1)), int_leaf(ctx, i), arr_leaf(ctx, bad)};
-        nb_tree *args = tuple_of(ctx, 3, items), *out = (nb_tree *)&out;
+        nb_tree *args = nbt_tuple_take(ctx, 3, items), *out = (nb_tree *)&out;
         nb_status st = nb_fn_call(f, args, &out);
         if (st != E[i].st) {
             fail_msg("case %d: %s, wanted %s: %s", i, nb_status_name(st), nb_status_name(E[i].st),
@@ -546,7 +537,7 @@ static void test_grad_treats_samples_as_constants(void **state) {
         nb_tree_destroy(lk);
         nb_tree *items[2] = {p, NULL};
         NBT_OK(ctx, nb_tree_array(key, &items[1]));
-        nb_tree *args = tuple_of(ctx, 2, items), *out = NULL;
+        nb_tree *args = nbt_tuple_take(ctx, 2, items), *out = NULL;
         NBT_OK(ctx, nb_fn_call(jg, args, &out));
         /* d/dx = u exactly (the eager uniform); the integer key gets a null gradient */
         nb_array *u = NULL;
@@ -612,7 +603,7 @@ static void test_passes(void **state) {
     NBT_OK(ctx, nb_fn_create(ctx, "passes", body_passes, NULL, &f));
     nb_array *key = key_of(ctx, 5);
     nb_tree *items[1] = {arr_leaf(ctx, nb_array_retain(key))};
-    nb_tree *args = tuple_of(ctx, 1, items), *out = NULL;
+    nb_tree *args = nbt_tuple_take(ctx, 1, items), *out = NULL;
     char ir[8192];
     NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_TRACED, ir, sizeof ir, NULL));
     NBT_TRUE(count_of(ir, "= rng_uniform %") == 3);
@@ -647,7 +638,7 @@ static void test_passes(void **state) {
 
     /* a constant key: the sampler is folded at compile time, to the same numbers */
     g_const_key = key;
-    nb_tree *empty = tuple_of(ctx, 0, NULL);
+    nb_tree *empty = nbt_tuple_take(ctx, 0, NULL);
     NBT_OK(ctx, nb_fn_create(ctx, "const_key", body_const_key, NULL, &f));
     NBT_OK(ctx, nb_fn_format_ir(f, empty, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
     NBT_TRUE(strstr(ir, "rng_") == NULL);

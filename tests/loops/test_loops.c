@@ -21,15 +21,6 @@ static nb_tree *leaf_of(nb_array *a) {
     return t;
 }
 
-static nb_tree *tuple_take(nb_ctx *ctx, int n, nb_tree **items) {
-    nb_tree *t = NULL;
-    NBT_OK(ctx, nb_tree_tuple(ctx, n, items, &t));
-    for (int i = 0; i < n; i++) {
-        nb_tree_destroy(items[i]);
-    }
-    return t;
-}
-
 static nb_tree *vec_f64(nb_ctx *ctx, int64_t n, const double *v) {
     nb_array *a = NULL;
     NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 1, (int64_t[]){n}, v, &a));
@@ -93,7 +84,7 @@ static void test_while(void **state) {
         for (int maxs = 0; maxs <= 4; maxs += 4) {
             nb_tree *ms = NULL, *res = NULL;
             NBT_OK(ctx, nb_tree_int(ctx, maxs, &ms));
-            nb_tree *args = tuple_take(ctx, 2, (nb_tree *[]){vec_f64(ctx, 3, x0), ms});
+            nb_tree *args = nbt_tuple_take(ctx, 2, (nb_tree *[]){vec_f64(ctx, 3, x0), ms});
             NBT_OK(ctx, nb_fn_call(f, args, &res));
             int steps = maxs > 0 ? maxs : 10;
             const int32_t *i = nb_array_data(nb_tree_get_array(nb_tree_child(res, 0)));
@@ -258,7 +249,7 @@ static void test_failure4_closures(void **state) {
             x0[i] = cos(0.3 * i + trial);
         }
         int steps = f4_reference(scale, wscale, x0, want);
-        nb_tree *args = tuple_take(
+        nb_tree *args = nbt_tuple_take(
             ctx, 2, (nb_tree *[]){f4_params(ctx, scale, wscale), vec_f64(ctx, F4_N, x0)});
         nb_tree *res = NULL;
         NBT_OK(ctx, nb_fn_call(jf, args, &res));
@@ -283,7 +274,7 @@ static void test_failure4_closures(void **state) {
     NBT_OK(ctx, nb_grad(lf, NULL, &g));
     double x0[F4_N] = {1, 0.5, -0.5, 0.25, 0.1, -1};
     nb_tree *args =
-        tuple_take(ctx, 2, (nb_tree *[]){f4_params(ctx, 1.0, 1.0), vec_f64(ctx, F4_N, x0)});
+        nbt_tuple_take(ctx, 2, (nb_tree *[]){f4_params(ctx, 1.0, 1.0), vec_f64(ctx, F4_N, x0)});
     nb_tree *res = NULL;
     NBT_STATUS(ctx, NB_ERR_INVALID, nb_fn_call(g, args, &res));
     NBT_ERRMSG_HAS(ctx, "reverse mode through a loop of kind lax");
@@ -304,8 +295,8 @@ static void test_failure4_closures(void **state) {
     NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"w", "scale"}, (nb_tree *[]){ldw, lds}, &dp));
     nb_tree_destroy(ldw);
     nb_tree_destroy(lds);
-    nb_tree *tangents = tuple_take(ctx, 2, (nb_tree *[]){dp, vec_f64(ctx, F4_N, dx)});
-    nb_tree *pt = tuple_take(ctx, 2, (nb_tree *[]){nb_tree_retain(args), tangents});
+    nb_tree *tangents = nbt_tuple_take(ctx, 2, (nb_tree *[]){dp, vec_f64(ctx, F4_N, dx)});
+    nb_tree *pt = nbt_tuple_take(ctx, 2, (nb_tree *[]){nb_tree_retain(args), tangents});
     NBT_OK(ctx, nb_fn_call(jv, pt, &res));
     double tan_out = *(const double *)nb_array_data(nb_tree_get_array(nb_tree_child(res, 1)));
     nb_tree_destroy(res);
@@ -327,7 +318,7 @@ static void test_failure4_closures(void **state) {
                                      &pp));
             nb_tree_destroy(lw);
             nb_tree_destroy(ls);
-            nb_tree *a2 = tuple_take(ctx, 2, (nb_tree *[]){pp, vec_f64(ctx, F4_N, x0)});
+            nb_tree *a2 = nbt_tuple_take(ctx, 2, (nb_tree *[]){pp, vec_f64(ctx, F4_N, x0)});
             NBT_OK(ctx, nb_fn_call(lf, a2, &r2));
             vals[sgn] = *(const double *)nb_array_data(nb_tree_get_array(r2));
             nb_tree_destroy(a2);
@@ -358,7 +349,7 @@ static void test_failure4_closures(void **state) {
         for (int i = 0; i < F4_N; i++) {
             x1[i] = cos(0.3 * i + trial);
         }
-        nb_tree *a1 = tuple_take(
+        nb_tree *a1 = nbt_tuple_take(
             ctx, 2, (nb_tree *[]){f4_params(ctx, 1.0 + trial, 1.0), vec_f64(ctx, F4_N, x1)});
         nb_tree *gres = NULL;
         NBT_OK(ctx, nb_fn_call(jg2, a1, &gres));
@@ -532,7 +523,7 @@ static void test_fori_scan_cond(void **state) {
         NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 2, (int64_t[]){5, 2}, xs, &xsa));
         NBT_OK(ctx, nb_array_scalar(ctx, NB_DTYPE_F64, k, &ka));
         NBT_OK(ctx, nb_array_scalar(ctx, NB_DTYPE_I32, trial == 3 ? 7 : trial - 1, &ia));
-        nb_tree *args = tuple_take(
+        nb_tree *args = nbt_tuple_take(
             ctx, 4, (nb_tree *[]){vec_f64(ctx, 3, x), leaf_of(xsa), leaf_of(ka), leaf_of(ia)});
         nb_tree *res = NULL;
         NBT_OK(ctx, nb_fn_call(f, args, &res));
@@ -654,7 +645,7 @@ static nb_tree *rt_params(nb_ctx *ctx, const double *w, const double *b, const d
 }
 
 static double rt_eval(nb_ctx *ctx, nb_fn *f, const double *w, const double *b, const double *x0) {
-    nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){rt_params(ctx, w, b, x0)}), *res = NULL;
+    nb_tree *args = nbt_tuple_take(ctx, 1, (nb_tree *[]){rt_params(ctx, w, b, x0)}), *res = NULL;
     NBT_OK(ctx, nb_fn_call(f, args, &res));
     double v = *(const double *)nb_array_data(nb_tree_get_array(res));
     nb_tree_destroy(args);
@@ -683,7 +674,7 @@ static void test_bounded_reverse(void **state) {
         b[i] = 0.1 * cos(1.1 * i);
         x0[i] = 0.5 * sin(2.0 * i + 1.0);
     }
-    nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){rt_params(ctx, w, b, x0)});
+    nb_tree *args = nbt_tuple_take(ctx, 1, (nb_tree *[]){rt_params(ctx, w, b, x0)});
     nb_tree *gr[2] = {NULL, NULL};
     for (int u = 0; u < 2; u++) {
         NBT_OK(ctx, nb_fn_call(g[u], args, &gr[u]));
@@ -730,8 +721,8 @@ static void test_bounded_reverse(void **state) {
             db[i] = sin(0.3 * i);
             dx[i] = 1.0 - 0.1 * i;
         }
-        nb_tree *tan = tuple_take(ctx, 1, (nb_tree *[]){rt_params(ctx, dw, db, dx)});
-        nb_tree *pt = tuple_take(ctx, 2, (nb_tree *[]){nb_tree_retain(args), tan}), *res = NULL;
+        nb_tree *tan = nbt_tuple_take(ctx, 1, (nb_tree *[]){rt_params(ctx, dw, db, dx)});
+        nb_tree *pt = nbt_tuple_take(ctx, 2, (nb_tree *[]){nb_tree_retain(args), tan}), *res = NULL;
         NBT_OK(ctx, nb_fn_call(jf, pt, &res));
         jv_out[u] = *(const double *)nb_array_data(nb_tree_get_array(nb_tree_child(res, 1)));
         nb_tree_destroy(res);
@@ -766,8 +757,8 @@ static void test_bounded_reverse(void **state) {
             /* jvp of a checkpointed grad: a second derivative through the loop, refused */
             nb_fn *jg = NULL;
             NBT_OK(ctx, nb_jvp(gfc, &jg));
-            nb_tree *pt = tuple_take(ctx, 2,
-                                     (nb_tree *[]){nb_tree_retain(args), nb_tree_retain(args)}),
+            nb_tree *pt = nbt_tuple_take(ctx, 2,
+                                         (nb_tree *[]){nb_tree_retain(args), nb_tree_retain(args)}),
                     *jr = NULL;
             NBT_STATUS(ctx, NB_ERR_UNSUPPORTED, nb_fn_call(jg, pt, &jr));
             NBT_ERRMSG_HAS(ctx, "reverse of a checkpointed loop");
@@ -901,7 +892,7 @@ static nb_tree *lg_args(nb_ctx *ctx, double wscale, int n) {
     nb_tree_destroy(lw);
     nb_tree_destroy(lb);
     nb_tree_destroy(lx);
-    return tuple_take(ctx, 1, (nb_tree *[]){p});
+    return nbt_tuple_take(ctx, 1, (nb_tree *[]){p});
 }
 
 static void test_checkpointed_rows(void **state) {
@@ -1054,7 +1045,7 @@ static void test_scan_buffers(void **state) {
     nb_tree_destroy(lw);
     nb_tree_destroy(lc);
     nb_tree_destroy(lx);
-    nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){p});
+    nb_tree *args = nbt_tuple_take(ctx, 1, (nb_tree *[]){p});
     nb_tree *g[2] = {NULL, NULL};
     nb_loop_stats ls;
     for (int q = 0; q < 2; q++) {
@@ -1193,7 +1184,7 @@ static void test_user_buffers(void **state) {
     NBT_OK(ctx, nb_tree_dict(ctx, 2, (const char *[]){"w", "x0"}, (nb_tree *[]){lw, lx}, &p));
     nb_tree_destroy(lw);
     nb_tree_destroy(lx);
-    nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){p});
+    nb_tree *args = nbt_tuple_take(ctx, 1, (nb_tree *[]){p});
     nb_tree *g[2] = {NULL, NULL};
     nb_loop_stats ls;
     for (int q = 0; q < 6; q++) {
@@ -1256,8 +1247,8 @@ static void test_no_allocation_per_step(void **state) {
         for (int i = 0; i < F4_N; i++) {
             x0[i] = cos(0.3 * i);
         }
-        nb_tree *args =
-            tuple_take(ctx, 2, (nb_tree *[]){f4_params(ctx, scale, 1.0), vec_f64(ctx, F4_N, x0)});
+        nb_tree *args = nbt_tuple_take(
+            ctx, 2, (nb_tree *[]){f4_params(ctx, scale, 1.0), vec_f64(ctx, F4_N, x0)});
         nb_tree *res = NULL;
         int64_t before = al.n_calls;
         NBT_OK(ctx, nb_fn_call(f, args, &res));
@@ -1333,7 +1324,7 @@ static void test_cond_reverse_and_limits(void **state) {
     NBT_OK(ctx, nb_grad(f, NULL, &g));
     for (int trial = 0; trial < 2; trial++) {
         double x[3] = {trial ? 1.0 : -1.0, 0.5, trial ? 0.25 : -0.75};
-        nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x)}), *res = NULL;
+        nb_tree *args = nbt_tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x)}), *res = NULL;
         NBT_OK(ctx, nb_fn_call(g, args, &res));
         const double *gx = nb_array_data(nb_tree_get_array(res));
         for (int j = 0; j < 3; j++) {
@@ -1350,7 +1341,7 @@ static void test_cond_reverse_and_limits(void **state) {
         NBT_OK(ctx, nb_fn_create(ctx, "cg_grad_sum", cg_grad_sum, NULL, &hs));
         NBT_OK(ctx, nb_grad(hs, NULL, &hg));
         double x2[3] = {1.0, 0.5, 0.25};
-        nb_tree *a2 = tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x2)}), *r2 = NULL;
+        nb_tree *a2 = nbt_tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x2)}), *r2 = NULL;
         NBT_STATUS(ctx, NB_ERR_UNSUPPORTED, nb_fn_call(hg, a2, &r2));
         NBT_ERRMSG_HAS(ctx, "a second derivative through a loop) is not supported");
         nb_tree_destroy(a2);
@@ -1361,7 +1352,7 @@ static void test_cond_reverse_and_limits(void **state) {
     nb_fn *bf = NULL;
     NBT_OK(ctx, nb_fn_create(ctx, "big_ck", big_ck, NULL, &bf));
     double x[3] = {1, 2, 3};
-    nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x)}), *res = NULL;
+    nb_tree *args = nbt_tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x)}), *res = NULL;
     NBT_STATUS(ctx, NB_ERR_INVALID, nb_fn_call(bf, args, &res));
     NBT_ERRMSG_HAS(ctx, "0 <= checkpoints <= 2^40");
     nb_tree_destroy(args);
@@ -1466,7 +1457,7 @@ static void test_max_steps_below_trip_count(void **state) {
                 nb_fn *f = NULL;
                 NBT_OK(ctx, nb_fn_create(ctx, "ms_outer", ms_outer, self, &f));
                 double x[3] = {1, 2, 3};
-                nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x)});
+                nb_tree *args = nbt_tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x)});
                 nb_tree *res = NULL;
                 nb_status st = nb_fn_call(f, args, &res);
                 if (ms < 10) {
@@ -1536,7 +1527,7 @@ static void test_scan_length_zero(void **state) {
     double c0[2] = {1.5, -2.0};
     nb_array *xs = NULL;
     NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F64, 2, (int64_t[]){0, 2}, &xs));
-    nb_tree *args = tuple_take(ctx, 2, (nb_tree *[]){vec_f64(ctx, 2, c0), leaf_of(xs)});
+    nb_tree *args = nbt_tuple_take(ctx, 2, (nb_tree *[]){vec_f64(ctx, 2, c0), leaf_of(xs)});
     nb_fn *f = NULL, *l = NULL, *g = NULL;
     NBT_OK(ctx, nb_fn_create(ctx, "s0", s0_outer, NULL, &f));
     nb_tree *res = NULL;
@@ -1581,7 +1572,7 @@ static void test_errors(void **state) {
         nb_fn *f = NULL;
         NBT_OK(ctx, nb_fn_create(ctx, "err_outer", err_outer, self, &f));
         double x[3] = {1, 2, 3};
-        nb_tree *args = tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x)});
+        nb_tree *args = nbt_tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 3, x)});
         nb_tree *res = NULL;
         NBT_STATUS(ctx, want_st[which], nb_fn_call(f, args, &res));
         NBT_ERRMSG_HAS(ctx, want[which]);
