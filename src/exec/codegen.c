@@ -28,6 +28,12 @@
  *    without fast-math, so nothing is contracted or reassociated: the interpreter's bits.
  *    Intermediates of at most NBX_PROMOTE_MAX elements that only written-out code makes
  *    and reads are C locals instead of workspace slots, so they stay in registers.
+ *  - Written out when large, for a context without a thread pool: a fused program (or a
+ *    standalone elementwise op) with no vector math and no reduction whose inputs are all
+ *    read at the element's own index or as one value -- one vectorised pass over memory
+ *    (an optimizer's update of a big leaf: every instruction in registers), where the
+ *    kernel runs each instruction over a tile in turn. With a pool, the kernel call (it
+ *    splits the array across threads; elementwise, so the same bits either way).
  *  - Everything else (matrix products, large arrays, loops, random numbers): a direct
  *    call of the op's kernel -- the function the interpreter calls -- on an nbi_kargs
  *    built in place, its buffers resolved at compile time.
@@ -490,6 +496,20 @@ static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
         simple = flat[x] || zero;
     }
     int64_t total = nbi_shape_size(r, shape);
+    /* in the flat loop, an input read as one value is loaded once, before it: the compiler
+     * cannot hoist the load itself (a store through o might, as far as it knows, write it),
+     * and a load in every iteration keeps it from vectorising the loop */
+    bool hoist[NBI_FUSE_MAX_EXT] = {false};
+    if (simple && total > 1) {
+        for (int32_t x = 0; x < p->n_ext; x++) {
+            hoist[x] = !flat[x];
+            if (hoist[x]) {
+                const char *T = nbx_ctype(v->in[x]->dtype);
+                nbi_sbuf_printf(s, "        const %s e%d = x%d[%lld];\n", T, (int)x, (int)x,
+                                (long long)off[x]);
+            }
+        }
+    }
     if (simple && total > 1) {
         nbi_sbuf_printf(s,
                         "#pragma GCC ivdep\n"
@@ -507,6 +527,9 @@ static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
     for (int32_t x = 0; x < p->n_ext; x++) {
         const nb_var *in = v->in[x];
         const char *T = nbx_ctype(in->dtype);
+        if (hoist[x]) {
+            continue;
+        }
         /* the element offset as text */
         char idx[512];
         nbi_sbuf is = nbi_sbuf_make(idx, sizeof idx);
@@ -605,9 +628,9 @@ static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
 }
 
 /* A standalone elementwise node (or a broadcast, as a copy) as a one-instruction program
- * over its own shape, when small: the same per-element code. */
-static bool nbx_single_program(const nb_var *v, nbi_fprog *p) {
-    if (v->size <= 0 || v->size > NBX_INLINE_MAX) {
+ * over its own shape, when it has at most max elements: the same per-element code. */
+static bool nbx_single_program_n(const nb_var *v, nbi_fprog *p, int64_t max) {
+    if (v->size <= 0 || v->size > max) {
         return false;
     }
     bool map = nbi_is_map(v) && v->n_in >= 1 && v->n_in <= 3;
@@ -628,6 +651,66 @@ static bool nbx_single_program(const nb_var *v, nbi_fprog *p) {
     p->map_rank = v->rank;
     memcpy(p->map_shape, v->shape, sizeof p->map_shape);
     return nbx_instr_ok(&p->ins[0]) && !(nbx_instr_vm(&p->ins[0]) && v->size > NBX_INLINE_VM_MAX);
+}
+
+static bool nbx_single_program(const nb_var *v, nbi_fprog *p) {
+    return nbx_single_program_n(v, p, NBX_INLINE_MAX);
+}
+
+/* Is program p of node v one flat loop: no reduction, no padding, every input read at the
+ * element's own index or as one value (nbx_emit_fused's simple case)? */
+static bool nbx_prog_flat(const nb_var *v, const nbi_fprog *p) {
+    if (p->red_op != 0 || p->pad_mask != 0) {
+        return false;
+    }
+    int r = p->map_rank;
+    for (int32_t x = 0; x < p->n_ext; x++) {
+        int64_t st[NB_MAX_RANK];
+        if ((p->view_mask >> x) & 1u) {
+            memcpy(st, p->view_st[x], sizeof st);
+        } else {
+            nbi_bcast_strides(v->in[x]->rank, v->in[x]->shape, r, p->map_shape, st);
+        }
+        bool flat = true, zero = true;
+        int64_t want = 1;
+        for (int d = r - 1; d >= 0; d--) {
+            flat = flat && (p->map_shape[d] == 1 || st[d] == want);
+            zero = zero && (p->map_shape[d] == 1 || st[d] == 0);
+            want *= p->map_shape[d];
+        }
+        if (!flat && !zero) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A large program written out as well (NBX_BIG: for a context without a thread pool; with
+ * one, the kernel splits it across threads): one flat loop with no vector math, which the
+ * compiler vectorises -- every instruction in registers, one pass over memory, where the
+ * kernel runs each instruction over a tile in turn. p: v's program, or its single-op
+ * program. */
+static bool nbx_big_ok(const nb_var *v, const nbi_fprog *p) {
+    for (int32_t i = 0; i < p->n_instr; i++) {
+        if (!nbx_instr_ok(&p->ins[i]) || nbx_instr_vm(&p->ins[i])) {
+            return false;
+        }
+    }
+    return nbx_prog_flat(v, p);
+}
+
+/* v's program when v is a large fused or standalone elementwise node written out by
+ * nbx_big_ok's rule. */
+static bool nbx_big_program(const nb_var *v, nbi_fprog *p) {
+    if (v->op == NBI_OP_FUSED) {
+        const nbi_fprog *q = v->at.callee;
+        if (nbi_shape_size(q->map_rank, q->map_shape) <= NBX_INLINE_MAX || !nbx_big_ok(v, q)) {
+            return false;
+        }
+        memcpy(p, q, offsetof(nbi_fprog, planned));
+        return true;
+    }
+    return v->size > NBX_INLINE_MAX && nbx_single_program_n(v, p, INT64_MAX) && nbx_big_ok(v, p);
 }
 
 /* A standalone reduction (sum, max, min, prod over any axes) of a small array whose
@@ -988,15 +1071,15 @@ static const char nbx_prelude[] =
 
 /* NABLA_NATIVE_CALLS=<mask> (debugging the generator): instructions of the kinds in mask
  * are kernel calls instead of written out -- 1 fused programs, 2 standalone elementwise
- * ops and broadcasts, 4 reductions, 8 slices, 16 copies, 32 other data movement; 64 keeps
- * every value in the workspace (no C locals). */
+ * ops and broadcasts, 4 reductions, 8 slices, 16 copies, 32 other data movement, 128 large
+ * flat programs (NBX_BIG); 64 keeps every value in the workspace (no C locals). */
 static unsigned nbx_calls_mask(void) {
     const char *m = getenv("NABLA_NATIVE_CALLS");
     return m != NULL ? (unsigned)strtoul(m, NULL, 0) : 0u;
 }
 
 /* How instruction t is written (the same decision the emitter makes). */
-enum { NBX_CALL, NBX_FUSED, NBX_SINGLE, NBX_REDUCE, NBX_SLICE, NBX_COPY, NBX_MOVE };
+enum { NBX_CALL, NBX_FUSED, NBX_SINGLE, NBX_REDUCE, NBX_SLICE, NBX_COPY, NBX_MOVE, NBX_BIG };
 
 static bool nbx_move_kind(const nbi_exec *e, const nbi_instr *ins) {
     char scratch[1];
@@ -1025,6 +1108,9 @@ static int nbx_kind(const nbi_exec *e, const nbi_instr *ins, unsigned calls) {
     if (!(calls & 32) && nbx_move_kind(e, ins)) {
         return NBX_MOVE;
     }
+    if (!(calls & 128) && nbx_big_program(v, &single)) {
+        return NBX_BIG;
+    }
     return NBX_CALL;
 }
 
@@ -1044,7 +1130,7 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
     if (kind != NULL && promoted != NULL && !(calls & 64)) {
         for (int32_t t = 0; t < e->n_instrs; t++) {
             const nbi_instr *ins = &e->instrs[t];
-            if (kind[t] == NBX_CALL) {
+            if (kind[t] == NBX_CALL || kind[t] == NBX_BIG) {
                 continue;
             }
             promoted[ins->node] = true;
@@ -1061,7 +1147,7 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
                           v->size <= NBX_PROMOTE_MAX && (es == 1 || es == 4 || es == 8);
         }
         for (int32_t t = 0; t < e->n_instrs; t++) {
-            if (kind[t] != NBX_CALL) {
+            if (kind[t] != NBX_CALL && kind[t] != NBX_BIG) {
                 continue;
             }
             for (int32_t j = 0; j < e->instrs[t].n_in; j++) {
@@ -1075,7 +1161,8 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
     nbi_sbuf_puts(s, nbx_prelude);
     int32_t inl = 0;
     for (int32_t t = 0; t < e->n_instrs; t++) {
-        inl += (kind != NULL ? kind[t] : nbx_kind(e, &e->instrs[t], calls)) == NBX_FUSED;
+        int kd = kind != NULL ? kind[t] : nbx_kind(e, &e->instrs[t], calls);
+        inl += kd == NBX_FUSED || (kd == NBX_BIG && e->nodes[e->instrs[t].node].op == NBI_OP_FUSED);
     }
     nbi_sbuf_printf(s,
                     "/* %d instructions (%d fused programs written out), %d inputs, %d outputs, "
@@ -1130,6 +1217,13 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
             break;
         case NBX_MOVE:
             nbx_emit_move(s, e, ins);
+            break;
+        case NBX_BIG: /* written out without a thread pool; the kernel splits it with one */
+            nbx_big_program(v, &single);
+            nbi_sbuf_puts(s, "    if (env->pool == 0)\n");
+            nbx_emit_fused(s, e, ins, &single);
+            nbi_sbuf_puts(s, "    else\n");
+            nbx_emit_call(s, e, ins);
             break;
         default:
             nbx_emit_call(s, e, ins);

@@ -148,6 +148,113 @@ static void test_now_same_bits(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- large flat programs: written out for one thread, the kernel with a pool ----------- */
+
+/* args: (x f32[6000], y f64[5000], k i32[5000]); programs over more elements than the
+ * generator writes out when small, none calling vector math: an Adam-like chain with
+ * scalars read as one value and two stored intermediates, integer arithmetic with a
+ * division by zero, a view (a slice) read at its own index, two dtypes in one program. */
+static nb_status body_big(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *x = nb_get(tr, args, "[0]"), *y = nb_get(tr, args, "[1]"), *k = nb_get(tr, args, "[2]");
+    nb_var *mu = nb_add(nb_mul(x, nb_scalar(tr, 0.9)), nb_scalar(tr, 0.1));
+    nb_var *nu = nb_add(nb_mul(nb_square(x), nb_scalar(tr, 0.999)), nb_scalar(tr, 1e-3));
+    nb_var *p = nb_sub(
+        x, nb_div(nb_mul(mu, nb_scalar(tr, 1e-3)), nb_add(nb_sqrt(nu), nb_scalar(tr, 1e-8))));
+    nb_var *q = nb_div(nb_mul(k, nb_scalar_typed(tr, NB_DTYPE_I32, 3)),
+                       nb_sub(k, nb_scalar_typed(tr, NB_DTYPE_I32, 7)));
+    nb_var *r = nb_neg(y);
+    nb_var *s = nb_mul(nb_add(nb_slice(x, (const int64_t[]){500}, (const int64_t[]){5500}, NULL),
+                              nb_scalar(tr, 2.0)),
+                       nb_cast(y, NB_DTYPE_F32));
+    nb_var *vs[] = {mu, nu, p, q, r, s};
+    nb_tree *leaves[6];
+    for (int i = 0; i < 6; i++) {
+        leaves[i] = nb_leaf(vs[i]);
+    }
+    return nb_tree_tuple(ctx, 6, leaves, out);
+}
+
+static nb_tree *big_args(nb_ctx *ctx) {
+    enum { NX = 6000, NY = 5000 };
+    float *xv = malloc(NX * sizeof *xv);
+    double *yv = malloc(NY * sizeof *yv);
+    assert_non_null(xv);
+    assert_non_null(yv);
+    for (int i = 0; i < NX; i++) {
+        xv[i] = (float)sin(0.01 * i) * 3.0f;
+    }
+    for (int i = 0; i < NY; i++) {
+        yv[i] = cos(0.003 * i) - 0.25;
+    }
+    nb_array *x = nbt_arr_f32(ctx, 1, (const int64_t[]){NX}, xv);
+    nb_array *y = nbt_arr_f64(ctx, 1, (const int64_t[]){NY}, yv);
+    free(xv);
+    free(yv);
+    nb_array *k = NULL;
+    NBT_OK(ctx, nb_array_arange(ctx, NB_DTYPE_I32, -2000, 3000, 1, &k));
+    nb_tree *l[3] = {NULL, NULL, NULL};
+    NBT_OK(ctx, nb_tree_array(x, &l[0]));
+    NBT_OK(ctx, nb_tree_array(y, &l[1]));
+    NBT_OK(ctx, nb_tree_array(k, &l[2]));
+    nb_array_destroy(x);
+    nb_array_destroy(y);
+    nb_array_destroy(k);
+    return nbt_tuple_take(ctx, 3, l);
+}
+
+static void test_big_same_bits(void **state) {
+    (void)state;
+    nb_tree *res[2][2] = {{NULL, NULL}, {NULL, NULL}};
+    nb_ctx *ctxs[2] = {NULL, NULL};
+    for (int threads = 1; threads <= 2; threads++) {
+        nb_ctx_opts co = nb_ctx_opts_default();
+        co.n_threads = threads;
+        NBT_OK(NULL, nb_ctx_create(&co, &ctxs[threads - 1]));
+        nb_ctx *ctx = ctxs[threads - 1];
+        nb_tree *args = big_args(ctx);
+        if (threads == 1) { /* the generated C writes the programs out (and keeps the kernel
+                             * call for a context with a pool) */
+            nb_fn *f = NULL;
+            NBT_OK(ctx, nb_fn_create(ctx, "big", body_big, NULL, &f));
+            size_t need = 0;
+            assert_int_equal(nb_fn_format_ir(f, args, NB_IR_NATIVE_C, NULL, 0, &need),
+                             NB_ERR_TRUNCATED);
+            char *buf = malloc(need + 1);
+            assert_non_null(buf);
+            NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_NATIVE_C, buf, need + 1, NULL));
+            int n_big = 0;
+            for (const char *c = buf; (c = strstr(c, "if (env->pool == 0)")) != NULL; c++) {
+                n_big++;
+            }
+            assert_int_equal(n_big, 3); /* the f32[6000] chain, the i32 one, the f32/f64[5000] */
+            assert_non_null(strstr(buf, "for (i64 i = 0; i < 6000; i++)"));
+            assert_non_null(strstr(buf, "[500 + i]")); /* the slice, read in place */
+            free(buf);
+            nb_fn_destroy(f);
+        }
+        nb_fn *off = jit_mode(ctx, body_big, "big", NB_NATIVE_OFF);
+        nb_fn *now = jit_mode(ctx, body_big, "big_now", NB_NATIVE_NOW);
+        NBT_OK(ctx, nb_fn_call(off, args, &res[threads - 1][0]));
+        NBT_OK(ctx, nb_fn_call(now, args, &res[threads - 1][1]));
+        assert_int_equal(stats_of(now).tier, 1);
+        nb_fn_destroy(off);
+        nb_fn_destroy(now);
+        nb_tree_destroy(args);
+    }
+    assert_same_bits(res[0][0], res[0][1]); /* 1 thread: written out vs the interpreter */
+    assert_same_bits(res[1][0], res[1][1]); /* 2 threads: the kernel in both tiers */
+    assert_same_bits(res[0][1], res[1][1]);
+    for (int i = 0; i < 4; i++) {
+        nb_tree_destroy(res[i / 2][i % 2]);
+    }
+    for (int i = 0; i < 2; i++) {
+        nbt_assert_no_live(ctxs[i]);
+        nb_ctx_destroy(ctxs[i]);
+    }
+}
+
 /* ---- loops: the body's executable has native code of its own ------------------------- */
 
 static nb_status body_step(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
@@ -373,9 +480,10 @@ int main(void) {
     unsetenv("NABLA_NATIVE");
     unsetenv("NABLA_CC");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_now_same_bits),   cmocka_unit_test(test_loop_same_bits),
-        cmocka_unit_test(test_auto_swaps_in),   cmocka_unit_test(test_format_c),
-        cmocka_unit_test(test_fallback_logged), cmocka_unit_test(test_warm_cache),
+        cmocka_unit_test(test_now_same_bits),  cmocka_unit_test(test_big_same_bits),
+        cmocka_unit_test(test_loop_same_bits), cmocka_unit_test(test_auto_swaps_in),
+        cmocka_unit_test(test_format_c),       cmocka_unit_test(test_fallback_logged),
+        cmocka_unit_test(test_warm_cache),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
