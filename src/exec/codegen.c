@@ -28,12 +28,13 @@
  *    without fast-math, so nothing is contracted or reassociated: the interpreter's bits.
  *    Intermediates of at most NBX_PROMOTE_MAX elements that only written-out code makes
  *    and reads are C locals instead of workspace slots, so they stay in registers.
- *  - Written out when large, for a context without a thread pool: a fused program (or a
- *    standalone elementwise op) with no vector math and no reduction whose inputs are all
- *    read at the element's own index or as one value -- one vectorised pass over memory
- *    (an optimizer's update of a big leaf: every instruction in registers), where the
- *    kernel runs each instruction over a tile in turn. With a pool, the kernel call (it
- *    splits the array across threads; elementwise, so the same bits either way).
+ *  - Written out when large: a fused program (or a standalone elementwise op) with no
+ *    vector math and no reduction whose inputs are all read at the element's own index or
+ *    as one value -- one vectorised pass over memory (an optimizer's update of a big leaf:
+ *    every instruction in registers), where the kernel runs each instruction over a tile
+ *    in turn. It is a function over a range of elements, nbx_w<t>, run over all of them
+ *    without a thread pool and split into fixed chunks across the pool's threads with one
+ *    (elementwise: the same bits for any split).
  *  - Everything else (matrix products, large arrays, loops, random numbers): a direct
  *    call of the op's kernel -- the function the interpreter calls -- on an nbi_kargs
  *    built in place, its buffers resolved at compile time.
@@ -436,14 +437,24 @@ static void nbx_value(const nbi_exec *e, int32_t node, char *buf, size_t cap) {
     }
 }
 
-/* A fused node written out: one loop nest over its index space. */
-static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
-                           const nbi_fprog *p) {
+/* A fused node written out: one loop nest over its index space -- in nbx_run's body, or,
+ * with worker >= 0 (a flat program: nbx_prog_flat), as the function nbx_w<worker> that runs
+ * elements [first, first + count), its buffers in ud (inputs, the output, the stores: the
+ * order nbx_emit_big passes them). */
+static void nbx_emit_fused_ex(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
+                              const nbi_fprog *p, int worker) {
     const nb_var *v = &e->nodes[ins->node];
     int r = p->map_rank;
     const int64_t *shape = p->map_shape;
     char buf[96];
-    nbi_sbuf_puts(s, "    {\n");
+    if (worker >= 0) {
+        nbi_sbuf_printf(s,
+                        "static void nbx_w%d(void *ud, i64 first, i64 count, int worker) {\n"
+                        "    void *const *p = (void *const *)ud;\n    (void)worker;\n",
+                        worker);
+    } else {
+        nbi_sbuf_puts(s, "    {\n");
+    }
     /* externals: typed base pointers and per-dim strides in elements */
     int64_t st[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
     int64_t off[NBI_FUSE_MAX_EXT];
@@ -463,19 +474,31 @@ static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
             flat[x] = flat[x] && (shape[d] == 1 || st[x][d] == want);
             want *= shape[d];
         }
-        nbx_value(e, ins->in[x], buf, sizeof buf);
+        if (worker >= 0) {
+            snprintf(buf, sizeof buf, "p[%d]", (int)x);
+        } else {
+            nbx_value(e, ins->in[x], buf, sizeof buf);
+        }
         nbi_sbuf_printf(s, "        const %s *x%d = (const %s *)%s;\n", nbx_ctype(in->dtype),
                         (int)x, nbx_ctype(in->dtype), buf);
     }
     char ob[96];
-    nbx_value(e, ins->node, ob, sizeof ob);
+    if (worker >= 0) {
+        snprintf(ob, sizeof ob, "p[%d]", (int)p->n_ext);
+    } else {
+        nbx_value(e, ins->node, ob, sizeof ob);
+    }
     nbi_sbuf_printf(s, "        %s *o = (%s *)%s;\n", nbx_ctype(v->dtype), nbx_ctype(v->dtype), ob);
     for (int32_t k = 0; k < ins->n_store; k++) {
         int32_t sn = ins->store[k];
         if (sn < 0) {
             continue;
         }
-        nbx_value(e, sn, buf, sizeof buf);
+        if (worker >= 0) {
+            snprintf(buf, sizeof buf, "p[%d]", (int)(p->n_ext + 1 + k));
+        } else {
+            nbx_value(e, sn, buf, sizeof buf);
+        }
         const char *T = nbx_ctype(p->ins[p->store[k]].dtype);
         nbi_sbuf_printf(s, "        %s *s%d = (%s *)%s;\n", T, (int)k, T, buf);
     }
@@ -500,7 +523,7 @@ static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
      * cannot hoist the load itself (a store through o might, as far as it knows, write it),
      * and a load in every iteration keeps it from vectorising the loop */
     bool hoist[NBI_FUSE_MAX_EXT] = {false};
-    if (simple && total > 1) {
+    if (simple && (total > 1 || worker >= 0)) {
         for (int32_t x = 0; x < p->n_ext; x++) {
             hoist[x] = !flat[x];
             if (hoist[x]) {
@@ -510,7 +533,11 @@ static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
             }
         }
     }
-    if (simple && total > 1) {
+    if (worker >= 0) { /* flat (nbx_big_program): the caller's range */
+        nbi_sbuf_puts(s, "#pragma GCC ivdep\n"
+                         "        for (i64 i = first; i < first + count; i++)\n        {\n");
+        simple = true;
+    } else if (simple && total > 1) {
         nbi_sbuf_printf(s,
                         "#pragma GCC ivdep\n"
                         "        for (i64 i = 0; i < %lld; i++)\n        {\n",
@@ -627,6 +654,11 @@ static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
     }
 }
 
+static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
+                           const nbi_fprog *p) {
+    nbx_emit_fused_ex(s, e, ins, p, -1);
+}
+
 /* A standalone elementwise node (or a broadcast, as a copy) as a one-instruction program
  * over its own shape, when it has at most max elements: the same per-element code. */
 static bool nbx_single_program_n(const nb_var *v, nbi_fprog *p, int64_t max) {
@@ -685,11 +717,11 @@ static bool nbx_prog_flat(const nb_var *v, const nbi_fprog *p) {
     return true;
 }
 
-/* A large program written out as well (NBX_BIG: for a context without a thread pool; with
- * one, the kernel splits it across threads): one flat loop with no vector math, which the
- * compiler vectorises -- every instruction in registers, one pass over memory, where the
- * kernel runs each instruction over a tile in turn. p: v's program, or its single-op
- * program. */
+/* A large program written out as well (NBX_BIG: a worker function over a range of
+ * elements, split across the pool's threads when there is one): one flat loop with no
+ * vector math, which the compiler vectorises -- every instruction in registers, one pass
+ * over memory, where the kernel runs each instruction over a tile in turn. p: v's
+ * program, or its single-op program. */
 static bool nbx_big_ok(const nb_var *v, const nbi_fprog *p) {
     for (int32_t i = 0; i < p->n_instr; i++) {
         if (!nbx_instr_ok(&p->ins[i]) || nbx_instr_vm(&p->ins[i])) {
@@ -1025,6 +1057,7 @@ static const char nbx_prelude[] =
     "    u8 *ws; void *scratch; void *pool; int n_workers;\n"
     "    const void *const *node; void (*const *kern)(const nbx_kargs *);\n"
     "    const nbx_vmath *vm;\n"
+    "    void (*par)(void *pool, i64 n, i64 chunk, void (*fn)(void *, i64, i64, int), void *ud);\n"
     "} nbx_env;\n"
     "static inline float nbx_vm1f(const nbx_vmath *vm, int f, float x) {\n"
     "    float o; vm->f32[f](&o, &x, 1); return o;\n"
@@ -1087,6 +1120,10 @@ static bool nbx_move_kind(const nbi_exec *e, const nbi_instr *ins) {
     return nbx_emit_move(&none, e, ins); /* decides without writing (cap 0) */
 }
 
+/* In calls: no NBX_BIG (its worker functions are emitted from the kinds array, so without
+ * one there are none). */
+#define NBX_NO_BIG (1u << 30)
+
 static int nbx_kind(const nbi_exec *e, const nbi_instr *ins, unsigned calls) {
     const nb_var *v = &e->nodes[ins->node];
     nbi_fprog single;
@@ -1108,10 +1145,45 @@ static int nbx_kind(const nbi_exec *e, const nbi_instr *ins, unsigned calls) {
     if (!(calls & 32) && nbx_move_kind(e, ins)) {
         return NBX_MOVE;
     }
-    if (!(calls & 128) && nbx_big_program(v, &single)) {
+    if (!(calls & 128) && !(calls & NBX_NO_BIG) && nbx_big_program(v, &single)) {
         return NBX_BIG;
     }
     return NBX_CALL;
+}
+
+/* Elements per task when a pool splits a large written-out program (fixed by the data, not
+ * by the thread count; elementwise, so any split gives the same bits). */
+#define NBX_BIG_CHUNK 16384
+
+/* A large flat program (NBX_BIG): its worker nbx_w<t> over every element, on this thread
+ * without a pool, split across the pool's threads with one. */
+static void nbx_emit_big(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, int32_t t) {
+    const nb_var *v = &e->nodes[ins->node];
+    nbi_fprog big;
+    nbx_big_program(v, &big);
+    char buf[96];
+    nbi_sbuf_puts(s, "    {\n        void *p[] = {");
+    for (int32_t x = 0; x < big.n_ext; x++) {
+        nbx_value(e, ins->in[x], buf, sizeof buf);
+        nbi_sbuf_printf(s, "(void *)%s, ", buf);
+    }
+    nbx_value(e, ins->node, buf, sizeof buf);
+    nbi_sbuf_printf(s, "(void *)%s", buf);
+    for (int32_t k = 0; k < ins->n_store; k++) {
+        if (ins->store[k] >= 0) {
+            nbx_value(e, ins->store[k], buf, sizeof buf);
+            nbi_sbuf_printf(s, ", (void *)%s", buf);
+        } else {
+            nbi_sbuf_puts(s, ", 0");
+        }
+    }
+    long long total = (long long)nbi_shape_size(big.map_rank, big.map_shape);
+    nbi_sbuf_printf(s,
+                    "};\n"
+                    "        if (env->pool == 0)\n            nbx_w%d(p, 0, %lld, 0);\n"
+                    "        else\n            env->par(env->pool, %lld, %d, nbx_w%d, p);\n"
+                    "    }\n",
+                    (int)t, total, total, NBX_BIG_CHUNK, (int)t);
 }
 
 /* Locals: at most this many elements (a state vector of an ODE, a scalar of a controller). */
@@ -1124,6 +1196,9 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
     size_t kbytes = (size_t)(e->n_instrs + 1) * sizeof(int), pbytes = (size_t)e->n_nodes + 1;
     int *kind = malloc(kbytes);
     bool *promoted = calloc(pbytes, 1);
+    if (kind == NULL) {
+        calls |= NBX_NO_BIG;
+    }
     for (int32_t t = 0; kind != NULL && t < e->n_instrs; t++) {
         kind[t] = nbx_kind(e, &e->instrs[t], calls);
     }
@@ -1168,6 +1243,30 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
                     "/* %d instructions (%d fused programs written out), %d inputs, %d outputs, "
                     "workspace %zu bytes */\n",
                     (int)e->n_instrs, (int)inl, (int)e->n_inputs, (int)e->n_outputs, e->ws_bytes);
+    /* The workers read every buffer through their argument. Their trip count is a run-time
+     * value, which gcc's -O2 cost model ("very cheap": no epilogue loops) does not vectorise;
+     * the dynamic model does (elementwise, no reassociation: the same bits). */
+    nbx_promoted = NULL;
+    bool any_big = false;
+    for (int32_t t = 0; kind != NULL && t < e->n_instrs; t++) {
+        if (kind[t] == NBX_BIG) {
+            if (!any_big) {
+                nbi_sbuf_puts(s, "#if defined(__GNUC__) && !defined(__clang__)\n"
+                                 "#pragma GCC push_options\n"
+                                 "#pragma GCC optimize(\"vect-cost-model=dynamic\")\n"
+                                 "#endif\n");
+                any_big = true;
+            }
+            nbi_fprog big;
+            nbx_big_program(&e->nodes[e->instrs[t].node], &big);
+            nbx_emit_fused_ex(s, e, &e->instrs[t], &big, (int)t);
+        }
+    }
+    if (any_big) {
+        nbi_sbuf_puts(s, "#if defined(__GNUC__) && !defined(__clang__)\n"
+                         "#pragma GCC pop_options\n"
+                         "#endif\n");
+    }
     nbi_sbuf_puts(s, "void nbx_run(const nbx_env *env, const void *const *in, void *const *out,\n"
                      "             const _Bool *direct) {\n"
                      "    u8 *ws = env->ws;\n"
@@ -1218,12 +1317,8 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
         case NBX_MOVE:
             nbx_emit_move(s, e, ins);
             break;
-        case NBX_BIG: /* written out without a thread pool; the kernel splits it with one */
-            nbx_big_program(v, &single);
-            nbi_sbuf_puts(s, "    if (env->pool == 0)\n");
-            nbx_emit_fused(s, e, ins, &single);
-            nbi_sbuf_puts(s, "    else\n");
-            nbx_emit_call(s, e, ins);
+        case NBX_BIG:
+            nbx_emit_big(s, e, ins, t);
             break;
         default:
             nbx_emit_call(s, e, ins);

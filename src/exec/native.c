@@ -49,6 +49,7 @@ typedef struct nbi_native_env {
     const void *const *node;
     const nbi_kernel_fn *kern;
     const nbi_vmath *vm;
+    void (*par)(nbi_pool *pool, int64_t n, int64_t chunk, nbi_range_fn fn, void *ud);
 } nbi_native_env;
 
 /* The prelude's nbx_kargs must be nbi_kargs. */
@@ -292,6 +293,7 @@ static void nbi_native_install(nbi_exec *e, nbi_native_lib *lib) {
     n->env.node = n->nodes;
     n->env.kern = n->kerns;
     n->env.vm = nbi_vmath_get();
+    n->env.par = nbi_par_range;
     n->lib = lib;
     n->state = NBI_NSTATE_READY;
     e->native_fn = fn;

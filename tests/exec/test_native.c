@@ -148,7 +148,7 @@ static void test_now_same_bits(void **state) {
     nb_ctx_destroy(ctx);
 }
 
-/* ---- large flat programs: written out for one thread, the kernel with a pool ----------- */
+/* ---- large flat programs: written out, split across a pool's threads when there is one -- */
 
 /* args: (x f32[6000], y f64[5000], k i32[5000]); programs over more elements than the
  * generator writes out when small, none calling vector math: an Adam-like chain with
@@ -214,8 +214,8 @@ static void test_big_same_bits(void **state) {
         NBT_OK(NULL, nb_ctx_create(&co, &ctxs[threads - 1]));
         nb_ctx *ctx = ctxs[threads - 1];
         nb_tree *args = big_args(ctx);
-        if (threads == 1) { /* the generated C writes the programs out (and keeps the kernel
-                             * call for a context with a pool) */
+        if (threads == 1) { /* the generated C writes the programs out as workers over a range
+                             * of elements (all of them, or chunks across a pool's threads) */
             nb_fn *f = NULL;
             NBT_OK(ctx, nb_fn_create(ctx, "big", body_big, NULL, &f));
             size_t need = 0;
@@ -225,11 +225,12 @@ static void test_big_same_bits(void **state) {
             assert_non_null(buf);
             NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_NATIVE_C, buf, need + 1, NULL));
             int n_big = 0;
-            for (const char *c = buf; (c = strstr(c, "if (env->pool == 0)")) != NULL; c++) {
+            for (const char *c = buf; (c = strstr(c, "env->par(env->pool, ")) != NULL; c++) {
                 n_big++;
             }
             assert_int_equal(n_big, 3); /* the f32[6000] chain, the i32 one, the f32/f64[5000] */
-            assert_non_null(strstr(buf, "for (i64 i = 0; i < 6000; i++)"));
+            assert_non_null(strstr(buf, "env->par(env->pool, 6000, "));
+            assert_non_null(strstr(buf, "for (i64 i = first; i < first + count; i++)"));
             assert_non_null(strstr(buf, "[500 + i]")); /* the slice, read in place */
             free(buf);
             nb_fn_destroy(f);
@@ -244,7 +245,7 @@ static void test_big_same_bits(void **state) {
         nb_tree_destroy(args);
     }
     assert_same_bits(res[0][0], res[0][1]); /* 1 thread: written out vs the interpreter */
-    assert_same_bits(res[1][0], res[1][1]); /* 2 threads: the kernel in both tiers */
+    assert_same_bits(res[1][0], res[1][1]); /* 2 threads: chunks on the pool vs the kernel */
     assert_same_bits(res[0][1], res[1][1]);
     for (int i = 0; i < 4; i++) {
         nb_tree_destroy(res[i / 2][i % 2]);
