@@ -39,10 +39,14 @@
  *    call of the op's kernel -- the function the interpreter calls -- on an nbi_kargs
  *    built in place, its buffers resolved at compile time.
  *
+ *  - While loops (and so fori loops, scans and an ODE solve): C loops in the same file, their
+ *    cond and body executables written as functions of their own (nbx_f<k>, each on its
+ *    executable's environment, env->sub[k]) called step after step on the loop's carry,
+ *    as the while kernel runs them (nbx_emit_loop). The checkpointed reversal is a kernel
+ *    call whose executables have native code of their own.
+ *
  * So the native code saves the interpreter's dispatch: resolving buffers, walking the
- * program, and calling one tile function per fused instruction. Loops (while, scan, the
- * checkpointed reversal) are kernel calls whose bodies are executables with native code
- * of their own.
+ * program, and calling one tile function per fused instruction.
  */
 #include "exec/exec.h"
 
@@ -425,6 +429,10 @@ typedef struct nbx_ctx {
  * inputs and outputs, so every value there is stored and loaded again). */
 static _Thread_local const bool *nbx_promoted;
 
+/* The function being written (0: nbx_run, k + 1: nbx_f<k>), which names its workers
+ * nbx_w<id>_<instruction>. */
+static _Thread_local int nbx_fn_id;
+
 static void nbx_value(const nbi_exec *e, int32_t node, char *buf, size_t cap) {
     if (nbx_promoted != NULL && nbx_promoted[node]) {
         snprintf(buf, cap, "((u8 *)L%d)", (int)node);
@@ -449,9 +457,9 @@ static void nbx_emit_fused_ex(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *i
     char buf[96];
     if (worker >= 0) {
         nbi_sbuf_printf(s,
-                        "static void nbx_w%d(void *ud, i64 first, i64 count, int worker) {\n"
+                        "static void nbx_w%d_%d(void *ud, i64 first, i64 count, int worker) {\n"
                         "    void *const *p = (void *const *)ud;\n    (void)worker;\n",
-                        worker);
+                        nbx_fn_id, worker);
     } else {
         nbi_sbuf_puts(s, "    {\n");
     }
@@ -1058,6 +1066,11 @@ static const char nbx_prelude[] =
     "    const void *const *node; void (*const *kern)(const nbx_kargs *);\n"
     "    const nbx_vmath *vm;\n"
     "    void (*par)(void *pool, i64 n, i64 chunk, void (*fn)(void *, i64, i64, int), void *ud);\n"
+    "    const struct nbx_env *sub;\n"
+    "    const void *exec;\n"
+    "    const _Bool *(*plan)(const void *exec, const void *const *in, void *const *out,\n"
+    "                         const _Bool *donated, int *n_copy);\n"
+    "    void (*copy)(const void *exec, void *const *out);\n"
     "} nbx_env;\n"
     "static inline float nbx_vm1f(const nbx_vmath *vm, int f, float x) {\n"
     "    float o; vm->f32[f](&o, &x, 1); return o;\n"
@@ -1105,14 +1118,25 @@ static const char nbx_prelude[] =
 /* NABLA_NATIVE_CALLS=<mask> (debugging the generator): instructions of the kinds in mask
  * are kernel calls instead of written out -- 1 fused programs, 2 standalone elementwise
  * ops and broadcasts, 4 reductions, 8 slices, 16 copies, 32 other data movement, 128 large
- * flat programs (NBX_BIG); 64 keeps every value in the workspace (no C locals). */
+ * flat programs (NBX_BIG), 256 while loops; 64 keeps every value in the workspace (no C
+ * locals). */
 static unsigned nbx_calls_mask(void) {
     const char *m = getenv("NABLA_NATIVE_CALLS");
     return m != NULL ? (unsigned)strtoul(m, NULL, 0) : 0u;
 }
 
 /* How instruction t is written (the same decision the emitter makes). */
-enum { NBX_CALL, NBX_FUSED, NBX_SINGLE, NBX_REDUCE, NBX_SLICE, NBX_COPY, NBX_MOVE, NBX_BIG };
+enum {
+    NBX_CALL,
+    NBX_FUSED,
+    NBX_SINGLE,
+    NBX_REDUCE,
+    NBX_SLICE,
+    NBX_COPY,
+    NBX_MOVE,
+    NBX_BIG,
+    NBX_LOOP
+};
 
 static bool nbx_move_kind(const nbi_exec *e, const nbi_instr *ins) {
     char scratch[1];
@@ -1180,17 +1204,123 @@ static void nbx_emit_big(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, i
     long long total = (long long)nbi_shape_size(big.map_rank, big.map_shape);
     nbi_sbuf_printf(s,
                     "};\n"
-                    "        if (env->pool == 0)\n            nbx_w%d(p, 0, %lld, 0);\n"
-                    "        else\n            env->par(env->pool, %lld, %d, nbx_w%d, p);\n"
+                    "        if (env->pool == 0)\n            nbx_w%d_%d(p, 0, %lld, 0);\n"
+                    "        else\n            env->par(env->pool, %lld, %d, nbx_w%d_%d, p);\n"
                     "    }\n",
-                    (int)t, total, total, NBX_BIG_CHUNK, (int)t);
+                    nbx_fn_id, (int)t, total, total, NBX_BIG_CHUNK, nbx_fn_id, (int)t);
 }
 
 /* Locals: at most this many elements (a state vector of an ODE, a scalar of a controller). */
 #define NBX_PROMOTE_MAX 16
 
-void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
-    unsigned calls = nbx_calls_mask();
+/* ---- loops as C loops ------------------------------------------------------------------- */
+
+/* Loops are written out (their cond and body as functions of this file) while the whole file
+ * stays below this many instructions, and up to this many such functions. */
+#define NBX_INLINE_INSTRS 3000
+#define NBX_MAX_SUBS 64
+
+static void nbx_subs_rec(const nbi_exec *e, const nbi_exec **out, int32_t cap, int32_t *n,
+                         int64_t *instrs, int depth) {
+    for (int32_t t = 0; t < e->n_instrs && depth < 16; t++) {
+        const nb_var *v = &e->nodes[e->instrs[t].node];
+        if (v->op != NBI_OP_WHILE || v->at.callee == NULL || v->at.callee2 == NULL) {
+            continue;
+        }
+        const nbi_exec *two[2] = {v->at.callee2, v->at.callee}; /* cond, body */
+        for (int q = 0; q < 2; q++) {
+            if (*n < cap && out != NULL) {
+                out[*n] = two[q];
+            }
+            (*n)++;
+            *instrs += two[q]->n_instrs;
+            nbx_subs_rec(two[q], out, cap, n, instrs, depth + 1);
+        }
+    }
+}
+
+int32_t nbi_native_subs(const nbi_exec *e, const nbi_exec **out, int32_t cap) {
+    int32_t n = 0;
+    int64_t instrs = e->n_instrs;
+    nbx_subs_rec(e, out, cap, &n, &instrs, 0);
+    return instrs > NBX_INLINE_INSTRS || n > NBX_MAX_SUBS ? 0 : n;
+}
+
+/* The functions of this file (per codegen, on this thread): the subs table and the id of the
+ * function being written (-1: nbx_run), which names its workers. */
+static _Thread_local const nbi_exec *const *nbx_subs;
+static _Thread_local int32_t nbx_n_subs;
+
+/* The sub index of while node v's cond (its body's is one more), or -1: a kernel call. */
+static int32_t nbx_loop_sub(const nb_var *v) {
+    if (v->op != NBI_OP_WHILE) {
+        return -1;
+    }
+    for (int32_t k = 0; k + 1 < nbx_n_subs; k++) {
+        if (nbx_subs[k] == v->at.callee2 && nbx_subs[k + 1] == v->at.callee) {
+            return k;
+        }
+    }
+    return -1;
+}
+
+/* A while loop as a C loop: the initial carry copied into the node's packed buffer (the
+ * kernel's layout, nbi_k_while: leaves at 64-byte offsets), then cond and body -- the
+ * functions nbx_f<kc>, nbx_f<kc + 1> of this file, on their executables' environments -- run
+ * in place step after step. Their output plans (which outputs go straight into the carry,
+ * which are copied after the run) are made once, for the loop's fixed buffers. */
+static void nbx_emit_loop(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, int32_t kc) {
+    const nb_var *v = &e->nodes[ins->node];
+    const nbi_exec *body = v->at.callee;
+    long long nc = (long long)v->at.a[0], nb = (long long)v->at.a[1];
+    long long ncar = (long long)v->at.a[2], max_steps = (long long)v->at.a[3];
+    char buf[96];
+    nbx_value(e, ins->node, buf, sizeof buf);
+    nbi_sbuf_printf(s,
+                    "    {\n        u8 *w = (u8 *)%s;\n"
+                    "        const void *ci[%lld];\n        const void *bi[%lld];\n"
+                    "        void *bo[%lld];\n        _Bool don[%lld];\n",
+                    buf, nc + ncar + 1, nb + ncar + 1, ncar + 1, ncar + 1);
+    for (long long j = 0; j < nc + nb; j++) {
+        nbx_value(e, ins->in[j], buf, sizeof buf);
+        if (j < nc) {
+            nbi_sbuf_printf(s, "        ci[%lld] = %s;\n", j, buf);
+        } else {
+            nbi_sbuf_printf(s, "        bi[%lld] = %s;\n", j - nc, buf);
+        }
+    }
+    size_t off = 0;
+    for (long long i = 0; i < ncar; i++) {
+        const nb_var *o = nbi_exec_output(body, (int32_t)i);
+        size_t bytes = (size_t)o->size * nbi_dsize(o->dtype);
+        if (bytes > 0) {
+            nbx_value(e, ins->in[nc + nb + i], buf, sizeof buf);
+            nbi_sbuf_printf(s, "        __builtin_memcpy(w + %zu, %s, %zu);\n", off, buf, bytes);
+        }
+        nbi_sbuf_printf(s,
+                        "        ci[%lld] = bi[%lld] = bo[%lld] = w + %zu;\n"
+                        "        don[%lld] = 1;\n",
+                        nc + i, nb + i, i, off, i);
+        off += ((size_t)o->size * nbi_dsize(o->dtype) + 63) / 64 * 64;
+    }
+    nbi_sbuf_printf(s,
+                    "        u8 flag = 0;\n        void *fo[1] = {&flag};\n"
+                    "        const nbx_env *ec = &env->sub[%d], *eb = &env->sub[%d];\n"
+                    "        int nco = 0, nbo = 0;\n"
+                    "        const _Bool *cd = env->plan(ec->exec, ci, fo, 0, &nco);\n"
+                    "        const _Bool *bd = env->plan(eb->exec, bi, bo, don, &nbo);\n"
+                    "        for (i64 step = 0; %lld <= 0 || step < %lld; step++) {\n"
+                    "            nbx_f%d(ec, ci, fo, cd);\n"
+                    "            if (nco)\n                env->copy(ec->exec, fo);\n"
+                    "            if (!flag)\n                break;\n"
+                    "            nbx_f%d(eb, bi, bo, bd);\n"
+                    "            if (nbo)\n                env->copy(eb->exec, bo);\n"
+                    "        }\n    }\n",
+                    (int)kc, (int)kc + 1, max_steps, max_steps, (int)kc, (int)kc + 1);
+}
+
+/* Executable e as the function nbx_run (fid -1) or nbx_f<fid>. */
+static void nbx_gen_fn(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned calls) {
     /* kinds, then which values live in locals: made by written-out code, read only by
      * written-out code, not an output, small */
     size_t kbytes = (size_t)(e->n_instrs + 1) * sizeof(int), pbytes = (size_t)e->n_nodes + 1;
@@ -1201,11 +1331,14 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
     }
     for (int32_t t = 0; kind != NULL && t < e->n_instrs; t++) {
         kind[t] = nbx_kind(e, &e->instrs[t], calls);
+        if (kind[t] == NBX_CALL && nbx_loop_sub(&e->nodes[e->instrs[t].node]) >= 0) {
+            kind[t] = NBX_LOOP;
+        }
     }
     if (kind != NULL && promoted != NULL && !(calls & 64)) {
         for (int32_t t = 0; t < e->n_instrs; t++) {
             const nbi_instr *ins = &e->instrs[t];
-            if (kind[t] == NBX_CALL || kind[t] == NBX_BIG) {
+            if (kind[t] == NBX_CALL || kind[t] == NBX_BIG || kind[t] == NBX_LOOP) {
                 continue;
             }
             promoted[ins->node] = true;
@@ -1222,7 +1355,7 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
                           v->size <= NBX_PROMOTE_MAX && (es == 1 || es == 4 || es == 8);
         }
         for (int32_t t = 0; t < e->n_instrs; t++) {
-            if (kind[t] != NBX_CALL && kind[t] != NBX_BIG) {
+            if (kind[t] != NBX_CALL && kind[t] != NBX_BIG && kind[t] != NBX_LOOP) {
                 continue;
             }
             for (int32_t j = 0; j < e->instrs[t].n_in; j++) {
@@ -1232,8 +1365,6 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
     } else if (promoted != NULL) {
         memset(promoted, 0, pbytes);
     }
-    nbi_sbuf_puts(s, "/* nabla native tier: generated from an optimized executable. */\n");
-    nbi_sbuf_puts(s, nbx_prelude);
     int32_t inl = 0;
     for (int32_t t = 0; t < e->n_instrs; t++) {
         int kd = kind != NULL ? kind[t] : nbx_kind(e, &e->instrs[t], calls);
@@ -1247,6 +1378,7 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
      * value, which gcc's -O2 cost model ("very cheap": no epilogue loops) does not vectorise;
      * the dynamic model does (elementwise, no reassociation: the same bits). */
     nbx_promoted = NULL;
+    nbx_fn_id = fid + 1;
     bool any_big = false;
     for (int32_t t = 0; kind != NULL && t < e->n_instrs; t++) {
         if (kind[t] == NBX_BIG) {
@@ -1267,7 +1399,12 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
                          "#pragma GCC pop_options\n"
                          "#endif\n");
     }
-    nbi_sbuf_puts(s, "void nbx_run(const nbx_env *env, const void *const *in, void *const *out,\n"
+    if (fid < 0) {
+        nbi_sbuf_puts(s, "void nbx_run(");
+    } else {
+        nbi_sbuf_printf(s, "static void nbx_f%d(", (int)fid);
+    }
+    nbi_sbuf_puts(s, "const nbx_env *env, const void *const *in, void *const *out,\n"
                      "             const _Bool *direct) {\n"
                      "    u8 *ws = env->ws;\n"
                      "    const nbx_vmath *vm = env->vm;\n"
@@ -1296,7 +1433,7 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
         nbi_sbuf_printf(s, "    /* %%%d = %s: %s */\n", (int)v->src, nbi_op_name((nbi_op)v->op),
                         nbi_var_sig(sig, sizeof sig, v));
         nbi_fprog single;
-        switch (kind != NULL ? kind[t] : nbx_kind(e, ins, calls)) {
+        switch (kind != NULL ? kind[t] : nbx_kind(e, ins, calls | NBX_NO_BIG)) {
         case NBX_FUSED:
             nbx_emit_fused(s, e, ins, v->at.callee);
             break;
@@ -1320,6 +1457,9 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
         case NBX_BIG:
             nbx_emit_big(s, e, ins, t);
             break;
+        case NBX_LOOP:
+            nbx_emit_loop(s, e, ins, nbx_loop_sub(v));
+            break;
         default:
             nbx_emit_call(s, e, ins);
             break;
@@ -1329,4 +1469,29 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
     nbx_promoted = NULL;
     free(promoted);
     free(kind);
+}
+
+void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
+    unsigned calls = nbx_calls_mask();
+    nbi_sbuf_puts(s, "/* nabla native tier: generated from an optimized executable. */\n");
+    nbi_sbuf_puts(s, nbx_prelude);
+    /* the loops' conds and bodies: functions of this file (NABLA_NATIVE_CALLS bit 256: none,
+     * every loop a kernel call) */
+    const nbi_exec *subs[NBX_MAX_SUBS];
+    int32_t n_sub = (calls & 256) ? 0 : nbi_native_subs(e, subs, NBX_MAX_SUBS);
+    nbx_subs = subs;
+    nbx_n_subs = n_sub;
+    for (int32_t k = 0; k < n_sub; k++) {
+        nbi_sbuf_printf(s,
+                        "static void nbx_f%d(const nbx_env *env, const void *const *in, "
+                        "void *const *out, const _Bool *direct);\n",
+                        (int)k);
+    }
+    nbx_gen_fn(e, s, -1, calls);
+    for (int32_t k = 0; k < n_sub; k++) {
+        nbi_sbuf_printf(s, "/* loop function %d */\n", (int)k);
+        nbx_gen_fn(subs[k], s, k, calls);
+    }
+    nbx_subs = NULL;
+    nbx_n_subs = 0;
 }

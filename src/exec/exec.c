@@ -755,8 +755,6 @@ static bool nbi_debug_check(const nbi_exec *e, const nb_var *v, const nbi_kargs 
     return nbi_check_fail_text(msg);
 }
 
-static void nbi_exec_copy_out(const nbi_exec *e, void *const *outputs);
-
 void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const *outputs,
                       const bool *donated) {
     unsigned char *ws = e->ws;
@@ -816,7 +814,14 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
 }
 
 /* The outputs not made in the caller's buffers, copied there. */
-static void nbi_exec_copy_out(const nbi_exec *e, void *const *outputs) {
+const bool *nbi_exec_plan_io(const nbi_exec *e, const void *const *inputs, void *const *outputs,
+                             const bool *donated, int *n_copy) {
+    nbi_plan_outputs(e, inputs, outputs, donated);
+    *n_copy = (int)e->n_copy_out;
+    return e->out_direct;
+}
+
+void nbi_exec_copy_out(const nbi_exec *e, void *const *outputs) {
     unsigned char *ws = e->ws;
     for (int32_t c = 0; c < e->n_copy_out; c++) {
         int32_t i = e->copy_out[c];

@@ -50,6 +50,11 @@ typedef struct nbi_native_env {
     const nbi_kernel_fn *kern;
     const nbi_vmath *vm;
     void (*par)(nbi_pool *pool, int64_t n, int64_t chunk, nbi_range_fn fn, void *ud);
+    const struct nbi_native_env *sub; /* the loops' conds' and bodies' (nbi_native_subs) */
+    const nbi_exec *exec;
+    const bool *(*plan)(const nbi_exec *e, const void *const *in, void *const *out,
+                        const bool *donated, int *n_copy);
+    void (*copy)(const nbi_exec *e, void *const *out);
 } nbi_native_env;
 
 /* The prelude's nbx_kargs must be nbi_kargs. */
@@ -95,6 +100,8 @@ struct nbi_native {
     const void **nodes;
     nbi_kernel_fn *kerns;
     size_t bytes;
+    nbi_native_env *subenv; /* the environments of the functions of loops (one block) */
+    size_t sub_bytes;
     int source_id;  /* the process's count of generated sources (NABLA_NATIVE_SOURCES) */
     bool looked_up; /* AUTO: the disk cache was asked at the first call */
 };
@@ -273,6 +280,54 @@ static void nbi_native_fail(nbi_exec *e, const char *why) {
             (int)e->n_instrs, why);
 }
 
+/* env: the environment of executable x's code, with its node and kernel tables (n_nodes
+ * entries each) filled. */
+static void nbi_native_env_fill(nbi_native_env *env, const nbi_exec *x, const void **nodes,
+                                nbi_kernel_fn *kerns, const nbi_native_env *sub) {
+    for (int32_t i = 0; i < x->n_nodes; i++) {
+        nodes[i] = &x->nodes[i];
+        kerns[i] = nbi_op_get((nbi_op)x->nodes[i].op)->kernel;
+    }
+    env->ws = x->ws;
+    env->scratch = x->ws + x->scratch_off;
+    env->pool = x->pool;
+    env->n_workers = x->n_workers;
+    env->node = nodes;
+    env->kern = kerns;
+    env->vm = nbi_vmath_get();
+    env->par = nbi_par_range;
+    env->sub = sub;
+    env->exec = x;
+    env->plan = nbi_exec_plan_io;
+    env->copy = nbi_exec_copy_out;
+}
+
+/* The environments of the functions of e's loops in its file (codegen.c's order), when it
+ * has loops: one block, the environments, then each one's node and kernel tables. */
+static nb_status nbi_native_subenv(nbi_exec *e, struct nbi_native *n) {
+    const nbi_exec *subs[64];
+    int32_t n_sub = nbi_native_subs(e, subs, 64);
+    if (n->subenv != NULL || n_sub <= 0 || n_sub > 64) {
+        return NB_OK;
+    }
+    size_t bytes = (size_t)n_sub * sizeof(nbi_native_env);
+    for (int32_t k = 0; k < n_sub; k++) {
+        bytes += (size_t)subs[k]->n_nodes * sizeof(void *) * 2;
+    }
+    n->subenv = nbi_alloc(e->ctx, bytes, 16);
+    if (n->subenv == NULL) {
+        return nbi_oom(e->ctx, "nb_fn_call", bytes);
+    }
+    n->sub_bytes = bytes;
+    const void **tab = (const void **)(n->subenv + n_sub);
+    for (int32_t k = 0; k < n_sub; k++) {
+        int32_t nn = subs[k]->n_nodes;
+        nbi_native_env_fill(&n->subenv[k], subs[k], tab, (nbi_kernel_fn *)(tab + nn), n->subenv);
+        tab += 2 * (size_t)nn;
+    }
+    return NB_OK;
+}
+
 /* Install lib's nbx_run on e (the context's thread). */
 static void nbi_native_install(nbi_exec *e, nbi_native_lib *lib) {
     struct nbi_native *n = e->native;
@@ -282,18 +337,7 @@ static void nbi_native_install(nbi_exec *e, nbi_native_lib *lib) {
         nbi_native_fail(e, "the compiled library has no nbx_run");
         return;
     }
-    for (int32_t i = 0; i < e->n_nodes; i++) {
-        n->nodes[i] = &e->nodes[i];
-        n->kerns[i] = nbi_op_get((nbi_op)e->nodes[i].op)->kernel;
-    }
-    n->env.ws = e->ws;
-    n->env.scratch = e->ws + e->scratch_off;
-    n->env.pool = e->pool;
-    n->env.n_workers = e->n_workers;
-    n->env.node = n->nodes;
-    n->env.kern = n->kerns;
-    n->env.vm = nbi_vmath_get();
-    n->env.par = nbi_par_range;
+    nbi_native_env_fill(&n->env, e, n->nodes, n->kerns, n->subenv);
     n->lib = lib;
     n->state = NBI_NSTATE_READY;
     e->native_fn = fn;
@@ -399,6 +443,10 @@ nb_status nbi_native_attach(nbi_exec *e, int mode) {
         e->native = n;
     }
     struct nbi_native *n = e->native;
+    st = nbi_native_subenv(e, n);
+    if (st != NB_OK) {
+        return st;
+    }
     if (n->state == NBI_NSTATE_NONE && e->n_instrs > NBI_NATIVE_MAX_INSTRS) {
         n->state = NBI_NSTATE_FAILED; /* the compiler would take too long: interpreted */
         nbi_log(e->ctx, NB_LOG_LEVEL_INFO,
@@ -493,6 +541,9 @@ void nbi_native_release(nbi_exec *e) {
     }
     e->native_fn = NULL;
     nbi_native_unload(n->lib);
+    if (n->subenv != NULL) {
+        nbi_free(e->ctx, n->subenv, n->sub_bytes);
+    }
     nbi_free(e->ctx, n, n->bytes);
     e->native = NULL;
 }

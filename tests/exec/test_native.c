@@ -284,6 +284,44 @@ static nb_status body_loop(nb_trace *tr, const nb_tree *self, const nb_tree *arg
     return NB_OK;
 }
 
+/* a loop in a loop: the outer body runs body_step's loop 7 times, then one step more */
+static nb_status body_outer(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_fn *step = NULL;
+    nb_status st = nb_fn_create(ctx, "step", body_step, NULL, &step);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_tree *r = nb_fori_loop(tr, 0, 7, step, nb_tree_child(args, 1), NULL);
+    nb_fn_destroy(step);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_var *x = nb_var_of(tr, r);
+    return nb_return(
+        nb_add(x, nb_mul(nb_cast(nb_get(tr, args, "[0]"), NB_DTYPE_F64), nb_scalar(tr, 1e-3))),
+        out);
+}
+
+static nb_status body_nested(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_fn *outer = NULL;
+    nb_status st = nb_fn_create(ctx, "outer", body_outer, NULL, &outer);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_tree *r = nb_fori_loop(tr, 0, 20, outer, nb_tree_child(args, 0), NULL);
+    nb_fn_destroy(outer);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
 static nb_tree *vec_args(nb_ctx *ctx, int n) {
     double v[16];
     for (int q = 0; q < n; q++) {
@@ -298,21 +336,51 @@ static nb_tree *vec_args(nb_ctx *ctx, int n) {
     return t;
 }
 
+/* The C source of body's program for args (malloc'ed). */
+static char *source_of(nb_ctx *ctx, nb_fn_body body, const nb_tree *args) {
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "src", body, NULL, &f));
+    size_t need = 0;
+    assert_int_equal(nb_fn_format_ir(f, args, NB_IR_NATIVE_C, NULL, 0, &need), NB_ERR_TRUNCATED);
+    char *buf = malloc(need + 1);
+    assert_non_null(buf);
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_NATIVE_C, buf, need + 1, NULL));
+    nb_fn_destroy(f);
+    return buf;
+}
+
+/* A while loop is a C loop in the file (its cond and body functions of their own, nested
+ * loops' too), with the interpreter's bits. */
 static void test_loop_same_bits(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
-    nb_fn *off = jit_mode(ctx, body_loop, "loop", NB_NATIVE_OFF);
-    nb_fn *now = jit_mode(ctx, body_loop, "loop_now", NB_NATIVE_NOW);
-    nb_tree *args = vec_args(ctx, 7), *a = NULL, *b = NULL;
-    NBT_OK(ctx, nb_fn_call(off, args, &a));
-    NBT_OK(ctx, nb_fn_call(now, args, &b));
-    assert_int_equal(stats_of(now).tier, 1);
-    assert_same_bits(a, b);
-    nb_tree_destroy(a);
-    nb_tree_destroy(b);
-    nb_tree_destroy(args);
-    nb_fn_destroy(off);
-    nb_fn_destroy(now);
+    for (int nested = 0; nested < 2; nested++) {
+        nb_fn_body body = nested ? body_nested : body_loop;
+        nb_fn *off = jit_mode(ctx, body, "loop", NB_NATIVE_OFF);
+        nb_fn *now = jit_mode(ctx, body, "loop_now", NB_NATIVE_NOW);
+        nb_tree *args = vec_args(ctx, 7), *a = NULL, *b = NULL;
+        char *src = source_of(ctx, body, args);
+        assert_non_null(strstr(src, "static void nbx_f0("));     /* the cond */
+        assert_non_null(strstr(src, "static void nbx_f1("));     /* the body */
+        assert_non_null(strstr(src, "nbx_f1(eb, bi, bo, bd);")); /* called in a C loop */
+        if (nested) { /* the inner loop's cond and body, called from the outer body */
+            assert_non_null(strstr(src, "static void nbx_f3("));
+            assert_non_null(strstr(src, "nbx_f3(eb, bi, bo, bd);"));
+        } else {
+            assert_null(strstr(src, "nbx_f2("));
+        }
+        assert_null(strstr(src, "env->kern[")); /* no loop kernel (nor any other) */
+        free(src);
+        NBT_OK(ctx, nb_fn_call(off, args, &a));
+        NBT_OK(ctx, nb_fn_call(now, args, &b));
+        assert_int_equal(stats_of(now).tier, 1);
+        assert_same_bits(a, b);
+        nb_tree_destroy(a);
+        nb_tree_destroy(b);
+        nb_tree_destroy(args);
+        nb_fn_destroy(off);
+        nb_fn_destroy(now);
+    }
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
 }
