@@ -457,6 +457,24 @@ NBI_HIDDEN void nbi_exec_run(const nbi_exec *e, nb_array *const *inputs, nb_arra
 /* Run on raw buffers (used for calls between executables and for constant folding). */
 NBI_HIDDEN void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const *outputs,
                                  const bool *donated);
+/* A run's output plan (nbi_exec_run_raw's, without the run): out_direct for these buffers,
+ * and how many outputs the run must copy afterwards (nbi_exec_copy_out). Native code runs
+ * a loop's cond and body on the same buffers step after step: planned once per loop. */
+NBI_HIDDEN const bool *nbi_exec_plan_io(const nbi_exec *e, const void *const *inputs,
+                                        void *const *outputs, const bool *donated, int *n_copy);
+NBI_HIDDEN void nbi_exec_copy_out(const nbi_exec *e, void *const *outputs);
+/* The functions a checkpointed reversal (loop_reverse, src/loops/loop.c) runs its cond,
+ * body and step vjp with, in that order: native code's functions of the loop's file on
+ * their executables' environments, each on outputs planned once per reversal. */
+typedef void (*nbi_loop_fn)(const void *env, const void *const *in, void *const *out,
+                            const bool *direct);
+typedef struct nbi_loop_fns {
+    nbi_loop_fn fn[3];
+    const void *env[3];
+} nbi_loop_fns;
+/* The loop_reverse kernel with f's functions (f NULL: every run through nbi_exec_run_raw,
+ * as the kernel itself). */
+NBI_HIDDEN void nbi_loop_reverse_run(const nbi_kargs *k, const nbi_loop_fns *f);
 NBI_HIDDEN int32_t nbi_exec_n_inputs(const nbi_exec *e);
 NBI_HIDDEN int32_t nbi_exec_n_outputs(const nbi_exec *e);
 /* dtype/shape of output i. */

@@ -42,8 +42,9 @@
  *  - While loops (and so fori loops, scans and an ODE solve): C loops in the same file, their
  *    cond and body executables written as functions of their own (nbx_f<k>, each on its
  *    executable's environment, env->sub[k]) called step after step on the loop's carry,
- *    as the while kernel runs them (nbx_emit_loop). The checkpointed reversal is a kernel
- *    call whose executables have native code of their own.
+ *    as the while kernel runs them (nbx_emit_loop). A checkpointed reversal runs its
+ *    kernel's schedule with its cond, body and step vjp as functions of the file too
+ *    (nbx_emit_reverse).
  *
  * So the native code saves the interpreter's dispatch: resolving buffers, walking the
  * program, and calling one tile function per fused instruction.
@@ -1061,6 +1062,7 @@ static const char nbx_prelude[] =
     "    void (*pow_f32)(float *, const float *, const float *, i64);\n"
     "    void (*pow_f64)(double *, const double *, const double *, i64);\n"
     "} nbx_vmath;\n"
+    "struct nbx_loop_fns;\n"
     "typedef struct nbx_env {\n"
     "    u8 *ws; void *scratch; void *pool; int n_workers;\n"
     "    const void *const *node; void (*const *kern)(const nbx_kargs *);\n"
@@ -1071,7 +1073,12 @@ static const char nbx_prelude[] =
     "    const _Bool *(*plan)(const void *exec, const void *const *in, void *const *out,\n"
     "                         const _Bool *donated, int *n_copy);\n"
     "    void (*copy)(const void *exec, void *const *out);\n"
+    "    void (*loop_reverse)(const nbx_kargs *k, const struct nbx_loop_fns *f);\n"
     "} nbx_env;\n"
+    "typedef struct nbx_loop_fns {\n"
+    "    void (*fn[3])(const nbx_env *, const void *const *, void *const *, const _Bool *);\n"
+    "    const nbx_env *env[3];\n"
+    "} nbx_loop_fns;\n"
     "static inline float nbx_vm1f(const nbx_vmath *vm, int f, float x) {\n"
     "    float o; vm->f32[f](&o, &x, 1); return o;\n"
     "}\n"
@@ -1224,17 +1231,26 @@ static void nbx_subs_rec(const nbi_exec *e, const nbi_exec **out, int32_t cap, i
                          int64_t *instrs, int depth) {
     for (int32_t t = 0; t < e->n_instrs && depth < 16; t++) {
         const nb_var *v = &e->nodes[e->instrs[t].node];
-        if (v->op != NBI_OP_WHILE || v->at.callee == NULL || v->at.callee2 == NULL) {
+        const nbi_exec *x[3] = {v->at.callee2, v->at.callee, NULL}; /* while: cond, body */
+        int nx = 2;
+        if (v->op == NBI_OP_LOOP_REVERSE) { /* cond, body, step vjp */
+            x[1] = v->at.callee3;
+            x[2] = v->at.callee;
+            nx = 3;
+        } else if (v->op != NBI_OP_WHILE) {
             continue;
         }
-        const nbi_exec *two[2] = {v->at.callee2, v->at.callee}; /* cond, body */
-        for (int q = 0; q < 2; q++) {
+        bool ok = true;
+        for (int q = 0; q < nx; q++) {
+            ok = ok && x[q] != NULL;
+        }
+        for (int q = 0; q < nx && ok; q++) {
             if (*n < cap && out != NULL) {
-                out[*n] = two[q];
+                out[*n] = x[q];
             }
             (*n)++;
-            *instrs += two[q]->n_instrs;
-            nbx_subs_rec(two[q], out, cap, n, instrs, depth + 1);
+            *instrs += x[q]->n_instrs;
+            nbx_subs_rec(x[q], out, cap, n, instrs, depth + 1);
         }
     }
 }
@@ -1251,17 +1267,45 @@ int32_t nbi_native_subs(const nbi_exec *e, const nbi_exec **out, int32_t cap) {
 static _Thread_local const nbi_exec *const *nbx_subs;
 static _Thread_local int32_t nbx_n_subs;
 
-/* The sub index of while node v's cond (its body's is one more), or -1: a kernel call. */
+/* The sub index of loop node v's cond (its body's is one more; a reversal's step vjp's two
+ * more), or -1: a kernel call. */
 static int32_t nbx_loop_sub(const nb_var *v) {
-    if (v->op != NBI_OP_WHILE) {
+    bool rev = v->op == NBI_OP_LOOP_REVERSE;
+    if (v->op != NBI_OP_WHILE && !rev) {
         return -1;
     }
-    for (int32_t k = 0; k + 1 < nbx_n_subs; k++) {
-        if (nbx_subs[k] == v->at.callee2 && nbx_subs[k + 1] == v->at.callee) {
+    for (int32_t k = 0; k + 1 + rev < nbx_n_subs; k++) {
+        if (nbx_subs[k] == v->at.callee2 &&
+            nbx_subs[k + 1] == (rev ? v->at.callee3 : v->at.callee) &&
+            (!rev || nbx_subs[k + 2] == v->at.callee)) {
             return k;
         }
     }
     return -1;
+}
+
+/* A checkpointed reversal: its kernel (the schedule, the checkpoint copies) with the cond,
+ * body and step vjp run as this file's functions nbx_f<kc>, <kc + 1>, <kc + 2>. */
+static void nbx_emit_reverse(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, int32_t kc) {
+    char buf[96];
+    nbi_sbuf_puts(s, "    {\n        const void *a[] = {");
+    for (int32_t j = 0; j < ins->n_in; j++) {
+        nbx_value(e, ins->in[j], buf, sizeof buf);
+        nbi_sbuf_printf(s, "%s%s", j ? ", " : "", buf);
+    }
+    if (ins->n_in == 0) {
+        nbi_sbuf_puts(s, "0");
+    }
+    nbi_sbuf_puts(s, "};\n");
+    nbx_value(e, ins->node, buf, sizeof buf);
+    nbi_sbuf_printf(s,
+                    "        nbx_kargs k = {env->node[%d], %s, a, env->scratch, env->pool, "
+                    "env->n_workers, 0};\n"
+                    "        nbx_loop_fns f = {{nbx_f%d, nbx_f%d, nbx_f%d},\n"
+                    "                          {&env->sub[%d], &env->sub[%d], &env->sub[%d]}};\n"
+                    "        env->loop_reverse(&k, &f);\n    }\n",
+                    (int)ins->node, buf, (int)kc, (int)kc + 1, (int)kc + 2, (int)kc, (int)kc + 1,
+                    (int)kc + 2);
 }
 
 /* A while loop as a C loop: the initial carry copied into the node's packed buffer (the
@@ -1458,7 +1502,11 @@ static void nbx_gen_fn(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned cal
             nbx_emit_big(s, e, ins, t);
             break;
         case NBX_LOOP:
-            nbx_emit_loop(s, e, ins, nbx_loop_sub(v));
+            if (v->op == NBI_OP_LOOP_REVERSE) {
+                nbx_emit_reverse(s, e, ins, nbx_loop_sub(v));
+            } else {
+                nbx_emit_loop(s, e, ins, nbx_loop_sub(v));
+            }
             break;
         default:
             nbx_emit_call(s, e, ins);

@@ -99,16 +99,11 @@ NBI_HIDDEN void nbi_native_check_end(const nbi_exec *e, void *scratch, void *con
 /* The C source of e's native code (snprintf contract through s; codegen.c). */
 NBI_HIDDEN void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s);
 /* The executables whose code nbi_native_codegen writes into e's file as functions of their
- * own (the cond and body of every while loop, nested loops' after their loop's), in the
+ * own (the cond and body of every while loop, a checkpointed reversal's cond, body and step
+ * vjp; nested loops' after their loop's), in the
  * order of the environments the generated code expects (nbx_env.sub): their count, and
  * the first cap of them into out (may be NULL). 0 when the whole would be too large to
  * compile (then every loop is a kernel call). */
 NBI_HIDDEN int32_t nbi_native_subs(const nbi_exec *e, const nbi_exec **out, int32_t cap);
-/* A run's output plan (nbi_exec_run_raw's, without the run): out_direct for these buffers,
- * and how many outputs the run must copy afterwards (nbi_exec_copy_out). Native code runs
- * a loop's cond and body on the same buffers step after step: planned once per loop. */
-NBI_HIDDEN const bool *nbi_exec_plan_io(const nbi_exec *e, const void *const *inputs,
-                                        void *const *outputs, const bool *donated, int *n_copy);
-NBI_HIDDEN void nbi_exec_copy_out(const nbi_exec *e, void *const *outputs);
 
 #endif /* NABLA_SRC_EXEC_EXEC_H */

@@ -55,6 +55,7 @@ typedef struct nbi_native_env {
     const bool *(*plan)(const nbi_exec *e, const void *const *in, void *const *out,
                         const bool *donated, int *n_copy);
     void (*copy)(const nbi_exec *e, void *const *out);
+    void (*loop_reverse)(const nbi_kargs *k, const nbi_loop_fns *f);
 } nbi_native_env;
 
 /* The prelude's nbx_kargs must be nbi_kargs. */
@@ -300,6 +301,7 @@ static void nbi_native_env_fill(nbi_native_env *env, const nbi_exec *x, const vo
     env->exec = x;
     env->plan = nbi_exec_plan_io;
     env->copy = nbi_exec_copy_out;
+    env->loop_reverse = nbi_loop_reverse_run;
 }
 
 /* The environments of the functions of e's loops in its file (codegen.c's order), when it
@@ -361,19 +363,25 @@ static void nbi_native_compile_now(nbi_exec *e) {
     nbi_native_install(e, lib);
 }
 
+static nb_status nbi_native_attach_in(nbi_exec *e, int mode, bool inlined);
+
+/* Attach e's callees. A loop's executables written into e's own file (nbi_native_subs) are
+ * compiled on their own only once hot -- while e still runs interpreted, or if e's compile
+ * fails -- and not looked up in the disk cache at the first call: e's code runs them. */
 static nb_status nbi_native_callees(nbi_exec *e, int mode) {
     nb_status st = NB_OK;
+    bool inl = nbi_native_subs(e, NULL, 0) > 0;
     for (int32_t i = 0; i < e->n_nodes && st == NB_OK; i++) {
         const nb_var *v = &e->nodes[i];
         if (v->op == NBI_OP_CALL) {
             st = nbi_native_attach(v->at.callee, mode);
         } else if (v->op == NBI_OP_WHILE || v->op == NBI_OP_LOOP_REVERSE) {
-            st = nbi_native_attach(v->at.callee, mode);
+            st = nbi_native_attach_in(v->at.callee, mode, inl);
             if (st == NB_OK) {
-                st = nbi_native_attach(v->at.callee2, mode);
+                st = nbi_native_attach_in(v->at.callee2, mode, inl);
             }
             if (st == NB_OK && v->at.callee3 != NULL) {
-                st = nbi_native_attach(v->at.callee3, mode);
+                st = nbi_native_attach_in(v->at.callee3, mode, inl);
             }
         }
     }
@@ -412,7 +420,14 @@ nb_status nbi_native_format(nb_ctx *ctx, const nbi_graph *g, nbi_sbuf *s) {
 }
 
 nb_status nbi_native_attach(nbi_exec *e, int mode) {
+    return nbi_native_attach_in(e, mode, false);
+}
+
+static nb_status nbi_native_attach_in(nbi_exec *e, int mode, bool inlined) {
     mode = nbi_native_resolve(mode);
+    if (inlined && mode != NB_NATIVE_OFF) {
+        mode = NB_NATIVE_AUTO; /* compiled alone only once hot (nbi_native_callees) */
+    }
     int bad = 1;
     if (e != NULL && atomic_compare_exchange_strong(&nbi_native_env_bad, &bad, 2)) {
         nbi_log(e->ctx, NB_LOG_LEVEL_WARN,
@@ -440,6 +455,7 @@ nb_status nbi_native_attach(nbi_exec *e, int mode) {
         n->nodes = (const void **)(n + 1);
         n->kerns = (nbi_kernel_fn *)(n->nodes + e->n_nodes);
         n->mode = mode;
+        n->looked_up = inlined; /* no first-call lookup for a loop's function */
         e->native = n;
     }
     struct nbi_native *n = e->native;

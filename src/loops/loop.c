@@ -2031,7 +2031,33 @@ static void nbl_slot_copy(const size_t *runs, int64_t n_runs, unsigned char *sta
     }
 }
 
+/* How the reversal runs its executables: through nbi_exec_run_raw, or (native code) the
+ * loop file's functions with the output plans made once (cond: 0, body: 1, vjp: 2). The
+ * cond's and the vjp's plans hold for any buffers (nothing donated); the body's for the
+ * working state's, which stay. */
+typedef struct nbl_runner {
+    const nbi_loop_fns *f;
+    const bool *direct[3];
+    int n_copy[3];
+} nbl_runner;
+
+static inline void nbl_run(const nbl_runner *r, int which, const nbi_exec *x, const void *const *in,
+                           void *const *out, const bool *donated) {
+    if (r->f == NULL) {
+        nbi_exec_run_raw(x, in, out, donated);
+        return;
+    }
+    r->f->fn[which](r->f->env[which], in, out, r->direct[which]);
+    if (r->n_copy[which] > 0) {
+        nbi_exec_copy_out(x, out);
+    }
+}
+
 static void nbi_k_loop_reverse(const nbi_kargs *k) {
+    nbi_loop_reverse_run(k, NULL);
+}
+
+void nbi_loop_reverse_run(const nbi_kargs *k, const nbi_loop_fns *f) {
     const nb_var *n = k->node;
     const nbi_exec *vjp = n->at.callee, *cond = n->at.callee2, *body = n->at.callee3;
     int64_t nc = n->at.a[0], nb = n->at.a[1], ncar = n->at.a[2], max_steps = n->at.a[3];
@@ -2090,6 +2116,14 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
     }
     int64_t n_runs = nbl_slot_runs(n, vjp, ncar, runs);
     unsigned char *slots = S + L.off_slots;
+    nbl_runner run = {.f = f};
+    if (f != NULL) {
+        void *fo = flag;
+        run.direct[0] = nbi_exec_plan_io(cond, cond_in, &fo, NULL, &run.n_copy[0]);
+        run.direct[1] = nbi_exec_plan_io(body, body_in, body_out, donated, &run.n_copy[1]);
+        run.direct[2] =
+            nbi_exec_plan_io(vjp, vjp_in[0], (void *const *)vjp_out[0], NULL, &run.n_copy[2]);
+    }
     nbl_online on;
     nbl_ckpt_rev rev;
     int64_t known = n->at.a[6];
@@ -2102,7 +2136,7 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
     int64_t steps = 0;
     for (; known == 0 && (max_steps <= 0 || steps < max_steps); steps++) {
         void *fo = flag;
-        nbi_exec_run_raw(cond, cond_in, &fo, NULL);
+        nbl_run(&run, 0, cond, cond_in, &fo, NULL);
         if (!*flag) {
             break;
         }
@@ -2110,7 +2144,7 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
         if (slot >= 0) {
             nbl_slot_copy(runs, n_runs, W, slots + (size_t)slot * L.slot_state, true);
         }
-        nbi_exec_run_raw(body, body_in, body_out, donated);
+        nbl_run(&run, 1, body, body_in, body_out, donated);
     }
     /* the reversal */
     if (known == 0) {
@@ -2135,14 +2169,14 @@ static void nbi_k_loop_reverse(const nbi_kargs *k) {
         }
         if (act.op == NBL_CKPT_ADVANCE) {
             for (int64_t s = 0; s < act.count; s++) {
-                nbi_exec_run_raw(body, body_in, body_out, donated);
+                nbl_run(&run, 1, body, body_in, body_out, donated);
             }
         } else if (act.op == NBL_CKPT_TAKESHOT) {
             nbl_slot_copy(runs, n_runs, W, slots + (size_t)act.slot * L.slot_state, true);
         } else if (act.op == NBL_CKPT_RESTORE) {
             nbl_slot_copy(runs, n_runs, W, slots + (size_t)act.slot * L.slot_state, false);
         } else if (act.op == NBL_CKPT_TAPE) {
-            nbi_exec_run_raw(vjp, vjp_in[ct], (void *const *)vjp_out[ct], NULL);
+            nbl_run(&run, 2, vjp, vjp_in[ct], (void *const *)vjp_out[ct], NULL);
             ct ^= 1;
             /* acc += this step's self cotangents, in step order (as the bounded reversal) */
             size_t o2 = 0;

@@ -322,6 +322,27 @@ static nb_status body_nested(nb_trace *tr, const nb_tree *self, const nb_tree *a
     return NB_OK;
 }
 
+/* sum of the carry after a checkpointed loop of body_step (7 checkpoints for 500 steps) */
+static nb_status body_ckpt(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_fn *step = NULL;
+    nb_status st = nb_fn_create(ctx, "step", body_step, NULL, &step);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_loop_opts o = nb_loop_opts_default();
+    o.kind = NB_LOOP_CHECKPOINTED;
+    o.checkpoints = 7;
+    const nb_tree *r = nb_fori_loop(tr, 0, 500, step, nb_tree_child(args, 0), &o);
+    nb_fn_destroy(step);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_var *x = nb_var_of(tr, r);
+    return nb_return(nb_sum(nb_mul(x, x), NULL, 0, false), out);
+}
+
 static nb_tree *vec_args(nb_ctx *ctx, int n) {
     double v[16];
     for (int q = 0; q < n; q++) {
@@ -381,6 +402,51 @@ static void test_loop_same_bits(void **state) {
         nb_fn_destroy(off);
         nb_fn_destroy(now);
     }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* The gradient through a checkpointed loop: the reversal's kernel runs its cond, body and
+ * step vjp as functions of the gradient's file; the interpreter's bits and the same
+ * schedule (recomputed steps). */
+static void test_reverse_same_bits(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL, *g = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "ckpt", body_ckpt, NULL, &f));
+    NBT_OK(ctx, nb_grad(f, NULL, &g));
+    nb_tree *args = vec_args(ctx, 7), *a = NULL, *b = NULL;
+    size_t need = 0;
+    assert_int_equal(nb_fn_format_ir(g, args, NB_IR_NATIVE_C, NULL, 0, &need), NB_ERR_TRUNCATED);
+    char *src = malloc(need + 1);
+    assert_non_null(src);
+    NBT_OK(ctx, nb_fn_format_ir(g, args, NB_IR_NATIVE_C, src, need + 1, NULL));
+    assert_non_null(strstr(src, "env->loop_reverse(&k, &f);"));
+    assert_non_null(strstr(src, "static void nbx_f2(")); /* cond, body, step vjp */
+    free(src);
+    nb_jit_opts jo = nb_jit_opts_default();
+    nb_fn *off = NULL, *now = NULL;
+    jo.native = NB_NATIVE_OFF;
+    NBT_OK(ctx, nb_jit(g, &jo, &off));
+    jo.native = NB_NATIVE_NOW;
+    NBT_OK(ctx, nb_jit(g, &jo, &now));
+    nb_loop_stats s0, s1;
+    NBT_OK(ctx, nb_fn_call(off, args, &a));
+    NBT_OK(ctx, nb_loop_last_stats(&s0));
+    NBT_OK(ctx, nb_fn_call(now, args, &b));
+    NBT_OK(ctx, nb_loop_last_stats(&s1));
+    assert_int_equal(stats_of(now).tier, 1);
+    assert_same_bits(a, b);
+    assert_true(s0.recomputed_steps > 0);
+    assert_int_equal(s0.recomputed_steps, s1.recomputed_steps);
+    assert_int_equal(s0.taped_steps, s1.taped_steps);
+    nb_tree_destroy(a);
+    nb_tree_destroy(b);
+    nb_tree_destroy(args);
+    nb_fn_destroy(off);
+    nb_fn_destroy(now);
+    nb_fn_destroy(g);
+    nb_fn_destroy(f);
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
 }
@@ -549,10 +615,10 @@ int main(void) {
     unsetenv("NABLA_NATIVE");
     unsetenv("NABLA_CC");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_now_same_bits),  cmocka_unit_test(test_big_same_bits),
-        cmocka_unit_test(test_loop_same_bits), cmocka_unit_test(test_auto_swaps_in),
-        cmocka_unit_test(test_format_c),       cmocka_unit_test(test_fallback_logged),
-        cmocka_unit_test(test_warm_cache),
+        cmocka_unit_test(test_now_same_bits),   cmocka_unit_test(test_big_same_bits),
+        cmocka_unit_test(test_loop_same_bits),  cmocka_unit_test(test_reverse_same_bits),
+        cmocka_unit_test(test_auto_swaps_in),   cmocka_unit_test(test_format_c),
+        cmocka_unit_test(test_fallback_logged), cmocka_unit_test(test_warm_cache),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
