@@ -1223,9 +1223,8 @@ static void nbx_emit_big(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, i
 /* ---- loops as C loops ------------------------------------------------------------------- */
 
 /* Loops are written out (their cond and body as functions of this file) while the whole file
- * stays below this many instructions, and up to this many such functions. */
+ * stays below this many instructions (and has at most NBI_NATIVE_MAX_SUBS such functions). */
 #define NBX_INLINE_INSTRS 3000
-#define NBX_MAX_SUBS 64
 
 static void nbx_subs_rec(const nbi_exec *e, const nbi_exec **out, int32_t cap, int32_t *n,
                          int64_t *instrs, int depth) {
@@ -1259,7 +1258,7 @@ int32_t nbi_native_subs(const nbi_exec *e, const nbi_exec **out, int32_t cap) {
     int32_t n = 0;
     int64_t instrs = e->n_instrs;
     nbx_subs_rec(e, out, cap, &n, &instrs, 0);
-    return instrs > NBX_INLINE_INSTRS || n > NBX_MAX_SUBS ? 0 : n;
+    return instrs > NBX_INLINE_INSTRS || n > NBI_NATIVE_MAX_SUBS ? 0 : n;
 }
 
 /* The functions of this file (per codegen, on this thread): the subs table and the id of the
@@ -1525,8 +1524,8 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
     nbi_sbuf_puts(s, nbx_prelude);
     /* the loops' conds and bodies: functions of this file (NABLA_NATIVE_CALLS bit 256: none,
      * every loop a kernel call) */
-    const nbi_exec *subs[NBX_MAX_SUBS];
-    int32_t n_sub = (calls & 256) ? 0 : nbi_native_subs(e, subs, NBX_MAX_SUBS);
+    const nbi_exec *subs[NBI_NATIVE_MAX_SUBS];
+    int32_t n_sub = (calls & 256) ? 0 : nbi_native_subs(e, subs, NBI_NATIVE_MAX_SUBS);
     nbx_subs = subs;
     nbx_n_subs = n_sub;
     for (int32_t k = 0; k < n_sub; k++) {

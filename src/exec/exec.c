@@ -813,7 +813,6 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
     }
 }
 
-/* The outputs not made in the caller's buffers, copied there. */
 const bool *nbi_exec_plan_io(const nbi_exec *e, const void *const *inputs, void *const *outputs,
                              const bool *donated, int *n_copy) {
     nbi_plan_outputs(e, inputs, outputs, donated);
@@ -821,6 +820,7 @@ const bool *nbi_exec_plan_io(const nbi_exec *e, const void *const *inputs, void 
     return e->out_direct;
 }
 
+/* The outputs not made in the caller's buffers, copied there. */
 void nbi_exec_copy_out(const nbi_exec *e, void *const *outputs) {
     unsigned char *ws = e->ws;
     for (int32_t c = 0; c < e->n_copy_out; c++) {

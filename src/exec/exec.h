@@ -105,5 +105,6 @@ NBI_HIDDEN void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s);
  * the first cap of them into out (may be NULL). 0 when the whole would be too large to
  * compile (then every loop is a kernel call). */
 NBI_HIDDEN int32_t nbi_native_subs(const nbi_exec *e, const nbi_exec **out, int32_t cap);
+#define NBI_NATIVE_MAX_SUBS 64 /* at most this many (more: 0) */
 
 #endif /* NABLA_SRC_EXEC_EXEC_H */

@@ -307,9 +307,9 @@ static void nbi_native_env_fill(nbi_native_env *env, const nbi_exec *x, const vo
 /* The environments of the functions of e's loops in its file (codegen.c's order), when it
  * has loops: one block, the environments, then each one's node and kernel tables. */
 static nb_status nbi_native_subenv(nbi_exec *e, struct nbi_native *n) {
-    const nbi_exec *subs[64];
-    int32_t n_sub = nbi_native_subs(e, subs, 64);
-    if (n->subenv != NULL || n_sub <= 0 || n_sub > 64) {
+    const nbi_exec *subs[NBI_NATIVE_MAX_SUBS];
+    int32_t n_sub = nbi_native_subs(e, subs, NBI_NATIVE_MAX_SUBS);
+    if (n->subenv != NULL || n_sub <= 0) {
         return NB_OK;
     }
     size_t bytes = (size_t)n_sub * sizeof(nbi_native_env);
