@@ -471,6 +471,7 @@ typedef void (*nbi_loop_fn)(const void *env, const void *const *in, void *const 
 typedef struct nbi_loop_fns {
     nbi_loop_fn fn[3];
     const void *env[3];
+    int replan; /* plan before every run (running one can run one of them again), else once */
 } nbi_loop_fns;
 /* The loop_reverse kernel with f's functions (f NULL: every run through nbi_exec_run_raw,
  * as the kernel itself). */

@@ -1078,6 +1078,7 @@ static const char nbx_prelude[] =
     "typedef struct nbx_loop_fns {\n"
     "    void (*fn[3])(const nbx_env *, const void *const *, void *const *, const _Bool *);\n"
     "    const nbx_env *env[3];\n"
+    "    int replan;\n"
     "} nbx_loop_fns;\n"
     "static inline float nbx_vm1f(const nbx_vmath *vm, int f, float x) {\n"
     "    float o; vm->f32[f](&o, &x, 1); return o;\n"
@@ -1226,66 +1227,160 @@ static void nbx_emit_big(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, i
  * stays below this many instructions (and has at most NBI_NATIVE_MAX_SUBS such functions). */
 #define NBX_INLINE_INSTRS 3000
 
-static void nbx_subs_rec(const nbi_exec *e, const nbi_exec **out, int32_t cap, int32_t *n,
-                         int64_t *instrs, int depth) {
-    for (int32_t t = 0; t < e->n_instrs && depth < 16; t++) {
-        const nb_var *v = &e->nodes[e->instrs[t].node];
-        const nbi_exec *x[3] = {v->at.callee2, v->at.callee, NULL}; /* while: cond, body */
-        int nx = 2;
-        if (v->op == NBI_OP_LOOP_REVERSE) { /* cond, body, step vjp */
-            x[1] = v->at.callee3;
-            x[2] = v->at.callee;
-            nx = 3;
-        } else if (v->op != NBI_OP_WHILE) {
-            continue;
-        }
-        bool ok = true;
-        for (int q = 0; q < nx; q++) {
-            ok = ok && x[q] != NULL;
-        }
-        for (int q = 0; q < nx && ok; q++) {
-            if (*n < cap && out != NULL) {
-                out[*n] = x[q];
-            }
-            (*n)++;
-            *instrs += x[q]->n_instrs;
-            nbx_subs_rec(x[q], out, cap, n, instrs, depth + 1);
+/* Loop node v's executables in the order its functions are listed (a while: cond, body; a
+ * checkpointed reversal: cond, body, step vjp) into g: their count, 0 for any other node. */
+static int nbx_loop_group(const nb_var *v, const nbi_exec **g) {
+    int ng = 0;
+    if (v->op == NBI_OP_WHILE) {
+        g[0] = v->at.callee2;
+        g[1] = v->at.callee;
+        ng = 2;
+    } else if (v->op == NBI_OP_LOOP_REVERSE) {
+        g[0] = v->at.callee2;
+        g[1] = v->at.callee3;
+        g[2] = v->at.callee;
+        ng = 3;
+    }
+    for (int q = 0; q < ng; q++) {
+        if (g[q] == NULL) {
+            return 0;
         }
     }
+    return ng;
 }
 
-int32_t nbi_native_subs(const nbi_exec *e, const nbi_exec **out, int32_t cap) {
-    int32_t n = 0;
-    int64_t instrs = e->n_instrs;
-    nbx_subs_rec(e, out, cap, &n, &instrs, 0);
-    return instrs > NBX_INLINE_INSTRS || n > NBI_NATIVE_MAX_SUBS ? 0 : n;
-}
-
-/* The functions of this file (per codegen, on this thread): the subs table and the id of the
- * function being written (-1: nbx_run), which names its workers. */
-static _Thread_local const nbi_exec *const *nbx_subs;
-static _Thread_local int32_t nbx_n_subs;
-
-/* The sub index of loop node v's cond (its body's is one more; a reversal's step vjp's two
- * more), or -1: a kernel call. */
-static int32_t nbx_loop_sub(const nb_var *v) {
-    bool rev = v->op == NBI_OP_LOOP_REVERSE;
-    if (v->op != NBI_OP_WHILE && !rev) {
-        return -1;
-    }
-    for (int32_t k = 0; k + 1 + rev < nbx_n_subs; k++) {
-        if (nbx_subs[k] == v->at.callee2 &&
-            nbx_subs[k + 1] == (rev ? v->at.callee3 : v->at.callee) &&
-            (!rev || nbx_subs[k + 2] == v->at.callee)) {
+/* Where group g (ng executables) starts in list (n entries), or -1. */
+static int32_t nbx_group_find(const nbi_exec *const *list, int32_t n, const nbi_exec *const *g,
+                              int ng) {
+    for (int32_t k = 0; k + ng <= n; k++) {
+        int q = 0;
+        while (q < ng && list[k + q] == g[q]) {
+            q++;
+        }
+        if (q == ng) {
             return k;
         }
     }
     return -1;
 }
 
+typedef struct nbx_sublist {
+    const nbi_exec *x[NBI_NATIVE_MAX_SUBS];
+    int32_t n;
+    int64_t instrs;
+    bool over; /* too many functions, instructions or levels: no loop is written out */
+} nbx_sublist;
+
+/* e's loops' groups, each once and whole (reversals first: the forward while of the same
+ * loop shares their cond and body), then, after all of them, the loops inside each. */
+static void nbx_subs_rec(nbx_sublist *L, const nbi_exec *e, int depth) {
+    if (L->over) {
+        return;
+    }
+    int32_t first = L->n;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t t = 0; t < e->n_instrs; t++) {
+            const nbi_exec *g[3];
+            int ng = nbx_loop_group(&e->nodes[e->instrs[t].node], g);
+            if (ng == 0 || (pass == 0) != (ng == 3) || nbx_group_find(L->x, L->n, g, ng) >= 0) {
+                continue;
+            }
+            if (depth >= 16 || L->n + ng > NBI_NATIVE_MAX_SUBS) {
+                L->over = true;
+                return;
+            }
+            for (int q = 0; q < ng; q++) {
+                L->x[L->n++] = g[q];
+                L->instrs += g[q]->n_instrs;
+            }
+            if (L->instrs > NBX_INLINE_INSTRS) {
+                L->over = true;
+                return;
+            }
+        }
+    }
+    for (int32_t k = first, last = L->n; k < last && !L->over; k++) {
+        nbx_subs_rec(L, L->x[k], depth + 1);
+    }
+}
+
+int32_t nbi_native_subs(const nbi_exec *e, const nbi_exec **out, int32_t cap) {
+    nbx_sublist L;
+    L.n = 0;
+    L.instrs = e->n_instrs;
+    L.over = false;
+    nbx_subs_rec(&L, e, 0);
+    if (L.over) {
+        return 0;
+    }
+    for (int32_t k = 0; out != NULL && k < L.n && k < cap; k++) {
+        out[k] = L.x[k];
+    }
+    return L.n;
+}
+
+bool nbi_native_loop_inlined(const nbi_exec *e, const nb_var *v) {
+    const nbi_exec *list[NBI_NATIVE_MAX_SUBS], *g[3];
+    int ng = nbx_loop_group(v, g);
+    if (ng == 0 || (nbx_calls_mask() & 256)) {
+        return false;
+    }
+    int32_t n = nbi_native_subs(e, list, NBI_NATIVE_MAX_SUBS);
+    return nbx_group_find(list, n, g, ng) >= 0;
+}
+
+/* The functions of this file (per codegen, on this thread): the subs table. */
+static _Thread_local const nbi_exec *const *nbx_subs;
+static _Thread_local int32_t nbx_n_subs;
+
+/* Where loop node v's group starts among this file's functions (nbx_f<k>, k + 1, ...), or
+ * -1: a kernel call. */
+static int32_t nbx_loop_sub(const nb_var *v) {
+    const nbi_exec *g[3];
+    int ng = nbx_loop_group(v, g);
+    return ng == 0 ? -1 : nbx_group_find(nbx_subs, nbx_n_subs, g, ng);
+}
+
+/* Can running x (its calls and loops, to any depth) run target? Past depth 16: yes. */
+static bool nbx_reaches(const nbi_exec *x, const nbi_exec *target, int depth) {
+    if (depth >= 16) {
+        return true;
+    }
+    for (int32_t t = 0; t < x->n_instrs; t++) {
+        const nb_var *v = &x->nodes[x->instrs[t].node];
+        if (v->op != NBI_OP_CALL && v->op != NBI_OP_WHILE && v->op != NBI_OP_LOOP_REVERSE) {
+            continue;
+        }
+        const nbi_exec *c[3] = {v->at.callee, v->at.callee2, v->at.callee3};
+        for (int q = 0; q < 3; q++) {
+            if (c[q] != NULL && (c[q] == target || nbx_reaches(c[q], target, depth + 1))) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+/* Must a loop plan its executables' outputs before every run? An executable's plan is its
+ * state: when running one of the loop's executables can run one of them again (a cond that
+ * calls the body's function), that run changes it between the loop's runs. Otherwise the
+ * plan made for the loop's fixed buffers holds for every step. */
+static bool nbx_group_replans(const nbi_exec *const *g, int ng) {
+    for (int a = 0; a < ng; a++) {
+        for (int b = 0; b < ng; b++) {
+            if (nbx_reaches(g[a], g[b], 0)) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
 /* A checkpointed reversal: its kernel (the schedule, the checkpoint copies) with the cond,
  * body and step vjp run as this file's functions nbx_f<kc>, <kc + 1>, <kc + 2>. */
 static void nbx_emit_reverse(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, int32_t kc) {
+    const nb_var *v = &e->nodes[ins->node];
+    const nbi_exec *grp[3] = {v->at.callee2, v->at.callee3, v->at.callee};
     char buf[96];
     nbi_sbuf_puts(s, "    {\n        const void *a[] = {");
     for (int32_t j = 0; j < ins->n_in; j++) {
@@ -1297,21 +1392,24 @@ static void nbx_emit_reverse(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *in
     }
     nbi_sbuf_puts(s, "};\n");
     nbx_value(e, ins->node, buf, sizeof buf);
-    nbi_sbuf_printf(s,
-                    "        nbx_kargs k = {env->node[%d], %s, a, env->scratch, env->pool, "
-                    "env->n_workers, 0};\n"
-                    "        nbx_loop_fns f = {{nbx_f%d, nbx_f%d, nbx_f%d},\n"
-                    "                          {&env->sub[%d], &env->sub[%d], &env->sub[%d]}};\n"
-                    "        env->loop_reverse(&k, &f);\n    }\n",
-                    (int)ins->node, buf, (int)kc, (int)kc + 1, (int)kc + 2, (int)kc, (int)kc + 1,
-                    (int)kc + 2);
+    nbi_sbuf_printf(
+        s,
+        "        nbx_kargs k = {env->node[%d], %s, a, env->scratch, env->pool, "
+        "env->n_workers, 0};\n"
+        "        nbx_loop_fns f = {{nbx_f%d, nbx_f%d, nbx_f%d},\n"
+        "                          {&env->sub[%d], &env->sub[%d], &env->sub[%d]}, %d};\n"
+        "        env->loop_reverse(&k, &f);\n    }\n",
+        (int)ins->node, buf, (int)kc, (int)kc + 1, (int)kc + 2, (int)kc, (int)kc + 1, (int)kc + 2,
+        nbx_group_replans(grp, 3) ? 1 : 0);
 }
 
 /* A while loop as a C loop: the initial carry copied into the node's packed buffer (the
  * kernel's layout, nbi_k_while: leaves at 64-byte offsets), then cond and body -- the
  * functions nbx_f<kc>, nbx_f<kc + 1> of this file, on their executables' environments -- run
- * in place step after step. Their output plans (which outputs go straight into the carry,
- * which are copied after the run) are made once, for the loop's fixed buffers. */
+ * in place step after step. Each run's output plan (which outputs go straight into the
+ * carry, which are copied after it) is asked for before it, as nbi_exec_run_raw does: the
+ * executable's plan is its state, which another run of it (a call from the cond) changes;
+ * for the same buffers as the last run it is a check of the pointers. */
 static void nbx_emit_loop(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, int32_t kc) {
     const nb_var *v = &e->nodes[ins->node];
     const nbi_exec *body = v->at.callee;
@@ -1346,20 +1444,24 @@ static void nbx_emit_loop(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, 
                         nc + i, nb + i, i, off, i);
         off += ((size_t)o->size * nbi_dsize(o->dtype) + 63) / 64 * 64;
     }
+    const nbi_exec *grp[2] = {v->at.callee2, body};
+    /* planned once unless a step can run cond or body elsewhere (then before every run) */
+    const char *each = nbx_group_replans(grp, 2) ? "" : "if (step == 0)\n                ";
     nbi_sbuf_printf(s,
                     "        u8 flag = 0;\n        void *fo[1] = {&flag};\n"
                     "        const nbx_env *ec = &env->sub[%d], *eb = &env->sub[%d];\n"
                     "        int nco = 0, nbo = 0;\n"
-                    "        const _Bool *cd = env->plan(ec->exec, ci, fo, 0, &nco);\n"
-                    "        const _Bool *bd = env->plan(eb->exec, bi, bo, don, &nbo);\n"
+                    "        const _Bool *cd = 0, *bd = 0;\n"
                     "        for (i64 step = 0; %lld <= 0 || step < %lld; step++) {\n"
+                    "            %scd = env->plan(ec->exec, ci, fo, 0, &nco);\n"
                     "            nbx_f%d(ec, ci, fo, cd);\n"
                     "            if (nco)\n                env->copy(ec->exec, fo);\n"
                     "            if (!flag)\n                break;\n"
+                    "            %sbd = env->plan(eb->exec, bi, bo, don, &nbo);\n"
                     "            nbx_f%d(eb, bi, bo, bd);\n"
                     "            if (nbo)\n                env->copy(eb->exec, bo);\n"
                     "        }\n    }\n",
-                    (int)kc, (int)kc + 1, max_steps, max_steps, (int)kc, (int)kc + 1);
+                    (int)kc, (int)kc + 1, max_steps, max_steps, each, (int)kc, each, (int)kc + 1);
 }
 
 /* Executable e as the function nbx_run (fid -1) or nbx_f<fid>. */

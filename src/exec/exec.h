@@ -100,11 +100,13 @@ NBI_HIDDEN void nbi_native_check_end(const nbi_exec *e, void *scratch, void *con
 NBI_HIDDEN void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s);
 /* The executables whose code nbi_native_codegen writes into e's file as functions of their
  * own (the cond and body of every while loop, a checkpointed reversal's cond, body and step
- * vjp; nested loops' after their loop's), in the
+ * vjp, each loop's together and once; the loops inside them after all of e's), in the
  * order of the environments the generated code expects (nbx_env.sub): their count, and
  * the first cap of them into out (may be NULL). 0 when the whole would be too large to
  * compile (then every loop is a kernel call). */
 NBI_HIDDEN int32_t nbi_native_subs(const nbi_exec *e, const nbi_exec **out, int32_t cap);
+/* Is loop node v of e written out in e's file (its executables among nbi_native_subs)? */
+NBI_HIDDEN bool nbi_native_loop_inlined(const nbi_exec *e, const nb_var *v);
 #define NBI_NATIVE_MAX_SUBS 64 /* at most this many (more: 0) */
 
 #endif /* NABLA_SRC_EXEC_EXEC_H */

@@ -370,12 +370,12 @@ static nb_status nbi_native_attach_in(nbi_exec *e, int mode, bool inlined);
  * fails -- and not looked up in the disk cache at the first call: e's code runs them. */
 static nb_status nbi_native_callees(nbi_exec *e, int mode) {
     nb_status st = NB_OK;
-    bool inl = nbi_native_subs(e, NULL, 0) > 0;
     for (int32_t i = 0; i < e->n_nodes && st == NB_OK; i++) {
         const nb_var *v = &e->nodes[i];
         if (v->op == NBI_OP_CALL) {
             st = nbi_native_attach(v->at.callee, mode);
         } else if (v->op == NBI_OP_WHILE || v->op == NBI_OP_LOOP_REVERSE) {
+            bool inl = nbi_native_loop_inlined(e, v);
             st = nbi_native_attach_in(v->at.callee, mode, inl);
             if (st == NB_OK) {
                 st = nbi_native_attach_in(v->at.callee2, mode, inl);
@@ -461,6 +461,7 @@ static nb_status nbi_native_attach_in(nbi_exec *e, int mode, bool inlined) {
     struct nbi_native *n = e->native;
     st = nbi_native_subenv(e, n);
     if (st != NB_OK) {
+        n->state = NBI_NSTATE_FAILED; /* its code would need the environments: interpreted */
         return st;
     }
     if (n->state == NBI_NSTATE_NONE && e->n_instrs > NBI_NATIVE_MAX_INSTRS) {

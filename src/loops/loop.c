@@ -2032,20 +2032,24 @@ static void nbl_slot_copy(const size_t *runs, int64_t n_runs, unsigned char *sta
 }
 
 /* How the reversal runs its executables: through nbi_exec_run_raw, or (native code) the
- * loop file's functions with the output plans made once (cond: 0, body: 1, vjp: 2). The
- * cond's and the vjp's plans hold for any buffers (nothing donated); the body's for the
- * working state's, which stay. */
+ * loop file's functions (cond: 0, body: 1, vjp: 2) on output plans made once per reversal
+ * -- the cond's and the vjp's hold for any buffers (nothing donated), the body's for the
+ * working state's, which stay -- or before every run when running one of them can run one
+ * of them again (the plan is the executable's state: such a run changes it; f->replan). */
 typedef struct nbl_runner {
     const nbi_loop_fns *f;
     const bool *direct[3];
     int n_copy[3];
 } nbl_runner;
 
-static inline void nbl_run(const nbl_runner *r, int which, const nbi_exec *x, const void *const *in,
+static inline void nbl_run(nbl_runner *r, int which, const nbi_exec *x, const void *const *in,
                            void *const *out, const bool *donated) {
     if (r->f == NULL) {
         nbi_exec_run_raw(x, in, out, donated);
         return;
+    }
+    if (r->direct[which] == NULL || r->f->replan) {
+        r->direct[which] = nbi_exec_plan_io(x, in, out, donated, &r->n_copy[which]);
     }
     r->f->fn[which](r->f->env[which], in, out, r->direct[which]);
     if (r->n_copy[which] > 0) {
@@ -2116,14 +2120,7 @@ void nbi_loop_reverse_run(const nbi_kargs *k, const nbi_loop_fns *f) {
     }
     int64_t n_runs = nbl_slot_runs(n, vjp, ncar, runs);
     unsigned char *slots = S + L.off_slots;
-    nbl_runner run = {.f = f};
-    if (f != NULL) {
-        void *fo = flag;
-        run.direct[0] = nbi_exec_plan_io(cond, cond_in, &fo, NULL, &run.n_copy[0]);
-        run.direct[1] = nbi_exec_plan_io(body, body_in, body_out, donated, &run.n_copy[1]);
-        run.direct[2] =
-            nbi_exec_plan_io(vjp, vjp_in[0], (void *const *)vjp_out[0], NULL, &run.n_copy[2]);
-    }
+    nbl_runner run = {.f = f, .direct = {NULL, NULL, NULL}, .n_copy = {0, 0, 0}};
     nbl_online on;
     nbl_ckpt_rev rev;
     int64_t known = n->at.a[6];

@@ -451,6 +451,175 @@ static void test_reverse_same_bits(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* A checkpointed loop over a body that has a checkpointed loop of its own: the outer
+ * reversal's functions are listed together (the inner loops' after them), so both
+ * reversals run from the file -- no kernel call left -- with the interpreter's bits. */
+static nb_status body_outer_ckpt(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_fn *step = NULL;
+    nb_status st = nb_fn_create(ctx, "step", body_step, NULL, &step);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_loop_opts o = nb_loop_opts_default();
+    o.kind = NB_LOOP_CHECKPOINTED;
+    o.checkpoints = 2;
+    const nb_tree *r = nb_fori_loop(tr, 0, 7, step, nb_tree_child(args, 1), &o);
+    nb_fn_destroy(step);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_var *x = nb_var_of(tr, r);
+    return nb_return(
+        nb_add(x, nb_mul(nb_cast(nb_get(tr, args, "[0]"), NB_DTYPE_F64), nb_scalar(tr, 1e-3))),
+        out);
+}
+
+static nb_status body_ckpt_nested(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                  nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_fn *outer = NULL;
+    nb_status st = nb_fn_create(ctx, "outer", body_outer_ckpt, NULL, &outer);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_loop_opts o = nb_loop_opts_default();
+    o.kind = NB_LOOP_CHECKPOINTED;
+    o.checkpoints = 3;
+    const nb_tree *r = nb_fori_loop(tr, 0, 30, outer, nb_tree_child(args, 0), &o);
+    nb_fn_destroy(outer);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_var *x = nb_var_of(tr, r);
+    return nb_return(nb_sum(nb_mul(x, x), NULL, 0, false), out);
+}
+
+static void test_reverse_nested(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL, *g = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "ckpt_nested", body_ckpt_nested, NULL, &f));
+    NBT_OK(ctx, nb_grad(f, NULL, &g));
+    nb_tree *args = vec_args(ctx, 7), *a = NULL, *b = NULL;
+    size_t need = 0;
+    assert_int_equal(nb_fn_format_ir(g, args, NB_IR_NATIVE_C, NULL, 0, &need), NB_ERR_TRUNCATED);
+    char *src = malloc(need + 1);
+    assert_non_null(src);
+    NBT_OK(ctx, nb_fn_format_ir(g, args, NB_IR_NATIVE_C, src, need + 1, NULL));
+    assert_non_null(strstr(src, "env->loop_reverse(&k, &f);"));
+    assert_null(strstr(src, "env->kern[")); /* every loop, outer and inner, from the file */
+    free(src);
+    nb_jit_opts jo = nb_jit_opts_default();
+    nb_fn *off = NULL, *now = NULL;
+    jo.native = NB_NATIVE_OFF;
+    NBT_OK(ctx, nb_jit(g, &jo, &off));
+    jo.native = NB_NATIVE_NOW;
+    NBT_OK(ctx, nb_jit(g, &jo, &now));
+    NBT_OK(ctx, nb_fn_call(off, args, &a));
+    NBT_OK(ctx, nb_fn_call(now, args, &b));
+    assert_int_equal(stats_of(now).tier, 1);
+    assert_same_bits(a, b);
+    nb_tree_destroy(a);
+    nb_tree_destroy(b);
+    nb_tree_destroy(args);
+    nb_fn_destroy(off);
+    nb_fn_destroy(now);
+    nb_fn_destroy(g);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* A loop whose cond calls the loop's own body (a jitted function kept as a call): the same
+ * executable runs inside the cond on other buffers, which changes its output plan between
+ * the loop's steps -- each run is planned again, as the interpreter does, so the bits are
+ * the interpreter's. */
+static nb_fn *shared_body;
+
+static nb_status body_swap(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *a = nb_get(tr, args, "[0]"), *b = nb_get(tr, args, "[1]");
+    nb_var *o0 = nb_add(nb_mul(b, nb_scalar(tr, 0.5)), nb_sum(nb_mul(b, b), NULL, 0, false));
+    nb_var *o1 = nb_add(nb_mul(a, nb_scalar(tr, 0.25)), nb_sum(nb_mul(a, a), NULL, 0, false));
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(o0), nb_leaf(o1)}, out);
+}
+
+static nb_status cond_swap(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    const nb_tree *r = nb_apply(tr, shared_body, args);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_var *x = nb_get(tr, r, "[0]");
+    return nb_return(nb_lt(nb_sum(nb_mul(x, x), NULL, 0, false), nb_scalar(tr, 1e6)), out);
+}
+
+static nb_status body_swap_loop(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                nb_tree **out) {
+    (void)self;
+    nb_fn *c = NULL;
+    nb_status st = nb_fn_create(nb_trace_ctx(tr), "cond_swap", cond_swap, NULL, &c);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_loop_opts o = nb_loop_opts_default();
+    o.max_steps = 50;
+    const nb_tree *r = nb_while_loop(tr, c, shared_body, args, &o);
+    nb_fn_destroy(c);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
+static void test_loop_shared_body(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *sw = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "swap", body_swap, NULL, &sw));
+    nb_jit_opts jo = nb_jit_opts_default();
+    jo.inline_calls = false;
+    jo.native = NB_NATIVE_OFF;
+    NBT_OK(ctx, nb_jit(sw, &jo, &shared_body));
+    nb_fn_destroy(sw);
+    double v[7], w[7];
+    for (int q = 0; q < 7; q++) {
+        v[q] = 0.01 * q - 0.02;
+        w[q] = 0.03 * q + 0.01;
+    }
+    nb_array *a0 = nbt_arr_f64(ctx, 1, (const int64_t[]){7}, v);
+    nb_array *b0 = nbt_arr_f64(ctx, 1, (const int64_t[]){7}, w);
+    nb_tree *l[2] = {NULL, NULL};
+    NBT_OK(ctx, nb_tree_array(a0, &l[0]));
+    NBT_OK(ctx, nb_tree_array(b0, &l[1]));
+    nb_array_destroy(a0);
+    nb_array_destroy(b0);
+    nb_tree *args = nbt_tuple_take(ctx, 2, l), *a = NULL, *b = NULL;
+    char *src = source_of(ctx, body_swap_loop, args);
+    assert_non_null(strstr(src, "nbx_f1(eb, bi, bo, bd);")); /* the loop is written out */
+    free(src);
+    nb_fn *off = jit_mode(ctx, body_swap_loop, "swap_loop", NB_NATIVE_OFF);
+    nb_fn *now = jit_mode(ctx, body_swap_loop, "swap_loop_now", NB_NATIVE_NOW);
+    NBT_OK(ctx, nb_fn_call(off, args, &a));
+    NBT_OK(ctx, nb_fn_call(now, args, &b));
+    assert_int_equal(stats_of(now).tier, 1);
+    assert_same_bits(a, b);
+    nb_tree_destroy(a);
+    nb_tree_destroy(b);
+    nb_tree_destroy(args);
+    nb_fn_destroy(off);
+    nb_fn_destroy(now);
+    nb_fn_destroy(shared_body);
+    shared_body = NULL;
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* AUTO: interpreted until hot (NABLA_NATIVE_HOT, set low here), then compiled on the
  * compile thread and swapped in between calls; every call gives the same bits. */
 static void test_auto_swaps_in(void **state) {
@@ -617,6 +786,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_now_same_bits),   cmocka_unit_test(test_big_same_bits),
         cmocka_unit_test(test_loop_same_bits),  cmocka_unit_test(test_reverse_same_bits),
+        cmocka_unit_test(test_reverse_nested),  cmocka_unit_test(test_loop_shared_body),
         cmocka_unit_test(test_auto_swaps_in),   cmocka_unit_test(test_format_c),
         cmocka_unit_test(test_fallback_logged), cmocka_unit_test(test_warm_cache),
     };
