@@ -1009,8 +1009,8 @@ static bool nbx_slice_program(const nb_var *v, nbi_fprog *p) {
     return true;
 }
 
-/* Any other instruction: its kernel, called as the interpreter calls it. */
-static void nbx_emit_call(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) {
+/* A kernel call's opening: a block and its input buffers, a[]. */
+static void nbx_emit_args(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) {
     char buf[96];
     nbi_sbuf_puts(s, "    {\n        const void *a[] = {");
     for (int32_t j = 0; j < ins->n_in; j++) {
@@ -1021,6 +1021,12 @@ static void nbx_emit_call(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) 
         nbi_sbuf_puts(s, "0");
     }
     nbi_sbuf_puts(s, "};\n");
+}
+
+/* Any other instruction: its kernel, called as the interpreter calls it. */
+static void nbx_emit_call(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) {
+    char buf[96];
+    nbx_emit_args(s, e, ins);
     if (ins->n_store > 0) {
         nbi_sbuf_puts(s, "        void *st[] = {");
         for (int32_t k = 0; k < ins->n_store; k++) {
@@ -1382,15 +1388,7 @@ static void nbx_emit_reverse(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *in
     const nb_var *v = &e->nodes[ins->node];
     const nbi_exec *grp[3] = {v->at.callee2, v->at.callee3, v->at.callee};
     char buf[96];
-    nbi_sbuf_puts(s, "    {\n        const void *a[] = {");
-    for (int32_t j = 0; j < ins->n_in; j++) {
-        nbx_value(e, ins->in[j], buf, sizeof buf);
-        nbi_sbuf_printf(s, "%s%s", j ? ", " : "", buf);
-    }
-    if (ins->n_in == 0) {
-        nbi_sbuf_puts(s, "0");
-    }
-    nbi_sbuf_puts(s, "};\n");
+    nbx_emit_args(s, e, ins);
     nbx_value(e, ins->node, buf, sizeof buf);
     nbi_sbuf_printf(
         s,

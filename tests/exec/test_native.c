@@ -124,6 +124,16 @@ static nb_fn *jit_mode(nb_ctx *ctx, nb_fn_body body, const char *name, int mode)
     return j;
 }
 
+/* The C source of f's program for args (malloc'ed): nb_fn_format_ir(NB_IR_NATIVE_C). */
+static char *fn_source(nb_ctx *ctx, nb_fn *f, const nb_tree *args) {
+    size_t need = 0;
+    assert_int_equal(nb_fn_format_ir(f, args, NB_IR_NATIVE_C, NULL, 0, &need), NB_ERR_TRUNCATED);
+    char *buf = malloc(need + 1);
+    assert_non_null(buf);
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_NATIVE_C, buf, need + 1, NULL));
+    return buf;
+}
+
 /* NOW: native code from the first call, the interpreter's bits. */
 static void test_now_same_bits(void **state) {
     (void)state;
@@ -218,12 +228,7 @@ static void test_big_same_bits(void **state) {
                              * of elements (all of them, or chunks across a pool's threads) */
             nb_fn *f = NULL;
             NBT_OK(ctx, nb_fn_create(ctx, "big", body_big, NULL, &f));
-            size_t need = 0;
-            assert_int_equal(nb_fn_format_ir(f, args, NB_IR_NATIVE_C, NULL, 0, &need),
-                             NB_ERR_TRUNCATED);
-            char *buf = malloc(need + 1);
-            assert_non_null(buf);
-            NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_NATIVE_C, buf, need + 1, NULL));
+            char *buf = fn_source(ctx, f, args);
             int n_big = 0;
             for (const char *c = buf; (c = strstr(c, "env->par(env->pool, ")) != NULL; c++) {
                 n_big++;
@@ -361,11 +366,7 @@ static nb_tree *vec_args(nb_ctx *ctx, int n) {
 static char *source_of(nb_ctx *ctx, nb_fn_body body, const nb_tree *args) {
     nb_fn *f = NULL;
     NBT_OK(ctx, nb_fn_create(ctx, "src", body, NULL, &f));
-    size_t need = 0;
-    assert_int_equal(nb_fn_format_ir(f, args, NB_IR_NATIVE_C, NULL, 0, &need), NB_ERR_TRUNCATED);
-    char *buf = malloc(need + 1);
-    assert_non_null(buf);
-    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_NATIVE_C, buf, need + 1, NULL));
+    char *buf = fn_source(ctx, f, args);
     nb_fn_destroy(f);
     return buf;
 }
@@ -416,11 +417,7 @@ static void test_reverse_same_bits(void **state) {
     NBT_OK(ctx, nb_fn_create(ctx, "ckpt", body_ckpt, NULL, &f));
     NBT_OK(ctx, nb_grad(f, NULL, &g));
     nb_tree *args = vec_args(ctx, 7), *a = NULL, *b = NULL;
-    size_t need = 0;
-    assert_int_equal(nb_fn_format_ir(g, args, NB_IR_NATIVE_C, NULL, 0, &need), NB_ERR_TRUNCATED);
-    char *src = malloc(need + 1);
-    assert_non_null(src);
-    NBT_OK(ctx, nb_fn_format_ir(g, args, NB_IR_NATIVE_C, src, need + 1, NULL));
+    char *src = fn_source(ctx, g, args);
     assert_non_null(strstr(src, "env->loop_reverse(&k, &f);"));
     assert_non_null(strstr(src, "static void nbx_f2(")); /* cond, body, step vjp */
     free(src);
@@ -505,11 +502,7 @@ static void test_reverse_nested(void **state) {
     NBT_OK(ctx, nb_fn_create(ctx, "ckpt_nested", body_ckpt_nested, NULL, &f));
     NBT_OK(ctx, nb_grad(f, NULL, &g));
     nb_tree *args = vec_args(ctx, 7), *a = NULL, *b = NULL;
-    size_t need = 0;
-    assert_int_equal(nb_fn_format_ir(g, args, NB_IR_NATIVE_C, NULL, 0, &need), NB_ERR_TRUNCATED);
-    char *src = malloc(need + 1);
-    assert_non_null(src);
-    NBT_OK(ctx, nb_fn_format_ir(g, args, NB_IR_NATIVE_C, src, need + 1, NULL));
+    char *src = fn_source(ctx, g, args);
     assert_non_null(strstr(src, "env->loop_reverse(&k, &f);"));
     assert_null(strstr(src, "env->kern[")); /* every loop, outer and inner, from the file */
     free(src);
