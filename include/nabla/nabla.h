@@ -26,6 +26,8 @@
  *                       apply_updates; state from the gradient template
  *     nabla/nn.h     -- layers as pytrees (Linear, MLP, LayerNorm, Embedding, Dropout,
  *                       Conv2d, Sequential) with Equinox's initialisation
+ *     nabla/linalg.h -- solve, LU, Cholesky, triangular solves, slogdet, inverse: batched,
+ *                       differentiable, failures as values
  *     nabla/ode.h    -- diffeqsolve (Diffrax's): Runge-Kutta solvers, PID step control,
  *                       dense output, adjoints through checkpointed loops
  *     nabla/io.h     -- pytrees on disk: safetensors files (atomic writes, validated reads)
@@ -101,6 +103,7 @@
 #include "data.h"
 #include "fn.h"
 #include "io.h"
+#include "linalg.h"
 #include "loops.h"
 #include "nn.h"
 #include "ode.h"

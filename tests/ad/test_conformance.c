@@ -24,6 +24,7 @@
 #include "nbtest.h"
 
 #include "ad/ir.h"
+#include "nabla/linalg.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -53,7 +54,7 @@ typedef nb_var *(*build_fn)(nb_trace *tr, nb_var *const *in, const tcase *c);
 /* Fill out->rank/shape and out->v (allocated by the harness with room for cap values). */
 typedef void (*ref_fn)(const rarr *in, int n_in, rarr *out, const tcase *c);
 
-typedef enum tol_kind { TOL_EXACT, TOL_ULP, TOL_SUM, TOL_MATMUL } tol_kind;
+typedef enum tol_kind { TOL_EXACT, TOL_ULP, TOL_SUM, TOL_MATMUL, TOL_LINALG } tol_kind;
 
 struct tcase {
     nbi_op op;
@@ -1161,6 +1162,8 @@ static void reduce_cases(nbi_op op, red_b b, const nb_dtype *dts, int n_dts) {
     }
 }
 
+static void linalg_cases(void);
+
 static void build_specs(void) {
     /* unary */
     spec_unary(NBI_OP_NEG, nb_neg, rf_neg, DOM_ANY, NUMERIC, 4, 0);
@@ -1423,6 +1426,294 @@ static void build_specs(void) {
     }
     /* random numbers */
     rng_cases();
+    linalg_cases();
+}
+
+/* ---- linear algebra (nabla/linalg.h) ------------------------------------------------
+ *
+ * Inputs are raw random matrices X; ip[0] says what the builder makes of them before the
+ * op under test: 0 X itself (general: LU pivots), 1 X X^T + n I (positive definite), 2
+ * X + (n + 2) I (a triangle with a dominant diagonal). ip[1] holds the op's flags (lower,
+ * transpose, unit diagonal), ip[2] the op (lu_solve and cholesky_solve factor first). The
+ * reference repeats the algorithm in double: LU with the first largest pivot, Cholesky by
+ * rows, substitution. */
+
+enum { LA_LOWER = 1, LA_TRANS = 2, LA_UNIT = 4 };
+
+static nb_var *la_matrix(nb_trace *tr, nb_var *x, int kind) {
+    int64_t n = nb_var_dim(x, -1), s[2] = {n, n};
+    nb_var *eye =
+        nb_cast(nb_eq(nb_iota(tr, NB_DTYPE_I32, 2, s, 0), nb_iota(tr, NB_DTYPE_I32, 2, s, 1)),
+                nb_var_dtype(x));
+    if (kind == 1) {
+        int r = nb_var_rank(x), perm[NB_MAX_RANK];
+        for (int i = 0; i < r; i++) {
+            perm[i] = i;
+        }
+        perm[r - 2] = r - 1;
+        perm[r - 1] = r - 2;
+        return nb_add(nb_matmul(x, nb_transpose(x, perm)), nb_mul(eye, nb_scalar(tr, (double)n)));
+    }
+    if (kind == 2) {
+        return nb_add(x, nb_mul(eye, nb_scalar(tr, (double)n + 2)));
+    }
+    return x;
+}
+
+static nb_var *b_linalg(nb_trace *tr, nb_var *const *in, const tcase *c) {
+    nb_var *a = la_matrix(tr, in[0], c->ip[0]);
+    int fl = c->ip[1];
+    switch ((nbi_op)c->ip[2]) {
+    case NBI_OP_LU_FACTOR:
+        return nb_lu_factor(a);
+    case NBI_OP_LU_SOLVE:
+        return nb_lu_solve(nb_lu_factor(a), in[1], (fl & LA_TRANS) != 0);
+    case NBI_OP_SOLVE:
+        return nb_solve(a, in[1]);
+    case NBI_OP_CHOLESKY:
+        return nb_cholesky(a);
+    case NBI_OP_CHOLESKY_SOLVE:
+        return nb_cholesky_solve(nb_cholesky(a), in[1]);
+    case NBI_OP_TRI_SOLVE:
+        return nb_triangular_solve(a, in[1], fl & LA_LOWER, fl & LA_TRANS, fl & LA_UNIT);
+    default: { /* slogdet: (sign, log|det|) stacked */
+        nb_var *sign = NULL, *logabs = nb_slogdet(a, &sign);
+        return nb_stack(2, (nb_var *[]){sign, logabs}, -1);
+    }
+    }
+}
+
+/* matrix t of input x (its batch element at offset off), made as the builder makes it */
+static void la_ref_matrix(const double *x, int64_t n, int kind, double *a) {
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            double v = x[i * n + j];
+            if (kind == 1) {
+                v = i == j ? (double)n : 0;
+                for (int64_t q = 0; q < n; q++) {
+                    v += x[i * n + q] * x[j * n + q];
+                }
+            } else if (kind == 2 && i == j) {
+                v += (double)n + 2;
+            }
+            a[i * n + j] = v;
+        }
+    }
+}
+
+/* packed LU of a (n x n) into m ((n + 1) x n), as the kernel defines it */
+static void la_ref_lu(const double *a, int64_t n, double *m) {
+    memcpy(m, a, (size_t)(n * n) * sizeof *m);
+    double *p = m + n * n;
+    for (int64_t i = 0; i < n; i++) {
+        p[i] = (double)i;
+    }
+    for (int64_t c = 0; c < n; c++) {
+        int64_t piv = c;
+        for (int64_t i = c + 1; i < n; i++) {
+            if (fabs(m[i * n + c]) > fabs(m[piv * n + c])) {
+                piv = i;
+            }
+        }
+        for (int64_t q = 0; q < n; q++) {
+            double t = m[c * n + q];
+            m[c * n + q] = m[piv * n + q];
+            m[piv * n + q] = t;
+        }
+        double t = p[c];
+        p[c] = p[piv];
+        p[piv] = t;
+        for (int64_t i = c + 1; i < n; i++) {
+            m[i * n + c] /= m[c * n + c];
+            for (int64_t q = c + 1; q < n; q++) {
+                m[i * n + q] -= m[i * n + c] * m[c * n + q];
+            }
+        }
+    }
+}
+
+/* x (n x k) := op(A)^{-1} b by Gaussian elimination on a copy (A general, n <= 8) */
+static void la_ref_gauss(const double *a, int64_t n, bool trans, double *x, int64_t k) {
+    double w[8 * 8];
+    for (int64_t i = 0; i < n; i++) {
+        for (int64_t j = 0; j < n; j++) {
+            w[i * n + j] = trans ? a[j * n + i] : a[i * n + j];
+        }
+    }
+    for (int64_t c = 0; c < n; c++) {
+        int64_t piv = c;
+        for (int64_t i = c + 1; i < n; i++) {
+            if (fabs(w[i * n + c]) > fabs(w[piv * n + c])) {
+                piv = i;
+            }
+        }
+        for (int64_t q = 0; q < n; q++) {
+            double t = w[c * n + q];
+            w[c * n + q] = w[piv * n + q];
+            w[piv * n + q] = t;
+        }
+        for (int64_t q = 0; q < k; q++) {
+            double t = x[c * k + q];
+            x[c * k + q] = x[piv * k + q];
+            x[piv * k + q] = t;
+        }
+        for (int64_t i = c + 1; i < n; i++) {
+            double l = w[i * n + c] / w[c * n + c];
+            for (int64_t q = c; q < n; q++) {
+                w[i * n + q] -= l * w[c * n + q];
+            }
+            for (int64_t q = 0; q < k; q++) {
+                x[i * k + q] -= l * x[c * k + q];
+            }
+        }
+    }
+    for (int64_t i = n - 1; i >= 0; i--) {
+        for (int64_t q = 0; q < k; q++) {
+            double s = x[i * k + q];
+            for (int64_t j = i + 1; j < n; j++) {
+                s -= w[i * n + j] * x[j * k + q];
+            }
+            x[i * k + q] = s / w[i * n + i];
+        }
+    }
+}
+
+static void r_linalg(const rarr *in, int n_in, rarr *out, const tcase *c) {
+    const rarr *x = &in[0];
+    int64_t n = x->shape[x->rank - 1];
+    int fl = c->ip[1];
+    nbi_op op = (nbi_op)c->ip[2];
+    double a[64], m[72];
+    if (op == NBI_OP_LU_FACTOR || op == NBI_OP_CHOLESKY || op == NBI_OP_SLOGDET) {
+        int64_t nb = shape_n(x->rank - 2, x->shape);
+        out->rank = op == NBI_OP_SLOGDET ? x->rank - 1 : x->rank;
+        memcpy(out->shape, x->shape, sizeof out->shape);
+        if (op == NBI_OP_LU_FACTOR) {
+            out->shape[x->rank - 2] = n + 1;
+        } else if (op == NBI_OP_SLOGDET) {
+            out->shape[x->rank - 2] = 2;
+        }
+        out->n = shape_n(out->rank, out->shape);
+        for (int64_t t = 0; t < nb; t++) {
+            la_ref_matrix(x->v + t * n * n, n, c->ip[0], a);
+            if (op == NBI_OP_LU_FACTOR) {
+                la_ref_lu(a, n, out->v + t * (n + 1) * n);
+            } else if (op == NBI_OP_CHOLESKY) {
+                double *l = out->v + t * n * n;
+                for (int64_t i = 0; i < n; i++) {
+                    for (int64_t j = 0; j < n; j++) {
+                        double s = j <= i ? a[i * n + j] : 0;
+                        for (int64_t q = 0; q < j && j <= i; q++) {
+                            s -= l[i * n + q] * l[j * n + q];
+                        }
+                        l[i * n + j] = j < i ? s / l[j * n + j] : j == i ? sqrt(s) : 0;
+                    }
+                }
+            } else {
+                la_ref_lu(a, n, m);
+                double sign = 1, logabs = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    sign *= m[i * n + i] < 0 ? -1 : 1;
+                    logabs += log(fabs(m[i * n + i]));
+                }
+                for (int64_t i = 0; i < n; i++) { /* parity by sorting a copy */
+                    for (int64_t j = i + 1; j < n; j++) {
+                        sign *= m[n * n + j] < m[n * n + i] ? -1 : 1;
+                    }
+                }
+                out->v[2 * t] = sign;
+                out->v[2 * t + 1] = logabs;
+            }
+        }
+        return;
+    }
+    /* solves: b vector per matrix (rank 1, or one dim fewer than the matrix) or [..., n, k] */
+    (void)n_in;
+    const rarr *b = &in[1];
+    bool vec = b->rank == 1 || b->rank == x->rank - 1;
+    int rb = b->rank - (vec ? 1 : 2);
+    int64_t k = vec ? 1 : b->shape[b->rank - 1];
+    rarr xb = *x, bb = *b, bat;
+    xb.rank = x->rank - 2;
+    bb.rank = rb;
+    rarr two[2] = {xb, bb};
+    memset(&bat, 0, sizeof bat);
+    bshape(two, 2, &bat);
+    out->rank = bat.rank + (vec ? 1 : 2);
+    memcpy(out->shape, bat.shape, (size_t)bat.rank * sizeof(int64_t));
+    out->shape[bat.rank] = n;
+    if (!vec) {
+        out->shape[bat.rank + 1] = k;
+    }
+    out->n = shape_n(out->rank, out->shape);
+    int64_t idx[NB_MAX_RANK];
+    for (int64_t t = 0; t < bat.n; t++) {
+        unravel(t, bat.rank, bat.shape, idx);
+        const double *xt = x->v + bidx(&xb, bat.rank, idx) * n * n;
+        const double *bt = b->v + bidx(&bb, bat.rank, idx) * n * k;
+        double *o = out->v + t * n * k;
+        memcpy(o, bt, (size_t)(n * k) * sizeof *o);
+        la_ref_matrix(xt, n, c->ip[0], a);
+        if (op == NBI_OP_TRI_SOLVE) {
+            bool lower = fl & LA_LOWER;
+            for (int64_t i = 0; i < n; i++) {
+                for (int64_t j = 0; j < n; j++) {
+                    bool keep = lower ? j <= i : j >= i;
+                    a[i * n + j] = (fl & LA_UNIT) && i == j ? 1 : keep ? a[i * n + j] : 0;
+                }
+            }
+        }
+        la_ref_gauss(a, n, (fl & LA_TRANS) && op != NBI_OP_CHOLESKY_SOLVE, o, k);
+    }
+}
+
+static void linalg_cases(void) {
+    static const struct {
+        nbi_op op;
+        int kind, flags;
+        int ra, rb; /* ranks; rb 0: no b */
+        int64_t sa[4], sb[4];
+    } L[] = {
+        {NBI_OP_LU_FACTOR, 0, 0, 2, 0, {4, 4}, {0}},
+        {NBI_OP_LU_FACTOR, 0, 0, 3, 0, {3, 5, 5}, {0}},
+        {NBI_OP_LU_FACTOR, 0, 0, 2, 0, {1, 1}, {0}},
+        {NBI_OP_LU_FACTOR, 0, 0, 3, 0, {2, 0, 0}, {0}},
+        {NBI_OP_LU_SOLVE, 0, 0, 2, 1, {4, 4}, {4}},
+        {NBI_OP_LU_SOLVE, 0, LA_TRANS, 3, 3, {2, 3, 3}, {2, 3, 2}},
+        {NBI_OP_LU_SOLVE, 0, LA_TRANS, 2, 2, {5, 5}, {5, 3}},
+        {NBI_OP_SOLVE, 0, 0, 2, 1, {3, 3}, {3}},
+        {NBI_OP_SOLVE, 0, 0, 3, 3, {2, 4, 4}, {2, 4, 2}},
+        {NBI_OP_SOLVE, 0, 0, 2, 3, {4, 4}, {5, 4, 2}},       /* one matrix, a batch of b */
+        {NBI_OP_SOLVE, 0, 0, 4, 3, {2, 1, 3, 3}, {2, 4, 3}}, /* vectors, batch broadcast */
+        {NBI_OP_SOLVE, 0, 0, 2, 1, {0, 0}, {0}},
+        {NBI_OP_CHOLESKY, 1, 0, 2, 0, {4, 4}, {0}},
+        {NBI_OP_CHOLESKY, 1, 0, 3, 0, {3, 6, 6}, {0}},
+        {NBI_OP_CHOLESKY, 1, 0, 2, 0, {1, 1}, {0}},
+        {NBI_OP_CHOLESKY_SOLVE, 1, 0, 2, 1, {4, 4}, {4}},
+        {NBI_OP_CHOLESKY_SOLVE, 1, 0, 3, 3, {2, 3, 3}, {2, 3, 4}},
+        {NBI_OP_TRI_SOLVE, 2, LA_LOWER, 2, 1, {5, 5}, {5}},
+        {NBI_OP_TRI_SOLVE, 2, 0, 2, 2, {4, 4}, {4, 3}},
+        {NBI_OP_TRI_SOLVE, 2, LA_LOWER | LA_TRANS, 3, 3, {2, 4, 4}, {2, 4, 2}},
+        {NBI_OP_TRI_SOLVE, 2, LA_TRANS | LA_UNIT, 2, 1, {6, 6}, {6}},
+        {NBI_OP_TRI_SOLVE, 2, LA_LOWER | LA_UNIT, 2, 3, {3, 3}, {2, 3, 2}},
+        {NBI_OP_SLOGDET, 0, 0, 2, 0, {4, 4}, {0}},
+        {NBI_OP_SLOGDET, 0, 0, 3, 0, {3, 5, 5}, {0}},
+        {NBI_OP_SLOGDET, 0, 0, 2, 0, {0, 0}, {0}},
+    };
+    for (int k = 0; k < 2; k++) {
+        for (size_t s = 0; s < sizeof L / sizeof L[0]; s++) {
+            tcase *c = add_case(L[s].op, L[s].rb ? 2 : 1, b_linalg, r_linalg, TOL_LINALG, 0);
+            c->ip[0] = L[s].kind;
+            c->ip[1] = L[s].flags;
+            c->ip[2] = (int)L[s].op;
+            set_in(c, 0, FLOATS[k], DOM_ANY, L[s].ra, L[s].sa);
+            if (L[s].rb) {
+                set_in(c, 1, FLOATS[k], DOM_ANY, L[s].rb, L[s].sb);
+            }
+            snprintf(c->label, sizeof c->label, "%s %s #%zu", nbi_op_name(L[s].op),
+                     nb_dtype_name(FLOATS[k]), s);
+        }
+    }
 }
 
 /* ---- running a case ----------------------------------------------------------------- */
@@ -1501,6 +1792,18 @@ static double allowed(const tcase *c, const rarr *in, const rarr *out, int64_t i
             return (double)(in[0].n + 1) * 2 * u * fabs(out->v[i]);
         }
         return (double)(in[0].n + 1) * u * s;
+    }
+    if (c->tol == TOL_LINALG) {
+        /* factorisations and solves: backward stable, so forward errors scale with the
+         * condition number; random matrices of n <= 6 stay below ~1e3: 1e4 n^2 ulp of the
+         * result's scale (f64 ~1e-11, f32 ~2e-2 of 1) -- an error in a rule or a pivot is
+         * O(1) */
+        double mo = 1;
+        for (int64_t k = 0; k < out->n; k++) {
+            mo = fmax(mo, isfinite(out->v[k]) ? fabs(out->v[k]) : 0);
+        }
+        int64_t n = in[0].rank >= 2 ? in[0].shape[in[0].rank - 1] : 1;
+        return 1e4 * (double)(n * n + 1) * u * mo;
     }
     /* matmul: k * ulp * max |a| * max |b| * k */
     double ma = 0, mb = 0;

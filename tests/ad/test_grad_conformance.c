@@ -52,6 +52,7 @@
 #include "nbtest.h"
 
 #include "ad/ir.h"
+#include "nabla/linalg.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -818,6 +819,121 @@ static void spec_matmul(void) {
     }
 }
 
+/* ---- linear algebra ------------------------------------------------------------------
+ * ip[0] the op (or a composite's index), ip[1] what the builder makes of input 0 (0: X;
+ * 1: X + (n + 2) I, well conditioned, not symmetric; 2: packed LU factors [X + (n + 2) I;
+ * the reversed permutation] so that lu_solve's rule for the factors is checked by itself),
+ * ip[2] flags (1 lower, 2 transpose, 4 unit diagonal). */
+
+static nb_var *la_eye(nb_trace *tr, int64_t n) {
+    int64_t s[2] = {n, n};
+    return nb_cast(nb_eq(nb_iota(tr, NB_DTYPE_I32, 2, s, 0), nb_iota(tr, NB_DTYPE_I32, 2, s, 1)),
+                   NB_DTYPE_F64);
+}
+
+static nb_var *la_input(nb_trace *tr, nb_var *x, int kind) {
+    int64_t n = nb_var_dim(x, -1);
+    if (kind == 0) {
+        return x;
+    }
+    nb_var *a = nb_add(x, nb_mul(la_eye(tr, n), nb_scalar(tr, (double)n + 2)));
+    if (kind == 1) {
+        return a;
+    }
+    int r = nb_var_rank(x);
+    int64_t ps[NB_MAX_RANK];
+    memcpy(ps, nb_var_shape(x), (size_t)r * sizeof(int64_t));
+    ps[r - 2] = 1;
+    nb_var *rev =
+        nb_sub(nb_scalar(tr, (double)n - 1), nb_iota(tr, NB_DTYPE_F64, 2, (int64_t[]){1, n}, 1));
+    return nb_concatenate(2, (nb_var *[]){a, nb_broadcast_to(rev, r, ps)}, -2);
+}
+
+static nb_var *b_linalg(nb_trace *tr, nb_var *const *in, const gcase *c) {
+    nb_var *a = la_input(tr, in[0], c->ip[1]);
+    int fl = c->ip[2];
+    switch (c->ip[0]) {
+    case NBI_OP_LU_FACTOR:
+        return nb_lu_factor(a);
+    case NBI_OP_LU_SOLVE:
+        return nb_lu_solve(c->ip[1] == 2 ? a : nb_lu_factor(a), in[1], fl & 2);
+    case NBI_OP_SOLVE:
+        return nb_solve(a, in[1]);
+    case NBI_OP_CHOLESKY:
+        return nb_cholesky(a);
+    case NBI_OP_CHOLESKY_SOLVE:
+        return nb_cholesky_solve(a, in[1]);
+    case NBI_OP_TRI_SOLVE:
+        return nb_triangular_solve(a, in[1], fl & 1, fl & 2, fl & 4);
+    case NBI_OP_SLOGDET: {
+        nb_var *sign = NULL, *logabs = nb_slogdet(a, &sign);
+        return nb_stack(2, (nb_var *[]){sign, logabs}, -1);
+    }
+    case 1000:
+        return nb_inv(a);
+    case 1001:
+        return nb_det(a);
+    case 1002:
+        return nb_diagonal(a);
+    default: /* cholesky of a product: the usual way a covariance is factored */
+        return nb_cholesky(nb_add(nb_matmul(a, nb_transpose(a, (int[]){1, 0})),
+                                  nb_mul(la_eye(tr, nb_var_dim(a, -1)), nb_scalar(tr, 1.0))));
+    }
+}
+
+static void spec_linalg(void) {
+    static const struct {
+        int op, kind, flags;
+        int ra, rb;
+        int64_t sa[4], sb[4];
+        const char *name;
+    } L[] = {
+        {NBI_OP_LU_FACTOR, 0, 0, 2, 0, {4, 4}, {0}, NULL},
+        {NBI_OP_LU_FACTOR, 0, 0, 3, 0, {2, 3, 3}, {0}, NULL},
+        {NBI_OP_LU_SOLVE, 2, 0, 2, 1, {4, 4}, {4}, NULL},
+        {NBI_OP_LU_SOLVE, 2, 2, 2, 2, {3, 3}, {3, 2}, NULL},
+        {NBI_OP_LU_SOLVE, 2, 2, 3, 3, {2, 3, 3}, {2, 3, 2}, NULL},
+        {NBI_OP_LU_SOLVE, 2, 0, 2, 3, {3, 3}, {2, 3, 2}, NULL}, /* factors broadcast */
+        {NBI_OP_LU_SOLVE, 0, 0, 2, 1, {4, 4}, {4}, NULL},       /* through lu_factor */
+        {NBI_OP_LU_SOLVE, 0, 2, 2, 2, {3, 3}, {3, 2}, NULL},
+        {NBI_OP_SOLVE, 0, 0, 2, 1, {3, 3}, {3}, NULL},
+        {NBI_OP_SOLVE, 0, 0, 3, 3, {2, 3, 3}, {2, 3, 2}, NULL},
+        {NBI_OP_SOLVE, 0, 0, 2, 3, {3, 3}, {2, 3, 2}, NULL}, /* a broadcast over b */
+        {NBI_OP_SOLVE, 0, 0, 4, 3, {2, 1, 3, 3}, {2, 2, 3}, NULL},
+        {NBI_OP_CHOLESKY, 1, 0, 2, 0, {4, 4}, {0}, NULL},
+        {NBI_OP_CHOLESKY, 1, 0, 3, 0, {2, 3, 3}, {0}, NULL},
+        {NBI_OP_CHOLESKY_SOLVE, 1, 0, 2, 1, {4, 4}, {4}, NULL},
+        {NBI_OP_CHOLESKY_SOLVE, 1, 0, 3, 3, {2, 3, 3}, {2, 3, 2}, NULL},
+        {NBI_OP_CHOLESKY_SOLVE, 1, 0, 2, 3, {3, 3}, {2, 3, 1}, NULL},
+        {NBI_OP_TRI_SOLVE, 1, 1, 2, 1, {4, 4}, {4}, NULL},
+        {NBI_OP_TRI_SOLVE, 1, 0, 2, 2, {4, 4}, {4, 2}, NULL},
+        {NBI_OP_TRI_SOLVE, 1, 3, 3, 3, {2, 3, 3}, {2, 3, 2}, NULL},
+        {NBI_OP_TRI_SOLVE, 1, 2, 2, 1, {4, 4}, {4}, NULL},
+        {NBI_OP_TRI_SOLVE, 1, 5, 2, 3, {3, 3}, {2, 3, 2}, NULL},
+        {NBI_OP_TRI_SOLVE, 1, 6, 2, 1, {4, 4}, {4}, NULL},
+        {NBI_OP_SLOGDET, 0, 0, 2, 0, {4, 4}, {0}, NULL},
+        {NBI_OP_SLOGDET, 0, 0, 3, 0, {2, 3, 3}, {0}, NULL},
+        {1000, 0, 0, 2, 0, {3, 3}, {0}, "inv"},
+        {1000, 0, 0, 3, 0, {2, 3, 3}, {0}, "inv"},
+        {1001, 0, 0, 2, 0, {3, 3}, {0}, "det"},
+        {1002, 0, 0, 3, 0, {2, 3, 4}, {0}, "diagonal"},
+        {1003, 0, 0, 2, 0, {4, 4}, {0}, "cholesky(a a^T + I)"},
+    };
+    for (size_t s = 0; s < sizeof L / sizeof L[0]; s++) {
+        bool comp = L[s].op >= 1000;
+        gcase *c = add_case(comp ? COMPOSITE : L[s].op, L[s].name, L[s].rb ? 2 : 1, b_linalg);
+        c->ip[0] = L[s].op;
+        c->ip[1] = L[s].kind;
+        c->ip[2] = L[s].flags;
+        set_in(c, 0, NB_DTYPE_F64, DOM_ANY, L[s].ra, L[s].sa);
+        if (L[s].rb) {
+            set_in(c, 1, NB_DTYPE_F64, DOM_ANY, L[s].rb, L[s].sb);
+        }
+        snprintf(c->label, sizeof c->label, "%s #%zu (input %d, flags %d)",
+                 comp ? L[s].name : nbi_op_name((nbi_op)L[s].op), s, L[s].kind, L[s].flags);
+    }
+}
+
 static void spec_composites(void) {
     gcase *c;
     const nb_dtype F = NB_DTYPE_F64;
@@ -1002,6 +1118,7 @@ static void build_specs(void) {
     spec_reduce_kinks(NBI_OP_MIN, nb_min);
     spec_shapes();
     spec_matmul();
+    spec_linalg();
     spec_custom_vjp();
     spec_composites();
 }
