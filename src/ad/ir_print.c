@@ -110,6 +110,23 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
                             a->axes[0] && a->axes[1] ? "," : "", a->axes[1] ? "b" : "");
         }
         break;
+    case NBI_OP_LU_SOLVE:
+    case NBI_OP_SOLVE:
+    case NBI_OP_CHOLESKY_SOLVE:
+    case NBI_OP_TRI_SOLVE: { /* op_decomp.c's flags: 1 transpose, 2 vector, 4 lower, 8 unit */
+        static const char *const names[4] = {"transpose", "vector", "lower", "unit_diagonal"};
+        bool any = false;
+        for (int b = 0; b < 4; b++) {
+            if (a->ivalue & (1 << b)) {
+                nbi_sbuf_printf(s, "%s%s", any ? ", " : " {", names[b]);
+                any = true;
+            }
+        }
+        if (any) {
+            nbi_sbuf_putc(s, '}');
+        }
+        break;
+    }
     case NBI_OP_CALL_OUTPUT:
     case NBI_OP_FUSED_OUTPUT:
         nbi_sbuf_printf(s, " {index=%lld}", (long long)a->ivalue);

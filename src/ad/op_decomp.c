@@ -1034,6 +1034,11 @@ nb_var *nb_slogdet(nb_var *a, nb_var **sign) {
 }
 
 nb_var *nb_det(nb_var *a) {
+    nb_var *ret;
+    nb_trace *tr = nbd_begin("det", 1, &a, (const char *[]){"a"}, &ret);
+    if (tr == NULL || nbd_check_matrix(tr, "det", a, false, "a") != NB_OK) {
+        return tr != NULL ? tr->poison : ret;
+    }
     nb_var *sign = NULL;
     nb_var *logabs = nb_slogdet(a, &sign);
     return nb_mul(sign, nb_exp(logabs));

@@ -1526,6 +1526,62 @@ TWALK(nb_cast) {
 TWALK(nb_matmul) {
     T_VAR(nb_matmul(VAR(T->x), VAR(T->v)));
 }
+/* linalg.h: a square f32[2,2] and a right-hand side f32[2] made from the fixtures (NULL
+ * outside a trace) */
+static nb_var *t_square(walk *w) {
+    return nb_matmul(T->x, nb_transpose(T->x, (int[]){1, 0}));
+}
+static nb_var *t_rhs(walk *w) {
+    return nb_sum(T->x, (int[]){1}, 1, false);
+}
+TWALK(nb_solve) {
+    nb_var *a = t_square(w), *b = t_rhs(w);
+    T_VAR(nb_solve(VAR(a), VAR(b)));
+}
+TWALK(nb_lu_factor) {
+    nb_var *a = t_square(w);
+    T_VAR(nb_lu_factor(VAR(a)));
+}
+TWALK(nb_lu_solve) {
+    nb_var *lu = nb_lu_factor(t_square(w)), *b = t_rhs(w);
+    T_VAR(nb_lu_solve(VAR(lu), VAR(b), true));
+}
+TWALK(nb_lu_singular) {
+    nb_var *lu = nb_lu_factor(t_square(w));
+    T_VAR(nb_lu_singular(VAR(lu)));
+}
+TWALK(nb_cholesky) {
+    nb_var *a = t_square(w);
+    T_VAR(nb_cholesky(VAR(a)));
+}
+TWALK(nb_cholesky_failed) {
+    nb_var *l = nb_cholesky(t_square(w));
+    T_VAR(nb_cholesky_failed(VAR(l)));
+}
+TWALK(nb_cholesky_solve) {
+    nb_var *l = nb_cholesky(t_square(w)), *b = t_rhs(w);
+    T_VAR(nb_cholesky_solve(VAR(l), VAR(b)));
+}
+TWALK(nb_triangular_solve) {
+    nb_var *a = t_square(w), *b = t_rhs(w);
+    T_VAR(nb_triangular_solve(VAR(a), VAR(b), true, false, false));
+}
+TWALK(nb_slogdet) {
+    nb_var *a = t_square(w), *sign = NULL; /* sign may be NULL: not spoiled */
+    T_VAR(nb_slogdet(VAR(a), &sign));
+}
+TWALK(nb_det) {
+    nb_var *a = t_square(w);
+    T_VAR(nb_det(VAR(a)));
+}
+TWALK(nb_inv) {
+    nb_var *a = t_square(w);
+    T_VAR(nb_inv(VAR(a)));
+}
+TWALK(nb_diagonal) {
+    nb_var *a = t_square(w);
+    T_VAR(nb_diagonal(VAR(a)));
+}
 
 #define REDUCE(f)                                                                                  \
     TWALK(f) {                                                                                     \
@@ -2448,6 +2504,19 @@ static const entry k_table[] = {
     TRACED(nb_dynamic_update_slice),
     TRACED(nb_matmul),
     TRACED(nb_dot),
+    /* linalg.h */
+    TRACED(nb_solve),
+    TRACED(nb_lu_factor),
+    TRACED(nb_lu_solve),
+    TRACED(nb_lu_singular),
+    TRACED(nb_cholesky),
+    TRACED(nb_cholesky_failed),
+    TRACED(nb_cholesky_solve),
+    TRACED(nb_triangular_solve),
+    TRACED(nb_slogdet),
+    TRACED(nb_det),
+    TRACED(nb_inv),
+    TRACED(nb_diagonal),
     TRACED(nb_stop_gradient),
     /* fn.h */
     EAGER(nb_fn_create),
