@@ -96,7 +96,10 @@ typedef enum nb_ode_solver {
     NB_ODE_RK4 = 5,      /* classical order 4, no error estimate */
     NB_ODE_DOPRI5 = 6,   /* Dormand-Prince 5(4), FSAL */
     NB_ODE_TSIT5 = 7,    /* Tsitouras 5(4), FSAL */
-    NB_ODE_DOPRI8 = 8    /* Prince-Dormand 8(7) (RK8(7)13M + FSAL stage, as Diffrax's) */
+    NB_ODE_DOPRI8 = 8,   /* Prince-Dormand 8(7) (RK8(7)13M + FSAL stage, as Diffrax's) */
+    /* stiff problems: linearly implicit (Rosenbrock) methods, see "Stiff solvers" above */
+    NB_ODE_ROS3P = 9,   /* Lang-Verwer ROS3P: order 3 (2), 3 stages, A-stable */
+    NB_ODE_RODAS5P = 10 /* Steinebach's Rodas5P: order 5 (4), 8 stages, L-stable */
 } nb_ode_solver;
 
 /* "euler", "heun", ... ("unknown" otherwise). */

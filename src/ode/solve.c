@@ -23,6 +23,7 @@
  */
 #include "ad/ir.h"
 #include "core/internal.h"
+#include "nabla/linalg.h"
 #include "nabla/loops.h"
 #include "nabla/ode.h"
 #include "ode/tableau.h"
@@ -297,6 +298,182 @@ static bool nbo_term(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau
     return ok;
 }
 
+/* ---- Rosenbrock methods --------------------------------------------------------------- */
+
+/* The state as one flat vector [N] (its leaves flattened and concatenated), and back. */
+static nb_var *nbo_flat(int64_t L, nb_var *const *v) {
+    nb_var *parts[64];
+    nb_var **p =
+        L <= 64 ? parts : nbi_arena_alloc(&nb_var_trace(v[0])->arena, (size_t)L * sizeof *p);
+    if (p == NULL) {
+        return nbi_trace_errv(nb_var_trace(v[0]), NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+    }
+    for (int64_t i = 0; i < L; i++) {
+        p[i] = nb_reshape(v[i], 1, (int64_t[]){nb_var_size(v[i])});
+    }
+    return L == 1 ? p[0] : nb_concatenate((int)L, p, 0);
+}
+
+static void nbo_unflat(nb_var *flat, int64_t L, nb_var *const *like, nb_var **out) {
+    int64_t off = 0;
+    for (int64_t i = 0; i < L; i++) {
+        int64_t n = nb_var_size(like[i]);
+        nb_var *part = L == 1 ? flat : nb_slice(flat, (int64_t[]){off}, (int64_t[]){off + n}, NULL);
+        out[i] = nb_reshape(part, nb_var_rank(like[i]), nb_var_shape(like[i]));
+        off += n;
+    }
+}
+
+/* J = d(s f)/dy [N, N] and T = d(s f)/dtau [N] at (tau, y), by forward mode over one more
+ * evaluation of the term: N + 1 tangent sweeps (a unit tangent per state element, one on
+ * the time). Calls inside the term are inlined (as under nb_jvp) so that every op carries
+ * its tangent. */
+static bool nbo_jacobian(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau,
+                         const nb_treedef *ydef, int64_t L, nb_var *const *y, nb_var **J,
+                         nb_var **T) {
+    nb_var **f = nbo_vars(tr, L), **ins = nbo_vars(tr, L + 1), **tan = nbo_vars(tr, L + 1);
+    nb_var **dout = nbo_vars(tr, L);
+    if (f == NULL || ins == NULL || tan == NULL || dout == NULL) {
+        return false;
+    }
+    int32_t begin = tr->g.n_nodes;
+    tr->ad_depth++;
+    bool ok = nbo_term(tr, self, sign, tau, ydef, L, y, f);
+    tr->ad_depth--;
+    int32_t end = tr->g.n_nodes;
+    if (!ok) {
+        return false;
+    }
+    int64_t N = 0;
+    ins[0] = tau;
+    for (int64_t i = 0; i < L; i++) {
+        ins[i + 1] = y[i];
+        N += nb_var_size(y[i]);
+    }
+    nb_var **cols = nbo_vars(tr, N);
+    if (cols == NULL) {
+        return false;
+    }
+    nb_dtype dt = nb_var_dtype(tau);
+    int64_t col = 0;
+    for (int64_t i = 0; i <= L; i++) {
+        int64_t n = i == 0 ? 1 : nb_var_size(y[i - 1]);
+        for (int64_t e = 0; e < n; e++) {
+            memset(tan, 0, (size_t)(L + 1) * sizeof *tan);
+            if (i == 0) {
+                tan[0] = nb_scalar_typed(tr, dt, 1.0);
+            } else {
+                nb_var *hot = nb_cast(
+                    nb_eq(nb_iota(tr, NB_DTYPE_I32, 1, (int64_t[]){n}, 0), nbo_i32(tr, e)), dt);
+                tan[i] = nb_reshape(hot, nb_var_rank(y[i - 1]), nb_var_shape(y[i - 1]));
+            }
+            if (nbi_jvp_region(tr, begin, end, (int)L + 1, ins, tan, (int)L, f, dout) != NB_OK) {
+                return false;
+            }
+            nb_var *v = nbo_flat(L, dout);
+            if (i == 0) {
+                *T = v;
+            } else {
+                cols[col++] = v;
+            }
+        }
+    }
+    *J = nb_stack((int)N, cols, 1);
+    return tr->status == NB_OK;
+}
+
+/* One Rosenbrock step (tableau.h's nbo_rosen) from (tau, y) with step h = tn - tau: the new
+ * state y1, the unscaled error estimate err (leaves) and, with an interpolant, K[r] (n_h of
+ * them, leaves each). fy is s f(tau, y), the first stage's right-hand side. A singular W
+ * makes the solves NaN: the error estimate is then not finite and the controller rejects
+ * the step and shrinks h (W = I / (h gamma) - J is regular for h small enough). */
+static bool nbo_ros_step(nb_trace *tr, const nb_tree *self, double sign, const nbo_rosen *R,
+                         nb_var *tau, nb_var *h, const nb_treedef *ydef, int64_t L,
+                         nb_var *const *y, nb_var *const *fy, nb_var **y1, nb_var **err,
+                         nb_var ***K) {
+    nb_var *J = NULL, *T = NULL;
+    if (!nbo_jacobian(tr, self, sign, tau, ydef, L, y, &J, &T)) {
+        return false;
+    }
+    int64_t N = nb_var_dim(J, 0);
+    nb_dtype dt = nb_var_dtype(tau);
+    nb_var *eye = nb_cast(nb_eq(nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){N, N}, 0),
+                                nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){N, N}, 1)),
+                          dt);
+    nb_var *hg = nb_mul(h, nb_scalar(tr, R->gamma));
+    nb_var *lu = nb_lu_factor(nb_sub(nb_div(eye, hg), J));
+    int s = R->stages;
+    nb_var **k = nbo_vars(tr, s), **u = nbo_vars(tr, L), **du = nbo_vars(tr, L);
+    if (k == NULL || u == NULL || du == NULL) {
+        return false;
+    }
+    nb_var *y0f = nbo_flat(L, y), *duf = nbo_flat(L, fy);
+    for (int i = 0; i < s; i++) {
+        if (i > 0) {
+            /* the stage's argument; the term again unless it equals the previous stage's */
+            bool same = i > 1 && R->c[i] == R->c[i - 1];
+            for (int j = 0; j < i && same; j++) {
+                same = R->A[i * s + j] == R->A[(i - 1) * s + j];
+            }
+            if (!same) {
+                nb_var *uf = y0f;
+                for (int j = 0; j < i; j++) {
+                    if (R->A[i * s + j] != 0.0) {
+                        uf = nb_add(uf, nb_mul(k[j], nb_scalar(tr, R->A[i * s + j])));
+                    }
+                }
+                nbo_unflat(uf, L, y, u);
+                nb_var *ti = nb_add(tau, nb_mul(h, nb_scalar(tr, R->c[i])));
+                if (!nbo_term(tr, self, sign, ti, ydef, L, u, du)) {
+                    return false;
+                }
+                duf = nbo_flat(L, du);
+            }
+        }
+        nb_var *rhs = duf;
+        if (R->d[i] != 0.0) {
+            rhs = nb_add(rhs, nb_mul(nb_mul(h, nb_scalar(tr, R->d[i])), T));
+        }
+        nb_var *acc = NULL;
+        for (int j = 0; j < i; j++) {
+            if (R->C[i * s + j] != 0.0) {
+                nb_var *term = nb_mul(k[j], nb_scalar(tr, R->C[i * s + j]));
+                acc = acc == NULL ? term : nb_add(acc, term);
+            }
+        }
+        if (acc != NULL) {
+            rhs = nb_add(rhs, nb_div(acc, h));
+        }
+        k[i] = nb_lu_solve(lu, rhs, false);
+    }
+    nb_var *y1f = y0f, *ef = NULL;
+    for (int i = 0; i < s; i++) {
+        if (R->b[i] != 0.0) {
+            y1f = nb_add(y1f, nb_mul(k[i], nb_scalar(tr, R->b[i])));
+        }
+        if (R->btilde[i] != 0.0) {
+            nb_var *term = nb_mul(k[i], nb_scalar(tr, R->btilde[i]));
+            ef = ef == NULL ? term : nb_add(ef, term);
+        }
+    }
+    nbo_unflat(y1f, L, y, y1);
+    nbo_unflat(ef, L, y, err);
+    for (int r = 0; r < R->n_h; r++) {
+        nb_var *kf = NULL;
+        for (int i = 0; i < s; i++) {
+            if (R->H[r * s + i] != 0.0) {
+                nb_var *term = nb_mul(k[i], nb_scalar(tr, R->H[r * s + i]));
+                kf = kf == NULL ? term : nb_add(kf, term);
+            }
+        }
+        if ((K[r] = nbo_vars(tr, L)) == NULL) {
+            return false;
+        }
+        nbo_unflat(kf, L, y, K[r]);
+    }
+    return tr->status == NB_OK;
+}
+
 /* ---- one step ----------------------------------------------------------------------- */
 
 /* y + h sum_j w_j k[j][i] for each leaf i (k: n stages of L leaves, w[j] == 0 skipped). */
@@ -360,6 +537,18 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     k[0] = fy;
     bool ok = true;
     int s = tab->stages;
+    const nbo_rosen *R = tab->ros;
+    nb_var **rerr = NULL, **RK[3] = {NULL, NULL, NULL};
+    if (R != NULL) {
+        /* a Rosenbrock step, then f(tn, y1): the next step's first right-hand side and the
+         * Hermite interpolant's end slope */
+        rerr = nbo_vars(tr, L);
+        f1 = nbo_vars(tr, L);
+        ok = rerr != NULL && f1 != NULL &&
+             nbo_ros_step(tr, self, sign, R, t, h, ydef, L, y, fy, y1, rerr, RK) &&
+             nbo_term(tr, self, sign, tn, ydef, L, y1, f1);
+        s = 0; /* no explicit stages below */
+    }
     for (int i = 1; i < s && ok; i++) {
         k[i] = nbo_vars(tr, L);
         nbo_combine(tr, L, y, h, i, (nb_var *const *const *)k, tab->a + (size_t)i * S, tmp);
@@ -373,7 +562,9 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         tmp = nbo_vars(tr, L);
         ok = ok && tmp != NULL;
     }
-    if (ok && tab->fsal) {
+    if (R != NULL) {
+        /* done above */
+    } else if (ok && tab->fsal) {
         f1 = k[s - 1];
     } else if (ok) {
         nbo_combine(tr, L, y, h, s, (nb_var *const *const *)k, tab->b, y1);
@@ -415,7 +606,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
                 nb_var *term = nb_mul(k[j][i], nb_scalar(tr, tab->e[j]));
                 err = err == NULL ? term : nb_add(err, term);
             }
-            err = nb_mul(h, err);
+            err = R != NULL ? rerr[i] : nb_mul(h, err);
             nb_var *scale =
                 nb_add(nb_scalar(tr, atol),
                        nb_mul(nb_scalar(tr, rtol), nb_maximum(nb_abs(y[i]), nb_abs(y1[i]))));
@@ -537,7 +728,16 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
             int64_t N = nb_var_size(y[i]);
             nb_var *y0f = nb_reshape(y[i], 2, (int64_t[]){1, N});
             nb_var *val;
-            if (tab->dense_degree == 0) {
+            if (R != NULL && R->n_h > 0) {
+                /* (1 - th) y0 + th (y1 + (1 - th)(K1 + th (K2 + th K3))) */
+                nb_var *y1f = nb_reshape(y1[i], 2, (int64_t[]){1, N});
+                nb_var *in = nb_reshape(RK[R->n_h - 1][i], 2, (int64_t[]){1, N});
+                for (int r = R->n_h - 2; r >= 0; r--) {
+                    in = nb_add(nb_reshape(RK[r][i], 2, (int64_t[]){1, N}), nb_mul(th, in));
+                }
+                nb_var *om = nb_sub(nb_scalar(tr, 1.0), th);
+                val = nb_add(nb_mul(om, y0f), nb_mul(th, nb_add(y1f, nb_mul(om, in))));
+            } else if (tab->dense_degree == 0) {
                 /* Hermite: y0 + (y1 - y0) h01 + h (h10 f0 + h11 f1) */
                 nb_var *t2 = nb_square(th), *t3 = nb_mul(t2, th);
                 nb_var *h01 =
@@ -711,11 +911,11 @@ static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
         return false;
     }
     if (c->adaptive) {
-        if (tab->e == NULL) {
+        if (tab->e == NULL && tab->ros == NULL) {
             nbi_trace_err(tr, NB_ERR_INVALID,
                           "%s: solver %s has no error estimate, so it cannot be used with an "
                           "adaptive controller -- use constant steps (nb_ode_constant_step) or "
-                          "a solver with one (heun, bosh3, dopri5, tsit5, dopri8)",
+                          "a solver with one (heun, bosh3, dopri5, tsit5, dopri8, ros3p, rodas5p)",
                           who, tab->name);
             return false;
         }

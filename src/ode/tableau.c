@@ -372,6 +372,95 @@ static const double dopri8_dense[14 * 6] = {
                -53.9020777466385396792, 20.3006925822100825485,
 };
 /* clang-format on */
+
+/* ---- Rosenbrock methods ------------------------------------------------------------------
+ * In the transformed form of tableau.h's nbo_rosen, transcribed with all digits from
+ * OrdinaryDiffEq.jl (lib/OrdinaryDiffEqRosenbrock[Tableaus]/src/rosenbrock_tableaus.jl), where they
+ * are the published coefficients:
+ *   rodas5p  G. Steinebach, "Construction of Rosenbrock-Wanner method Rodas5P and numerical
+ *            benchmarks within the Julia Differential Equations package", BIT 63 (2023) 27:
+ *            order 5 (embedded 4), 8 stages, L-stable, stiffly accurate (b = A's last row
+ *            and 1: y1 is the last stage's argument plus k_8; the error estimate is k_8),
+ *            with a dense output of order 4 (three H rows);
+ *   ros3p    J. Lang and J. Verwer, "ROS3P -- an accurate third-order Rosenbrock solver
+ *            designed for parabolic problems", BIT 41 (2001) 731-738: order 3 (embedded 2),
+ *            3 stages, A-stable; no interpolant of its own (the cubic Hermite). */
+/* clang-format off */
+static const double rodas5p_A[8 * 8] = {
+    [1 * 8] = 3.0,
+    [2 * 8] = 2.849394379747939, 0.45842242204463923,
+    [3 * 8] = -6.954028509809101, 2.489845061869568, -10.358996098473584,
+    [4 * 8] = 2.8029986275628964, 0.5072464736228206, -0.3988312541770524, -0.04721187230404641,
+    [5 * 8] = -7.502846399306121, 2.561846144803919, -11.627539656261098, -0.18268767659942256,
+              0.030198172008377946,
+    [6 * 8] = -7.502846399306121, 2.561846144803919, -11.627539656261098, -0.18268767659942256,
+              0.030198172008377946, 1.0,
+    [7 * 8] = -7.502846399306121, 2.561846144803919, -11.627539656261098, -0.18268767659942256,
+              0.030198172008377946, 1.0, 1.0,
+};
+static const double rodas5p_C[8 * 8] = {
+    [1 * 8] = -14.155112264123755,
+    [2 * 8] = -17.97296035885952, -2.859693295451294,
+    [3 * 8] = 147.12150275711716, -1.41221402718213, 71.68940251302358,
+    [4 * 8] = 165.43517024871676, -0.4592823456491126, 42.90938336958603, -5.961986721573306,
+    [5 * 8] = 24.854864614690072, -3.0009227002832186, 47.4931110020768, 5.5814197821558125,
+              -0.6610691825249471,
+    [6 * 8] = 30.91273214028599, -3.1208243349937974, 77.79954646070892, 34.28646028294783,
+              -19.097331116725623, -28.087943162872662,
+    [7 * 8] = 37.80277123390563, -3.2571969029072276, 112.26918849496327, 66.9347231244047,
+              -40.06618937091002, -54.66780262877968, -9.48861652309627,
+};
+static const double rodas5p_c[8] = {0.0, 0.6358126895828704, 0.4095798393397535,
+                                    0.9769306725060716, 0.4288403609558664, 1.0, 1.0, 1.0};
+static const double rodas5p_d[8] = {0.21193756319429014, -0.42387512638858027,
+                                    -0.3384627126235924, 1.8046452872882734,
+                                    2.325825639765069, 0.0, 0.0, 0.0};
+static const double rodas5p_b[8] = {-7.502846399306121, 2.561846144803919, -11.627539656261098,
+                                    -0.18268767659942256, 0.030198172008377946, 1.0, 1.0, 1.0};
+static const double rodas5p_btilde[8] = {0, 0, 0, 0, 0, 0, 0, 1.0};
+static const double rodas5p_H[3 * 8] = {
+    25.948786856663858, -2.5579724845846235, 10.433815404888879, -2.3679251022685204,
+    0.524948541321073, 1.1241088310450404, 0.4272876194431874, -0.17202221070155493,
+    -9.91568850695171, -0.9689944594115154, 3.0438037242978453, -24.495224566215796,
+    20.176138334709044, 15.98066361424651, -6.789040303419874, -6.710236069923372,
+    11.419903575922262, 2.8879645146136994, 72.92137995996029, 80.12511834622643,
+    -52.072871366152654, -59.78993625266729, -0.15582684282751913, 4.883087185713722,
+};
+/* clang-format on */
+static const nbo_rosen rodas5p = {.stages = 8,
+                                  .gamma = 0.21193756319429014,
+                                  .A = rodas5p_A,
+                                  .C = rodas5p_C,
+                                  .c = rodas5p_c,
+                                  .d = rodas5p_d,
+                                  .b = rodas5p_b,
+                                  .btilde = rodas5p_btilde,
+                                  .n_h = 3,
+                                  .H = rodas5p_H};
+
+/* ROS3P: OrdinaryDiffEq computes its transformed coefficients from gamma = 1/2 + sqrt(3)/6
+ * (igamma = 1/gamma; C21 = -igamma^2, t = -igamma (2 - igamma/2), C31 = -igamma (1 - t),
+ * C32 = t; t2 = igamma (2/3 - igamma/6), b = (igamma (1 + t2), t2, igamma/3)); these are
+ * those expressions evaluated in double, printed with 17 digits. */
+static const double ros3p_A[3 * 3] = {[1 * 3] = 1.2679491924311228, [2 * 3] = 1.2679491924311228};
+static const double ros3p_C[3 * 3] = {
+    [1 * 3] = -1.6076951545867364, [2 * 3] = -3.4641016151377553, -1.7320508075688774};
+static const double ros3p_c[3] = {0.0, 1.0, 1.0};
+static const double ros3p_d[3] = {0.7886751345948129, -0.2113248654051871, -1.077350269189626};
+static const double ros3p_b[3] = {2, 0.57735026918962573, 0.42264973081037427};
+static const double ros3p_btilde[3] = {-0.1132486540518709, -0.42264973081037427,
+                                       5.5511151231257827e-17};
+static const nbo_rosen ros3p = {.stages = 3,
+                                .gamma = 0.78867513459481287,
+                                .A = ros3p_A,
+                                .C = ros3p_C,
+                                .c = ros3p_c,
+                                .d = ros3p_d,
+                                .b = ros3p_b,
+                                .btilde = ros3p_btilde,
+                                .n_h = 0,
+                                .H = NULL};
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 static const nbo_tableau nbo_tableaus[] = {
@@ -492,13 +581,17 @@ static const nbo_tableau nbo_tableaus[] = {
                        .dense_degree = 6,
                        .dense = dopri8_dense,
                        .dense_order = 6},
+    [NB_ODE_ROS3P] =
+        {.name = "ros3p", .order = 3, .error_order = 3, .dense_order = 3, .ros = &ros3p},
+    [NB_ODE_RODAS5P] =
+        {.name = "rodas5p", .order = 5, .error_order = 5, .dense_order = 4, .ros = &rodas5p},
 };
 
-_Static_assert(sizeof nbo_tableaus / sizeof nbo_tableaus[0] == NB_ODE_DOPRI8 + 1,
+_Static_assert(sizeof nbo_tableaus / sizeof nbo_tableaus[0] == NB_ODE_RODAS5P + 1,
                "one tableau per nb_ode_solver");
 
 NBI_HIDDEN const nbo_tableau *nbo_tableau_get(int solver) {
-    if (solver < 0 || solver > NB_ODE_DOPRI8) {
+    if (solver < 0 || solver > NB_ODE_RODAS5P) {
         return NULL;
     }
     return &nbo_tableaus[solver];

@@ -23,21 +23,40 @@
 
 #include <stdbool.h>
 
+/* A Rosenbrock(-Wanner) method in the transformed form of Hairer & Wanner (Solving ODEs II,
+ * IV.7, as OrdinaryDiffEq.jl's RodasTableau): with W = I / (h gamma) - J, J = df/dy(t0, y0)
+ * and T = df/dt(t0, y0), stage i solves
+ *     W k_i = f(t0 + c_i h, y0 + sum_{j<i} A_ij k_j) + h d_i T + sum_{j<i} (C_ij / h) k_j,
+ * and y1 = y0 + sum_i b_i k_i, error estimate sum_i btilde_i k_i. Dense output with n_h rows
+ * of H (K_r = sum_i H_ri k_i):
+ *     y(t0 + theta h) = (1 - theta) y0 + theta (y1 + (1 - theta)(K_1 + theta (K_2 + theta K_3)))
+ * (n_h = 3; n_h = 2 drops K_3); n_h = 0: the cubic Hermite of the explicit methods. */
+typedef struct nbo_rosen {
+    int stages;
+    double gamma;
+    const double *A, *C; /* stages x stages, row-major, strictly lower */
+    const double *c, *d, *b, *btilde;
+    int n_h;
+    const double *H; /* n_h x stages */
+} nbo_rosen;
+
 typedef struct nbo_tableau {
-    const char *name;    /* "tsit5", ... (for messages) */
-    int stages;          /* s: stages of the step */
-    int order;           /* order of y1 */
-    int error_order;     /* Diffrax's error order for the PID controller (0: no estimate) */
-    bool fsal;           /* the last stage is f(t0 + h, y1) */
-    const double *c;     /* dense_stages nodes (c[0] = 0) */
-    const double *a;     /* dense_stages x dense_stages, row-major, strictly lower */
-    const double *b;     /* stages weights of y1 */
-    const double *e;     /* stages weights of the error estimate (b - bhat), NULL: none */
-    int dense_stages;    /* stages [+ the f1 slot] + extra stages (== stages when none) */
-    bool extra_uses_f1;  /* stage index `stages` is f(t0 + h, y1) (see above) */
-    int dense_degree;    /* degree of the B_i polynomials (0: Hermite cubic) */
-    const double *dense; /* dense_stages x dense_degree coefficients of theta^1.. */
-    int dense_order;     /* the interpolant's order (global error O(h^dense_order)) */
+    const char *name;     /* "tsit5", ... (for messages) */
+    int stages;           /* s: stages of the step */
+    int order;            /* order of y1 */
+    int error_order;      /* Diffrax's error order for the PID controller (0: no estimate) */
+    bool fsal;            /* the last stage is f(t0 + h, y1) */
+    const double *c;      /* dense_stages nodes (c[0] = 0) */
+    const double *a;      /* dense_stages x dense_stages, row-major, strictly lower */
+    const double *b;      /* stages weights of y1 */
+    const double *e;      /* stages weights of the error estimate (b - bhat), NULL: none */
+    int dense_stages;     /* stages [+ the f1 slot] + extra stages (== stages when none) */
+    bool extra_uses_f1;   /* stage index `stages` is f(t0 + h, y1) (see above) */
+    int dense_degree;     /* degree of the B_i polynomials (0: Hermite cubic) */
+    const double *dense;  /* dense_stages x dense_degree coefficients of theta^1.. */
+    int dense_order;      /* the interpolant's order (global error O(h^dense_order)) */
+    const nbo_rosen *ros; /* a Rosenbrock method (the fields above but name, order,
+                             error_order and dense_order unused), or NULL */
 } nbo_tableau;
 
 /* The methods, indexed by nb_ode_solver (nabla/ode.h); NULL for an unknown index. */

@@ -445,9 +445,9 @@ static void load_lv(lv_ref *r) {
 
 /* ---- convergence order ------------------------------------------------------------- */
 
-static const nb_ode_solver g_all[] = {NB_ODE_EULER,   NB_ODE_HEUN,  NB_ODE_MIDPOINT,
-                                      NB_ODE_RALSTON, NB_ODE_BOSH3, NB_ODE_RK4,
-                                      NB_ODE_DOPRI5,  NB_ODE_TSIT5, NB_ODE_DOPRI8};
+static const nb_ode_solver g_all[] = {NB_ODE_EULER,  NB_ODE_HEUN,  NB_ODE_MIDPOINT, NB_ODE_RALSTON,
+                                      NB_ODE_BOSH3,  NB_ODE_RK4,   NB_ODE_DOPRI5,   NB_ODE_TSIT5,
+                                      NB_ODE_DOPRI8, NB_ODE_ROS3P, NB_ODE_RODAS5P};
 
 static const char *const g_cf_problem[] = {"exp_decay", "harmonic", "t_growth", "logistic",
                                            "exp_decay_backward"};
@@ -552,6 +552,10 @@ static void test_convergence_order(void **state) {
             if (order >= 8 && pi == 3) {
                 h0 = 4.0; /* the logistic curve is smooth: start coarser */
             }
+            if (s == NB_ODE_RODAS5P) {
+                h0 *= 8; /* small error constants: the finest rungs of dopri5's ladder are
+                            already at round-off */
+            }
             int R = lng ? 8 : 4;
             int n0 = (int)ceil(fabs(t1 - c->t0) / h0 - 1e-9);
             double lh[8], le[8];
@@ -623,6 +627,11 @@ static void test_convergence_order(void **state) {
              * problems where the finest rungs are in the asymptotic range. */
             bool judged = order <= 4 || (s == NB_ODE_DOPRI5 && pi != 3) ||
                           (s == NB_ODE_TSIT5 && pi == 1) || (s == NB_ODE_DOPRI8 && pi == 2);
+            /* rodas5p's errors fall faster than h^5 over every ladder f64 resolves (5.5 on
+             * the nonlinear and time-dependent problems, 5.8-6.2 on the linear ones, whose
+             * stability function matches exp(z) past z^5): judged one-sided, at least its
+             * order (a wrong coefficient drops it to 4 or below) */
+            bool at_least = s == NB_ODE_RODAS5P;
             print_message("order %-8s %-18s [%g, %g] n = %d..%d: slope %.3f (pairs %.2f %.2f "
                           "%.2f; errors %.2e .. %.2e)%s\n",
                           nb_ode_solver_name(s), g_cf_problem[pi], c->t0, t1, n0 << (last - 3),
@@ -630,7 +639,14 @@ static void test_convergence_order(void **state) {
                           (le[last - 3] - le[last - 2]) / (lh[last - 3] - lh[last - 2]),
                           (le[last - 2] - le[last - 1]) / (lh[last - 2] - lh[last - 1]),
                           (le[last - 1] - le[last]) / (lh[last - 1] - lh[last]), exp(le[last - 3]),
-                          exp(le[last]), judged ? "" : " (not judged: pre-asymptotic in f64)");
+                          exp(le[last]),
+                          judged     ? ""
+                          : at_least ? " (judged: at least the order)"
+                                     : " (not judged: pre-asymptotic in f64)");
+            if (at_least && slope < order - 0.2) {
+                fail_msg("%s on %s: slope %.3f, below order %d", nb_ode_solver_name(s),
+                         g_cf_problem[pi], slope, order);
+            }
             if (judged && fabs(slope - order) > 0.2 && getenv("NBT_ODE_ALL_ORDERS") == NULL) {
                 fail_msg("%s on %s: slope %.3f, order %d", nb_ode_solver_name(s), g_cf_problem[pi],
                          slope, order);
