@@ -98,8 +98,13 @@ typedef enum nb_ode_solver {
     NB_ODE_TSIT5 = 7,    /* Tsitouras 5(4), FSAL */
     NB_ODE_DOPRI8 = 8,   /* Prince-Dormand 8(7) (RK8(7)13M + FSAL stage, as Diffrax's) */
     /* stiff problems: linearly implicit (Rosenbrock) methods, see "Stiff solvers" above */
-    NB_ODE_ROS3P = 9,   /* Lang-Verwer ROS3P: order 3 (2), 3 stages, A-stable */
-    NB_ODE_RODAS5P = 10 /* Steinebach's Rodas5P: order 5 (4), 8 stages, L-stable */
+    NB_ODE_ROS3P = 9,    /* Lang-Verwer ROS3P: order 3 (2), 3 stages, A-stable */
+    NB_ODE_RODAS5P = 10, /* Steinebach's Rodas5P: order 5 (4), 8 stages, L-stable */
+    /* stiff problems: implicit Runge-Kutta (ESDIRK, Diffrax's tableaus), Newton inside */
+    NB_ODE_IMPLICIT_EULER = 11, /* order 1, error estimate of order 2 (as Diffrax's) */
+    NB_ODE_KVAERNO3 = 12,       /* Kvaerno 3(2), 4 stages, L-stable */
+    NB_ODE_KVAERNO4 = 13,       /* Kvaerno 4(3), 5 stages, L-stable */
+    NB_ODE_KVAERNO5 = 14        /* Kvaerno 5(4), 7 stages, L-stable */
 } nb_ode_solver;
 
 /* "euler", "heun", ... ("unknown" otherwise). */
@@ -167,7 +172,10 @@ typedef enum nb_ode_result {
     NB_ODE_SUCCESSFUL = 0,
     NB_ODE_MAX_STEPS_REACHED = 1, /* max_steps steps were taken before t1 */
     NB_ODE_DT_UNDERFLOW = 2,      /* the step fell below dtmin, or to where t + dt == t */
-    NB_ODE_NONFINITE = 3          /* the state or its derivative became NaN or infinite */
+    NB_ODE_NONFINITE = 3,         /* the state or its derivative became NaN or infinite */
+    NB_ODE_NEWTON_FAILED = 4      /* an implicit solver's Newton iteration diverged or did not
+                                     converge, and the step could not shrink further (at
+                                     dtmin, or constant steps) */
 } nb_ode_result;
 
 /* "successful", "max_steps reached", ... ("unknown result" otherwise). */

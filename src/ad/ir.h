@@ -367,6 +367,9 @@ NBI_HIDDEN void nbi_rstream_combine(nbi_op op, nb_dtype dtype, const void *parts
                                     void *out);
 
 /* ---- autodiff helpers (src/ad/autodiff.c) ------------------------------------------- */
+/* The value of `value` with the derivative of `derivative` (same dtype and shape): op
+ * implicit (op_misc.c), removed after autodiff. */
+NBI_HIDDEN nb_var *nbi_implicit(nb_var *value, nb_var *derivative);
 /* Sum ct (shaped like a broadcast result) back to an input of rank/shape: over the leading
  * dims the input lacks and, keeping dims, over those where the input has 1. */
 NBI_HIDDEN nb_var *nbi_unbroadcast(nb_var *ct, int rank, const int64_t *shape);

@@ -266,6 +266,50 @@ static nb_var *nbi_jvp_identity(nb_trace *tr, nb_var *node, nb_var *const *tan) 
     return tan[0];
 }
 
+/* implicit(a, b): the value of a with the derivative of b (b's value unused). How a value
+ * found by an iteration that is not differentiated -- a Newton solve -- gets the derivative
+ * the implicit function theorem gives it: a = stop_gradient(z*), b = z* - M^{-1} F(z*, p)
+ * with M = dF/dz at z* (stopped), so db = -M^{-1} dF/dp dp (src/ode/solve.c). Its role
+ * ends with autodiff: the simplify pass replaces it by a, and b's graph, unused, goes with
+ * DCE -- a forward-only run never computes it. */
+static nb_status nbi_infer_implicit(nb_trace *tr, nb_var *p) {
+    const nb_var *a = p->in[0], *b = p->in[1];
+    if (a->dtype != b->dtype || a->rank != b->rank ||
+        memcmp(a->shape, b->shape, (size_t)a->rank * sizeof(int64_t)) != 0) {
+        char sa[NBI_SIG_CAP], sb[NBI_SIG_CAP];
+        return nbi_trace_err(tr, NB_ERR_INTERNAL, "implicit: value %s and derivative %s differ",
+                             nbi_var_sig(sa, sizeof sa, a), nbi_var_sig(sb, sizeof sb, b));
+    }
+    return nbi_infer_identity(tr, p);
+}
+
+static void nbi_vjp_implicit(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) {
+    (void)tr;
+    (void)node;
+    in_ct[1] = ct;
+}
+
+static nb_var *nbi_jvp_implicit(nb_trace *tr, nb_var *node, nb_var *const *tan) {
+    (void)tr;
+    (void)node;
+    return tan[1];
+}
+
+const nbi_op_info nbi_opinfo_implicit = {.name = "implicit",
+                                         .n_in = 2,
+                                         .infer = nbi_infer_implicit,
+                                         .kernel = nbi_k_copy,
+                                         .nondiff = 1,
+                                         .vjp = nbi_vjp_implicit,
+                                         .jvp = nbi_jvp_implicit};
+
+nb_var *nbi_implicit(nb_var *value, nb_var *derivative) {
+    nb_var *in[2] = {value, derivative};
+    bool poisoned;
+    nb_trace *tr = nbi_trace_of(2, in, &poisoned);
+    return tr ? nbi_emit(tr, NBI_OP_IMPLICIT, 2, in, NULL) : NULL;
+}
+
 /* identity: a distinct node for the same value (what gradient transforms differentiate
  * with respect to); the simplify pass removes it before compiling. */
 const nbi_op_info nbi_opinfo_identity = {.name = "identity",

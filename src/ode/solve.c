@@ -78,6 +78,8 @@ const char *nb_ode_result_string(int result) {
         return "step size underflow";
     case NB_ODE_NONFINITE:
         return "non-finite state";
+    case NB_ODE_NEWTON_FAILED:
+        return "Newton iteration failed";
     default:
         return "unknown result";
     }
@@ -474,6 +476,275 @@ static bool nbo_ros_step(nb_trace *tr, const nb_tree *self, double sign, const n
     return tr->status == NB_OK;
 }
 
+/* ---- ESDIRK methods: Newton with the implicit function theorem ------------------------- */
+
+/* A tree with every var leaf replaced by its stop_gradient (other leaves kept). */
+static nb_status nbo_stop_leaf(void *ud, const char *path, int n, const nb_tree *const *leaves,
+                               nb_tree **out) {
+    (void)path;
+    (void)n;
+    nb_trace *tr = ud;
+    if (nb_tree_kind_of(leaves[0]) == NB_TREE_KIND_VAR) {
+        *out = nb_leaf(nb_stop_gradient(nb_var_of(tr, leaves[0])));
+        return *out != NULL ? NB_OK : NB_ERR_OOM;
+    }
+    *out = nb_tree_retain((nb_tree *)leaves[0]);
+    return NB_OK;
+}
+
+static nb_tree *nbo_stopped(nb_trace *tr, const nb_tree *t) {
+    nb_tree *o = NULL;
+    if (nb_tree_map(t, nbo_stop_leaf, tr, 0, &o) != NB_OK || nbi_trace_own(tr, o) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return NULL;
+    }
+    return o;
+}
+
+/* RMS over every element of the leaves d of d / (atol + rtol |z|) */
+static nb_var *nbo_rms_scaled(nb_trace *tr, int64_t L, nb_var *const *d, nb_var *const *z,
+                              double rtol, double atol) {
+    nb_var *sq = NULL;
+    double count = 0;
+    for (int64_t i = 0; i < L; i++) {
+        nb_var *scale = nb_add(nb_scalar(tr, atol), nb_mul(nb_scalar(tr, rtol), nb_abs(z[i])));
+        nb_var *q = nb_sum(nb_square(nb_div(d[i], scale)), NULL, 0, false);
+        sq = sq == NULL ? q : nb_add(sq, q);
+        count += (double)nb_var_size(d[i]);
+    }
+    return nb_sqrt(nb_div(sq, nb_scalar(tr, count > 0 ? count : 1.0)));
+}
+
+/* The Newton iteration of one implicit stage, in the state's space: the unknown z solves
+ *     F(z) = z - psi - h gamma s f(tau_i, z) = 0,
+ * iterated as z += -M^{-1} F(z) with M = I - h gamma J(tau0, y0) factored once per step
+ * (a simplified, "very chord" Newton as Diffrax's VeryChord and CVODES). Converged when,
+ * after at least two iterations, the contraction rate r = |dz_k| / |dz_{k-1}| < 1 and
+ * r / (1 - r) |dz_k| <= kappa (norms scaled by atol + rtol |z|: Hairer-Wanner IV.8's test,
+ * Diffrax's kappa = 0.01); diverged when r >= 1 or a norm is not finite; failed after
+ * NBO_NEWTON_MAX iterations. The carry: (z, |dz_{k-1}|, k, status: 0 running, 1 converged,
+ * 2 failed). self: fn, self, args (the term, stopped), psi, hg (h gamma), tau, lu, tol =
+ * (sign, rtol, atol, kappa). */
+#define NBO_NEWTON_MAX 10
+#define NBO_NEWTON_KAPPA 0.01
+
+static nb_status nbo_newton_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    (void)self;
+    return nb_return(nb_eq(nb_get(tr, args, "[3]"), nbo_i32(tr, 0)), out);
+}
+
+static nb_status nbo_newton_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    double tol[4];
+    const nb_tree *tt = nb_tree_get(self, "tol");
+    for (int i = 0; i < 4; i++) {
+        nb_tree_get_float(nb_tree_child(tt, i), &tol[i]);
+    }
+    int64_t L = 0, Lp = 0;
+    nb_treedef *zdef = NULL;
+    nb_var **z = nbo_leaves(tr, nb_tree_child(args, 0), &L, &zdef);
+    nb_var **psi = z != NULL ? nbo_leaves(tr, nb_tree_get(self, "psi"), &Lp, NULL) : NULL;
+    nb_var **f = nbo_vars(tr, L), **dz = nbo_vars(tr, L), **z2 = nbo_vars(tr, L);
+    if (psi == NULL || f == NULL || dz == NULL || z2 == NULL ||
+        !nbo_term(tr, self, tol[0], nb_get(tr, self, "tau"), zdef, L, z, f)) {
+        nb_treedef_destroy(zdef);
+        return tr->status;
+    }
+    nb_var *hg = nb_get(tr, self, "hg");
+    nb_var **F = nbo_vars(tr, L);
+    if (F == NULL) {
+        nb_treedef_destroy(zdef);
+        return tr->status;
+    }
+    for (int64_t i = 0; i < L; i++) {
+        F[i] = nb_neg(nb_sub(nb_sub(z[i], psi[i]), nb_mul(hg, f[i])));
+    }
+    nbo_unflat(nb_lu_solve(nb_get(tr, self, "lu"), nbo_flat(L, F), false), L, z, dz);
+    for (int64_t i = 0; i < L; i++) {
+        z2[i] = nb_add(z[i], dz[i]);
+    }
+    nb_var *d = nbo_rms_scaled(tr, L, dz, z2, tol[1], tol[2]);
+    nb_var *dprev = nb_get(tr, args, "[1]"), *it = nb_add(nb_get(tr, args, "[2]"), nbo_i32(tr, 1));
+    nb_var *rate = nb_div(d, dprev);
+    nb_var *two = nb_ge(it, nbo_i32(tr, 2));
+    nb_var *conv = nb_logical_or(
+        nb_eq(d, nb_scalar(tr, 0.0)),
+        nb_logical_and(
+            two, nb_logical_and(nb_lt(rate, nb_scalar(tr, 1.0)),
+                                nb_le(nb_mul(nb_div(rate, nb_sub(nb_scalar(tr, 1.0), rate)), d),
+                                      nb_scalar(tr, tol[3])))));
+    nb_var *bad = nb_logical_or(nb_logical_not(nbo_isfinite(d)),
+                                nb_logical_or(nb_logical_and(two, nb_ge(rate, nb_scalar(tr, 1.0))),
+                                              nb_ge(it, nbo_i32(tr, NBO_NEWTON_MAX))));
+    nb_var *status =
+        nb_select(conv, nbo_i32(tr, 1), nb_select(bad, nbo_i32(tr, 2), nbo_i32(tr, 0)));
+    nb_tree *zt = nbo_build(tr, zdef, L, z2);
+    nb_treedef_destroy(zdef);
+    nb_tree *res = nbo_tuple(tr, 4, (nb_tree *[]){zt, nb_leaf(d), nb_leaf(it), nb_leaf(status)});
+    if (res == NULL) {
+        return tr->status;
+    }
+    *out = nb_tree_retain(res);
+    return NB_OK;
+}
+
+/* One ESDIRK step (tableau.h's nbo_dirk: an explicit first stage f0 = fy, then implicit
+ * stages, stiffly accurate): y1, the unscaled error estimate err, f1 = f(tn, y1) (the last
+ * stage), and *ok false when a Newton iteration failed (the caller rejects the step).
+ *
+ * Derivatives: each stage's Newton solution z* is taken as a value only; its derivative is
+ * that of z* - M*^{-1} F(z*) with M* = I - h gamma J(tau_i, z*) (both stopped): by the
+ * implicit function theorem exactly dz = M*^{-1}(dpsi + h gamma s df/dp), one linear solve
+ * per stage (its transpose in reverse mode) -- never the Newton iterations differentiated.
+ * That graph is live only under autodiff (op implicit): a forward-only solve never
+ * evaluates J(tau_i, z*). The stage derivative is f_i = (z_i - psi_i) / (h gamma), exact at
+ * convergence, and consistent with the implicit relation in its derivative as well. */
+static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const nbo_dirk *D,
+                          double rtol, double atol, nb_var *tau, nb_var *tn, nb_var *h,
+                          const nb_treedef *ydef, int64_t L, nb_var *const *y, nb_var *const *fy,
+                          nb_var **y1, nb_var **err, nb_var **f1, nb_var **ok) {
+    int s = D->stages;
+    nb_var *J = NULL, *T = NULL;
+    if (!nbo_jacobian(tr, self, sign, tau, ydef, L, y, &J, &T)) {
+        return false;
+    }
+    int64_t N = nb_var_dim(J, 0);
+    nb_dtype dt = nb_var_dtype(tau);
+    nb_var *eye = nb_cast(nb_eq(nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){N, N}, 0),
+                                nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){N, N}, 1)),
+                          dt);
+    nb_var *hg = nb_mul(h, nb_scalar(tr, D->gamma));
+    nb_var *lu = nb_lu_factor(nb_sub(eye, nb_mul(hg, J)));
+    /* the term's data, stopped: no derivative flows into the Newton loops */
+    nb_tree *sargs = nbo_stopped(tr, nb_tree_get(self, "args"));
+    nb_tree *sself = nbo_stopped(tr, nb_tree_get(self, "self"));
+    nb_var ***f = nbi_arena_alloc(&tr->arena, (size_t)s * sizeof *f);
+    nb_var **psi = nbo_vars(tr, L), **zp = nbo_vars(tr, L);
+    if (sargs == NULL || sself == NULL || f == NULL || psi == NULL || zp == NULL) {
+        return false;
+    }
+    f[0] = (nb_var **)fy;
+    *ok = nb_scalar_typed(tr, NB_DTYPE_BOOL, 1.0);
+    nb_fn *cf = NULL;
+    if (nb_fn_create(tr->ctx, "diffeqsolve_newton_cond", nbo_newton_cond, NULL, &cf) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return false;
+    }
+    bool good = true;
+    for (int i = 1; i < s && good; i++) {
+        /* psi = y + h sum_j a_ij f_j; the predictor z0 = psi + h gamma sum_j alpha_ij f_j */
+        nb_var **zi = nbo_vars(tr, L), **zs = nbo_vars(tr, L), **F = nbo_vars(tr, L);
+        nb_var **fi = nbo_vars(tr, L), **dz = nbo_vars(tr, L);
+        f[i] = fi;
+        good = zi != NULL && zs != NULL && F != NULL && fi != NULL && dz != NULL;
+        for (int64_t l = 0; good && l < L; l++) {
+            nb_var *acc = NULL, *pred = NULL;
+            for (int j = 0; j < i; j++) {
+                if (D->A[i * s + j] != 0.0) {
+                    nb_var *term = nb_mul(f[j][l], nb_scalar(tr, D->A[i * s + j]));
+                    acc = acc == NULL ? term : nb_add(acc, term);
+                }
+                if (D->P[i * s + j] != 0.0) {
+                    nb_var *term = nb_mul(f[j][l], nb_scalar(tr, D->P[i * s + j]));
+                    pred = pred == NULL ? term : nb_add(pred, term);
+                }
+            }
+            psi[l] = acc == NULL ? y[l] : nb_add(y[l], nb_mul(h, acc));
+            zp[l] = pred == NULL ? psi[l] : nb_add(psi[l], nb_mul(hg, pred));
+        }
+        if (!good) {
+            break;
+        }
+        nb_var *ti = D->c[i] == 1.0 ? tn : nb_add(tau, nb_mul(h, nb_scalar(tr, D->c[i])));
+        /* the Newton loop on stopped inputs */
+        nb_tree *spsi = nbo_build(tr, ydef, L, psi), *szp = nbo_build(tr, ydef, L, zp);
+        nb_tree *tol =
+            nbo_tuple(tr, 4,
+                      (nb_tree *[]){nbo_float(tr, sign), nbo_float(tr, rtol), nbo_float(tr, atol),
+                                    nbo_float(tr, NBO_NEWTON_KAPPA)});
+        nb_tree *bself = NULL;
+        nb_fn *bf = NULL;
+        if (spsi == NULL || szp == NULL || tol == NULL) {
+            good = false;
+            break;
+        }
+        spsi = nbo_stopped(tr, spsi);
+        szp = nbo_stopped(tr, szp);
+        if (spsi == NULL || szp == NULL ||
+            nb_tree_dict(tr->ctx, 8,
+                         (const char *[]){"fn", "self", "args", "psi", "hg", "tau", "lu", "tol"},
+                         (nb_tree *[]){(nb_tree *)nb_tree_get(self, "fn"), sself, sargs, spsi,
+                                       nb_leaf(nb_stop_gradient(hg)), nb_leaf(nb_stop_gradient(ti)),
+                                       nb_leaf(nb_stop_gradient(lu)), tol},
+                         &bself) != NB_OK ||
+            nb_fn_create(tr->ctx, "diffeqsolve_newton", nbo_newton_body, bself, &bf) != NB_OK) {
+            nb_tree_destroy(bself);
+            nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+            good = false;
+            break;
+        }
+        nb_tree_destroy(bself);
+        nb_tree *init = nbo_tuple(tr, 4,
+                                  (nb_tree *[]){szp, nb_leaf(nb_scalar_typed(tr, dt, 1.0)),
+                                                nb_leaf(nbo_i32(tr, 0)), nb_leaf(nbo_i32(tr, 0))});
+        nb_loop_opts lo = nb_loop_opts_default();
+        lo.max_steps = NBO_NEWTON_MAX;
+        const nb_tree *fin = init != NULL ? nb_while_loop(tr, cf, bf, init, &lo) : NULL;
+        nb_fn_destroy(bf);
+        if (fin == NULL) {
+            good = false;
+            break;
+        }
+        int64_t Lz = 0;
+        nb_var **zv = nbo_leaves(tr, nb_tree_child(fin, 0), &Lz, NULL);
+        if (zv == NULL) {
+            good = false;
+            break;
+        }
+        *ok = nb_logical_and(*ok, nb_eq(nb_get(tr, fin, "[3]"), nbo_i32(tr, 1)));
+        /* the implicit function theorem at z*: z* - M*^{-1} F(z*), M* = I - hg J(ti, z*) */
+        for (int64_t l = 0; l < L; l++) {
+            zs[l] = nb_stop_gradient(zv[l]);
+        }
+        nb_var *Jz = NULL, *Tz = NULL;
+        nb_var **fz = nbo_vars(tr, L);
+        good = fz != NULL && nbo_jacobian(tr, self, sign, ti, ydef, L, zs, &Jz, &Tz) &&
+               nbo_term(tr, self, sign, ti, ydef, L, zs, fz);
+        if (!good) {
+            break;
+        }
+        nb_var *Mz = nb_stop_gradient(nb_lu_factor(nb_sub(eye, nb_mul(nb_stop_gradient(hg), Jz))));
+        for (int64_t l = 0; l < L; l++) {
+            F[l] = nb_sub(nb_sub(zs[l], psi[l]), nb_mul(hg, fz[l]));
+        }
+        nbo_unflat(nb_lu_solve(Mz, nbo_flat(L, F), false), L, zs, dz);
+        for (int64_t l = 0; l < L; l++) {
+            zi[l] = nbi_implicit(zs[l], nb_sub(zs[l], dz[l]));
+            fi[l] = nb_div(nb_sub(zi[l], psi[l]), hg);
+        }
+        if (i == s - 1) {
+            memcpy(y1, zi, (size_t)L * sizeof *y1);
+        }
+    }
+    nb_fn_destroy(cf);
+    if (!good || tr->status != NB_OK) {
+        return false;
+    }
+    for (int64_t l = 0; l < L; l++) {
+        nb_var *acc = NULL;
+        for (int j = 0; j < s; j++) {
+            if (D->e[j] != 0.0) {
+                nb_var *term = nb_mul(f[j][l], nb_scalar(tr, D->e[j]));
+                acc = acc == NULL ? term : nb_add(acc, term);
+            }
+        }
+        err[l] = nb_mul(h, acc);
+        f1[l] = f[s - 1][l];
+    }
+    return true;
+}
+
 /* ---- one step ----------------------------------------------------------------------- */
 
 /* y + h sum_j w_j k[j][i] for each leaf i (k: n stages of L leaves, w[j] == 0 skipped). */
@@ -539,7 +810,16 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     int s = tab->stages;
     const nbo_rosen *R = tab->ros;
     nb_var **rerr = NULL, **RK[3] = {NULL, NULL, NULL};
-    if (R != NULL) {
+    const nbo_dirk *D = tab->dirk;
+    nb_var *newton_ok = NULL;
+    if (D != NULL) {
+        rerr = nbo_vars(tr, L);
+        f1 = nbo_vars(tr, L);
+        ok = rerr != NULL && f1 != NULL &&
+             nbo_dirk_step(tr, self, sign, D, cfg.v[CFG_RTOL], cfg.v[CFG_ATOL], t, tn, h, ydef, L,
+                           y, fy, y1, rerr, f1, &newton_ok);
+        s = 0;
+    } else if (R != NULL) {
         /* a Rosenbrock step, then f(tn, y1): the next step's first right-hand side and the
          * Hermite interpolant's end slope */
         rerr = nbo_vars(tr, L);
@@ -562,7 +842,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         tmp = nbo_vars(tr, L);
         ok = ok && tmp != NULL;
     }
-    if (R != NULL) {
+    if (R != NULL || D != NULL) {
         /* done above */
     } else if (ok && tab->fsal) {
         f1 = k[s - 1];
@@ -606,7 +886,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
                 nb_var *term = nb_mul(k[j][i], nb_scalar(tr, tab->e[j]));
                 err = err == NULL ? term : nb_add(err, term);
             }
-            err = R != NULL ? rerr[i] : nb_mul(h, err);
+            err = R != NULL || D != NULL ? rerr[i] : nb_mul(h, err);
             nb_var *scale =
                 nb_add(nb_scalar(tr, atol),
                        nb_mul(nb_scalar(tr, rtol), nb_maximum(nb_abs(y[i]), nb_abs(y1[i]))));
@@ -621,6 +901,9 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         nb_var *finite = nbo_isfinite(scaled);
         bad_state = nb_logical_not(finite);
         scaled = nb_select(finite, scaled, nb_scalar_typed(tr, dt, INFINITY));
+        if (newton_ok != NULL) { /* a failed Newton iteration rejects the step */
+            scaled = nb_select(newton_ok, scaled, nb_scalar_typed(tr, dt, INFINITY));
+        }
         keep = nb_lt(scaled, nb_scalar(tr, 1.0));
         double dtmin = cfg.v[CFG_DTMIN], dtmax = cfg.v[CFG_DTMAX];
         bool force = cfg.v[CFG_FORCE_DTMIN] != 0.0;
@@ -648,8 +931,11 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         nb_var *dtn = nb_mul(h, factor);
         if (dtmin > 0) {
             if (!force) {
-                res_new = nb_select(nb_lt(dtn, nb_scalar(tr, dtmin)),
-                                    nbo_i32(tr, NB_ODE_DT_UNDERFLOW), res_new);
+                nb_var *why = nbo_i32(tr, NB_ODE_DT_UNDERFLOW);
+                if (newton_ok != NULL) { /* the step shrank because Newton failed */
+                    why = nb_select(newton_ok, why, nbo_i32(tr, NB_ODE_NEWTON_FAILED));
+                }
+                res_new = nb_select(nb_lt(dtn, nb_scalar(tr, dtmin)), why, res_new);
             }
             at_dtmin_new = nb_le(dtn, nb_scalar(tr, dtmin));
             dtn = nb_maximum(dtn, nb_scalar(tr, dtmin));
@@ -669,6 +955,12 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     } else {
         keep = nb_logical_not(bad_state);
         res_new = nb_select(bad_state, nbo_i32(tr, NB_ODE_NONFINITE), res_new);
+        if (newton_ok != NULL) { /* constant steps cannot shrink: a failed Newton ends it */
+            keep = nb_logical_and(keep, newton_ok);
+            res_new =
+                nb_select(nb_logical_and(nb_logical_not(newton_ok), nb_eq(res_new, nbo_i32(tr, 0))),
+                          nbo_i32(tr, NB_ODE_NEWTON_FAILED), res_new);
+        }
         t_new = nb_select(keep, tn, t);
         tn_new = nb_add(t_new, nb_scalar(tr, cfg.v[CFG_DT0]));
     }
@@ -681,10 +973,12 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     tn_new = nb_select(nb_gt(tn_new, nb_scalar(tr, tau1 - tol)), tclip, tn_new);
     /* a step that no longer moves t: underflow (or a state gone non-finite) */
     nb_var *stuck = nb_logical_and(nb_lt(t_new, t1v), nb_le(tn_new, t_new));
-    res_new = nb_select(
-        nb_logical_and(stuck, nb_eq(res_new, nbo_i32(tr, 0))),
-        nb_select(bad_state, nbo_i32(tr, NB_ODE_NONFINITE), nbo_i32(tr, NB_ODE_DT_UNDERFLOW)),
-        res_new);
+    nb_var *stuck_why = nbo_i32(tr, NB_ODE_DT_UNDERFLOW);
+    if (newton_ok != NULL) {
+        stuck_why = nb_select(newton_ok, stuck_why, nbo_i32(tr, NB_ODE_NEWTON_FAILED));
+    }
+    res_new = nb_select(nb_logical_and(stuck, nb_eq(res_new, nbo_i32(tr, 0))),
+                        nb_select(bad_state, nbo_i32(tr, NB_ODE_NONFINITE), stuck_why), res_new);
 
     nb_var **y_new = nbo_vars(tr, L), **fy_new = nbo_vars(tr, L);
     if (y_new == NULL || fy_new == NULL) {
@@ -911,7 +1205,7 @@ static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
         return false;
     }
     if (c->adaptive) {
-        if (tab->e == NULL && tab->ros == NULL) {
+        if (tab->e == NULL && tab->ros == NULL && tab->dirk == NULL) {
             nbi_trace_err(tr, NB_ERR_INVALID,
                           "%s: solver %s has no error estimate, so it cannot be used with an "
                           "adaptive controller -- use constant steps (nb_ode_constant_step) or "

@@ -461,6 +461,94 @@ static const nbo_rosen ros3p = {.stages = 3,
                                 .n_h = 0,
                                 .H = NULL};
 
+/* ---- ESDIRK methods --------------------------------------------------------------------
+ * Diffrax's implicit Runge-Kutta methods (diffrax/_solver/implicit_euler.py, kvaerno3.py,
+ * kvaerno4.py, kvaerno5.py) in tableau.h's nbo_dirk form: A strictly lower (the diagonal is
+ * gamma), Diffrax's a_predictor rows as P, its b_error as e, its c with c_0 = 0 prepended.
+ * Kvaerno5's numbers are Diffrax's decimal literals; Kvaerno3's and Kvaerno4's are Diffrax's
+ * expressions in gamma evaluated in double and printed with 17 digits (the same doubles).
+ * References: A. Kvaerno, "Singly diagonally implicit Runge-Kutta methods with an explicit
+ * first stage", BIT 44 (2004) 489-502. ImplicitEuler: f1 = f(t0 + h, y0 + h f1), y1 = y0 +
+ * h f1, the error estimate h (f1 - f0) / 2 (Diffrax's, of order 2). */
+/* clang-format off */
+static const double ieuler_A[2 * 2] = {0};
+static const double ieuler_P[2 * 2] = {[1 * 2] = 1.0};
+static const double ieuler_e[2] = {-0.5, 0.5};
+static const double ieuler_c[2] = {0.0, 1.0};
+static const double kvaerno3_A[4 * 4] = {
+    0, 0, 0, 0,
+    0.43586652149999999, 0, 0, 0,
+    0.49056338841910818, 0.073570090080891895, 0, 0,
+    0.30880996997303606, 1.4905633882541081, -1.2352398797271447, 0,
+};
+static const double kvaerno3_P[4 * 4] = {
+    0, 0, 0, 0,
+    1, 0, 0, 0,
+    -0.14714018016178376, 1.1471401801617838, 0, 0,
+    0.49056338841910818, 0.073570090080891895, 0.43586652149999999, 0,
+};
+static const double kvaerno3_e[4] = {-0.18175341844607212, 1.4169932981732161, -1.6711064012271446, 0.43586652149999999};
+static const double kvaerno3_c[4] = {0, 0.87173304299999999, 1, 1};
+#define KVAERNO3_GAMMA 0.43586652149999999
+static const double kvaerno4_A[5 * 5] = {
+    0, 0, 0, 0, 0,
+    0.57281606249999995, 0, 0, 0, 0,
+    0.16723546204189954, -0.14294653686128728, 0, 0, 0,
+    0.26260329027397794, -0.31190432741478491, 0.47648497464080769, 0, 0,
+    0.19721654832102861, 0.1768437839066134, 0.81544218140355162, -0.76231857613119303, 0,
+};
+static const double kvaerno4_P[5 * 5] = {
+    0, 0, 0, 0, 0,
+    1, 0, 0, 0, 0,
+    0.47879866961603201, 0.52120133038396799, 0, 0, 0,
+    0, 0.73450333613083663, 0.26549666386916337, 0, 0,
+    0.26260329027397794, -0.31190432741478491, 0.47648497464080769, 0.57281606249999995, 0,
+};
+static const double kvaerno4_e[5] = {-0.065386741952949329, 0.48874811132139828, 0.33895720676274393, -1.3351346386311929, 0.57281606249999995};
+static const double kvaerno4_c[5] = {0, 1.1456321249999999, 0.59710498768061226, 1, 1};
+#define KVAERNO4_GAMMA 0.57281606249999995
+static const double kvaerno5_A[7 * 7] = {
+    [1 * 7] = 0.26,
+    [2 * 7] = 0.13, 0.84033320996790809,
+    [3 * 7] = 0.22371961478320505, 0.47675532319799699, -0.06470895363112615,
+    [4 * 7] = 0.16648564323248321, 0.10450018841591720, 0.03631482272098715, -0.13090704451073998,
+    [5 * 7] = 0.13855640231268224, 0, -0.04245337201752043, 0.02446657898003141, 0.61943039072480676,
+    [6 * 7] = 0.13659751177640291, 0, -0.05496908796538376, -0.04118626728321046, 0.62993304899016403,
+              0.06962479448202728,
+};
+static const double kvaerno5_P[7 * 7] = {
+    [1 * 7] = 1.0,
+    [2 * 7] = -1.366025403784441, 2.3660254037844357,
+    [3 * 7] = -0.19650552613122207, 0.8113579546496623, 0.38514757148155954,
+    [4 * 7] = 0.10375304369958693, 0.937994698066431, -0.04174774176601781, 0,
+    [5 * 7] = -0.17281112873898072, 0.6235784481025847, 0.5492326806363959, 0, 0,
+    [6 * 7] = 0.13855640231268224, 0, -0.04245337201752043, 0.02446657898003141, 0.61943039072480676,
+              0.26,
+};
+static const double kvaerno5_e[7] = {
+    0.13659751177640291 - 0.13855640231268224, 0 - 0, -0.05496908796538376 - -0.04245337201752043,
+    -0.04118626728321046 - 0.02446657898003141, 0.62993304899016403 - 0.61943039072480676,
+    0.06962479448202728 - 0.26, 0.26};
+static const double kvaerno5_c[7] = {0.0, 0.52, 1.230333209967908, 0.8957659843500759,
+                                     0.43639360985864756, 1.0, 1.0};
+/* clang-format on */
+static const nbo_dirk ieuler = {
+    .stages = 2, .gamma = 1.0, .A = ieuler_A, .P = ieuler_P, .e = ieuler_e, .c = ieuler_c};
+static const nbo_dirk kvaerno3 = {.stages = 4,
+                                  .gamma = KVAERNO3_GAMMA,
+                                  .A = kvaerno3_A,
+                                  .P = kvaerno3_P,
+                                  .e = kvaerno3_e,
+                                  .c = kvaerno3_c};
+static const nbo_dirk kvaerno4 = {.stages = 5,
+                                  .gamma = KVAERNO4_GAMMA,
+                                  .A = kvaerno4_A,
+                                  .P = kvaerno4_P,
+                                  .e = kvaerno4_e,
+                                  .c = kvaerno4_c};
+static const nbo_dirk kvaerno5 = {
+    .stages = 7, .gamma = 0.26, .A = kvaerno5_A, .P = kvaerno5_P, .e = kvaerno5_e, .c = kvaerno5_c};
+
 /* ---- the table ------------------------------------------------------------------------------ */
 
 static const nbo_tableau nbo_tableaus[] = {
@@ -585,13 +673,21 @@ static const nbo_tableau nbo_tableaus[] = {
         {.name = "ros3p", .order = 3, .error_order = 3, .dense_order = 3, .ros = &ros3p},
     [NB_ODE_RODAS5P] =
         {.name = "rodas5p", .order = 5, .error_order = 5, .dense_order = 4, .ros = &rodas5p},
+    [NB_ODE_IMPLICIT_EULER] =
+        {.name = "implicit_euler", .order = 1, .error_order = 2, .dense_order = 1, .dirk = &ieuler},
+    [NB_ODE_KVAERNO3] =
+        {.name = "kvaerno3", .order = 3, .error_order = 3, .dense_order = 3, .dirk = &kvaerno3},
+    [NB_ODE_KVAERNO4] =
+        {.name = "kvaerno4", .order = 4, .error_order = 4, .dense_order = 3, .dirk = &kvaerno4},
+    [NB_ODE_KVAERNO5] =
+        {.name = "kvaerno5", .order = 5, .error_order = 5, .dense_order = 3, .dirk = &kvaerno5},
 };
 
-_Static_assert(sizeof nbo_tableaus / sizeof nbo_tableaus[0] == NB_ODE_RODAS5P + 1,
+_Static_assert(sizeof nbo_tableaus / sizeof nbo_tableaus[0] == NB_ODE_KVAERNO5 + 1,
                "one tableau per nb_ode_solver");
 
 NBI_HIDDEN const nbo_tableau *nbo_tableau_get(int solver) {
-    if (solver < 0 || solver > NB_ODE_RODAS5P) {
+    if (solver < 0 || solver > NB_ODE_KVAERNO5) {
         return NULL;
     }
     return &nbo_tableaus[solver];

@@ -40,6 +40,20 @@ typedef struct nbo_rosen {
     const double *H; /* n_h x stages */
 } nbo_rosen;
 
+/* An ESDIRK method (Diffrax's implicit Runge-Kutta tableaus): stage 0 explicit (f0 =
+ * f(t0, y0)), stages i >= 1 implicit with the diagonal gamma,
+ *     z_i = y0 + h sum_{j<i} A_ij f_j + h gamma f_i,   f_i = f(t0 + c_i h, z_i),
+ * stiffly accurate (y1 = z_{s-1}, c_{s-1} = 1); the error estimate h sum_i e_i f_i; the
+ * Newton iteration of stage i starts from y0 + h sum_{j<i} A_ij f_j + h gamma sum_{j<i} P_ij
+ * f_j (Diffrax's a_predictor). */
+typedef struct nbo_dirk {
+    int stages;
+    double gamma;
+    const double *A; /* stages x stages, row-major, strictly lower (the diagonal is gamma) */
+    const double *P; /* the predictor, stages x stages, strictly lower */
+    const double *e, *c;
+} nbo_dirk;
+
 typedef struct nbo_tableau {
     const char *name;     /* "tsit5", ... (for messages) */
     int stages;           /* s: stages of the step */
@@ -57,6 +71,7 @@ typedef struct nbo_tableau {
     int dense_order;      /* the interpolant's order (global error O(h^dense_order)) */
     const nbo_rosen *ros; /* a Rosenbrock method (the fields above but name, order,
                              error_order and dense_order unused), or NULL */
+    const nbo_dirk *dirk; /* an ESDIRK method (likewise), or NULL */
 } nbo_tableau;
 
 /* The methods, indexed by nb_ode_solver (nabla/ode.h); NULL for an unknown index. */

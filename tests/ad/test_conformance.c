@@ -492,6 +492,11 @@ static nb_var *nbt_identity(nb_var *x) {
     return nbi_emit(nb_var_trace(x), NBI_OP_IDENTITY, 1, &x, NULL);
 }
 
+/* implicit(a, b): a's value (b's only for derivatives: src/ode/solve.c's Newton stages) */
+static nb_var *nbt_implicit(nb_var *x) {
+    return nbi_implicit(x, nb_neg(x));
+}
+
 /* ---- random numbers: the traced samplers against their eager twins ------------------ */
 /* The reference of an nb_rng_* op is the eager nb_random_* call on the same key value,
  * which tests/core/test_random.c checks against JAX; the results must be the same bits
@@ -1190,6 +1195,7 @@ static void build_specs(void) {
     spec_unary(NBI_OP_LOGICAL_NOT, nb_logical_not, rf_not, DOM_BOOL, BOOLS, 1, 0);
     spec_unary(NBI_OP_STOP_GRADIENT, nb_stop_gradient, rf_id, DOM_ANY, ALL, 5, 0);
     spec_unary(NBI_OP_IDENTITY, nbt_identity, rf_id, DOM_ANY, ALL, 5, 0);
+    spec_unary(NBI_OP_IMPLICIT, nbt_implicit, rf_id, DOM_ANY, FLOATS, 2, 0);
     /* cast: every pair, plus out-of-range and NaN values saturating */
     for (int f = 0; f < 5; f++) {
         for (int t = 0; t < 5; t++) {

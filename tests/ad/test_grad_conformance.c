@@ -252,6 +252,14 @@ static nb_var *b_identity(nb_trace *tr, nb_var *const *in, const gcase *c) {
     (void)c;
     return nbi_emit(tr, NBI_OP_IDENTITY, 1, in, NULL);
 }
+/* implicit(stop_gradient(g(x)), g(x)): g(x)'s value through the first operand, its
+ * derivative through the second (how the Newton stages of src/ode/solve.c use it) */
+static nb_var *b_implicit(nb_trace *tr, nb_var *const *in, const gcase *c) {
+    (void)tr;
+    (void)c;
+    nb_var *g = nb_mul(nb_sin(in[0]), in[0]);
+    return nbi_implicit(nb_stop_gradient(g), g);
+}
 /* ip[0] = number of axes (-1: NULL, every axis), ip[1..] = the axes */
 static nb_var *b_reduce(nb_trace *tr, nb_var *const *in, const gcase *c) {
     (void)tr;
@@ -1064,6 +1072,9 @@ static void build_specs(void) {
         gcase *c = add_case(NBI_OP_IDENTITY, NULL, 1, b_identity);
         set_in(c, 0, NB_DTYPE_F64, DOM_ANY, UNARY_SHAPES[s].rank, UNARY_SHAPES[s].shape);
         snprintf(c->label, sizeof c->label, "identity shape #%zu", s);
+        c = add_case(NBI_OP_IMPLICIT, NULL, 1, b_implicit);
+        set_in(c, 0, NB_DTYPE_F64, DOM_ANY, UNARY_SHAPES[s].rank, UNARY_SHAPES[s].shape);
+        snprintf(c->label, sizeof c->label, "implicit shape #%zu", s);
     }
     /* cast between floats. f64 -> f32: the output rounds to 2^-24 relative, so the step is
      * 1e-3 (the function is the identity up to that rounding: no truncation error), FD is

@@ -50,7 +50,8 @@
 
 typedef long double ld;
 
-#define NT_SOLVERS 9 /* NB_ODE_EULER .. NB_ODE_DOPRI8 */
+#define NT_SOLVERS 9                 /* NB_ODE_EULER .. NB_ODE_DOPRI8: the explicit methods */
+#define NT_ALL (NB_ODE_KVAERNO5 + 1) /* every solver */
 #define NT_MAX_STAGES 16
 #define NT_MAX_DEGREE 8
 
@@ -128,11 +129,28 @@ static void test_api(void **state) {
         NBT_TRUE(t->error_order == 0 || t->error_order == t->order);
     }
     NBT_TRUE(nbo_tableau_get(-1) == NULL);
-    NBT_TRUE(nbo_tableau_get(NT_SOLVERS) == NULL);
+    NBT_TRUE(nbo_tableau_get(NT_ALL) == NULL);
     NBT_STREQ(nb_ode_solver_name((nb_ode_solver)-1), "unknown");
-    NBT_STREQ(nb_ode_solver_name((nb_ode_solver)NT_SOLVERS), "unknown");
+    NBT_STREQ(nb_ode_solver_name((nb_ode_solver)NT_ALL), "unknown");
     NBT_EQ_I64(nb_ode_solver_order((nb_ode_solver)-1), 0);
-    NBT_EQ_I64(nb_ode_solver_order((nb_ode_solver)NT_SOLVERS), 0);
+    NBT_EQ_I64(nb_ode_solver_order((nb_ode_solver)NT_ALL), 0);
+    /* the stiff solvers: names and orders */
+    static const struct {
+        nb_ode_solver s;
+        const char *name;
+        int order;
+    } stiff[] = {{NB_ODE_ROS3P, "ros3p", 3},
+                 {NB_ODE_RODAS5P, "rodas5p", 5},
+                 {NB_ODE_IMPLICIT_EULER, "implicit_euler", 1},
+                 {NB_ODE_KVAERNO3, "kvaerno3", 3},
+                 {NB_ODE_KVAERNO4, "kvaerno4", 4},
+                 {NB_ODE_KVAERNO5, "kvaerno5", 5}};
+    for (size_t i = 0; i < sizeof stiff / sizeof stiff[0]; i++) {
+        NBT_STREQ(nb_ode_solver_name(stiff[i].s), stiff[i].name);
+        NBT_EQ_I64(nb_ode_solver_order(stiff[i].s), stiff[i].order);
+        const nbo_tableau *t = nbo_tableau_get((int)stiff[i].s);
+        NBT_TRUE(t != NULL && (t->ros != NULL) != (t->dirk != NULL));
+    }
     NBT_EQ_I64(NB_ODE_TSIT5, 7);
     NBT_STREQ(nbo_tableau_get(NB_ODE_TSIT5)->name, "tsit5");
 }
@@ -380,7 +398,7 @@ static void nt_psi(const nt_forest *F, const nbo_tableau *tb, ld (*psi)[NT_MAX_S
             ld v = 1.0L;
             for (int k = 0; k < F->nkids[t]; k++) {
                 ld apsi = 0.0L;
-                for (int j = 0; j < i; j++) {
+                for (int j = 0; j < s; j++) { /* zeros above the diagonal when explicit */
                     apsi += nt_a(tb, i, j) * psi[F->kids[t][k]][j];
                 }
                 v *= apsi;
@@ -510,6 +528,76 @@ static void test_order_conditions(void **state) {
             }
         }
         print_message("\n");
+    }
+    free(psi);
+    free(F);
+}
+
+/* The ESDIRK methods as full Butcher tableaus (the diagonal gamma below the explicit first
+ * stage, b = the last row: stiffly accurate): the order of b and of the embedded weights
+ * b - e over the same rooted trees (Diffrax's error estimates: Kvaerno p(p-1); implicit
+ * Euler's b - e is the trapezoidal rule, order 2, hence Diffrax's error_order 2). */
+static void test_implicit_order_conditions(void **state) {
+    (void)state;
+    nt_forest *F = nt_forest_make();
+    ld(*psi)[NT_MAX_STAGES] = calloc(NT_TREES, sizeof *psi);
+    NBT_TRUE(psi != NULL);
+    static const struct {
+        nb_ode_solver s;
+        int order, embedded;
+    } M[] = {{NB_ODE_IMPLICIT_EULER, 1, 2},
+             {NB_ODE_KVAERNO3, 3, 2},
+             {NB_ODE_KVAERNO4, 4, 3},
+             {NB_ODE_KVAERNO5, 5, 4}};
+    for (size_t m = 0; m < sizeof M / sizeof M[0]; m++) {
+        const nbo_tableau *t = nbo_tableau_get((int)M[m].s);
+        const nbo_dirk *D = t->dirk;
+        NBT_TRUE(D != NULL && D->stages <= NT_MAX_STAGES);
+        int s = D->stages;
+        double a[NT_MAX_STAGES * NT_MAX_STAGES] = {0}, c[NT_MAX_STAGES] = {0},
+                                 b[NT_MAX_STAGES] = {0};
+        for (int i = 0; i < s; i++) {
+            ld row = 0.0L;
+            for (int j = 0; j < i; j++) {
+                a[i * s + j] = D->A[i * s + j];
+                row += D->A[i * s + j];
+            }
+            a[i * s + i] = i > 0 ? D->gamma : 0.0;
+            row += a[i * s + i];
+            c[i] = D->c[i];
+            /* c is the row sum (to rounding) */
+            if (!(fabsl(row - (ld)c[i]) <= 1e-14L)) {
+                fail_msg("%s: c[%d] = %.17g, row sum %.17Lg", t->name, i, c[i], row);
+            }
+            /* the predictor is a convex combination of earlier stages */
+            ld ps = 0.0L;
+            for (int j = 0; j < i; j++) {
+                ps += D->P[i * s + j];
+            }
+            if (i > 0 && !(fabsl(ps - 1.0L) <= 1e-14L)) {
+                fail_msg("%s: predictor row %d sums to %.17Lg", t->name, i, ps);
+            }
+        }
+        NBT_EQ_F64(c[s - 1], 1.0);
+        for (int j = 0; j < s; j++) {
+            b[j] = a[(s - 1) * s + j];
+        }
+        nbo_tableau full = {
+            .name = t->name, .stages = s, .dense_stages = s, .c = c, .a = a, .b = b};
+        nt_psi(F, &full, psi);
+        ld w[NT_MAX_STAGES] = {0}, in, out;
+        for (int i = 0; i < s; i++) {
+            w[i] = b[i];
+        }
+        int p = nt_weights_order(F, psi, w, s, 1e-13L, &in, &out);
+        for (int i = 0; i < s; i++) {
+            w[i] = (ld)b[i] - (ld)D->e[i];
+        }
+        int q = nt_weights_order(F, psi, w, s, 1e-13L, &in, &out);
+        print_message("%-14s order %d, embedded %d\n", t->name, p, q);
+        NBT_EQ_I64(p, M[m].order);
+        NBT_EQ_I64(q, M[m].embedded);
+        NBT_EQ_I64(t->order, M[m].order);
     }
     free(psi);
     free(F);
@@ -750,6 +838,7 @@ int main(void) {
         cmocka_unit_test(test_dopri5_interpolant),
         cmocka_unit_test(test_tsit5_interpolant),
         cmocka_unit_test(test_order_conditions),
+        cmocka_unit_test(test_implicit_order_conditions),
         cmocka_unit_test(test_convergence),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
