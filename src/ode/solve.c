@@ -524,7 +524,8 @@ static nb_var *nbo_rms_scaled(nb_trace *tr, int64_t L, nb_var *const *d, nb_var 
  * Diffrax's kappa = 0.01); diverged when r >= 1 or a norm is not finite; failed after
  * NBO_NEWTON_MAX iterations. The carry: (z, |dz_{k-1}|, k, status: 0 running, 1 converged,
  * 2 failed). self: fn, self, args (the term, stopped), psi, hg (h gamma), tau, lu, tol =
- * (sign, rtol, atol, kappa). */
+ * (sign, rtol, atol, kappa). A correction below kappa / 100 converges at once (the rate of
+ * corrections at round-off level is noise). */
 #define NBO_NEWTON_MAX 10
 #define NBO_NEWTON_KAPPA 0.01
 
@@ -568,8 +569,10 @@ static nb_status nbo_newton_body(nb_trace *tr, const nb_tree *self, const nb_tre
     nb_var *dprev = nb_get(tr, args, "[1]"), *it = nb_add(nb_get(tr, args, "[2]"), nbo_i32(tr, 1));
     nb_var *rate = nb_div(d, dprev);
     nb_var *two = nb_ge(it, nbo_i32(tr, 2));
+    /* a correction far below the tolerance (1e-2 kappa) is converged whatever the rate: at
+     * that size the rate is round-off noise */
     nb_var *conv = nb_logical_or(
-        nb_eq(d, nb_scalar(tr, 0.0)),
+        nb_le(d, nb_scalar(tr, 1e-2 * tol[3])),
         nb_logical_and(
             two, nb_logical_and(nb_lt(rate, nb_scalar(tr, 1.0)),
                                 nb_le(nb_mul(nb_div(rate, nb_sub(nb_scalar(tr, 1.0), rate)), d),
@@ -813,11 +816,17 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     const nbo_dirk *D = tab->dirk;
     nb_var *newton_ok = NULL;
     if (D != NULL) {
+        /* Newton's tolerances: the controller's; with constant steps (no tolerances) far
+         * below the method's error, so that the iteration never limits the order */
+        double newton_rtol = cfg.v[CFG_RTOL], newton_atol = cfg.v[CFG_ATOL];
+        if (!adaptive) {
+            newton_rtol = newton_atol = dt == NB_DTYPE_F64 ? 1e-12 : 1e-5;
+        }
         rerr = nbo_vars(tr, L);
         f1 = nbo_vars(tr, L);
         ok = rerr != NULL && f1 != NULL &&
-             nbo_dirk_step(tr, self, sign, D, cfg.v[CFG_RTOL], cfg.v[CFG_ATOL], t, tn, h, ydef, L,
-                           y, fy, y1, rerr, f1, &newton_ok);
+             nbo_dirk_step(tr, self, sign, D, newton_rtol, newton_atol, t, tn, h, ydef, L, y, fy,
+                           y1, rerr, f1, &newton_ok);
         s = 0;
     } else if (R != NULL) {
         /* a Rosenbrock step, then f(tn, y1): the next step's first right-hand side and the

@@ -445,9 +445,10 @@ static void load_lv(lv_ref *r) {
 
 /* ---- convergence order ------------------------------------------------------------- */
 
-static const nb_ode_solver g_all[] = {NB_ODE_EULER,  NB_ODE_HEUN,  NB_ODE_MIDPOINT, NB_ODE_RALSTON,
-                                      NB_ODE_BOSH3,  NB_ODE_RK4,   NB_ODE_DOPRI5,   NB_ODE_TSIT5,
-                                      NB_ODE_DOPRI8, NB_ODE_ROS3P, NB_ODE_RODAS5P};
+static const nb_ode_solver g_all[] = {
+    NB_ODE_EULER,   NB_ODE_HEUN,           NB_ODE_MIDPOINT, NB_ODE_RALSTON,  NB_ODE_BOSH3,
+    NB_ODE_RK4,     NB_ODE_DOPRI5,         NB_ODE_TSIT5,    NB_ODE_DOPRI8,   NB_ODE_ROS3P,
+    NB_ODE_RODAS5P, NB_ODE_IMPLICIT_EULER, NB_ODE_KVAERNO3, NB_ODE_KVAERNO4, NB_ODE_KVAERNO5};
 
 static const char *const g_cf_problem[] = {"exp_decay", "harmonic", "t_growth", "logistic",
                                            "exp_decay_backward"};
@@ -626,7 +627,8 @@ static void test_convergence_order(void **state) {
              * backwards and 6.06 5.81 5.62 on the logistic curve): they are judged on the
              * problems where the finest rungs are in the asymptotic range. */
             bool judged = order <= 4 || (s == NB_ODE_DOPRI5 && pi != 3) ||
-                          (s == NB_ODE_TSIT5 && pi == 1) || (s == NB_ODE_DOPRI8 && pi == 2);
+                          (s == NB_ODE_TSIT5 && pi == 1) || (s == NB_ODE_DOPRI8 && pi == 2) ||
+                          (s == NB_ODE_KVAERNO5 && (pi == 0 || pi == 1 || pi == 4));
             /* rodas5p's errors fall faster than h^5 over every ladder f64 resolves (5.5 on
              * the nonlinear and time-dependent problems, 5.8-6.2 on the linear ones, whose
              * stability function matches exp(z) past z^5): judged one-sided, at least its
