@@ -164,6 +164,16 @@ typedef struct nb_ode_opts {
     nb_ode_adjoint adjoint;       /* default recursive checkpoint */
     int64_t max_steps;            /* default 4096: steps tried, accepted or rejected */
     bool throw_on_failure;        /* default false: report through result */
+    /* Traced times (default NULL: the static t0, t1 and saveat.ts above). A 0-d float var of
+     * the trace for t0 or t1, and for SaveAt ts a rank-1 float var of n_ts times (saveat.kind
+     * NB_SAVEAT_TS; saveat.ts and n_ts are then ignored): new values run the same compiled
+     * solve -- no retrace -- and derivatives reach them (through the first and last steps and
+     * the dense output, the step sizes held fixed as for every derivative of the solve). The
+     * direction of integration is still the static one, sign(t1 - t0) of the doubles above
+     * (0 and 1 by default: forwards); at run time the traced values must go that way and
+     * the ts lie sorted within [t0, t1], or the call fails with NB_ERR_RUNTIME naming the
+     * values. Not with the backsolve adjoint. Cast to the state's dtype. */
+    nb_var *t0_traced, *t1_traced, *ts_traced;
 } nb_ode_opts;
 
 NB_API nb_ode_opts nb_ode_opts_default(void);

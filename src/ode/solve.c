@@ -105,6 +105,7 @@ enum {
     CFG_DT0, /* constant steps: the step (internal, > 0) */
     CFG_SAVEAT,
     CFG_N_TS,
+    CFG_TRACED, /* traced times: t, tn keep derivatives; t1 is self's var "t1" */
     CFG_COUNT
 };
 
@@ -782,8 +783,12 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
      * ends at those constants. Stopped here, the step's vjp computes none of it -- not the
      * controller's pow that the next step's landing test needs, nor the time chain -- and
      * every other cotangent keeps its bits. */
-    nb_var *t = nb_stop_gradient(nb_get(tr, args, "[0]"));
-    nb_var *tn = nb_stop_gradient(nb_get(tr, args, "[1]"));
+    bool traced = cfg.v[CFG_TRACED] != 0.0;
+    nb_var *t = nb_get(tr, args, "[0]"), *tn = nb_get(tr, args, "[1]");
+    if (!traced) {
+        t = nb_stop_gradient(t);
+        tn = nb_stop_gradient(tn);
+    }
     nb_dtype dt = nb_var_dtype(t);
     int64_t L = 0, Lf = 0;
     nb_treedef *ydef = NULL;
@@ -976,10 +981,11 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     /* land on t1 exactly (Diffrax's tolerance: no sliver of a last step); after a rejected
      * step, halfway there instead (not the same step again) */
     double tol = dt == NB_DTYPE_F64 ? 1e-10 : 1e-6;
-    nb_var *t1v = nb_scalar_typed(tr, dt, tau1);
+    /* traced times: t1 is a var (its derivative reaches the last step through tclip) */
+    nb_var *t1v = traced ? nb_get(tr, self, "t1") : nb_scalar_typed(tr, dt, tau1);
     nb_var *tclip =
         nb_select(keep, t1v, nb_add(t_new, nb_mul(nb_scalar(tr, 0.5), nb_sub(t1v, t_new))));
-    tn_new = nb_select(nb_gt(tn_new, nb_scalar(tr, tau1 - tol)), tclip, tn_new);
+    tn_new = nb_select(nb_gt(tn_new, nb_sub(t1v, nb_scalar(tr, tol))), tclip, tn_new);
     /* a step that no longer moves t: underflow (or a state gone non-finite) */
     nb_var *stuck = nb_logical_and(nb_lt(t_new, t1v), nb_le(tn_new, t_new));
     nb_var *stuck_why = nbo_i32(tr, NB_ODE_DT_UNDERFLOW);
@@ -1124,11 +1130,17 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
 
 /* while t < t1 and result == successful */
 static nb_status nbo_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
-    double tau1 = 0.0;
-    nb_tree_get_float(nb_tree_get(self, "t1"), &tau1);
+    const nb_tree *t1t = nb_tree_get(self, "t1");
+    nb_var *t1v;
+    if (nb_tree_kind_of(t1t) == NB_TREE_KIND_VAR) { /* traced times */
+        t1v = nb_var_of(tr, t1t);
+    } else {
+        double tau1 = 0.0;
+        nb_tree_get_float(t1t, &tau1);
+        t1v = nb_scalar(tr, tau1);
+    }
     nb_var *t = nb_get(tr, args, "[0]");
-    return nb_return(nb_logical_and(nb_lt(t, nb_scalar(tr, tau1)),
-                                    nb_eq(nb_get(tr, args, "[6]"), nbo_i32(tr, 0))),
+    return nb_return(nb_logical_and(nb_lt(t, t1v), nb_eq(nb_get(tr, args, "[6]"), nbo_i32(tr, 0))),
                      out);
 }
 
@@ -1182,6 +1194,16 @@ static void nbo_fail_msg_adjoint(char *buf, size_t cap, const double *v) {
              "adjoint's tolerances (nb_ode_adjoint.controller), or use the recursive checkpoint "
              "adjoint",
              v[0], v[3], nb_ode_result_string((int)v[1]), v[2]);
+}
+
+/* traced times that do not fit: vals t0, t1, first ts, last ts, the static direction */
+static void nbo_times_msg(char *buf, size_t cap, const double *v) {
+    snprintf(buf, cap,
+             "nb_diffeqsolve: traced times t0 = %.17g, t1 = %.17g (SaveAt ts from %.17g to "
+             "%.17g) do not fit: the solve goes %s (the direction of the static t0, t1), so t1 "
+             "must be %s t0 and the ts sorted within [t0, t1], all finite -- pass times in that "
+             "order, or set the static t0, t1 to give the direction",
+             v[0], v[1], v[2], v[3], v[4] > 0 ? "forwards" : "backwards", v[4] > 0 ? ">=" : "<=");
 }
 
 /* ---- nb_diffeqsolve ----------------------------------------------------------------- */
@@ -1265,7 +1287,52 @@ static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
                       who);
         return false;
     }
-    if (o->saveat.kind == NB_SAVEAT_TS) {
+    /* traced times: vars of this trace, 0-d floats (t0, t1) and a rank-1 float (ts) */
+    nb_var *const tv[3] = {o->t0_traced, o->t1_traced, o->ts_traced};
+    static const char *const tn[3] = {"t0_traced", "t1_traced", "ts_traced"};
+    for (int i = 0; i < 3; i++) {
+        char sig[64];
+        if (tv[i] == NULL) {
+            continue;
+        }
+        if (nb_var_is_poison(tv[i])) {
+            return false;
+        }
+        if (tv[i]->tr != tr) {
+            nbi_trace_err(tr, NB_ERR_INVALID,
+                          "%s: opts.%s belongs to another trace -- pass a var of the trace the "
+                          "solve is traced in",
+                          who, tn[i]);
+            return false;
+        }
+        if (!nb_dtype_is_float(tv[i]->dtype) || tv[i]->rank != (i == 2 ? 1 : 0)) {
+            nbi_trace_err(tr, NB_ERR_SHAPE, "%s: opts.%s is %s; it must be a %s float var", who,
+                          tn[i], nbi_var_sig(sig, sizeof sig, tv[i]),
+                          i == 2 ? "rank-1 (the n_ts save times)" : "0-d");
+            return false;
+        }
+    }
+    if (o->ts_traced != NULL && o->saveat.kind != NB_SAVEAT_TS) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: opts.ts_traced is set but saveat.kind is not NB_SAVEAT_TS -- set "
+                      "saveat.kind = NB_SAVEAT_TS (the traced ts replace saveat.ts)",
+                      who);
+        return false;
+    }
+    if ((o->t0_traced != NULL || o->t1_traced != NULL || o->ts_traced != NULL) &&
+        o->adjoint.kind == NB_ADJOINT_BACKSOLVE) {
+        nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
+                      "%s: traced times with the backsolve adjoint are not supported -- use the "
+                      "recursive checkpoint or direct adjoint, or static times",
+                      who);
+        return false;
+    }
+    if (o->saveat.kind == NB_SAVEAT_TS && o->ts_traced != NULL) {
+        if (nb_var_dim(o->ts_traced, 0) < 1) {
+            nbi_trace_err(tr, NB_ERR_INVALID, "%s: SaveAt ts needs n_ts >= 1 times (got 0)", who);
+            return false;
+        }
+    } else if (o->saveat.kind == NB_SAVEAT_TS) {
         if (o->saveat.n_ts < 1) {
             nbi_trace_err(tr, NB_ERR_INVALID, "%s: SaveAt ts needs n_ts >= 1 times (got %lld)", who,
                           (long long)o->saveat.n_ts);
@@ -1343,6 +1410,8 @@ typedef struct nbo_solve {
     nb_ode_opts o;
     const nbo_tableau *tab;
     double sign, tau0, tau1;
+    bool traced;           /* traced times (nb_ode_opts.t0_traced, ...) */
+    nb_var *tau0v, *tau1v; /* the internal start and end times as vars */
     nb_dtype dtype;
     nb_tree *tself; /* dict(fn, self, args): what the term needs, trace-owned */
     nb_treedef *ydef;
@@ -1353,7 +1422,7 @@ typedef struct nbo_solve {
 /* The first step: Hairer's algorithm (as Diffrax's PID controller with dt0 = None). */
 static nb_var *nbo_initial_step(nb_trace *tr, nbo_solve *S, nb_var *const *fy0) {
     const nb_ode_controller *c = &S->o.controller;
-    nb_var *t0 = nb_scalar_typed(tr, S->dtype, S->tau0);
+    nb_var *t0 = S->tau0v;
     nb_var *d0 = NULL, *d1 = NULL;
     double count = 0;
     nb_var **scale = nbo_vars(tr, S->L), **y1 = nbo_vars(tr, S->L), **f1 = nbo_vars(tr, S->L);
@@ -1407,6 +1476,8 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
     S.o = *opts;
     S.tab = nbo_tableau_get((int)S.o.solver);
     S.sign = S.o.t1 >= S.o.t0 ? 1.0 : -1.0;
+    S.traced = S.o.t0_traced != NULL || S.o.t1_traced != NULL ||
+               (S.o.ts_traced != NULL && S.o.saveat.kind == NB_SAVEAT_TS);
     S.tau0 = S.sign * S.o.t0;
     S.tau1 = S.sign * S.o.t1;
 
@@ -1461,7 +1532,24 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         nb_dtype dt = S.dtype;
         const nb_ode_opts *o = &S.o;
         int64_t L = S.L, M = o->max_steps;
-        nb_var *tau0 = nb_scalar_typed(tr, dt, S.tau0);
+        /* the times: static, or traced (cast to the state's dtype, then internal) */
+        nb_var *tau0 = nb_scalar_typed(tr, dt, S.tau0), *t1v = nb_scalar_typed(tr, dt, S.tau1);
+        nb_var *tsx = NULL; /* traced ts, external */
+        if (S.traced) {
+            if (o->t0_traced != NULL) {
+                tau0 = nb_cast(o->t0_traced, dt);
+                tau0 = S.sign < 0 ? nb_neg(tau0) : tau0;
+            }
+            if (o->t1_traced != NULL) {
+                t1v = nb_cast(o->t1_traced, dt);
+                t1v = S.sign < 0 ? nb_neg(t1v) : t1v;
+            }
+            if (o->ts_traced != NULL) {
+                tsx = nb_cast(o->ts_traced, dt);
+            }
+        }
+        S.tau0v = tau0;
+        S.tau1v = t1v;
         nb_var **fy0 = nbo_vars(tr, L);
         if (fy0 == NULL || !nbo_term(tr, S.tself, S.sign, tau0, S.ydef, L, S.y0, fy0)) {
             goto done;
@@ -1484,21 +1572,22 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
             at_dtmin0 = nb_le(first, nb_scalar(tr, o->controller.dtmin));
             first = nb_maximum(first, nb_scalar(tr, o->controller.dtmin));
         }
-        nb_var *t1v = nb_scalar_typed(tr, dt, S.tau1);
         double tol = dt == NB_DTYPE_F64 ? 1e-10 : 1e-6;
         nb_var *tn0 = nb_minimum(nb_add(tau0, first), t1v);
-        tn0 = nb_select(nb_gt(tn0, nb_scalar(tr, S.tau1 - tol)), t1v, tn0);
+        tn0 = nb_select(nb_gt(tn0, nb_sub(t1v, nb_scalar(tr, tol))), t1v, tn0);
 
         /* the save part of the carry */
         nb_tree *save = NULL;
         nb_var *TS = NULL;
-        int64_t nts = o->saveat.n_ts;
+        int64_t nts = tsx != NULL ? nb_var_dim(tsx, 0) : o->saveat.n_ts;
         nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)L * sizeof *items);
         if (items == NULL) {
             nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
             goto done;
         }
-        if (o->saveat.kind == NB_SAVEAT_TS) {
+        if (o->saveat.kind == NB_SAVEAT_TS && tsx != NULL) {
+            TS = S.sign < 0 ? nb_neg(tsx) : tsx;
+        } else if (o->saveat.kind == NB_SAVEAT_TS) {
             nb_array *a = NULL;
             if (nb_array_zeros(tr->ctx, dt, 1, (int64_t[]){nts}, &a) != NB_OK) {
                 nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
@@ -1514,6 +1603,8 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
             }
             TS = nb_constant(tr, a);
             nb_array_destroy(a);
+        }
+        if (o->saveat.kind == NB_SAVEAT_TS) {
             nb_var *at0 = nb_reshape(nb_le(TS, tau0), 2, (int64_t[]){nts, 1});
             for (int64_t i = 0; i < L; i++) {
                 int64_t N = nb_var_size(S.y0[i]);
@@ -1568,6 +1659,7 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         }
         cfgv[CFG_SIGN] = S.sign;
         cfgv[CFG_T1] = S.tau1;
+        cfgv[CFG_TRACED] = S.traced ? 1.0 : 0.0;
         cfgv[CFG_SAVEAT] = (double)o->saveat.kind;
         cfgv[CFG_N_TS] = (double)(o->saveat.kind == NB_SAVEAT_TS ? nts : 0);
         nb_tree *ci[CFG_COUNT];
@@ -1580,15 +1672,17 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         nb_fn *bf = NULL, *cf = NULL;
         nb_status st = cfg != NULL && tsleaf != NULL ? NB_OK : NB_ERR_OOM;
         if (st == NB_OK) {
-            st = nb_tree_dict(tr->ctx, 5, (const char *[]){"fn", "self", "args", "cfg", "ts"},
+            st = nb_tree_dict(tr->ctx, 6, (const char *[]){"fn", "self", "args", "cfg", "ts", "t1"},
                               (nb_tree *[]){(nb_tree *)nb_tree_get(S.tself, "fn"),
                                             (nb_tree *)nb_tree_get(S.tself, "self"),
-                                            (nb_tree *)nb_tree_get(S.tself, "args"), cfg, tsleaf},
+                                            (nb_tree *)nb_tree_get(S.tself, "args"), cfg, tsleaf,
+                                            S.traced ? nb_leaf(t1v) : nbo_float(tr, S.tau1)},
                               &bself);
         }
         if (st == NB_OK) {
             st = nb_tree_dict(tr->ctx, 1, (const char *[]){"t1"},
-                              (nb_tree *[]){nbo_float(tr, S.tau1)}, &cself);
+                              (nb_tree *[]){S.traced ? nb_leaf(t1v) : nbo_float(tr, S.tau1)},
+                              &cself);
         }
         if (st == NB_OK) {
             st = nb_fn_create(tr->ctx, "diffeqsolve_step", nbo_step_body, bself, &bf);
@@ -1653,20 +1747,24 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
                 ys[i] = nb_expand_dims(yf[i], 0);
             }
         } else if (o->saveat.kind == NB_SAVEAT_TS) {
-            nb_array *a = NULL;
-            if (nb_array_zeros(tr->ctx, dt, 1, (int64_t[]){nts}, &a) != NB_OK) {
-                nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
-                goto done;
-            }
-            for (int64_t j = 0; j < nts; j++) {
-                if (dt == NB_DTYPE_F64) {
-                    ((double *)nb_array_data(a))[j] = o->saveat.ts[j];
-                } else {
-                    ((float *)nb_array_data(a))[j] = (float)o->saveat.ts[j];
+            if (tsx != NULL) {
+                tsv = tsx;
+            } else {
+                nb_array *a = NULL;
+                if (nb_array_zeros(tr->ctx, dt, 1, (int64_t[]){nts}, &a) != NB_OK) {
+                    nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+                    goto done;
                 }
+                for (int64_t j = 0; j < nts; j++) {
+                    if (dt == NB_DTYPE_F64) {
+                        ((double *)nb_array_data(a))[j] = o->saveat.ts[j];
+                    } else {
+                        ((float *)nb_array_data(a))[j] = (float)o->saveat.ts[j];
+                    }
+                }
+                tsv = nb_constant(tr, a);
+                nb_array_destroy(a);
             }
-            tsv = nb_constant(tr, a);
-            nb_array_destroy(a);
             for (int64_t i = 0; i < L; i++) {
                 nb_var *v = nb_var_of(tr, nb_tree_child(fsave, i));
                 int64_t r = S.y0[i]->rank;
@@ -1712,15 +1810,65 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
                 ys[i] = nb_reshape(v, (int)r + 1, shp);
             }
         }
+        if (S.traced) {
+            /* the traced times must go the static direction, ts sorted within [t0, t1]:
+             * every output goes through the check (internal times: t0 <= ts <= t1) */
+            nb_var *bad = nb_lt(S.tau1v, S.tau0v);
+            nb_var *ts_first = NULL, *ts_last = NULL;
+            if (TS != NULL && nts > 0) {
+                nb_var *ts_lo = nb_slice(TS, (int64_t[]){0}, (int64_t[]){nts - 1}, NULL);
+                nb_var *ts_hi = nb_slice(TS, (int64_t[]){1}, (int64_t[]){nts}, NULL);
+                nb_var *unsorted =
+                    nts > 1
+                        ? nb_gt(nb_max(nb_cast(nb_gt(ts_lo, ts_hi), NB_DTYPE_I32), NULL, 0, false),
+                                nbo_i32(tr, 0))
+                        : nb_scalar_typed(tr, NB_DTYPE_BOOL, 0.0);
+                bad = nb_logical_or(
+                    bad, nb_logical_or(unsorted, nb_lt(nb_min(TS, NULL, 0, false), S.tau0v)));
+                bad = nb_logical_or(bad, nb_gt(nb_max(TS, NULL, 0, false), S.tau1v));
+                /* for the message: the first and last as given */
+                ts_first = nb_slice(TS, (int64_t[]){0}, (int64_t[]){1}, NULL);
+                ts_last = nb_slice(TS, (int64_t[]){nts - 1}, (int64_t[]){nts}, NULL);
+                /* NaN anywhere: not finite */
+                bad = nb_logical_or(bad, nb_logical_not(nbo_isfinite(nb_sum(TS, NULL, 0, false))));
+            }
+            bad = nb_logical_or(bad, nb_logical_not(nbo_isfinite(nb_add(S.tau0v, S.tau1v))));
+            nb_var *one = nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){1}, 0.0);
+            nb_var *ext0 = nb_cast(S.sign < 0 ? nb_neg(S.tau0v) : S.tau0v, NB_DTYPE_F64);
+            nb_var *ext1 = nb_cast(S.sign < 0 ? nb_neg(S.tau1v) : S.tau1v, NB_DTYPE_F64);
+            nb_var *vals = nb_concatenate(
+                5,
+                (nb_var *[]){
+                    nb_reshape(ext0, 1, (int64_t[]){1}), nb_reshape(ext1, 1, (int64_t[]){1}),
+                    ts_first != NULL ? nb_reshape(nb_cast(S.sign < 0 ? nb_neg(ts_first) : ts_first,
+                                                          NB_DTYPE_F64),
+                                                  1, (int64_t[]){1})
+                                     : one,
+                    ts_last != NULL
+                        ? nb_reshape(nb_cast(S.sign < 0 ? nb_neg(ts_last) : ts_last, NB_DTYPE_F64),
+                                     1, (int64_t[]){1})
+                        : one,
+                    nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){1}, S.sign)},
+                0);
+            bad = nb_stop_gradient(bad);
+            for (int64_t i = 0; i < L; i++) {
+                ys[i] = nbi_check(ys[i], bad, vals, nbo_times_msg);
+            }
+            tsv = nbi_check(tsv, bad, vals, nbo_times_msg);
+            t_ext = nbi_check(t_ext, bad, vals, nbo_times_msg);
+            result = nbi_check(result, bad, vals, nbo_times_msg);
+        }
         if (o->throw_on_failure) {
             /* every output goes through the check, so any use of the solution raises */
             nb_var *fail = nb_ne(result, nbo_i32(tr, 0));
             nb_var *vals = nb_concatenate(
                 4,
-                (nb_var *[]){nb_reshape(nb_cast(t_ext, NB_DTYPE_F64), 1, (int64_t[]){1}),
-                             nb_reshape(nb_cast(result, NB_DTYPE_F64), 1, (int64_t[]){1}),
-                             nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){1}, (double)M),
-                             nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){1}, o->t1)},
+                (nb_var *[]){
+                    nb_reshape(nb_cast(t_ext, NB_DTYPE_F64), 1, (int64_t[]){1}),
+                    nb_reshape(nb_cast(result, NB_DTYPE_F64), 1, (int64_t[]){1}),
+                    nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){1}, (double)M),
+                    nb_reshape(nb_cast(S.sign < 0 ? nb_neg(S.tau1v) : S.tau1v, NB_DTYPE_F64), 1,
+                               (int64_t[]){1})},
                 0);
             for (int64_t i = 0; i < L; i++) {
                 ys[i] = nbi_check(ys[i], fail, vals, nbo_fail_msg);
@@ -2201,6 +2349,7 @@ static nb_status nbo_bs_bwd(nb_trace *tr, const nb_tree *self, const nb_tree *ar
     b.saveat.kind = NB_SAVEAT_T1;
     b.saveat.ts = NULL;
     b.saveat.n_ts = 0;
+    b.t0_traced = b.t1_traced = b.ts_traced = NULL;
     b.throw_on_failure = false;
     b.adjoint.kind = NB_ADJOINT_DIRECT;
     if (!nbo_check_opts(tr, &b)) {
