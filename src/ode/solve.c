@@ -30,6 +30,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- options ------------------------------------------------------------------------ */
@@ -816,6 +817,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     k[0] = fy;
     bool ok = true;
     int s = tab->stages;
+    nb_var **stiff_u = NULL;
     const nbo_rosen *R = tab->ros;
     nb_var **rerr = NULL, **RK[3] = {NULL, NULL, NULL};
     const nbo_dirk *D = tab->dirk;
@@ -853,6 +855,9 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
             memcpy(y1, tmp, (size_t)L * sizeof *y1);
         }
         ok = k[i] != NULL && nbo_term(tr, self, sign, ti, ydef, L, tmp, k[i]);
+        if (tab->fsal && i == s - 2) {
+            stiff_u = tmp; /* the argument of the stage before the last */
+        }
         tmp = nbo_vars(tr, L);
         ok = ok && tmp != NULL;
     }
@@ -977,6 +982,39 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         }
         t_new = nb_select(keep, tn, t);
         tn_new = nb_add(t_new, nb_scalar(tr, cfg.v[CFG_DT0]));
+    }
+    /* Stiffness detection (Hairer-Wanner I, IV.10; DOPRI5's test): for an FSAL method the
+     * last two stages are both at t + h, so h |f(y1) - f(u)| / |y1 - u| estimates h |lambda|
+     * of the dominant eigenvalue. A kept step past 0.98 of the method's real stability
+     * boundary counts; six kept steps in a row below it reset the count; at 15 the step size
+     * is being held by stability, not accuracy: stiffness suspected (sticky;
+     * stats.stiffness_suspected, and the failure messages name the stiff solvers). The carry
+     * holds i32 [count, kept steps below the boundary in a row]. */
+    nb_var *stiff = nb_get(tr, args, "[11]"), *stiff_new = stiff;
+    if (stiff_u != NULL && adaptive && tab->stiff_bound > 0) {
+        nb_var *num = NULL, *den = NULL;
+        for (int64_t i = 0; i < L; i++) {
+            nb_var *a = nb_sum(nb_square(nb_sub(f1[i], k[s - 2][i])), NULL, 0, false);
+            nb_var *b = nb_sum(nb_square(nb_sub(y1[i], stiff_u[i])), NULL, 0, false);
+            num = num == NULL ? a : nb_add(num, a);
+            den = den == NULL ? b : nb_add(den, b);
+        }
+        nb_var *hl2 = nb_stop_gradient(nb_mul(nb_square(h), num));
+        nb_var *over = nb_gt(
+            hl2, nb_mul(nb_stop_gradient(den), nb_scalar(tr, tab->stiff_bound * tab->stiff_bound)));
+        nb_var *cnt = nb_reshape(nb_slice(stiff, (int64_t[]){0}, (int64_t[]){1}, NULL), 0, NULL);
+        nb_var *low = nb_reshape(nb_slice(stiff, (int64_t[]){1}, (int64_t[]){2}, NULL), 0, NULL);
+        nb_var *one = nbo_i32(tr, 1), *zero = nbo_i32(tr, 0);
+        nb_var *low2 = nb_select(over, zero, nb_add(low, one));
+        nb_var *cnt2 =
+            nb_select(over, nb_add(cnt, one), nb_select(nb_ge(low2, nbo_i32(tr, 6)), zero, cnt));
+        nb_var *live = nb_logical_and(keep, nb_lt(cnt, nbo_i32(tr, 15))); /* 15: sticky */
+        cnt2 = nb_select(live, cnt2, cnt);
+        low2 = nb_select(live, low2, low);
+        stiff_new = nb_concatenate(
+            2,
+            (nb_var *[]){nb_reshape(cnt2, 1, (int64_t[]){1}), nb_reshape(low2, 1, (int64_t[]){1})},
+            0);
     }
     /* land on t1 exactly (Diffrax's tolerance: no sliver of a last step); after a rejected
      * step, halfway there instead (not the same step again) */
@@ -1116,11 +1154,12 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_tree *ytree = nbo_build(tr, ydef, L, y_new);
     nb_tree *fytree = nbo_build(tr, ydef, L, fy_new);
     nb_treedef_destroy(ydef);
-    nb_tree *res = nbo_tuple(
-        tr, 11,
-        (nb_tree *[]){nb_leaf(t_new), nb_leaf(tn_new), ytree, fytree, nb_leaf(nb_add(steps, one)),
-                      nb_leaf(nb_add(acc, nb_cast(keep, NB_DTYPE_I32))), nb_leaf(res_new),
-                      nb_leaf(pie_new), nb_leaf(ppie_new), save, nb_leaf(at_dtmin_new)});
+    nb_tree *res = nbo_tuple(tr, 12,
+                             (nb_tree *[]){nb_leaf(t_new), nb_leaf(tn_new), ytree, fytree,
+                                           nb_leaf(nb_add(steps, one)),
+                                           nb_leaf(nb_add(acc, nb_cast(keep, NB_DTYPE_I32))),
+                                           nb_leaf(res_new), nb_leaf(pie_new), nb_leaf(ppie_new),
+                                           save, nb_leaf(at_dtmin_new), nb_leaf(stiff_new)});
     if (res == NULL) {
         return tr->status != NB_OK ? tr->status : NB_ERR_OOM;
     }
@@ -1172,18 +1211,23 @@ static nb_status nbo_compact_body(nb_trace *tr, const nb_tree *self, const nb_tr
 /* vals: t reached, result, max_steps, t1 (external times) */
 static void nbo_fail_msg(char *buf, size_t cap, const double *v) {
     int r = (int)v[1];
-    const char *fix = r == NB_ODE_MAX_STEPS_REACHED
-                          ? "raise max_steps, loosen rtol/atol, or check whether the problem is "
-                            "stiff there"
-                      : r == NB_ODE_DT_UNDERFLOW
-                          ? "the step size fell below dtmin or to the resolution of t: the "
-                            "problem may be stiff or singular there"
-                          : "the state or its derivative became NaN or infinite: check the "
-                            "vector field there";
+    bool stiff = v[2] != 0;
+    const char *fix =
+        stiff ? "stiffness suspected: the step size was held by stability, not accuracy, on "
+                "15 steps in a row -- use a stiff solver (NB_ODE_KVAERNO5, NB_ODE_RODAS5P, "
+                "NB_ODE_KVAERNO3, NB_ODE_ROS3P)"
+        : r == NB_ODE_MAX_STEPS_REACHED
+            ? "raise max_steps, loosen rtol/atol, or check whether the problem is stiff there"
+        : r == NB_ODE_DT_UNDERFLOW ? "the step size fell below dtmin or to the resolution of t: "
+                                     "the problem may be stiff or singular there"
+        : r == NB_ODE_NEWTON_FAILED
+            ? "the implicit solver's Newton iteration failed even at the smallest step: check "
+              "the vector field's Jacobian there (singular or not finite), or lower dtmin"
+            : "the state or its derivative became NaN or infinite: check the vector field there";
     snprintf(buf, cap,
              "nb_diffeqsolve: the solve stopped at t = %.17g before t1 = %.17g: %s (max_steps "
              "%.0f) -- %s; or set throw_on_failure = false and read the solution's result",
-             v[0], v[3], nb_ode_result_string(r), v[2], fix);
+             v[0], v[4], nb_ode_result_string(r), v[3], fix);
 }
 
 /* the same for the backsolve adjoint's own solve (from t1 back to t0) */
@@ -1627,12 +1671,13 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         }
         nb_tree *ytree = nbo_build(tr, S.ydef, L, S.y0);
         nb_tree *fytree = nbo_build(tr, S.ydef, L, fy0);
-        nb_tree *init = nbo_tuple(
-            tr, 11,
-            (nb_tree *[]){nb_leaf(tau0), nb_leaf(tn0), ytree, fytree, nb_leaf(nbo_i32(tr, 0)),
-                          nb_leaf(nbo_i32(tr, 0)), nb_leaf(nbo_i32(tr, 0)),
-                          nb_leaf(nb_scalar_typed(tr, dt, 1.0)),
-                          nb_leaf(nb_scalar_typed(tr, dt, 1.0)), save, nb_leaf(at_dtmin0)});
+        nb_tree *init =
+            nbo_tuple(tr, 12,
+                      (nb_tree *[]){nb_leaf(tau0), nb_leaf(tn0), ytree, fytree,
+                                    nb_leaf(nbo_i32(tr, 0)), nb_leaf(nbo_i32(tr, 0)),
+                                    nb_leaf(nbo_i32(tr, 0)), nb_leaf(nb_scalar_typed(tr, dt, 1.0)),
+                                    nb_leaf(nb_scalar_typed(tr, dt, 1.0)), save, nb_leaf(at_dtmin0),
+                                    nb_leaf(nb_full(tr, NB_DTYPE_I32, 1, (int64_t[]){2}, 0.0))});
         if (init == NULL) {
             goto done;
         }
@@ -1706,8 +1751,8 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         lo.checkpoints = o->adjoint.checkpoints;
         nb_tree *bufmask = NULL;
         if (o->saveat.kind == NB_SAVEAT_STEPS) {
-            nb_tree *bi[11];
-            for (int i = 0; i < 11; i++) {
+            nb_tree *bi[12];
+            for (int i = 0; i < 12; i++) {
                 bi[i] = NULL;
                 if (nb_tree_bool(tr->ctx, i == 9, &bi[i]) != NB_OK ||
                     nbi_trace_own(tr, bi[i]) != NB_OK) {
@@ -1715,7 +1760,7 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
                     nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
                 }
             }
-            bufmask = nbo_tuple(tr, 11, bi);
+            bufmask = nbo_tuple(tr, 12, bi);
             lo.buffers = bufmask;
         }
         const nb_tree *fin = tr->status == NB_OK ? nb_while_loop(tr, cf, bf, init, &lo) : NULL;
@@ -1732,6 +1777,11 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
                            nbo_i32(tr, NB_ODE_MAX_STEPS_REACHED), result);
         nb_var *steps = nb_var_of(tr, nb_tree_child(fin, 4));
         nb_var *accv = nb_var_of(tr, nb_tree_child(fin, 5));
+        nb_var *stiffv = nb_cast(nb_ge(nb_reshape(nb_slice(nb_var_of(tr, nb_tree_child(fin, 11)),
+                                                           (int64_t[]){0}, (int64_t[]){1}, NULL),
+                                                  0, NULL),
+                                       nbo_i32(tr, 15)),
+                                 NB_DTYPE_I32);
         nb_var *t_ext = S.sign < 0 ? nb_neg(t) : t;
         int64_t L2 = 0;
         nb_var **yf = nbo_leaves(tr, nb_tree_child(fin, 2), &L2, NULL);
@@ -1862,10 +1912,11 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
             /* every output goes through the check, so any use of the solution raises */
             nb_var *fail = nb_ne(result, nbo_i32(tr, 0));
             nb_var *vals = nb_concatenate(
-                4,
+                5,
                 (nb_var *[]){
                     nb_reshape(nb_cast(t_ext, NB_DTYPE_F64), 1, (int64_t[]){1}),
                     nb_reshape(nb_cast(result, NB_DTYPE_F64), 1, (int64_t[]){1}),
+                    nb_reshape(nb_cast(stiffv, NB_DTYPE_F64), 1, (int64_t[]){1}),
                     nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){1}, (double)M),
                     nb_reshape(nb_cast(S.sign < 0 ? nb_neg(S.tau1v) : S.tau1v, NB_DTYPE_F64), 1,
                                (int64_t[]){1})},
@@ -1882,9 +1933,11 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         nb_tree *ystree = nbo_build(tr, S.ydef, L, ys);
         nb_tree *stats = NULL, *sol = NULL;
         if (ystree != NULL &&
-            nb_tree_dict(tr->ctx, 3,
-                         (const char *[]){"num_steps", "num_accepted_steps", "num_rejected_steps"},
-                         (nb_tree *[]){nb_leaf(steps), nb_leaf(accv), nb_leaf(nb_sub(steps, accv))},
+            nb_tree_dict(tr->ctx, 4,
+                         (const char *[]){"num_steps", "num_accepted_steps", "num_rejected_steps",
+                                          "stiffness_suspected"},
+                         (nb_tree *[]){nb_leaf(steps), nb_leaf(accv), nb_leaf(nb_sub(steps, accv)),
+                                       nb_leaf(stiffv)},
                          &stats) == NB_OK &&
             nbi_trace_own(tr, stats) == NB_OK &&
             nb_tree_dict(
@@ -2001,7 +2054,7 @@ static bool nbo_opts_dec(nb_trace *tr, const nb_tree *t, nb_ode_opts *o) {
 
 static nb_var *nbo_pack(nb_trace *tr, const nb_tree *sol, int64_t L) {
     nb_dtype dt = nb_var_dtype(nb_get(tr, sol, "t_final"));
-    nb_var **parts = nbo_vars(tr, L + 4);
+    nb_var **parts = nbo_vars(tr, L + 5);
     if (parts == NULL) {
         return NULL;
     }
@@ -2014,12 +2067,12 @@ static nb_var *nbo_pack(nb_trace *tr, const nb_tree *sol, int64_t L) {
     for (int64_t i = 0; i < L; i++) {
         parts[i] = nb_reshape(yl[i], 1, (int64_t[]){-1});
     }
-    static const char *const tail[4] = {"t_final", "result", "stats.num_steps",
-                                        "stats.num_accepted_steps"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const tail[5] = {"t_final", "result", "stats.num_steps",
+                                        "stats.num_accepted_steps", "stats.stiffness_suspected"};
+    for (int i = 0; i < 5; i++) {
         parts[L + i] = nb_reshape(nb_cast(nb_get(tr, sol, "%s", tail[i]), dt), 1, (int64_t[]){1});
     }
-    return nb_concatenate((int)(L + 4), parts, 0);
+    return nb_concatenate((int)(L + 5), parts, 0);
 }
 
 /* The solution dict from a packed vector (SaveAt t1: one row). */
@@ -2038,17 +2091,19 @@ static const nb_tree *nbo_unpack(nb_trace *tr, nb_var *p, const nb_treedef *ydef
                            y0[i]->rank + 1, shp);
         off += N;
     }
-    nb_var *sc[4];
-    for (int i = 0; i < 4; i++) {
+    nb_var *sc[5];
+    for (int i = 0; i < 5; i++) {
         sc[i] =
             nb_reshape(nb_slice(p, (int64_t[]){off + i}, (int64_t[]){off + i + 1}, NULL), 0, NULL);
     }
     nb_var *steps = nb_cast(sc[2], NB_DTYPE_I32), *acc = nb_cast(sc[3], NB_DTYPE_I32);
     nb_tree *ystree = nbo_build(tr, ydef, L, ys), *stats = NULL, *sol = NULL;
     if (ystree != NULL &&
-        nb_tree_dict(tr->ctx, 3,
-                     (const char *[]){"num_steps", "num_accepted_steps", "num_rejected_steps"},
-                     (nb_tree *[]){nb_leaf(steps), nb_leaf(acc), nb_leaf(nb_sub(steps, acc))},
+        nb_tree_dict(tr->ctx, 4,
+                     (const char *[]){"num_steps", "num_accepted_steps", "num_rejected_steps",
+                                      "stiffness_suspected"},
+                     (nb_tree *[]){nb_leaf(steps), nb_leaf(acc), nb_leaf(nb_sub(steps, acc)),
+                                   nb_leaf(nb_cast(sc[4], NB_DTYPE_I32))},
                      &stats) == NB_OK &&
         nbi_trace_own(tr, stats) == NB_OK &&
         nb_tree_dict(tr->ctx, 5, (const char *[]){"ts", "ys", "result", "t_final", "stats"},

@@ -72,6 +72,8 @@ typedef struct nbo_tableau {
     const nbo_rosen *ros; /* a Rosenbrock method (the fields above but name, order,
                              error_order and dense_order unused), or NULL */
     const nbo_dirk *dirk; /* an ESDIRK method (likewise), or NULL */
+    double stiff_bound;   /* FSAL explicit methods: the real stability boundary |h lambda| that
+                             the stiffness test compares with (0: no test) */
 } nbo_tableau;
 
 /* The methods, indexed by nb_ode_solver (nabla/ode.h); NULL for an unknown index. */
