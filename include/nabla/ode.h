@@ -104,7 +104,13 @@ typedef enum nb_ode_solver {
     NB_ODE_IMPLICIT_EULER = 11, /* order 1, error estimate of order 2 (as Diffrax's) */
     NB_ODE_KVAERNO3 = 12,       /* Kvaerno 3(2), 4 stages, L-stable */
     NB_ODE_KVAERNO4 = 13,       /* Kvaerno 4(3), 5 stages, L-stable */
-    NB_ODE_KVAERNO5 = 14        /* Kvaerno 5(4), 7 stages, L-stable */
+    NB_ODE_KVAERNO5 = 14,       /* Kvaerno 5(4), 7 stages, L-stable */
+    /* split (IMEX) problems dy/dt = f_E + f_I: the term is the stiff part f_I, solved
+     * implicitly; opts.explicit_term the non-stiff part f_E, evaluated explicitly (Diffrax's
+     * MultiTerm(ODETerm(f_E), ODETerm(f_I))). Without an explicit term f_E = 0. */
+    NB_ODE_KENCARP3 = 15, /* Kennedy-Carpenter ARK 3(2), 4 stages */
+    NB_ODE_KENCARP4 = 16, /* ARK 4(3), 6 stages */
+    NB_ODE_KENCARP5 = 17  /* ARK 5(4), 8 stages */
 } nb_ode_solver;
 
 /* "euler", "heun", ... ("unknown" otherwise). */
@@ -174,6 +180,12 @@ typedef struct nb_ode_opts {
      * the ts lie sorted within [t0, t1], or the call fails with NB_ERR_RUNTIME naming the
      * values. Not with the backsolve adjoint. Cast to the state's dtype. */
     nb_var *t0_traced, *t1_traced, *ts_traced;
+    /* The explicit (non-stiff) part f_E of dy/dt = f_I + f_E, the term being f_I (default
+     * NULL: none). A function like the term (nb_fn_create or nb_jit of one), called on the
+     * same (t, y, args). The KenCarp solvers evaluate it explicitly and solve only f_I
+     * implicitly; every other solver integrates the sum. Borrowed for the call. Not with the
+     * backsolve adjoint. */
+    nb_fn *explicit_term;
 } nb_ode_opts;
 
 NB_API nb_ode_opts nb_ode_opts_default(void);

@@ -228,8 +228,8 @@ static bool nbo_cfg_read(nb_trace *tr, const nb_tree *self, nbo_cfg *cfg) {
 
 /* fy[i] = s f(s tau, y, args) for the state leaves yv (tree ydef). self holds fn (the term's
  * body), self (its bound data or null), args (or null). */
-static bool nbo_term(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau,
-                     const nb_treedef *ydef, int64_t L, nb_var *const *yv, nb_var **fy) {
+static bool nbo_term_one(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau,
+                         const nb_treedef *ydef, int64_t L, nb_var *const *yv, nb_var **fy) {
     nb_fnptr fp = NULL;
     const char *name = NULL;
     nb_tree_get_fnref(nb_tree_get(self, "fn"), &fp, &name);
@@ -300,6 +300,50 @@ static bool nbo_term(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau
     nb_tree_destroy(list);
     nb_tree_destroy(out);
     return ok;
+}
+
+/* A self dict for one part of a split term: fn and self from the given keys, args kept. */
+static nb_tree *nbo_part(nb_trace *tr, const nb_tree *self, const char *fnkey,
+                         const char *selfkey) {
+    nb_tree *d = NULL;
+    if (nb_tree_dict(tr->ctx, 3, (const char *[]){"fn", "self", "args"},
+                     (nb_tree *[]){(nb_tree *)nb_tree_get(self, fnkey),
+                                   (nb_tree *)nb_tree_get(self, selfkey),
+                                   (nb_tree *)nb_tree_get(self, "args")},
+                     &d) != NB_OK ||
+        nbi_trace_own(tr, d) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return NULL;
+    }
+    return d;
+}
+
+/* Is there an explicit part (opts.explicit_term: self's "efn" a fnref)? */
+static bool nbo_has_efn(const nb_tree *self) {
+    const nb_tree *e = nb_tree_get(self, "efn");
+    return e != NULL && nb_tree_kind_of(e) != NB_TREE_KIND_NULL;
+}
+
+/* fy = s f(s tau, y): the term, plus opts.explicit_term when self carries one ("efn",
+ * "eself": dy/dt = f_I + f_E for every solver but the IMEX ones, which call the parts
+ * through nbo_part). */
+static bool nbo_term(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau,
+                     const nb_treedef *ydef, int64_t L, nb_var *const *yv, nb_var **fy) {
+    if (!nbo_term_one(tr, self, sign, tau, ydef, L, yv, fy)) {
+        return false;
+    }
+    if (!nbo_has_efn(self)) {
+        return true;
+    }
+    nb_tree *e = nbo_part(tr, self, "efn", "eself");
+    nb_var **fe = nbo_vars(tr, L);
+    if (e == NULL || fe == NULL || !nbo_term_one(tr, e, sign, tau, ydef, L, yv, fe)) {
+        return false;
+    }
+    for (int64_t i = 0; i < L; i++) {
+        fy[i] = nb_add(fy[i], fe[i]);
+    }
+    return true;
 }
 
 /* ---- Rosenbrock methods --------------------------------------------------------------- */
@@ -594,24 +638,36 @@ static nb_status nbo_newton_body(nb_trace *tr, const nb_tree *self, const nb_tre
     return NB_OK;
 }
 
-/* One ESDIRK step (tableau.h's nbo_dirk: an explicit first stage f0 = fy, then implicit
- * stages, stiffly accurate): y1, the unscaled error estimate err, f1 = f(tn, y1) (the last
- * stage), and *ok false when a Newton iteration failed (the caller rejects the step).
+/* One ESDIRK step (tableau.h's nbo_dirk: an explicit first stage, then implicit stages),
+ * or an additive (IMEX) one when the method has an explicit tableau (KenCarp: the term is
+ * the implicit part f_I, opts.explicit_term the explicit part f_E, evaluated only at the
+ * stage values). Out: y1, the unscaled error estimate err, f1 = f(tn, y1) for the carry (the
+ * last stage when stiffly accurate; the IMEX methods keep the carry's fy, which they do not
+ * use), kd (IMEX: the stages' f_E + f_I, for the dense output), and *ok false when a Newton
+ * iteration failed (the caller rejects the step).
  *
  * Derivatives: each stage's Newton solution z* is taken as a value only; its derivative is
- * that of z* - M*^{-1} F(z*) with M* = I - h gamma J(tau_i, z*) (both stopped): by the
- * implicit function theorem exactly dz = M*^{-1}(dpsi + h gamma s df/dp), one linear solve
- * per stage (its transpose in reverse mode) -- never the Newton iterations differentiated.
- * That graph is live only under autodiff (op implicit): a forward-only solve never
- * evaluates J(tau_i, z*). The stage derivative is f_i = (z_i - psi_i) / (h gamma), exact at
- * convergence, and consistent with the implicit relation in its derivative as well. */
+ * that of z* - M*^{-1} F(z*) with M* = I - h gamma J_I(tau_i, z*) (both stopped): by the
+ * implicit function theorem exactly dz = M*^{-1}(dpsi + h gamma s df_I/dp), one linear
+ * solve per stage (its transpose in reverse mode) -- never the Newton iterations
+ * differentiated. That graph is live only under autodiff (op implicit): a forward-only
+ * solve never evaluates J(tau_i, z*). The implicit stage derivative is f_I,i = (z_i - psi_i)
+ * / (h gamma), exact at convergence, and consistent with the implicit relation in its
+ * derivative as well. */
 static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const nbo_dirk *D,
                           double rtol, double atol, nb_var *tau, nb_var *tn, nb_var *h,
                           const nb_treedef *ydef, int64_t L, nb_var *const *y, nb_var *const *fy,
-                          nb_var **y1, nb_var **err, nb_var **f1, nb_var **ok) {
+                          nb_var **y1, nb_var **err, nb_var **f1, nb_var ***kd, nb_var **ok) {
     int s = D->stages;
+    bool imex = D->AE != NULL, has_e = nbo_has_efn(self);
+    /* the implicit part's self (IMEX: the term alone), the explicit part's (or NULL) */
+    const nb_tree *iself = imex ? nbo_part(tr, self, "fn", "self") : self;
+    const nb_tree *eself = imex && has_e ? nbo_part(tr, self, "efn", "eself") : NULL;
+    if (iself == NULL || (imex && has_e && eself == NULL)) {
+        return false;
+    }
     nb_var *J = NULL, *T = NULL;
-    if (!nbo_jacobian(tr, self, sign, tau, ydef, L, y, &J, &T)) {
+    if (!nbo_jacobian(tr, iself, sign, tau, ydef, L, y, &J, &T)) {
         return false;
     }
     int64_t N = nb_var_dim(J, 0);
@@ -624,12 +680,30 @@ static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const 
     /* the term's data, stopped: no derivative flows into the Newton loops */
     nb_tree *sargs = nbo_stopped(tr, nb_tree_get(self, "args"));
     nb_tree *sself = nbo_stopped(tr, nb_tree_get(self, "self"));
-    nb_var ***f = nbi_arena_alloc(&tr->arena, (size_t)s * sizeof *f);
+    nb_tree *seself = !imex && has_e ? nbo_stopped(tr, nb_tree_get(self, "eself")) : NULL;
+    nb_var ***f = nbi_arena_alloc(&tr->arena, (size_t)s * sizeof *f);   /* f_I (or f) */
+    nb_var ***fe = nbi_arena_alloc(&tr->arena, (size_t)s * sizeof *fe); /* IMEX: f_E */
     nb_var **psi = nbo_vars(tr, L), **zp = nbo_vars(tr, L);
-    if (sargs == NULL || sself == NULL || f == NULL || psi == NULL || zp == NULL) {
+    if (sargs == NULL || sself == NULL || (!imex && has_e && seself == NULL) || f == NULL ||
+        fe == NULL || psi == NULL || zp == NULL) {
         return false;
     }
-    f[0] = (nb_var **)fy;
+    if (imex) {
+        /* the first stage's parts, f_I(t0, y0) and f_E(t0, y0) */
+        f[0] = nbo_vars(tr, L);
+        fe[0] = nbo_vars(tr, L);
+        if (f[0] == NULL || fe[0] == NULL ||
+            !nbo_term_one(tr, iself, sign, tau, ydef, L, y, f[0]) ||
+            (eself != NULL && !nbo_term_one(tr, eself, sign, tau, ydef, L, y, fe[0]))) {
+            return false;
+        }
+        if (eself == NULL) {
+            fe[0] = NULL;
+        }
+    } else {
+        f[0] = (nb_var **)fy;
+        fe[0] = NULL;
+    }
     *ok = nb_scalar_typed(tr, NB_DTYPE_BOOL, 1.0);
     nb_fn *cf = NULL;
     if (nb_fn_create(tr->ctx, "diffeqsolve_newton_cond", nbo_newton_cond, NULL, &cf) != NB_OK) {
@@ -638,16 +712,22 @@ static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const 
     }
     bool good = true;
     for (int i = 1; i < s && good; i++) {
-        /* psi = y + h sum_j a_ij f_j; the predictor z0 = psi + h gamma sum_j alpha_ij f_j */
+        /* psi = y + h sum_j (a_ij f_j + aE_ij fE_j); the predictor z0 = psi + h gamma sum_j
+         * alpha_ij f_j */
         nb_var **zi = nbo_vars(tr, L), **zs = nbo_vars(tr, L), **F = nbo_vars(tr, L);
         nb_var **fi = nbo_vars(tr, L), **dz = nbo_vars(tr, L);
         f[i] = fi;
+        fe[i] = NULL;
         good = zi != NULL && zs != NULL && F != NULL && fi != NULL && dz != NULL;
         for (int64_t l = 0; good && l < L; l++) {
             nb_var *acc = NULL, *pred = NULL;
             for (int j = 0; j < i; j++) {
                 if (D->A[i * s + j] != 0.0) {
                     nb_var *term = nb_mul(f[j][l], nb_scalar(tr, D->A[i * s + j]));
+                    acc = acc == NULL ? term : nb_add(acc, term);
+                }
+                if (imex && fe[j] != NULL && D->AE[i * s + j] != 0.0) {
+                    nb_var *term = nb_mul(fe[j][l], nb_scalar(tr, D->AE[i * s + j]));
                     acc = acc == NULL ? term : nb_add(acc, term);
                 }
                 if (D->P[i * s + j] != 0.0) {
@@ -662,7 +742,7 @@ static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const 
             break;
         }
         nb_var *ti = D->c[i] == 1.0 ? tn : nb_add(tau, nb_mul(h, nb_scalar(tr, D->c[i])));
-        /* the Newton loop on stopped inputs */
+        /* the Newton loop on stopped inputs (IMEX: the implicit part only) */
         nb_tree *spsi = nbo_build(tr, ydef, L, psi), *szp = nbo_build(tr, ydef, L, zp);
         nb_tree *tol =
             nbo_tuple(tr, 4,
@@ -676,12 +756,15 @@ static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const 
         }
         spsi = nbo_stopped(tr, spsi);
         szp = nbo_stopped(tr, szp);
+        bool sum = !imex && has_e;
         if (spsi == NULL || szp == NULL ||
-            nb_tree_dict(tr->ctx, 8,
-                         (const char *[]){"fn", "self", "args", "psi", "hg", "tau", "lu", "tol"},
+            nb_tree_dict(tr->ctx, sum ? 10 : 8,
+                         (const char *[]){"fn", "self", "args", "psi", "hg", "tau", "lu", "tol",
+                                          "efn", "eself"},
                          (nb_tree *[]){(nb_tree *)nb_tree_get(self, "fn"), sself, sargs, spsi,
                                        nb_leaf(nb_stop_gradient(hg)), nb_leaf(nb_stop_gradient(ti)),
-                                       nb_leaf(nb_stop_gradient(lu)), tol},
+                                       nb_leaf(nb_stop_gradient(lu)), tol,
+                                       sum ? (nb_tree *)nb_tree_get(self, "efn") : NULL, seself},
                          &bself) != NB_OK ||
             nb_fn_create(tr->ctx, "diffeqsolve_newton", nbo_newton_body, bself, &bf) != NB_OK) {
             nb_tree_destroy(bself);
@@ -714,8 +797,8 @@ static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const 
         }
         nb_var *Jz = NULL, *Tz = NULL;
         nb_var **fz = nbo_vars(tr, L);
-        good = fz != NULL && nbo_jacobian(tr, self, sign, ti, ydef, L, zs, &Jz, &Tz) &&
-               nbo_term(tr, self, sign, ti, ydef, L, zs, fz);
+        good = fz != NULL && nbo_jacobian(tr, iself, sign, ti, ydef, L, zs, &Jz, &Tz) &&
+               nbo_term(tr, iself, sign, ti, ydef, L, zs, fz);
         if (!good) {
             break;
         }
@@ -728,7 +811,11 @@ static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const 
             zi[l] = nbi_implicit(zs[l], nb_sub(zs[l], dz[l]));
             fi[l] = nb_div(nb_sub(zi[l], psi[l]), hg);
         }
-        if (i == s - 1) {
+        if (imex && eself != NULL) { /* the explicit part at the stage value */
+            fe[i] = nbo_vars(tr, L);
+            good = fe[i] != NULL && nbo_term_one(tr, eself, sign, ti, ydef, L, zi, fe[i]);
+        }
+        if (!imex && i == s - 1) {
             memcpy(y1, zi, (size_t)L * sizeof *y1);
         }
     }
@@ -736,16 +823,41 @@ static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const 
     if (!good || tr->status != NB_OK) {
         return false;
     }
-    for (int64_t l = 0; l < L; l++) {
-        nb_var *acc = NULL;
+    nb_var **k = NULL;
+    if (imex) { /* the stages' f_E + f_I */
+        k = nbo_vars(tr, (int64_t)s * L);
+        if (k == NULL) {
+            return false;
+        }
         for (int j = 0; j < s; j++) {
+            for (int64_t l = 0; l < L; l++) {
+                k[j * L + l] = fe[j] != NULL ? nb_add(f[j][l], fe[j][l]) : f[j][l];
+            }
+        }
+    }
+    for (int64_t l = 0; l < L; l++) {
+        nb_var *acc = NULL, *sol = NULL;
+        for (int j = 0; j < s; j++) {
+            nb_var *kj = imex ? k[j * L + l] : f[j][l];
             if (D->e[j] != 0.0) {
-                nb_var *term = nb_mul(f[j][l], nb_scalar(tr, D->e[j]));
+                nb_var *term = nb_mul(kj, nb_scalar(tr, D->e[j]));
                 acc = acc == NULL ? term : nb_add(acc, term);
+            }
+            if (imex && D->b[j] != 0.0) {
+                nb_var *term = nb_mul(kj, nb_scalar(tr, D->b[j]));
+                sol = sol == NULL ? term : nb_add(sol, term);
             }
         }
         err[l] = nb_mul(h, acc);
-        f1[l] = f[s - 1][l];
+        if (imex) {
+            y1[l] = nb_add(y[l], nb_mul(h, sol));
+            f1[l] = fy[l];
+        } else {
+            f1[l] = f[s - 1][l];
+        }
+    }
+    if (kd != NULL) {
+        *kd = k;
     }
     return true;
 }
@@ -821,7 +933,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     const nbo_rosen *R = tab->ros;
     nb_var **rerr = NULL, **RK[3] = {NULL, NULL, NULL};
     const nbo_dirk *D = tab->dirk;
-    nb_var *newton_ok = NULL;
+    nb_var *newton_ok = NULL, **dirk_k = NULL;
     if (D != NULL) {
         /* Newton's tolerances: the controller's; with constant steps (no tolerances) far
          * below the method's error, so that the iteration never limits the order */
@@ -833,7 +945,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         f1 = nbo_vars(tr, L);
         ok = rerr != NULL && f1 != NULL &&
              nbo_dirk_step(tr, self, sign, D, newton_rtol, newton_atol, t, tn, h, ydef, L, y, fy,
-                           y1, rerr, f1, &newton_ok);
+                           y1, rerr, f1, &dirk_k, &newton_ok);
         s = 0;
     } else if (R != NULL) {
         /* a Rosenbrock step, then f(tn, y1): the next step's first right-hand side and the
@@ -1075,7 +1187,29 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
             int64_t N = nb_var_size(y[i]);
             nb_var *y0f = nb_reshape(y[i], 2, (int64_t[]){1, N});
             nb_var *val;
-            if (R != NULL && R->n_h > 0) {
+            if (D != NULL && D->H != NULL) {
+                /* KenCarp: y0 + h sum_i theta P_i(theta) (f_E + f_I)_i (Diffrax's) */
+                nb_var *sum = NULL;
+                for (int j = 0; j < D->stages; j++) {
+                    nb_var *pj = NULL;
+                    for (int q = 0; q < D->dense_degree; q++) { /* Horner, highest first */
+                        double cq = D->H[j * D->dense_degree + q];
+                        pj = pj == NULL ? nb_mul(th, nb_scalar(tr, cq))
+                                        : nb_mul(th, nb_add(pj, nb_scalar(tr, cq)));
+                    }
+                    bool zero = true;
+                    for (int q = 0; q < D->dense_degree; q++) {
+                        zero = zero && D->H[j * D->dense_degree + q] == 0.0;
+                    }
+                    if (zero) {
+                        continue;
+                    }
+                    nb_var *kj = nb_reshape(dirk_k[j * L + i], 2, (int64_t[]){1, N});
+                    nb_var *term = nb_mul(pj, kj);
+                    sum = sum == NULL ? term : nb_add(sum, term);
+                }
+                val = nb_add(y0f, nb_mul(h, sum));
+            } else if (R != NULL && R->n_h > 0) {
                 /* (1 - th) y0 + th (y1 + (1 - th)(K1 + th (K2 + th K3))) */
                 nb_var *y1f = nb_reshape(y1[i], 2, (int64_t[]){1, N});
                 nb_var *in = nb_reshape(RK[R->n_h - 1][i], 2, (int64_t[]){1, N});
@@ -1363,6 +1497,13 @@ static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
                       who);
         return false;
     }
+    if (o->explicit_term != NULL && o->adjoint.kind == NB_ADJOINT_BACKSOLVE) {
+        nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
+                      "%s: opts.explicit_term with the backsolve adjoint is not supported -- use "
+                      "the recursive checkpoint or direct adjoint",
+                      who);
+        return false;
+    }
     if ((o->t0_traced != NULL || o->t1_traced != NULL || o->ts_traced != NULL) &&
         o->adjoint.kind == NB_ADJOINT_BACKSOLVE) {
         nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
@@ -1562,9 +1703,26 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         nb_tree *us = tuself != NULL ? (nb_tree *)tuself : nbo_null(tr);
         nb_tree *ua = args != NULL ? (nb_tree *)args : nbo_null(tr);
         nb_tree *d = NULL;
-        if (us == NULL || ua == NULL ||
-            nb_tree_dict(ctx, 3, (const char *[]){"fn", "self", "args"},
-                         (nb_tree *[]){fnref, us, ua}, &d) != NB_OK ||
+        /* the explicit part (opts.explicit_term), as the term: its body and bound data */
+        nb_tree *efn = nbo_null(tr), *eself = nbo_null(tr);
+        if (S.o.explicit_term != NULL) {
+            nb_fn_body ebody = NULL;
+            const nb_tree *ebound = NULL;
+            if (!nbo_unwrap(tr, S.o.explicit_term, &ebody, &ebound)) {
+                goto done;
+            }
+            if (nb_tree_fnref(ctx, (nb_fnptr)ebody, S.o.explicit_term->name, &efn) != NB_OK ||
+                nbi_trace_own(tr, efn) != NB_OK) {
+                nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+                goto done;
+            }
+            if (ebound != NULL) {
+                eself = (nb_tree *)ebound;
+            }
+        }
+        if (us == NULL || ua == NULL || efn == NULL || eself == NULL ||
+            nb_tree_dict(ctx, 5, (const char *[]){"fn", "self", "args", "efn", "eself"},
+                         (nb_tree *[]){fnref, us, ua, efn, eself}, &d) != NB_OK ||
             nbi_trace_own(tr, d) != NB_OK) {
             nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
             goto done;
@@ -1717,12 +1875,16 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         nb_fn *bf = NULL, *cf = NULL;
         nb_status st = cfg != NULL && tsleaf != NULL ? NB_OK : NB_ERR_OOM;
         if (st == NB_OK) {
-            st = nb_tree_dict(tr->ctx, 6, (const char *[]){"fn", "self", "args", "cfg", "ts", "t1"},
-                              (nb_tree *[]){(nb_tree *)nb_tree_get(S.tself, "fn"),
-                                            (nb_tree *)nb_tree_get(S.tself, "self"),
-                                            (nb_tree *)nb_tree_get(S.tself, "args"), cfg, tsleaf,
-                                            S.traced ? nb_leaf(t1v) : nbo_float(tr, S.tau1)},
-                              &bself);
+            st = nb_tree_dict(
+                tr->ctx, 8,
+                (const char *[]){"fn", "self", "args", "cfg", "ts", "t1", "efn", "eself"},
+                (nb_tree *[]){(nb_tree *)nb_tree_get(S.tself, "fn"),
+                              (nb_tree *)nb_tree_get(S.tself, "self"),
+                              (nb_tree *)nb_tree_get(S.tself, "args"), cfg, tsleaf,
+                              S.traced ? nb_leaf(t1v) : nbo_float(tr, S.tau1),
+                              (nb_tree *)nb_tree_get(S.tself, "efn"),
+                              (nb_tree *)nb_tree_get(S.tself, "eself")},
+                &bself);
         }
         if (st == NB_OK) {
             st = nb_tree_dict(tr->ctx, 1, (const char *[]){"t1"},
@@ -2405,6 +2567,7 @@ static nb_status nbo_bs_bwd(nb_trace *tr, const nb_tree *self, const nb_tree *ar
     b.saveat.ts = NULL;
     b.saveat.n_ts = 0;
     b.t0_traced = b.t1_traced = b.ts_traced = NULL;
+    b.explicit_term = NULL;
     b.throw_on_failure = false;
     b.adjoint.kind = NB_ADJOINT_DIRECT;
     if (!nbo_check_opts(tr, &b)) {

@@ -52,6 +52,14 @@ typedef struct nbo_dirk {
     const double *A; /* stages x stages, row-major, strictly lower (the diagonal is gamma) */
     const double *P; /* the predictor, stages x stages, strictly lower */
     const double *e, *c;
+    /* Additive (IMEX, KenCarp) methods: the explicit tableau AE (strictly lower) for the
+     * explicit part f_E, the weights b of y1 = y0 + h sum_i b_i (f_E + f_I)_i, and the dense
+     * output y0 + h sum_i theta P_i(theta) (f_E + f_I)_i with P_i of dense_degree
+     * coefficients H[i], highest power first (Diffrax's KenCarpInterpolation). NULL/0 for
+     * the plain (stiffly accurate) ESDIRK methods. */
+    const double *AE, *b;
+    int dense_degree;
+    const double *H;
 } nbo_dirk;
 
 typedef struct nbo_tableau {
