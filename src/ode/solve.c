@@ -1085,13 +1085,15 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         ppie_new = nb_select(keep, pie, ppie);
     } else {
         keep = nb_logical_not(bad_state);
-        res_new = nb_select(bad_state, nbo_i32(tr, NB_ODE_NONFINITE), res_new);
-        if (newton_ok != NULL) { /* constant steps cannot shrink: a failed Newton ends it */
+        if (newton_ok != NULL) { /* constant steps cannot shrink: a failed Newton ends it (a
+                                    singular Newton matrix makes the state NaN as well: the
+                                    Newton failure is the cause reported) */
             keep = nb_logical_and(keep, newton_ok);
-            res_new =
-                nb_select(nb_logical_and(nb_logical_not(newton_ok), nb_eq(res_new, nbo_i32(tr, 0))),
-                          nbo_i32(tr, NB_ODE_NEWTON_FAILED), res_new);
+            res_new = nb_select(nb_logical_not(newton_ok), nbo_i32(tr, NB_ODE_NEWTON_FAILED),
+                                res_new);
         }
+        res_new = nb_select(nb_logical_and(bad_state, nb_eq(res_new, nbo_i32(tr, 0))),
+                            nbo_i32(tr, NB_ODE_NONFINITE), res_new);
         t_new = nb_select(keep, tn, t);
         tn_new = nb_add(t_new, nb_scalar(tr, cfg.v[CFG_DT0]));
     }

@@ -75,8 +75,10 @@ static SP_UNUSED nb_status term_hires(nb_trace *tr, const nb_tree *self, const n
     (void)self;
     nb_var *y = nb_get(tr, args, "[1]"), *p = nb_get(tr, args, "[2]");
     nb_var *Y[8], *P[12];
-    for (int i = 0; i < 8; i++) Y[i] = sp_at(y, i);
-    for (int i = 0; i < 12; i++) P[i] = sp_at(p, i);
+    for (int i = 0; i < 8; i++)
+        Y[i] = sp_at(y, i);
+    for (int i = 0; i < 12; i++)
+        P[i] = sp_at(p, i);
     nb_var *y1 = Y[0], *y2 = Y[1], *y3 = Y[2], *y4 = Y[3], *y5 = Y[4], *y6 = Y[5], *y7 = Y[6],
            *y8 = Y[7];
     nb_var *p1 = P[0], *p2 = P[1], *p3 = P[2], *p4 = P[3], *p5 = P[4], *p6 = P[5], *p7 = P[6],
@@ -115,9 +117,9 @@ static SP_UNUSED nb_status term_orego(nb_trace *tr, const nb_tree *self, const n
  * 25 reactions r_j = k_j y_a (y_b) (1-based species, multiplied left to right), and
  * dy_i/dt = a signed sum of rates, summed left to right as in pollu.f. */
 static const int SP_POLLU_REACTANTS[25][2] SP_UNUSED = {
-    {1, 0},  {2, 4},  {5, 2},   {7, 0},  {7, 0},  {7, 6},  {9, 0},  {9, 6},  {11, 2},
-    {11, 1}, {13, 0}, {10, 2},  {14, 0}, {1, 6},  {3, 0},  {4, 0},  {4, 0},  {16, 0},
-    {16, 0}, {17, 6}, {19, 0},  {19, 0}, {1, 4},  {19, 1}, {20, 0}};
+    {1, 0},  {2, 4},  {5, 2},  {7, 0},  {7, 0}, {7, 6},  {9, 0}, {9, 6}, {11, 2},
+    {11, 1}, {13, 0}, {10, 2}, {14, 0}, {1, 6}, {3, 0},  {4, 0}, {4, 0}, {16, 0},
+    {16, 0}, {17, 6}, {19, 0}, {19, 0}, {1, 4}, {19, 1}, {20, 0}};
 /* Signed 1-based reaction indices per equation, 0-terminated. */
 static const int SP_POLLU_SUMS[20][13] SP_UNUSED = {
     {-1, -10, -14, -23, -24, 2, 3, 9, 11, 12, 22, 25, 0},
@@ -146,10 +148,12 @@ static SP_UNUSED nb_status term_pollu(nb_trace *tr, const nb_tree *self, const n
     (void)self;
     nb_var *y = nb_get(tr, args, "[1]"), *k = nb_get(tr, args, "[2]");
     nb_var *Y[20], *r[25], *f[20];
-    for (int i = 0; i < 20; i++) Y[i] = sp_at(y, i);
+    for (int i = 0; i < 20; i++)
+        Y[i] = sp_at(y, i);
     for (int j = 0; j < 25; j++) {
         r[j] = nb_mul(sp_at(k, j), Y[SP_POLLU_REACTANTS[j][0] - 1]);
-        if (SP_POLLU_REACTANTS[j][1]) r[j] = nb_mul(r[j], Y[SP_POLLU_REACTANTS[j][1] - 1]);
+        if (SP_POLLU_REACTANTS[j][1])
+            r[j] = nb_mul(r[j], Y[SP_POLLU_REACTANTS[j][1] - 1]);
     }
     for (int i = 0; i < 20; i++) {
         const int *s = SP_POLLU_SUMS[i];
@@ -171,13 +175,13 @@ static const double SP_HIRES_P[12] SP_UNUSED = {1.71,  0.43, 8.32,  0.0007, 8.75
                                                 0.035, 1.12, 1.745, 280.0,  0.69, 1.81};
 static const double SP_OREGO_Y0[3] SP_UNUSED = {1.0, 2.0, 3.0};
 static const double SP_OREGO_P[3] SP_UNUSED = {77.27, 8.375e-6, 0.161};
-static const double SP_POLLU_Y0[20] SP_UNUSED = {0.0, 0.2, 0.0, 0.04, 0.0, 0.0,   0.1,
-                                                 0.3, 0.01, 0.0, 0.0, 0.0, 0.0,  0.0,
-                                                 0.0, 0.0, 0.007, 0.0, 0.0, 0.0};
+static const double SP_POLLU_Y0[20] SP_UNUSED = {0.0, 0.2,  0.0,   0.04, 0.0, 0.0, 0.1,
+                                                 0.3, 0.01, 0.0,   0.0,  0.0, 0.0, 0.0,
+                                                 0.0, 0.0,  0.007, 0.0,  0.0, 0.0};
 static const double SP_POLLU_P[25] SP_UNUSED = {
-    .35e0, .266e2, .123e5, .86e-3,  .82e-3, .15e5,  .13e-3, .24e5, .165e5,
-    .9e4,  .22e-1, .12e5,  .188e1,  .163e5, .48e7,  .35e-3, .175e-1, .1e9,
-    .444e12, .124e4, .21e1, .578e1, .474e-1, .178e4, .312e1};
+    .35e0,   .266e2, .123e5, .86e-3, .82e-3,  .15e5,  .13e-3, .24e5,   .165e5,
+    .9e4,    .22e-1, .12e5,  .188e1, .163e5,  .48e7,  .35e-3, .175e-1, .1e9,
+    .444e12, .124e4, .21e1,  .578e1, .474e-1, .178e4, .312e1};
 
 typedef struct sp_problem {
     const char *name;
