@@ -110,7 +110,10 @@ typedef enum nb_ode_solver {
      * MultiTerm(ODETerm(f_E), ODETerm(f_I))). Without an explicit term f_E = 0. */
     NB_ODE_KENCARP3 = 15, /* Kennedy-Carpenter ARK 3(2), 4 stages */
     NB_ODE_KENCARP4 = 16, /* ARK 4(3), 6 stages */
-    NB_ODE_KENCARP5 = 17  /* ARK 5(4), 8 stages */
+    NB_ODE_KENCARP5 = 17, /* ARK 5(4), 8 stages */
+    /* stiff, low order: Shampine's L-stable W-method (MATLAB's ode23s), order 2 with an
+     * order-3 error estimate (rtol ~1e-2..1e-4) */
+    NB_ODE_ROSENBROCK23 = 18
 } nb_ode_solver;
 
 /* "euler", "heun", ... ("unknown" otherwise). */

@@ -430,6 +430,61 @@ static bool nbo_jacobian(nb_trace *tr, const nb_tree *self, double sign, nb_var 
     return tr->status == NB_OK;
 }
 
+/* Rosenbrock23 (Shampine and Reichelt's ode23s): with W = I - h d J and T = df/dt,
+ *     W k1 = f0 + h d T,  f1 = f(t + h/2, y0 + h/2 k1),  W (k2 - k1) = f1 - k1,
+ *     y1 = y0 + h k2,  f2 = f(t + h, y1),
+ *     W k3 = f2 - e32 (k2 - f1) - 2 (k1 - f0) + h d T,  err = h/6 (k1 - 2 k2 + k3),
+ * e32 = 6 + sqrt 2; f2 is the next step's f0 (FSAL, returned in f2); K = (k1, k2) for the
+ * dense output y0 + h (theta (1 - theta) k1 + theta (theta - 2 d) k2) / (1 - 2 d). */
+static bool nbo_ros23_step(nb_trace *tr, const nb_tree *self, double sign, const nbo_rosen *R,
+                           nb_var *tau, nb_var *tn, nb_var *h, const nb_treedef *ydef, int64_t L,
+                           nb_var *const *y, nb_var *const *fy, nb_var **y1, nb_var **err,
+                           nb_var **f2, nb_var ***K) {
+    nb_var *J = NULL, *T = NULL;
+    if (!nbo_jacobian(tr, self, sign, tau, ydef, L, y, &J, &T)) {
+        return false;
+    }
+    int64_t N = nb_var_dim(J, 0);
+    nb_dtype dt = nb_var_dtype(tau);
+    nb_var *eye = nb_cast(nb_eq(nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){N, N}, 0),
+                                nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){N, N}, 1)),
+                          dt);
+    nb_var *hd = nb_mul(h, nb_scalar(tr, R->gamma));
+    nb_var *lu = nb_lu_factor(nb_sub(eye, nb_mul(hd, J)));
+    nb_var *hdT = nb_mul(hd, T), *half = nb_mul(h, nb_scalar(tr, 0.5));
+    nb_var *f0 = nbo_flat(L, fy), *y0 = nbo_flat(L, y);
+    nb_var *k1 = nb_lu_solve(lu, nb_add(f0, hdT), false);
+    nb_var **u = nbo_vars(tr, L), **fu = nbo_vars(tr, L);
+    if (u == NULL || fu == NULL) {
+        return false;
+    }
+    nbo_unflat(nb_add(y0, nb_mul(half, k1)), L, y, u);
+    if (!nbo_term(tr, self, sign, nb_add(tau, half), ydef, L, u, fu)) {
+        return false;
+    }
+    nb_var *f1 = nbo_flat(L, fu);
+    nb_var *k2 = nb_add(nb_lu_solve(lu, nb_sub(f1, k1), false), k1);
+    nb_var *y1f = nb_add(y0, nb_mul(h, k2));
+    nbo_unflat(y1f, L, y, y1);
+    if (!nbo_term(tr, self, sign, tn, ydef, L, y1, f2)) {
+        return false;
+    }
+    nb_var *rhs =
+        nb_sub(nb_sub(nbo_flat(L, f2), nb_mul(nb_sub(k2, f1), nb_scalar(tr, 7.4142135623730949))),
+               nb_mul(nb_sub(k1, f0), nb_scalar(tr, 2.0)));
+    nb_var *k3 = nb_lu_solve(lu, nb_add(rhs, hdT), false);
+    nb_var *e = nb_mul(nb_div(h, nb_scalar(tr, 6.0)),
+                       nb_add(nb_sub(k1, nb_mul(k2, nb_scalar(tr, 2.0))), k3));
+    nbo_unflat(e, L, y, err);
+    for (int r = 0; r < 2; r++) {
+        if ((K[r] = nbo_vars(tr, L)) == NULL) {
+            return false;
+        }
+        nbo_unflat(r == 0 ? k1 : k2, L, y, K[r]);
+    }
+    return tr->status == NB_OK;
+}
+
 /* One Rosenbrock step (tableau.h's nbo_rosen) from (tau, y) with step h = tn - tau: the new
  * state y1, the unscaled error estimate err (leaves) and, with an interpolant, K[r] (n_h of
  * them, leaves each). fy is s f(tau, y), the first stage's right-hand side. A singular W
@@ -952,9 +1007,14 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
          * Hermite interpolant's end slope */
         rerr = nbo_vars(tr, L);
         f1 = nbo_vars(tr, L);
-        ok = rerr != NULL && f1 != NULL &&
-             nbo_ros_step(tr, self, sign, R, t, h, ydef, L, y, fy, y1, rerr, RK) &&
-             nbo_term(tr, self, sign, tn, ydef, L, y1, f1);
+        if (R->ros23) { /* f(tn, y1) is its own third stage */
+            ok = rerr != NULL && f1 != NULL &&
+                 nbo_ros23_step(tr, self, sign, R, t, tn, h, ydef, L, y, fy, y1, rerr, f1, RK);
+        } else {
+            ok = rerr != NULL && f1 != NULL &&
+                 nbo_ros_step(tr, self, sign, R, t, h, ydef, L, y, fy, y1, rerr, RK) &&
+                 nbo_term(tr, self, sign, tn, ydef, L, y1, f1);
+        }
         s = 0; /* no explicit stages below */
     }
     for (int i = 1; i < s && ok; i++) {
@@ -1089,8 +1149,8 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
                                     singular Newton matrix makes the state NaN as well: the
                                     Newton failure is the cause reported) */
             keep = nb_logical_and(keep, newton_ok);
-            res_new = nb_select(nb_logical_not(newton_ok), nbo_i32(tr, NB_ODE_NEWTON_FAILED),
-                                res_new);
+            res_new =
+                nb_select(nb_logical_not(newton_ok), nbo_i32(tr, NB_ODE_NEWTON_FAILED), res_new);
         }
         res_new = nb_select(nb_logical_and(bad_state, nb_eq(res_new, nbo_i32(tr, 0))),
                             nbo_i32(tr, NB_ODE_NONFINITE), res_new);
@@ -1211,6 +1271,15 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
                     sum = sum == NULL ? term : nb_add(sum, term);
                 }
                 val = nb_add(y0f, nb_mul(h, sum));
+            } else if (R != NULL && R->ros23) {
+                /* y0 + h (th (1 - th) k1 + th (th - 2 d) k2) / (1 - 2 d) */
+                double d = R->gamma, c = 1.0 / (1.0 - 2.0 * d);
+                nb_var *k1f = nb_reshape(RK[0][i], 2, (int64_t[]){1, N});
+                nb_var *k2f = nb_reshape(RK[1][i], 2, (int64_t[]){1, N});
+                nb_var *b1 = nb_mul(nb_mul(th, nb_sub(nb_scalar(tr, 1.0), th)), nb_scalar(tr, c));
+                nb_var *b2 =
+                    nb_mul(nb_mul(th, nb_sub(th, nb_scalar(tr, 2.0 * d))), nb_scalar(tr, c));
+                val = nb_add(y0f, nb_mul(h, nb_add(nb_mul(b1, k1f), nb_mul(b2, k2f))));
             } else if (R != NULL && R->n_h > 0) {
                 /* (1 - th) y0 + th (y1 + (1 - th)(K1 + th (K2 + th K3))) */
                 nb_var *y1f = nb_reshape(y1[i], 2, (int64_t[]){1, N});

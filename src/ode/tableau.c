@@ -461,6 +461,12 @@ static const nbo_rosen ros3p = {.stages = 3,
                                 .n_h = 0,
                                 .H = NULL};
 
+/* rosenbrock23: L. F. Shampine and M. W. Reichelt, "The MATLAB ODE suite", SIAM J. Sci.
+ * Comput. 18 (1997) 1-22 (MATLAB's ode23s; OrdinaryDiffEq's Rosenbrock23): a W-method of
+ * order 2 with an L-stable order-3 error estimate, FSAL, and its own dense output of order
+ * 2; d = 1 / (2 + sqrt 2). */
+static const nbo_rosen rosenbrock23 = {.ros23 = true, .stages = 3, .gamma = 0.29289321881345248};
+
 /* ---- ESDIRK methods --------------------------------------------------------------------
  * Diffrax's implicit Runge-Kutta methods (diffrax/_solver/implicit_euler.py, kvaerno3.py,
  * kvaerno4.py, kvaerno5.py) in tableau.h's nbo_dirk form: A strictly lower (the diagonal is
@@ -756,13 +762,18 @@ static const nbo_tableau nbo_tableaus[] = {
         {.name = "kencarp4", .order = 4, .error_order = 4, .dense_order = 3, .dirk = &kencarp4},
     [NB_ODE_KENCARP5] =
         {.name = "kencarp5", .order = 5, .error_order = 5, .dense_order = 3, .dirk = &kencarp5},
+    [NB_ODE_ROSENBROCK23] = {.name = "rosenbrock23",
+                             .order = 2,
+                             .error_order = 3,
+                             .dense_order = 2,
+                             .ros = &rosenbrock23},
 };
 
-_Static_assert(sizeof nbo_tableaus / sizeof nbo_tableaus[0] == NB_ODE_KENCARP5 + 1,
+_Static_assert(sizeof nbo_tableaus / sizeof nbo_tableaus[0] == NB_ODE_ROSENBROCK23 + 1,
                "one tableau per nb_ode_solver");
 
 NBI_HIDDEN const nbo_tableau *nbo_tableau_get(int solver) {
-    if (solver < 0 || solver > NB_ODE_KENCARP5) {
+    if (solver < 0 || solver > NB_ODE_ROSENBROCK23) {
         return NULL;
     }
     return &nbo_tableaus[solver];

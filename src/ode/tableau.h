@@ -32,6 +32,9 @@
  *     y(t0 + theta h) = (1 - theta) y0 + theta (y1 + (1 - theta)(K_1 + theta (K_2 + theta K_3)))
  * (n_h = 3; n_h = 2 drops K_3); n_h = 0: the cubic Hermite of the explicit methods. */
 typedef struct nbo_rosen {
+    /* Shampine's Rosenbrock23 (ode23s) is written in its own form instead (solve.c,
+     * nbo_ros23_step): gamma = d, the other fields unused */
+    bool ros23;
     int stages;
     double gamma;
     const double *A, *C; /* stages x stages, row-major, strictly lower */

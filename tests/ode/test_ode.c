@@ -446,10 +446,10 @@ static void load_lv(lv_ref *r) {
 /* ---- convergence order ------------------------------------------------------------- */
 
 static const nb_ode_solver g_all[] = {
-    NB_ODE_EULER,    NB_ODE_HEUN,           NB_ODE_MIDPOINT, NB_ODE_RALSTON,  NB_ODE_BOSH3,
-    NB_ODE_RK4,      NB_ODE_DOPRI5,         NB_ODE_TSIT5,    NB_ODE_DOPRI8,   NB_ODE_ROS3P,
-    NB_ODE_RODAS5P,  NB_ODE_IMPLICIT_EULER, NB_ODE_KVAERNO3, NB_ODE_KVAERNO4, NB_ODE_KVAERNO5,
-    NB_ODE_KENCARP3, NB_ODE_KENCARP4,       NB_ODE_KENCARP5};
+    NB_ODE_EULER,    NB_ODE_HEUN,           NB_ODE_MIDPOINT, NB_ODE_RALSTON,     NB_ODE_BOSH3,
+    NB_ODE_RK4,      NB_ODE_DOPRI5,         NB_ODE_TSIT5,    NB_ODE_DOPRI8,      NB_ODE_ROS3P,
+    NB_ODE_RODAS5P,  NB_ODE_IMPLICIT_EULER, NB_ODE_KVAERNO3, NB_ODE_KVAERNO4,    NB_ODE_KVAERNO5,
+    NB_ODE_KENCARP3, NB_ODE_KENCARP4,       NB_ODE_KENCARP5, NB_ODE_ROSENBROCK23};
 
 static const char *const g_cf_problem[] = {"exp_decay", "harmonic", "t_growth", "logistic",
                                            "exp_decay_backward"};
