@@ -564,6 +564,29 @@ static void test_stiff_gradients(void **state) {
                 nb_fn_destroy(f);
             }
             NBT_TRUE(memcmp(g[0], g[1], (size_t)P->np * sizeof(double)) == 0);
+            /* forward mode through the same solve: the tangent of the loss along v = p (a
+             * relative perturbation of every rate) against sum_i g_ref,i p_i */
+            nb_tree *self = set_self(ctx, solvers[si], problems[k], 100, 0, 100000);
+            nb_fn *f = NULL, *jf = NULL;
+            NBT_OK(ctx, nb_fn_create(ctx, "stiff_jvp", body_set, self, &f));
+            nb_tree_destroy(self);
+            NBT_OK(ctx, nb_jvp(f, &jf));
+            nb_tree *tan = set_args(ctx, P), *pt = NULL, *out = NULL;
+            pt = nbt_tuple_take(ctx, 2, (nb_tree *[]){nb_tree_retain(args), tan});
+            NBT_OK(ctx, nb_fn_call(jf, pt, &out));
+            double want = 0, wmag = 0;
+            for (int i = 0; i < P->np; i++) {
+                want += gref[i] * P->p[i];
+                wmag += fabs(gref[i] * P->p[i]);
+            }
+            double got = leaf_at(out, "1.0", 0), e = fabs(got - want) / wmag;
+            print_message("%-9s %-9s forward mode (jvp): rel err %.2e\n", P->name,
+                          nb_ode_solver_name((nb_ode_solver)solvers[si]), e);
+            bad += !(e <= 1e-6);
+            nb_tree_destroy(out);
+            nb_tree_destroy(pt);
+            nb_fn_destroy(jf);
+            nb_fn_destroy(f);
         }
         nb_tree_destroy(args);
     }
