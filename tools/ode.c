@@ -229,7 +229,8 @@ static void ode_usage(FILE *f) {
             "  --noise X         the noise's standard deviation, absolute (default 0.05)\n"
             "  --points N        observation times in (0, 10] (default 20: 0.5, 1.0, ..., 10)\n"
             "  --solver NAME     the fit's solver: heun, midpoint, ralston, bosh3, dopri5, tsit5\n"
-            "                    or dopri8 (default tsit5; euler and rk4 have no error estimate)\n"
+            "                    or dopri8 (default tsit5; euler and rk4 have no error estimate),\n"
+            "                    or a stiff one: rodas5p, kvaerno5, ... (nabla/ode.h)\n"
             "  --adjoint KIND    checkpoint (recursive checkpointing) or direct (every step\n"
             "                    stored); the same gradient (default checkpoint)\n"
             "  --rtol X          the fit's relative tolerance (default 1e-6)\n"
@@ -275,14 +276,15 @@ static int ode_parse_init(const char *s, double init[ODE_NPARAM]) {
 }
 
 static int ode_parse_solver(const char *s, nb_ode_solver *out) {
-    for (int k = NB_ODE_EULER; k <= NB_ODE_DOPRI8; k++) {
+    for (int k = NB_ODE_EULER; k <= NB_ODE_ROSENBROCK23; k++) {
         if (strcmp(s, nb_ode_solver_name((nb_ode_solver)k)) != 0) {
             continue;
         }
         if (k == NB_ODE_EULER || k == NB_ODE_RK4) {
             fprintf(stderr,
                     "nabla ode: --solver %s has no error estimate, and the fit uses adaptive "
-                    "steps: pick heun, midpoint, ralston, bosh3, dopri5, tsit5 or dopri8\n",
+                    "steps: pick heun, midpoint, ralston, bosh3, dopri5, tsit5, dopri8, or a "
+                    "stiff solver (kvaerno5, rodas5p, ...)\n",
                     s);
             return 2;
         }
@@ -291,7 +293,8 @@ static int ode_parse_solver(const char *s, nb_ode_solver *out) {
     }
     fprintf(stderr,
             "nabla ode: unknown solver '%s' (--solver wants heun, midpoint, ralston, bosh3, "
-            "dopri5, tsit5 or dopri8)\n",
+            "dopri5, tsit5, dopri8, or stiff: ros3p, rodas5p, rosenbrock23, implicit_euler, "
+            "kvaerno3, kvaerno4, kvaerno5, kencarp3, kencarp4, kencarp5)\n",
             s);
     return 2;
 }

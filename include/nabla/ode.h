@@ -29,6 +29,33 @@
  * slope (the same orders, other values). Saving at given times never changes the steps
  * taken (Diffrax's steps, bit for bit in count: tests/ode/test_ode.c).
  *
+ * Stiff solvers (tests/ode/test_stiff.c: Robertson, Van der Pol mu = 1e3, HIRES, OREGO and
+ * POLLU against SciPy's Radau at rtol 1e-13; gradients against forward sensitivities):
+ *   Rosenbrock methods -- linearly implicit: one LU of W per step, no Newton iteration:
+ *     rodas5p (Steinebach's, order 5, dense output of order 4; the first choice at rtol
+ *     1e-5..1e-10 on small and medium systems), ros3p (Lang-Verwer, order 3, A-stable),
+ *     rosenbrock23 (Shampine's ode23s, order 2, L-stable; loose tolerances);
+ *   ESDIRK (Diffrax's tableaus and predictors): implicit_euler, kvaerno3/4/5, and the
+ *     additive kencarp3/4/5 for dy/dt = f_E + f_I with opts.explicit_term as f_E.
+ * The Jacobian J = df/dy (and df/dt for Rosenbrock) comes from nabla's forward mode over the
+ * term: one tangent sweep per state element, never written by the user; no Jacobian
+ * structure (sparsity, bands) is exploited. ESDIRK stages are solved by a simplified
+ * ("very chord") Newton iteration: J at the step's start, I - h gamma J factored once per
+ * step and reused by every stage and iteration; converged when, after two iterations, the
+ * contraction rate r < 1 and r / (1 - r) |dz| <= 0.01 in the controller's scaled norm (or
+ * at once when |dz| <= 1e-4); failed at a rate >= 1, a non-finite norm or 10 iterations.
+ * A failed iteration or a singular W rejects the step, which the controller shrinks (as a
+ * non-finite error); with constant steps, or below dtmin, the solve ends with
+ * NB_ODE_NEWTON_FAILED. The Jacobian is re-evaluated every step (no reuse across steps).
+ * Derivatives through a stiff step: Rosenbrock steps are explicit formulas (their
+ * derivatives include J's); a Newton stage is differentiated by the implicit function
+ * theorem -- one solve with the stage's exact Jacobian, transposed in reverse mode -- and
+ * never through its iterations (its extra work is done only when a derivative is taken).
+ * The explicit solvers that are FSAL (bosh3, dopri5, tsit5, dopri8) watch for stiffness:
+ * stats.stiffness_suspected is 1 once their step size has been held by stability (Hairer's
+ * test, 15 kept steps past the stability boundary), and a failure message then names the
+ * stiff solvers.
+ *
  * Step-size control: constant steps of dt0, or Diffrax's PID controller with its defaults
  * (pcoeff 0, icoeff 1, dcoeff 0: an I controller; factormin 0.2, factormax 10, safety 0.9).
  * The error norm is the RMS over every element of the state tree of
@@ -49,14 +76,19 @@
  *       tolerances (NB_ADJOINT_BACKSOLVE's solver and controller; by default the forward
  *       ones). O(1) memory in the number of steps; the gradient approximates the exact one
  *       to the tolerances. SaveAt t1 only; state, args and the term's bound data float
- *       leaves of one dtype; forward mode (jvp) through it is an error (custom_vjp).
+ *       leaves of one dtype; forward mode (jvp) through it is an error (custom_vjp). Any
+ *       solver may solve the adjoint system, the stiff ones included -- but y is rebuilt
+ *       backwards in time, which is unstable for stiff dissipative problems (Robertson's
+ *       fast modes grow backwards): there the adjoint's solve fails (NaN cotangents, or
+ *       the error with throw_on_failure) and the recursive checkpoint adjoint is the one.
  *
  * The solution is a dict (owned by the trace):
  *   ts       [n] save times (the state's dtype)
  *   ys       y0's structure, each leaf with a leading axis of n rows
  *   result   i32[]: an nb_ode_result
  *   t_final  the time the solve reached (t1 when successful)
- *   stats    dict(num_steps, num_accepted_steps, num_rejected_steps): i32[] each
+ *   stats    dict(num_steps, num_accepted_steps, num_rejected_steps, stiffness_suspected):
+ *            i32[] each (stiffness_suspected 0 or 1, above)
  * with n = 1 for SaveAt t1 (row 0 = y(t1)), n = n_ts for SaveAt ts, and n = max_steps for
  * SaveAt steps: row i is the state after accepted step i, rows from num_accepted_steps on
  * hold +inf in ts and ys (as Diffrax). A failed solve (result != successful) never hangs:
