@@ -1,7 +1,9 @@
 #!/bin/sh
 # Builds benchmarks/peers/cvodes_lv.c (the SUNDIALS CVODES peer of the ODE benchmarks) into
-# <outdir>/cvodes_lv. Installs Debian's libsundials-dev first when its headers are missing
-# (needs root; otherwise fails with a message). Usage, from anywhere:
+# <outdir>/cvodes_lv, then benchmarks/peers/cvodes_stiff.c (the peer of the stiff-ODE
+# work-precision benchmark) into <outdir>/cvodes_stiff, with the same flags and libraries;
+# prints the two paths, one a line. Installs Debian's libsundials-dev first when its headers
+# are missing (needs root; otherwise fails with a message). Usage, from anywhere:
 #   benchmarks/peers/build_cvodes.sh [outdir]     (default: build/peers, under the repo root)
 # Environment: CC (default cc), CFLAGS (default -O2).
 set -eu
@@ -27,3 +29,8 @@ mkdir -p "$out"
     -lsundials_cvodes -lsundials_nvecserial -lsundials_sunmatrixdense \
     -lsundials_sunlinsoldense -lsundials_sunnonlinsolfixedpoint -lm
 echo "$out/cvodes_lv"
+# shellcheck disable=SC2086
+"$cc" -std=c17 $cflags "$here/cvodes_stiff.c" -o "$out/cvodes_stiff" \
+    -lsundials_cvodes -lsundials_nvecserial -lsundials_sunmatrixdense \
+    -lsundials_sunlinsoldense -lsundials_sunnonlinsolfixedpoint -lm
+echo "$out/cvodes_stiff"
