@@ -440,7 +440,7 @@ static void write_plots(const char *dir) {
         }
         fclose(f);
         int o = snprintf(plot, sizeof plot,
-                         "set terminal pngcairo size 800,560\nset output '%s/stiff_%s.png'\n"
+                         "set terminal pngcairo size 800,560 noenhanced\nset output '%s/stiff_%s.png'\n"
                          "set logscale xy\nset xlabel 'time per solve (us), 1 thread'\n"
                          "set ylabel 'final-state error (controller norm)'\n"
                          "set title '%s: work-precision (rtol 1e-4, 1e-6, 1e-8)'\n"
