@@ -22,7 +22,9 @@
  *     non-finite input), and nb_lu_singular true;
  *   - a matrix that is not (numerically) positive definite makes its whole nb_cholesky
  *     factor NaN (test one entry: nb_cholesky_failed);
- *   - a zero on the diagonal makes nb_triangular_solve's and nb_cholesky_solve's result NaN.
+ *   - a zero on the diagonal makes nb_triangular_solve's and nb_cholesky_solve's result NaN;
+ *   - factors not made by nb_lu_factor whose permutation row is not a permutation of
+ *     0..n-1 make nb_lu_solve's result and nb_slogdet NaN (never an index out of bounds).
  * Other batch elements are unaffected.
  */
 #ifndef NABLA_LINALG_H

@@ -638,9 +638,9 @@ static nb_status nbo_newton_cond(nb_trace *tr, const nb_tree *self, const nb_tre
 
 static nb_status nbo_newton_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                                  nb_tree **out) {
-    double tol[4];
+    double tol[6]; /* sign, rtol, atol, kappa, iterations, converged-at-once threshold */
     const nb_tree *tt = nb_tree_get(self, "tol");
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 6; i++) {
         nb_tree_get_float(nb_tree_child(tt, i), &tol[i]);
     }
     int64_t L = 0, Lp = 0;
@@ -673,14 +673,14 @@ static nb_status nbo_newton_body(nb_trace *tr, const nb_tree *self, const nb_tre
     /* a correction far below the tolerance (1e-2 kappa) is converged whatever the rate: at
      * that size the rate is round-off noise */
     nb_var *conv = nb_logical_or(
-        nb_le(d, nb_scalar(tr, 1e-2 * tol[3])),
+        nb_le(d, nb_scalar(tr, tol[5])),
         nb_logical_and(
             two, nb_logical_and(nb_lt(rate, nb_scalar(tr, 1.0)),
                                 nb_le(nb_mul(nb_div(rate, nb_sub(nb_scalar(tr, 1.0), rate)), d),
                                       nb_scalar(tr, tol[3])))));
     nb_var *bad = nb_logical_or(nb_logical_not(nbo_isfinite(d)),
                                 nb_logical_or(nb_logical_and(two, nb_ge(rate, nb_scalar(tr, 1.0))),
-                                              nb_ge(it, nbo_i32(tr, NBO_NEWTON_MAX))));
+                                              nb_ge(it, nbo_i32(tr, (int64_t)tol[4]))));
     nb_var *status =
         nb_select(conv, nbo_i32(tr, 1), nb_select(bad, nbo_i32(tr, 2), nbo_i32(tr, 0)));
     nb_tree *zt = nbo_build(tr, zdef, L, z2);
@@ -710,7 +710,7 @@ static nb_status nbo_newton_body(nb_trace *tr, const nb_tree *self, const nb_tre
  * / (h gamma), exact at convergence, and consistent with the implicit relation in its
  * derivative as well. */
 static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const nbo_dirk *D,
-                          double rtol, double atol, nb_var *tau, nb_var *tn, nb_var *h,
+                          double rtol, double atol, int maxit, nb_var *tau, nb_var *tn, nb_var *h,
                           const nb_treedef *ydef, int64_t L, nb_var *const *y, nb_var *const *fy,
                           nb_var **y1, nb_var **err, nb_var **f1, nb_var ***kd, nb_var **ok) {
     int s = D->stages;
@@ -799,10 +799,15 @@ static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const 
         nb_var *ti = D->c[i] == 1.0 ? tn : nb_add(tau, nb_mul(h, nb_scalar(tr, D->c[i])));
         /* the Newton loop on stopped inputs (IMEX: the implicit part only) */
         nb_tree *spsi = nbo_build(tr, ydef, L, psi), *szp = nbo_build(tr, ydef, L, zp);
+        /* converged at once: a correction below kappa/100, or within ~100 ulps of z (below
+         * that the rate of corrections is round-off noise) */
+        double eps = dt == NB_DTYPE_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-7;
+        double at_once = fmax(1e-2 * NBO_NEWTON_KAPPA, rtol > 0 ? 100 * eps / rtol : 0.0);
         nb_tree *tol =
-            nbo_tuple(tr, 4,
+            nbo_tuple(tr, 6,
                       (nb_tree *[]){nbo_float(tr, sign), nbo_float(tr, rtol), nbo_float(tr, atol),
-                                    nbo_float(tr, NBO_NEWTON_KAPPA)});
+                                    nbo_float(tr, NBO_NEWTON_KAPPA), nbo_float(tr, (double)maxit),
+                                    nbo_float(tr, at_once)});
         nb_tree *bself = NULL;
         nb_fn *bf = NULL;
         if (spsi == NULL || szp == NULL || tol == NULL) {
@@ -832,7 +837,7 @@ static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const 
                                   (nb_tree *[]){szp, nb_leaf(nb_scalar_typed(tr, dt, 1.0)),
                                                 nb_leaf(nbo_i32(tr, 0)), nb_leaf(nbo_i32(tr, 0))});
         nb_loop_opts lo = nb_loop_opts_default();
-        lo.max_steps = NBO_NEWTON_MAX;
+        lo.max_steps = maxit;
         const nb_tree *fin = init != NULL ? nb_while_loop(tr, cf, bf, init, &lo) : NULL;
         nb_fn_destroy(bf);
         if (fin == NULL) {
@@ -993,14 +998,16 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         /* Newton's tolerances: the controller's; with constant steps (no tolerances) far
          * below the method's error, so that the iteration never limits the order */
         double newton_rtol = cfg.v[CFG_RTOL], newton_atol = cfg.v[CFG_ATOL];
+        int newton_maxit = NBO_NEWTON_MAX;
         if (!adaptive) {
             newton_rtol = newton_atol = dt == NB_DTYPE_F64 ? 1e-12 : 1e-5;
+            newton_maxit = 30; /* a chord iteration to that depth: more iterations */
         }
         rerr = nbo_vars(tr, L);
         f1 = nbo_vars(tr, L);
         ok = rerr != NULL && f1 != NULL &&
-             nbo_dirk_step(tr, self, sign, D, newton_rtol, newton_atol, t, tn, h, ydef, L, y, fy,
-                           y1, rerr, f1, &dirk_k, &newton_ok);
+             nbo_dirk_step(tr, self, sign, D, newton_rtol, newton_atol, newton_maxit, t, tn, h,
+                           ydef, L, y, fy, y1, rerr, f1, &dirk_k, &newton_ok);
         s = 0;
     } else if (R != NULL) {
         /* a Rosenbrock step, then f(tn, y1): the next step's first right-hand side and the
@@ -1100,6 +1107,9 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         bool force = cfg.v[CFG_FORCE_DTMIN] != 0.0;
         if (dtmin > 0 && force) {
             keep = nb_logical_or(keep, at_dtmin); /* the step was proposed at dtmin */
+            if (newton_ok != NULL) {              /* ... but never a step whose Newton failed */
+                keep = nb_logical_and(keep, newton_ok);
+            }
         }
         nb_var *inv = nb_div(nb_scalar(tr, 1.0), scaled);
         double order = tab->error_order > 0 ? tab->error_order : 1;
@@ -1165,7 +1175,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
      * stats.stiffness_suspected, and the failure messages name the stiff solvers). The carry
      * holds i32 [count, kept steps below the boundary in a row]. */
     nb_var *stiff = nb_get(tr, args, "[11]"), *stiff_new = stiff;
-    if (stiff_u != NULL && adaptive && tab->stiff_bound > 0) {
+    if (stiff_u != NULL && adaptive && tab->stiff_bound > 0 && tab->c[s - 2] == 1.0) {
         nb_var *num = NULL, *den = NULL;
         for (int64_t i = 0; i < L; i++) {
             nb_var *a = nb_sum(nb_square(nb_sub(f1[i], k[s - 2][i])), NULL, 0, false);
@@ -1603,16 +1613,21 @@ static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
         }
         for (int64_t i = 0; i < o->saveat.n_ts; i++) {
             double ti = o->saveat.ts[i] * dir;
-            double prev = i > 0 ? o->saveat.ts[i - 1] * dir : o->t0 * dir;
-            if (!isfinite(ti) || ti < prev || ti > o->t1 * dir) {
+            /* with traced t0 or t1 the static ones give the direction only: those ends are
+             * checked at run time */
+            double prev = i > 0                  ? o->saveat.ts[i - 1] * dir
+                          : o->t0_traced != NULL ? -INFINITY
+                                                 : o->t0 * dir;
+            double last = o->t1_traced != NULL ? INFINITY : o->t1 * dir;
+            if (!isfinite(ti) || ti < prev || ti > last) {
                 nbi_trace_err(tr, NB_ERR_INVALID,
                               "%s: SaveAt ts[%lld] = %g is %s -- times must be finite, within "
                               "[t0, t1] = [%g, %g] and sorted from t0 towards t1",
                               who, (long long)i, o->saveat.ts[i],
-                              !isfinite(ti)      ? "not finite"
-                              : ti > o->t1 * dir ? "beyond t1"
-                              : i > 0            ? "out of order"
-                                                 : "before t0",
+                              !isfinite(ti) ? "not finite"
+                              : ti > last   ? "beyond t1"
+                              : i > 0       ? "out of order"
+                                            : "before t0",
                               o->t0, o->t1);
                 return false;
             }

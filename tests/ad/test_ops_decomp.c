@@ -226,7 +226,7 @@ static nb_status body_closed(nb_trace *tr, const nb_tree *self, const nb_tree *a
     nb_var *p = nb_get(tr, args, "[2]"), *sign = NULL;
     nb_var *logabs = nb_slogdet(p, &sign);
     nb_tree *items[] = {nb_leaf(nb_solve(a, b)), nb_leaf(nb_cholesky(a)), nb_leaf(nb_det(p)),
-                        nb_leaf(sign), nb_leaf(logabs), nb_leaf(nb_det(a))};
+                        nb_leaf(sign),           nb_leaf(logabs),         nb_leaf(nb_det(a))};
     return nb_tree_tuple(nb_trace_ctx(tr), 6, items, out);
 }
 
@@ -265,8 +265,7 @@ static void test_closed_forms(void **state) {
 
 /* ---- failures as values -------------------------------------------------------------- */
 
-static nb_status body_fail(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                           nb_tree **out) {
+static nb_status body_fail(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
     nb_var *a = nb_get(tr, args, "[0]"), *b = nb_get(tr, args, "[1]"), *sign = NULL;
     nb_var *lu = nb_lu_factor(a), *l = nb_cholesky(a);
@@ -336,8 +335,41 @@ static void test_failures_are_values(void **state) {
         NBT_TRUE(isnan(get(out, "6", 4)) && isnan(get(out, "6", 5)));
         NBT_TRUE(isnan(get(out, "6", 6)) && isnan(get(out, "6", 7)));
         /* inverse: NaN exactly where solve is */
-        NBT_TRUE(isfinite(get(out, "7", 0)) && isnan(get(out, "7", 4)) &&
-                 isnan(get(out, "7", 8)) && isfinite(get(out, "7", 12)));
+        NBT_TRUE(isfinite(get(out, "7", 0)) && isnan(get(out, "7", 4)) && isnan(get(out, "7", 8)) &&
+                 isfinite(get(out, "7", 12)));
+        nb_tree_destroy(out);
+        nb_array_destroy(in[0]);
+        nb_array_destroy(in[1]);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* Factors not made by nb_lu_factor: a permutation row out of range, fractional, repeated or
+ * NaN gives NaN (and slogdet NaN), never an index out of bounds. */
+static nb_status body_badperm(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)self;
+    nb_var *lu = nb_get(tr, args, "[0]"), *b = nb_get(tr, args, "[1]");
+    nb_tree *items[] = {nb_leaf(nb_lu_solve(lu, b, false)), nb_leaf(nb_lu_solve(lu, b, true))};
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, items, out);
+}
+
+static void test_bad_permutation(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    static const double rows[4][2] = {{1e9, 0}, {0.5, 1}, {1, 1}, {NAN, 0}};
+    for (int c = 0; c < 4; c++) {
+        double lv[6] = {2, 0, 0, 2, rows[c][0], rows[c][1]}, bv[2] = {1, 1};
+        nb_array *in[2] = {nbt_arr_f64(ctx, 2, (int64_t[]){3, 2}, lv),
+                           nbt_arr_f64(ctx, 1, (int64_t[]){2}, bv)};
+        nb_status st;
+        nb_tree *out = run(ctx, body_badperm, 2, in, &st);
+        NBT_OK(ctx, st);
+        for (int k = 0; k < 2; k++) {
+            NBT_TRUE(isnan(get(out, k == 0 ? "0" : "1", 0)) &&
+                     isnan(get(out, k == 0 ? "0" : "1", 1)));
+        }
         nb_tree_destroy(out);
         nb_array_destroy(in[0]);
         nb_array_destroy(in[1]);
@@ -348,17 +380,16 @@ static void test_failures_are_values(void **state) {
 
 /* ---- the same bits for any thread count ---------------------------------------------- */
 
-static nb_status body_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                           nb_tree **out) {
+static nb_status body_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
     nb_var *a = nb_get(tr, args, "[0]"), *s = nb_get(tr, args, "[1]"), *b = nb_get(tr, args, "[2]");
     nb_var *x = nb_solve(a, b);
     nb_var *l = nb_cholesky(s);
     nb_var *logabs = nb_slogdet(a, NULL);
     nb_var *y = nb_cholesky_solve(l, b);
-    nb_var *v = nb_add(nb_add(nb_sum(nb_square(x), NULL, 0, false),
-                              nb_sum(nb_mul(y, b), NULL, 0, false)),
-                       nb_add(nb_sum(logabs, NULL, 0, false), nb_sum(nb_diagonal(l), NULL, 0, false)));
+    nb_var *v =
+        nb_add(nb_add(nb_sum(nb_square(x), NULL, 0, false), nb_sum(nb_mul(y, b), NULL, 0, false)),
+               nb_add(nb_sum(logabs, NULL, 0, false), nb_sum(nb_diagonal(l), NULL, 0, false)));
     return nb_return(v, out);
 }
 
@@ -430,7 +461,8 @@ static void test_threads_same_bits(void **state) {
     (void)state;
     /* 16 small systems (the pool over batch elements), then one of n = 300 (blocked
      * factorisations, trailing updates in column blocks on the pool) */
-    static const int64_t cases[2][2] = {{16, 20}, {1, 300}};
+    /* n = 600: the trailing updates span several 256-column blocks, on both threads */
+    static const int64_t cases[2][2] = {{16, 20}, {1, 600}};
     for (int c = 0; c < 2; c++) {
         size_t n1 = 0, n2 = 0;
         unsigned char *one = grads_with_threads(1, cases[c][0], cases[c][1], &n1);
@@ -476,12 +508,30 @@ static void test_misuse(void **state) {
         {0, NB_DTYPE_I32, 2, {3, 3}, 1, {3}, NB_ERR_DTYPE, {"nb_solve", "i32[3,3]", "nb_cast"}},
         {0, NB_DTYPE_F64, 2, {3, 4}, 1, {3}, NB_ERR_SHAPE, {"nb_solve", "f64[3,4]", "[..., n, n]"}},
         {0, NB_DTYPE_F64, 2, {3, 3}, 1, {4}, NB_ERR_SHAPE, {"nb_solve", "f64[4]", "[..., 3, k]"}},
-        {0, NB_DTYPE_F64, 3, {2, 3, 3}, 3, {3, 3, 1}, NB_ERR_SHAPE,
+        {0,
+         NB_DTYPE_F64,
+         3,
+         {2, 3, 3},
+         3,
+         {3, 3, 1},
+         NB_ERR_SHAPE,
          {"nb_solve", "f64[2,3,3]", "do not broadcast"}},
         {1, NB_DTYPE_F64, 1, {3}, 1, {3}, NB_ERR_SHAPE, {"nb_cholesky", "f64[3]", "square"}},
-        {2, NB_DTYPE_F64, 2, {3, 3}, 1, {3}, NB_ERR_SHAPE,
+        {2,
+         NB_DTYPE_F64,
+         2,
+         {3, 3},
+         1,
+         {3},
+         NB_ERR_SHAPE,
          {"nb_lu_solve", "f64[3,3]", "nb_lu_factor"}},
-        {3, NB_DTYPE_F64, 2, {3, 3}, 2, {2, 3}, NB_ERR_SHAPE,
+        {3,
+         NB_DTYPE_F64,
+         2,
+         {3, 3},
+         2,
+         {2, 3},
+         NB_ERR_SHAPE,
          {"nb_triangular_solve", "f64[2,3]", "b must be"}},
     };
     for (size_t i = 0; i < sizeof C / sizeof C[0]; i++) {
@@ -505,9 +555,13 @@ static void test_misuse(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_oracle_f64),          cmocka_unit_test(test_oracle_f32),
-        cmocka_unit_test(test_closed_forms),        cmocka_unit_test(test_failures_are_values),
-        cmocka_unit_test(test_threads_same_bits),   cmocka_unit_test(test_misuse),
+        cmocka_unit_test(test_oracle_f64),
+        cmocka_unit_test(test_oracle_f32),
+        cmocka_unit_test(test_closed_forms),
+        cmocka_unit_test(test_failures_are_values),
+        cmocka_unit_test(test_threads_same_bits),
+        cmocka_unit_test(test_bad_permutation),
+        cmocka_unit_test(test_misuse),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -783,6 +783,78 @@ static void test_failures(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* y' = -y^3 from y0 = (1, 2): a nonlinear problem where h |J| ~ 1 at the first steps --
+ * constant steps of 0.1 (the chord Newton iterates to 1e-12 there), and f32 with rtol
+ * 1e-7 (Newton's convergence test must not ask for more than f32 can hold) */
+static nb_status term_cubic(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *y = nb_get(tr, args, "[1]");
+    return nb_return(nb_neg(nb_mul(nb_square(y), y)), out);
+}
+
+static nb_status body_cubic(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)args;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_fn *term = NULL;
+    nb_status st = nb_fn_create(ctx, "cubic", term_cubic, NULL, &term);
+    if (st != NB_OK) {
+        return st;
+    }
+    bool f32 = cfg_int(self, 1) != 0;
+    nb_ode_opts o = nb_ode_opts_default();
+    o.solver = (nb_ode_solver)cfg_int(self, 0);
+    o.max_steps = 10000;
+    if (f32) {
+        o.controller = nb_ode_pid(1e-7, 1e-7);
+    } else {
+        o.dt0 = 0.1;
+    }
+    nb_var *y0 = nb_concatenate(2,
+                                (nb_var *[]){nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){1}, 1.0),
+                                             nb_full(tr, NB_DTYPE_F64, 1, (int64_t[]){1}, 2.0)},
+                                0);
+    const nb_tree *sol =
+        nb_diffeqsolve(tr, term, nb_leaf(f32 ? nb_cast(y0, NB_DTYPE_F32) : y0), NULL, &o);
+    nb_fn_destroy(term);
+    if (sol == NULL) {
+        return nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)sol);
+    return NB_OK;
+}
+
+static void test_newton_nonlinear(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    static const int implicit[] = {NB_ODE_IMPLICIT_EULER, NB_ODE_KVAERNO3, NB_ODE_KVAERNO4,
+                                   NB_ODE_KVAERNO5,       NB_ODE_KENCARP3, NB_ODE_KENCARP5};
+    for (size_t i = 0; i < sizeof implicit / sizeof implicit[0]; i++) {
+        for (int f32 = 0; f32 < 2; f32++) {
+            nb_tree *self = cfg2(ctx, implicit[i], f32), *args = nbt_tuple_take(ctx, 0, NULL);
+            nb_fn *f = NULL;
+            NBT_OK(ctx, nb_fn_create(ctx, "cubic", body_cubic, self, &f));
+            nb_tree_destroy(self);
+            nb_tree *sol = NULL;
+            NBT_OK(ctx, nb_fn_call(f, args, &sol));
+            int r = (int)leaf_at(sol, "result", 0);
+            double y1 = leaf_at(sol, "ys", 0), y2 = leaf_at(sol, "ys", 1);
+            /* y(1) = y0 / sqrt(1 + 2 y0^2) */
+            double e = fmax(fabs(y1 - 1 / sqrt(3.0)), fabs(y2 - 2 / sqrt(9.0)));
+            print_message("%s y' = -y^3, %s: %s, error %.2e\n",
+                          nb_ode_solver_name((nb_ode_solver)implicit[i]),
+                          f32 ? "f32 rtol 1e-7" : "f64 constant steps 0.1", nb_ode_result_string(r),
+                          e);
+            NBT_EQ_I64(r, NB_ODE_SUCCESSFUL);
+            NBT_TRUE(e < (f32 ? 1e-3 : 5e-2)); /* implicit Euler: order 1 */
+            nb_tree_destroy(sol);
+            nb_tree_destroy(args);
+            nb_fn_destroy(f);
+        }
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* Every allocation of a stiff solve (trace, Newton loops, Jacobians, compile, run, and its
  * gradient) failing in turn: NB_ERR_OOM, nothing leaked. */
 static nb_status scenario_stiff(nb_ctx *ctx) {
@@ -810,6 +882,7 @@ int main(void) {
         cmocka_unit_test(test_stiff_gradients),
         cmocka_unit_test(test_backsolve_implicit),
         cmocka_unit_test(test_failures),
+        cmocka_unit_test(test_newton_nonlinear),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_imex),
         cmocka_unit_test(test_traced_times),
