@@ -439,13 +439,14 @@ static void write_plots(const char *dir) {
             blocks++;
         }
         fclose(f);
-        int o = snprintf(plot, sizeof plot,
-                         "set terminal pngcairo size 800,560 noenhanced\nset output '%s/stiff_%s.png'\n"
-                         "set logscale xy\nset xlabel 'time per solve (us), 1 thread'\n"
-                         "set ylabel 'final-state error (controller norm)'\n"
-                         "set title '%s: work-precision (rtol 1e-4, 1e-6, 1e-8)'\n"
-                         "set key outside right\nset grid\nplot ",
-                         dir, PROBLEMS[pi], PROBLEMS[pi]);
+        int o =
+            snprintf(plot, sizeof plot,
+                     "set terminal pngcairo size 800,560 noenhanced\nset output '%s/stiff_%s.png'\n"
+                     "set logscale xy\nset xlabel 'time per solve (us), 1 thread'\n"
+                     "set ylabel 'final-state error (controller norm)'\n"
+                     "set title '%s: work-precision (rtol 1e-4, 1e-6, 1e-8)'\n"
+                     "set key outside right\nset grid\nplot ",
+                     dir, PROBLEMS[pi], PROBLEMS[pi]);
         for (int k = 0; k < blocks && o < (int)sizeof plot - 200; k++) {
             o += snprintf(plot + o, sizeof plot - (size_t)o,
                           "%s'%s/stiff_%s.dat' index %d with linespoints lw 2 title '%s'",

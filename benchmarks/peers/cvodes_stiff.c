@@ -216,31 +216,30 @@ static void hires_fp(const double *y, const double *p, double *F) {
 /* POLLU: reaction j (0-based here) has rate r_j = k_j * y[a] (* y[b]), with the 1-based
  * species (a, b) below (b = 0: one reactant), multiplied left to right (k_j * y_a) * y_b. */
 static const int POLLU_REACT[25][2] = {
-    {1, 0},  {2, 4},  {5, 2},  {7, 0},  {7, 0},  {7, 6},  {9, 0},  {9, 6},  {11, 2},
-    {11, 1}, {13, 0}, {10, 2}, {14, 0}, {1, 6},  {3, 0},  {4, 0},  {4, 0},  {16, 0},
-    {16, 0}, {17, 6}, {19, 0}, {19, 0}, {1, 4},  {19, 1}, {20, 0}};
+    {1, 0},  {2, 4},  {5, 2},  {7, 0},  {7, 0}, {7, 6},  {9, 0}, {9, 6}, {11, 2},
+    {11, 1}, {13, 0}, {10, 2}, {14, 0}, {1, 6}, {3, 0},  {4, 0}, {4, 0}, {16, 0},
+    {16, 0}, {17, 6}, {19, 0}, {19, 0}, {1, 4}, {19, 1}, {20, 0}};
 /* dy_i/dt as signed 1-based reaction numbers, summed left to right, 0-terminated. */
-static const int POLLU_SUM[20][13] = {
-    {-1, -10, -14, -23, -24, 2, 3, 9, 11, 12, 22, 25, 0},
-    {-2, -3, -9, -12, 1, 21, 0},
-    {-15, 1, 17, 19, 22, 0},
-    {-2, -16, -17, -23, 15, 0},
-    {-3, 4, 4, 6, 7, 13, 20, 0},
-    {-6, -8, -14, -20, 3, 18, 18, 0},
-    {-4, -5, -6, 13, 0},
-    {4, 5, 6, 7, 0},
-    {-7, -8, 0},
-    {-12, 7, 9, 0},
-    {-9, -10, 8, 11, 0},
-    {9, 0},
-    {-11, 10, 0},
-    {-13, 12, 0},
-    {14, 0},
-    {-18, -19, 16, 0},
-    {-20, 0},
-    {20, 0},
-    {-21, -22, -24, 23, 25, 0},
-    {-25, 24, 0}};
+static const int POLLU_SUM[20][13] = {{-1, -10, -14, -23, -24, 2, 3, 9, 11, 12, 22, 25, 0},
+                                      {-2, -3, -9, -12, 1, 21, 0},
+                                      {-15, 1, 17, 19, 22, 0},
+                                      {-2, -16, -17, -23, 15, 0},
+                                      {-3, 4, 4, 6, 7, 13, 20, 0},
+                                      {-6, -8, -14, -20, 3, 18, 18, 0},
+                                      {-4, -5, -6, 13, 0},
+                                      {4, 5, 6, 7, 0},
+                                      {-7, -8, 0},
+                                      {-12, 7, 9, 0},
+                                      {-9, -10, 8, 11, 0},
+                                      {9, 0},
+                                      {-11, 10, 0},
+                                      {-13, 12, 0},
+                                      {14, 0},
+                                      {-18, -19, 16, 0},
+                                      {-20, 0},
+                                      {20, 0},
+                                      {-21, -22, -24, 23, 25, 0},
+                                      {-25, 24, 0}};
 
 static void pollu_f(const double *y, const double *k, double *dy) {
     double r[25];
@@ -539,8 +538,8 @@ static int read_record(FILE *f, const char *name, const char *key, double *out, 
     rewind(f);
     while (getline(&line, &len, f) != -1) {
         if (line[0] == '#' || strncmp(line, name, nl) || line[nl] != ' ' ||
-            strncmp(line + nl + 1, key, kl) || (line[nl + 1 + kl] != ' ' &&
-                                                line[nl + 1 + kl] != '\n'))
+            strncmp(line + nl + 1, key, kl) ||
+            (line[nl + 1 + kl] != ' ' && line[nl + 1 + kl] != '\n'))
             continue;
         char *c = line + nl + 1 + kl, *end;
         count = 0;
@@ -669,8 +668,8 @@ static void run(const problem *pb, double rtol, int repeats, int inner) {
     char key[96];
     stiff_solver s;
     solver_init(&s, pb, rtol, atol);
-    printf("# %s rtol %g atol %g n %d np %d t1 %.17g\n", pb->def->name, rtol, atol, pb->n,
-           pb->np, pb->t1);
+    printf("# %s rtol %g atol %g n %d np %d t1 %.17g\n", pb->def->name, rtol, atol, pb->n, pb->np,
+           pb->t1);
 
     /* solve: one untimed call (its result and counters are the reported ones) */
     double y[NMAX], maxrel;
@@ -837,8 +836,8 @@ int main(int argc, char **argv) {
     }
     for (int i = 0; i < nsel; i++)
         if (!load_problem(f, sel[i], &pbs[i])) {
-            fprintf(stderr, "cvodes_stiff: the reference %s lacks (complete) records for %s\n",
-                    ref, sel[i]->name);
+            fprintf(stderr, "cvodes_stiff: the reference %s lacks (complete) records for %s\n", ref,
+                    sel[i]->name);
             fclose(f);
             return 1;
         }

@@ -509,6 +509,13 @@ static nb_var *nbd_from_mat(const nb_var *node, nb_var *x) {
     return (node->at.ivalue & NBD_VEC) ? nb_squeeze(x, (int[]){-1}, 1) : x;
 }
 
+/* -lambda x^T (or -x lambda^T for a transposed solve): the cotangent of the matrix a solve
+ * node (result x, right-hand-side cotangent lambda) solved with, in matrix form. */
+static nb_var *nbd_abar(const nb_var *node, nb_var *lam, bool trans) {
+    nb_var *lm = nbd_as_mat(node, lam), *xm = nbd_as_mat(node, (nb_var *)node);
+    return nb_neg(trans ? nb_matmul(xm, nbd_mT(lm)) : nb_matmul(lm, nbd_mT(xm)));
+}
+
 /* A cotangent of the matrix operand's shape (batch dims unbroadcast). */
 static nb_var *nbd_unbcast(nb_var *ct, const nb_var *operand) {
     return nbi_unbroadcast(ct, operand->rank, operand->shape);
@@ -539,8 +546,7 @@ static void nbd_vjp_solve(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct
     nb_var *m = node->in[1];
     nb_var *lam = nbd_emit(NBI_OP_LU_SOLVE, 2, (nb_var *[]){m, ct}, node->at.ivalue | NBD_TRANS);
     in_ct[2] = lam;
-    nb_var *abar = nb_neg(nb_matmul(nbd_as_mat(node, lam), nbd_mT(nbd_as_mat(node, node))));
-    in_ct[0] = nbd_unbcast(abar, node->in[0]);
+    in_ct[0] = nbd_unbcast(nbd_abar(node, lam, false), node->in[0]);
 }
 
 static nb_var *nbd_jvp_solve(nb_trace *tr, nb_var *node, nb_var *const *tan) {
@@ -563,9 +569,7 @@ static void nbd_vjp_lu_solve(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in
     bool trans = (node->at.ivalue & NBD_TRANS) != 0;
     nb_var *lam = nbd_emit(NBI_OP_LU_SOLVE, 2, (nb_var *[]){m, ct}, node->at.ivalue ^ NBD_TRANS);
     in_ct[1] = lam;
-    nb_var *lm = nbd_as_mat(node, lam), *xm = nbd_as_mat(node, node);
-    nb_var *abar = nb_neg(trans ? nb_matmul(xm, nbd_mT(lm)) : nb_matmul(lm, nbd_mT(xm)));
-    in_ct[0] = nbd_unbcast(nbd_lu_mbar(tr, m, abar), m);
+    in_ct[0] = nbd_unbcast(nbd_lu_mbar(tr, m, nbd_abar(node, lam, trans)), m);
 }
 
 static nb_var *nbd_jvp_lu_solve(nb_trace *tr, nb_var *node, nb_var *const *tan) {
@@ -673,7 +677,7 @@ static void nbd_vjp_chol_solve(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **
     int64_t n = nb_var_dim(l, -1);
     nb_var *lam = nbd_emit(NBI_OP_CHOLESKY_SOLVE, 2, (nb_var *[]){l, ct}, node->at.ivalue);
     in_ct[1] = lam;
-    nb_var *abar = nb_neg(nb_matmul(nbd_as_mat(node, lam), nbd_mT(nbd_as_mat(node, node))));
+    nb_var *abar = nbd_abar(node, lam, false);
     nb_var *lbar =
         nbd_keep(nbd_mask(tr, n, true, true),
                  nb_matmul(nb_add(abar, nbd_mT(abar)), nbd_keep(nbd_mask(tr, n, true, true), l)));
@@ -705,9 +709,7 @@ static void nbd_vjp_tri(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) 
     bool trans = (node->at.ivalue & NBD_TRANS) != 0;
     nb_var *lam = nbd_emit(NBI_OP_TRI_SOLVE, 2, (nb_var *[]){t, ct}, node->at.ivalue ^ NBD_TRANS);
     in_ct[1] = lam;
-    nb_var *lm = nbd_as_mat(node, lam), *xm = nbd_as_mat(node, node);
-    nb_var *tbar = nb_neg(trans ? nb_matmul(xm, nbd_mT(lm)) : nb_matmul(lm, nbd_mT(xm)));
-    in_ct[0] = nbd_unbcast(nbd_tri_part(tr, node, tbar), t);
+    in_ct[0] = nbd_unbcast(nbd_tri_part(tr, node, nbd_abar(node, lam, trans)), t);
 }
 
 static nb_var *nbd_jvp_tri(nb_trace *tr, nb_var *node, nb_var *const *tan) {

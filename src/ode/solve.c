@@ -372,6 +372,13 @@ static void nbo_unflat(nb_var *flat, int64_t L, nb_var *const *like, nb_var **ou
     }
 }
 
+/* The identity [N, N] of dtype dt. */
+static nb_var *nbo_eye(nb_trace *tr, nb_dtype dt, int64_t N) {
+    int64_t s[2] = {N, N};
+    return nb_cast(nb_eq(nb_iota(tr, NB_DTYPE_I32, 2, s, 0), nb_iota(tr, NB_DTYPE_I32, 2, s, 1)),
+                   dt);
+}
+
 /* J = d(s f)/dy [N, N] and T = d(s f)/dtau [N] at (tau, y), by forward mode over one more
  * evaluation of the term: N + 1 tangent sweeps (a unit tangent per state element, one on
  * the time). Calls inside the term are inlined (as under nb_jvp) so that every op carries
@@ -446,9 +453,7 @@ static bool nbo_ros23_step(nb_trace *tr, const nb_tree *self, double sign, const
     }
     int64_t N = nb_var_dim(J, 0);
     nb_dtype dt = nb_var_dtype(tau);
-    nb_var *eye = nb_cast(nb_eq(nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){N, N}, 0),
-                                nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){N, N}, 1)),
-                          dt);
+    nb_var *eye = nbo_eye(tr, dt, N);
     nb_var *hd = nb_mul(h, nb_scalar(tr, R->gamma));
     nb_var *lu = nb_lu_factor(nb_sub(eye, nb_mul(hd, J)));
     nb_var *hdT = nb_mul(hd, T), *half = nb_mul(h, nb_scalar(tr, 0.5));
@@ -500,9 +505,7 @@ static bool nbo_ros_step(nb_trace *tr, const nb_tree *self, double sign, const n
     }
     int64_t N = nb_var_dim(J, 0);
     nb_dtype dt = nb_var_dtype(tau);
-    nb_var *eye = nb_cast(nb_eq(nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){N, N}, 0),
-                                nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){N, N}, 1)),
-                          dt);
+    nb_var *eye = nbo_eye(tr, dt, N);
     nb_var *hg = nb_mul(h, nb_scalar(tr, R->gamma));
     nb_var *lu = nb_lu_factor(nb_sub(nb_div(eye, hg), J));
     int s = R->stages;
@@ -727,9 +730,7 @@ static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const 
     }
     int64_t N = nb_var_dim(J, 0);
     nb_dtype dt = nb_var_dtype(tau);
-    nb_var *eye = nb_cast(nb_eq(nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){N, N}, 0),
-                                nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){N, N}, 1)),
-                          dt);
+    nb_var *eye = nbo_eye(tr, dt, N);
     nb_var *hg = nb_mul(h, nb_scalar(tr, D->gamma));
     nb_var *lu = nb_lu_factor(nb_sub(eye, nb_mul(hg, J)));
     /* the term's data, stopped: no derivative flows into the Newton loops */
