@@ -14,9 +14,9 @@
 #define LIM_STORE_F(p, v) _mm256_storeu_ps((p), (v))
 #define LIM_SET1_D(x) _mm256_set1_pd(x)
 #define LIM_FIRST_D(v) _mm256_cvtsd_f64(v)
-#define LIM_SLEEF_TANHF Sleef_tanhf8_u35avx2
-#define LIM_SLEEF_EXPF Sleef_expf8_u10avx2
-#define LIM_SLEEF_LOGF Sleef_logf8_u10avx2
-#define LIM_SLEEF_POW Sleef_powd4_u10avx2
+#define LIM_SLEEF_TANHF Sleef_finz_tanhf8_u35avx2
+#define LIM_SLEEF_EXPF Sleef_finz_expf8_u10avx2
+#define LIM_SLEEF_LOGF Sleef_finz_logf8_u10avx2
+#define LIM_SLEEF_POW Sleef_finz_powd4_u10avx2
 
 #include "lim_vmath.inc"

@@ -14,10 +14,10 @@
 #define LIM_STORE_F(p, v) _mm_storeu_ps((p), (v))
 #define LIM_SET1_D(x) _mm_set1_pd(x)
 #define LIM_FIRST_D(v) _mm_cvtsd_f64(v)
-#define LIM_SLEEF_TANHF Sleef_tanhf4_u35sse2
-#define LIM_SLEEF_EXPF Sleef_expf4_u10sse2
-#define LIM_SLEEF_LOGF Sleef_logf4_u10sse2
-#define LIM_SLEEF_POW Sleef_powd2_u10sse2
+#define LIM_SLEEF_TANHF Sleef_cinz_tanhf4_u35sse2
+#define LIM_SLEEF_EXPF Sleef_cinz_expf4_u10sse2
+#define LIM_SLEEF_LOGF Sleef_cinz_logf4_u10sse2
+#define LIM_SLEEF_POW Sleef_cinz_powd2_u10sse2
 
 #include "lim_vmath.inc"
 

@@ -3,6 +3,10 @@
  *
  * Every element, tails included, goes through the same SLEEF vector function (tails via a
  * padded register), so a result never depends on how an array was split into chunks.
+ * The functions are SLEEF's deterministic variants (finz_ with FMA, cinz_ without): the
+ * plain ones pick a faster argument reduction for sin, cos and tan when every lane of the
+ * register is small (|x| < 125 in f32, < 15 in f64), so an element's bits depended on its
+ * neighbours -- sin(124.f) computed alone and next to 125.f differed by one ULP.
  * Accuracy, chosen per function: tanh uses SLEEF's u35 variant (max error 3.5 ULP; it is
  * an activation, where that bound suffices, and u35 is 2.7x faster here); everything else
  * uses u10 (max error 1.0 ULP): exp, log and friends feed losses and normalisations.

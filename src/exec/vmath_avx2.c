@@ -7,6 +7,7 @@
 
 #define NBI_ISA_NAME avx2
 #define NBI_ISA_STRING "avx2"
+#define NBI_SLEEF_DET Sleef_finz_ /* deterministic, with FMA */
 #define NBI_WF 8
 #define NBI_WD 4
 #define NBI_LOAD_F(p) _mm256_loadu_ps(p)

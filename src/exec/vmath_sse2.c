@@ -7,6 +7,7 @@
 
 #define NBI_ISA_NAME sse2
 #define NBI_ISA_STRING "sse2"
+#define NBI_SLEEF_DET Sleef_cinz_ /* deterministic, without FMA */
 #define NBI_WF 4
 #define NBI_WD 2
 #define NBI_LOAD_F(p) _mm_loadu_ps(p)
