@@ -89,6 +89,8 @@
  *   t_final  the time the solve reached (t1 when successful)
  *   stats    dict(num_steps, num_accepted_steps, num_rejected_steps, stiffness_suspected):
  *            i32[] each (stiffness_suspected 0 or 1, above)
+ *   event    i32[]: the index of the event condition that ended the solve, -1 if none
+ *            (opts.event, below)
  * with n = 1 for SaveAt t1 (row 0 = y(t1)), n = n_ts for SaveAt ts, and n = max_steps for
  * SaveAt steps: row i is the state after accepted step i, rows from num_accepted_steps on
  * hold +inf in ts and ys (as Diffrax). A failed solve (result != successful) never hangs:
@@ -221,6 +223,28 @@ typedef struct nb_ode_opts {
      * implicitly; every other solver integrates the sum. Borrowed for the call. Not with the
      * backsolve adjoint. */
     nb_fn *explicit_term;
+    /* Events (default NULL: none; Diffrax's Event, CVODES's rootfinding): a function like the
+     * term, called on the same (t, y, args), returning one 0-d var or a tuple or list of them
+     * -- one condition each (float; a bool counts as +1 when true, -1 when false). A
+     * condition fires when its sign changes over a kept step: from > 0 to <= 0 or from < 0 to
+     * >= 0 (in the direction of integration); starting at exactly 0 is not a change. The solve
+     * then stops at the event (terminal events): the first time within the step at which a
+     * condition fires, located by bisection on the step's dense output to event_tol, the
+     * bracket's end on the far side kept (there the condition has changed sign, or is 0: a
+     * solve restarted from the event state with event_direction set does not fire again at
+     * once). t_final is the event time, SaveAt t1's row the state there (ts past it stay
+     * +inf, as rows never reached), result successful, and the solution's "event" the index
+     * of the condition that fired (the lowest of those firing first), -1 if none did.
+     * Derivatives reach the event time by the implicit function theorem,
+     * dt* = -(dc/dp) / (dc/dt) along the solution (0 for a bool condition), and the state at
+     * the event through it. Each kept step evaluates the conditions once more (at its end);
+     * the bisection and the event time's derivative only run at the step where one fires. */
+    nb_fn *event;
+    /* NULL: every condition fires on either change; else n_event_direction (= the number of
+     * conditions) entries: 0 either, +1 only rising (from < 0), -1 only falling (from > 0) */
+    const int *event_direction;
+    int n_event_direction;
+    double event_tol; /* the event time's tolerance (0: default, 4 ulp of t); >= 0 */
 } nb_ode_opts;
 
 NB_API nb_ode_opts nb_ode_opts_default(void);

@@ -17,6 +17,9 @@
  *               buffers of max_steps rows written at `steps` (every step tried: +inf rows
  *               for rejected ones, compacted after the loop)
  *   [10] at_dtmin  bool: the next step was proposed at dtmin (force_dtmin then keeps it)
+ *   [11] stiff  i32[2]: the stiffness test's counters
+ *   [12] ev     [n_events]: the event conditions at t (empty without events)
+ *   [13] event  i32: the condition that fired (the loop's end), -1 while none has
  * Carrying f(t, y) makes every method first-same-as-last: a step evaluates stages 2..s and
  * f(t + h, y1), which is both the Hermite interpolant's end slope and the next step's first
  * stage, so non-FSAL methods cost no more than their stage count either.
@@ -106,7 +109,9 @@ enum {
     CFG_DT0, /* constant steps: the step (internal, > 0) */
     CFG_SAVEAT,
     CFG_N_TS,
-    CFG_TRACED, /* traced times: t, tn keep derivatives; t1 is self's var "t1" */
+    CFG_TRACED,  /* traced times: t, tn keep derivatives; t1 is self's var "t1" */
+    CFG_N_EVENT, /* the number of event conditions (0: no events) */
+    CFG_EVTOL,   /* opts.event_tol */
     CFG_COUNT
 };
 
@@ -941,6 +946,650 @@ static void nbo_combine(nb_trace *tr, int64_t L, nb_var *const *y, nb_var *h, in
     }
 }
 
+/* ---- dense output --------------------------------------------------------------------- */
+
+/* What a step's interpolant reads, by solver family: explicit Runge-Kutta k[j][i] (k[0] =
+ * f(t, y); the Hermite cubic reads k[0] and f1), Rosenbrock RK (its dense combinations),
+ * IMEX dk[j * L + i] (the stages' f_E + f_I). */
+typedef struct nbo_dense {
+    const nbo_tableau *tab;
+    int64_t L;
+    nb_var *h;
+    nb_var **y, **y1, **f1;
+    nb_var ***k;
+    nb_var **RK[3];
+    nb_var **dk;
+} nbo_dense;
+
+/* How many k, RK and dk arrays the interpolant of tab reads (each of L leaves). */
+static void nbo_dense_counts(const nbo_tableau *tab, int *nk, int *nr, int *nd) {
+    const nbo_rosen *R = tab->ros;
+    const nbo_dirk *D = tab->dirk;
+    *nk = D == NULL && R == NULL && tab->dense_degree > 0 ? tab->dense_stages : 1;
+    *nr = R == NULL ? 0 : R->ros23 ? 2 : R->n_h;
+    *nd = D != NULL && D->H != NULL ? D->stages : 0;
+}
+
+/* y(t + theta h) of state leaf i at th [n, 1]: [n, N]. */
+static nb_var *nbo_dense_eval(nb_trace *tr, const nbo_dense *dd, int64_t i, nb_var *th) {
+    const nbo_tableau *tab = dd->tab;
+    const nbo_rosen *R = tab->ros;
+    const nbo_dirk *D = tab->dirk;
+    int64_t L = dd->L, n = nb_var_dim(th, 0), N = nb_var_size(dd->y[i]);
+    nb_var *y0f = nb_reshape(dd->y[i], 2, (int64_t[]){1, N});
+    nb_var *val;
+    if (D != NULL && D->H != NULL) {
+        /* KenCarp: y0 + h sum_i theta P_i(theta) (f_E + f_I)_i (Diffrax's) */
+        nb_var *sum = NULL;
+        for (int j = 0; j < D->stages; j++) {
+            nb_var *pj = NULL;
+            for (int q = 0; q < D->dense_degree; q++) { /* Horner, highest first */
+                double cq = D->H[j * D->dense_degree + q];
+                pj = pj == NULL ? nb_mul(th, nb_scalar(tr, cq))
+                                : nb_mul(th, nb_add(pj, nb_scalar(tr, cq)));
+            }
+            bool zero = true;
+            for (int q = 0; q < D->dense_degree; q++) {
+                zero = zero && D->H[j * D->dense_degree + q] == 0.0;
+            }
+            if (zero) {
+                continue;
+            }
+            nb_var *kj = nb_reshape(dd->dk[j * L + i], 2, (int64_t[]){1, N});
+            nb_var *term = nb_mul(pj, kj);
+            sum = sum == NULL ? term : nb_add(sum, term);
+        }
+        val = nb_add(y0f, nb_mul(dd->h, sum));
+    } else if (R != NULL && R->ros23) {
+        /* y0 + h (th (1 - th) k1 + th (th - 2 d) k2) / (1 - 2 d) */
+        double d = R->gamma, c = 1.0 / (1.0 - 2.0 * d);
+        nb_var *k1f = nb_reshape(dd->RK[0][i], 2, (int64_t[]){1, N});
+        nb_var *k2f = nb_reshape(dd->RK[1][i], 2, (int64_t[]){1, N});
+        nb_var *b1 = nb_mul(nb_mul(th, nb_sub(nb_scalar(tr, 1.0), th)), nb_scalar(tr, c));
+        nb_var *b2 = nb_mul(nb_mul(th, nb_sub(th, nb_scalar(tr, 2.0 * d))), nb_scalar(tr, c));
+        val = nb_add(y0f, nb_mul(dd->h, nb_add(nb_mul(b1, k1f), nb_mul(b2, k2f))));
+    } else if (R != NULL && R->n_h > 0) {
+        /* (1 - th) y0 + th (y1 + (1 - th)(K1 + th (K2 + th K3))) */
+        nb_var *y1f = nb_reshape(dd->y1[i], 2, (int64_t[]){1, N});
+        nb_var *in = nb_reshape(dd->RK[R->n_h - 1][i], 2, (int64_t[]){1, N});
+        for (int r = R->n_h - 2; r >= 0; r--) {
+            in = nb_add(nb_reshape(dd->RK[r][i], 2, (int64_t[]){1, N}), nb_mul(th, in));
+        }
+        nb_var *om = nb_sub(nb_scalar(tr, 1.0), th);
+        val = nb_add(nb_mul(om, y0f), nb_mul(th, nb_add(y1f, nb_mul(om, in))));
+    } else if (tab->dense_degree == 0) {
+        /* Hermite: y0 + (y1 - y0) h01 + h (h10 f0 + h11 f1) */
+        nb_var *t2 = nb_square(th), *t3 = nb_mul(t2, th);
+        nb_var *h01 = nb_sub(nb_mul(nb_scalar(tr, 3.0), t2), nb_mul(nb_scalar(tr, 2.0), t3));
+        nb_var *h10 = nb_add(nb_sub(t3, nb_mul(nb_scalar(tr, 2.0), t2)), th);
+        nb_var *h11 = nb_sub(t3, t2);
+        nb_var *y1f = nb_reshape(dd->y1[i], 2, (int64_t[]){1, N});
+        nb_var *f0f = nb_reshape(dd->k[0][i], 2, (int64_t[]){1, N});
+        nb_var *f1f = nb_reshape(dd->f1[i], 2, (int64_t[]){1, N});
+        val = nb_add(nb_add(y0f, nb_mul(nb_sub(y1f, y0f), h01)),
+                     nb_mul(dd->h, nb_add(nb_mul(h10, f0f), nb_mul(h11, f1f))));
+    } else {
+        nb_var *sum = NULL;
+        for (int j = 0; j < tab->dense_stages; j++) {
+            const double *d = tab->dense + (size_t)j * tab->dense_degree;
+            nb_var *bj = NULL, *pw = th;
+            for (int p = 0; p < tab->dense_degree; p++) {
+                if (p > 0) {
+                    pw = nb_mul(pw, th);
+                }
+                if (d[p] != 0.0) {
+                    nb_var *term = nb_mul(pw, nb_scalar(tr, d[p]));
+                    bj = bj == NULL ? term : nb_add(bj, term);
+                }
+            }
+            if (bj == NULL) {
+                continue;
+            }
+            nb_var *kj = nb_reshape(dd->k[j][i], 2, (int64_t[]){1, N});
+            nb_var *term = nb_mul(bj, kj);
+            sum = sum == NULL ? term : nb_add(sum, term);
+        }
+        val = sum == NULL ? nb_broadcast_to(y0f, 2, (int64_t[]){n, N})
+                          : nb_add(y0f, nb_mul(dd->h, sum));
+    }
+    return val;
+}
+
+/* The vars of dd as one list (count: 1 + L (3 + nk + nr + nd)), and back. */
+static nb_var **nbo_dense_pack(nb_trace *tr, const nbo_dense *dd, int64_t *count) {
+    int nk, nr, nd;
+    nbo_dense_counts(dd->tab, &nk, &nr, &nd);
+    int64_t L = dd->L;
+    *count = 1 + L * (3 + nk + nr + nd);
+    nb_var **v = nbo_vars(tr, *count);
+    if (v == NULL) {
+        return NULL;
+    }
+    int64_t p = 0;
+    v[p++] = dd->h;
+    for (int64_t i = 0; i < L; i++) {
+        v[p++] = dd->y[i];
+        v[p++] = dd->y1[i];
+        v[p++] = dd->f1[i];
+        for (int j = 0; j < nk; j++) {
+            v[p++] = dd->k[j][i];
+        }
+        for (int j = 0; j < nr; j++) {
+            v[p++] = dd->RK[j][i];
+        }
+        for (int j = 0; j < nd; j++) {
+            v[p++] = dd->dk[j * L + i];
+        }
+    }
+    return v;
+}
+
+static bool nbo_dense_unpack(nb_trace *tr, const nbo_tableau *tab, int64_t L, nb_var *const *v,
+                             nbo_dense *dd) {
+    int nk, nr, nd;
+    nbo_dense_counts(tab, &nk, &nr, &nd);
+    memset(dd, 0, sizeof *dd);
+    dd->tab = tab;
+    dd->L = L;
+    dd->y = nbo_vars(tr, L);
+    dd->y1 = nbo_vars(tr, L);
+    dd->f1 = nbo_vars(tr, L);
+    dd->k = nbi_arena_alloc(&tr->arena, (size_t)nk * sizeof *dd->k);
+    bool ok = dd->y != NULL && dd->y1 != NULL && dd->f1 != NULL && dd->k != NULL;
+    for (int j = 0; ok && j < nk; j++) {
+        ok = (dd->k[j] = nbo_vars(tr, L)) != NULL;
+    }
+    for (int j = 0; ok && j < nr; j++) {
+        ok = (dd->RK[j] = nbo_vars(tr, L)) != NULL;
+    }
+    if (ok && nd > 0) {
+        ok = (dd->dk = nbo_vars(tr, (int64_t)nd * L)) != NULL;
+    }
+    if (!ok) {
+        return false;
+    }
+    int64_t p = 0;
+    dd->h = v[p++];
+    for (int64_t i = 0; i < L; i++) {
+        dd->y[i] = v[p++];
+        dd->y1[i] = v[p++];
+        dd->f1[i] = v[p++];
+        for (int j = 0; j < nk; j++) {
+            dd->k[j][i] = v[p++];
+        }
+        for (int j = 0; j < nr; j++) {
+            dd->RK[j][i] = v[p++];
+        }
+        for (int j = 0; j < nd; j++) {
+            dd->dk[j * L + i] = v[p++];
+        }
+    }
+    return true;
+}
+
+/* ---- events ----------------------------------------------------------------------------- */
+
+/* The conditions (opts.event: self's "evfn", "evself", called on (s tau, y, args)) at
+ * (tau, y), as a [n] vector of dtype dt: floats cast, a bool b as b ? 1 : -1. n < 0: any
+ * count (*n set); else the count must be n. */
+static nb_var *nbo_event_eval(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau,
+                              const nb_treedef *ydef, int64_t L, nb_var *const *y, int64_t *n,
+                              nb_dtype dt) {
+    static const char who[] = "nb_diffeqsolve";
+    nb_fnptr fp = NULL;
+    const char *name = NULL;
+    nb_tree_get_fnref(nb_tree_get(self, "evfn"), &fp, &name);
+    const nb_tree *uself = nb_tree_get(self, "evself");
+    if (uself == NULL || nb_tree_kind_of(uself) == NB_TREE_KIND_NULL) {
+        uself = NULL;
+    }
+    nb_tree *ytree = nbo_build(tr, ydef, L, y);
+    nb_tree *targs = ytree != NULL
+                         ? nbo_tuple(tr, 3,
+                                     (nb_tree *[]){nb_leaf(sign < 0 ? nb_neg(tau) : tau), ytree,
+                                                   (nb_tree *)nb_tree_get(self, "args")})
+                         : NULL;
+    if (targs == NULL) {
+        return NULL;
+    }
+    nb_tree *out = NULL;
+    nb_status st = ((nb_fn_body)fp)(tr, uself, targs, &out);
+    if (tr->status != NB_OK) {
+        st = tr->status;
+    }
+    if (st != NB_OK || out == NULL) {
+        nb_tree_destroy(out);
+        if (tr->status == NB_OK) {
+            nbi_trace_err(tr, st != NB_OK ? st : NB_ERR_MISUSE, "%s: the event function '%s' %s",
+                          who, name, st != NB_OK ? "failed" : "returned no output");
+        }
+        return NULL;
+    }
+    nb_tree_kind kind = nb_tree_kind_of(out);
+    bool seq = kind == NB_TREE_KIND_TUPLE || kind == NB_TREE_KIND_LIST;
+    int64_t m = seq ? nb_tree_len(out) : 1;
+    nb_var **c = nbo_vars(tr, m > 0 ? m : 1);
+    bool ok = c != NULL;
+    char sig[64] = "nothing";
+    for (int64_t j = 0; ok && j < m; j++) {
+        const nb_tree *cj = seq ? nb_tree_child(out, j) : out;
+        nb_var *v = nb_tree_kind_of(cj) == NB_TREE_KIND_VAR ? nb_var_of(tr, cj) : NULL;
+        if (v == NULL || v->rank != 0 ||
+            (!nb_dtype_is_float(v->dtype) && v->dtype != NB_DTYPE_BOOL)) {
+            if (v != NULL) {
+                nbi_var_sig(sig, sizeof sig, v);
+            } else {
+                snprintf(sig, sizeof sig, "a %s leaf", nb_tree_kind_name(nb_tree_kind_of(cj)));
+            }
+            nbi_trace_err(tr, NB_ERR_SHAPE,
+                          "%s: the event function '%s' returned %s as condition %lld; each "
+                          "condition must be a 0-d float (or bool) var -- return one, or a "
+                          "tuple of them",
+                          who, name, sig, (long long)j);
+            ok = false;
+            break;
+        }
+        c[j] = v->dtype == NB_DTYPE_BOOL
+                   ? nb_select(v, nb_scalar_typed(tr, dt, 1.0), nb_scalar_typed(tr, dt, -1.0))
+                   : nb_cast(v, dt);
+    }
+    if (ok && m < 1) {
+        ok = false;
+        nbi_trace_err(tr, NB_ERR_SHAPE,
+                      "%s: the event function '%s' returned an empty %s -- return at least "
+                      "one condition",
+                      who, name, nb_tree_kind_name(kind));
+    }
+    nb_tree_destroy(out);
+    if (!ok) {
+        return NULL;
+    }
+    if (*n >= 0 && m != *n) {
+        nbi_trace_err(tr, NB_ERR_SHAPE,
+                      "%s: the event function '%s' returned %lld conditions where %lld were "
+                      "expected (opts.n_event_direction, or its first call)",
+                      who, name, (long long)m, (long long)*n);
+        return NULL;
+    }
+    *n = m;
+    return nb_stack((int)m, c, 0);
+}
+
+/* Which conditions fire from a to b ([n] each): a < 0 <= b (rising) or a > 0 >= b (falling),
+ * as self's "evdir" allows (0 either, +1 rising, -1 falling). */
+static nb_var *nbo_cross(nb_trace *tr, const nb_tree *self, nb_var *a, nb_var *b) {
+    const nb_tree *dirs = nb_tree_get(self, "evdir");
+    int64_t n = nb_tree_len(dirs);
+    nb_var **r = nbo_vars(tr, n), **f = nbo_vars(tr, n);
+    if (r == NULL || f == NULL) {
+        return NULL;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        double d = 0;
+        nb_tree_get_float(nb_tree_child(dirs, j), &d);
+        r[j] = nb_scalar_typed(tr, NB_DTYPE_BOOL, d >= 0 ? 1.0 : 0.0);
+        f[j] = nb_scalar_typed(tr, NB_DTYPE_BOOL, d <= 0 ? 1.0 : 0.0);
+    }
+    nb_var *zero = nb_scalar(tr, 0.0);
+    nb_var *rise = nb_logical_and(nb_lt(a, zero), nb_ge(b, zero));
+    nb_var *fall = nb_logical_and(nb_gt(a, zero), nb_le(b, zero));
+    return nb_logical_or(nb_logical_and(rise, nb_stack((int)n, r, 0)),
+                         nb_logical_and(fall, nb_stack((int)n, f, 0)));
+}
+
+static nb_var *nbo_any(nb_trace *tr, nb_var *mask) {
+    return nb_gt(nb_max(nb_cast(mask, NB_DTYPE_I32), NULL, 0, false), nbo_i32(tr, 0));
+}
+
+/* The bisection's state from self: the step's dense data ("dd", "ys" for the structure),
+ * its start "t" and the event function; all stopped. */
+static bool nbo_root_setup(nb_trace *tr, const nb_tree *self, nbo_cfg *cfg, nbo_dense *dd,
+                           nb_treedef **ydef) {
+    if (!nbo_cfg_read(tr, self, cfg)) {
+        return false;
+    }
+    int64_t L = 0, nv = 0;
+    nb_var **ys = nbo_leaves(tr, nb_tree_get(self, "ys"), &L, ydef);
+    nb_var **v = ys != NULL ? nbo_leaves(tr, nb_tree_get(self, "dd"), &nv, NULL) : NULL;
+    if (v == NULL || !nbo_dense_unpack(tr, cfg->tab, L, v, dd)) {
+        nb_treedef_destroy(*ydef);
+        *ydef = NULL;
+        return false;
+    }
+    return true;
+}
+
+/* y(tau) for the leaves, from the step's dense data (t the step's start) */
+static bool nbo_dense_at(nb_trace *tr, const nbo_dense *dd, nb_var *t, nb_var *tau, nb_var **out) {
+    nb_var *th = nb_reshape(nb_div(nb_sub(tau, t), dd->h), 2, (int64_t[]){1, 1});
+    for (int64_t i = 0; i < dd->L; i++) {
+        out[i] = nb_reshape(nbo_dense_eval(tr, dd, i, th), nb_var_rank(dd->y[i]),
+                            nb_var_shape(dd->y[i]));
+    }
+    return tr->status == NB_OK;
+}
+
+/* while a condition fires within [lo, hi] and hi - lo > tol */
+static nb_status nbo_root_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    double tol = 0, eps = 0;
+    nb_tree_get_float(nb_tree_get(self, "etol"), &tol);
+    nb_tree_get_float(nb_tree_get(self, "eps"), &eps);
+    nb_var *lo = nb_get(tr, args, "[0]"), *hi = nb_get(tr, args, "[1]");
+    nb_var *w = nb_sub(hi, lo);
+    nb_var *scale = nb_maximum(nb_maximum(nb_abs(lo), nb_abs(hi)), nb_get(tr, self, "hmag"));
+    nb_var *tolv = nb_maximum(nb_scalar(tr, tol), nb_mul(scale, nb_scalar(tr, 4.0 * eps)));
+    nb_var *fires = nbo_cross(tr, self, nb_get(tr, args, "[2]"), nb_get(tr, args, "[3]"));
+    if (fires == NULL) {
+        return tr->status;
+    }
+    return nb_return(nb_logical_and(nbo_any(tr, fires), nb_gt(w, tolv)), out);
+}
+
+/* bisection: the half [lo, mid] keeps the bracket when a condition fires in it */
+static nb_status nbo_root_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    nbo_cfg cfg;
+    nbo_dense dd;
+    nb_treedef *ydef = NULL;
+    if (!nbo_root_setup(tr, self, &cfg, &dd, &ydef)) {
+        return tr->status;
+    }
+    nb_var *lo = nb_get(tr, args, "[0]"), *hi = nb_get(tr, args, "[1]");
+    nb_var *clo = nb_get(tr, args, "[2]"), *chi = nb_get(tr, args, "[3]");
+    nb_var *mid = nb_add(lo, nb_mul(nb_sub(hi, lo), nb_scalar(tr, 0.5)));
+    nb_var **ym = nbo_vars(tr, dd.L);
+    int64_t n = nb_var_size(clo);
+    nb_var *cm =
+        ym != NULL && nbo_dense_at(tr, &dd, nb_get(tr, self, "t"), mid, ym)
+            ? nbo_event_eval(tr, self, cfg.v[CFG_SIGN], mid, ydef, dd.L, ym, &n, nb_var_dtype(lo))
+            : NULL;
+    nb_treedef_destroy(ydef);
+    nb_var *left = cm != NULL ? nbo_cross(tr, self, clo, cm) : NULL;
+    if (left == NULL) {
+        return tr->status;
+    }
+    nb_var *in_left = nbo_any(tr, left);
+    nb_tree *res = nbo_tuple(
+        tr, 4,
+        (nb_tree *[]){nb_leaf(nb_select(in_left, lo, mid)), nb_leaf(nb_select(in_left, mid, hi)),
+                      nb_leaf(nb_select(in_left, clo, cm)), nb_leaf(nb_select(in_left, cm, chi))});
+    if (res == NULL) {
+        return tr->status;
+    }
+    *out = nb_tree_retain(res);
+    return NB_OK;
+}
+
+/* The operand of the event's branches: (t, tn, hi, which, y (the step's start: the state's
+ * structure), the step's dense data (nbo_dense_pack's list), the term's args). */
+static bool nbo_event_operand(nb_trace *tr, const nb_tree *self, const nb_tree *op, nbo_cfg *cfg,
+                              nbo_dense *dd, nb_treedef **ydef) {
+    if (!nbo_cfg_read(tr, self, cfg)) {
+        return false;
+    }
+    int64_t L = 0, nv = 0;
+    nb_var **ys = nbo_leaves(tr, nb_tree_child(op, 4), &L, ydef);
+    nb_var **v = ys != NULL ? nbo_leaves(tr, nb_tree_child(op, 5), &nv, NULL) : NULL;
+    if (v == NULL || !nbo_dense_unpack(tr, cfg->tab, L, v, dd)) {
+        nb_treedef_destroy(*ydef);
+        *ydef = NULL;
+        return false;
+    }
+    return true;
+}
+
+/* A condition fired at hi (within 4 ulp): the event time t* = hi with the derivative of the
+ * implicit function theorem, dt* = -(dc_j/dp) / (dc_j/dt) along the solution (dc_j/dt by
+ * forward mode through the interpolant at hi; a bool condition, or a tangential crossing, has
+ * none), and the state there, y(t*). Returns (t*, y(t*)). */
+static nb_status nbo_event_hit(nb_trace *tr, const nb_tree *self, const nb_tree *op,
+                               nb_tree **out) {
+    nbo_cfg cfg;
+    nbo_dense dd, dds;
+    nb_treedef *ydef = NULL;
+    if (!nbo_event_operand(tr, self, op, &cfg, &dd, &ydef)) {
+        return tr->status;
+    }
+    double sign = cfg.v[CFG_SIGN];
+    int64_t L = dd.L, n = (int64_t)cfg.v[CFG_N_EVENT];
+    nb_var *t = nb_get(tr, op, "[0]"), *hi = nb_stop_gradient(nb_get(tr, op, "[2]"));
+    nb_var *j = nb_get(tr, op, "[3]");
+    nb_dtype dt = nb_var_dtype(t);
+    nb_var *onehot = nb_cast(nb_eq(nb_iota(tr, NB_DTYPE_I32, 1, (int64_t[]){n}, 0), j), dt);
+    /* the conditions read evfn, evself and args: live, and stopped for dc/dt */
+    nb_tree *live = NULL, *stopped = NULL;
+    nb_tree *sargs = nbo_stopped(tr, nb_tree_child(op, 6));
+    int64_t nv = 0;
+    nb_var **v = nbo_dense_pack(tr, &dd, &nv);
+    nb_var **vs = v != NULL ? nbo_vars(tr, nv) : NULL;
+    nb_var **yh = nbo_vars(tr, L), **yl = nbo_vars(tr, L), **ye = nbo_vars(tr, L);
+    bool ok = sargs != NULL && vs != NULL && yh != NULL && yl != NULL && ye != NULL &&
+              nb_tree_dict(tr->ctx, 3, (const char *[]){"evfn", "evself", "args"},
+                           (nb_tree *[]){(nb_tree *)nb_tree_get(self, "evfn"),
+                                         (nb_tree *)nb_tree_get(self, "evself"),
+                                         (nb_tree *)nb_tree_child(op, 6)},
+                           &live) == NB_OK &&
+              nbi_trace_own(tr, live) == NB_OK &&
+              nb_tree_dict(tr->ctx, 3, (const char *[]){"evfn", "evself", "args"},
+                           (nb_tree *[]){(nb_tree *)nb_tree_get(self, "evfn"),
+                                         (nb_tree *)nb_tree_get(self, "evself"), sargs},
+                           &stopped) == NB_OK &&
+              nbi_trace_own(tr, stopped) == NB_OK;
+    for (int64_t i = 0; ok && i < nv; i++) {
+        vs[i] = nb_stop_gradient(v[i]);
+    }
+    ok = ok && nbo_dense_unpack(tr, cfg.tab, L, vs, &dds);
+    if (!ok) {
+        nb_treedef_destroy(ydef);
+        return tr->status != NB_OK ? tr->status
+                                   : nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+    }
+    nb_var *ts = nb_stop_gradient(t);
+
+    /* dc_j/dt at hi: one tangent sweep on the time through the (stopped) interpolant */
+    int32_t begin = tr->g.n_nodes;
+    tr->ad_depth++;
+    nb_var *cs = nbo_dense_at(tr, &dds, ts, hi, yh)
+                     ? nbo_event_eval(tr, stopped, sign, hi, ydef, L, yh, &n, dt)
+                     : NULL;
+    tr->ad_depth--;
+    int32_t end = tr->g.n_nodes;
+    nb_var *dc = NULL, *one = nb_scalar_typed(tr, dt, 1.0);
+    if (cs == NULL || nbi_jvp_region(tr, begin, end, 1, (nb_var *[]){hi}, (nb_var *[]){one}, 1,
+                                     (nb_var *[]){cs}, &dc) != NB_OK) {
+        nb_treedef_destroy(ydef);
+        return tr->status != NB_OK ? tr->status
+                                   : nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+    }
+    nb_var *den = nb_sum(nb_mul(dc, onehot), NULL, 0, false);
+    nb_var *den_ok = nb_logical_and(nbo_isfinite(den), nb_ne(den, nb_scalar(tr, 0.0)));
+    den = nb_stop_gradient(nb_select(den_ok, den, one));
+
+    /* t* = hi - c_j(hi, y(hi; p)) / (dc_j/dt) in its derivative, hi in its value */
+    nb_var *cl = nbo_dense_at(tr, &dd, t, hi, yl)
+                     ? nbo_event_eval(tr, live, sign, hi, ydef, L, yl, &n, dt)
+                     : NULL;
+    nb_var *tev = NULL;
+    if (cl != NULL) {
+        nb_var *cj = nb_sum(nb_mul(cl, onehot), NULL, 0, false);
+        tev = nbi_implicit(hi, nb_sub(hi, nb_div(cj, den)));
+    }
+    nb_tree *ytree =
+        tev != NULL && nbo_dense_at(tr, &dd, t, tev, ye) ? nbo_build(tr, ydef, L, ye) : NULL;
+    nb_treedef_destroy(ydef);
+    nb_tree *res = ytree != NULL ? nbo_tuple(tr, 2, (nb_tree *[]){nb_leaf(tev), ytree}) : NULL;
+    if (res == NULL) {
+        return tr->status != NB_OK ? tr->status : NB_ERR_OOM;
+    }
+    *out = nb_tree_retain(res);
+    return NB_OK;
+}
+
+/* No condition fired: (tn, y1), of the hit's structure (the caller selects them away). */
+static nb_status nbo_event_miss(nb_trace *tr, const nb_tree *self, const nb_tree *op,
+                                nb_tree **out) {
+    nbo_cfg cfg;
+    nbo_dense dd;
+    nb_treedef *ydef = NULL;
+    if (!nbo_event_operand(tr, self, op, &cfg, &dd, &ydef)) {
+        return tr->status;
+    }
+    nb_tree *ytree = nbo_build(tr, ydef, dd.L, dd.y1);
+    nb_treedef_destroy(ydef);
+    nb_tree *res = ytree != NULL
+                       ? nbo_tuple(tr, 2, (nb_tree *[]){nb_leaf(nb_get(tr, op, "[1]")), ytree})
+                       : NULL;
+    if (res == NULL) {
+        return tr->status != NB_OK ? tr->status : NB_ERR_OOM;
+    }
+    *out = nb_tree_retain(res);
+    return NB_OK;
+}
+
+/* The event in one step from (t, y) to (tn, y1), kept or not: c0 the conditions at t (the
+ * carry's), dd the step's dense data. Out: *c1 the conditions at tn; *fired (0-d bool: a
+ * condition fires in this kept step); *which (i32: the first to fire, lowest index); *t_hit
+ * the bracket's far end (stopped; where saving stops); *t_ev the event time with its
+ * derivative (implicit function theorem); y_ev the state there (L leaves). */
+static bool nbo_event_step(nb_trace *tr, const nb_tree *self, const nbo_cfg *cfg,
+                           const nbo_dense *dd, const nb_treedef *ydef, nb_var *t, nb_var *tn,
+                           nb_var *keep, nb_var *c0, nb_var **c1, nb_var **fired, nb_var **which,
+                           nb_var **t_hit, nb_var **t_ev, nb_var **y_ev) {
+    double sign = cfg->v[CFG_SIGN];
+    int64_t L = dd->L, n = (int64_t)cfg->v[CFG_N_EVENT];
+    nb_dtype dt = nb_var_dtype(t);
+    nb_var *c = nbo_event_eval(tr, self, sign, tn, ydef, L, dd->y1, &n, dt);
+    if (c == NULL) {
+        return false;
+    }
+    *c1 = nb_stop_gradient(c);
+    /* a rejected step fires nothing: its far end is the start's values */
+    nb_var *chi = nb_select(keep, *c1, c0);
+    nb_var *fires = nbo_cross(tr, self, c0, chi);
+    if (fires == NULL) {
+        return false;
+    }
+    *fired = nbo_any(tr, fires);
+
+    /* the bisection, on stopped data; zero iterations unless a condition fires */
+    int64_t nv = 0;
+    nb_var **v = nbo_dense_pack(tr, dd, &nv);
+    nb_var **vs = nbo_vars(tr, nv), **ys = nbo_vars(tr, L);
+    if (v == NULL || vs == NULL || ys == NULL) {
+        return false;
+    }
+    for (int64_t i = 0; i < nv; i++) {
+        vs[i] = nb_stop_gradient(v[i]);
+    }
+    for (int64_t i = 0; i < L; i++) {
+        ys[i] = nb_stop_gradient(dd->y[i]);
+    }
+    nb_tree **vl = nbi_arena_alloc(&tr->arena, (size_t)nv * sizeof *vl);
+    if (vl == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return false;
+    }
+    for (int64_t i = 0; i < nv; i++) {
+        vl[i] = nb_leaf(vs[i]);
+    }
+    nb_var *ts = nb_stop_gradient(t), *tns = nb_stop_gradient(tn), *hs = vs[0];
+    double eps = dt == NB_DTYPE_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-7;
+    nb_tree *sargs = nbo_stopped(tr, nb_tree_get(self, "args"));
+    nb_tree *ddt = nbo_tuple(tr, nv, vl), *yst = nbo_build(tr, ydef, L, ys);
+    nb_tree *rself = NULL;
+    nb_fn *cf = NULL, *bf = NULL;
+    /* the tolerance's scale includes |h| (a root near t = 0) */
+    if (sargs == NULL || ddt == NULL || yst == NULL ||
+        nb_tree_dict(tr->ctx, 11,
+                     (const char *[]){"cfg", "evfn", "evself", "args", "evdir", "dd", "ys", "t",
+                                      "etol", "eps", "hmag"},
+                     (nb_tree *[]){
+                         (nb_tree *)nb_tree_get(self, "cfg"), (nb_tree *)nb_tree_get(self, "evfn"),
+                         (nb_tree *)nb_tree_get(self, "evself"), sargs,
+                         (nb_tree *)nb_tree_get(self, "evdir"), ddt, yst, nb_leaf(ts),
+                         nbo_float(tr, cfg->v[CFG_EVTOL]), nbo_float(tr, eps), nb_leaf(nb_abs(hs))},
+                     &rself) != NB_OK ||
+        nb_fn_create(tr->ctx, "diffeqsolve_event_cond", nbo_root_cond, rself, &cf) != NB_OK ||
+        nb_fn_create(tr->ctx, "diffeqsolve_event", nbo_root_body, rself, &bf) != NB_OK) {
+        nb_tree_destroy(rself);
+        nb_fn_destroy(cf);
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return false;
+    }
+    nb_tree_destroy(rself);
+    nb_tree *init =
+        nbo_tuple(tr, 4, (nb_tree *[]){nb_leaf(ts), nb_leaf(tns), nb_leaf(c0), nb_leaf(chi)});
+    nb_loop_opts lo = nb_loop_opts_default();
+    lo.max_steps = 200; /* halvings from |h| to 4 ulp of t: ~55 in f64 */
+    const nb_tree *fin = init != NULL ? nb_while_loop(tr, cf, bf, init, &lo) : NULL;
+    nb_fn_destroy(cf);
+    nb_fn_destroy(bf);
+    if (fin == NULL) {
+        return false;
+    }
+    nb_var *hi = nb_stop_gradient(nb_get(tr, fin, "[1]"));
+    nb_var *last = nbo_cross(tr, self, nb_get(tr, fin, "[2]"), nb_get(tr, fin, "[3]"));
+    if (last == NULL) {
+        return false;
+    }
+    nb_var *j = nb_cast(nb_argmax(nb_cast(last, NB_DTYPE_I32), 0, false), NB_DTYPE_I32);
+    *which = j;
+    *t_hit = nb_select(*fired, hi, tn);
+
+    /* the event time's derivative and the state there: only in the step where one fires */
+    nb_tree *ddl = NULL, *ytl = nbo_build(tr, ydef, L, dd->y), *bs = NULL;
+    {
+        nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)nv * sizeof *items);
+        if (items == NULL) {
+            nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+            return false;
+        }
+        for (int64_t i = 0; i < nv; i++) {
+            items[i] = nb_leaf(v[i]);
+        }
+        ddl = nbo_tuple(tr, nv, items);
+    }
+    nb_tree *operand =
+        ddl != NULL && ytl != NULL
+            ? nbo_tuple(tr, 7,
+                        (nb_tree *[]){nb_leaf(t), nb_leaf(tn), nb_leaf(hi), nb_leaf(j), ytl, ddl,
+                                      (nb_tree *)nb_tree_get(self, "args")})
+            : NULL;
+    nb_fn *hit = NULL, *miss = NULL;
+    if (operand == NULL ||
+        nb_tree_dict(tr->ctx, 4, (const char *[]){"cfg", "evfn", "evself", "evdir"},
+                     (nb_tree *[]){(nb_tree *)nb_tree_get(self, "cfg"),
+                                   (nb_tree *)nb_tree_get(self, "evfn"),
+                                   (nb_tree *)nb_tree_get(self, "evself"),
+                                   (nb_tree *)nb_tree_get(self, "evdir")},
+                     &bs) != NB_OK ||
+        nb_fn_create(tr->ctx, "diffeqsolve_event_hit", nbo_event_hit, bs, &hit) != NB_OK ||
+        nb_fn_create(tr->ctx, "diffeqsolve_event_miss", nbo_event_miss, bs, &miss) != NB_OK) {
+        nb_tree_destroy(bs);
+        nb_fn_destroy(hit);
+        if (tr->status == NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        }
+        return false;
+    }
+    nb_tree_destroy(bs);
+    const nb_tree *r = nb_cond(tr, *fired, hit, miss, operand);
+    nb_fn_destroy(hit);
+    nb_fn_destroy(miss);
+    if (r == NULL) {
+        return false;
+    }
+    *t_ev = nb_get(tr, r, "[0]");
+    int64_t Lr = 0;
+    nb_var **yr = nbo_leaves(tr, nb_tree_child(r, 1), &Lr, NULL);
+    if (yr == NULL) {
+        return false;
+    }
+    memcpy(y_ev, yr, (size_t)L * sizeof *y_ev);
+    return true;
+}
+
 /* The step body. self: fn, self, args (the term), cfg, ts (internal save times or null). */
 static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                                nb_tree **out) {
@@ -1228,6 +1877,43 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         fy_new[i] = nb_select(keep, f1[i], fy[i]);
     }
 
+    /* the dense output's data, with the extra stages when it is read (SaveAt ts, events) */
+    int64_t nev = (int64_t)cfg.v[CFG_N_EVENT];
+    nbo_dense dd = {tab, L, h, y, y1, f1, k, {RK[0], RK[1], RK[2]}, dirk_k};
+    for (int i = (tab->extra_uses_f1 ? s + 1 : s);
+         (saveat == NB_SAVEAT_TS || nev > 0) && i < tab->dense_stages && ok; i++) {
+        k[i] = nbo_vars(tr, L);
+        nbo_combine(tr, L, y, h, i, (nb_var *const *const *)k, tab->a + (size_t)i * S, tmp);
+        nb_var *ti = nb_add(t, nb_mul(h, nb_scalar(tr, tab->c[i])));
+        ok = k[i] != NULL && nbo_term(tr, self, sign, ti, ydef, L, tmp, k[i]);
+        tmp = nbo_vars(tr, L);
+        ok = ok && tmp != NULL;
+    }
+    if (!ok) {
+        nb_treedef_destroy(ydef);
+        return tr->status;
+    }
+
+    /* events: a condition that fires in this kept step ends the solve at its root */
+    nb_var *ev = nb_get(tr, args, "[12]"), *ev_new = ev;
+    nb_var *event = nb_get(tr, args, "[13]"), *event_new = event;
+    nb_var *t_end = tn, *fired = NULL, **y_ev = NULL, *t_ev = NULL;
+    if (nev > 0) {
+        nb_var *c1 = NULL, *which = NULL;
+        y_ev = nbo_vars(tr, L);
+        if (y_ev == NULL || !nbo_event_step(tr, self, &cfg, &dd, ydef, t, tn, keep, ev, &c1, &fired,
+                                            &which, &t_end, &t_ev, y_ev)) {
+            nb_treedef_destroy(ydef);
+            return tr->status != NB_OK ? tr->status : NB_ERR_OOM;
+        }
+        ev_new = nb_select(keep, c1, ev);
+        event_new = nb_select(fired, which, event);
+        t_new = nb_select(fired, t_ev, t_new);
+        for (int64_t i = 0; i < L; i++) {
+            y_new[i] = nb_select(fired, y_ev[i], y_new[i]);
+        }
+    }
+
     /* saving */
     nb_tree *save = NULL;
     if (saveat == NB_SAVEAT_TS) {
@@ -1235,107 +1921,16 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         int64_t n = nb_var_size(TS);
         const nb_tree *sv = nb_tree_child(args, 9);
         nb_var *theta = nb_div(nb_sub(TS, t), h);
-        nb_var *mask = nb_logical_and(keep, nb_logical_and(nb_gt(TS, t), nb_le(TS, tn)));
+        nb_var *mask = nb_logical_and(keep, nb_logical_and(nb_gt(TS, t), nb_le(TS, t_end)));
         mask = nb_reshape(mask, 2, (int64_t[]){n, 1});
         nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(L > 0 ? L : 1) * sizeof *items);
         if (items == NULL) {
             nb_treedef_destroy(ydef);
             return nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
         }
-        /* extra dense-output stages */
-        for (int i = (tab->extra_uses_f1 ? s + 1 : s); i < tab->dense_stages && ok; i++) {
-            k[i] = nbo_vars(tr, L);
-            nbo_combine(tr, L, y, h, i, (nb_var *const *const *)k, tab->a + (size_t)i * S, tmp);
-            nb_var *ti = nb_add(t, nb_mul(h, nb_scalar(tr, tab->c[i])));
-            ok = k[i] != NULL && nbo_term(tr, self, sign, ti, ydef, L, tmp, k[i]);
-            tmp = nbo_vars(tr, L);
-            ok = ok && tmp != NULL;
-        }
-        if (!ok) {
-            nb_treedef_destroy(ydef);
-            return tr->status;
-        }
         nb_var *th = nb_reshape(theta, 2, (int64_t[]){n, 1});
         for (int64_t i = 0; i < L; i++) {
-            int64_t N = nb_var_size(y[i]);
-            nb_var *y0f = nb_reshape(y[i], 2, (int64_t[]){1, N});
-            nb_var *val;
-            if (D != NULL && D->H != NULL) {
-                /* KenCarp: y0 + h sum_i theta P_i(theta) (f_E + f_I)_i (Diffrax's) */
-                nb_var *sum = NULL;
-                for (int j = 0; j < D->stages; j++) {
-                    nb_var *pj = NULL;
-                    for (int q = 0; q < D->dense_degree; q++) { /* Horner, highest first */
-                        double cq = D->H[j * D->dense_degree + q];
-                        pj = pj == NULL ? nb_mul(th, nb_scalar(tr, cq))
-                                        : nb_mul(th, nb_add(pj, nb_scalar(tr, cq)));
-                    }
-                    bool zero = true;
-                    for (int q = 0; q < D->dense_degree; q++) {
-                        zero = zero && D->H[j * D->dense_degree + q] == 0.0;
-                    }
-                    if (zero) {
-                        continue;
-                    }
-                    nb_var *kj = nb_reshape(dirk_k[j * L + i], 2, (int64_t[]){1, N});
-                    nb_var *term = nb_mul(pj, kj);
-                    sum = sum == NULL ? term : nb_add(sum, term);
-                }
-                val = nb_add(y0f, nb_mul(h, sum));
-            } else if (R != NULL && R->ros23) {
-                /* y0 + h (th (1 - th) k1 + th (th - 2 d) k2) / (1 - 2 d) */
-                double d = R->gamma, c = 1.0 / (1.0 - 2.0 * d);
-                nb_var *k1f = nb_reshape(RK[0][i], 2, (int64_t[]){1, N});
-                nb_var *k2f = nb_reshape(RK[1][i], 2, (int64_t[]){1, N});
-                nb_var *b1 = nb_mul(nb_mul(th, nb_sub(nb_scalar(tr, 1.0), th)), nb_scalar(tr, c));
-                nb_var *b2 =
-                    nb_mul(nb_mul(th, nb_sub(th, nb_scalar(tr, 2.0 * d))), nb_scalar(tr, c));
-                val = nb_add(y0f, nb_mul(h, nb_add(nb_mul(b1, k1f), nb_mul(b2, k2f))));
-            } else if (R != NULL && R->n_h > 0) {
-                /* (1 - th) y0 + th (y1 + (1 - th)(K1 + th (K2 + th K3))) */
-                nb_var *y1f = nb_reshape(y1[i], 2, (int64_t[]){1, N});
-                nb_var *in = nb_reshape(RK[R->n_h - 1][i], 2, (int64_t[]){1, N});
-                for (int r = R->n_h - 2; r >= 0; r--) {
-                    in = nb_add(nb_reshape(RK[r][i], 2, (int64_t[]){1, N}), nb_mul(th, in));
-                }
-                nb_var *om = nb_sub(nb_scalar(tr, 1.0), th);
-                val = nb_add(nb_mul(om, y0f), nb_mul(th, nb_add(y1f, nb_mul(om, in))));
-            } else if (tab->dense_degree == 0) {
-                /* Hermite: y0 + (y1 - y0) h01 + h (h10 f0 + h11 f1) */
-                nb_var *t2 = nb_square(th), *t3 = nb_mul(t2, th);
-                nb_var *h01 =
-                    nb_sub(nb_mul(nb_scalar(tr, 3.0), t2), nb_mul(nb_scalar(tr, 2.0), t3));
-                nb_var *h10 = nb_add(nb_sub(t3, nb_mul(nb_scalar(tr, 2.0), t2)), th);
-                nb_var *h11 = nb_sub(t3, t2);
-                nb_var *y1f = nb_reshape(y1[i], 2, (int64_t[]){1, N});
-                nb_var *f0f = nb_reshape(k[0][i], 2, (int64_t[]){1, N});
-                nb_var *f1f = nb_reshape(f1[i], 2, (int64_t[]){1, N});
-                val = nb_add(nb_add(y0f, nb_mul(nb_sub(y1f, y0f), h01)),
-                             nb_mul(h, nb_add(nb_mul(h10, f0f), nb_mul(h11, f1f))));
-            } else {
-                nb_var *sum = NULL;
-                for (int j = 0; j < tab->dense_stages; j++) {
-                    const double *d = tab->dense + (size_t)j * tab->dense_degree;
-                    nb_var *bj = NULL, *pw = th;
-                    for (int p = 0; p < tab->dense_degree; p++) {
-                        if (p > 0) {
-                            pw = nb_mul(pw, th);
-                        }
-                        if (d[p] != 0.0) {
-                            nb_var *term = nb_mul(pw, nb_scalar(tr, d[p]));
-                            bj = bj == NULL ? term : nb_add(bj, term);
-                        }
-                    }
-                    if (bj == NULL) {
-                        continue;
-                    }
-                    nb_var *kj = nb_reshape(k[j][i], 2, (int64_t[]){1, N});
-                    nb_var *term = nb_mul(bj, kj);
-                    sum = sum == NULL ? term : nb_add(sum, term);
-                }
-                val = sum == NULL ? nb_broadcast_to(y0f, 2, (int64_t[]){n, N})
-                                  : nb_add(y0f, nb_mul(h, sum));
-            }
+            nb_var *val = nbo_dense_eval(tr, &dd, i, th);
             nb_var *old = nb_var_of(tr, nb_tree_child(sv, i));
             items[i] = nb_leaf(nb_select(mask, val, old));
         }
@@ -1345,8 +1940,9 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         nb_var *tsb = nb_var_of(tr, nb_tree_child(sv, 0));
         nb_var *inf = nb_scalar_typed(tr, dt, INFINITY);
         nb_var *zero = nbo_i32(tr, 0);
+        nb_var *t_row = fired != NULL ? nb_select(fired, t_ev, tn) : tn;
         nb_var *trow =
-            nb_reshape(nb_select(keep, sign < 0 ? nb_neg(tn) : tn, inf), 1, (int64_t[]){1});
+            nb_reshape(nb_select(keep, sign < 0 ? nb_neg(t_row) : t_row, inf), 1, (int64_t[]){1});
         nb_tree *ts_item = nb_leaf(nb_dynamic_update_slice(tsb, trow, (nb_var *[]){steps}));
         nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(L > 0 ? L : 1) * sizeof *items);
         if (items == NULL) {
@@ -1357,7 +1953,8 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         for (int64_t i = 0; i < L; i++) {
             nb_var *buf = nb_var_of(tr, nb_tree_child(ysb, i));
             int64_t N = nb_var_size(y[i]);
-            nb_var *row = nb_reshape(nb_select(keep, y1[i], inf), 2, (int64_t[]){1, N});
+            nb_var *yr = fired != NULL ? nb_select(fired, y_ev[i], y1[i]) : y1[i];
+            nb_var *row = nb_reshape(nb_select(keep, yr, inf), 2, (int64_t[]){1, N});
             items[i] = nb_leaf(nb_dynamic_update_slice(buf, row, (nb_var *[]){steps, zero}));
         }
         nb_tree *ys_item = nbo_tuple(tr, L, items);
@@ -1370,12 +1967,12 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_tree *ytree = nbo_build(tr, ydef, L, y_new);
     nb_tree *fytree = nbo_build(tr, ydef, L, fy_new);
     nb_treedef_destroy(ydef);
-    nb_tree *res = nbo_tuple(tr, 12,
-                             (nb_tree *[]){nb_leaf(t_new), nb_leaf(tn_new), ytree, fytree,
-                                           nb_leaf(nb_add(steps, one)),
-                                           nb_leaf(nb_add(acc, nb_cast(keep, NB_DTYPE_I32))),
-                                           nb_leaf(res_new), nb_leaf(pie_new), nb_leaf(ppie_new),
-                                           save, nb_leaf(at_dtmin_new), nb_leaf(stiff_new)});
+    nb_tree *res = nbo_tuple(
+        tr, 14,
+        (nb_tree *[]){nb_leaf(t_new), nb_leaf(tn_new), ytree, fytree, nb_leaf(nb_add(steps, one)),
+                      nb_leaf(nb_add(acc, nb_cast(keep, NB_DTYPE_I32))), nb_leaf(res_new),
+                      nb_leaf(pie_new), nb_leaf(ppie_new), save, nb_leaf(at_dtmin_new),
+                      nb_leaf(stiff_new), nb_leaf(ev_new), nb_leaf(event_new)});
     if (res == NULL) {
         return tr->status != NB_OK ? tr->status : NB_ERR_OOM;
     }
@@ -1395,8 +1992,8 @@ static nb_status nbo_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args
         t1v = nb_scalar(tr, tau1);
     }
     nb_var *t = nb_get(tr, args, "[0]");
-    return nb_return(nb_logical_and(nb_lt(t, t1v), nb_eq(nb_get(tr, args, "[6]"), nbo_i32(tr, 0))),
-                     out);
+    nb_var *go = nb_logical_and(nb_lt(t, t1v), nb_eq(nb_get(tr, args, "[6]"), nbo_i32(tr, 0)));
+    return nb_return(nb_logical_and(go, nb_lt(nb_get(tr, args, "[13]"), nbo_i32(tr, 0))), out);
 }
 
 /* ---- compaction of SaveAt steps ------------------------------------------------------- */
@@ -1647,6 +2244,44 @@ static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
                       (long long)o->adjoint.checkpoints);
         return false;
     }
+    if (o->event != NULL && o->adjoint.kind == NB_ADJOINT_BACKSOLVE) {
+        nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
+                      "%s: events (opts.event) with the backsolve adjoint are not supported -- "
+                      "use the recursive checkpoint or direct adjoint",
+                      who);
+        return false;
+    }
+    if (o->event == NULL && (o->event_direction != NULL || o->n_event_direction != 0)) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: opts.event_direction is set but opts.event is NULL -- give the event "
+                      "function, or leave the directions unset",
+                      who);
+        return false;
+    }
+    if (o->event != NULL && (o->event_direction != NULL) != (o->n_event_direction > 0)) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: opts.event_direction is %s with n_event_direction = %d -- give both "
+                      "(one direction per condition) or neither",
+                      who, o->event_direction != NULL ? "set" : "NULL", o->n_event_direction);
+        return false;
+    }
+    for (int j = 0; o->event_direction != NULL && j < o->n_event_direction; j++) {
+        int d = o->event_direction[j];
+        if (d < -1 || d > 1) {
+            nbi_trace_err(tr, NB_ERR_INVALID,
+                          "%s: opts.event_direction[%d] = %d -- each must be 0 (either sign "
+                          "change), +1 (rising) or -1 (falling)",
+                          who, j, d);
+            return false;
+        }
+    }
+    if (!(o->event_tol >= 0) || !isfinite(o->event_tol)) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: opts.event_tol = %g must be >= 0 and finite (0: the default, 4 ulp "
+                      "of t)",
+                      who, o->event_tol);
+        return false;
+    }
     if (o->adjoint.kind == NB_ADJOINT_BACKSOLVE && o->saveat.kind != NB_SAVEAT_T1) {
         nbi_trace_err(tr, NB_ERR_INVALID,
                       "%s: the backsolve adjoint saves only at t1, not %s -- use SaveAt t1, or "
@@ -1658,9 +2293,10 @@ static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
 }
 
 /* The term's body and bound data (through jit/max_traces wrappers). */
-static bool nbo_unwrap(nb_trace *tr, const nb_fn *f, nb_fn_body *body, const nb_tree **self) {
+static bool nbo_unwrap(nb_trace *tr, const nb_fn *f, nb_fn_body *body, const nb_tree **self,
+                       const char *what) {
     if (nb_fn_check(f) != NB_OK) {
-        nbi_trace_err(tr, NB_ERR_MISUSE, "nb_diffeqsolve: the term is NULL or destroyed");
+        nbi_trace_err(tr, NB_ERR_MISUSE, "nb_diffeqsolve: %s is NULL or destroyed", what);
         return false;
     }
     while (f->kind == NBI_FN_JIT || f->kind == NBI_FN_MAXTRACES) {
@@ -1668,9 +2304,9 @@ static bool nbo_unwrap(nb_trace *tr, const nb_fn *f, nb_fn_body *body, const nb_
     }
     if (f->kind != NBI_FN_PLAIN) {
         nbi_trace_err(tr, NB_ERR_INVALID,
-                      "nb_diffeqsolve: the term '%s' is a transformed function (grad, vjp, jvp, "
+                      "nb_diffeqsolve: %s '%s' is a transformed function (grad, vjp, jvp, "
                       "custom_vjp); give a function made by nb_fn_create (or nb_jit of one)",
-                      f->name);
+                      what, f->name);
         return false;
     }
     *body = f->body;
@@ -1685,7 +2321,9 @@ typedef struct nbo_solve {
     bool traced;           /* traced times (nb_ode_opts.t0_traced, ...) */
     nb_var *tau0v, *tau1v; /* the internal start and end times as vars */
     nb_dtype dtype;
-    nb_tree *tself; /* dict(fn, self, args): what the term needs, trace-owned */
+    nb_tree *tself; /* dict(fn, self, args, efn, eself, evfn, evself): what the term and
+                       the event function need, trace-owned */
+    bool evfn;      /* opts.event is set */
     nb_treedef *ydef;
     int64_t L;
     nb_var **y0;
@@ -1795,7 +2433,7 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         if (S.o.explicit_term != NULL) {
             nb_fn_body ebody = NULL;
             const nb_tree *ebound = NULL;
-            if (!nbo_unwrap(tr, S.o.explicit_term, &ebody, &ebound)) {
+            if (!nbo_unwrap(tr, S.o.explicit_term, &ebody, &ebound, "opts.explicit_term")) {
                 goto done;
             }
             if (nb_tree_fnref(ctx, (nb_fnptr)ebody, S.o.explicit_term->name, &efn) != NB_OK ||
@@ -1807,9 +2445,29 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
                 eself = (nb_tree *)ebound;
             }
         }
-        if (us == NULL || ua == NULL || efn == NULL || eself == NULL ||
-            nb_tree_dict(ctx, 5, (const char *[]){"fn", "self", "args", "efn", "eself"},
-                         (nb_tree *[]){fnref, us, ua, efn, eself}, &d) != NB_OK ||
+        /* the event function (opts.event), likewise */
+        nb_tree *evfn = nbo_null(tr), *evself = nbo_null(tr);
+        if (S.o.event != NULL) {
+            nb_fn_body vbody = NULL;
+            const nb_tree *vbound = NULL;
+            if (!nbo_unwrap(tr, S.o.event, &vbody, &vbound, "opts.event")) {
+                goto done;
+            }
+            if (nb_tree_fnref(ctx, (nb_fnptr)vbody, S.o.event->name, &evfn) != NB_OK ||
+                nbi_trace_own(tr, evfn) != NB_OK) {
+                nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+                goto done;
+            }
+            if (vbound != NULL) {
+                evself = (nb_tree *)vbound;
+            }
+            S.evfn = true;
+        }
+        if (us == NULL || ua == NULL || efn == NULL || eself == NULL || evfn == NULL ||
+            evself == NULL ||
+            nb_tree_dict(ctx, 7,
+                         (const char *[]){"fn", "self", "args", "efn", "eself", "evfn", "evself"},
+                         (nb_tree *[]){fnref, us, ua, efn, eself, evfn, evself}, &d) != NB_OK ||
             nbi_trace_own(tr, d) != NB_OK) {
             nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
             goto done;
@@ -1914,16 +2572,43 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         } else {
             save = nbo_null(tr);
         }
+        /* events: the conditions at t0 (their count fixed by this first call) */
+        int64_t nev = -1;
+        nb_var *ev0 = nb_full(tr, dt, 1, (int64_t[]){0}, 0.0);
+        if (S.evfn) {
+            if (o->event_direction != NULL) {
+                nev = o->n_event_direction;
+            }
+            ev0 = nbo_event_eval(tr, S.tself, S.sign, tau0, S.ydef, L, S.y0, &nev, dt);
+            if (ev0 == NULL) {
+                goto done;
+            }
+            ev0 = nb_stop_gradient(ev0);
+        }
+        nb_tree *evdir = NULL;
+        {
+            int64_t nd = nev > 0 ? nev : 0;
+            nb_tree **di = nbi_arena_alloc(&tr->arena, (size_t)(nd > 0 ? nd : 1) * sizeof *di);
+            if (di == NULL) {
+                nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+                goto done;
+            }
+            for (int64_t j = 0; j < nd; j++) {
+                di[j] = nbo_float(tr, o->event_direction != NULL ? o->event_direction[j] : 0);
+            }
+            evdir = nbo_tuple(tr, nd, di);
+        }
         nb_tree *ytree = nbo_build(tr, S.ydef, L, S.y0);
         nb_tree *fytree = nbo_build(tr, S.ydef, L, fy0);
         nb_tree *init =
-            nbo_tuple(tr, 12,
+            nbo_tuple(tr, 14,
                       (nb_tree *[]){nb_leaf(tau0), nb_leaf(tn0), ytree, fytree,
                                     nb_leaf(nbo_i32(tr, 0)), nb_leaf(nbo_i32(tr, 0)),
                                     nb_leaf(nbo_i32(tr, 0)), nb_leaf(nb_scalar_typed(tr, dt, 1.0)),
                                     nb_leaf(nb_scalar_typed(tr, dt, 1.0)), save, nb_leaf(at_dtmin0),
-                                    nb_leaf(nb_full(tr, NB_DTYPE_I32, 1, (int64_t[]){2}, 0.0))});
-        if (init == NULL) {
+                                    nb_leaf(nb_full(tr, NB_DTYPE_I32, 1, (int64_t[]){2}, 0.0)),
+                                    nb_leaf(ev0), nb_leaf(nbo_i32(tr, -1))});
+        if (init == NULL || evdir == NULL) {
             goto done;
         }
 
@@ -1952,6 +2637,8 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         cfgv[CFG_TRACED] = S.traced ? 1.0 : 0.0;
         cfgv[CFG_SAVEAT] = (double)o->saveat.kind;
         cfgv[CFG_N_TS] = (double)(o->saveat.kind == NB_SAVEAT_TS ? nts : 0);
+        cfgv[CFG_N_EVENT] = (double)(nev > 0 ? nev : 0);
+        cfgv[CFG_EVTOL] = o->event_tol;
         nb_tree *ci[CFG_COUNT];
         for (int i = 0; i < CFG_COUNT; i++) {
             ci[i] = nbo_float(tr, cfgv[i]);
@@ -1962,16 +2649,18 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         nb_fn *bf = NULL, *cf = NULL;
         nb_status st = cfg != NULL && tsleaf != NULL ? NB_OK : NB_ERR_OOM;
         if (st == NB_OK) {
-            st = nb_tree_dict(
-                tr->ctx, 8,
-                (const char *[]){"fn", "self", "args", "cfg", "ts", "t1", "efn", "eself"},
-                (nb_tree *[]){(nb_tree *)nb_tree_get(S.tself, "fn"),
-                              (nb_tree *)nb_tree_get(S.tself, "self"),
-                              (nb_tree *)nb_tree_get(S.tself, "args"), cfg, tsleaf,
-                              S.traced ? nb_leaf(t1v) : nbo_float(tr, S.tau1),
-                              (nb_tree *)nb_tree_get(S.tself, "efn"),
-                              (nb_tree *)nb_tree_get(S.tself, "eself")},
-                &bself);
+            st = nb_tree_dict(tr->ctx, 11,
+                              (const char *[]){"fn", "self", "args", "cfg", "ts", "t1", "efn",
+                                               "eself", "evfn", "evself", "evdir"},
+                              (nb_tree *[]){(nb_tree *)nb_tree_get(S.tself, "fn"),
+                                            (nb_tree *)nb_tree_get(S.tself, "self"),
+                                            (nb_tree *)nb_tree_get(S.tself, "args"), cfg, tsleaf,
+                                            S.traced ? nb_leaf(t1v) : nbo_float(tr, S.tau1),
+                                            (nb_tree *)nb_tree_get(S.tself, "efn"),
+                                            (nb_tree *)nb_tree_get(S.tself, "eself"),
+                                            (nb_tree *)nb_tree_get(S.tself, "evfn"),
+                                            (nb_tree *)nb_tree_get(S.tself, "evself"), evdir},
+                              &bself);
         }
         if (st == NB_OK) {
             st = nb_tree_dict(tr->ctx, 1, (const char *[]){"t1"},
@@ -2000,8 +2689,8 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         lo.checkpoints = o->adjoint.checkpoints;
         nb_tree *bufmask = NULL;
         if (o->saveat.kind == NB_SAVEAT_STEPS) {
-            nb_tree *bi[12];
-            for (int i = 0; i < 12; i++) {
+            nb_tree *bi[14];
+            for (int i = 0; i < 14; i++) {
                 bi[i] = NULL;
                 if (nb_tree_bool(tr->ctx, i == 9, &bi[i]) != NB_OK ||
                     nbi_trace_own(tr, bi[i]) != NB_OK) {
@@ -2009,7 +2698,7 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
                     nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
                 }
             }
-            bufmask = nbo_tuple(tr, 12, bi);
+            bufmask = nbo_tuple(tr, 14, bi);
             lo.buffers = bufmask;
         }
         const nb_tree *fin = tr->status == NB_OK ? nb_while_loop(tr, cf, bf, init, &lo) : NULL;
@@ -2022,7 +2711,10 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         /* the solution */
         nb_var *t = nb_var_of(tr, nb_tree_child(fin, 0));
         nb_var *result = nb_var_of(tr, nb_tree_child(fin, 6));
-        result = nb_select(nb_logical_and(nb_eq(result, nbo_i32(tr, 0)), nb_lt(t, t1v)),
+        nb_var *eventv = nb_var_of(tr, nb_tree_child(fin, 13));
+        result = nb_select(nb_logical_and(nb_logical_and(nb_eq(result, nbo_i32(tr, 0)),
+                                                         nb_lt(eventv, nbo_i32(tr, 0))),
+                                          nb_lt(t, t1v)),
                            nbo_i32(tr, NB_ODE_MAX_STEPS_REACHED), result);
         nb_var *steps = nb_var_of(tr, nb_tree_child(fin, 4));
         nb_var *accv = nb_var_of(tr, nb_tree_child(fin, 5));
@@ -2155,6 +2847,7 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
             }
             tsv = nbi_check(tsv, bad, vals, nbo_times_msg);
             t_ext = nbi_check(t_ext, bad, vals, nbo_times_msg);
+            eventv = nbi_check(eventv, bad, vals, nbo_times_msg);
             result = nbi_check(result, bad, vals, nbo_times_msg);
         }
         if (o->throw_on_failure) {
@@ -2175,6 +2868,7 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
             }
             tsv = nbi_check(tsv, fail, vals, nbo_fail_msg);
             t_ext = nbi_check(t_ext, fail, vals, nbo_fail_msg);
+            eventv = nbi_check(eventv, fail, vals, nbo_fail_msg);
             result = nbi_check(result, fail, vals, nbo_fail_msg);
             steps = nbi_check(steps, fail, vals, nbo_fail_msg);
             accv = nbi_check(accv, fail, vals, nbo_fail_msg);
@@ -2189,10 +2883,11 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
                                        nb_leaf(stiffv)},
                          &stats) == NB_OK &&
             nbi_trace_own(tr, stats) == NB_OK &&
-            nb_tree_dict(
-                tr->ctx, 5, (const char *[]){"ts", "ys", "result", "t_final", "stats"},
-                (nb_tree *[]){nb_leaf(tsv), ystree, nb_leaf(result), nb_leaf(t_ext), stats},
-                &sol) == NB_OK &&
+            nb_tree_dict(tr->ctx, 6,
+                         (const char *[]){"ts", "ys", "result", "t_final", "stats", "event"},
+                         (nb_tree *[]){nb_leaf(tsv), ystree, nb_leaf(result), nb_leaf(t_ext), stats,
+                                       nb_leaf(eventv)},
+                         &sol) == NB_OK &&
             nbi_trace_own(tr, sol) == NB_OK) {
             result_tree = sol;
         } else if (tr->status == NB_OK) {
@@ -2784,7 +3479,7 @@ const nb_tree *nb_diffeqsolve(nb_trace *tr, nb_fn *term, const nb_tree *y0, cons
     }
     nb_fn_body tbody = NULL;
     const nb_tree *tuself = NULL;
-    if (!nbo_unwrap(tr, term, &tbody, &tuself) || !nbo_check_opts(tr, &o)) {
+    if (!nbo_unwrap(tr, term, &tbody, &tuself, "the term") || !nbo_check_opts(tr, &o)) {
         return NULL;
     }
     nb_tree *fnref = NULL;
