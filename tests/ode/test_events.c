@@ -734,11 +734,99 @@ static void test_event_misuse(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- allocation failures -------------------------------------------------------------------
+ * Every allocation of an event solve and its gradient (the trace, the bisection loop, the
+ * branches, compile, run) failing in turn: NB_ERR_OOM, nothing leaked. No NBT_OK here: every
+ * status is passed on. */
+
+static nb_status body_oom(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *h0 = nb_get(tr, args, "[0][0]"), *g = nb_get(tr, args, "[0][1]");
+    nb_fn *f = NULL, *c = NULL;
+    nb_tree *y0 = NULL;
+    nb_status st = nb_fn_create(ctx, "ball", term_ball, NULL, &f);
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "ground", cond_ground, NULL, &c);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(
+            ctx, 2, (nb_tree *[]){nb_leaf(h0), nb_leaf(nb_mul(h0, nb_scalar(tr, 0.0)))}, &y0);
+    }
+    const nb_tree *sol = NULL;
+    if (st == NB_OK) {
+        nb_ode_opts o = nb_ode_opts_default();
+        o.solver = NB_ODE_RODAS5P;
+        o.t1 = 10.0;
+        o.controller = nb_ode_pid(1e-6, 1e-6);
+        o.event = c;
+        o.max_steps = 50;
+        sol = nb_diffeqsolve(tr, f, y0, nb_leaf(g), &o);
+    }
+    nb_tree_destroy(y0);
+    nb_fn_destroy(f);
+    nb_fn_destroy(c);
+    if (st != NB_OK) {
+        return st;
+    }
+    if (sol == NULL) {
+        return nb_trace_status(tr);
+    }
+    return nb_return(nb_get(tr, sol, "t_final"), out);
+}
+
+static nb_status scenario_events(nb_ctx *ctx) {
+    double v[2] = {2.0, 9.81};
+    nb_array *a[2] = {NULL, NULL};
+    nb_tree *l[2] = {NULL, NULL}, *p = NULL, *args = NULL, *out = NULL;
+    nb_fn *f = NULL, *g = NULL;
+    nb_status st = NB_OK;
+    for (int i = 0; i < 2 && st == NB_OK; i++) {
+        st = nb_array_from_data(ctx, NB_DTYPE_F64, 0, NULL, &v[i], &a[i]);
+        if (st == NB_OK) {
+            st = nb_tree_array(a[i], &l[i]);
+        }
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 2, l, &p);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 1, &p, &args);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "oom", body_oom, NULL, &f);
+    }
+    if (st == NB_OK) {
+        st = nb_value_and_grad(f, NULL, &g);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_call(g, args, &out);
+    }
+    nb_tree_destroy(out);
+    nb_fn_destroy(g);
+    nb_fn_destroy(f);
+    nb_tree_destroy(args);
+    nb_tree_destroy(p);
+    for (int i = 0; i < 2; i++) {
+        nb_tree_destroy(l[i]);
+        nb_array_destroy(a[i]);
+    }
+    return st;
+}
+
+static void test_event_out_of_memory(void **state) {
+    (void)state;
+    int points = nbt_oom_sweep("scenario_events", scenario_events, false, false);
+    print_message("allocation failures: %d points, each NB_ERR_OOM with nothing leaked\n", points);
+    NBT_TRUE(points > 100);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_bouncing_ball),    cmocka_unit_test(test_ball_jit),
-        cmocka_unit_test(test_event_conditions), cmocka_unit_test(test_event_backwards),
-        cmocka_unit_test(test_event_stiff),      cmocka_unit_test(test_event_misuse),
+        cmocka_unit_test(test_bouncing_ball),       cmocka_unit_test(test_ball_jit),
+        cmocka_unit_test(test_event_conditions),    cmocka_unit_test(test_event_backwards),
+        cmocka_unit_test(test_event_stiff),         cmocka_unit_test(test_event_misuse),
+        cmocka_unit_test(test_event_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
