@@ -276,7 +276,7 @@ static int ode_parse_init(const char *s, double init[ODE_NPARAM]) {
 }
 
 static int ode_parse_solver(const char *s, nb_ode_solver *out) {
-    for (int k = NB_ODE_EULER; k <= NB_ODE_ROSENBROCK23; k++) {
+    for (int k = NB_ODE_EULER; k <= NB_ODE_BDF; k++) {
         if (strcmp(s, nb_ode_solver_name((nb_ode_solver)k)) != 0) {
             continue;
         }
@@ -294,7 +294,7 @@ static int ode_parse_solver(const char *s, nb_ode_solver *out) {
     fprintf(stderr,
             "nabla ode: unknown solver '%s' (--solver wants heun, midpoint, ralston, bosh3, "
             "dopri5, tsit5, dopri8, or stiff: ros3p, rodas5p, rosenbrock23, implicit_euler, "
-            "kvaerno3, kvaerno4, kvaerno5, kencarp3, kencarp4, kencarp5)\n",
+            "kvaerno3, kvaerno4, kvaerno5, kencarp3, kencarp4, kencarp5, bdf)\n",
             s);
     return 2;
 }

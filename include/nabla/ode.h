@@ -36,7 +36,15 @@
  *     1e-5..1e-10 on small and medium systems), ros3p (Lang-Verwer, order 3, A-stable),
  *     rosenbrock23 (Shampine's ode23s, order 2, L-stable; loose tolerances);
  *   ESDIRK (Diffrax's tableaus and predictors): implicit_euler, kvaerno3/4/5, and the
- *     additive kencarp3/4/5 for dy/dt = f_E + f_I with opts.explicit_term as f_E.
+ *     additive kencarp3/4/5 for dy/dt = f_E + f_I with opts.explicit_term as f_E;
+ *   The BDF -- bdf: variable order 1..5 and variable step in the quasi-constant step-size
+ *     form of Shampine's ode15s and SciPy's BDF (its NDF coefficients and order choice):
+ *     the history of backward differences is re-expressed when the step size changes, the
+ *     order chosen (k - 1, k or k + 1) after k + 1 steps of one size; one chord Newton solve
+ *     per step (below); dense output: the step's polynomial through the last k + 1 points.
+ *     Adaptive controllers only (its steps and orders are its own; the controller gives the
+ *     tolerances, dtmin and dtmax). Few function evaluations per step: for long stiff
+ *     transients and larger systems (Robertson to t = 1e11: 841 steps at rtol 1e-6).
  * The Jacobian J = df/dy (and df/dt for Rosenbrock) comes from nabla's forward mode over the
  * term: one tangent sweep per state element, never written by the user; no Jacobian
  * structure (sparsity, bands) is exploited. ESDIRK stages are solved by a simplified
@@ -147,7 +155,11 @@ typedef enum nb_ode_solver {
     NB_ODE_KENCARP5 = 17, /* ARK 5(4), 8 stages */
     /* stiff, low order: Shampine's L-stable W-method (MATLAB's ode23s), order 2 with an
      * order-3 error estimate (rtol ~1e-2..1e-4) */
-    NB_ODE_ROSENBROCK23 = 18
+    NB_ODE_ROSENBROCK23 = 18,
+    /* stiff, larger systems: variable-order (1-5), variable-step BDF in the quasi-constant
+     * step-size form of Shampine's ode15s / SciPy's BDF (adaptive controller only; see
+     * "The BDF" above) */
+    NB_ODE_BDF = 19
 } nb_ode_solver;
 
 /* "euler", "heun", ... ("unknown" otherwise). */

@@ -20,6 +20,7 @@
  *   [11] stiff  i32[2]: the stiffness test's counters
  *   [12] ev     [n_events]: the event conditions at t (empty without events)
  *   [13] event  i32: the condition that fired (the loop's end), -1 while none has
+ *   [14] bdf    the BDF's (D, order, steps of one size, hD); null for the other solvers
  * Carrying f(t, y) makes every method first-same-as-last: a step evaluates stages 2..s and
  * f(t + h, y1), which is both the Hermite interpolant's end slope and the next step's first
  * stage, so non-FSAL methods cost no more than their stage count either.
@@ -701,6 +702,96 @@ static nb_status nbo_newton_body(nb_trace *tr, const nb_tree *self, const nb_tre
     return NB_OK;
 }
 
+/* One implicit stage: z solving F(z) = z - psi - hg s f(ti, z) = 0 (iself's term; plus the
+ * explicit part, self's "efn", when sum), by the chord Newton loop on stopped data (lu: the
+ * factors of I - hg J; the predictor zp), then its derivative by the implicit function theorem
+ * at z*. Out: zi (L leaves), *ok and-ed with convergence, *iters (i32: the iterations; NULL: not
+ * wanted). cf: the loop's condition (nbo_newton_cond). */
+static bool nbo_newton_stage(nb_trace *tr, const nb_tree *self, const nb_tree *iself,
+                             nb_tree *sself, nb_tree *sargs, nb_tree *seself, bool sum,
+                             double sign, double rtol, double atol, int maxit, nb_var *ti,
+                             nb_var *hg, nb_var *lu, nb_var *eye, nb_fn *cf,
+                             const nb_treedef *ydef, int64_t L, nb_var *const *psi,
+                             nb_var *const *zp, nb_var **zi, nb_var **ok, nb_var **iters) {
+    nb_dtype dt = nb_var_dtype(ti);
+    nb_var **zs = nbo_vars(tr, L), **F = nbo_vars(tr, L), **dz = nbo_vars(tr, L);
+    if (zs == NULL || F == NULL || dz == NULL) {
+        return false;
+    }
+    /* the Newton loop on stopped inputs (IMEX: the implicit part only) */
+    nb_tree *spsi = nbo_build(tr, ydef, L, psi), *szp = nbo_build(tr, ydef, L, zp);
+    /* converged at once: a correction below kappa/100, or within ~100 ulps of z (below
+     * that the rate of corrections is round-off noise) */
+    double eps = dt == NB_DTYPE_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-7;
+    double at_once = fmax(1e-2 * NBO_NEWTON_KAPPA, rtol > 0 ? 100 * eps / rtol : 0.0);
+    nb_tree *tol =
+        nbo_tuple(tr, 6,
+                  (nb_tree *[]){nbo_float(tr, sign), nbo_float(tr, rtol), nbo_float(tr, atol),
+                                nbo_float(tr, NBO_NEWTON_KAPPA), nbo_float(tr, (double)maxit),
+                                nbo_float(tr, at_once)});
+    nb_tree *bself = NULL;
+    nb_fn *bf = NULL;
+    if (spsi == NULL || szp == NULL || tol == NULL) {
+        return false;
+    }
+    spsi = nbo_stopped(tr, spsi);
+    szp = nbo_stopped(tr, szp);
+    if (spsi == NULL || szp == NULL ||
+        nb_tree_dict(tr->ctx, sum ? 10 : 8,
+                     (const char *[]){"fn", "self", "args", "psi", "hg", "tau", "lu", "tol",
+                                      "efn", "eself"},
+                     (nb_tree *[]){(nb_tree *)nb_tree_get(self, "fn"), sself, sargs, spsi,
+                                   nb_leaf(nb_stop_gradient(hg)), nb_leaf(nb_stop_gradient(ti)),
+                                   nb_leaf(nb_stop_gradient(lu)), tol,
+                                   sum ? (nb_tree *)nb_tree_get(self, "efn") : NULL, seself},
+                     &bself) != NB_OK ||
+        nb_fn_create(tr->ctx, "diffeqsolve_newton", nbo_newton_body, bself, &bf) != NB_OK) {
+        nb_tree_destroy(bself);
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return false;
+    }
+    nb_tree_destroy(bself);
+    nb_tree *init = nbo_tuple(tr, 4,
+                              (nb_tree *[]){szp, nb_leaf(nb_scalar_typed(tr, dt, 1.0)),
+                                            nb_leaf(nbo_i32(tr, 0)), nb_leaf(nbo_i32(tr, 0))});
+    nb_loop_opts lo = nb_loop_opts_default();
+    lo.max_steps = maxit;
+    const nb_tree *fin = init != NULL ? nb_while_loop(tr, cf, bf, init, &lo) : NULL;
+    nb_fn_destroy(bf);
+    if (fin == NULL) {
+        return false;
+    }
+    int64_t Lz = 0;
+    nb_var **zv = nbo_leaves(tr, nb_tree_child(fin, 0), &Lz, NULL);
+    if (zv == NULL) {
+        return false;
+    }
+    *ok = nb_logical_and(*ok, nb_eq(nb_get(tr, fin, "[3]"), nbo_i32(tr, 1)));
+    if (iters != NULL) {
+        *iters = nb_get(tr, fin, "[2]");
+    }
+    /* the implicit function theorem at z*: z* - M*^{-1} F(z*), M* = I - hg J(ti, z*) */
+    for (int64_t l = 0; l < L; l++) {
+        zs[l] = nb_stop_gradient(zv[l]);
+    }
+    nb_var *Jz = NULL, *Tz = NULL;
+    nb_var **fz = nbo_vars(tr, L);
+    bool good = fz != NULL && nbo_jacobian(tr, iself, sign, ti, ydef, L, zs, &Jz, &Tz) &&
+           nbo_term(tr, iself, sign, ti, ydef, L, zs, fz);
+    if (!good) {
+        return false;
+    }
+    nb_var *Mz = nb_stop_gradient(nb_lu_factor(nb_sub(eye, nb_mul(nb_stop_gradient(hg), Jz))));
+    for (int64_t l = 0; l < L; l++) {
+        F[l] = nb_sub(nb_sub(zs[l], psi[l]), nb_mul(hg, fz[l]));
+    }
+    nbo_unflat(nb_lu_solve(Mz, nbo_flat(L, F), false), L, zs, dz);
+    for (int64_t l = 0; l < L; l++) {
+        zi[l] = nbi_implicit(zs[l], nb_sub(zs[l], dz[l]));
+    }
+    return tr->status == NB_OK;
+}
+
 /* One ESDIRK step (tableau.h's nbo_dirk: an explicit first stage, then implicit stages),
  * or an additive (IMEX) one when the method has an explicit tableau (KenCarp: the term is
  * the implicit part f_I, opts.explicit_term the explicit part f_E, evaluated only at the
@@ -775,11 +866,10 @@ static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const 
     for (int i = 1; i < s && good; i++) {
         /* psi = y + h sum_j (a_ij f_j + aE_ij fE_j); the predictor z0 = psi + h gamma sum_j
          * alpha_ij f_j */
-        nb_var **zi = nbo_vars(tr, L), **zs = nbo_vars(tr, L), **F = nbo_vars(tr, L);
-        nb_var **fi = nbo_vars(tr, L), **dz = nbo_vars(tr, L);
+        nb_var **zi = nbo_vars(tr, L), **fi = nbo_vars(tr, L);
         f[i] = fi;
         fe[i] = NULL;
-        good = zi != NULL && zs != NULL && F != NULL && fi != NULL && dz != NULL;
+        good = zi != NULL && fi != NULL;
         for (int64_t l = 0; good && l < L; l++) {
             nb_var *acc = NULL, *pred = NULL;
             for (int j = 0; j < i; j++) {
@@ -803,78 +893,12 @@ static bool nbo_dirk_step(nb_trace *tr, const nb_tree *self, double sign, const 
             break;
         }
         nb_var *ti = D->c[i] == 1.0 ? tn : nb_add(tau, nb_mul(h, nb_scalar(tr, D->c[i])));
-        /* the Newton loop on stopped inputs (IMEX: the implicit part only) */
-        nb_tree *spsi = nbo_build(tr, ydef, L, psi), *szp = nbo_build(tr, ydef, L, zp);
-        /* converged at once: a correction below kappa/100, or within ~100 ulps of z (below
-         * that the rate of corrections is round-off noise) */
-        double eps = dt == NB_DTYPE_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-7;
-        double at_once = fmax(1e-2 * NBO_NEWTON_KAPPA, rtol > 0 ? 100 * eps / rtol : 0.0);
-        nb_tree *tol =
-            nbo_tuple(tr, 6,
-                      (nb_tree *[]){nbo_float(tr, sign), nbo_float(tr, rtol), nbo_float(tr, atol),
-                                    nbo_float(tr, NBO_NEWTON_KAPPA), nbo_float(tr, (double)maxit),
-                                    nbo_float(tr, at_once)});
-        nb_tree *bself = NULL;
-        nb_fn *bf = NULL;
-        if (spsi == NULL || szp == NULL || tol == NULL) {
+        if (!nbo_newton_stage(tr, self, iself, sself, sargs, seself, !imex && has_e, sign, rtol,
+                              atol, maxit, ti, hg, lu, eye, cf, ydef, L, psi, zp, zi, ok, NULL)) {
             good = false;
             break;
         }
-        spsi = nbo_stopped(tr, spsi);
-        szp = nbo_stopped(tr, szp);
-        bool sum = !imex && has_e;
-        if (spsi == NULL || szp == NULL ||
-            nb_tree_dict(tr->ctx, sum ? 10 : 8,
-                         (const char *[]){"fn", "self", "args", "psi", "hg", "tau", "lu", "tol",
-                                          "efn", "eself"},
-                         (nb_tree *[]){(nb_tree *)nb_tree_get(self, "fn"), sself, sargs, spsi,
-                                       nb_leaf(nb_stop_gradient(hg)), nb_leaf(nb_stop_gradient(ti)),
-                                       nb_leaf(nb_stop_gradient(lu)), tol,
-                                       sum ? (nb_tree *)nb_tree_get(self, "efn") : NULL, seself},
-                         &bself) != NB_OK ||
-            nb_fn_create(tr->ctx, "diffeqsolve_newton", nbo_newton_body, bself, &bf) != NB_OK) {
-            nb_tree_destroy(bself);
-            nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
-            good = false;
-            break;
-        }
-        nb_tree_destroy(bself);
-        nb_tree *init = nbo_tuple(tr, 4,
-                                  (nb_tree *[]){szp, nb_leaf(nb_scalar_typed(tr, dt, 1.0)),
-                                                nb_leaf(nbo_i32(tr, 0)), nb_leaf(nbo_i32(tr, 0))});
-        nb_loop_opts lo = nb_loop_opts_default();
-        lo.max_steps = maxit;
-        const nb_tree *fin = init != NULL ? nb_while_loop(tr, cf, bf, init, &lo) : NULL;
-        nb_fn_destroy(bf);
-        if (fin == NULL) {
-            good = false;
-            break;
-        }
-        int64_t Lz = 0;
-        nb_var **zv = nbo_leaves(tr, nb_tree_child(fin, 0), &Lz, NULL);
-        if (zv == NULL) {
-            good = false;
-            break;
-        }
-        *ok = nb_logical_and(*ok, nb_eq(nb_get(tr, fin, "[3]"), nbo_i32(tr, 1)));
-        /* the implicit function theorem at z*: z* - M*^{-1} F(z*), M* = I - hg J(ti, z*) */
         for (int64_t l = 0; l < L; l++) {
-            zs[l] = nb_stop_gradient(zv[l]);
-        }
-        nb_var *Jz = NULL, *Tz = NULL;
-        nb_var **fz = nbo_vars(tr, L);
-        good = fz != NULL && nbo_jacobian(tr, iself, sign, ti, ydef, L, zs, &Jz, &Tz) &&
-               nbo_term(tr, iself, sign, ti, ydef, L, zs, fz);
-        if (!good) {
-            break;
-        }
-        nb_var *Mz = nb_stop_gradient(nb_lu_factor(nb_sub(eye, nb_mul(nb_stop_gradient(hg), Jz))));
-        for (int64_t l = 0; l < L; l++) {
-            F[l] = nb_sub(nb_sub(zs[l], psi[l]), nb_mul(hg, fz[l]));
-        }
-        nbo_unflat(nb_lu_solve(Mz, nbo_flat(L, F), false), L, zs, dz);
-        for (int64_t l = 0; l < L; l++) {
-            zi[l] = nbi_implicit(zs[l], nb_sub(zs[l], dz[l]));
             fi[l] = nb_div(nb_sub(zi[l], psi[l]), hg);
         }
         if (imex && eself != NULL) { /* the explicit part at the stage value */
@@ -965,7 +989,9 @@ typedef struct nbo_dense {
 static void nbo_dense_counts(const nbo_tableau *tab, int *nk, int *nr, int *nd) {
     const nbo_rosen *R = tab->ros;
     const nbo_dirk *D = tab->dirk;
-    *nk = D == NULL && R == NULL && tab->dense_degree > 0 ? tab->dense_stages : 1;
+    *nk = tab->bdf                                          ? 6
+          : D == NULL && R == NULL && tab->dense_degree > 0 ? tab->dense_stages
+                                                            : 1;
     *nr = R == NULL ? 0 : R->ros23 ? 2 : R->n_h;
     *nd = D != NULL && D->H != NULL ? D->stages : 0;
 }
@@ -978,7 +1004,20 @@ static nb_var *nbo_dense_eval(nb_trace *tr, const nbo_dense *dd, int64_t i, nb_v
     int64_t L = dd->L, n = nb_var_dim(th, 0), N = nb_var_size(dd->y[i]);
     nb_var *y0f = nb_reshape(dd->y[i], 2, (int64_t[]){1, N});
     nb_var *val;
-    if (D != NULL && D->H != NULL) {
+    if (tab->bdf) {
+        /* the BDF's polynomial through the last k + 1 points (k[j]: rows 0..k of its updated
+         * differences, zero above k): y1 + sum_j D_j prod_{m<j} (theta - 1 + m) / (m + 1) */
+        val = nb_reshape(dd->k[0][i], 2, (int64_t[]){1, N});
+        nb_var *p = NULL;
+        for (int j = 1; j < 6; j++) {
+            nb_var *x = nb_div(nb_add(th, nb_scalar(tr, (double)(j - 2))), nb_scalar(tr, (double)j));
+            p = p == NULL ? x : nb_mul(p, x);
+            val = nb_add(val, nb_mul(p, nb_reshape(dd->k[j][i], 2, (int64_t[]){1, N})));
+        }
+        if (nb_var_dim(val, 0) != n) {
+            val = nb_broadcast_to(val, 2, (int64_t[]){n, N});
+        }
+    } else if (D != NULL && D->H != NULL) {
         /* KenCarp: y0 + h sum_i theta P_i(theta) (f_E + f_I)_i (Diffrax's) */
         nb_var *sum = NULL;
         for (int j = 0; j < D->stages; j++) {
@@ -1125,6 +1164,285 @@ static bool nbo_dense_unpack(nb_trace *tr, const nbo_tableau *tab, int64_t L, nb
         }
     }
     return true;
+}
+
+/* ---- the BDF ----------------------------------------------------------------------------
+ * Variable order 1..5, variable step, in the quasi-constant step-size form of Shampine and
+ * Reichelt's ode15s as SciPy's BDF implements it (Shampine & Reichelt 1997; the kappa of
+ * the NDF set to 0 but for the BDF's own error constants below, as SciPy): the state's
+ * history is the array D of backward differences [8, N] (N: the state flattened), D[0] = y_n,
+ * D[j] = nabla^j y_n, for the step size hD it was formed with. A step of h:
+ *   - when h != hD, D is re-expressed for h (change_D: D[:k+1] = (R(k, h/hD) U(k))^T D[:k+1]);
+ *   - predictor y_p = sum_{j<=k} D[j]; psi = sum_{1<=j<=k} gamma_j D[j] / alpha_k;
+ *   - the corrector z solves z - (y_p - psi) - (h / alpha_k) s f(t + h, z) = 0 by the chord
+ *     Newton iteration of the ESDIRK stages (J at (t + h, y_p)), differentiated by the implicit
+ *     function theorem;
+ *   - d = z - y_p; error estimate error_const_k d;
+ *   - kept: D[k+2] = d - D[k+1], D[k+1] = d, D[i] += D[i+1] for i = k..0; after k + 1 steps of
+ *     one size the order k - 1, k or k + 1 with the largest step factor
+ *     err_q^(-1/(q+1)) is taken and h scaled by min(10, safety max factor); otherwise h kept;
+ *   - rejected: h scaled by max(0.2, safety err^(-1/(k+1))); 0.5 when Newton failed.
+ * safety = 0.9 (2 * 4 + 1) / (2 * 4 + Newton iterations), as SciPy's. The carry holds
+ * (D, k, steps of one size, hD). Every factor and the order choice are stopped (as the PID
+ * controller's); D's updates are linear maps of D and d, differentiated. */
+
+#define NBO_BDF_ROWS 8 /* MAX_ORDER + 3 */
+
+/* kappa, gamma_k = sum_{i<=k} 1/i, alpha_k = (1 - kappa_k) gamma_k, error_const_k =
+ * kappa_k gamma_k + 1/(k+1), k = 0..5 */
+static const double nbo_bdf_kappa[6] = {0, -0.1850, -1.0 / 9.0, -0.0823, -0.0415, 0};
+
+static double nbo_bdf_gamma(int k) {
+    double g = 0;
+    for (int i = 1; i <= k; i++) {
+        g += 1.0 / i;
+    }
+    return g;
+}
+
+static double nbo_bdf_alpha(int k) {
+    return (1 - nbo_bdf_kappa[k]) * nbo_bdf_gamma(k);
+}
+
+static double nbo_bdf_errc(int k) {
+    return nbo_bdf_kappa[k] * nbo_bdf_gamma(k) + 1.0 / (k + 1);
+}
+
+/* a constant of dtype dt from doubles */
+static nb_var *nbo_const(nb_trace *tr, nb_dtype dt, int rank, const int64_t *shape,
+                         const double *v) {
+    nb_array *a = NULL, *c = NULL;
+    if (nb_array_from_data(tr->ctx, NB_DTYPE_F64, rank, shape, v, &a) != NB_OK ||
+        nb_array_cast(a, dt, &c) != NB_OK) {
+        nb_array_destroy(a);
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return NULL;
+    }
+    nb_var *m = nb_constant(tr, c);
+    nb_array_destroy(a);
+    nb_array_destroy(c);
+    return m;
+}
+
+/* tab[k] for the i32 0-d var k (k in 0..n-1), as a 0-d var of dtype dt */
+static nb_var *nbo_lookup(nb_trace *tr, nb_dtype dt, const double *tab, int n, nb_var *k) {
+    nb_var *c = nbo_const(tr, dt, 1, (int64_t[]){n}, tab);
+    if (c == NULL) {
+        return NULL;
+    }
+    nb_var *hot = nb_cast(nb_eq(nb_iota(tr, NB_DTYPE_I32, 1, (int64_t[]){n}, 0), k), dt);
+    return nb_sum(nb_mul(c, hot), NULL, 0, false);
+}
+
+/* a constant [r, c] matrix */
+static nb_var *nbo_matrix(nb_trace *tr, nb_dtype dt, int r, int c, const double *v) {
+    return nbo_const(tr, dt, 2, (int64_t[]){r, c}, v);
+}
+
+/* i32 grids [n, n] of row and column indices */
+static void nbo_grid(nb_trace *tr, int n, nb_var **I, nb_var **J) {
+    *I = nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){n, n}, 0);
+    *J = nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){n, n}, 1);
+}
+
+/* R(k, factor) of SciPy's compute_R for k = 5, [6, 6]: M[0, j] = 1, M[i, j] = (i - 1 -
+ * factor j) / i, R = cumprod(M, axis 0). (The block for order k is its top-left k + 1.) */
+static nb_var *nbo_bdf_R(nb_trace *tr, nb_dtype dt, nb_var *factor) {
+    nb_var *rows[6];
+    nb_var *j = nb_cast(nb_iota(tr, NB_DTYPE_I32, 1, (int64_t[]){6}, 0), dt);
+    rows[0] = nb_full(tr, dt, 1, (int64_t[]){6}, 1.0);
+    for (int i = 1; i < 6; i++) {
+        nb_var *m = nb_div(nb_sub(nb_scalar(tr, (double)(i - 1)), nb_mul(factor, j)),
+                           nb_scalar(tr, (double)i));
+        rows[i] = nb_mul(rows[i - 1], m);
+    }
+    return nb_stack(6, rows, 0);
+}
+
+/* D [8, N] re-expressed from step hD to h = factor hD at order k */
+static nb_var *nbo_bdf_change(nb_trace *tr, nb_var *D, nb_var *k, nb_var *factor) {
+    nb_dtype dt = nb_var_dtype(D);
+    double u[36];
+    for (int j = 0; j < 6; j++) {
+        double p = 1.0;
+        u[j] = 1.0;
+        for (int i = 1; i < 6; i++) {
+            p *= (i - 1 - 1.0 * j) / i;
+            u[i * 6 + j] = p;
+        }
+    }
+    nb_var *U = nbo_matrix(tr, dt, 6, 6, u), *R = nbo_bdf_R(tr, dt, factor);
+    if (U == NULL) {
+        return NULL;
+    }
+    nb_var *I6 = NULL, *J6 = NULL;
+    nbo_grid(tr, 6, &I6, &J6);
+    nb_var *B = nb_cast(nb_logical_and(nb_le(I6, k), nb_le(J6, k)), dt); /* the k+1 block */
+    nb_var *RU = nb_matmul(nb_mul(R, B), nb_mul(U, B));
+    /* T = (RU)^T on the block, the identity elsewhere ([8, 8]) */
+    nb_var *T6 = nb_pad(nb_transpose(RU, (int[]){1, 0}), (int64_t[]){0, 0}, (int64_t[]){2, 2}, 0.0);
+    nb_var *I8 = NULL, *J8 = NULL;
+    nbo_grid(tr, NBO_BDF_ROWS, &I8, &J8);
+    nb_var *rest = nb_cast(nb_logical_and(nb_eq(I8, J8), nb_gt(I8, k)), dt);
+    return nb_matmul(nb_add(T6, rest), D);
+}
+
+/* RMS of v / scale (flat [N] each) */
+static nb_var *nbo_rms(nb_trace *tr, nb_var *v, nb_var *scale) {
+    double n = (double)nb_var_size(v);
+    return nb_sqrt(nb_div(nb_sum(nb_square(nb_div(v, scale)), NULL, 0, false),
+                          nb_scalar(tr, n > 0 ? n : 1.0)));
+}
+
+/* The BDF's step (above) up to the error estimate. In: the carry's BDF state (D, k, neq, hD)
+ * and the step t -> tn. Out: y1, the unscaled error estimate err (L leaves each), *ok false
+ * when Newton failed, and for nbo_bdf_next: *Dh (D for this h), *d (flat), *iters, *neq_h
+ * (steps of one size, reset when h changed). */
+static bool nbo_bdf_step(nb_trace *tr, const nb_tree *self, const nbo_cfg *cfg, nb_var *t,
+                         nb_var *tn, nb_var *h, const nb_treedef *ydef, int64_t L,
+                         nb_var *const *y, const nb_tree *bdf, nb_var **y1, nb_var **err,
+                         nb_var **ok, nb_var **Dh, nb_var **d, nb_var **iters, nb_var **neq_h) {
+    double sign = cfg->v[CFG_SIGN];
+    bool adaptive = cfg->v[CFG_ADAPTIVE] != 0.0;
+    nb_dtype dt = nb_var_dtype(t);
+    nb_var *D = nb_var_of(tr, nb_tree_child(bdf, 0)), *k = nb_var_of(tr, nb_tree_child(bdf, 1));
+    nb_var *neq = nb_var_of(tr, nb_tree_child(bdf, 2)), *hD = nb_var_of(tr, nb_tree_child(bdf, 3));
+    /* a new step size: D re-expressed (a change within rounding is none) */
+    nb_var *factor = nb_stop_gradient(nb_div(h, hD));
+    nb_var *same = nb_le(nb_abs(nb_sub(factor, nb_scalar(tr, 1.0))),
+                         nb_scalar(tr, dt == NB_DTYPE_F64 ? 1e-12 : 1e-5));
+    nb_var *Dc = nbo_bdf_change(tr, D, k, factor);
+    if (Dc == NULL) {
+        return false;
+    }
+    *Dh = nb_select(same, D, Dc);
+    *neq_h = nb_select(same, neq, nbo_i32(tr, 0));
+    /* predictor and psi */
+    double g8[NBO_BDF_ROWS] = {0};
+    for (int j = 1; j <= 5; j++) {
+        g8[j] = nbo_bdf_gamma(j);
+    }
+    double al[6], ec[6];
+    for (int j = 0; j < 6; j++) {
+        al[j] = j == 0 ? 1.0 : nbo_bdf_alpha(j);
+        ec[j] = nbo_bdf_errc(j);
+    }
+    nb_var *alpha = nbo_lookup(tr, dt, al, 6, k), *gam = nbo_matrix(tr, dt, NBO_BDF_ROWS, 1, g8);
+    if (alpha == NULL || gam == NULL) {
+        return false;
+    }
+    nb_var *rows = nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){NBO_BDF_ROWS, 1}, 0);
+    nb_var *upto = nb_cast(nb_le(rows, k), dt); /* rows 0..k */
+    nb_var *ypf = nb_sum(nb_mul(upto, *Dh), (int[]){0}, 1, false);
+    nb_var *psif = nb_div(nb_sum(nb_mul(nb_mul(upto, gam), *Dh), (int[]){0}, 1, false), alpha);
+    nb_var **yp = nbo_vars(tr, L), **ps = nbo_vars(tr, L), **zi = nbo_vars(tr, L);
+    if (yp == NULL || ps == NULL || zi == NULL) {
+        return false;
+    }
+    nbo_unflat(ypf, L, y, yp);
+    nbo_unflat(nb_sub(ypf, psif), L, y, ps);
+    nb_var *c = nb_div(h, alpha);
+    /* the chord Newton iteration: J at (tn, y_p), I - c J factored once */
+    nb_var *J = NULL, *T = NULL;
+    if (!nbo_jacobian(tr, self, sign, tn, ydef, L, yp, &J, &T)) {
+        return false;
+    }
+    nb_var *eye = nbo_eye(tr, dt, nb_var_dim(J, 0));
+    nb_var *lu = nb_lu_factor(nb_sub(eye, nb_mul(c, J)));
+    nb_tree *sargs = nbo_stopped(tr, nb_tree_get(self, "args"));
+    nb_tree *sself = nbo_stopped(tr, nb_tree_get(self, "self"));
+    bool has_e = nbo_has_efn(self);
+    nb_tree *seself = has_e ? nbo_stopped(tr, nb_tree_get(self, "eself")) : NULL;
+    nb_fn *cf = NULL;
+    if (sargs == NULL || sself == NULL || (has_e && seself == NULL) ||
+        nb_fn_create(tr->ctx, "diffeqsolve_newton_cond", nbo_newton_cond, NULL, &cf) != NB_OK) {
+        if (tr->status == NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        }
+        return false;
+    }
+    double rtol = cfg->v[CFG_RTOL], atol = cfg->v[CFG_ATOL];
+    (void)adaptive;
+    *ok = nb_scalar_typed(tr, NB_DTYPE_BOOL, 1.0);
+    bool good = nbo_newton_stage(tr, self, self, sself, sargs, seself, has_e, sign, rtol, atol,
+                                 NBO_NEWTON_MAX, tn, c, lu, eye, cf, ydef, L, ps, yp, zi, ok,
+                                 iters);
+    nb_fn_destroy(cf);
+    if (!good) {
+        return false;
+    }
+    nb_var *zf = nbo_flat(L, zi);
+    *d = nb_sub(zf, ypf);
+    nb_var *ecv = nbo_lookup(tr, dt, ec, 6, k);
+    if (ecv == NULL) {
+        return false;
+    }
+    memcpy(y1, zi, (size_t)L * sizeof *y1);
+    nbo_unflat(nb_mul(ecv, *d), L, y, err);
+    return tr->status == NB_OK;
+}
+
+/* After the step: D updated with d when kept (else Dh), the order and the steps of one size
+ * for the carry, and the step-size factor (stopped): order selection after k + 1 steps of
+ * one size. scale: atol + rtol max(|y|, |y1|), flat; err_norm: the scaled error norm. */
+static bool nbo_bdf_next(nb_trace *tr, nb_var *keep, nb_var *newton_ok, nb_var *Dh,
+                         nb_var *d, nb_var *k, nb_var *neq_h, nb_var *iters, nb_var *scale,
+                         nb_var *err_norm, nb_var **D_new, nb_var **k_new, nb_var **neq_new,
+                         nb_var **factor) {
+    nb_dtype dt = nb_var_dtype(Dh);
+    int n = NBO_BDF_ROWS;
+    nb_var *I = NULL, *J = NULL;
+    nbo_grid(tr, n, &I, &J);
+    nb_var *one = nbo_i32(tr, 1), *two = nbo_i32(tr, 2);
+    nb_var *kp1 = nb_add(k, one), *kp2 = nb_add(k, two);
+    /* D_new = A D + b d: rows i <= k: d + sum_{i<=m<=k} D[m]; k+1: d; k+2: d - D[k+1] */
+    nb_var *A = nb_logical_and(nb_le(I, k), nb_logical_and(nb_ge(J, I), nb_le(J, k)));
+    nb_var *Af = nb_sub(nb_cast(A, dt), nb_cast(nb_logical_and(nb_eq(I, kp2), nb_eq(J, kp1)), dt));
+    Af = nb_add(Af, nb_cast(nb_logical_and(nb_gt(I, kp2), nb_eq(I, J)), dt));
+    nb_var *rows = nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){n, 1}, 0);
+    nb_var *b = nb_cast(nb_le(rows, kp2), dt);
+    int64_t N = nb_var_size(d);
+    nb_var *Dk = nb_add(nb_matmul(Af, Dh), nb_mul(b, nb_reshape(d, 2, (int64_t[]){1, N})));
+    *D_new = nb_select(keep, Dk, Dh);
+
+    /* the factor: kept -- 1 until k + 1 steps of one size, then the best order's; rejected --
+     * max(0.2, safety err^(-1/(k+1))), 0.5 after a failed Newton iteration */
+    nb_var *safety = nb_div(nb_scalar(tr, 0.9 * 9.0),
+                            nb_add(nb_scalar(tr, 8.0), nb_cast(iters, dt)));
+    nb_var *kf = nb_cast(k, dt);
+    nb_var *f0 = nb_pow(err_norm, nb_div(nb_scalar(tr, -1.0), nb_add(kf, nb_scalar(tr, 1.0))));
+    nb_var *rej = nb_maximum(nb_scalar(tr, 0.2), nb_mul(safety, f0));
+    rej = nb_select(newton_ok, rej, nb_scalar_typed(tr, dt, 0.5));
+    double ec[7];
+    for (int j = 0; j < 6; j++) {
+        ec[j] = nbo_bdf_errc(j);
+    }
+    ec[6] = 0;
+    nb_var *ecm = nbo_lookup(tr, dt, ec, 7, nb_maximum(nb_sub(k, one), nbo_i32(tr, 0)));
+    nb_var *ecp = nbo_lookup(tr, dt, ec, 7, kp1);
+    if (ecm == NULL || ecp == NULL) {
+        return false;
+    }
+    nb_var *row_k = nb_sum(nb_mul(nb_cast(nb_eq(rows, k), dt), Dk), (int[]){0}, 1, false);
+    nb_var *row_k2 = nb_sum(nb_mul(nb_cast(nb_eq(rows, kp2), dt), Dk), (int[]){0}, 1, false);
+    nb_var *inf = nb_scalar_typed(tr, dt, INFINITY);
+    nb_var *nm = nb_select(nb_gt(k, one), nbo_rms(tr, nb_mul(ecm, row_k), scale), inf);
+    nb_var *np = nb_select(nb_lt(k, nbo_i32(tr, 5)), nbo_rms(tr, nb_mul(ecp, row_k2), scale), inf);
+    /* factors q^(-1/(q+1)) for orders k-1, k, k+1 (a zero norm: inf; inf: 0) */
+    nb_var *fm = nb_pow(nm, nb_div(nb_scalar(tr, -1.0), kf));
+    nb_var *fp = nb_pow(np, nb_div(nb_scalar(tr, -1.0), nb_add(kf, nb_scalar(tr, 2.0))));
+    nb_var *best = nb_maximum(nb_maximum(fm, f0), fp);
+    nb_var *dk = nb_select(nb_ge(fm, best), nbo_i32(tr, -1),
+                           nb_select(nb_ge(f0, best), nbo_i32(tr, 0), one));
+    nb_var *select_now = nb_ge(nb_add(neq_h, one), kp1); /* k + 1 steps of one size */
+    nb_var *acc_factor =
+        nb_select(select_now, nb_minimum(nb_scalar(tr, 10.0), nb_mul(safety, best)),
+                  nb_scalar_typed(tr, dt, 1.0));
+    *factor = nb_stop_gradient(nb_select(keep, acc_factor, rej));
+    *k_new = nb_select(nb_logical_and(keep, select_now), nb_add(k, dk), k);
+    *neq_new = nb_select(keep, nb_select(select_now, nbo_i32(tr, 0), nb_add(neq_h, one)),
+                         nbo_i32(tr, 0));
+    return tr->status == NB_OK;
 }
 
 /* ---- events ----------------------------------------------------------------------------- */
@@ -1644,6 +1962,9 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_var **rerr = NULL, **RK[3] = {NULL, NULL, NULL};
     const nbo_dirk *D = tab->dirk;
     nb_var *newton_ok = NULL, **dirk_k = NULL;
+    nb_var *bdf_Dh = NULL, *bdf_d = NULL, *bdf_iters = NULL, *bdf_neq = NULL; /* the BDF's */
+    nb_var *bdf_D = NULL, *bdf_kold = NULL;
+    nb_tree *bdf_new = (nb_tree *)nb_tree_child(args, 14);
     if (D != NULL) {
         /* Newton's tolerances: the controller's; with constant steps (no tolerances) far
          * below the method's error, so that the iteration never limits the order */
@@ -1673,6 +1994,13 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
                  nbo_term(tr, self, sign, tn, ydef, L, y1, f1);
         }
         s = 0; /* no explicit stages below */
+    } else if (tab->bdf) {
+        rerr = nbo_vars(tr, L);
+        ok = rerr != NULL && nbo_bdf_step(tr, self, &cfg, t, tn, h, ydef, L, y,
+                                          nb_tree_child(args, 14), y1, rerr, &newton_ok, &bdf_Dh,
+                                          &bdf_d, &bdf_iters, &bdf_neq);
+        f1 = (nb_var **)fy; /* the carry's f(t, y): unused by the BDF */
+        s = 0;
     }
     for (int i = 1; i < s && ok; i++) {
         k[i] = nbo_vars(tr, L);
@@ -1690,7 +2018,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         tmp = nbo_vars(tr, L);
         ok = ok && tmp != NULL;
     }
-    if (R != NULL || D != NULL) {
+    if (R != NULL || D != NULL || tab->bdf) {
         /* done above */
     } else if (ok && tab->fsal) {
         f1 = k[s - 1];
@@ -1734,7 +2062,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
                 nb_var *term = nb_mul(k[j][i], nb_scalar(tr, tab->e[j]));
                 err = err == NULL ? term : nb_add(err, term);
             }
-            err = R != NULL || D != NULL ? rerr[i] : nb_mul(h, err);
+            err = R != NULL || D != NULL || tab->bdf ? rerr[i] : nb_mul(h, err);
             nb_var *scale =
                 nb_add(nb_scalar(tr, atol),
                        nb_mul(nb_scalar(tr, rtol), nb_maximum(nb_abs(y[i]), nb_abs(y1[i]))));
@@ -1779,6 +2107,25 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
                                  nb_scalar_typed(tr, dt, cfg.v[CFG_FACTORMIN]));
         factor = nb_minimum(nb_maximum(factor, fmin), nb_scalar(tr, cfg.v[CFG_FACTORMAX]));
         factor = nb_stop_gradient(factor);
+        if (tab->bdf) { /* its own factor and order, and its history for the next step */
+            nb_var **sc = nbo_vars(tr, L), *Dn = NULL, *kn = NULL, *nq = NULL;
+            for (int64_t i = 0; sc != NULL && i < L; i++) {
+                sc[i] = nb_add(nb_scalar(tr, atol), nb_mul(nb_scalar(tr, rtol),
+                                                          nb_maximum(nb_abs(y[i]), nb_abs(y1[i]))));
+            }
+            nb_var *kcur = nb_get(tr, args, "[14][1]");
+            if (sc == NULL ||
+                !nbo_bdf_next(tr, keep, newton_ok, bdf_Dh, bdf_d, kcur, bdf_neq, bdf_iters,
+                              nbo_flat(L, sc), scaled, &Dn, &kn, &nq, &factor)) {
+                nb_treedef_destroy(ydef);
+                return tr->status != NB_OK ? tr->status : NB_ERR_OOM;
+            }
+            bdf_new = nbo_tuple(tr, 4,
+                                (nb_tree *[]){nb_leaf(Dn), nb_leaf(kn), nb_leaf(nq),
+                                              nb_leaf(nb_stop_gradient(h))});
+            bdf_D = Dn;
+            bdf_kold = kcur;
+        }
         nb_var *dtn = nb_mul(h, factor);
         if (dtmin > 0) {
             if (!force) {
@@ -1880,6 +2227,27 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     /* the dense output's data, with the extra stages when it is read (SaveAt ts, events) */
     int64_t nev = (int64_t)cfg.v[CFG_N_EVENT];
     nbo_dense dd = {tab, L, h, y, y1, f1, k, {RK[0], RK[1], RK[2]}, dirk_k};
+    if (tab->bdf && (saveat == NB_SAVEAT_TS || nev > 0)) {
+        /* the step's polynomial: rows 0..k of the updated differences (k: the step's order) */
+        dd.k = nbi_arena_alloc(&tr->arena, 6 * sizeof *dd.k);
+        nb_var *rows = nb_iota(tr, NB_DTYPE_I32, 2, (int64_t[]){NBO_BDF_ROWS, 1}, 0);
+        nb_var *Dm = nb_mul(nb_cast(nb_le(rows, bdf_kold), dt), bdf_D);
+        int64_t N = nb_var_dim(Dm, 1);
+        for (int j = 0; dd.k != NULL && j < 6; j++) {
+            dd.k[j] = nbo_vars(tr, L);
+            if (dd.k[j] == NULL) {
+                dd.k = NULL;
+                break;
+            }
+            nb_var *row = nb_reshape(nb_slice(Dm, (int64_t[]){j, 0}, (int64_t[]){j + 1, N}, NULL),
+                                     1, (int64_t[]){N});
+            nbo_unflat(row, L, y, dd.k[j]);
+        }
+        if (dd.k == NULL) {
+            nb_treedef_destroy(ydef);
+            return nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        }
+    }
     for (int i = (tab->extra_uses_f1 ? s + 1 : s);
          (saveat == NB_SAVEAT_TS || nev > 0) && i < tab->dense_stages && ok; i++) {
         k[i] = nbo_vars(tr, L);
@@ -1968,11 +2336,11 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_tree *fytree = nbo_build(tr, ydef, L, fy_new);
     nb_treedef_destroy(ydef);
     nb_tree *res = nbo_tuple(
-        tr, 14,
+        tr, 15,
         (nb_tree *[]){nb_leaf(t_new), nb_leaf(tn_new), ytree, fytree, nb_leaf(nb_add(steps, one)),
                       nb_leaf(nb_add(acc, nb_cast(keep, NB_DTYPE_I32))), nb_leaf(res_new),
                       nb_leaf(pie_new), nb_leaf(ppie_new), save, nb_leaf(at_dtmin_new),
-                      nb_leaf(stiff_new), nb_leaf(ev_new), nb_leaf(event_new)});
+                      nb_leaf(stiff_new), nb_leaf(ev_new), nb_leaf(event_new), bdf_new});
     if (res == NULL) {
         return tr->status != NB_OK ? tr->status : NB_ERR_OOM;
     }
@@ -2093,7 +2461,7 @@ static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
         return false;
     }
     if (c->adaptive) {
-        if (tab->e == NULL && tab->ros == NULL && tab->dirk == NULL) {
+        if (tab->e == NULL && tab->ros == NULL && tab->dirk == NULL && !tab->bdf) {
             nbi_trace_err(tr, NB_ERR_INVALID,
                           "%s: solver %s has no error estimate, so it cannot be used with an "
                           "adaptive controller -- use constant steps (nb_ode_constant_step) or "
@@ -2137,6 +2505,12 @@ static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
                           who, bad, val, c->factormin, c->factormax, c->safety, c->dtmin, c->dtmax);
             return false;
         }
+    } else if (tab->bdf) {
+        nbi_trace_err(tr, NB_ERR_INVALID,
+                      "%s: the BDF chooses its own step sizes and orders -- give it an adaptive "
+                      "controller (nb_ode_pid), not constant steps",
+                      who);
+        return false;
     } else if (o->dt0 == 0.0 && o->t0 != o->t1) {
         nbi_trace_err(tr, NB_ERR_INVALID,
                       "%s: constant steps need dt0 != 0 -- give dt0, or use an adaptive "
@@ -2598,16 +2972,32 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
             }
             evdir = nbo_tuple(tr, nd, di);
         }
+        /* the BDF's history: D = (y0, h0 f(t0, y0), 0, ...), order 1, for h0 */
+        nb_tree *bdf0 = nbo_null(tr);
+        if (S.tab->bdf) {
+            nb_var *h0 = nb_stop_gradient(nb_sub(tn0, tau0));
+            nb_var *y0f = nbo_flat(L, S.y0), *f0f = nbo_flat(L, fy0);
+            int64_t N = nb_var_size(y0f);
+            nb_var *D0 = nb_concatenate(
+                3,
+                (nb_var *[]){nb_reshape(y0f, 2, (int64_t[]){1, N}),
+                             nb_reshape(nb_mul(h0, f0f), 2, (int64_t[]){1, N}),
+                             nb_full(tr, dt, 2, (int64_t[]){NBO_BDF_ROWS - 2, N}, 0.0)},
+                0);
+            bdf0 = nbo_tuple(tr, 4,
+                             (nb_tree *[]){nb_leaf(D0), nb_leaf(nbo_i32(tr, 1)),
+                                           nb_leaf(nbo_i32(tr, 0)), nb_leaf(h0)});
+        }
         nb_tree *ytree = nbo_build(tr, S.ydef, L, S.y0);
         nb_tree *fytree = nbo_build(tr, S.ydef, L, fy0);
         nb_tree *init =
-            nbo_tuple(tr, 14,
+            nbo_tuple(tr, 15,
                       (nb_tree *[]){nb_leaf(tau0), nb_leaf(tn0), ytree, fytree,
                                     nb_leaf(nbo_i32(tr, 0)), nb_leaf(nbo_i32(tr, 0)),
                                     nb_leaf(nbo_i32(tr, 0)), nb_leaf(nb_scalar_typed(tr, dt, 1.0)),
                                     nb_leaf(nb_scalar_typed(tr, dt, 1.0)), save, nb_leaf(at_dtmin0),
                                     nb_leaf(nb_full(tr, NB_DTYPE_I32, 1, (int64_t[]){2}, 0.0)),
-                                    nb_leaf(ev0), nb_leaf(nbo_i32(tr, -1))});
+                                    nb_leaf(ev0), nb_leaf(nbo_i32(tr, -1)), bdf0});
         if (init == NULL || evdir == NULL) {
             goto done;
         }
@@ -2689,8 +3079,8 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         lo.checkpoints = o->adjoint.checkpoints;
         nb_tree *bufmask = NULL;
         if (o->saveat.kind == NB_SAVEAT_STEPS) {
-            nb_tree *bi[14];
-            for (int i = 0; i < 14; i++) {
+            nb_tree *bi[15];
+            for (int i = 0; i < 15; i++) {
                 bi[i] = NULL;
                 if (nb_tree_bool(tr->ctx, i == 9, &bi[i]) != NB_OK ||
                     nbi_trace_own(tr, bi[i]) != NB_OK) {
@@ -2698,7 +3088,7 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
                     nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
                 }
             }
-            bufmask = nbo_tuple(tr, 14, bi);
+            bufmask = nbo_tuple(tr, 15, bi);
             lo.buffers = bufmask;
         }
         const nb_tree *fin = tr->status == NB_OK ? nb_while_loop(tr, cf, bf, init, &lo) : NULL;

@@ -767,13 +767,16 @@ static const nbo_tableau nbo_tableaus[] = {
                              .error_order = 3,
                              .dense_order = 2,
                              .ros = &rosenbrock23},
+    /* orders 1 to 5; its interpolant is the step's polynomial through the last order + 1
+     * points */
+    [NB_ODE_BDF] = {.name = "bdf", .order = 5, .error_order = 1, .dense_order = 1, .bdf = true},
 };
 
-_Static_assert(sizeof nbo_tableaus / sizeof nbo_tableaus[0] == NB_ODE_ROSENBROCK23 + 1,
+_Static_assert(sizeof nbo_tableaus / sizeof nbo_tableaus[0] == NB_ODE_BDF + 1,
                "one tableau per nb_ode_solver");
 
 NBI_HIDDEN const nbo_tableau *nbo_tableau_get(int solver) {
-    if (solver < 0 || solver > NB_ODE_ROSENBROCK23) {
+    if (solver < 0 || solver > NB_ODE_BDF) {
         return NULL;
     }
     return &nbo_tableaus[solver];

@@ -85,6 +85,8 @@ typedef struct nbo_tableau {
     const nbo_dirk *dirk; /* an ESDIRK method (likewise), or NULL */
     double stiff_bound;   /* FSAL explicit methods: the real stability boundary |h lambda| that
                              the stiffness test compares with (0: no test) */
+    bool bdf;             /* the variable-order BDF (solve.c; the fields above but name, order
+                             and dense_order unused) */
 } nbo_tableau;
 
 /* The methods, indexed by nb_ode_solver (nabla/ode.h); NULL for an unknown index. */

@@ -577,7 +577,8 @@ static void test_event_stiff(void **state) {
         double p[3], y0[3];
     } probs[2] = {{"robertson", 3, 3, {0.04, 3e7, 1e4}, {1, 0, 0}},
                   {"vdp", 2, 1, {1000.0}, {2, 0}}};
-    static const int solvers[] = {NB_ODE_RODAS5P, NB_ODE_KVAERNO5, NB_ODE_ROS3P, NB_ODE_KENCARP5};
+    static const int solvers[] = {NB_ODE_RODAS5P, NB_ODE_KVAERNO5, NB_ODE_ROS3P, NB_ODE_KENCARP5,
+                                  NB_ODE_BDF};
     for (int pi = 0; pi < 2; pi++) {
         double tref = 0, yref[3], dp[3], dy0[3];
         const char *pn = probs[pi].name;
