@@ -708,11 +708,11 @@ static nb_status nbo_newton_body(nb_trace *tr, const nb_tree *self, const nb_tre
  * at z*. Out: zi (L leaves), *ok and-ed with convergence, *iters (i32: the iterations; NULL: not
  * wanted). cf: the loop's condition (nbo_newton_cond). */
 static bool nbo_newton_stage(nb_trace *tr, const nb_tree *self, const nb_tree *iself,
-                             nb_tree *sself, nb_tree *sargs, nb_tree *seself, bool sum,
-                             double sign, double rtol, double atol, int maxit, nb_var *ti,
-                             nb_var *hg, nb_var *lu, nb_var *eye, nb_fn *cf,
-                             const nb_treedef *ydef, int64_t L, nb_var *const *psi,
-                             nb_var *const *zp, nb_var **zi, nb_var **ok, nb_var **iters) {
+                             nb_tree *sself, nb_tree *sargs, nb_tree *seself, bool sum, double sign,
+                             double rtol, double atol, int maxit, nb_var *ti, nb_var *hg,
+                             nb_var *lu, nb_var *eye, nb_fn *cf, const nb_treedef *ydef, int64_t L,
+                             nb_var *const *psi, nb_var *const *zp, nb_var **zi, nb_var **ok,
+                             nb_var **iters) {
     nb_dtype dt = nb_var_dtype(ti);
     nb_var **zs = nbo_vars(tr, L), **F = nbo_vars(tr, L), **dz = nbo_vars(tr, L);
     if (zs == NULL || F == NULL || dz == NULL) {
@@ -724,11 +724,10 @@ static bool nbo_newton_stage(nb_trace *tr, const nb_tree *self, const nb_tree *i
      * that the rate of corrections is round-off noise) */
     double eps = dt == NB_DTYPE_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-7;
     double at_once = fmax(1e-2 * NBO_NEWTON_KAPPA, rtol > 0 ? 100 * eps / rtol : 0.0);
-    nb_tree *tol =
-        nbo_tuple(tr, 6,
-                  (nb_tree *[]){nbo_float(tr, sign), nbo_float(tr, rtol), nbo_float(tr, atol),
-                                nbo_float(tr, NBO_NEWTON_KAPPA), nbo_float(tr, (double)maxit),
-                                nbo_float(tr, at_once)});
+    nb_tree *tol = nbo_tuple(tr, 6,
+                             (nb_tree *[]){nbo_float(tr, sign), nbo_float(tr, rtol),
+                                           nbo_float(tr, atol), nbo_float(tr, NBO_NEWTON_KAPPA),
+                                           nbo_float(tr, (double)maxit), nbo_float(tr, at_once)});
     nb_tree *bself = NULL;
     nb_fn *bf = NULL;
     if (spsi == NULL || szp == NULL || tol == NULL) {
@@ -737,14 +736,14 @@ static bool nbo_newton_stage(nb_trace *tr, const nb_tree *self, const nb_tree *i
     spsi = nbo_stopped(tr, spsi);
     szp = nbo_stopped(tr, szp);
     if (spsi == NULL || szp == NULL ||
-        nb_tree_dict(tr->ctx, sum ? 10 : 8,
-                     (const char *[]){"fn", "self", "args", "psi", "hg", "tau", "lu", "tol",
-                                      "efn", "eself"},
-                     (nb_tree *[]){(nb_tree *)nb_tree_get(self, "fn"), sself, sargs, spsi,
-                                   nb_leaf(nb_stop_gradient(hg)), nb_leaf(nb_stop_gradient(ti)),
-                                   nb_leaf(nb_stop_gradient(lu)), tol,
-                                   sum ? (nb_tree *)nb_tree_get(self, "efn") : NULL, seself},
-                     &bself) != NB_OK ||
+        nb_tree_dict(
+            tr->ctx, sum ? 10 : 8,
+            (const char *[]){"fn", "self", "args", "psi", "hg", "tau", "lu", "tol", "efn", "eself"},
+            (nb_tree *[]){(nb_tree *)nb_tree_get(self, "fn"), sself, sargs, spsi,
+                          nb_leaf(nb_stop_gradient(hg)), nb_leaf(nb_stop_gradient(ti)),
+                          nb_leaf(nb_stop_gradient(lu)), tol,
+                          sum ? (nb_tree *)nb_tree_get(self, "efn") : NULL, seself},
+            &bself) != NB_OK ||
         nb_fn_create(tr->ctx, "diffeqsolve_newton", nbo_newton_body, bself, &bf) != NB_OK) {
         nb_tree_destroy(bself);
         nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
@@ -777,7 +776,7 @@ static bool nbo_newton_stage(nb_trace *tr, const nb_tree *self, const nb_tree *i
     nb_var *Jz = NULL, *Tz = NULL;
     nb_var **fz = nbo_vars(tr, L);
     bool good = fz != NULL && nbo_jacobian(tr, iself, sign, ti, ydef, L, zs, &Jz, &Tz) &&
-           nbo_term(tr, iself, sign, ti, ydef, L, zs, fz);
+                nbo_term(tr, iself, sign, ti, ydef, L, zs, fz);
     if (!good) {
         return false;
     }
@@ -989,9 +988,7 @@ typedef struct nbo_dense {
 static void nbo_dense_counts(const nbo_tableau *tab, int *nk, int *nr, int *nd) {
     const nbo_rosen *R = tab->ros;
     const nbo_dirk *D = tab->dirk;
-    *nk = tab->bdf                                          ? 6
-          : D == NULL && R == NULL && tab->dense_degree > 0 ? tab->dense_stages
-                                                            : 1;
+    *nk = tab->bdf ? 6 : D == NULL && R == NULL && tab->dense_degree > 0 ? tab->dense_stages : 1;
     *nr = R == NULL ? 0 : R->ros23 ? 2 : R->n_h;
     *nd = D != NULL && D->H != NULL ? D->stages : 0;
 }
@@ -1010,7 +1007,8 @@ static nb_var *nbo_dense_eval(nb_trace *tr, const nbo_dense *dd, int64_t i, nb_v
         val = nb_reshape(dd->k[0][i], 2, (int64_t[]){1, N});
         nb_var *p = NULL;
         for (int j = 1; j < 6; j++) {
-            nb_var *x = nb_div(nb_add(th, nb_scalar(tr, (double)(j - 2))), nb_scalar(tr, (double)j));
+            nb_var *x =
+                nb_div(nb_add(th, nb_scalar(tr, (double)(j - 2))), nb_scalar(tr, (double)j));
             p = p == NULL ? x : nb_mul(p, x);
             val = nb_add(val, nb_mul(p, nb_reshape(dd->k[j][i], 2, (int64_t[]){1, N})));
         }
@@ -1299,9 +1297,9 @@ static nb_var *nbo_rms(nb_trace *tr, nb_var *v, nb_var *scale) {
  * when Newton failed, and for nbo_bdf_next: *Dh (D for this h), *d (flat), *iters, *neq_h
  * (steps of one size, reset when h changed). */
 static bool nbo_bdf_step(nb_trace *tr, const nb_tree *self, const nbo_cfg *cfg, nb_var *t,
-                         nb_var *tn, nb_var *h, const nb_treedef *ydef, int64_t L,
-                         nb_var *const *y, const nb_tree *bdf, nb_var **y1, nb_var **err,
-                         nb_var **ok, nb_var **Dh, nb_var **d, nb_var **iters, nb_var **neq_h) {
+                         nb_var *tn, nb_var *h, const nb_treedef *ydef, int64_t L, nb_var *const *y,
+                         const nb_tree *bdf, nb_var **y1, nb_var **err, nb_var **ok, nb_var **Dh,
+                         nb_var **d, nb_var **iters, nb_var **neq_h) {
     double sign = cfg->v[CFG_SIGN];
     bool adaptive = cfg->v[CFG_ADAPTIVE] != 0.0;
     nb_dtype dt = nb_var_dtype(t);
@@ -1364,9 +1362,9 @@ static bool nbo_bdf_step(nb_trace *tr, const nb_tree *self, const nbo_cfg *cfg, 
     double rtol = cfg->v[CFG_RTOL], atol = cfg->v[CFG_ATOL];
     (void)adaptive;
     *ok = nb_scalar_typed(tr, NB_DTYPE_BOOL, 1.0);
-    bool good = nbo_newton_stage(tr, self, self, sself, sargs, seself, has_e, sign, rtol, atol,
-                                 NBO_NEWTON_MAX, tn, c, lu, eye, cf, ydef, L, ps, yp, zi, ok,
-                                 iters);
+    bool good =
+        nbo_newton_stage(tr, self, self, sself, sargs, seself, has_e, sign, rtol, atol,
+                         NBO_NEWTON_MAX, tn, c, lu, eye, cf, ydef, L, ps, yp, zi, ok, iters);
     nb_fn_destroy(cf);
     if (!good) {
         return false;
@@ -1385,10 +1383,9 @@ static bool nbo_bdf_step(nb_trace *tr, const nb_tree *self, const nbo_cfg *cfg, 
 /* After the step: D updated with d when kept (else Dh), the order and the steps of one size
  * for the carry, and the step-size factor (stopped): order selection after k + 1 steps of
  * one size. scale: atol + rtol max(|y|, |y1|), flat; err_norm: the scaled error norm. */
-static bool nbo_bdf_next(nb_trace *tr, nb_var *keep, nb_var *newton_ok, nb_var *Dh,
-                         nb_var *d, nb_var *k, nb_var *neq_h, nb_var *iters, nb_var *scale,
-                         nb_var *err_norm, nb_var **D_new, nb_var **k_new, nb_var **neq_new,
-                         nb_var **factor) {
+static bool nbo_bdf_next(nb_trace *tr, nb_var *keep, nb_var *newton_ok, nb_var *Dh, nb_var *d,
+                         nb_var *k, nb_var *neq_h, nb_var *iters, nb_var *scale, nb_var *err_norm,
+                         nb_var **D_new, nb_var **k_new, nb_var **neq_new, nb_var **factor) {
     nb_dtype dt = nb_var_dtype(Dh);
     int n = NBO_BDF_ROWS;
     nb_var *I = NULL, *J = NULL;
@@ -1407,8 +1404,8 @@ static bool nbo_bdf_next(nb_trace *tr, nb_var *keep, nb_var *newton_ok, nb_var *
 
     /* the factor: kept -- 1 until k + 1 steps of one size, then the best order's; rejected --
      * max(0.2, safety err^(-1/(k+1))), 0.5 after a failed Newton iteration */
-    nb_var *safety = nb_div(nb_scalar(tr, 0.9 * 9.0),
-                            nb_add(nb_scalar(tr, 8.0), nb_cast(iters, dt)));
+    nb_var *safety =
+        nb_div(nb_scalar(tr, 0.9 * 9.0), nb_add(nb_scalar(tr, 8.0), nb_cast(iters, dt)));
     nb_var *kf = nb_cast(k, dt);
     nb_var *f0 = nb_pow(err_norm, nb_div(nb_scalar(tr, -1.0), nb_add(kf, nb_scalar(tr, 1.0))));
     nb_var *rej = nb_maximum(nb_scalar(tr, 0.2), nb_mul(safety, f0));
@@ -1440,8 +1437,8 @@ static bool nbo_bdf_next(nb_trace *tr, nb_var *keep, nb_var *newton_ok, nb_var *
                   nb_scalar_typed(tr, dt, 1.0));
     *factor = nb_stop_gradient(nb_select(keep, acc_factor, rej));
     *k_new = nb_select(nb_logical_and(keep, select_now), nb_add(k, dk), k);
-    *neq_new = nb_select(keep, nb_select(select_now, nbo_i32(tr, 0), nb_add(neq_h, one)),
-                         nbo_i32(tr, 0));
+    *neq_new =
+        nb_select(keep, nb_select(select_now, nbo_i32(tr, 0), nb_add(neq_h, one)), nbo_i32(tr, 0));
     return tr->status == NB_OK;
 }
 
@@ -1996,9 +1993,9 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         s = 0; /* no explicit stages below */
     } else if (tab->bdf) {
         rerr = nbo_vars(tr, L);
-        ok = rerr != NULL && nbo_bdf_step(tr, self, &cfg, t, tn, h, ydef, L, y,
-                                          nb_tree_child(args, 14), y1, rerr, &newton_ok, &bdf_Dh,
-                                          &bdf_d, &bdf_iters, &bdf_neq);
+        ok = rerr != NULL &&
+             nbo_bdf_step(tr, self, &cfg, t, tn, h, ydef, L, y, nb_tree_child(args, 14), y1, rerr,
+                          &newton_ok, &bdf_Dh, &bdf_d, &bdf_iters, &bdf_neq);
         f1 = (nb_var **)fy; /* the carry's f(t, y): unused by the BDF */
         s = 0;
     }
@@ -2110,8 +2107,9 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         if (tab->bdf) { /* its own factor and order, and its history for the next step */
             nb_var **sc = nbo_vars(tr, L), *Dn = NULL, *kn = NULL, *nq = NULL;
             for (int64_t i = 0; sc != NULL && i < L; i++) {
-                sc[i] = nb_add(nb_scalar(tr, atol), nb_mul(nb_scalar(tr, rtol),
-                                                          nb_maximum(nb_abs(y[i]), nb_abs(y1[i]))));
+                sc[i] =
+                    nb_add(nb_scalar(tr, atol),
+                           nb_mul(nb_scalar(tr, rtol), nb_maximum(nb_abs(y[i]), nb_abs(y1[i]))));
             }
             nb_var *kcur = nb_get(tr, args, "[14][1]");
             if (sc == NULL ||
@@ -2120,9 +2118,9 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
                 nb_treedef_destroy(ydef);
                 return tr->status != NB_OK ? tr->status : NB_ERR_OOM;
             }
-            bdf_new = nbo_tuple(tr, 4,
-                                (nb_tree *[]){nb_leaf(Dn), nb_leaf(kn), nb_leaf(nq),
-                                              nb_leaf(nb_stop_gradient(h))});
+            bdf_new = nbo_tuple(
+                tr, 4,
+                (nb_tree *[]){nb_leaf(Dn), nb_leaf(kn), nb_leaf(nq), nb_leaf(nb_stop_gradient(h))});
             bdf_D = Dn;
             bdf_kold = kcur;
         }

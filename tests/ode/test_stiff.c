@@ -456,10 +456,9 @@ static double set_error(const nb_tree *sol, const sp_problem *P, const double *r
     return sqrt(s / P->n);
 }
 
-static const int SET_SOLVERS[] = {NB_ODE_ROS3P,    NB_ODE_RODAS5P,  NB_ODE_KVAERNO3,
-                                  NB_ODE_KVAERNO4, NB_ODE_KVAERNO5, NB_ODE_KENCARP3,
-                                  NB_ODE_KENCARP4, NB_ODE_KENCARP5, NB_ODE_ROSENBROCK23,
-                                  NB_ODE_BDF};
+static const int SET_SOLVERS[] = {
+    NB_ODE_ROS3P,    NB_ODE_RODAS5P,  NB_ODE_KVAERNO3, NB_ODE_KVAERNO4,     NB_ODE_KVAERNO5,
+    NB_ODE_KENCARP3, NB_ODE_KENCARP4, NB_ODE_KENCARP5, NB_ODE_ROSENBROCK23, NB_ODE_BDF};
 
 static void test_stiff_set(void **state) {
     (void)state;
@@ -497,10 +496,11 @@ static void test_stiff_set(void **state) {
              * stiff_ref.txt); judged within 40 rtol. */
             bool cycle = strcmp(P->name, "vdp") == 0 || strcmp(P->name, "orego") == 0;
             double limit = cycle && solver != NB_ODE_RODAS5P ? 200 : 10;
-            bool known = (strcmp(P->name, "orego") == 0 && solver == NB_ODE_ROS3P) ||
-                         (strcmp(P->name, "robertson_long") == 0 && solver == NB_ODE_KENCARP4 &&
-                          err <= 12 * rtol) ||
-                         (strcmp(P->name, "hires") == 0 && solver == NB_ODE_BDF && err <= 40 * rtol);
+            bool known =
+                (strcmp(P->name, "orego") == 0 && solver == NB_ODE_ROS3P) ||
+                (strcmp(P->name, "robertson_long") == 0 && solver == NB_ODE_KENCARP4 &&
+                 err <= 12 * rtol) ||
+                (strcmp(P->name, "hires") == 0 && solver == NB_ODE_BDF && err <= 40 * rtol);
             bool ok = r == NB_ODE_SUCCESSFUL && (known || err <= limit * rtol);
             print_message("%-14s %-12s rtol %.0e: error %.2e (%.2f rtol; max over components "
                           "%.2e), %d steps, %s%s\n",
@@ -529,8 +529,8 @@ static void test_stiff_gradients(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
     static const int problems[] = {0, 3}; /* robertson, hires */
-    static const int solvers[] = {NB_ODE_RODAS5P, NB_ODE_KVAERNO5, NB_ODE_KENCARP5,
-                                  NB_ODE_KVAERNO4, NB_ODE_BDF};
+    static const int solvers[] = {NB_ODE_RODAS5P, NB_ODE_KVAERNO5, NB_ODE_KENCARP5, NB_ODE_KVAERNO4,
+                                  NB_ODE_BDF};
     int bad = 0;
     for (int k = 0; k < 2; k++) {
         const sp_problem *P = &SP_PROBLEMS[problems[k]];
@@ -918,9 +918,9 @@ static nb_status body_bdf_decay(nb_trace *tr, const nb_tree *self, const nb_tree
     }
     nb_var *ys = nb_get(tr, sol, "ys");
     nb_tree *aux = NULL;
-    NBT_OK(ctx, nb_tree_tuple(ctx, 2,
-                              (nb_tree *[]){nb_leaf(ys), nb_leaf(nb_get(tr, sol, "stats.num_steps"))},
-                              &aux));
+    NBT_OK(ctx, nb_tree_tuple(
+                    ctx, 2, (nb_tree *[]){nb_leaf(ys), nb_leaf(nb_get(tr, sol, "stats.num_steps"))},
+                    &aux));
     nb_var *last = nb_reshape(nb_slice(ys, (int64_t[]){4}, (int64_t[]){5}, NULL), 0, NULL);
     nb_status st = nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(last), aux}, out);
     nb_tree_destroy(aux);
@@ -983,16 +983,11 @@ static void test_bdf_orders(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_stiff_set),
-        cmocka_unit_test(test_bdf_orders),
-        cmocka_unit_test(test_stiff_gradients),
-        cmocka_unit_test(test_backsolve_implicit),
-        cmocka_unit_test(test_failures),
-        cmocka_unit_test(test_newton_nonlinear),
-        cmocka_unit_test(test_out_of_memory),
-        cmocka_unit_test(test_imex),
-        cmocka_unit_test(test_traced_times),
-        cmocka_unit_test(test_traced_times_checked),
+        cmocka_unit_test(test_stiff_set),       cmocka_unit_test(test_bdf_orders),
+        cmocka_unit_test(test_stiff_gradients), cmocka_unit_test(test_backsolve_implicit),
+        cmocka_unit_test(test_failures),        cmocka_unit_test(test_newton_nonlinear),
+        cmocka_unit_test(test_out_of_memory),   cmocka_unit_test(test_imex),
+        cmocka_unit_test(test_traced_times),    cmocka_unit_test(test_traced_times_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -50,7 +50,7 @@
 
 typedef long double ld;
 
-#define NT_SOLVERS 9                     /* NB_ODE_EULER .. NB_ODE_DOPRI8: the explicit methods */
+#define NT_SOLVERS 9            /* NB_ODE_EULER .. NB_ODE_DOPRI8: the explicit methods */
 #define NT_ALL (NB_ODE_BDF + 1) /* every solver */
 #define NT_MAX_STAGES 16
 #define NT_MAX_DEGREE 8
