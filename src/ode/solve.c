@@ -595,7 +595,9 @@ static nb_status nbo_stop_leaf(void *ud, const char *path, int n, const nb_tree 
     (void)n;
     nb_trace *tr = ud;
     if (nb_tree_kind_of(leaves[0]) == NB_TREE_KIND_VAR) {
-        *out = nb_leaf(nb_stop_gradient(nb_var_of(tr, leaves[0])));
+        /* the map takes a reference: nb_leaf's tree is the trace's own */
+        nb_tree *l = nb_leaf(nb_stop_gradient(nb_var_of(tr, leaves[0])));
+        *out = l != NULL ? nb_tree_retain(l) : NULL;
         return *out != NULL ? NB_OK : NB_ERR_OOM;
     }
     *out = nb_tree_retain((nb_tree *)leaves[0]);

@@ -660,6 +660,7 @@ static void test_misuse(void **state) {
     nb_fn_destroy(f);
     nb_fn_destroy(f); /* destroyed twice: recorded, not a crash */
     NBT_EQ_I64(nb_ctx_errcode(ctx), NB_ERR_MISUSE);
+    nbt_expect_double_destroys(1);
     NBT_STATUS(ctx, NB_ERR_MISUSE, nb_fn_call(f, empty, &out));
     nb_tree_destroy(empty);
     nbt_assert_no_live(ctx);

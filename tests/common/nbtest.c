@@ -37,9 +37,33 @@ nb_allocator nbt_alloc_make(nbt_alloc *state) {
     return a;
 }
 
+/* A handle destroyed twice is an error the library logs and survives (nabla/core.h); in a
+ * test it is a bug (a reference released that was not owned): counted here, and
+ * nbt_assert_no_live fails on it. */
+static int nbt_double_destroys;
+
+static void nbt_log(void *ud, nb_log_level level, const char *msg) {
+    (void)ud;
+    if (level == NB_LOG_LEVEL_ERROR &&
+        strstr(msg, "was already destroyed (each reference") != NULL) {
+        nbt_double_destroys++;
+        fprintf(stderr, "nbtest: %s\n", msg);
+    }
+}
+
+void nbt_expect_double_destroys(int n) {
+    int got = nbt_double_destroys;
+    nbt_double_destroys = 0;
+    if (got != n) {
+        fail_msg("%d handles destroyed twice, expected %d", got, n);
+    }
+}
+
 nb_ctx *nbt_ctx_with(nbt_alloc *state) {
     nb_ctx_opts o = nb_ctx_opts_default();
     o.allocator = nbt_alloc_make(state);
+    o.log = nbt_log;
+    o.log_level = NB_LOG_LEVEL_ERROR;
     nb_ctx *ctx = NULL;
     nb_status s = nb_ctx_create(&o, &ctx);
     if (s != NB_OK) {
@@ -50,7 +74,10 @@ nb_ctx *nbt_ctx_with(nbt_alloc *state) {
 
 nb_ctx *nbt_ctx(void) {
     nb_ctx *ctx = NULL;
-    nb_status s = nb_ctx_create(NULL, &ctx);
+    nb_ctx_opts o = nb_ctx_opts_default();
+    o.log = nbt_log;
+    o.log_level = NB_LOG_LEVEL_ERROR;
+    nb_status s = nb_ctx_create(&o, &ctx);
     if (s != NB_OK) {
         fail_msg("nb_ctx_create failed: %s", nb_status_name(s));
     }
@@ -71,6 +98,11 @@ void nbt_assert_no_live(nb_ctx *ctx) {
     nb_ctx_clear_cache(ctx);
     nb_ctx_stats s;
     NBT_OK(ctx, nb_ctx_stats_get(ctx, &s));
+    if (nbt_double_destroys != 0) {
+        int n = nbt_double_destroys;
+        nbt_double_destroys = 0;
+        fail_msg("%d handles destroyed twice (messages above)", n);
+    }
     if (s.live_arrays || s.live_trees || s.live_treedefs || s.live_buffers || s.live_fns) {
         fail_msg("leak: %lld arrays, %lld trees, %lld treedefs, %lld buffers, %lld fns still "
                  "alive",

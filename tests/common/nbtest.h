@@ -109,6 +109,10 @@ nb_allocator nbt_alloc_make(nbt_alloc *state);
 nb_ctx *nbt_ctx_with(nbt_alloc *state);
 /* A context with the default allocator; fails the test if creation fails. */
 nb_ctx *nbt_ctx(void);
+/* Contexts from nbt_ctx / nbt_ctx_with count handles destroyed twice (logged by the library,
+ * which survives them); nbt_assert_no_live fails on any. A test that destroys twice on
+ * purpose says how many times it did, which also resets the count. */
+void nbt_expect_double_destroys(int n);
 /* Assert that ctx has no live arrays, trees, treedefs or buffers (leak check at scenario
  * granularity, stronger than LeakSanitizer at exit because objects live in pools). */
 void nbt_assert_no_live(nb_ctx *ctx);

@@ -472,6 +472,7 @@ static void test_batcher_errors(void **state) {
     NBT_EQ_I64(nb_batcher_num_batches(b), -1);
     nb_batcher_destroy(b); /* a double destroy is reported, not a crash */
     NBT_EQ_I64(nb_ctx_errcode(ctx), NB_ERR_MISUSE);
+    nbt_expect_double_destroys(1);
     NBT_ERRMSG_HAS(ctx, "nb_batcher_destroy: handle");
     nb_array *all[8] = {x, y, y9, key, xb_rows, xb_f32, xb, yb};
     for (int i = 0; i < 8; i++) {

@@ -445,6 +445,7 @@ static void test_destroyed_array(void **state) {
     nb_array_destroy(a);
     NBT_EQ_I64(nb_ctx_errcode(ctx), NB_ERR_MISUSE);
     NBT_TRUE(nb_ctx_errmsg(ctx)[0] != '\0');
+    nbt_expect_double_destroys(1);
 
     /* the neighbour is untouched and the context works */
     NBT_OK(ctx, nb_array_check(keep));
@@ -510,6 +511,7 @@ static void test_destroyed_tree_and_treedef(void **state) {
     nb_ctx_clear_error(ctx);
     nb_tree_destroy(t);
     NBT_EQ_I64(nb_ctx_errcode(ctx), NB_ERR_MISUSE);
+    nbt_expect_double_destroys(1);
 
     /* the treedef outlived the tree; now destroy it and misuse it */
     NBT_EQ_I64(nb_treedef_num_leaves(def), 1);
@@ -526,6 +528,7 @@ static void test_destroyed_tree_and_treedef(void **state) {
     nb_ctx_clear_error(ctx);
     nb_treedef_destroy(def);
     NBT_EQ_I64(nb_ctx_errcode(ctx), NB_ERR_MISUSE);
+    nbt_expect_double_destroys(1);
 
     NBT_OK(ctx, nb_tree_check(keep));
     nb_tree_destroy(keep);

@@ -207,11 +207,8 @@ static nb_status body_scalar(nb_trace *tr, const nb_tree *self, const nb_tree *a
     nb_var *b = g_consts ? nb_constant(tr, g_in[1]) : nb_get(tr, args, "[1]");
     nb_var *m = nb_div(nb_sub(nb_mul(a, b), nb_scalar(tr, 0.3)), nb_add(a, b));
     nb_var *y = nb_select(nb_gt(m, a), nb_exp(m), nb_mul(m, nb_tanh(b)));
-    nb_tree *leaves[2] = {nb_leaf(y), nb_leaf(m)};
-    nb_status st = nb_tree_tuple(nb_trace_ctx(tr), 2, leaves, out);
-    nb_tree_destroy(leaves[0]);
-    nb_tree_destroy(leaves[1]);
-    return st;
+    nb_tree *leaves[2] = {nb_leaf(y), nb_leaf(m)}; /* the trace's own */
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, leaves, out);
 }
 
 static void test_fused_scalar(void **state) {
@@ -265,11 +262,10 @@ static void test_fused_scalar(void **state) {
 /* ---- an element's bits do not depend on its neighbours ------------------------------- */
 
 /* self = the op's index in lane_ops */
-static const char *const lane_ops[] = {"sin", "cos", "tan", "exp", "expm1", "log",
-                                       "log1p", "tanh", "erf", "pow"};
+static const char *const lane_ops[] = {"sin", "cos",   "tan",  "exp", "expm1",
+                                       "log", "log1p", "tanh", "erf", "pow"};
 
-static nb_status body_lane(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                           nb_tree **out) {
+static nb_status body_lane(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     int64_t k = 0;
     NBT_OK(nb_trace_ctx(tr), nb_tree_get_int(self, &k));
     nb_var *x = nb_get(tr, args, "[0]");
@@ -284,8 +280,7 @@ static nb_status body_lane(nb_trace *tr, const nb_tree *self, const nb_tree *arg
                 : k == 7 ? nb_tanh(nb_mul(x, nb_scalar(tr, 0.01)))
                 : k == 8 ? nb_erf(nb_mul(x, nb_scalar(tr, 0.01)))
                          : nb_pow(ax, nb_scalar(tr, 0.37));
-    *out = nb_leaf(y);
-    return NB_OK;
+    return nb_return(y, out);
 }
 
 /* SLEEF's plain sin, cos and tan take a faster argument reduction when every lane of the

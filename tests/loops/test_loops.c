@@ -1551,8 +1551,7 @@ static void test_scan_length_zero(void **state) {
     nb_fn_destroy(g);
     nb_fn_destroy(l);
     nb_fn_destroy(f);
-    nb_tree_destroy(args);
-    nb_array_destroy(xs);
+    nb_tree_destroy(args); /* xs went into it (leaf_of) */
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
 }
