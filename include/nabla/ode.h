@@ -257,6 +257,16 @@ typedef struct nb_ode_opts {
     const int *event_direction;
     int n_event_direction;
     double event_tol; /* the event time's tolerance (0: default, 4 ulp of t); >= 0 */
+    /* The Jacobian of the term, df/dy, from the user (default NULL: nabla's forward mode, N
+     * tangent sweeps). A function like the term, called on the same (t, y, args), returning
+     * one float var [N, N] -- N the number of state elements, the leaves flattened in tree
+     * order and concatenated; row i is d f_i / dy. The stiff solvers use it in place of
+     * forward mode wherever they need J: the Newton and Rosenbrock matrices, and the exact
+     * Jacobian of the implicit function theorem in derivatives (so it must be exact, and
+     * differentiable where gradients are taken); df/dt (Rosenbrock) stays one forward-mode
+     * sweep. The explicit solvers do not use it. Not with the backsolve adjoint, nor with
+     * opts.explicit_term unless the solver is a KenCarp (it would miss the explicit part). */
+    nb_fn *jacobian;
 } nb_ode_opts;
 
 NB_API nb_ode_opts nb_ode_opts_default(void);

@@ -312,10 +312,14 @@ static bool nbo_term_one(nb_trace *tr, const nb_tree *self, double sign, nb_var 
 static nb_tree *nbo_part(nb_trace *tr, const nb_tree *self, const char *fnkey,
                          const char *selfkey) {
     nb_tree *d = NULL;
-    if (nb_tree_dict(tr->ctx, 3, (const char *[]){"fn", "self", "args"},
+    /* the term's part keeps the user's Jacobian of it (opts.jacobian) */
+    bool jac = strcmp(fnkey, "fn") == 0 && nb_tree_get(self, "jfn") != NULL;
+    if (nb_tree_dict(tr->ctx, jac ? 5 : 3, (const char *[]){"fn", "self", "args", "jfn", "jself"},
                      (nb_tree *[]){(nb_tree *)nb_tree_get(self, fnkey),
                                    (nb_tree *)nb_tree_get(self, selfkey),
-                                   (nb_tree *)nb_tree_get(self, "args")},
+                                   (nb_tree *)nb_tree_get(self, "args"),
+                                   jac ? (nb_tree *)nb_tree_get(self, "jfn") : NULL,
+                                   jac ? (nb_tree *)nb_tree_get(self, "jself") : NULL},
                      &d) != NB_OK ||
         nbi_trace_own(tr, d) != NB_OK) {
         nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
@@ -389,9 +393,17 @@ static nb_var *nbo_eye(nb_trace *tr, nb_dtype dt, int64_t N) {
  * evaluation of the term: N + 1 tangent sweeps (a unit tangent per state element, one on
  * the time). Calls inside the term are inlined (as under nb_jvp) so that every op carries
  * its tangent. */
+static bool nbo_user_jacobian(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau,
+                              const nb_treedef *ydef, int64_t L, nb_var *const *y, nb_var **J,
+                              nb_var **T);
+
 static bool nbo_jacobian(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau,
                          const nb_treedef *ydef, int64_t L, nb_var *const *y, nb_var **J,
                          nb_var **T) {
+    const nb_tree *jfn = nb_tree_get(self, "jfn");
+    if (jfn != NULL && nb_tree_kind_of(jfn) != NB_TREE_KIND_NULL) {
+        return nbo_user_jacobian(tr, self, sign, tau, ydef, L, y, J, T);
+    }
     nb_var **f = nbo_vars(tr, L), **ins = nbo_vars(tr, L + 1), **tan = nbo_vars(tr, L + 1);
     nb_var **dout = nbo_vars(tr, L);
     if (f == NULL || ins == NULL || tan == NULL || dout == NULL) {
@@ -440,6 +452,83 @@ static bool nbo_jacobian(nb_trace *tr, const nb_tree *self, double sign, nb_var 
         }
     }
     *J = nb_stack((int)N, cols, 1);
+    return tr->status == NB_OK;
+}
+
+/* opts.jacobian: J = s df/dy from the user's function (self's "jfn", "jself"), called on
+ * (s tau, y, args) and returning one [N, N] float var (N: the state's elements, its leaves
+ * flattened in order); T = d(s f)/dtau by one forward-mode sweep on the time. */
+static bool nbo_user_jacobian(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau,
+                              const nb_treedef *ydef, int64_t L, nb_var *const *y, nb_var **J,
+                              nb_var **T) {
+    static const char who[] = "nb_diffeqsolve";
+    nb_fnptr fp = NULL;
+    const char *name = NULL;
+    nb_tree_get_fnref(nb_tree_get(self, "jfn"), &fp, &name);
+    const nb_tree *uself = nb_tree_get(self, "jself");
+    if (uself == NULL || nb_tree_kind_of(uself) == NB_TREE_KIND_NULL) {
+        uself = NULL;
+    }
+    int64_t N = 0;
+    for (int64_t i = 0; i < L; i++) {
+        N += nb_var_size(y[i]);
+    }
+    nb_dtype dt = nb_var_dtype(tau);
+    nb_tree *ytree = nbo_build(tr, ydef, L, y);
+    nb_tree *targs = ytree != NULL
+                         ? nbo_tuple(tr, 3,
+                                     (nb_tree *[]){nb_leaf(sign < 0 ? nb_neg(tau) : tau), ytree,
+                                                   (nb_tree *)nb_tree_get(self, "args")})
+                         : NULL;
+    if (targs == NULL) {
+        return false;
+    }
+    nb_tree *out = NULL;
+    nb_status st = ((nb_fn_body)fp)(tr, uself, targs, &out);
+    if (tr->status != NB_OK) {
+        st = tr->status;
+    }
+    if (st != NB_OK || out == NULL) {
+        nb_tree_destroy(out);
+        if (tr->status == NB_OK) {
+            nbi_trace_err(tr, st != NB_OK ? st : NB_ERR_MISUSE, "%s: the Jacobian function '%s' %s",
+                          who, name, st != NB_OK ? "failed" : "returned no output");
+        }
+        return false;
+    }
+    nb_var *v = nb_tree_kind_of(out) == NB_TREE_KIND_VAR ? nb_var_of(tr, out) : NULL;
+    nb_tree_destroy(out);
+    if (v == NULL || v->rank != 2 || v->shape[0] != N || v->shape[1] != N ||
+        !nb_dtype_is_float(v->dtype)) {
+        char sig[64] = "a tree that is not one var";
+        if (v != NULL) {
+            nbi_var_sig(sig, sizeof sig, v);
+        }
+        nbi_trace_err(tr, NB_ERR_SHAPE,
+                      "%s: the Jacobian function '%s' returned %s; opts.jacobian must return "
+                      "df/dy as one float var of shape [%lld, %lld] (the state's %lld elements, "
+                      "its leaves flattened in order)",
+                      who, name, sig, (long long)N, (long long)N, (long long)N);
+        return false;
+    }
+    v = nb_cast(v, dt);
+    *J = sign < 0 ? nb_neg(v) : v;
+    /* T: one tangent on the time through the term */
+    nb_var **f = nbo_vars(tr, L), **dout = nbo_vars(tr, L);
+    if (f == NULL || dout == NULL) {
+        return false;
+    }
+    int32_t begin = tr->g.n_nodes;
+    tr->ad_depth++;
+    bool ok = nbo_term(tr, self, sign, tau, ydef, L, y, f);
+    tr->ad_depth--;
+    int32_t end = tr->g.n_nodes;
+    if (!ok ||
+        nbi_jvp_region(tr, begin, end, 1, (nb_var *[]){tau},
+                       (nb_var *[]){nb_scalar_typed(tr, dt, 1.0)}, (int)L, f, dout) != NB_OK) {
+        return false;
+    }
+    *T = nbo_flat(L, dout);
     return tr->status == NB_OK;
 }
 
@@ -2618,6 +2707,23 @@ static bool nbo_check_opts(nb_trace *tr, const nb_ode_opts *o) {
                       (long long)o->adjoint.checkpoints);
         return false;
     }
+    if (o->jacobian != NULL && o->adjoint.kind == NB_ADJOINT_BACKSOLVE) {
+        nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
+                      "%s: opts.jacobian with the backsolve adjoint is not supported -- use the "
+                      "recursive checkpoint or direct adjoint",
+                      who);
+        return false;
+    }
+    if (o->jacobian != NULL && o->explicit_term != NULL &&
+        (tab->dirk == NULL || tab->dirk->AE == NULL)) {
+        nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
+                      "%s: opts.jacobian with opts.explicit_term and solver %s: the solver "
+                      "integrates the sum of both parts, whose Jacobian the function does not "
+                      "give -- use a KenCarp solver (which treats only the term implicitly), or "
+                      "leave opts.jacobian unset",
+                      who, tab->name);
+        return false;
+    }
     if (o->event != NULL && o->adjoint.kind == NB_ADJOINT_BACKSOLVE) {
         nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
                       "%s: events (opts.event) with the backsolve adjoint are not supported -- "
@@ -2819,6 +2925,23 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
                 eself = (nb_tree *)ebound;
             }
         }
+        /* the user's Jacobian of the term (opts.jacobian), likewise */
+        nb_tree *jfn = nbo_null(tr), *jself = nbo_null(tr);
+        if (S.o.jacobian != NULL) {
+            nb_fn_body jbody = NULL;
+            const nb_tree *jbound = NULL;
+            if (!nbo_unwrap(tr, S.o.jacobian, &jbody, &jbound, "opts.jacobian")) {
+                goto done;
+            }
+            if (nb_tree_fnref(ctx, (nb_fnptr)jbody, S.o.jacobian->name, &jfn) != NB_OK ||
+                nbi_trace_own(tr, jfn) != NB_OK) {
+                nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+                goto done;
+            }
+            if (jbound != NULL) {
+                jself = (nb_tree *)jbound;
+            }
+        }
         /* the event function (opts.event), likewise */
         nb_tree *evfn = nbo_null(tr), *evself = nbo_null(tr);
         if (S.o.event != NULL) {
@@ -2838,10 +2961,12 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
             S.evfn = true;
         }
         if (us == NULL || ua == NULL || efn == NULL || eself == NULL || evfn == NULL ||
-            evself == NULL ||
-            nb_tree_dict(ctx, 7,
-                         (const char *[]){"fn", "self", "args", "efn", "eself", "evfn", "evself"},
-                         (nb_tree *[]){fnref, us, ua, efn, eself, evfn, evself}, &d) != NB_OK ||
+            evself == NULL || jfn == NULL || jself == NULL ||
+            nb_tree_dict(ctx, 9,
+                         (const char *[]){"fn", "self", "args", "efn", "eself", "evfn", "evself",
+                                          "jfn", "jself"},
+                         (nb_tree *[]){fnref, us, ua, efn, eself, evfn, evself, jfn, jself},
+                         &d) != NB_OK ||
             nbi_trace_own(tr, d) != NB_OK) {
             nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
             goto done;
@@ -3039,9 +3164,9 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         nb_fn *bf = NULL, *cf = NULL;
         nb_status st = cfg != NULL && tsleaf != NULL ? NB_OK : NB_ERR_OOM;
         if (st == NB_OK) {
-            st = nb_tree_dict(tr->ctx, 11,
+            st = nb_tree_dict(tr->ctx, 13,
                               (const char *[]){"fn", "self", "args", "cfg", "ts", "t1", "efn",
-                                               "eself", "evfn", "evself", "evdir"},
+                                               "eself", "evfn", "evself", "evdir", "jfn", "jself"},
                               (nb_tree *[]){(nb_tree *)nb_tree_get(S.tself, "fn"),
                                             (nb_tree *)nb_tree_get(S.tself, "self"),
                                             (nb_tree *)nb_tree_get(S.tself, "args"), cfg, tsleaf,
@@ -3049,7 +3174,9 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
                                             (nb_tree *)nb_tree_get(S.tself, "efn"),
                                             (nb_tree *)nb_tree_get(S.tself, "eself"),
                                             (nb_tree *)nb_tree_get(S.tself, "evfn"),
-                                            (nb_tree *)nb_tree_get(S.tself, "evself"), evdir},
+                                            (nb_tree *)nb_tree_get(S.tself, "evself"), evdir,
+                                            (nb_tree *)nb_tree_get(S.tself, "jfn"),
+                                            (nb_tree *)nb_tree_get(S.tself, "jself")},
                               &bself);
         }
         if (st == NB_OK) {
