@@ -46,9 +46,10 @@
  *     tolerances, dtmin and dtmax). Few function evaluations per step: for long stiff
  *     transients and larger systems (Robertson to t = 1e11: 841 steps at rtol 1e-6).
  * The Jacobian J = df/dy (and df/dt for Rosenbrock) comes from nabla's forward mode over the
- * term: one tangent sweep per state element, never written by the user; no Jacobian
- * structure (sparsity, bands) is exploited. ESDIRK stages are solved by a simplified
- * ("very chord") Newton iteration: J at the step's start, I - h gamma J factored once per
+ * term: one tangent sweep per state element, never written by the user (who may give one:
+ * opts.jacobian); no Jacobian structure (sparsity, bands) is exploited. ESDIRK stages are
+ * solved by a simplified ("very chord") Newton iteration: J at the step's start (the BDF's:
+ * at its predicted point), I - h gamma J (the BDF: I - h / alpha_k J) factored once per
  * step and reused by every stage and iteration; converged when, after two iterations, the
  * contraction rate r < 1 and r / (1 - r) |dz| <= 0.01 in the controller's scaled norm (or
  * at once when |dz| <= 1e-4); failed at a rate >= 1, a non-finite norm or 10 iterations.
@@ -98,7 +99,7 @@
  *   ts       [n] save times (the state's dtype)
  *   ys       y0's structure, each leaf with a leading axis of n rows
  *   result   i32[]: an nb_ode_result
- *   t_final  the time the solve reached (t1 when successful)
+ *   t_final  the time the solve reached (t1 when successful; the event time after an event)
  *   stats    dict(num_steps, num_accepted_steps, num_rejected_steps, stiffness_suspected):
  *            i32[] each (stiffness_suspected 0 or 1, above)
  *   event    i32[]: the index of the event condition that ended the solve, -1 if none
@@ -248,12 +249,14 @@ typedef struct nb_ode_opts {
      * condition fires, located by bisection on the step's dense output to event_tol, the
      * bracket's end on the far side kept (there the condition has changed sign, or is 0: a
      * solve restarted from the event state with event_direction set does not fire again at
-     * once). t_final is the event time, SaveAt t1's row the state there (ts past it stay
-     * +inf, as rows never reached), result successful, and the solution's "event" the index
+     * once). t_final is the event time, SaveAt t1's row the state there (with SaveAt ts, the
+     * ys rows of times past it stay +inf, as rows never reached), result successful, and the
+     * solution's "event" the index
      * of the condition that fired (the lowest of those firing first), -1 if none did.
      * Derivatives reach the event time by the implicit function theorem,
-     * dt* = -(dc/dp) / (dc/dt) along the solution (0 for a bool condition), and the state at
-     * the event through it. Each kept step evaluates the conditions once more (at its end);
+     * dt* = -(dc/dp) / (dc/dt) along the solution (0 for a bool condition or a tangential
+     * crossing, dc/dt = 0), and the state at the event through it. Each step tried evaluates
+     * the conditions once more (at its end);
      * the bisection and the event time's derivative only run at the step where one fires. */
     nb_fn *event;
     /* NULL: every condition fires on either change; else n_event_direction (= the number of

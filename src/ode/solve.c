@@ -1234,6 +1234,9 @@ static bool nbo_dense_unpack(nb_trace *tr, const nbo_tableau *tab, int64_t L, nb
         ok = (dd->dk = nbo_vars(tr, (int64_t)nd * L)) != NULL;
     }
     if (!ok) {
+        if (tr->status == NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        }
         return false;
     }
     int64_t p = 0;
@@ -1494,9 +1497,11 @@ static bool nbo_bdf_next(nb_trace *tr, nb_var *keep, nb_var *newton_ok, nb_var *
     *D_new = nb_select(keep, Dk, Dh);
 
     /* the factor: kept -- 1 until k + 1 steps of one size, then the best order's; rejected --
-     * max(0.2, safety err^(-1/(k+1))), 0.5 after a failed Newton iteration */
-    nb_var *safety =
-        nb_div(nb_scalar(tr, 0.9 * 9.0), nb_add(nb_scalar(tr, 8.0), nb_cast(iters, dt)));
+     * max(0.2, safety err^(-1/(k+1))), 0.5 after a failed Newton iteration. safety is
+     * SciPy's 0.9 (2 m + 1) / (2 m + iterations) for its m = 4 iterations at most: the
+     * iterations counted up to 4 (this Newton may take up to NBO_NEWTON_MAX) */
+    nb_var *it4 = nb_minimum(iters, nbo_i32(tr, 4));
+    nb_var *safety = nb_div(nb_scalar(tr, 0.9 * 9.0), nb_add(nb_scalar(tr, 8.0), nb_cast(it4, dt)));
     nb_var *kf = nb_cast(k, dt);
     nb_var *f0 = nb_pow(err_norm, nb_div(nb_scalar(tr, -1.0), nb_add(kf, nb_scalar(tr, 1.0))));
     nb_var *rej = nb_maximum(nb_scalar(tr, 0.2), nb_mul(safety, f0));
@@ -1764,7 +1769,7 @@ static nb_status nbo_event_hit(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_dtype dt = nb_var_dtype(t);
     nb_var *onehot = nb_cast(nb_eq(nb_iota(tr, NB_DTYPE_I32, 1, (int64_t[]){n}, 0), j), dt);
     /* the conditions read evfn, evself and args: live, and stopped for dc/dt */
-    nb_tree *live = NULL, *stopped = NULL;
+    nb_tree *live = NULL, *stopped = NULL, *sev = NULL;
     nb_tree *sargs = nbo_stopped(tr, nb_tree_child(op, 6));
     int64_t nv = 0;
     nb_var **v = nbo_dense_pack(tr, &dd, &nv);
@@ -1777,9 +1782,9 @@ static nb_status nbo_event_hit(nb_trace *tr, const nb_tree *self, const nb_tree 
                                          (nb_tree *)nb_tree_child(op, 6)},
                            &live) == NB_OK &&
               nbi_trace_own(tr, live) == NB_OK &&
+              (sev = nbo_stopped(tr, nb_tree_get(self, "evself"))) != NULL &&
               nb_tree_dict(tr->ctx, 3, (const char *[]){"evfn", "evself", "args"},
-                           (nb_tree *[]){(nb_tree *)nb_tree_get(self, "evfn"),
-                                         (nb_tree *)nb_tree_get(self, "evself"), sargs},
+                           (nb_tree *[]){(nb_tree *)nb_tree_get(self, "evfn"), sev, sargs},
                            &stopped) == NB_OK &&
               nbi_trace_own(tr, stopped) == NB_OK;
     for (int64_t i = 0; ok && i < nv; i++) {
@@ -1818,7 +1823,9 @@ static nb_status nbo_event_hit(nb_trace *tr, const nb_tree *self, const nb_tree 
                      : NULL;
     nb_var *tev = NULL;
     if (cl != NULL) {
-        nb_var *cj = nb_sum(nb_mul(cl, onehot), NULL, 0, false);
+        /* a bool condition or a tangential crossing (dc/dt 0 or not finite): no derivative */
+        nb_var *cj = nb_select(den_ok, nb_sum(nb_mul(cl, onehot), NULL, 0, false),
+                               nb_scalar_typed(tr, dt, 0.0));
         tev = nbi_implicit(hi, nb_sub(hi, nb_div(cj, den)));
     }
     nb_tree *ytree =
@@ -1902,18 +1909,18 @@ static bool nbo_event_step(nb_trace *tr, const nb_tree *self, const nbo_cfg *cfg
     nb_var *ts = nb_stop_gradient(t), *tns = nb_stop_gradient(tn), *hs = vs[0];
     double eps = dt == NB_DTYPE_F64 ? 2.220446049250313e-16 : 1.1920928955078125e-7;
     nb_tree *sargs = nbo_stopped(tr, nb_tree_get(self, "args"));
+    nb_tree *sev = nbo_stopped(tr, nb_tree_get(self, "evself"));
     nb_tree *ddt = nbo_tuple(tr, nv, vl), *yst = nbo_build(tr, ydef, L, ys);
     nb_tree *rself = NULL;
     nb_fn *cf = NULL, *bf = NULL;
     /* the tolerance's scale includes |h| (a root near t = 0) */
-    if (sargs == NULL || ddt == NULL || yst == NULL ||
+    if (sargs == NULL || sev == NULL || ddt == NULL || yst == NULL ||
         nb_tree_dict(tr->ctx, 11,
                      (const char *[]){"cfg", "evfn", "evself", "args", "evdir", "dd", "ys", "t",
                                       "etol", "eps", "hmag"},
                      (nb_tree *[]){
                          (nb_tree *)nb_tree_get(self, "cfg"), (nb_tree *)nb_tree_get(self, "evfn"),
-                         (nb_tree *)nb_tree_get(self, "evself"), sargs,
-                         (nb_tree *)nb_tree_get(self, "evdir"), ddt, yst, nb_leaf(ts),
+                         sev, sargs, (nb_tree *)nb_tree_get(self, "evdir"), ddt, yst, nb_leaf(ts),
                          nbo_float(tr, cfg->v[CFG_EVTOL]), nbo_float(tr, eps), nb_leaf(nb_abs(hs))},
                      &rself) != NB_OK ||
         nb_fn_create(tr->ctx, "diffeqsolve_event_cond", nbo_root_cond, rself, &cf) != NB_OK ||
@@ -3567,9 +3574,11 @@ static const nb_tree *nbo_unpack(nb_trace *tr, nb_var *p, const nb_treedef *ydef
                                    nb_leaf(nb_cast(sc[4], NB_DTYPE_I32))},
                      &stats) == NB_OK &&
         nbi_trace_own(tr, stats) == NB_OK &&
-        nb_tree_dict(tr->ctx, 5, (const char *[]){"ts", "ys", "result", "t_final", "stats"},
+        nb_tree_dict(tr->ctx, 6,
+                     (const char *[]){"ts", "ys", "result", "t_final", "stats", "event"},
                      (nb_tree *[]){nb_leaf(nb_reshape(sc[0], 1, (int64_t[]){1})), ystree,
-                                   nb_leaf(nb_cast(sc[1], NB_DTYPE_I32)), nb_leaf(sc[0]), stats},
+                                   nb_leaf(nb_cast(sc[1], NB_DTYPE_I32)), nb_leaf(sc[0]), stats,
+                                   nb_leaf(nbo_i32(tr, -1))},
                      &sol) == NB_OK &&
         nbi_trace_own(tr, sol) == NB_OK) {
         return sol;

@@ -362,7 +362,8 @@ static void test_event_conditions(void **state) {
         nb_tree_destroy(out);
     }
 
-    /* SaveAt ts around the event (t* = 0.6386): rows before it exact, the one after +inf */
+    /* SaveAt ts around the event (x - 1.5 falls through 0 at t* = 0.319): the rows at 0.1 and
+     * 0.3 exact, those at 0.5 and 0.7 +inf */
     nb_tree *out = run_many(ctx, 1, NB_SAVEAT_TS, false);
     const nb_tree *aux = nb_tree_child(out, 1);
     for (int r = 0; r < 4; r++) {

@@ -623,7 +623,11 @@ static nb_status body_backsolve(nb_trace *tr, const nb_tree *self, const nb_tree
     if (sol == NULL) {
         return nb_trace_status(tr);
     }
-    return nb_return(nb_sum(nb_get(tr, sol, "ys"), NULL, 0, false), out);
+    /* the solution has every key of ode.h's, "event" (-1) too: a NaN gradient otherwise */
+    nb_var *ev = nb_get(tr, sol, "event");
+    nb_var *one = nb_select(nb_eq(ev, nb_scalar_typed(tr, NB_DTYPE_I32, -1.0)),
+                            nb_scalar(tr, 1.0), nb_scalar(tr, NAN));
+    return nb_return(nb_mul(nb_sum(nb_get(tr, sol, "ys"), NULL, 0, false), one), out);
 }
 
 static void test_backsolve_implicit(void **state) {
@@ -1001,11 +1005,14 @@ static nb_status jac_robertson(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_var *J = nb_stack(3, (nb_var *[]){r0, r1, r2}, 0);
     if (shape == 1) { /* misuse: [3, 4] */
         J = nb_pad(J, (int64_t[]){0, 0}, (int64_t[]){0, 1}, 0.0);
+    } else if (shape == 2) { /* wrong values: 2 J (the control: it must change something) */
+        J = nb_mul(J, nb_scalar(tr, 2.0));
     }
     return nb_return(J, out);
 }
 
-/* self: (solver, user Jacobian 0/1/2 (2: of a wrong shape), misuse 0 / 1 explicit term /
+/* self: (solver, user Jacobian 0 none / 1 / 2 of a wrong shape / 3 twice df/dy, misuse 0 /
+ * 1 explicit term /
  * 2 backsolve); args[0] = k. Loss: sum(y(t1)); aux: y(t1), steps, result. */
 static nb_status body_jac(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     nb_ctx *ctx = nb_trace_ctx(tr);
@@ -1013,8 +1020,8 @@ static nb_status body_jac(nb_trace *tr, const nb_tree *self, const nb_tree *args
     nb_fn *term = NULL, *jac = NULL;
     NBT_OK(ctx, nb_fn_create(ctx, "robertson", term_robertson, NULL, &term));
     nb_tree *jself = NULL;
-    if (user == 2) {
-        NBT_OK(ctx, nb_tree_int(ctx, 1, &jself));
+    if (user >= 2) {
+        NBT_OK(ctx, nb_tree_int(ctx, user - 1, &jself));
         jself = nbt_tuple_take(ctx, 1, &jself);
     }
     NBT_OK(ctx, nb_fn_create(ctx, "robertson_jacobian", jac_robertson, jself, &jac));
@@ -1109,6 +1116,21 @@ static void test_user_jacobian(void **state) {
             fail_msg("%s: with opts.jacobian y differs by %.3g, the gradient by %.3g (relative)",
                      name, ey, eg);
         }
+        /* the control: a Jacobian twice the true one is used -- the Rosenbrock steps change,
+         * and the implicit function theorem's derivatives of the Newton solvers are wrong */
+        nb_tree *c = run_jac(ctx, solvers[si], 3, 0, &st);
+        NBT_OK(ctx, st);
+        double cy = 0, cg = 0;
+        for (int i = 0; i < 3; i++) {
+            cy = fmax(cy, fabs(leaf_at(a, "0.1.0", i) - leaf_at(c, "0.1.0", i)) / ymax);
+            cg = fmax(cg, fabs(leaf_at(a, "1", i) - leaf_at(c, "1", i)) / gmax);
+        }
+        if (!(cy > 1e-6 || cg > 1e-3)) {
+            fail_msg("%s: a wrong opts.jacobian (2 df/dy) changed nothing (y %.3g, gradient "
+                     "%.3g): is it used?",
+                     name, cy, cg);
+        }
+        nb_tree_destroy(c);
         nb_tree_destroy(a);
         nb_tree_destroy(b);
     }
