@@ -64,7 +64,7 @@ static bool *nbi_active(nb_trace *tr, int32_t begin, int32_t end, int n_seed,
             continue;
         }
         for (int32_t j = 0; j < v->n_in; j++) {
-            if (!(info->nondiff & (1u << j)) && act[v->in[j]->id]) {
+            if (!nbi_input_nondiff(info, j) && act[v->in[j]->id]) {
                 act[i] = true;
                 break;
             }
@@ -137,7 +137,7 @@ nb_status nbi_vjp_region(nb_trace *tr, int32_t begin, int32_t end, int n_out, nb
         }
         for (int32_t j = 0; j < v->n_in; j++) {
             nb_var *x = v->in[j];
-            if (in_ct[j] == NULL || (info->nondiff & (1u << j)) || !act[x->id]) {
+            if (in_ct[j] == NULL || nbi_input_nondiff(info, j) || !act[x->id]) {
                 continue;
             }
             ct[x->id] = ct[x->id] ? nb_add(ct[x->id], in_ct[j]) : in_ct[j];
@@ -188,7 +188,7 @@ nb_status nbi_jvp_region(nb_trace *tr, int32_t begin, int32_t end, int n_in, nb_
             }
         }
         for (int32_t j = 0; j < v->n_in; j++) {
-            args[j] = (info->nondiff & (1u << j)) ? NULL : tan[v->in[j]->id];
+            args[j] = nbi_input_nondiff(info, j) ? NULL : tan[v->in[j]->id];
             any = any || args[j] != NULL;
         }
         if (any && v->op == NBI_OP_LOOP_REVERSE) {

@@ -145,6 +145,12 @@ typedef struct nbi_op_info {
     nbi_jvp_fn jvp;         /* NULL likewise */
 } nbi_op_info;
 
+/* Has input j of an op of this kind no gradient? (nondiff holds inputs 0..31; a variadic
+ * op's later inputs -- a loop's 33rd carry leaf -- are differentiable.) */
+static inline bool nbi_input_nondiff(const nbi_op_info *info, int32_t j) {
+    return j < 32 && ((info->nondiff >> j) & 1u) != 0;
+}
+
 /* The registry: one entry per op, defined by the op's family file as nbi_opinfo_<name>. */
 NBI_HIDDEN const nbi_op_info *nbi_op_get(nbi_op op);
 NBI_HIDDEN const char *nbi_op_name(nbi_op op);

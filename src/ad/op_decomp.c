@@ -422,6 +422,9 @@ static void nbd_slogdet_kernel(const nbi_kargs *k) {
 
 static nb_var *nbd_mT(nb_var *x) { /* the last two axes swapped */
     int r = nb_var_rank(x), perm[NB_MAX_RANK];
+    if (x == NULL || r < 2) { /* NULL after an allocation failure (the trace has the error) */
+        return x;
+    }
     for (int i = 0; i < r; i++) {
         perm[i] = i;
     }
@@ -453,6 +456,9 @@ static nb_var *nbd_eye(nb_trace *tr, nb_dtype dt, int64_t n) {
 /* rows 0..n-1 of packed factors (L\U) */
 static nb_var *nbd_top(nb_var *m) {
     int r = nb_var_rank(m);
+    if (m == NULL || r < 2) { /* after an allocation failure (the trace has the error) */
+        return NULL;
+    }
     int64_t start[NB_MAX_RANK] = {0}, stop[NB_MAX_RANK];
     memcpy(stop, nb_var_shape(m), (size_t)r * sizeof(int64_t));
     stop[r - 2] -= 1;
@@ -462,6 +468,9 @@ static nb_var *nbd_top(nb_var *m) {
 /* the permutation row of packed factors as i32 [..., n, 1] */
 static nb_var *nbd_perm(nb_var *m) {
     int r = nb_var_rank(m);
+    if (m == NULL || r < 2) {
+        return NULL;
+    }
     const int64_t *sh = nb_var_shape(m);
     int64_t start[NB_MAX_RANK] = {0}, stop[NB_MAX_RANK], s[NB_MAX_RANK];
     memcpy(stop, sh, (size_t)r * sizeof(int64_t));
@@ -482,6 +491,9 @@ static nb_var *nbd_rows(nb_var *x, nb_var *p) {
 static nb_var *nbd_rows_inv(nb_var *x, nb_var *p) {
     nb_trace *tr = nb_var_trace(x);
     int r = nb_var_rank(p);
+    if (x == NULL || p == NULL || r < 2) {
+        return NULL;
+    }
     int64_t n = nb_var_dim(p, -2), s[2] = {1, n};
     nb_var *hit = nb_cast(nb_eq(p, nb_iota(tr, NB_DTYPE_I32, 2, s, 1)), NB_DTYPE_I32);
     nb_var *q = nb_expand_dims(nb_argmax(hit, r - 2, false), -1); /* [..., n, 1] */
@@ -533,6 +545,9 @@ static nb_var *nbd_lu_mbar(nb_trace *tr, nb_var *m, nb_var *abar) {
     nb_var *lbar = nbd_keep(nbd_mask(tr, n, true, false), nb_matmul(pa, nbd_mT(u)));
     nb_var *ubar = nbd_keep(nbd_mask(tr, n, false, true), nb_matmul(nbd_mT(l), pa));
     int r = nb_var_rank(abar);
+    if (abar == NULL || r < 2) {
+        return NULL;
+    }
     int64_t lo[NB_MAX_RANK] = {0}, hi[NB_MAX_RANK] = {0};
     hi[r - 2] = 1;
     return nb_pad(nb_add(lbar, ubar), lo, hi, 0.0);
@@ -650,6 +665,9 @@ static nb_var *nbd_phi(nb_trace *tr, int64_t n, nb_var *x) {
 }
 
 static nb_var *nbd_sym(nb_var *x) {
+    if (x == NULL) {
+        return NULL;
+    }
     return nb_mul(nb_add(x, nbd_mT(x)), nb_scalar(nb_var_trace(x), 0.5));
 }
 
@@ -728,6 +746,9 @@ static nb_var *nbd_jvp_tri(nb_trace *tr, nb_var *node, nb_var *const *tan) {
 /* slogdet(A, M): ct_A = ct_logabs A^{-T}; d logabs = tr(A^{-1} dA) */
 static nb_var *nbd_logabs_part(nb_var *x) { /* [..., 2] -> [...] its second entry */
     int r = nb_var_rank(x);
+    if (x == NULL || r < 1) {
+        return NULL;
+    }
     int64_t start[NB_MAX_RANK] = {0}, stop[NB_MAX_RANK];
     memcpy(stop, nb_var_shape(x), (size_t)r * sizeof(int64_t));
     start[r - 1] = 1;
