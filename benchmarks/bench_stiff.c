@@ -10,15 +10,15 @@
  * of sum_i w_i y_i(t1) with respect to every rate constant) max_i |g_i - g_ref,i| / max |g_ref|.
  *
  * nabla: rodas5p, kvaerno5, kencarp5 (the term as the implicit part), ros3p, rosenbrock23
- * (1e-4 only: an order-2 method) and bdf, also at rtol 1e-10 (not kencarp5, ros3p), each jitted with the parameters as an argument, native
- * code compiled before timing (NABLA_NATIVE=now unless set), 1 thread; the median of the
- * rounds (bench_common.h: interleaved, rotated). Gradients: rodas5p, kvaerno5 and bdf with
- * the recursive checkpoint adjoint.
- * Peers, run from here when built/installed: build/peers/cvodes_stiff (SUNDIALS CVODES BDF,
- * dense linear solver, analytic Jacobian; its adjoint CVodeB for gradients;
- * benchmarks/peers/build_cvodes.sh), benchmarks/peers/diffrax_stiff.py (Diffrax Kvaerno5 and
- * KenCarp5, RecursiveCheckpointAdjoint) and benchmarks/peers/scipy_stiff.py (SciPy Radau
- * and BDF with the analytic Jacobian), both with build/peers/bin/python.
+ * (1e-4 only: an order-2 method) and bdf, also at rtol 1e-10 (not kencarp5, ros3p), each jitted
+ * with the parameters as an argument, native code compiled before timing (NABLA_NATIVE=now unless
+ * set), 1 thread; the median of the rounds (bench_common.h: interleaved, rotated). Gradients:
+ * rodas5p, kvaerno5 and bdf with the recursive checkpoint adjoint. Peers, run from here when
+ * built/installed: build/peers/cvodes_stiff (SUNDIALS CVODES BDF, dense linear solver, analytic
+ * Jacobian; its adjoint CVodeB for gradients; benchmarks/peers/build_cvodes.sh),
+ * benchmarks/peers/diffrax_stiff.py (Diffrax Kvaerno5 and KenCarp5, RecursiveCheckpointAdjoint) and
+ * benchmarks/peers/scipy_stiff.py (SciPy Radau and BDF with the analytic Jacobian), both with
+ * build/peers/bin/python.
  *
  * Output: a table per problem and a ratio summary (nabla's fastest solve of at least the
  * peer's accuracy, against CVODES and Diffrax at each rtol); with --plots DIR, gnuplot
@@ -196,7 +196,7 @@ static double leaf(const nb_tree *t, int64_t i) {
     return v;
 }
 
-static const int NABLA_SOLVERS[] = {NB_ODE_RODAS5P, NB_ODE_KVAERNO5, NB_ODE_KENCARP5,
+static const int NABLA_SOLVERS[] = {NB_ODE_RODAS5P, NB_ODE_KVAERNO5,     NB_ODE_KENCARP5,
                                     NB_ODE_ROS3P,   NB_ODE_ROSENBROCK23, NB_ODE_BDF};
 static const char *const PROBLEMS[] = {"robertson", "hires", "vdp", "pollu"};
 /* the peers run at 1e-4, 1e-6, 1e-8; nabla also at 1e-10 (rodas5p, kvaerno5 and bdf), so

@@ -1,5 +1,8 @@
 /* lim_vmath_avx2.c -- the AVX2 + FMA table of lim_vmath (compiled with -mavx2 -mfma, chosen
  * at run time only on CPUs that have both, as nabla's src/exec/vmath_avx2.c). */
+#if defined(__GNUC__) && !defined(__clang__) && !(defined(__AVX2__) && defined(__FMA__))
+#pragma GCC target("avx2,fma") /* compiled alone without the flags: sleef.h's AVX2 part */
+#endif
 #include "limits.h"
 
 #include <immintrin.h>

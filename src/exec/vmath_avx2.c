@@ -1,4 +1,9 @@
 /* vmath_avx2.c -- the AVX2+FMA table (this file is compiled with -mavx2 -mfma). */
+/* Built alone without those flags (by hand, or a tool's plain compile), gcc gets them here:
+ * sleef.h declares its AVX2 functions only where __AVX2__ is defined. */
+#if defined(__GNUC__) && !defined(__clang__) && !(defined(__AVX2__) && defined(__FMA__))
+#pragma GCC target("avx2,fma")
+#endif
 #include "exec/vmath.h"
 
 #include <immintrin.h>

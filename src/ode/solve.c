@@ -232,15 +232,18 @@ static bool nbo_cfg_read(nb_trace *tr, const nb_tree *self, nbo_cfg *cfg) {
 
 /* ---- the term ------------------------------------------------------------------------ */
 
-/* fy[i] = s f(s tau, y, args) for the state leaves yv (tree ydef). self holds fn (the term's
- * body), self (its bound data or null), args (or null). */
-static bool nbo_term_one(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau,
-                         const nb_treedef *ydef, int64_t L, nb_var *const *yv, nb_var **fy) {
+/* Call the user function of self's fnkey (its bound data under selfkey) on (s tau, y, args):
+ * its output tree (the caller's to destroy), or NULL with the trace's error set; *name its
+ * name, label what it is in messages ("term", "event function", ...). */
+static nb_tree *nbo_call_user(nb_trace *tr, const nb_tree *self, const char *fnkey,
+                              const char *selfkey, const char *label, double sign, nb_var *tau,
+                              const nb_treedef *ydef, int64_t L, nb_var *const *yv,
+                              const char **name) {
     nb_fnptr fp = NULL;
-    const char *name = NULL;
-    nb_tree_get_fnref(nb_tree_get(self, "fn"), &fp, &name);
-    const nb_tree *uself = nb_tree_get(self, "self");
-    if (nb_tree_kind_of(uself) == NB_TREE_KIND_NULL) {
+    *name = NULL;
+    nb_tree_get_fnref(nb_tree_get(self, fnkey), &fp, name);
+    const nb_tree *uself = nb_tree_get(self, selfkey);
+    if (uself == NULL || nb_tree_kind_of(uself) == NB_TREE_KIND_NULL) {
         uself = NULL;
     }
     nb_tree *ytree = nbo_build(tr, ydef, L, yv);
@@ -251,7 +254,7 @@ static bool nbo_term_one(nb_trace *tr, const nb_tree *self, double sign, nb_var 
                         (nb_tree *[]){nb_leaf(t), ytree, (nb_tree *)nb_tree_get(self, "args")})
             : NULL;
     if (targs == NULL) {
-        return false;
+        return NULL;
     }
     nb_tree *out = NULL;
     nb_status st = ((nb_fn_body)fp)(tr, uself, targs, &out);
@@ -261,9 +264,21 @@ static bool nbo_term_one(nb_trace *tr, const nb_tree *self, double sign, nb_var 
     if (st != NB_OK || out == NULL) {
         nb_tree_destroy(out);
         if (tr->status == NB_OK) {
-            nbi_trace_err(tr, st != NB_OK ? st : NB_ERR_MISUSE, "nb_diffeqsolve: the term '%s' %s",
-                          name, st != NB_OK ? "failed" : "returned no output");
+            nbi_trace_err(tr, st != NB_OK ? st : NB_ERR_MISUSE, "nb_diffeqsolve: the %s '%s' %s",
+                          label, *name, st != NB_OK ? "failed" : "returned no output");
         }
+        return NULL;
+    }
+    return out;
+}
+
+/* fy[i] = s f(s tau, y, args) for the state leaves yv (tree ydef). self holds fn (the term's
+ * body), self (its bound data or null), args (or null). */
+static bool nbo_term_one(nb_trace *tr, const nb_tree *self, double sign, nb_var *tau,
+                         const nb_treedef *ydef, int64_t L, nb_var *const *yv, nb_var **fy) {
+    const char *name = NULL;
+    nb_tree *out = nbo_call_user(tr, self, "fn", "self", "term", sign, tau, ydef, L, yv, &name);
+    if (out == NULL) {
         return false;
     }
     bool ok = nbi_tree_def_match(out, ydef);
@@ -462,38 +477,15 @@ static bool nbo_user_jacobian(nb_trace *tr, const nb_tree *self, double sign, nb
                               const nb_treedef *ydef, int64_t L, nb_var *const *y, nb_var **J,
                               nb_var **T) {
     static const char who[] = "nb_diffeqsolve";
-    nb_fnptr fp = NULL;
-    const char *name = NULL;
-    nb_tree_get_fnref(nb_tree_get(self, "jfn"), &fp, &name);
-    const nb_tree *uself = nb_tree_get(self, "jself");
-    if (uself == NULL || nb_tree_kind_of(uself) == NB_TREE_KIND_NULL) {
-        uself = NULL;
-    }
     int64_t N = 0;
     for (int64_t i = 0; i < L; i++) {
         N += nb_var_size(y[i]);
     }
     nb_dtype dt = nb_var_dtype(tau);
-    nb_tree *ytree = nbo_build(tr, ydef, L, y);
-    nb_tree *targs = ytree != NULL
-                         ? nbo_tuple(tr, 3,
-                                     (nb_tree *[]){nb_leaf(sign < 0 ? nb_neg(tau) : tau), ytree,
-                                                   (nb_tree *)nb_tree_get(self, "args")})
-                         : NULL;
-    if (targs == NULL) {
-        return false;
-    }
-    nb_tree *out = NULL;
-    nb_status st = ((nb_fn_body)fp)(tr, uself, targs, &out);
-    if (tr->status != NB_OK) {
-        st = tr->status;
-    }
-    if (st != NB_OK || out == NULL) {
-        nb_tree_destroy(out);
-        if (tr->status == NB_OK) {
-            nbi_trace_err(tr, st != NB_OK ? st : NB_ERR_MISUSE, "%s: the Jacobian function '%s' %s",
-                          who, name, st != NB_OK ? "failed" : "returned no output");
-        }
+    const char *name = NULL;
+    nb_tree *out =
+        nbo_call_user(tr, self, "jfn", "jself", "Jacobian function", sign, tau, ydef, L, y, &name);
+    if (out == NULL) {
         return false;
     }
     nb_var *v = nb_tree_kind_of(out) == NB_TREE_KIND_VAR ? nb_var_of(tr, out) : NULL;
@@ -1547,33 +1539,10 @@ static nb_var *nbo_event_eval(nb_trace *tr, const nb_tree *self, double sign, nb
                               const nb_treedef *ydef, int64_t L, nb_var *const *y, int64_t *n,
                               nb_dtype dt) {
     static const char who[] = "nb_diffeqsolve";
-    nb_fnptr fp = NULL;
     const char *name = NULL;
-    nb_tree_get_fnref(nb_tree_get(self, "evfn"), &fp, &name);
-    const nb_tree *uself = nb_tree_get(self, "evself");
-    if (uself == NULL || nb_tree_kind_of(uself) == NB_TREE_KIND_NULL) {
-        uself = NULL;
-    }
-    nb_tree *ytree = nbo_build(tr, ydef, L, y);
-    nb_tree *targs = ytree != NULL
-                         ? nbo_tuple(tr, 3,
-                                     (nb_tree *[]){nb_leaf(sign < 0 ? nb_neg(tau) : tau), ytree,
-                                                   (nb_tree *)nb_tree_get(self, "args")})
-                         : NULL;
-    if (targs == NULL) {
-        return NULL;
-    }
-    nb_tree *out = NULL;
-    nb_status st = ((nb_fn_body)fp)(tr, uself, targs, &out);
-    if (tr->status != NB_OK) {
-        st = tr->status;
-    }
-    if (st != NB_OK || out == NULL) {
-        nb_tree_destroy(out);
-        if (tr->status == NB_OK) {
-            nbi_trace_err(tr, st != NB_OK ? st : NB_ERR_MISUSE, "%s: the event function '%s' %s",
-                          who, name, st != NB_OK ? "failed" : "returned no output");
-        }
+    nb_tree *out =
+        nbo_call_user(tr, self, "evfn", "evself", "event function", sign, tau, ydef, L, y, &name);
+    if (out == NULL) {
         return NULL;
     }
     nb_tree_kind kind = nb_tree_kind_of(out);
@@ -2816,6 +2785,31 @@ typedef struct nbo_solve {
     nb_var **y0;
 } nbo_solve;
 
+/* An optional function f of the options (NULL: none) as a trace-owned fnref *ref and its
+ * bound data *bound (null trees when f is NULL or has none). */
+static bool nbo_fn_part(nb_trace *tr, const nb_fn *f, const char *what, nb_tree **ref,
+                        nb_tree **bound) {
+    *ref = nbo_null(tr);
+    *bound = nbo_null(tr);
+    if (f == NULL || *ref == NULL || *bound == NULL) {
+        return *ref != NULL && *bound != NULL;
+    }
+    nb_fn_body body = NULL;
+    const nb_tree *b = NULL;
+    if (!nbo_unwrap(tr, f, &body, &b, what)) {
+        return false;
+    }
+    if (nb_tree_fnref(tr->ctx, (nb_fnptr)body, f->name, ref) != NB_OK ||
+        nbi_trace_own(tr, *ref) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_diffeqsolve: out of memory");
+        return false;
+    }
+    if (b != NULL) {
+        *bound = (nb_tree *)b;
+    }
+    return true;
+}
+
 /* The first step: Hairer's algorithm (as Diffrax's PID controller with dt0 = None). */
 static nb_var *nbo_initial_step(nb_trace *tr, nbo_solve *S, nb_var *const *fy0) {
     const nb_ode_controller *c = &S->o.controller;
@@ -2915,58 +2909,16 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
         nb_tree *us = tuself != NULL ? (nb_tree *)tuself : nbo_null(tr);
         nb_tree *ua = args != NULL ? (nb_tree *)args : nbo_null(tr);
         nb_tree *d = NULL;
-        /* the explicit part (opts.explicit_term), as the term: its body and bound data */
-        nb_tree *efn = nbo_null(tr), *eself = nbo_null(tr);
-        if (S.o.explicit_term != NULL) {
-            nb_fn_body ebody = NULL;
-            const nb_tree *ebound = NULL;
-            if (!nbo_unwrap(tr, S.o.explicit_term, &ebody, &ebound, "opts.explicit_term")) {
-                goto done;
-            }
-            if (nb_tree_fnref(ctx, (nb_fnptr)ebody, S.o.explicit_term->name, &efn) != NB_OK ||
-                nbi_trace_own(tr, efn) != NB_OK) {
-                nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
-                goto done;
-            }
-            if (ebound != NULL) {
-                eself = (nb_tree *)ebound;
-            }
+        /* the optional functions beside the term -- opts.explicit_term (the explicit part),
+         * opts.jacobian, opts.event -- as fnrefs and bound data (null when unset) */
+        nb_tree *efn = NULL, *eself = NULL, *jfn = NULL, *jself = NULL, *evfn = NULL,
+                *evself = NULL;
+        if (!nbo_fn_part(tr, S.o.explicit_term, "opts.explicit_term", &efn, &eself) ||
+            !nbo_fn_part(tr, S.o.jacobian, "opts.jacobian", &jfn, &jself) ||
+            !nbo_fn_part(tr, S.o.event, "opts.event", &evfn, &evself)) {
+            goto done;
         }
-        /* the user's Jacobian of the term (opts.jacobian), likewise */
-        nb_tree *jfn = nbo_null(tr), *jself = nbo_null(tr);
-        if (S.o.jacobian != NULL) {
-            nb_fn_body jbody = NULL;
-            const nb_tree *jbound = NULL;
-            if (!nbo_unwrap(tr, S.o.jacobian, &jbody, &jbound, "opts.jacobian")) {
-                goto done;
-            }
-            if (nb_tree_fnref(ctx, (nb_fnptr)jbody, S.o.jacobian->name, &jfn) != NB_OK ||
-                nbi_trace_own(tr, jfn) != NB_OK) {
-                nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
-                goto done;
-            }
-            if (jbound != NULL) {
-                jself = (nb_tree *)jbound;
-            }
-        }
-        /* the event function (opts.event), likewise */
-        nb_tree *evfn = nbo_null(tr), *evself = nbo_null(tr);
-        if (S.o.event != NULL) {
-            nb_fn_body vbody = NULL;
-            const nb_tree *vbound = NULL;
-            if (!nbo_unwrap(tr, S.o.event, &vbody, &vbound, "opts.event")) {
-                goto done;
-            }
-            if (nb_tree_fnref(ctx, (nb_fnptr)vbody, S.o.event->name, &evfn) != NB_OK ||
-                nbi_trace_own(tr, evfn) != NB_OK) {
-                nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
-                goto done;
-            }
-            if (vbound != NULL) {
-                evself = (nb_tree *)vbound;
-            }
-            S.evfn = true;
-        }
+        S.evfn = S.o.event != NULL;
         if (us == NULL || ua == NULL || efn == NULL || eself == NULL || evfn == NULL ||
             evself == NULL || jfn == NULL || jself == NULL ||
             nb_tree_dict(ctx, 9,

@@ -625,8 +625,8 @@ static nb_status body_backsolve(nb_trace *tr, const nb_tree *self, const nb_tree
     }
     /* the solution has every key of ode.h's, "event" (-1) too: a NaN gradient otherwise */
     nb_var *ev = nb_get(tr, sol, "event");
-    nb_var *one = nb_select(nb_eq(ev, nb_scalar_typed(tr, NB_DTYPE_I32, -1.0)),
-                            nb_scalar(tr, 1.0), nb_scalar(tr, NAN));
+    nb_var *one = nb_select(nb_eq(ev, nb_scalar_typed(tr, NB_DTYPE_I32, -1.0)), nb_scalar(tr, 1.0),
+                            nb_scalar(tr, NAN));
     return nb_return(nb_mul(nb_sum(nb_get(tr, sol, "ys"), NULL, 0, false), one), out);
 }
 
