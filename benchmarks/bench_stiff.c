@@ -13,7 +13,8 @@
  * (1e-4 only: an order-2 method) and bdf, also at rtol 1e-10 (not kencarp5, ros3p), each jitted
  * with the parameters as an argument, native code compiled before timing (NABLA_NATIVE=now unless
  * set), 1 thread; the median of the rounds (bench_common.h: interleaved, rotated). Gradients:
- * rodas5p, kvaerno5 and bdf with the recursive checkpoint adjoint. Peers, run from here when
+ * rodas5p, kvaerno5 and bdf with the recursive checkpoint adjoint (nabla_<solver>_grad) and
+ * with the interpolating adjoint (nabla_<solver>_interp_grad). Peers, run from here when
  * built/installed: build/peers/cvodes_stiff (SUNDIALS CVODES BDF, dense linear solver, analytic
  * Jacobian; its adjoint CVodeB for gradients; benchmarks/peers/build_cvodes.sh),
  * benchmarks/peers/diffrax_stiff.py (Diffrax Kvaerno5 and KenCarp5, RecursiveCheckpointAdjoint) and
@@ -117,13 +118,13 @@ static int ref_read(const char *problem, const char *field, double *v, int cap) 
 
 typedef struct cfg {
     const sp_problem *P;
-    int solver, grad;
+    int solver, grad; /* grad: 0 none, 1 recursive checkpoint, 2 interpolating adjoint */
     double rtol, scale;
     double w[32];
 } cfg;
 
 /* self: an int (the index into g_cfgs) */
-static cfg g_cfgs[128];
+static cfg g_cfgs[256];
 static int g_n_cfgs;
 
 static nb_status body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
@@ -141,6 +142,9 @@ static nb_status body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb
     o.t1 = c->P->t1;
     o.controller = nb_ode_pid(c->rtol, c->rtol * c->scale);
     o.max_steps = 1000000;
+    if (c->grad == 2) {
+        o.adjoint.kind = NB_ADJOINT_INTERPOLATED;
+    }
     nb_array *y0a = NULL;
     st = nb_array_from_data(ctx, NB_DTYPE_F64, 1, (int64_t[]){c->P->n}, c->P->y0, &y0a);
     if (st != NB_OK) {
@@ -213,7 +217,11 @@ static const sp_problem *problem(const char *name) {
 }
 
 /* One nabla configuration: compile, check, time; its row. */
-static void run_nabla(nb_ctx *ctx, const sp_problem *P, int solver, int rexp, bool grad,
+static const char *grad_suffix(int grad) {
+    return grad == 0 ? "" : grad == 1 ? "_grad" : "_interp_grad";
+}
+
+static void run_nabla(nb_ctx *ctx, const sp_problem *P, int solver, int rexp, int grad,
                       int rounds) {
     cfg *c = &g_cfgs[g_n_cfgs];
     memset(c, 0, sizeof *c);
@@ -279,7 +287,7 @@ static void run_nabla(nb_ctx *ctx, const sp_problem *P, int solver, int rexp, bo
     double us = bench_median(it.s, rounds < BENCH_MAX_ROUNDS ? rounds : BENCH_MAX_ROUNDS);
     char name[96];
     snprintf(name, sizeof name, "nabla_%s%s_%s_%d", nb_ode_solver_name((nb_ode_solver)solver),
-             grad ? "_grad" : "", P->name, rexp);
+             grad_suffix(grad), P->name, rexp);
     add_row(name, us, err, steps);
     fprintf(stderr, "%s: %.1f us, error %.2e, %.0f steps (first call %.0f ms)\n", name, us, err,
             steps, tc * 1e3);
@@ -296,20 +304,22 @@ static const char *const PEERS[] = {"cvodes_bdf", "diffrax_kvaerno5", "diffrax_k
 
 static void print_table(const char *prob, bool grad) {
     printf("\n%s%s (time us / error / steps)\n", prob, grad ? ", gradient" : "");
-    printf("%-24s", "method");
+    printf("%-28s", "method");
     for (size_t r = 0; r < sizeof RTOLS / sizeof RTOLS[0]; r++) {
         printf(" | rtol 1e-%d%22s", RTOLS[r], "");
     }
     printf("\n");
     char name[128];
-    const char *methods[16];
+    const char *methods[24];
     int nm = 0;
-    static char buf[16][64];
-    for (size_t s = 0; s < sizeof NABLA_SOLVERS / sizeof NABLA_SOLVERS[0]; s++) {
-        snprintf(buf[nm], sizeof buf[nm], "nabla_%s%s",
-                 nb_ode_solver_name((nb_ode_solver)NABLA_SOLVERS[s]), grad ? "_grad" : "");
-        methods[nm] = buf[nm];
-        nm++;
+    static char buf[24][64];
+    for (int kind = grad ? 1 : 0; kind <= (grad ? 2 : 0); kind++) {
+        for (size_t s = 0; s < sizeof NABLA_SOLVERS / sizeof NABLA_SOLVERS[0]; s++) {
+            snprintf(buf[nm], sizeof buf[nm], "nabla_%s%s",
+                     nb_ode_solver_name((nb_ode_solver)NABLA_SOLVERS[s]), grad_suffix(kind));
+            methods[nm] = buf[nm];
+            nm++;
+        }
     }
     if (grad) {
         methods[nm++] = "cvodes_bdf_grad";
@@ -328,7 +338,7 @@ static void print_table(const char *prob, bool grad) {
         if (!any) {
             continue;
         }
-        printf("%-24s", methods[m]);
+        printf("%-28s", methods[m]);
         for (size_t r = 0; r < sizeof RTOLS / sizeof RTOLS[0]; r++) {
             snprintf(name, sizeof name, "%s_%s_%d", methods[m], prob, RTOLS[r]);
             const row *w = find_row(name);
@@ -346,14 +356,16 @@ static void print_table(const char *prob, bool grad) {
 static const row *best_nabla(const char *prob, int rexp, bool grad, double max_err) {
     const row *best = NULL;
     char name[128];
-    for (size_t s = 0; s < sizeof NABLA_SOLVERS / sizeof NABLA_SOLVERS[0]; s++) {
-        for (size_t r = 0; r < sizeof RTOLS / sizeof RTOLS[0]; r++) {
-            snprintf(name, sizeof name, "nabla_%s%s_%s_%d",
-                     nb_ode_solver_name((nb_ode_solver)NABLA_SOLVERS[s]), grad ? "_grad" : "", prob,
-                     RTOLS[r]);
-            const row *w = find_row(name);
-            if (w != NULL && w->err <= max_err && (best == NULL || w->us < best->us)) {
-                best = w;
+    for (int kind = grad ? 1 : 0; kind <= (grad ? 2 : 0); kind++) {
+        for (size_t s = 0; s < sizeof NABLA_SOLVERS / sizeof NABLA_SOLVERS[0]; s++) {
+            for (size_t r = 0; r < sizeof RTOLS / sizeof RTOLS[0]; r++) {
+                snprintf(name, sizeof name, "nabla_%s%s_%s_%d",
+                         nb_ode_solver_name((nb_ode_solver)NABLA_SOLVERS[s]), grad_suffix(kind),
+                         prob, RTOLS[r]);
+                const row *w = find_row(name);
+                if (w != NULL && w->err <= max_err && (best == NULL || w->us < best->us)) {
+                    best = w;
+                }
             }
         }
     }
@@ -508,14 +520,16 @@ int main(int argc, char **argv) {
                 if (NABLA_SOLVERS[s] == NB_ODE_KENCARP5 && RTOLS[r] > 8) {
                     continue;
                 }
-                run_nabla(ctx, P, NABLA_SOLVERS[s], RTOLS[r], false, rounds);
+                run_nabla(ctx, P, NABLA_SOLVERS[s], RTOLS[r], 0, rounds);
             }
         }
         if (strcmp(P->name, "robertson") == 0 || strcmp(P->name, "hires") == 0) {
             static const int gs[] = {NB_ODE_RODAS5P, NB_ODE_KVAERNO5, NB_ODE_BDF};
-            for (size_t s = 0; s < 3; s++) {
-                for (size_t r = 0; r < sizeof RTOLS / sizeof RTOLS[0]; r++) {
-                    run_nabla(ctx, P, gs[s], RTOLS[r], true, rounds);
+            for (int kind = 1; kind <= 2; kind++) {
+                for (size_t s = 0; s < 3; s++) {
+                    for (size_t r = 0; r < sizeof RTOLS / sizeof RTOLS[0]; r++) {
+                        run_nabla(ctx, P, gs[s], RTOLS[r], kind, rounds);
+                    }
                 }
             }
         }

@@ -356,10 +356,11 @@ static int ode_parse_args(int argc, char **argv, ode_opts *o) {
                 o->adjoint = NB_ADJOINT_RECURSIVE_CHECKPOINT;
             } else if (strcmp(v, "direct") == 0) {
                 o->adjoint = NB_ADJOINT_DIRECT;
-            } else if (strcmp(v, "backsolve") == 0) {
-                fprintf(stderr, "nabla ode: --adjoint backsolve is not offered: it saves at t1 "
-                                "only, and the fit saves at every observation time (use "
-                                "checkpoint or direct)\n");
+            } else if (strcmp(v, "backsolve") == 0 || strcmp(v, "interpolating") == 0) {
+                fprintf(stderr,
+                        "nabla ode: --adjoint %s is not offered: it saves at t1 only, and the "
+                        "fit saves at every observation time (use checkpoint or direct)\n",
+                        v);
                 rc = 2;
             } else {
                 fprintf(stderr, "nabla ode: --adjoint wants checkpoint or direct, got '%s'\n", v);

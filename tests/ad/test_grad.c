@@ -87,8 +87,8 @@ static double rel_err(const nb_array *a, const nb_array *b) {
         double x = 0, y = 0;
         nb_array_get_flat(a, i, &x);
         nb_array_get_flat(b, i, &y);
-        md = fmax(md, fabs(x - y));
-        mb = fmax(mb, fabs(y));
+        md = nbt_max(md, fabs(x - y));
+        mb = nbt_max(mb, fabs(y));
     }
     return md / fmax(mb, 1e-300);
 }

@@ -91,6 +91,12 @@
         }                                                                                          \
     } while (0)
 
+/* The larger of a and b, NaN if either is: for worst-error accumulators (fmax drops a NaN,
+ * so a NaN result would pass a "worst <= tol" check). */
+static inline double nbt_max(double a, double b) {
+    return isnan(a) || isnan(b) ? NAN : a > b ? a : b;
+}
+
 /* ---- test allocator ----------------------------------------------------------------- */
 /* Counts allocations and live bytes; fails the fail_at-th allocation from now (1-based)
  * when fail_at > 0, and every later one too if fail_all_after is set. */

@@ -689,7 +689,8 @@ static void test_bounded_reverse(void **state) {
         const double *ga = nb_array_data(nb_tree_get_array(nb_tree_get(gr[0], names[k])));
         const double *gb = nb_array_data(nb_tree_get_array(nb_tree_get(gr[1], names[k])));
         for (int i = 0; i < sizes[k]; i++) {
-            worst_unrolled = fmax(worst_unrolled, fabs(ga[i] - gb[i]) / fmax(1e-12, fabs(gb[i])));
+            worst_unrolled =
+                nbt_max(worst_unrolled, fabs(ga[i] - gb[i]) / fmax(1e-12, fabs(gb[i])));
             if (i % 7 == 0) {
                 double h = 1e-6, keep = vals[k][i];
                 vals[k][i] = keep + h;
@@ -699,7 +700,7 @@ static void test_bounded_reverse(void **state) {
                 vals[k][i] = keep;
                 double fd = (up - dn) / (2 * h);
                 /* central differences with h = 1e-6 are good to ~1e-8 absolute here */
-                worst_fd = fmax(worst_fd, fabs(ga[i] - fd) / (1e-7 + 1e-6 * fabs(fd)));
+                worst_fd = nbt_max(worst_fd, fabs(ga[i] - fd) / (1e-7 + 1e-6 * fabs(fd)));
             }
         }
     }

@@ -110,7 +110,7 @@ static double max_abs_diff(const nb_array *a, const nb_array *b) {
         double x = 0, y = 0;
         nb_array_get_flat(a, i, &x);
         nb_array_get_flat(b, i, &y);
-        m = fmax(m, fabs(x - y));
+        m = nbt_max(m, fabs(x - y));
     }
     return m;
 }
@@ -356,7 +356,7 @@ static void expect_oracle(const nb_array *a, const oentry *e, double ulps) {
         double want = (double)(float)e->v[i];
         double ref = ulps < 0 ? fabs(want) : scale; /* ulps < 0: of each value itself */
         double u = (got - want) / (ldexp(1.0, -23) * fmax(ref, 1e-30));
-        worst = fmax(worst, fabs(u));
+        worst = nbt_max(worst, fabs(u));
         if (ulps == 0 ? got != want : !(fabs(u) <= fabs(ulps))) {
             fail_msg("%s[%lld]: nabla %.9g, Equinox %.9g (%.2f ulp)", e->name, (long long)i, got,
                      want, u);

@@ -499,8 +499,9 @@ static double cf_error(const nb_tree *sol, int pi, double t1, bool lng) {
         cf_exact(pi, t1, e);
     }
     if (g_cf_term[pi] == P_HARMONIC) {
-        return fmax(fabs(leaf_f64(sol, "ys.x", 0) - e[0]), fabs(leaf_f64(sol, "ys.v", 0) - e[1])) /
-               fmax(fabs(e[0]), fabs(e[1]));
+        return nbt_max(fabs(leaf_f64(sol, "ys.x", 0) - e[0]),
+                       fabs(leaf_f64(sol, "ys.v", 0) - e[1])) /
+               nbt_max(fabs(e[0]), fabs(e[1]));
     }
     return fabs(leaf_f64(sol, "ys.y", 0) - e[0]) / fabs(e[0]);
 }
@@ -588,9 +589,9 @@ static void test_convergence_order(void **state) {
                 double e = cf_error(sol, pi, t1, lng);
                 if (!lng) { /* the same error against the oracle's 50-digit values */
                     double eo = g_cf_term[pi] == P_HARMONIC
-                                    ? fmax(fabs(leaf_f64(sol, "ys.x", 0) - c->y1[0]),
-                                           fabs(leaf_f64(sol, "ys.v", 0) - c->y1[1])) /
-                                          fmax(fabs(c->y1[0]), fabs(c->y1[1]))
+                                    ? nbt_max(fabs(leaf_f64(sol, "ys.x", 0) - c->y1[0]),
+                                              fabs(leaf_f64(sol, "ys.v", 0) - c->y1[1])) /
+                                          nbt_max(fabs(c->y1[0]), fabs(c->y1[1]))
                                     : fabs(leaf_f64(sol, "ys.y", 0) - c->y1[0]) / fabs(c->y1[0]);
                     NBT_NEAR(e, eo, 1e-15);
                 }
@@ -691,9 +692,9 @@ static void test_lv_adaptive(void **state) {
         double worst = 0, end = 0;
         for (int i = 0; i < 20; i++) {
             NBT_EQ_F64(leaf_f64(sol, "ts", i), ref.ts[i]);
-            double e = fmax(fabs(leaf_f64(sol, "ys.x", i) - ref.x[i]),
-                            fabs(leaf_f64(sol, "ys.y", i) - ref.y[i]));
-            worst = fmax(worst, e);
+            double e = nbt_max(fabs(leaf_f64(sol, "ys.x", i) - ref.x[i]),
+                               fabs(leaf_f64(sol, "ys.y", i) - ref.y[i]));
+            worst = nbt_max(worst, e);
             if (i == 19) {
                 end = e;
             }
@@ -723,8 +724,8 @@ static void test_lv_adaptive(void **state) {
     NBT_OK(ctx, nb_fn_call(f, args, &sol));
     double worst = 0;
     for (int i = 0; i < 20; i++) {
-        worst = fmax(worst, fmax(fabs(leaf_f64(sol, "ys.x", i) - ref.x[i]),
-                                 fabs(leaf_f64(sol, "ys.y", i) - ref.y[i])));
+        worst = nbt_max(worst, nbt_max(fabs(leaf_f64(sol, "ys.x", i) - ref.x[i]),
+                                       fabs(leaf_f64(sol, "ys.y", i) - ref.y[i])));
     }
     print_message("LV dopri8 rtol=atol=1e-11 (automatic first step): %d steps, max |error| %.2e\n",
                   leaf_i32(sol, "stats.num_steps"), worst);
@@ -790,7 +791,11 @@ static void test_lv_gradients(void **state) {
     tc.adjoint = NB_ADJOINT_BACKSOLVE;
     lv_grad(ctx, &tc, gbs, &r);
     NBT_EQ_I64(r, NB_ODE_SUCCESSFUL);
-    double wck = 0, wbs = 0;
+    double gip[6];
+    tc.adjoint = NB_ADJOINT_INTERPOLATED;
+    lv_grad(ctx, &tc, gip, &r);
+    NBT_EQ_I64(r, NB_ODE_SUCCESSFUL);
+    double wck = 0, wbs = 0, wip = 0;
     for (int i = 0; i < 6; i++) {
         /* checkpointed (default and 3 checkpoints) and bounded: the same bits */
         if (memcmp(&gck[i], &gdir[i], sizeof(double)) != 0 ||
@@ -799,21 +804,24 @@ static void test_lv_gradients(void **state) {
                      gck[i], gck2[i], gdir[i]);
         }
         double s = fabs(ref.grad[i]);
-        wck = fmax(wck, fabs(gck[i] - ref.grad[i]) / s);
-        wbs = fmax(wbs, fabs(gbs[i] - ref.grad[i]) / s);
+        wck = nbt_max(wck, fabs(gck[i] - ref.grad[i]) / s);
+        wbs = nbt_max(wbs, fabs(gbs[i] - ref.grad[i]) / s);
+        wip = nbt_max(wip, fabs(gip[i] - ref.grad[i]) / s);
     }
     print_message("LV tsit5 1e-8 gradient: max rel error recursive checkpoint %.2e, backsolve "
-                  "%.2e\n",
-                  wck, wbs);
-    if (!(wck < 1e-6) || !(wbs < 1e-6)) {
-        fail_msg("gradient errors %.3e (checkpoint), %.3e (backsolve) exceed 1e-6", wck, wbs);
+                  "%.2e, interpolating %.2e\n",
+                  wck, wbs, wip);
+    if (!(wck < 1e-6) || !(wbs < 1e-6) || !(wip < 1e-6)) {
+        fail_msg("gradient errors %.3e (checkpoint), %.3e (backsolve), %.3e (interpolating) "
+                 "exceed 1e-6",
+                 wck, wbs, wip);
     }
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
 }
 
 static double rel(double a, double b) {
-    return fabs(a - b) / fmax(fabs(b), 1e-300);
+    return fabs(a - b) / nbt_max(fabs(b), 1e-300);
 }
 
 /* ---- forward mode: jvp through the solve equals the gradient's directional derivative -- */
@@ -850,7 +858,7 @@ static void test_jvp(void **state) {
         NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){prim, tan}, &pt));
         NBT_OK(ctx, nb_fn_call(jf, pt, &res));
         double d = leaf_f64(res, "[1][0]", 0);
-        worst = fmax(worst, rel(d, g[k]));
+        worst = nbt_max(worst, rel(d, g[k]));
         nb_tree_destroy(res);
         nb_tree_destroy(pt);
         nb_tree_destroy(prim);
@@ -991,9 +999,9 @@ static void test_diffrax_oracle(void **state) {
                 }
                 nsteps++;
             }
-            double e = fmax(rel(leaf_f64(sol, "ys.x", 0), r->state[0]),
-                            rel(leaf_f64(sol, "ys.y", 0), r->state[1]));
-            wstate = fmax(wstate, e);
+            double e = nbt_max(rel(leaf_f64(sol, "ys.x", 0), r->state[0]),
+                               rel(leaf_f64(sol, "ys.y", 0), r->state[1]));
+            wstate = nbt_max(wstate, e);
             if (getenv("NBT_ODE_ALL_ORDERS") != NULL) {
                 print_message("  %s %s %s: state %.2e\n", r->solver, r->ctrl, r->dt0, e);
             }
@@ -1016,7 +1024,7 @@ static void test_diffrax_oracle(void **state) {
             NBT_EQ_I64(res, NB_ODE_SUCCESSFUL);
             for (int k = 0; k < 6; k++) {
                 double e = rel(g[k], r->grad[k]);
-                wgrad = fmax(wgrad, e);
+                wgrad = nbt_max(wgrad, e);
                 if (e > 1e-9 && getenv("NBT_ODE_ALL_ORDERS") == NULL) {
                     fail_msg("%s %s dt0 %s: gradient %d is %.17g, Diffrax %.17g (%.3e)", r->solver,
                              r->ctrl, r->dt0, k, g[k], r->grad[k], e);
@@ -1032,9 +1040,9 @@ static void test_diffrax_oracle(void **state) {
             nb_tree *args = lv_args(ctx, 1.5, 1, 3, 1, 1, 1), *sol = NULL;
             NBT_OK(ctx, nb_fn_call(f, args, &sol));
             for (int k = 0; k < r->nts; k++) {
-                double e = fmax(rel(leaf_f64(sol, "ys.x", k), r->tx[k]),
-                                rel(leaf_f64(sol, "ys.y", k), r->ty[k]));
-                wdense = fmax(wdense, e);
+                double e = nbt_max(rel(leaf_f64(sol, "ys.x", k), r->tx[k]),
+                                   rel(leaf_f64(sol, "ys.y", k), r->ty[k]));
+                wdense = nbt_max(wdense, e);
                 if (e > 1e-10 && getenv("NBT_ODE_ALL_ORDERS") == NULL) {
                     fail_msg("%s %s: dense output at t = %g differs from Diffrax's by %.3e",
                              r->solver, r->ctrl, r->ts[k], e);
@@ -1067,7 +1075,7 @@ static void test_max_steps(void **state) {
     tc.t1 = 10.0;
     tc.dt0 = 0.01;
     tc.max_steps = 20;
-    for (int adj = 0; adj < 3; adj++) {
+    for (int adj = 0; adj < 4; adj++) {
         tc.adjoint = adj;
         tc.mode = 0;
         /* under jit */
@@ -1088,9 +1096,10 @@ static void test_max_steps(void **state) {
         lv_grad(ctx, &tc, g, &r);
         NBT_EQ_I64(r, NB_ODE_MAX_STEPS_REACHED);
         /* checkpoint and direct: the derivative of what was computed; backsolve: its adjoint
-         * solve from t1 fails as well, and a failed adjoint solve gives NaN, never numbers */
+         * solve from t1 fails as well, and a failed adjoint solve gives NaN, never numbers;
+         * interpolating: its kept steps do not reach t1, NaN as well */
         for (int i = 0; i < 6; i++) {
-            NBT_TRUE(adj == NB_ADJOINT_BACKSOLVE ? isnan(g[i]) : isfinite(g[i]));
+            NBT_TRUE(adj >= NB_ADJOINT_BACKSOLVE ? isnan(g[i]) : isfinite(g[i]));
         }
         /* throw_on_failure: the call fails with a message, under jit and under grad */
         tc.throw_ = 1;
@@ -1319,10 +1328,10 @@ static void test_tree_f32_backwards_ts(void **state) {
         for (int k = 0; k < 4; k++) {
             double e = exp(-ts[k]);
             for (int i = 0; i < 3; i++) {
-                worst = fmax(worst, fabs(vp[k * 3 + i] - p[i] * e) / fabs(p[i] * e));
+                worst = nbt_max(worst, fabs(vp[k * 3 + i] - p[i] * e) / fabs(p[i] * e));
             }
             for (int i = 0; i < 4; i++) {
-                worst = fmax(worst, fabs(vq[k * 4 + i] - q[i] * e) / fabs(q[i] * e));
+                worst = nbt_max(worst, fabs(vq[k * 4 + i] - q[i] * e) / fabs(q[i] * e));
             }
         }
         const float *tsv = nb_array_data(nb_tree_get_array(nb_tree_get(sol, "ts")));
@@ -1470,36 +1479,46 @@ static void test_failures_under_grad(void **state) {
     tc.dt0 = 0.01;
     tc.max_steps = 3;
     tc.throw_ = 1;
-    for (int adj = 0; adj < 3; adj++) {
+    for (int adj = 0; adj < 4; adj++) {
         tc.adjoint = adj;
         double d = dy1_dy0(ctx, tc, 1.0, &st);
         NBT_EQ_I64(st, NB_ERR_RUNTIME);
         NBT_ERRMSG_HAS(ctx, "max_steps reached (max_steps 3)");
         NBT_TRUE(isnan(d));
     }
-    /* backsolve: the forward solve succeeds, the adjoint's (at 1e-13, 12 steps) does not */
-    tc = cfg_default();
-    tc.problem = P_EXP;
-    tc.adaptive = 1;
-    tc.rtol = tc.atol = 1e-4;
-    tc.t1 = 3.0;
-    tc.dt0 = 0.1;
-    tc.max_steps = 12;
-    tc.adjoint = NB_ADJOINT_BACKSOLVE;
-    tc.brtol = 1e-13;
-    double d = dy1_dy0(ctx, tc, 1.0, &st);
-    NBT_OK(ctx, st);
-    NBT_TRUE(isnan(d)); /* never a wrong number */
-    tc.throw_ = 1;
-    d = dy1_dy0(ctx, tc, 1.0, &st);
-    NBT_EQ_I64(st, NB_ERR_RUNTIME);
-    NBT_ERRMSG_HAS(ctx, "the backsolve adjoint's solve (from t1 back to t0) stopped at t = ");
-    tc.throw_ = 0;
-    tc.brtol = 1e-6; /* enough steps at 1e-6: the gradient, e^-3 to the tolerances */
-    tc.max_steps = 100;
-    d = dy1_dy0(ctx, tc, 1.0, &st);
-    NBT_OK(ctx, st);
-    NBT_NEAR(d, exp(-3.0), 1e-4);
+    /* the continuous adjoints: the forward solve succeeds, the adjoint's (at 1e-13, 12
+     * steps) does not */
+    for (int adj = NB_ADJOINT_BACKSOLVE; adj <= NB_ADJOINT_INTERPOLATED; adj++) {
+        tc = cfg_default();
+        tc.problem = P_EXP;
+        tc.adaptive = 1;
+        tc.rtol = tc.atol = 1e-4;
+        tc.t1 = 3.0;
+        tc.dt0 = 0.1;
+        tc.max_steps = 12;
+        tc.adjoint = adj;
+        tc.brtol = 1e-13;
+        double d = dy1_dy0(ctx, tc, 1.0, &st);
+        NBT_OK(ctx, st);
+        NBT_TRUE(isnan(d)); /* never a wrong number */
+        tc.throw_ = 1;
+        d = dy1_dy0(ctx, tc, 1.0, &st);
+        NBT_EQ_I64(st, NB_ERR_RUNTIME);
+        NBT_ERRMSG_HAS(ctx,
+                       adj == NB_ADJOINT_BACKSOLVE
+                           ? "the backsolve adjoint's solve (from t1 back to t0) stopped at t = "
+                           : "the interpolating adjoint's solve (from t1 back to t0) stopped at "
+                             "t = ");
+        NBT_ERRMSG_HAS(ctx, adj == NB_ADJOINT_BACKSOLVE
+                                ? "for a stiff problem use the interpolating adjoint"
+                                : "or use the recursive checkpoint adjoint");
+        tc.throw_ = 0;
+        tc.brtol = 1e-6; /* enough steps at 1e-6: the gradient, e^-3 to the tolerances */
+        tc.max_steps = 100;
+        d = dy1_dy0(ctx, tc, 1.0, &st);
+        NBT_OK(ctx, st);
+        NBT_NEAR(d, exp(-3.0), 1e-4);
+    }
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
 }
@@ -1542,6 +1561,12 @@ static void test_errors(void **state) {
     tc.adjoint = NB_ADJOINT_BACKSOLVE;
     tc.saveat = NB_SAVEAT_STEPS;
     expect_error(ctx, &tc, NB_ERR_INVALID, "backsolve adjoint saves only at t1, not every step");
+    tc.adjoint = NB_ADJOINT_INTERPOLATED;
+    expect_error(ctx, &tc, NB_ERR_INVALID,
+                 "interpolating adjoint saves only at t1, not every step -- use SaveAt t1");
+    tc.saveat = NB_SAVEAT_T1;
+    tc.adjoint = 7;
+    expect_error(ctx, &tc, NB_ERR_INVALID, "unknown adjoint 7");
     /* SaveAt ts NULL with n_ts = 3: the message says what is wrong (it said "needs n_ts >= 1
      * times (got 3)") */
     tc = cfg_default();
@@ -1593,13 +1618,14 @@ static nb_status try_scalars(nb_ctx *ctx, int n, const char *const *keys, const 
     return st;
 }
 
-/* the gradient of an adaptive LV solve (recursive checkpoint, dense output) and a solve
- * saving every step with throw_on_failure, under jit */
+/* the gradient of an adaptive LV solve (recursive checkpoint, dense output), a solve
+ * saving every step with throw_on_failure, under jit, and a gradient through the
+ * interpolating adjoint */
 static nb_status scenario_ode(nb_ctx *ctx) {
     nb_tree *y0 = NULL, *p = NULL, *d = NULL, *args = NULL, *self = NULL, *res = NULL;
-    nb_tree *self2 = NULL, *res2 = NULL;
+    nb_tree *self2 = NULL, *res2 = NULL, *self3 = NULL, *res3 = NULL;
     nb_tree *items[N_CFG] = {NULL};
-    nb_fn *f = NULL, *vg = NULL, *f2 = NULL, *j2 = NULL;
+    nb_fn *f = NULL, *vg = NULL, *f2 = NULL, *j2 = NULL, *f3 = NULL, *vg3 = NULL;
     nb_status st = try_scalars(ctx, 2, (const char *[]){"x", "y"}, (double[]){1, 1}, &y0);
     if (st == NB_OK) {
         st =
@@ -1611,24 +1637,30 @@ static nb_status scenario_ode(nb_ctx *ctx) {
     if (st == NB_OK) {
         st = nb_tree_tuple(ctx, 1, &d, &args);
     }
-    for (int k = 0; k < 2 && st == NB_OK; k++) {
+    for (int k = 0; k < 3 && st == NB_OK; k++) {
         tcfg c = cfg_default();
         c.problem = P_LV;
         c.adaptive = 1;
         c.rtol = c.atol = 1e-6;
         c.t1 = 2.0;
         c.dt0 = 0.01;
-        c.mode = k == 0;
-        c.saveat = k == 0 ? NB_SAVEAT_TS : NB_SAVEAT_STEPS;
+        c.mode = k != 1;
+        c.saveat = k == 0 ? NB_SAVEAT_TS : k == 1 ? NB_SAVEAT_STEPS : NB_SAVEAT_T1;
         c.max_steps = 64;
         c.throw_ = k == 1;
+        if (k == 2) {
+            c.adjoint = NB_ADJOINT_INTERPOLATED;
+        }
         double v[N_CFG];
         cfg_values(&c, v);
         for (int i = 0; i < N_CFG && st == NB_OK; i++) {
             st = nb_tree_float(ctx, v[i], &items[i]);
         }
         if (st == NB_OK) {
-            st = nb_tree_dict(ctx, N_CFG, g_cfg_keys, items, k == 0 ? &self : &self2);
+            st = nb_tree_dict(ctx, N_CFG, g_cfg_keys, items,
+                              k == 0   ? &self
+                              : k == 1 ? &self2
+                                       : &self3);
         }
         for (int i = 0; i < N_CFG; i++) {
             nb_tree_destroy(items[i]);
@@ -1655,7 +1687,18 @@ static nb_status scenario_ode(nb_ctx *ctx) {
     if (st == NB_OK) {
         st = nb_fn_call(j2, args, &res2);
     }
-    nb_tree *ts[] = {y0, p, d, args, self, res, self2, res2};
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "solve", solve_body, self3, &f3);
+    }
+    if (st == NB_OK) {
+        nb_grad_opts go = nb_grad_opts_default();
+        go.has_aux = true;
+        st = nb_value_and_grad(f3, &go, &vg3);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_call(vg3, args, &res3);
+    }
+    nb_tree *ts[] = {y0, p, d, args, self, res, self2, res2, self3, res3};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
         nb_tree_destroy(ts[i]);
     }
@@ -1663,6 +1706,8 @@ static nb_status scenario_ode(nb_ctx *ctx) {
     nb_fn_destroy(f);
     nb_fn_destroy(j2);
     nb_fn_destroy(f2);
+    nb_fn_destroy(vg3);
+    nb_fn_destroy(f3);
     nb_ctx_clear_cache(ctx);
     return st;
 }

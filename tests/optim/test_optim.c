@@ -196,7 +196,7 @@ static double rel_err(double a, double b) {
 static double traj_err(const double *a, const double *b) {
     double e = 0.0;
     for (int i = 0; i < (LS_STEPS + 1) * (LS_N + 1); i++) {
-        e = fmax(e, rel_err(a[i], b[i]));
+        e = nbt_max(e, rel_err(a[i], b[i]));
     }
     return e;
 }
@@ -674,7 +674,7 @@ static void test_oracle_schedules(void **unused) {
         double got = NAN;
         NBT_OK(ctx, nb_schedule_value(s, count, &got));
         double e = rel_err(got, want);
-        worst = fmax(worst, e);
+        worst = nbt_max(worst, e);
         if (!(e <= 1e-13)) {
             fail_msg("schedule %s at %d: %.17g vs Optax %.17g", name, count, got, want);
         }
