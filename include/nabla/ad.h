@@ -79,6 +79,38 @@ NB_API nb_status nb_jvp(nb_fn *f, nb_fn **out);
  * JAX. f, fwd and bwd are borrowed and retained. Returns a new reference. */
 NB_API nb_status nb_custom_vjp(nb_fn *f, nb_fn *fwd, nb_fn *bwd, nb_fn **out);
 
+/* ---- vmap ------------------------------------------------------------------------------
+ * g = vmap(f): g(args) computes f on every lane of a batch at once -- JAX's jax.vmap,
+ * Equinox's filter_vmap. Each batched argument leaf carries the lanes along one of its
+ * axes; f sees one lane (that axis removed), and every output leaf gets the lanes back
+ * along its out axis. A value that does not depend on a batched argument is computed once
+ * (and broadcast over the lanes only where an output needs it).
+ *
+ * in_axes: NULL batches every array leaf of args on axis 0 (static leaves never are); or a
+ * tree shaped like args, or a prefix of it, whose leaves are an int (the batch axis of every
+ * array under that node; negative counts back) or null (not batched: the same for every
+ * lane). out_axes likewise for f's output (NULL: axis 0 everywhere; null at an output that
+ * depends on a batched argument is an error). axis_size: the number of lanes when no
+ * argument is batched (a vmapped init from nothing but static data), else 0 or equal to the
+ * batched arguments' size. Every batched leaf must have the same number of lanes (the error
+ * names both leaf paths).
+ *
+ * vmap is a transform of the traced IR like grad: every op has a batching rule next to its
+ * other rules (src/ad/op_*.c; an op without one fails with NB_ERR_UNSUPPORTED naming it),
+ * so vmap composes with grad, jvp, jit and itself in any order -- jit(vmap(grad(f))),
+ * grad(vmap(f)) (the cotangent of an unbatched argument sums the lanes'), vmap(vmap(f)).
+ * Calls inside a vmapped function are inlined. f is borrowed and retained; in_axes and
+ * out_axes are retained and compared by value (part of the jit cache's identity). Returns a
+ * new reference. */
+typedef struct nb_vmap_opts {
+    const nb_tree *in_axes;  /* NULL: every array leaf on axis 0 */
+    const nb_tree *out_axes; /* NULL: every output leaf on axis 0 */
+    int64_t axis_size;       /* 0: from the batched arguments */
+} nb_vmap_opts;
+
+NB_API nb_vmap_opts nb_vmap_opts_default(void);
+NB_API nb_status nb_vmap(nb_fn *f, const nb_vmap_opts *opts, nb_fn **out);
+
 /* The tree grad would return for params (with filter_spec, which may be NULL), holding
  * zero arrays: a zero array of the leaf's dtype and shape at every differentiable leaf,
  * null elsewhere. Optimizer states are built from it (so their structure matches the

@@ -128,6 +128,11 @@ typedef void (*nbi_vjp_fn)(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_c
 /* Forward mode: given the tangents of node's inputs (NULL: zero or not differentiable),
  * return the tangent of its output, or NULL for zero. */
 typedef nb_var *(*nbi_jvp_fn)(nb_trace *tr, nb_var *node, nb_var *const *tan);
+/* Batching (nb_vmap, vmap.c): given node and its inputs batched over B lanes -- bin[i] the
+ * batched value of input i, with the batch on axis 0 (shape [B] + the input's shape), or
+ * NULL where input i is the same for every lane (node->in[i]) -- return the batched output,
+ * batch on axis 0. Built with the public builders and nbi_emit. */
+typedef nb_var *(*nbi_vmap_fn)(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B);
 /* Shape and dtype inference for a prototype node whose op, inputs and attrs are set: fill
  * proto->dtype, rank, shape, or return an error through nbi_trace_err. */
 typedef nb_status (*nbi_infer_fn)(nb_trace *tr, nb_var *proto);
@@ -143,6 +148,7 @@ typedef struct nbi_op_info {
     bool elementwise;       /* same-shape map of broadcast inputs (a fusion candidate) */
     nbi_vjp_fn vjp;         /* NULL: the op has no gradient (integer/bool output, markers) */
     nbi_jvp_fn jvp;         /* NULL likewise */
+    nbi_vmap_fn vmap;       /* NULL: not batched yet (nb_vmap fails naming the op) */
 } nbi_op_info;
 
 /* Has input j of an op of this kind no gradient? (nondiff holds inputs 0..31; a variadic
@@ -228,6 +234,20 @@ NBI_HIDDEN nb_status nbi_trace_transform(nb_trace *tr, const nb_fn *f, const nb_
  * constants), converting f's bound data the same way. *out is a new reference. */
 NBI_HIDDEN nb_status nbi_inline_call(nb_trace *tr, const nb_fn *f, const nb_tree *args,
                                      nb_tree **out);
+/* vmap (vmap.c): the layer's body; the batched region (like nbi_jvp_region: bins are the
+ * batched values of ins, batch on axis 0; bouts[i] NULL where output i is not batched);
+ * helpers for the rules: bx (batch on axis 0) reshaped to rank + 1 with 1s inserted after
+ * the batch axis (numpy alignment against unbatched operands of rank `rank`); x broadcast
+ * over B lanes; axis `from` moved to `to`; and the generic rule (the op once per lane). */
+NBI_HIDDEN nb_status nbi_trace_vmap(nb_trace *tr, const nb_fn *g, const nb_tree *self,
+                                    const nb_tree *args, nb_tree **out);
+NBI_HIDDEN nb_status nbi_vmap_region(nb_trace *tr, int32_t begin, int32_t end, int n_in,
+                                     nb_var *const *ins, nb_var *const *bins, int64_t B, int n_out,
+                                     nb_var *const *outs, nb_var **bouts);
+NBI_HIDDEN nb_var *nbi_vmap_lift(nb_var *bx, int rank);
+NBI_HIDDEN nb_var *nbi_vmap_bcast(nb_var *x, int64_t B);
+NBI_HIDDEN nb_var *nbi_vmap_move(nb_var *x, int from, int to);
+NBI_HIDDEN nb_var *nbi_vmap_unroll(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B);
 /* custom_vjp: the node's record (at.callee) and its reverse-mode rule. */
 typedef struct nbi_custom_rec {
     const nb_fn *bwd;

@@ -784,7 +784,8 @@ const nbi_op_info nbi_opinfo_lu_factor = {.name = "lu_factor",
                                           .infer = nbd_infer_lu_factor,
                                           .kernel = nbd_factor_kernel,
                                           .vjp = nbd_vjp_lu_factor,
-                                          .jvp = nbd_jvp_lu_factor};
+                                          .jvp = nbd_jvp_lu_factor,
+                                          .vmap = nbi_vmap_unroll};
 
 const nbi_op_info nbi_opinfo_lu_solve = {.name = "lu_solve",
                                          .n_in = 2,
@@ -792,7 +793,8 @@ const nbi_op_info nbi_opinfo_lu_solve = {.name = "lu_solve",
                                          .kernel = nbd_solve_kernel,
                                          .scratch = nbd_solve_scratch,
                                          .vjp = nbd_vjp_lu_solve,
-                                         .jvp = nbd_jvp_lu_solve};
+                                         .jvp = nbd_jvp_lu_solve,
+                                         .vmap = nbi_vmap_unroll};
 
 const nbi_op_info nbi_opinfo_solve = {.name = "solve",
                                       .n_in = 3,
@@ -801,28 +803,32 @@ const nbi_op_info nbi_opinfo_solve = {.name = "solve",
                                       .scratch = nbd_solve_scratch,
                                       .nondiff = 1u << 1,
                                       .vjp = nbd_vjp_solve,
-                                      .jvp = nbd_jvp_solve};
+                                      .jvp = nbd_jvp_solve,
+                                      .vmap = nbi_vmap_unroll};
 
 const nbi_op_info nbi_opinfo_cholesky = {.name = "cholesky",
                                          .n_in = 1,
                                          .infer = nbd_infer_cholesky,
                                          .kernel = nbd_factor_kernel,
                                          .vjp = nbd_vjp_cholesky,
-                                         .jvp = nbd_jvp_cholesky};
+                                         .jvp = nbd_jvp_cholesky,
+                                         .vmap = nbi_vmap_unroll};
 
 const nbi_op_info nbi_opinfo_cholesky_solve = {.name = "cholesky_solve",
                                                .n_in = 2,
                                                .infer = nbd_infer_tri,
                                                .kernel = nbd_solve_kernel,
                                                .vjp = nbd_vjp_chol_solve,
-                                               .jvp = nbd_jvp_chol_solve};
+                                               .jvp = nbd_jvp_chol_solve,
+                                               .vmap = nbi_vmap_unroll};
 
 const nbi_op_info nbi_opinfo_triangular_solve = {.name = "triangular_solve",
                                                  .n_in = 2,
                                                  .infer = nbd_infer_tri,
                                                  .kernel = nbd_solve_kernel,
                                                  .vjp = nbd_vjp_tri,
-                                                 .jvp = nbd_jvp_tri};
+                                                 .jvp = nbd_jvp_tri,
+                                                 .vmap = nbi_vmap_unroll};
 
 const nbi_op_info nbi_opinfo_slogdet = {.name = "slogdet",
                                         .n_in = 2,
@@ -830,7 +836,8 @@ const nbi_op_info nbi_opinfo_slogdet = {.name = "slogdet",
                                         .kernel = nbd_slogdet_kernel,
                                         .nondiff = 1u << 1,
                                         .vjp = nbd_vjp_slogdet,
-                                        .jvp = nbd_jvp_slogdet};
+                                        .jvp = nbd_jvp_slogdet,
+                                        .vmap = nbi_vmap_unroll};
 
 /* ---- builders (nabla/linalg.h) -------------------------------------------------------- */
 

@@ -948,6 +948,20 @@ static void nbi_k_select(const nbi_kargs *k) {
     }
 }
 
+/* ---- batching ------------------------------------------------------------------------
+ * Every elementwise op: the same op on the batched operands, each lifted to the output's
+ * rank + 1 (1s after the batch axis) so that numpy broadcasting aligns it with the unbatched
+ * ones; the kernel computes each element from the same operand elements as unbatched, so
+ * the lanes' results are bit for bit the unbatched ones. */
+static nb_var *nbi_vmap_ew(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    (void)B;
+    nb_var *in[3];
+    for (int32_t j = 0; j < node->n_in && j < 3; j++) {
+        in[j] = bin[j] != NULL ? nbi_vmap_lift(bin[j], node->rank) : node->in[j];
+    }
+    return nbi_emit(tr, (nbi_op)node->op, node->n_in, in, &node->at);
+}
+
 /* ---- registry entries --------------------------------------------------------------- */
 
 /* ---- one op over a tile (for fused kernels) ------------------------------------------ */
@@ -1286,7 +1300,8 @@ static nb_var *nbi_jvp_select(nb_trace *tr, nb_var *node, nb_var *const *t) {
                                             .nondiff = NDIFF,                                      \
                                             .elementwise = true,                                   \
                                             .vjp = VJP,                                            \
-                                            .jvp = JVP};
+                                            .jvp = JVP,                                            \
+                                            .vmap = nbi_vmap_ew};
 #define NBI_BINARY_INFO(lname, NDIFF, VJP, JVP)                                                    \
     const nbi_op_info nbi_opinfo_##lname = {.name = #lname,                                        \
                                             .n_in = 2,                                             \
@@ -1295,7 +1310,8 @@ static nb_var *nbi_jvp_select(nb_trace *tr, nb_var *node, nb_var *const *t) {
                                             .nondiff = NDIFF,                                      \
                                             .elementwise = true,                                   \
                                             .vjp = VJP,                                            \
-                                            .jvp = JVP};
+                                            .jvp = JVP,                                            \
+                                            .vmap = nbi_vmap_ew};
 
 NBI_UNARY_INFO(neg, 0, nbi_vjp_unary, nbi_jvp_unary)
 NBI_UNARY_INFO(abs, 0, nbi_vjp_unary, nbi_jvp_unary)
@@ -1342,4 +1358,5 @@ const nbi_op_info nbi_opinfo_select = {.name = "select",
                                        .nondiff = 1,
                                        .elementwise = true,
                                        .vjp = nbi_vjp_select,
-                                       .jvp = nbi_jvp_select};
+                                       .jvp = nbi_jvp_select,
+                                       .vmap = nbi_vmap_ew};

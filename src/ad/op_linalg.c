@@ -1328,6 +1328,64 @@ static nb_var *nbi_jvp_matmul(nb_trace *tr, nb_var *node, nb_var *const *tan) {
     return t;
 }
 
+/* ---- batching ------------------------------------------------------------------------
+ * Lanes of a against one matrix b -- per-example activations times a shared weight, the
+ * common case -- become ONE product over every lane's rows ([B * ..., k] @ [k, n]: a single
+ * BLIS call, no copies); otherwise the lanes are batch dims of numpy matmul (vectors
+ * promoted, the batched operand lifted so that the batch axis lines up). A lane's result is
+ * then a row block of a larger product: BLIS may block it differently from the unbatched
+ * one, so lanes agree to rounding (a few ulp), not always bit for bit (test_vmap.c). */
+static nb_var *nbi_vmap_matmul(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    nb_var *a = node->in[0], *b = node->in[1];
+    int ra = a->rank, rb = b->rank;
+    int64_t k = a->shape[ra - (nbi_mm_trans(node, 0) ? 2 : 1)], shape[NB_MAX_RANK];
+    if (node->rank + 1 > NB_MAX_RANK || ra + 2 > NB_MAX_RANK || rb + 2 > NB_MAX_RANK) {
+        return nbi_trace_errv(tr, NB_ERR_SHAPE,
+                              "nb_vmap: a batched matmul beyond the maximum rank %d", NB_MAX_RANK);
+    }
+    shape[0] = B;
+    memcpy(shape + 1, node->shape, (size_t)node->rank * sizeof *shape);
+    /* the same op with the operands' stored-transposed flags (at.axes[0..1]; they apply to
+     * an operand's last two dims, which lifting keeps), cleared for a promoted vector */
+    nbi_attrs at = node->at;
+    nb_var *r;
+    if (bin[1] == NULL && rb == 2 && !nbi_mm_trans(node, 0)) {
+        int64_t rows = B;
+        for (int d = 0; d < ra - 1; d++) {
+            rows *= a->shape[d];
+        }
+        at.axes[0] = 0;
+        nb_var *in[2] = {nb_reshape(bin[0], 2, (int64_t[]){rows, k}), b};
+        r = nbi_emit(tr, NBI_OP_MATMUL, 2, in, &at);
+    } else {
+        nb_var *A = bin[0] != NULL ? bin[0] : a, *M = bin[1] != NULL ? bin[1] : b;
+        if (ra == 1) {
+            A = bin[0] != NULL ? nb_reshape(A, 3, (int64_t[]){B, 1, k})
+                               : nb_reshape(A, 2, (int64_t[]){1, k});
+            at.axes[0] = 0;
+        }
+        if (rb == 1) {
+            M = bin[1] != NULL ? nb_reshape(M, 3, (int64_t[]){B, k, 1})
+                               : nb_reshape(M, 2, (int64_t[]){k, 1});
+            at.axes[1] = 0;
+        }
+        int R = (ra > 2 ? ra : 2) > (rb > 2 ? rb : 2) ? (ra > 2 ? ra : 2) : (rb > 2 ? rb : 2);
+        if (bin[0] != NULL) {
+            A = nbi_vmap_lift(A, R);
+        }
+        if (bin[1] != NULL) {
+            M = nbi_vmap_lift(M, R);
+        }
+        nb_var *in[2] = {A, M};
+        r = nbi_emit(tr, NBI_OP_MATMUL, 2, in, &at);
+    }
+    r = nb_reshape(r, node->rank + 1, shape);
+    if (node->n_in == 3) {
+        r = nb_add(r, bin[2] != NULL ? nbi_vmap_lift(bin[2], node->rank) : node->in[2]);
+    }
+    return r;
+}
+
 /* ---- registry entries --------------------------------------------------------------- */
 
 const nbi_op_info nbi_opinfo_matmul = {.name = "matmul",
@@ -1336,4 +1394,5 @@ const nbi_op_info nbi_opinfo_matmul = {.name = "matmul",
                                        .kernel = nbi_k_matmul,
                                        .scratch = nbi_mm_scratch,
                                        .vjp = nbi_vjp_matmul,
-                                       .jvp = nbi_jvp_matmul};
+                                       .jvp = nbi_jvp_matmul,
+                                       .vmap = nbi_vmap_matmul};

@@ -248,12 +248,59 @@ const nbi_op_info nbi_opinfo_full = {
     .name = "full", .n_in = 0, .infer = nbi_infer_from_attrs, .kernel = nbi_k_full};
 const nbi_op_info nbi_opinfo_iota = {
     .name = "iota", .n_in = 0, .infer = nbi_infer_from_attrs, .kernel = nbi_k_iota};
+/* ---- batching ------------------------------------------------------------------------
+ * Markers and copies batch as themselves. params, constants, full and iota have no inputs
+ * and are never batched. A call inside a vmapped function is inlined (vmap.c), so call and
+ * call_output never meet a batched input; custom_vjp's node (made under a gradient) would
+ * need its rule's bwd batched too: not yet. */
+static nb_var *nbi_vmap_same(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    nb_var *in[2];
+    for (int32_t j = 0; j < node->n_in && j < 2; j++) {
+        in[j] = bin[j] != NULL ? bin[j] : node->in[j];
+        if (bin[j] == NULL && node->op == NBI_OP_IMPLICIT) {
+            in[j] = nbi_vmap_bcast(node->in[j], B); /* value and derivative alike */
+        }
+    }
+    return nbi_emit(tr, (nbi_op)node->op, node->n_in, in, &node->at);
+}
+
+/* check(x, cond, vals): fails when any lane's cond does, with the first such lane's vals */
+static nb_var *nbi_vmap_check(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    nb_var *cond = node->in[1], *vals = node->in[2];
+    if (bin[1] != NULL) {
+        nb_var *c = nb_reshape(nb_cast(bin[1], NB_DTYPE_I32), 1, (int64_t[]){B});
+        nb_var *lane = nb_argmax(c, 0, false);
+        cond = nb_gt(nb_max(c, NULL, 0, false), nb_scalar_typed(tr, NB_DTYPE_I32, 0.0));
+        cond = nb_reshape(cond, node->in[1]->rank, node->in[1]->shape);
+        if (bin[2] != NULL) {
+            vals = nb_take(bin[2], lane, 0);
+        }
+    } else if (bin[2] != NULL) {
+        vals = nb_take(bin[2], nb_scalar_typed(tr, NB_DTYPE_I32, 0.0), 0);
+    }
+    nb_var *x = bin[0] != NULL ? bin[0] : nbi_vmap_bcast(node->in[0], B);
+    nb_var *in[3] = {x, cond, vals};
+    return nbi_emit(tr, NBI_OP_CHECK, 3, in, &node->at);
+}
+
+static nb_var *nbi_vmap_refuse(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    (void)bin;
+    (void)B;
+    return nbi_trace_errv(tr, NB_ERR_UNSUPPORTED, "nb_vmap: %s is not batched yet -- %s",
+                          nbi_op_get((nbi_op)node->op)->name,
+                          node->op == NBI_OP_CUSTOM_VJP
+                              ? "a function made with nb_custom_vjp under a gradient inside "
+                                "nb_vmap (vmap the gradient instead: vmap(grad(f)))"
+                              : "an un-inlined call inside nb_vmap (an internal error)");
+}
+
 const nbi_op_info nbi_opinfo_stop_gradient = {.name = "stop_gradient",
                                               .n_in = 1,
                                               .infer = nbi_infer_identity,
                                               .kernel = nbi_k_copy,
                                               .nondiff = 1,
-                                              .elementwise = true};
+                                              .elementwise = true,
+                                              .vmap = nbi_vmap_same};
 static void nbi_vjp_identity(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) {
     (void)tr;
     (void)node;
@@ -301,7 +348,8 @@ const nbi_op_info nbi_opinfo_implicit = {.name = "implicit",
                                          .kernel = nbi_k_copy,
                                          .nondiff = 1,
                                          .vjp = nbi_vjp_implicit,
-                                         .jvp = nbi_jvp_implicit};
+                                         .jvp = nbi_jvp_implicit,
+                                         .vmap = nbi_vmap_same};
 
 nb_var *nbi_implicit(nb_var *value, nb_var *derivative) {
     nb_var *in[2] = {value, derivative};
@@ -318,7 +366,8 @@ const nbi_op_info nbi_opinfo_identity = {.name = "identity",
                                          .kernel = nbi_k_copy,
                                          .elementwise = true,
                                          .vjp = nbi_vjp_identity,
-                                         .jvp = nbi_jvp_identity};
+                                         .jvp = nbi_jvp_identity,
+                                         .vmap = nbi_vmap_same};
 
 /* custom_vjp: out = in[0] (computed by the user's fwd from stopped inputs); the other
  * inputs are the primal arguments (which receive the user's bwd cotangents) and the
@@ -329,13 +378,15 @@ const nbi_op_info nbi_opinfo_custom_vjp = {.name = "custom_vjp",
                                            .kernel = nbi_k_copy,
                                            .nondiff = 1,
                                            .vjp = nbi_vjp_custom,
-                                           .jvp = nbi_jvp_custom};
+                                           .jvp = nbi_jvp_custom,
+                                           .vmap = nbi_vmap_refuse};
 
 const nbi_op_info nbi_opinfo_call = {.name = "call",
                                      .n_in = -1,
                                      .infer = nbi_infer_call,
                                      .kernel = nbi_k_call,
-                                     .scratch = nbi_scratch_call};
+                                     .scratch = nbi_scratch_call,
+                                     .vmap = nbi_vmap_refuse};
 /* Calls are inlined before differentiating, so a call_output reached by a derivative reads
  * a loop's carry; the loop's own rule reports first (it runs before, or fails the trace). */
 static void nbi_vjp_call_output(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) {
@@ -365,7 +416,8 @@ const nbi_op_info nbi_opinfo_call_output = {.name = "call_output",
                                             .infer = nbi_infer_call_output,
                                             .kernel = nbi_k_call_output,
                                             .vjp = nbi_vjp_call_output,
-                                            .jvp = nbi_jvp_call_output};
+                                            .jvp = nbi_jvp_call_output,
+                                            .vmap = nbi_vmap_refuse};
 
 /* ---- run-time checks ------------------------------------------------------------------ */
 
@@ -580,7 +632,8 @@ const nbi_op_info nbi_opinfo_print = {.name = "print",
                                       .kernel = nbi_k_print,
                                       .nondiff = 2,
                                       .vjp = nbi_vjp_print,
-                                      .jvp = nbi_jvp_print};
+                                      .jvp = nbi_jvp_print,
+                                      .vmap = nbi_vmap_same};
 
 const nbi_op_info nbi_opinfo_check = {.name = "check",
                                       .n_in = 3,
@@ -588,4 +641,5 @@ const nbi_op_info nbi_opinfo_check = {.name = "check",
                                       .kernel = nbi_k_check,
                                       .nondiff = 6,
                                       .vjp = nbi_vjp_check,
-                                      .jvp = nbi_jvp_check};
+                                      .jvp = nbi_jvp_check,
+                                      .vmap = nbi_vmap_check};

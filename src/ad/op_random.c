@@ -308,40 +308,48 @@ const nbi_op_info nbi_opinfo_rng_split = {.name = "rng_split",
                                           .n_in = 1,
                                           .infer = nbi_infer_rng_split,
                                           .kernel = nbi_k_rng_split,
-                                          .nondiff = ~0u};
+                                          .nondiff = ~0u,
+                                          .vmap = nbi_vmap_unroll};
 const nbi_op_info nbi_opinfo_rng_fold_in = {.name = "rng_fold_in",
                                             .n_in = 2,
                                             .infer = nbi_infer_rng_fold_in,
                                             .kernel = nbi_k_rng_fold_in,
-                                            .nondiff = ~0u};
+                                            .nondiff = ~0u,
+                                            .vmap = nbi_vmap_unroll};
 const nbi_op_info nbi_opinfo_rng_bits = {.name = "rng_bits",
                                          .n_in = 1,
                                          .infer = nbi_infer_rng_sample,
                                          .kernel = nbi_k_rng_sample,
-                                         .nondiff = ~0u};
+                                         .nondiff = ~0u,
+                                         .vmap = nbi_vmap_unroll};
 const nbi_op_info nbi_opinfo_rng_uniform = {.name = "rng_uniform",
                                             .n_in = 1,
                                             .infer = nbi_infer_rng_sample,
                                             .kernel = nbi_k_rng_sample,
-                                            .nondiff = ~0u};
+                                            .nondiff = ~0u,
+                                            .vmap = nbi_vmap_unroll};
 const nbi_op_info nbi_opinfo_rng_normal = {.name = "rng_normal",
                                            .n_in = 1,
                                            .infer = nbi_infer_rng_sample,
                                            .kernel = nbi_k_rng_sample,
-                                           .nondiff = ~0u};
+                                           .nondiff = ~0u,
+                                           .vmap = nbi_vmap_unroll};
 const nbi_op_info nbi_opinfo_rng_truncated_normal = {.name = "rng_truncated_normal",
                                                      .n_in = 1,
                                                      .infer = nbi_infer_rng_sample,
                                                      .kernel = nbi_k_rng_sample,
-                                                     .nondiff = ~0u};
+                                                     .nondiff = ~0u,
+                                                     .vmap = nbi_vmap_unroll};
 const nbi_op_info nbi_opinfo_rng_bernoulli = {.name = "rng_bernoulli",
                                               .n_in = 1,
                                               .infer = nbi_infer_rng_sample,
                                               .kernel = nbi_k_rng_sample,
-                                              .nondiff = ~0u};
+                                              .nondiff = ~0u,
+                                              .vmap = nbi_vmap_unroll};
 const nbi_op_info nbi_opinfo_rng_permutation = {.name = "rng_permutation",
                                                 .n_in = 1,
                                                 .infer = nbi_infer_rng_permutation,
                                                 .kernel = nbi_k_rng_permutation,
                                                 .scratch = nbi_scratch_rng_permutation,
-                                                .nondiff = ~0u};
+                                                .nondiff = ~0u,
+                                                .vmap = nbi_vmap_unroll};

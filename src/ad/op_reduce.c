@@ -1251,33 +1251,61 @@ static nb_var *nbi_jvp_prod(nb_trace *tr, nb_var *node, nb_var *const *t) {
 
 /* ---- registry entries --------------------------------------------------------------- */
 
+/* ---- batching ------------------------------------------------------------------------
+ * The same reduction over the same axes, one further (the batch axis 0 is kept). Each
+ * output element combines the same elements in the kernel's fixed order, so the lanes are
+ * bit for bit the unbatched results (tests/ad/test_vmap.c checks it per op). */
+static nb_var *nbi_vmap_reduce(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    (void)B;
+    nbi_attrs at = node->at;
+    for (int i = 0; i < at.n_axes; i++) {
+        at.axes[i] += 1;
+    }
+    if (node->op == NBI_OP_ARGMAX || node->op == NBI_OP_ARGMIN) {
+        at.axis += 1;
+    }
+    return nbi_emit(tr, (nbi_op)node->op, 1, &bin[0], &at);
+}
+
 const nbi_op_info nbi_opinfo_sum = {.name = "sum",
                                     .n_in = 1,
                                     .infer = nbi_infer_reduce,
                                     .kernel = nbi_k_reduce,
                                     .scratch = nbi_scratch_reduce,
                                     .vjp = nbi_vjp_sum,
-                                    .jvp = nbi_jvp_sum};
+                                    .jvp = nbi_jvp_sum,
+                                    .vmap = nbi_vmap_reduce};
 const nbi_op_info nbi_opinfo_max = {.name = "max",
                                     .n_in = 1,
                                     .infer = nbi_infer_reduce,
                                     .kernel = nbi_k_reduce,
                                     .vjp = nbi_vjp_extremum,
-                                    .jvp = nbi_jvp_extremum};
+                                    .jvp = nbi_jvp_extremum,
+                                    .vmap = nbi_vmap_reduce};
 const nbi_op_info nbi_opinfo_min = {.name = "min",
                                     .n_in = 1,
                                     .infer = nbi_infer_reduce,
                                     .kernel = nbi_k_reduce,
                                     .vjp = nbi_vjp_extremum,
-                                    .jvp = nbi_jvp_extremum};
+                                    .jvp = nbi_jvp_extremum,
+                                    .vmap = nbi_vmap_reduce};
 const nbi_op_info nbi_opinfo_prod = {.name = "prod",
                                      .n_in = 1,
                                      .infer = nbi_infer_reduce,
                                      .kernel = nbi_k_reduce,
                                      .vjp = nbi_vjp_prod,
-                                     .jvp = nbi_jvp_prod};
+                                     .jvp = nbi_jvp_prod,
+                                     .vmap = nbi_vmap_reduce};
 /* An index has no gradient. */
-const nbi_op_info nbi_opinfo_argmax = {
-    .name = "argmax", .n_in = 1, .infer = nbi_infer_arg, .kernel = nbi_k_arg, .nondiff = 1};
-const nbi_op_info nbi_opinfo_argmin = {
-    .name = "argmin", .n_in = 1, .infer = nbi_infer_arg, .kernel = nbi_k_arg, .nondiff = 1};
+const nbi_op_info nbi_opinfo_argmax = {.name = "argmax",
+                                       .n_in = 1,
+                                       .infer = nbi_infer_arg,
+                                       .kernel = nbi_k_arg,
+                                       .nondiff = 1,
+                                       .vmap = nbi_vmap_reduce};
+const nbi_op_info nbi_opinfo_argmin = {.name = "argmin",
+                                       .n_in = 1,
+                                       .infer = nbi_infer_arg,
+                                       .kernel = nbi_k_arg,
+                                       .nondiff = 1,
+                                       .vmap = nbi_vmap_reduce};

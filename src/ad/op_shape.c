@@ -1761,6 +1761,196 @@ static nb_var *nbi_jvp_dyn_update(nb_trace *tr, nb_var *node, nb_var *const *t) 
     return nb_dynamic_update_slice(tx, tu, node->in + 2);
 }
 
+/* ---- batching ------------------------------------------------------------------------
+ * Shape ops move data without arithmetic, so every rule is exact: the same op with the
+ * batch axis 0 added in front (kept whole by slices and pads, carried by reshapes and
+ * transposes); an unbatched operand is broadcast only where the op needs every lane's copy
+ * (concatenate, dynamic_update_slice's target). Start indices that differ per lane
+ * (dynamic_slice, dynamic_update_slice) run the op once per lane (nbi_vmap_unroll). */
+
+/* [B] + node's shape into shape; false (an error set) past the maximum rank */
+static bool nbi_bshape(nb_trace *tr, const nb_var *node, int64_t B, int64_t *shape) {
+    if (node->rank + 1 > NB_MAX_RANK) {
+        nbi_trace_err(tr, NB_ERR_SHAPE,
+                      "nb_vmap: a batched %s of rank %d exceeds the maximum "
+                      "rank %d",
+                      nbi_op_name((nbi_op)node->op), node->rank + 1, NB_MAX_RANK);
+        return false;
+    }
+    shape[0] = B;
+    memcpy(shape + 1, node->shape, (size_t)node->rank * sizeof *shape);
+    return true;
+}
+
+static nb_var *nbi_vmap_reshape(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    int64_t shape[NB_MAX_RANK];
+    return nbi_bshape(tr, node, B, shape) ? nb_reshape(bin[0], node->rank + 1, shape) : tr->poison;
+}
+
+static nb_var *nbi_vmap_broadcast(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    int64_t shape[NB_MAX_RANK];
+    if (!nbi_bshape(tr, node, B, shape)) {
+        return tr->poison;
+    }
+    return nb_broadcast_to(nbi_vmap_lift(bin[0], node->rank), node->rank + 1, shape);
+}
+
+static nb_var *nbi_vmap_transpose(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    (void)tr;
+    (void)B;
+    int perm[NB_MAX_RANK];
+    perm[0] = 0;
+    for (int i = 0; i < node->rank; i++) {
+        perm[i + 1] = node->at.axes[i] + 1;
+    }
+    return nb_transpose(bin[0], perm);
+}
+
+static nb_var *nbi_vmap_slice(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    (void)tr;
+    const nb_var *x = node->in[0];
+    int64_t start[NB_MAX_RANK], stop[NB_MAX_RANK], step[NB_MAX_RANK];
+    start[0] = 0;
+    stop[0] = B;
+    step[0] = 1;
+    for (int d = 0; d < x->rank; d++) {
+        start[d + 1] = node->at.a[d];
+        stop[d + 1] = node->at.b[d] < 0 ? -1 - x->shape[d] : node->at.b[d];
+        step[d + 1] = node->at.c[d];
+    }
+    return nb_slice(bin[0], start, stop, step);
+}
+
+static nb_var *nbi_vmap_concat(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    nb_var **parts = nbi_arena_alloc(&tr->arena, (size_t)node->n_in * sizeof *parts);
+    if (parts == NULL) {
+        return nbi_trace_errv(tr, NB_ERR_OOM, "nb_vmap: out of memory");
+    }
+    for (int32_t j = 0; j < node->n_in; j++) {
+        parts[j] = bin[j] != NULL ? bin[j] : nbi_vmap_bcast(node->in[j], B);
+    }
+    return nb_concatenate(node->n_in, parts, node->at.axis + 1);
+}
+
+static nb_var *nbi_vmap_pad(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    (void)tr;
+    (void)B;
+    int64_t lo[NB_MAX_RANK], hi[NB_MAX_RANK];
+    lo[0] = hi[0] = 0;
+    memcpy(lo + 1, node->at.a, (size_t)node->in[0]->rank * sizeof *lo);
+    memcpy(hi + 1, node->at.b, (size_t)node->in[0]->rank * sizeof *hi);
+    return nb_pad(bin[0], lo, hi, node->at.value);
+}
+
+/* take: x batched -- the axis one further; the indices batched -- their lanes' axis moved to
+ * the front; both -- one take over the lanes' rows laid end to end, each lane's indices
+ * (normalised and clamped as the kernel does) offset by its row. */
+static nb_var *nbi_vmap_take(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    int axis = node->at.axis;
+    nb_var *x = node->in[0], *idx = node->in[1];
+    if (bin[1] == NULL) {
+        return nb_take(bin[0], idx, axis + 1);
+    }
+    if (bin[0] == NULL) {
+        return nbi_vmap_move(nb_take(x, bin[1], axis), axis, 0);
+    }
+    int64_t n = x->shape[axis], rest[NB_MAX_RANK];
+    nb_var *bx = nbi_vmap_move(bin[0], axis + 1, 1); /* [B, n, pre..., post...] */
+    int rr = 0;
+    rest[rr++] = B * n;
+    for (int d = 2; d < bx->rank; d++) {
+        rest[rr++] = bx->shape[d];
+    }
+    nb_var *flat = nb_reshape(bx, rr, rest);
+    nb_var *fi = n > 0 ? nbi_fixed_indices(tr, bin[1], n) : nb_cast(bin[1], NB_DTYPE_I64);
+    int64_t oshape[NB_MAX_RANK];
+    oshape[0] = B;
+    for (int d = 1; d < fi->rank; d++) {
+        oshape[d] = 1;
+    }
+    nb_var *off = nb_mul(nb_iota(tr, NB_DTYPE_I64, fi->rank, oshape, 0),
+                         nb_scalar_typed(tr, NB_DTYPE_I64, (double)n));
+    nb_var *r = nb_take(flat, nb_add(fi, off), 0); /* [B, idx..., pre..., post...] */
+    /* to [B, pre..., idx..., post...] */
+    int q = idx->rank, perm[NB_MAX_RANK], k = 0;
+    perm[k++] = 0;
+    for (int d = 0; d < axis; d++) {
+        perm[k++] = 1 + q + d;
+    }
+    for (int d = 0; d < q; d++) {
+        perm[k++] = 1 + d;
+    }
+    for (int d = axis + 1; d < x->rank; d++) {
+        perm[k++] = q + d;
+    }
+    return nb_transpose(r, perm);
+}
+
+static nb_var *nbi_vmap_take_along(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    (void)tr;
+    (void)B;
+    nb_var *x = bin[0] != NULL ? bin[0] : nb_expand_dims(node->in[0], 0);
+    nb_var *i = bin[1] != NULL ? bin[1] : nb_expand_dims(node->in[1], 0);
+    if (bin[0] == NULL) {
+        int64_t shape[NB_MAX_RANK];
+        shape[0] = B;
+        memcpy(shape + 1, node->in[0]->shape, (size_t)node->in[0]->rank * sizeof *shape);
+        x = nb_broadcast_to(x, node->in[0]->rank + 1, shape);
+    }
+    return nb_take_along_axis(x, i, node->at.axis + 1);
+}
+
+static nb_var *nbi_vmap_one_hot(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    (void)B;
+    return nbi_emit(tr, NBI_OP_ONE_HOT, 1, &bin[0], &node->at);
+}
+
+static bool nbi_starts_batched(const nb_var *node, nb_var *const *bin, int32_t first) {
+    for (int32_t j = first; j < node->n_in; j++) {
+        if (bin[j] != NULL) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static nb_var **nbi_bstarts(nb_trace *tr, const nb_var *node, int32_t first) {
+    int32_t n = node->n_in - first;
+    nb_var **s = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof *s);
+    if (s == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory");
+        return NULL;
+    }
+    s[0] = nb_scalar_typed(tr, node->in[first]->dtype, 0.0);
+    memcpy(s + 1, node->in + first, (size_t)n * sizeof *s);
+    return s;
+}
+
+static nb_var *nbi_vmap_dyn_slice(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    if (nbi_starts_batched(node, bin, 1)) {
+        return nbi_vmap_unroll(tr, node, bin, B);
+    }
+    int64_t sizes[NB_MAX_RANK];
+    nb_var **s = nbi_bstarts(tr, node, 1);
+    if (s == NULL || !nbi_bshape(tr, node, B, sizes)) {
+        return tr->poison;
+    }
+    return nb_dynamic_slice(bin[0], s, sizes);
+}
+
+static nb_var *nbi_vmap_dyn_update(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    if (nbi_starts_batched(node, bin, 2)) {
+        return nbi_vmap_unroll(tr, node, bin, B);
+    }
+    nb_var **s = nbi_bstarts(tr, node, 2);
+    if (s == NULL) {
+        return tr->poison;
+    }
+    nb_var *x = bin[0] != NULL ? bin[0] : nbi_vmap_bcast(node->in[0], B);
+    nb_var *u = bin[1] != NULL ? bin[1] : nbi_vmap_bcast(node->in[1], B);
+    return nb_dynamic_update_slice(x, u, s);
+}
+
 /* ---- registry entries --------------------------------------------------------------- */
 
 const nbi_op_info nbi_opinfo_reshape = {.name = "reshape",
@@ -1768,57 +1958,66 @@ const nbi_op_info nbi_opinfo_reshape = {.name = "reshape",
                                         .infer = nbi_infer_reshape,
                                         .kernel = nbi_k_reshape,
                                         .vjp = nbi_vjp_reshape,
-                                        .jvp = nbi_jvp_reshape};
+                                        .jvp = nbi_jvp_reshape,
+                                        .vmap = nbi_vmap_reshape};
 const nbi_op_info nbi_opinfo_broadcast_to = {.name = "broadcast_to",
                                              .n_in = 1,
                                              .infer = nbi_infer_broadcast,
                                              .kernel = nbi_k_broadcast,
                                              .vjp = nbi_vjp_broadcast,
-                                             .jvp = nbi_jvp_broadcast};
+                                             .jvp = nbi_jvp_broadcast,
+                                             .vmap = nbi_vmap_broadcast};
 const nbi_op_info nbi_opinfo_transpose = {.name = "transpose",
                                           .n_in = 1,
                                           .infer = nbi_infer_transpose,
                                           .kernel = nbi_k_transpose,
                                           .vjp = nbi_vjp_transpose,
-                                          .jvp = nbi_jvp_transpose};
+                                          .jvp = nbi_jvp_transpose,
+                                          .vmap = nbi_vmap_transpose};
 const nbi_op_info nbi_opinfo_slice = {.name = "slice",
                                       .n_in = 1,
                                       .infer = nbi_infer_slice,
                                       .kernel = nbi_k_slice,
                                       .vjp = nbi_vjp_slice,
-                                      .jvp = nbi_jvp_slice};
+                                      .jvp = nbi_jvp_slice,
+                                      .vmap = nbi_vmap_slice};
 const nbi_op_info nbi_opinfo_concatenate = {.name = "concatenate",
                                             .n_in = -1,
                                             .infer = nbi_infer_concat,
                                             .kernel = nbi_k_concat,
                                             .vjp = nbi_vjp_concat,
-                                            .jvp = nbi_jvp_concat};
+                                            .jvp = nbi_jvp_concat,
+                                            .vmap = nbi_vmap_concat};
 const nbi_op_info nbi_opinfo_pad = {.name = "pad",
                                     .n_in = 1,
                                     .infer = nbi_infer_pad,
                                     .kernel = nbi_k_pad,
                                     .vjp = nbi_vjp_pad,
-                                    .jvp = nbi_jvp_pad};
+                                    .jvp = nbi_jvp_pad,
+                                    .vmap = nbi_vmap_pad};
 const nbi_op_info nbi_opinfo_take = {.name = "take",
                                      .n_in = 2,
                                      .infer = nbi_infer_take,
                                      .kernel = nbi_k_take,
                                      .nondiff = 1u << 1,
                                      .vjp = nbi_vjp_take,
-                                     .jvp = nbi_jvp_take};
+                                     .jvp = nbi_jvp_take,
+                                     .vmap = nbi_vmap_take};
 const nbi_op_info nbi_opinfo_take_along_axis = {.name = "take_along_axis",
                                                 .n_in = 2,
                                                 .infer = nbi_infer_take_along,
                                                 .kernel = nbi_k_take_along,
                                                 .nondiff = 1u << 1,
                                                 .vjp = nbi_vjp_take_along,
-                                                .jvp = nbi_jvp_take_along};
+                                                .jvp = nbi_jvp_take_along,
+                                                .vmap = nbi_vmap_take_along};
 /* Integer input: no gradient. */
 const nbi_op_info nbi_opinfo_one_hot = {.name = "one_hot",
                                         .n_in = 1,
                                         .infer = nbi_infer_one_hot,
                                         .kernel = nbi_k_one_hot,
-                                        .nondiff = 1};
+                                        .nondiff = 1,
+                                        .vmap = nbi_vmap_one_hot};
 /* Every start index (inputs 1.. / 2..) has no gradient. */
 const nbi_op_info nbi_opinfo_dynamic_slice = {.name = "dynamic_slice",
                                               .n_in = -1,
@@ -1826,11 +2025,13 @@ const nbi_op_info nbi_opinfo_dynamic_slice = {.name = "dynamic_slice",
                                               .kernel = nbi_k_dyn_slice,
                                               .nondiff = ~1u,
                                               .vjp = nbi_vjp_dyn_slice,
-                                              .jvp = nbi_jvp_dyn_slice};
+                                              .jvp = nbi_jvp_dyn_slice,
+                                              .vmap = nbi_vmap_dyn_slice};
 const nbi_op_info nbi_opinfo_dynamic_update_slice = {.name = "dynamic_update_slice",
                                                      .n_in = -1,
                                                      .infer = nbi_infer_dyn_update,
                                                      .kernel = nbi_k_dyn_update,
                                                      .nondiff = ~3u,
                                                      .vjp = nbi_vjp_dyn_update,
-                                                     .jvp = nbi_jvp_dyn_update};
+                                                     .jvp = nbi_jvp_dyn_update,
+                                                     .vmap = nbi_vmap_dyn_update};

@@ -123,7 +123,8 @@ typedef enum nbi_fn_kind {
     NBI_FN_GRAD, /* grad or value_and_grad (with_value) */
     NBI_FN_VJP,
     NBI_FN_JVP,
-    NBI_FN_CUSTOM_VJP /* inner = f; fwd, bwd: the user's rule */
+    NBI_FN_CUSTOM_VJP, /* inner = f; fwd, bwd: the user's rule */
+    NBI_FN_VMAP        /* inner = f; spec: (in_axes, out_axes, axis_size, given, given) */
 } nbi_fn_kind;
 
 /* Tree node flags (static: part of the treedef). */

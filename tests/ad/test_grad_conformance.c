@@ -1488,6 +1488,133 @@ static bool check_jvp(case_env *e, nb_fn *jf, const nb_array *y0, nb_array **v, 
  * vjp(f) and jvp(f). */
 #define N_DRAWS 3
 
+/* (d) vmap: vmap(f) over lanes of random inputs equals f on each lane -- with every input
+ * batched on axis 0 (3 lanes, then 1 and 0), and with each input batched alone on its last
+ * axis (in_axes -1; 2 lanes), the others passed unbatched (in_axes null). Bit for bit,
+ * except where a lane is a block of a larger BLIS product or factorisation (matmul, the
+ * linear-algebra ops and the composites built on them): within 1e-12 relative. */
+static int64_t g_vmap_checks;
+
+static bool vmap_exact(const gcase *c) {
+    if (c->op == NBI_OP_MATMUL || c->op == COMPOSITE) {
+        return c->op != COMPOSITE ||
+               (strcmp(c->group, "dot") != 0 && strstr(c->group, "mm") == NULL);
+    }
+    return strcmp(FAMILY[c->op], "decomp") != 0 && strcmp(FAMILY[c->op], "linalg") != 0;
+}
+
+static void check_vmap_config(case_env *e, int mask, int B, bool last_axis) {
+    const gcase *c = e->c;
+    nb_ctx *ctx = e->ctx;
+    nb_array *lane[MAX_IN][4] = {{0}}, *bx[MAX_IN] = {0};
+    nb_tree *axl[MAX_IN] = {0}, *inl[MAX_IN] = {0}, *axes = NULL, *bargs = NULL, *out = NULL;
+    for (int i = 0; i < c->n_in; i++) {
+        bool b = (mask >> i) & 1;
+        if (!b) {
+            NBT_OK(ctx, nb_tree_null(ctx, &axl[i]));
+            inl[i] = leaf(e->x[i]);
+            continue;
+        }
+        int r = c->rank[i], ax = last_axis ? r : 0;
+        int64_t shape[NB_MAX_RANK];
+        for (int d = 0, k = 0; d <= r; d++) {
+            shape[d] = d == ax ? B : c->shape[i][k++];
+        }
+        bx[i] = new_array(ctx, c->dt[i], r + 1, shape);
+        int64_t n = nb_array_size(e->x[i]);
+        for (int l = 0; l < B; l++) {
+            lane[i][l] = new_array(ctx, c->dt[i], r, c->shape[i]);
+            fill_input(c, i, lane[i][l]);
+            for (int64_t k = 0; k < n; k++) {
+                aset(bx[i], last_axis ? k * B + l : l * n + k, aget(lane[i][l], k));
+            }
+        }
+        NBT_OK(ctx, nb_tree_int(ctx, last_axis ? -1 : 0, &axl[i]));
+        inl[i] = leaf(bx[i]);
+    }
+    NBT_OK(ctx, nb_tree_tuple(ctx, c->n_in, axl, &axes));
+    NBT_OK(ctx, nb_tree_tuple(ctx, c->n_in, inl, &bargs));
+    nb_vmap_opts o = nb_vmap_opts_default();
+    o.in_axes = axes;
+    nb_fn *vf = NULL;
+    NBT_OK(ctx, nb_vmap(e->f, &o, &vf));
+    g_vmap_checks++;
+    nb_status st = nb_fn_call(vf, bargs, &out);
+    char s1[64];
+    if (st != NB_OK) {
+        report(e, "vmap(f) (inputs mask %d, %d lanes%s) failed: %s", mask, B,
+               last_axis ? ", axis -1" : "", nb_ctx_errmsg(ctx));
+    } else {
+        const nb_array *y = nb_tree_get_array(out);
+        for (int l = 0; l < B && e->bad == 0; l++) {
+            nb_tree *ll[MAX_IN] = {0}, *largs = NULL, *lo = NULL;
+            for (int i = 0; i < c->n_in; i++) {
+                ll[i] = leaf((mask >> i) & 1 ? lane[i][l] : e->x[i]);
+            }
+            NBT_OK(ctx, nb_tree_tuple(ctx, c->n_in, ll, &largs));
+            NBT_OK(ctx, nb_fn_call(e->f, largs, &lo));
+            const nb_array *yl = nb_tree_get_array(lo);
+            int64_t n = nb_array_size(yl);
+            if (y == NULL || nb_array_rank(y) != nb_array_rank(yl) + 1 || nb_array_dim(y, 0) != B ||
+                nb_array_size(y) != n * B) {
+                report(e, "vmap(f) gave %s for %d lanes of %s", sig(y, s1, sizeof s1), B,
+                       sig(yl, s1, sizeof s1));
+            }
+            for (int64_t k = 0; k < n && e->bad == 0; k++) {
+                double got = aget(y, l * n + k), want = aget(yl, k);
+                bool ok = vmap_exact(c) ? (got == want || (isnan(got) && isnan(want)) ||
+                                           (got == 0 && want == 0))
+                                        : (fabs(got - want) <= 1e-12 * fmax(1.0, fabs(want)) ||
+                                           (isnan(got) && isnan(want)));
+                if (!ok) {
+                    report(e,
+                           "vmap(f) (inputs mask %d, %d lanes%s) lane %d [%lld] = %.17g, f "
+                           "gives %.17g",
+                           mask, B, last_axis ? ", axis -1" : "", l, (long long)k, got, want);
+                }
+            }
+            for (int i = 0; i < c->n_in; i++) {
+                nb_tree_destroy(ll[i]);
+            }
+            nb_tree_destroy(largs);
+            nb_tree_destroy(lo);
+        }
+        if (B == 0 && (y == NULL || nb_array_dim(y, 0) != 0)) {
+            report(e, "vmap(f) over 0 lanes gave %s", sig(y, s1, sizeof s1));
+        }
+    }
+    nb_tree_destroy(out);
+    nb_fn_destroy(vf);
+    nb_tree_destroy(axes);
+    nb_tree_destroy(bargs);
+    for (int i = 0; i < c->n_in; i++) {
+        nb_tree_destroy(axl[i]);
+        nb_tree_destroy(inl[i]);
+        nb_array_destroy(bx[i]);
+        for (int l = 0; l < 4; l++) {
+            nb_array_destroy(lane[i][l]);
+        }
+    }
+}
+
+static void check_vmap(case_env *e) {
+    const gcase *c = e->c;
+    if (c->n_in == 0 || c->jvp_fails) {
+        return;
+    }
+    int all = (1 << c->n_in) - 1;
+    static const int sizes[3] = {3, 1, 0};
+    for (int s = 0; s < 3 && e->bad == 0; s++) {
+        check_vmap_config(e, all, sizes[s], false);
+    }
+    for (int i = 0; i < c->n_in && c->n_in > 1 && e->bad == 0; i++) {
+        check_vmap_config(e, 1 << i, 2, true);
+    }
+    if (c->n_in == 1 && e->bad == 0) {
+        check_vmap_config(e, 1, 2, true);
+    }
+}
+
 static void run_case(nb_ctx *ctx, int ci) {
     const gcase *c = &g_cases[ci];
     case_env e;
@@ -1550,6 +1677,9 @@ static void run_case(nb_ctx *ctx, int ci) {
         }
         g_n_draws++;
     }
+    if (e.bad == 0) {
+        check_vmap(&e);
+    }
     if (e.bad > 0) {
         g_failed_cases++;
         if (c->op >= 0) {
@@ -1603,6 +1733,54 @@ static const char *no_grad_reason(int op) {
 }
 
 /* Every op is accounted for: a rule and a spec, or no rule and a listed reason. */
+/* Batching rules (nb_vmap): every op has one, except those never batched (listed with why)
+ * and those not batched yet (listed as such: nb_vmap fails naming them). Listing an op that
+ * has a rule, or leaving out one without, fails. The rules themselves are checked by (d)
+ * over every case above, and by tests/ad/test_vmap.c for the ops without gradient cases. */
+static const struct {
+    nbi_op op;
+    const char *why;
+} NO_VMAP[] = {
+    {NBI_OP_PARAM, "no inputs: never batched (a batched argument is a batched value)"},
+    {NBI_OP_CONST, "no inputs: never batched"},
+    {NBI_OP_FULL, "no inputs: never batched"},
+    {NBI_OP_IOTA, "no inputs: never batched"},
+    {NBI_OP_FUSED, "made by the fusion pass after tracing: never in a traced region"},
+    {NBI_OP_FUSED_OUTPUT, "made by the fusion pass, like fused"},
+    {NBI_OP_WHILE, "NOT YET: batched loops (every lane until its condition is false) are the "
+                   "next part of nb_vmap; a vmapped loop fails naming the op"},
+    {NBI_OP_LOOP_REVERSE, "NOT YET: made by reverse mode through a checkpointed loop, batched "
+                          "with the loops"},
+};
+
+static void test_every_op_has_a_batching_rule(void **state) {
+    (void)state;
+    int bad = 0, with = 0, pending = 0;
+    for (int op = 0; op < NBI_OP_COUNT; op++) {
+        const nbi_op_info *info = nbi_op_get((nbi_op)op);
+        const char *why = NULL;
+        for (size_t k = 0; k < sizeof NO_VMAP / sizeof NO_VMAP[0]; k++) {
+            why = (int)NO_VMAP[k].op == op ? NO_VMAP[k].why : why;
+        }
+        if (info->vmap != NULL && why != NULL) {
+            print_error("op '%s' has a batching rule but is listed in NO_VMAP (\"%s\"): remove "
+                        "it from the list\n",
+                        info->name, why);
+            bad++;
+        } else if (info->vmap == NULL && why == NULL) {
+            print_error("op '%s' has no batching rule (src/ad/op_%s.c): add one, or list it in "
+                        "NO_VMAP with the reason\n",
+                        info->name, FAMILY[op]);
+            bad++;
+        }
+        with += info->vmap != NULL;
+        pending += why != NULL && strncmp(why, "NOT YET", 7) == 0;
+    }
+    print_message("batching rules: %d of %d ops; %d not batched yet\n", with, NBI_OP_COUNT,
+                  pending);
+    NBT_EQ_I64(bad, 0);
+}
+
 static void test_every_op_is_accounted_for(void **state) {
     (void)state;
     int bad = 0;
@@ -1678,9 +1856,11 @@ static void test_vjp_jvp_against_finite_differences(void **state) {
         }
     }
     print_message("%d cases run over %d ops (+%d composite cases), %d skipped (op without a "
-                  "rule), %lld random draws, %lld forward evaluations, %d failed, %.2f s CPU\n",
+                  "rule), %lld random draws, %lld forward evaluations, %lld vmap checks, %d "
+                  "failed, %.2f s CPU\n",
                   run, ops, composites, skipped, (long long)g_n_draws, (long long)g_fd_evals,
-                  g_failed_cases, (double)(clock() - t0) / CLOCKS_PER_SEC);
+                  (long long)g_vmap_checks, g_failed_cases,
+                  (double)(clock() - t0) / CLOCKS_PER_SEC);
     nb_fn_destroy(g_custom);
     g_custom = NULL;
     nbt_assert_no_live(ctx);
@@ -1897,6 +2077,7 @@ int main(void) {
     build_specs();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_op_is_accounted_for),
+        cmocka_unit_test(test_every_op_has_a_batching_rule),
         cmocka_unit_test(test_vjp_jvp_against_finite_differences),
         cmocka_unit_test(test_kinks_and_stop_gradient),
         cmocka_unit_test(test_grad_of_grad),

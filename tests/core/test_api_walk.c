@@ -1797,6 +1797,15 @@ WALK(nb_custom_vjp) {
     W_NULLOUT(o);
     drop_f(o);
 }
+WALK(nb_vmap) {
+    nb_fn *f = fx_fn(w), *o = S_F;
+    nb_vmap_opts vo = nb_vmap_opts_default();
+    vo.in_axes = TREE_OPT(fx_ival(w)); /* an int leaf: a prefix of any args */
+    vo.out_axes = TREE_OPT(fx_ival(w));
+    W_ST(nb_vmap(FN(f), &vo, OUT(&o)));
+    W_NULLOUT(o);
+    drop_f(o);
+}
 WALK(nb_grad_template) {
     nb_tree *p = fx_params(w), *m = fx_mask(w), *o = S_T;
     W_ST(nb_grad_template(TREE(p), TREE_OPT(m), OUT(&o)));
@@ -2544,6 +2553,8 @@ static const entry k_table[] = {
     EAGER(nb_vjp),
     EAGER(nb_jvp),
     EAGER(nb_custom_vjp),
+    EAGER(nb_vmap),
+    EXEMPT(nb_vmap_opts_default, k_defaults),
     EAGER(nb_grad_template),
     /* random.h */
     EAGER(nb_random_key),
