@@ -99,9 +99,12 @@ NB_API nb_status nb_custom_vjp(nb_fn *f, nb_fn *fwd, nb_fn *bwd, nb_fn **out);
  * other rules (src/ad/op_*.c; an op without one fails with NB_ERR_UNSUPPORTED naming it),
  * so vmap composes with grad, jvp, jit and itself in any order -- jit(vmap(grad(f))),
  * grad(vmap(f)) (the cotangent of an unbatched argument sums the lanes'), vmap(vmap(f)).
- * Calls inside a vmapped function are inlined. f is borrowed and retained; in_axes and
- * out_axes are retained and compared by value (part of the jit cache's identity). Returns a
- * new reference. */
+ * Calls inside a vmapped function are inlined; nb_debug_print prints the batched value
+ * once. Not yet: loops (nb_while_loop and what is built on it, nb_diffeqsolve) inside a
+ * vmapped function, and a derivative taken around a vmapped nb_custom_vjp function (inside
+ * it, vmap(grad(f)), works) -- both NB_ERR_UNSUPPORTED naming the op. f is borrowed and retained;
+ * in_axes and out_axes are retained and compared by value (part of the jit cache's identity).
+ * Returns a new reference. */
 typedef struct nb_vmap_opts {
     const nb_tree *in_axes;  /* NULL: every array leaf on axis 0 */
     const nb_tree *out_axes; /* NULL: every output leaf on axis 0 */

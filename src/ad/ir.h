@@ -178,6 +178,7 @@ struct nb_trace {
     int depth;                 /* nesting of inlined calls, bounded */
     bool quiet;                /* no trace accounting (IR printing) */
     int ad_depth;              /* > 0 while tracing under grad/vjp/jvp: calls are inlined */
+    int vmap_depth;            /* > 0 while tracing under vmap: calls are inlined too */
     /* Trace accounting this trace did (jit.c), taken back if it fails: a refused or failed
      * trace produced no executable, so it is not a trace the user sees counted. */
     struct nbi_trace_undo *undo;

@@ -2209,7 +2209,8 @@ const nb_tree *nb_apply(nb_trace *tr, nb_fn *f, const nb_tree *args) {
         return NULL;
     }
     /* Under a gradient transform every call is inlined, so that it is differentiated. */
-    for (const nb_fn *g = f; tr->ad_depth == 0 && g->kind != NBI_FN_PLAIN; g = g->inner) {
+    for (const nb_fn *g = f; tr->ad_depth == 0 && tr->vmap_depth == 0 && g->kind != NBI_FN_PLAIN;
+         g = g->inner) {
         if (g->kind == NBI_FN_GRAD || g->kind == NBI_FN_VJP || g->kind == NBI_FN_JVP ||
             g->kind == NBI_FN_VMAP) {
             break; /* the transform's own body is traced inline */

@@ -253,6 +253,13 @@ const nbi_op_info nbi_opinfo_iota = {
  * and are never batched. A call inside a vmapped function is inlined (vmap.c), so call and
  * call_output never meet a batched input; custom_vjp's node (made under a gradient) would
  * need its rule's bwd batched too: not yet. */
+/* The unbatched node of a print or check ran on the examples (zeros): it becomes a plain
+ * copy, so that only the batched one prints or checks (they are kept however unused). */
+static void nbi_vmap_silence(nb_var *node) {
+    node->op = NBI_OP_IDENTITY;
+    node->n_in = 1;
+}
+
 static nb_var *nbi_vmap_same(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
     nb_var *in[2];
     for (int32_t j = 0; j < node->n_in && j < 2; j++) {
@@ -261,7 +268,25 @@ static nb_var *nbi_vmap_same(nb_trace *tr, nb_var *node, nb_var *const *bin, int
             in[j] = nbi_vmap_bcast(node->in[j], B); /* value and derivative alike */
         }
     }
-    return nbi_emit(tr, (nbi_op)node->op, node->n_in, in, &node->at);
+    nb_var *r = nbi_emit(tr, (nbi_op)node->op, node->n_in, in, &node->at);
+    if (node->op == NBI_OP_PRINT) {
+        nbi_vmap_silence(node);
+    }
+    return r;
+}
+
+/* custom_vjp's node is made under a gradient; under vmap without one around (vmap(grad(f))),
+ * that gradient was taken before the region is batched, so the node is its value, in[0]. A
+ * gradient around the vmap would need bwd batched: not yet. */
+static nb_var *nbi_vmap_custom(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    if (tr->ad_depth > 0) {
+        return nbi_trace_errv(tr, NB_ERR_UNSUPPORTED,
+                              "nb_vmap: a derivative taken around a vmapped function made with "
+                              "nb_custom_vjp is not supported yet -- take the derivative inside "
+                              "the vmap (vmap(grad(f)), per-lane gradients; sum them for "
+                              "grad(vmap(f)))");
+    }
+    return bin[0] != NULL ? bin[0] : nbi_vmap_bcast(node->in[0], B);
 }
 
 /* check(x, cond, vals): fails when any lane's cond does, with the first such lane's vals */
@@ -280,18 +305,18 @@ static nb_var *nbi_vmap_check(nb_trace *tr, nb_var *node, nb_var *const *bin, in
     }
     nb_var *x = bin[0] != NULL ? bin[0] : nbi_vmap_bcast(node->in[0], B);
     nb_var *in[3] = {x, cond, vals};
-    return nbi_emit(tr, NBI_OP_CHECK, 3, in, &node->at);
+    nb_var *r = nbi_emit(tr, NBI_OP_CHECK, 3, in, &node->at);
+    nbi_vmap_silence(node);
+    return r;
 }
 
 static nb_var *nbi_vmap_refuse(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
     (void)bin;
     (void)B;
-    return nbi_trace_errv(tr, NB_ERR_UNSUPPORTED, "nb_vmap: %s is not batched yet -- %s",
-                          nbi_op_get((nbi_op)node->op)->name,
-                          node->op == NBI_OP_CUSTOM_VJP
-                              ? "a function made with nb_custom_vjp under a gradient inside "
-                                "nb_vmap (vmap the gradient instead: vmap(grad(f)))"
-                              : "an un-inlined call inside nb_vmap (an internal error)");
+    return nbi_trace_errv(tr, NB_ERR_INTERNAL,
+                          "nb_vmap: %s met a batched input: calls inside nb_vmap are inlined, "
+                          "so this is an internal error",
+                          nbi_op_get((nbi_op)node->op)->name);
 }
 
 const nbi_op_info nbi_opinfo_stop_gradient = {.name = "stop_gradient",
@@ -379,7 +404,7 @@ const nbi_op_info nbi_opinfo_custom_vjp = {.name = "custom_vjp",
                                            .nondiff = 1,
                                            .vjp = nbi_vjp_custom,
                                            .jvp = nbi_jvp_custom,
-                                           .vmap = nbi_vmap_refuse};
+                                           .vmap = nbi_vmap_custom};
 
 const nbi_op_info nbi_opinfo_call = {.name = "call",
                                      .n_in = -1,

@@ -1921,7 +1921,7 @@ static nb_var **nbi_bstarts(nb_trace *tr, const nb_var *node, int32_t first) {
         nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory");
         return NULL;
     }
-    s[0] = nb_scalar_typed(tr, node->in[first]->dtype, 0.0);
+    s[0] = nb_scalar_typed(tr, n > 0 ? node->in[first]->dtype : NB_DTYPE_I32, 0.0);
     memcpy(s + 1, node->in + first, (size_t)n * sizeof *s);
     return s;
 }

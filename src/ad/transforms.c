@@ -256,6 +256,11 @@ static nb_status nbi_mark_rec(nbi_mark *m, const nb_tree *x, const nb_tree *spec
     if (st == NB_OK) {
         (*out)->flags = x->flags;
     }
+    if (st == NB_OK && m->tr->status != NB_OK) { /* the identity failed: the caller keeps no
+                                                    leaf on failure, so none is made */
+        nb_tree_destroy(*out);
+        *out = NULL;
+    }
     return st != NB_OK ? st : m->tr->status;
 }
 

@@ -82,6 +82,11 @@ nb_var *nbi_vmap_move(nb_var *x, int from, int to) {
  * (each lane runs the unbatched kernel) but B nodes: for ops whose kernels have no batched
  * form yet (the random samplers). */
 nb_var *nbi_vmap_unroll(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    if (node->rank + 1 > NB_MAX_RANK) {
+        return nbi_trace_errv(tr, NB_ERR_SHAPE,
+                              "nb_vmap: a batched %s of rank %d exceeds the maximum rank %d",
+                              nbi_op_name((nbi_op)node->op), node->rank + 1, NB_MAX_RANK);
+    }
     if (B == 0) {
         int64_t shape[NB_MAX_RANK];
         shape[0] = 0;
@@ -370,17 +375,12 @@ static nb_status nbi_vin_rec(nbi_vin *m, const nb_tree *x, const nb_tree *axes, 
         }
         return st == NB_OK ? NB_OK : nbi_trace_err(tr, st, "nb_vmap: out of memory");
     }
+    /* an int batches the arrays under it; static leaves are never batched (filter_vmap) */
     bool batched =
-        dflt ? x->kind == NB_TREE_KIND_VAR : axes != NULL && axes->kind == NB_TREE_KIND_INT;
+        x->kind == NB_TREE_KIND_VAR && (dflt || (axes != NULL && axes->kind == NB_TREE_KIND_INT));
     if (!batched) {
         *out = nb_tree_retain((nb_tree *)x);
         return NB_OK;
-    }
-    if (x->kind != NB_TREE_KIND_VAR) {
-        return nbi_trace_err(tr, NB_ERR_INVALID,
-                             "nb_vmap: in_axes gives axis %lld at %s, which is a %s, not an "
-                             "array -- only arrays are batched: give null there",
-                             (long long)axes->u.i, nbi_path_str(path), nb_tree_kind_name(x->kind));
     }
     nb_var *v = x->u.var.var;
     int64_t ax = dflt ? 0 : axes->u.i;
@@ -409,7 +409,11 @@ static nb_status nbi_vin_rec(nbi_vin *m, const nb_tree *x, const nb_tree *axes, 
     }
     nb_var *bx = nbi_vmap_move(v, a, 0);
     int64_t shape[NB_MAX_RANK];
-    memcpy(shape, bx->shape + 1, (size_t)(bx->rank - 1) * sizeof *shape);
+    for (int d = 0, k = 0; d < v->rank; d++) {
+        if (d != a) {
+            shape[k++] = v->shape[d];
+        }
+    }
     nb_var *ex = nb_full(tr, v->dtype, v->rank - 1, shape, 0.0);
     if (tr->status != NB_OK || nbi_vin_push(m, ex, bx) != NB_OK) {
         return tr->status;
@@ -579,9 +583,9 @@ nb_status nbi_trace_vmap(nb_trace *tr, const nb_fn *g, const nb_tree *self, cons
     int64_t B = m.B >= 0 ? m.B : axis_size;
     int32_t begin = tr->g.n_nodes;
     if (st == NB_OK) {
-        tr->ad_depth++;
+        tr->vmap_depth++; /* calls inlined (not ad_depth: a custom_vjp stays a plain call) */
         st = nbi_trace_fn(tr, g->inner, self, ex, &res);
-        tr->ad_depth--;
+        tr->vmap_depth--;
     }
     int32_t end = tr->g.n_nodes;
     nbi_vout o;

@@ -3806,8 +3806,10 @@ static nb_status nbo_ip_term(nb_trace *tr, const nb_tree *self, const nb_tree *a
                            nb_maximum(nb_sub(i, nbo_i32(tr, 1)), nbo_i32(tr, 0)));
     nb_var *three = nb_logical_and(nb_scalar_typed(tr, NB_DTYPE_BOOL, quintic),
                                    nb_le(nbo_i32(tr, 2), nacc)); /* else the cubic */
-    nb_var *ta = nb_take(T, i, 0), *tb = nb_take(T, j, 0), *tc = nb_take(T, kk, 0);
-    tc = nb_select(three, tc, nb_sub(nb_add(tb, tb), ta)); /* distinct when unused */
+    nb_var *ta = nb_take(T, i, 0), *tb = nb_take(T, j, 0), *tcr = nb_take(T, kk, 0);
+    /* unused (one kept step, or the cubic): the term is evaluated at (tb, yb) again, inside
+     * the interval, and the differences see a distinct node with y and f of b's -- finite */
+    nb_var *tf = nb_select(three, tcr, tb), *tc = nb_select(three, tcr, nb_sub(nb_add(tb, tb), ta));
     int64_t L = 0;
     nb_treedef *ydef = NULL;
     nb_var **al = nbo_leaves(tr, nb_tree_get(z, "a"), &L, &ydef);
@@ -3821,12 +3823,12 @@ static nb_status nbo_ip_term(nb_trace *tr, const nb_tree *self, const nb_tree *a
         nb_var *Yk = nb_var_of(tr, nb_tree_child(Ys, k));
         ya[k] = nb_take(Yk, i, 0);
         yb[k] = nb_take(Yk, j, 0);
-        yc[k] = nb_take(Yk, kk, 0);
+        yc[k] = nb_select(three, nb_take(Yk, kk, 0), yb[k]);
     }
     nb_var **fa = nbo_ip_f(tr, self, ta, ydef, L, ya, ua, us);
     nb_var **fb = fa != NULL ? nbo_ip_f(tr, self, tb, ydef, L, yb, ua, us) : NULL;
     nb_var **fc = fb == NULL     ? NULL
-                  : quintic != 0 ? nbo_ip_f(tr, self, tc, ydef, L, yc, ua, us)
+                  : quintic != 0 ? nbo_ip_f(tr, self, tf, ydef, L, yc, ua, us)
                                  : fb;
     if (fc == NULL) {
         nb_treedef_destroy(ydef);

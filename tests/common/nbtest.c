@@ -153,6 +153,10 @@ int nbt_oom_sweep(const char *name, nb_status (*scenario)(nb_ctx *ctx), bool che
         } else {
             NBT_OK(ctx, s);
         }
+        if (getenv("NBT_OOM_TRACE") != NULL) { /* which point a failure below is at */
+            fprintf(stderr, "%s: allocation %lld failed (%s)\n", name, (long long)k,
+                    nb_status_name(s));
+        }
         nbt_assert_no_live(ctx);
         if (rerun && injected) {
             nb_ctx_clear_error(ctx);
