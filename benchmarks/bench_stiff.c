@@ -13,10 +13,10 @@
  * (1e-4 only: an order-2 method) and bdf, also at rtol 1e-10 (not kencarp5, ros3p), each jitted
  * with the parameters as an argument, native code compiled before timing (NABLA_NATIVE=now unless
  * set), 1 thread; the median of the rounds (bench_common.h: interleaved, rotated). Gradients:
- * rodas5p, kvaerno5 and bdf with the recursive checkpoint adjoint (nabla_<solver>_grad) and
- * with the interpolating adjoint (nabla_<solver>_interp_grad). Peers, run from here when
- * built/installed: build/peers/cvodes_stiff (SUNDIALS CVODES BDF, dense linear solver, analytic
- * Jacobian; its adjoint CVodeB for gradients; benchmarks/peers/build_cvodes.sh),
+ * rodas5p, kvaerno5 and bdf with the recursive checkpoint adjoint (nabla_<solver>_grad), and
+ * rodas5p and bdf with the interpolating adjoint (nabla_<solver>_interp_grad). Peers, run from here
+ * when built/installed: build/peers/cvodes_stiff (SUNDIALS CVODES BDF, dense linear solver,
+ * analytic Jacobian; its adjoint CVodeB for gradients; benchmarks/peers/build_cvodes.sh),
  * benchmarks/peers/diffrax_stiff.py (Diffrax Kvaerno5 and KenCarp5, RecursiveCheckpointAdjoint) and
  * benchmarks/peers/scipy_stiff.py (SciPy Radau and BDF with the analytic Jacobian), both with
  * build/peers/bin/python.
@@ -297,6 +297,20 @@ static void run_nabla(nb_ctx *ctx, const sp_problem *P, int solver, int rexp, in
     nb_tree_destroy(args);
 }
 
+/* Is name one of the comma-separated list's entries? */
+static bool bench_listed(const char *list, const char *name) {
+    size_t n = strlen(name);
+    for (const char *p = list; *p != '\0';) {
+        const char *e = strchr(p, ',');
+        size_t len = e != NULL ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) {
+            return true;
+        }
+        p += len + (e != NULL);
+    }
+    return false;
+}
+
 /* ---- reporting ----------------------------------------------------------------------------- */
 
 static const char *const PEERS[] = {"cvodes_bdf", "diffrax_kvaerno5", "diffrax_kencarp5",
@@ -483,7 +497,7 @@ static void write_plots(const char *dir) {
 int main(int argc, char **argv) {
     int rounds = 7;
     bool peers = true;
-    const char *plots = NULL;
+    const char *plots = NULL, *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc) {
             rounds = atoi(argv[++i]);
@@ -491,8 +505,11 @@ int main(int argc, char **argv) {
             peers = false;
         } else if (strcmp(argv[i], "--plots") == 0 && i + 1 < argc) {
             plots = argv[++i];
+        } else if (strcmp(argv[i], "--problems") == 0 && i + 1 < argc) {
+            only = argv[++i];
         } else {
-            fprintf(stderr, "usage: bench_stiff [--rounds N] [--no-peers] [--plots DIR]\n");
+            fprintf(stderr, "usage: bench_stiff [--rounds N] [--no-peers] [--problems a,b] "
+                            "[--plots DIR]\n");
             return 2;
         }
     }
@@ -509,6 +526,9 @@ int main(int argc, char **argv) {
            getenv("NABLA_NATIVE"), load);
     for (size_t pi = 0; pi < sizeof PROBLEMS / sizeof PROBLEMS[0]; pi++) {
         const sp_problem *P = problem(PROBLEMS[pi]);
+        if (only != NULL && !bench_listed(only, P->name)) {
+            continue; /* --problems: the others are skipped (the peers still run all) */
+        }
         for (size_t s = 0; s < sizeof NABLA_SOLVERS / sizeof NABLA_SOLVERS[0]; s++) {
             for (size_t r = 0; r < sizeof RTOLS / sizeof RTOLS[0]; r++) {
                 if (NABLA_SOLVERS[s] == NB_ODE_ROSENBROCK23 && RTOLS[r] > 4) {
@@ -527,6 +547,9 @@ int main(int argc, char **argv) {
             static const int gs[] = {NB_ODE_RODAS5P, NB_ODE_KVAERNO5, NB_ODE_BDF};
             for (int kind = 1; kind <= 2; kind++) {
                 for (size_t s = 0; s < 3; s++) {
+                    if (kind == 2 && gs[s] == NB_ODE_KVAERNO5) {
+                        continue; /* the interpolating adjoint: rodas5p and bdf */
+                    }
                     for (size_t r = 0; r < sizeof RTOLS / sizeof RTOLS[0]; r++) {
                         run_nabla(ctx, P, gs[s], RTOLS[r], kind, rounds);
                     }
