@@ -7,10 +7,12 @@
  * once for every lane), and a node with a batched input is rebuilt by its op's batching rule
  * (nbi_op_info.vmap) from the batched values. Every batched value carries its batch on axis
  * 0; the arguments' batch axes are moved there on entry and the outputs' to out_axes on
- * exit. The example nodes end up unused and the passes remove them.
+ * exit. The example nodes end up unused and the passes remove them (a print or check on
+ * them is turned into a copy by its rule, so that only the batched one runs).
  *
- * The layer's options live in the function's spec tree, (in_axes, out_axes, axis_size), so
- * that they are part of the jit cache's identity like a grad's filter spec.
+ * The layer's options live in the function's spec tree, (in_axes, out_axes, axis_size,
+ * in_axes given, out_axes given), so that they are part of the jit cache's identity like a
+ * grad's filter spec.
  */
 #include "ad/ir.h"
 
