@@ -319,6 +319,44 @@ static nb_status nbi_vin_push(nbi_vin *m, nb_var *ex, nb_var *bx) {
     return NB_OK;
 }
 
+/* The prefix tree below node x for axes (what = "in_axes" or "out_axes", against "the
+ * arguments" or "the output"): axes itself when it is an int or null (it applies to the
+ * whole subtree; *sub NULL), or a node of x's kind, length and dict keys (*sub = axes). */
+static nb_status nbi_vaxes_sub(nb_trace *tr, const nb_tree *x, const nb_tree *axes,
+                               const char *what, const char *against, nbi_path *path,
+                               const nb_tree **sub) {
+    *sub = axes != NULL && nbi_tree_kind_is_node(axes->kind) ? axes : NULL;
+    if (*sub == NULL) {
+        return NB_OK;
+    }
+    if (axes->kind != x->kind || axes->n != x->n) {
+        return nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                             "nb_vmap: %s does not match %s at %s: %s of %lld vs %s of %lld (%s "
+                             "is a tree shaped like %s, or a prefix of it, with an int or null "
+                             "at its leaves)",
+                             what, against, nbi_path_str(path), nb_tree_kind_name(axes->kind),
+                             (long long)axes->n, nb_tree_kind_name(x->kind), (long long)x->n, what,
+                             against);
+    }
+    for (int64_t i = 0; x->kind == NB_TREE_KIND_DICT && i < x->n; i++) {
+        if (strcmp(axes->keys[i], x->keys[i]) != 0) {
+            return nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                                 "nb_vmap: %s has key \"%s\" where %s hold \"%s\" (at %s)", what,
+                                 axes->keys[i], against, x->keys[i], nbi_path_str(path));
+        }
+    }
+    return NB_OK;
+}
+
+/* path + the step to x's child i */
+static void nbi_vpath_push(nbi_path *path, const nb_tree *x, int64_t i) {
+    if (x->kind == NB_TREE_KIND_DICT) {
+        nbi_path_push_key(path, x->keys[i]);
+    } else {
+        nbi_path_push_index(path, i);
+    }
+}
+
 /* The example args: args with each batched var leaf (axes: the in_axes prefix at this node;
  * NULL means the default, 0 for every var leaf) replaced by a zero array of one lane's shape. */
 static nb_status nbi_vin_rec(nbi_vin *m, const nb_tree *x, const nb_tree *axes, bool dflt,
@@ -329,14 +367,9 @@ static nb_status nbi_vin_rec(nbi_vin *m, const nb_tree *x, const nb_tree *axes, 
         dflt = false; /* an int or null applies to the whole subtree */
     }
     if (nbi_tree_kind_is_node(x->kind)) {
-        const nb_tree *sub = axes != NULL && nbi_tree_kind_is_node(axes->kind) ? axes : NULL;
-        if (sub != NULL && (sub->kind != x->kind || sub->n != x->n)) {
-            return nbi_trace_err(tr, NB_ERR_STRUCTURE,
-                                 "nb_vmap: in_axes does not match the arguments at %s: %s of %lld "
-                                 "vs %s of %lld (in_axes is a tree shaped like the arguments, or "
-                                 "a prefix of it, with an int or null at its leaves)",
-                                 nbi_path_str(path), nb_tree_kind_name(sub->kind),
-                                 (long long)sub->n, nb_tree_kind_name(x->kind), (long long)x->n);
+        const nb_tree *sub = NULL;
+        if (nbi_vaxes_sub(tr, x, axes, "in_axes", "the arguments", path, &sub) != NB_OK) {
+            return tr->status;
         }
         nb_tree **items =
             nbi_arena_alloc(&tr->arena, (size_t)(x->n > 0 ? x->n : 1) * sizeof *items);
@@ -344,22 +377,8 @@ static nb_status nbi_vin_rec(nbi_vin *m, const nb_tree *x, const nb_tree *axes, 
             return nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory");
         }
         for (int64_t i = 0; i < x->n; i++) {
-            if (sub != NULL && x->kind == NB_TREE_KIND_DICT &&
-                strcmp(sub->keys[i], x->keys[i]) != 0) {
-                for (int64_t k = 0; k < i; k++) {
-                    nb_tree_destroy(items[k]);
-                }
-                return nbi_trace_err(tr, NB_ERR_STRUCTURE,
-                                     "nb_vmap: in_axes has key \"%s\" where the arguments have "
-                                     "\"%s\" (at %s)",
-                                     sub->keys[i], x->keys[i], nbi_path_str(path));
-            }
             nbi_path_mark pm = nbi_path_save(path);
-            if (x->kind == NB_TREE_KIND_DICT) {
-                nbi_path_push_key(path, x->keys[i]);
-            } else {
-                nbi_path_push_index(path, i);
-            }
+            nbi_vpath_push(path, x, i);
             nb_status st = nbi_vin_rec(m, x->children[i], sub != NULL ? sub->children[i] : axes,
                                        dflt, path, &items[i]);
             nbi_path_restore(path, pm);
@@ -445,14 +464,9 @@ static nb_status nbi_vout_rec(nbi_vout *m, const nb_tree *x, const nb_tree *axes
         dflt = false;
     }
     if (nbi_tree_kind_is_node(x->kind)) {
-        const nb_tree *sub = axes != NULL && nbi_tree_kind_is_node(axes->kind) ? axes : NULL;
-        if (sub != NULL && (sub->kind != x->kind || sub->n != x->n)) {
-            return nbi_trace_err(tr, NB_ERR_STRUCTURE,
-                                 "nb_vmap: out_axes does not match the output at %s: %s of %lld "
-                                 "vs %s of %lld (out_axes is a tree shaped like the output, or a "
-                                 "prefix of it, with an int or null at its leaves)",
-                                 nbi_path_str(path), nb_tree_kind_name(sub->kind),
-                                 (long long)sub->n, nb_tree_kind_name(x->kind), (long long)x->n);
+        const nb_tree *sub = NULL;
+        if (nbi_vaxes_sub(tr, x, axes, "out_axes", "the output", path, &sub) != NB_OK) {
+            return tr->status;
         }
         nb_tree **items = NULL;
         if (!collect) {
@@ -462,22 +476,8 @@ static nb_status nbi_vout_rec(nbi_vout *m, const nb_tree *x, const nb_tree *axes
             }
         }
         for (int64_t i = 0; i < x->n; i++) {
-            if (sub != NULL && x->kind == NB_TREE_KIND_DICT &&
-                strcmp(sub->keys[i], x->keys[i]) != 0) {
-                for (int64_t k = 0; !collect && k < i; k++) {
-                    nb_tree_destroy(items[k]);
-                }
-                return nbi_trace_err(tr, NB_ERR_STRUCTURE,
-                                     "nb_vmap: out_axes has key \"%s\" where the output has "
-                                     "\"%s\" (at %s)",
-                                     sub->keys[i], x->keys[i], nbi_path_str(path));
-            }
             nbi_path_mark pm = nbi_path_save(path);
-            if (x->kind == NB_TREE_KIND_DICT) {
-                nbi_path_push_key(path, x->keys[i]);
-            } else {
-                nbi_path_push_index(path, i);
-            }
+            nbi_vpath_push(path, x, i);
             nb_status st = nbi_vout_rec(m, x->children[i], sub != NULL ? sub->children[i] : axes,
                                         dflt, collect, path, collect ? NULL : &items[i]);
             nbi_path_restore(path, pm);

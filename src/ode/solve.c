@@ -2858,7 +2858,12 @@ static nb_var *nbo_initial_step(nb_trace *tr, nbo_solve *S, nb_var *const *fy0) 
         nb_select(nb_le(maxd, nb_scalar(tr, 1e-15)),
                   nb_maximum(nb_scalar_typed(tr, S->dtype, 1e-6), nb_mul(h0, nb_scalar(tr, 1e-3))),
                   nb_pow(nb_div(nb_scalar(tr, 0.01), maxd), nb_scalar(tr, 1.0 / order)));
-    return nb_stop_gradient(nb_minimum(nb_mul(h0, nb_scalar(tr, 100.0)), h1));
+    nb_var *h = nb_minimum(nb_mul(h0, nb_scalar(tr, 100.0)), h1);
+    /* at least 8 ulp of t0: a smaller step would not move t (t0 = 1e5 with a stiff term's
+     * 1e-12), and the BDF rescales its history by h / h0. (States are f32 or f64.) */
+    double eps = S->dtype == NB_DTYPE_F64 ? DBL_EPSILON : FLT_EPSILON;
+    h = nb_maximum(h, nb_mul(nb_abs(t0), nb_scalar(tr, 8 * eps)));
+    return nb_stop_gradient(h);
 }
 
 /* The solve with the term given as its body (a fnref leaf) and bound data; opts checked.
@@ -2972,10 +2977,6 @@ static const nb_tree *nbo_core(nb_trace *tr, nb_tree *fnref, const nb_tree *tuse
             if (first == NULL) {
                 goto done;
             }
-            /* at least 8 ulp of t0: a smaller step would not move t (t0 = 1e5 with a
-             * stiff term's 1e-12), and the BDF rescales its history by h / h0 */
-            double eps = dt == NB_DTYPE_F64 ? DBL_EPSILON : FLT_EPSILON;
-            first = nb_maximum(first, nb_mul(nb_abs(tau0), nb_scalar(tr, 8 * eps)));
         }
         /* the first step within [dtmin, dtmax] (as Diffrax's PIDController.init) */
         nb_var *at_dtmin0 = nb_scalar_typed(tr, NB_DTYPE_BOOL, 0.0);
