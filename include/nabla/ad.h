@@ -104,7 +104,70 @@ NB_API nb_status nb_custom_vjp(nb_fn *f, nb_fn *fwd, nb_fn *bwd, nb_fn **out);
  * vmapped function, and a derivative taken around a vmapped nb_custom_vjp function (inside
  * it, vmap(grad(f)), works) -- both NB_ERR_UNSUPPORTED naming the op. f is borrowed and retained;
  * in_axes and out_axes are retained and compared by value (part of the jit cache's identity).
- * Returns a new reference. */
+ * Returns a new reference.
+ *
+ * Per-example gradients of a least-squares loss, the weights shared (in_axes null); each is
+ * 2 (w . x - y) x:
+ * [example vmap_grad.c]
+ *     #include <nabla/nabla.h>
+ *
+ *     #include <stdio.h> // printf, fprintf
+ *
+ *     // args = (w f64[2], x f64[2], y f64[]): (w . x - y)^2
+ *     static nb_status loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+ *                           nb_tree **out) {
+ *         (void)self;
+ *         nb_var *w = nb_get(tr, args, "[0]"), *x = nb_get(tr, args, "[1]");
+ *         nb_var *r = nb_sub(nb_dot(w, x), nb_get(tr, args, "[2]"));
+ *         return nb_return(nb_square(r), out);
+ *     }
+ *
+ *     int main(void) {
+ *         nb_ctx *ctx = NULL;
+ *         if (nb_ctx_create(NULL, &ctx) != NB_OK) return 1;
+ *         double w[2] = {1, 2}, x[3][2] = {{1, 0}, {0, 1}, {1, 1}}, y[3] = {0, 1, 2};
+ *         nb_array *aw = NULL, *ax = NULL, *ay = NULL;
+ *         nb_tree *l[3] = {NULL, NULL, NULL}, *al[3] = {NULL, NULL, NULL};
+ *         nb_tree *args = NULL, *axes = NULL, *g = NULL;
+ *         nb_fn *f = NULL, *df = NULL, *per = NULL;
+ *         nb_status st = nb_array_from_data(ctx, NB_DTYPE_F64, 1, (int64_t[]){2}, w, &aw);
+ *         if (st == NB_OK)
+ *             st = nb_array_from_data(ctx, NB_DTYPE_F64, 2, (int64_t[]){3, 2}, x, &ax);
+ *         if (st == NB_OK)
+ *             st = nb_array_from_data(ctx, NB_DTYPE_F64, 1, (int64_t[]){3}, y, &ay);
+ *         if (st == NB_OK) st = nb_tree_array(aw, &l[0]);
+ *         if (st == NB_OK) st = nb_tree_array(ax, &l[1]);
+ *         if (st == NB_OK) st = nb_tree_array(ay, &l[2]);
+ *         if (st == NB_OK) st = nb_tree_tuple(ctx, 3, l, &args);
+ *         if (st == NB_OK) st = nb_tree_null(ctx, &al[0]);  // w: the same for every example
+ *         if (st == NB_OK) st = nb_tree_int(ctx, 0, &al[1]); // x: examples on axis 0
+ *         if (st == NB_OK) st = nb_tree_int(ctx, 0, &al[2]); // y likewise
+ *         if (st == NB_OK) st = nb_tree_tuple(ctx, 3, al, &axes);
+ *         if (st == NB_OK) st = nb_fn_create(ctx, "loss", loss, NULL, &f);
+ *         if (st == NB_OK) st = nb_grad(f, NULL, &df);
+ *         nb_vmap_opts o = nb_vmap_opts_default();
+ *         o.in_axes = axes;
+ *         if (st == NB_OK) st = nb_vmap(df, &o, &per);
+ *         if (st == NB_OK) st = nb_fn_call(per, args, &g); // dloss/dw per example: f64[3,2]
+ *         if (st == NB_OK) {
+ *             const double *d = nb_array_data(nb_tree_get_array(g));
+ *             for (int i = 0; i < 3; i++)
+ *                 printf("example %d: %g %g\n", i, d[2 * i], d[2 * i + 1]);
+ *             //   example 0: 2 0
+ *             //   example 1: 0 2
+ *             //   example 2: 2 2
+ *             if (d[0] != 2 || d[1] != 0 || d[3] != 2 || d[4] != 2) st = NB_ERR_INTERNAL;
+ *         }
+ *         if (st != NB_OK) fprintf(stderr, "%s\n", nb_ctx_errmsg(ctx));
+ *         nb_tree_destroy(g); nb_fn_destroy(per); nb_fn_destroy(df); nb_fn_destroy(f);
+ *         nb_tree_destroy(axes); nb_tree_destroy(args);
+ *         for (int i = 0; i < 3; i++) { nb_tree_destroy(l[i]); nb_tree_destroy(al[i]); }
+ *         nb_array_destroy(aw); nb_array_destroy(ax); nb_array_destroy(ay);
+ *         nb_ctx_destroy(ctx);
+ *         return st == NB_OK ? 0 : 1;
+ *     }
+ * [end of example]
+ */
 typedef struct nb_vmap_opts {
     const nb_tree *in_axes;  /* NULL: every array leaf on axis 0 */
     const nb_tree *out_axes; /* NULL: every output leaf on axis 0 */
