@@ -558,6 +558,10 @@ NBI_HIDDEN void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_va
 /* Forward mode through w: in_tan[j] the tangent of operand j (NULL: zero); sets
  * out_tan[i] for carry leaf i (NULL for integer leaves). */
 NBI_HIDDEN void nbi_while_jvp(nb_trace *tr, nb_var *w, nb_var *const *in_tan, nb_var **out_tan);
+/* Batching a while or loop_reverse node (bin as for nbi_vmap_fn): outs[i] the batched value
+ * of the node's output i (what its call_output i reads), batch on axis 0. */
+NBI_HIDDEN nb_status nbi_loop_vmap(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B,
+                                   nb_var **outs);
 
 /* Evaluate one node's kernel on concrete buffers (constant folding, reference runs). */
 NBI_HIDDEN void nbi_run_kernel(const nb_var *node, void *out, const void *const *in, void *scratch);

@@ -121,6 +121,7 @@ nb_status nbi_vmap_region(nb_trace *tr, int32_t begin, int32_t end, int n_in, nb
         return nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory");
     }
     memset(bat, 0, ((size_t)end + 1) * sizeof *bat);
+    nb_var ***multi = NULL; /* a batched loop's outputs, by the loop node's id */
     for (int i = 0; i < n_in; i++) {
         if (ins[i] != NULL && ins[i]->id >= 0 && ins[i]->id < end) {
             bat[ins[i]->id] = bins[i];
@@ -135,15 +136,15 @@ nb_status nbi_vmap_region(nb_trace *tr, int32_t begin, int32_t end, int n_in, nb
         if (!any) {
             continue;
         }
-        const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
-        if (info->vmap == NULL) {
-            char sig[NBI_SIG_CAP];
-            return nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
-                                 "nb_vmap: the op '%s' (%s, in '%s') has no batching rule yet -- "
-                                 "call the function once per lane, or keep that op's inputs "
-                                 "unbatched (in_axes null)",
-                                 info->name, nbi_var_sig(sig, sizeof sig, v),
-                                 v->fn != NULL ? v->fn : "?");
+        if (v->op == NBI_OP_CALL_OUTPUT && multi != NULL && multi[v->in[0]->id] != NULL) {
+            bat[i] = multi[v->in[0]->id][v->at.ivalue];
+            continue;
+        }
+        for (int32_t j = 0; multi != NULL && j < v->n_in; j++) {
+            if (v->in[j]->id < end && multi[v->in[j]->id] != NULL) {
+                return nbi_trace_err(tr, NB_ERR_INTERNAL, "nb_vmap: a %s reads a loop's buffer",
+                                     nbi_op_name((nbi_op)v->op));
+            }
         }
         if (v->n_in > 64) {
             args = nbi_arena_alloc(&tr->arena, (size_t)v->n_in * sizeof *args);
@@ -153,6 +154,36 @@ nb_status nbi_vmap_region(nb_trace *tr, int32_t begin, int32_t end, int n_in, nb
         }
         for (int32_t j = 0; j < v->n_in; j++) {
             args[j] = v->in[j]->id < end ? bat[v->in[j]->id] : NULL;
+        }
+        if (v->op == NBI_OP_WHILE || v->op == NBI_OP_LOOP_REVERSE) {
+            /* several outputs, read by call_output nodes */
+            int32_t n_lo = nbi_exec_n_outputs(v->at.callee);
+            nb_var **o = nbi_arena_alloc(&tr->arena, ((size_t)n_lo + 1) * sizeof *o);
+            if (multi == NULL) {
+                multi = nbi_arena_alloc(&tr->arena, ((size_t)end + 1) * sizeof *multi);
+                if (multi != NULL) {
+                    memset(multi, 0, ((size_t)end + 1) * sizeof *multi);
+                }
+            }
+            if (o == NULL || multi == NULL) {
+                return nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory");
+            }
+            if (nbi_loop_vmap(tr, v, args, B, o) != NB_OK) {
+                return tr->status;
+            }
+            multi[i] = o;
+            bat[i] = v; /* a marker: only its call_output nodes read it */
+            continue;
+        }
+        const nbi_op_info *info = nbi_op_get((nbi_op)v->op);
+        if (info->vmap == NULL) {
+            char sig[NBI_SIG_CAP];
+            return nbi_trace_err(tr, NB_ERR_UNSUPPORTED,
+                                 "nb_vmap: the op '%s' (%s, in '%s') has no batching rule yet -- "
+                                 "call the function once per lane, or keep that op's inputs "
+                                 "unbatched (in_axes null)",
+                                 info->name, nbi_var_sig(sig, sizeof sig, v),
+                                 v->fn != NULL ? v->fn : "?");
         }
         nb_var *r = info->vmap(tr, v, args, B);
         if (tr->status != NB_OK) {

@@ -533,9 +533,12 @@ static bool nbl_check_opts(nb_trace *tr, const char *who, nb_loop_opts *o) {
     return true;
 }
 
-static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_fn *body,
-                                const nb_tree *init, const nb_loop_opts *opts,
-                                int64_t known_trips) {
+/* trusted: buffer bits already proved (a batched copy of a loop whose body passed the
+ * guard: vmap), used as they are, without opts->buffers or the guard; *node: the while node
+ * (may be NULL). */
+static const nb_tree *nbl_while_ex(nb_trace *tr, const char *who, nb_fn *cond, nb_fn *body,
+                                   const nb_tree *init, const nb_loop_opts *opts,
+                                   int64_t known_trips, const uint64_t *trusted, nb_var **node) {
     if (tr == NULL || nb_trace_status(tr) != NB_OK) {
         return NULL;
     }
@@ -557,7 +560,9 @@ static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_f
         return NULL;
     }
     uint64_t bufbits[NB_MAX_RANK] = {0};
-    if (o.buffers != NULL) {
+    if (trusted != NULL) {
+        memcpy(bufbits, trusted, sizeof bufbits);
+    } else if (o.buffers != NULL) {
         int64_t k = 0;
         if (!nbi_obj_live(o.buffers, NBI_MAGIC_TREE)) {
             nbi_trace_err(tr, NB_ERR_MISUSE, "%s: buffers is a destroyed tree", who);
@@ -592,7 +597,7 @@ static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_f
     for (int i = 0; i < NB_MAX_RANK; i++) {
         any_buf = any_buf || bufbits[i] != 0;
     }
-    if (any_buf) {
+    if (any_buf && trusted == NULL) {
         /* the body through the buffer guard (same output, same lifted operands) */
         nb_tree **bi = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_tree *));
         nb_tree *bufmask = NULL;
@@ -662,6 +667,9 @@ static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_f
         at.b[i] = (int64_t)bufbits[i];
     }
     nb_var *w = nbi_emit(tr, NBI_OP_WHILE, (int)n_ops, ops, &at);
+    if (node != NULL) {
+        *node = w;
+    }
     nb_tree **outl = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_tree *));
     if (outl == NULL) {
         nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
@@ -692,6 +700,12 @@ static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_f
         return NULL;
     }
     return res;
+}
+
+static const nb_tree *nbl_while(nb_trace *tr, const char *who, nb_fn *cond, nb_fn *body,
+                                const nb_tree *init, const nb_loop_opts *opts,
+                                int64_t known_trips) {
+    return nbl_while_ex(tr, who, cond, body, init, opts, known_trips, NULL, NULL);
 }
 
 const nb_tree *nb_while_loop(nb_trace *tr, nb_fn *cond, nb_fn *body, const nb_tree *init,
@@ -1743,6 +1757,7 @@ static void nbl_vjp_checkpointed(nb_trace *tr, nb_var *w, nb_var *const *cts, nb
     at.a[4] = ckpts;
     at.a[5] = nv;
     at.a[6] = w->at.a[7] > 0 && (n_max <= 0 || w->at.a[7] <= n_max) ? w->at.a[7] : 0;
+    at.a[7] = w->at.a[6]; /* the loop's record (batching rebuilds the loop from it) */
     for (int i = 0; i < NB_MAX_RANK; i++) {
         at.b[i] = w->at.b[i];
     }
@@ -2342,4 +2357,408 @@ void nbi_while_jvp(nb_trace *tr, nb_var *w, nb_var *const *in_tan, nb_var **out_
     for (int64_t j = 0; tv != NULL && j < m && j < ncar; j++) {
         out_tan[j] = nbi_is_float_var(carry0[j]) ? tv[j] : NULL;
     }
+}
+
+/* ---- batching (nb_vmap): a loop over B lanes --------------------------------------------
+ *
+ * JAX's semantics: the batched loop runs while any lane's cond holds; a lane whose cond
+ * is false keeps its carry (the body's result is selected per lane), so every lane ends
+ * with the carry its own loop would have. Every carry leaf is batched (a lane may stop
+ * early whatever the leaf). The cond and body are traced once more, inside the batched
+ * loop's wrappers, on lane examples (zeros of one lane's shape) and batched there by
+ * nbi_vmap_region -- the loop's own functions are never changed. A buffer leaf written
+ * with one dynamic_update_slice keeps that form: the select goes into the written block
+ * (the row a finished lane would write is the one it already holds), so the buffer is
+ * not copied every step and stays a buffer for reverse mode. */
+
+/* Trace fp on (uself, args) with the batched leaves replaced by lane examples, then batch
+ * what it traced: uself's leaves are batched where bmask (a tuple of bools, one per array
+ * leaf) says so, args' leaves all are. *bo: the n_out batched output leaves (batch on
+ * axis 0; an output the same for every lane is broadcast), *res the output tree (a new
+ * reference). */
+static nb_status nbl_lanes(nb_trace *tr, const nb_tree *fnref, const nb_tree *uself,
+                           const nb_tree *bmask, const nb_tree *args, int64_t B, nb_var ***bo,
+                           int64_t *n_out, nb_tree **res) {
+    *res = NULL;
+    bool has_self = uself != NULL && nb_tree_kind_of(uself) != NB_TREE_KIND_NULL;
+    int64_t ns = 0, nc = 0, no = 0;
+    nb_var **sv = nbl_leaf_vars(tr, has_self ? uself : NULL, &ns);
+    nb_var **cv = nbl_leaf_vars(tr, args, &nc);
+    if (sv == NULL || cv == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_var **lane = nbi_arena_alloc(&tr->arena, (size_t)(ns + nc + 1) * sizeof(nb_var *));
+    nb_var **ins = nbi_arena_alloc(&tr->arena, (size_t)(ns + nc + 1) * sizeof(nb_var *));
+    nb_var **bins = nbi_arena_alloc(&tr->arena, (size_t)(ns + nc + 1) * sizeof(nb_var *));
+    if (lane == NULL || ins == NULL || bins == NULL) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory");
+    }
+    int32_t begin = tr->g.n_nodes;
+    int k = 0;
+    for (int64_t j = 0; j < ns + nc; j++) {
+        nb_var *x = j < ns ? sv[j] : cv[j - ns];
+        bool batched = j >= ns;
+        if (!batched && bmask != NULL) {
+            nb_tree_get_bool(nb_tree_child(bmask, j), &batched);
+        }
+        if (!batched) {
+            lane[j] = x;
+            continue;
+        }
+        if (x->rank < 1 || x->shape[0] != B) {
+            return nbi_trace_err(tr, NB_ERR_INTERNAL, "nb_vmap: a loop's batched leaf has no "
+                                                      "batch axis");
+        }
+        lane[j] = nb_full(tr, x->dtype, x->rank - 1, x->shape + 1, 0.0);
+        ins[k] = lane[j];
+        bins[k] = x;
+        k++;
+    }
+    const nb_tree *s_tree = ns > 0 ? nbl_tree_like(tr, uself, lane, ns) : has_self ? uself : NULL;
+    const nb_tree *c_tree = nbl_tree_like(tr, args, lane + ns, nc);
+    if ((ns > 0 && s_tree == NULL) || c_tree == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_fnptr fp = NULL;
+    const char *name = NULL;
+    nb_tree_get_fnref(fnref, &fp, &name);
+    const char *saved = tr->fn_name;
+    tr->fn_name = name != NULL ? name : saved;
+    tr->vmap_depth++; /* calls inlined, as in the vmap layer */
+    nb_status st = ((nb_fn_body)fp)(tr, s_tree, c_tree, res);
+    tr->vmap_depth--;
+    tr->fn_name = saved;
+    if (st == NB_OK && tr->status == NB_OK && *res == NULL) {
+        st = nbi_trace_err(tr, NB_ERR_MISUSE, "the function '%s' returned no output", name);
+    }
+    if (st != NB_OK || tr->status != NB_OK) {
+        nb_tree_destroy(*res);
+        *res = NULL;
+        if (tr->status == NB_OK) {
+            nbi_trace_err(tr, st, "the function '%s' failed: %s", name, nb_ctx_errmsg(tr->ctx));
+        }
+        return tr->status;
+    }
+    int32_t end = tr->g.n_nodes;
+    nb_var **ov = nbl_leaf_vars(tr, *res, &no);
+    nb_var **out = ov ? nbi_arena_alloc(&tr->arena, (size_t)(no + 1) * sizeof(nb_var *)) : NULL;
+    st = out != NULL ? nbi_vmap_region(tr, begin, end, k, ins, bins, B, (int)no, ov, out)
+                     : (nb_trace_status(tr) != NB_OK ? nb_trace_status(tr)
+                                                     : nbi_trace_err(tr, NB_ERR_OOM,
+                                                                     "nb_vmap: out of memory"));
+    for (int64_t j = 0; st == NB_OK && j < no; j++) {
+        if (out[j] == NULL) {
+            out[j] = nbi_vmap_bcast(ov[j], B);
+        }
+    }
+    if (st != NB_OK || tr->status != NB_OK) {
+        nb_tree_destroy(*res);
+        *res = NULL;
+        return tr->status != NB_OK ? tr->status : st;
+    }
+    *bo = out;
+    *n_out = no;
+    return NB_OK;
+}
+
+/* Which lanes run: the cond of self (cfn on lifted[1], cbmask) on the batched carry, [B]. */
+static nb_var *nbl_lanes_active(nb_trace *tr, const nb_tree *self, const nb_tree *args, int64_t B) {
+    nb_var **act = NULL;
+    int64_t n = 0;
+    nb_tree *res = NULL;
+    if (nbl_lanes(tr, nb_tree_get(self, "cfn"), nb_tree_child(nb_tree_get(self, "lifted"), 1),
+                  nb_tree_get(self, "cbmask"), args, B, &act, &n, &res) != NB_OK) {
+        return NULL;
+    }
+    nb_tree_destroy(res);
+    if (n != 1 || act[0]->rank != 1 || act[0]->dtype != NB_DTYPE_BOOL) {
+        nbi_trace_err(tr, NB_ERR_INTERNAL, "nb_vmap: a loop's batched cond is not [B] bool");
+        return NULL;
+    }
+    return act[0];
+}
+
+/* batched cond: self = dict(cfn, lifted = (body's self, cond's self), cbmask, B, ...);
+ * args: the batched carry -> does any lane's cond hold? */
+static nb_status nbl_vmap_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    int64_t B = 0;
+    nb_tree_get_int(nb_tree_get(self, "B"), &B);
+    nb_var *act = nbl_lanes_active(tr, self, args, B);
+    if (act == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_var *n = nb_sum(nb_cast(act, NB_DTYPE_I32), NULL, 0, false);
+    return nb_return(nb_gt(n, nb_scalar_typed(tr, NB_DTYPE_I32, 0.0)), out);
+}
+
+/* One leaf of the batched body's result: the body's where the lane runs, the carry's where
+ * it has stopped. A dynamic_update_slice of the carry leaf itself selects in the block it
+ * writes instead (the whole buffer is not read). */
+static nb_var *nbl_lanes_keep(nb_trace *tr, nb_var *act, nb_var *c, nb_var *n) {
+    if (n == c || c == NULL || n == NULL) {
+        return n;
+    }
+    if (n->op == NBI_OP_DYN_UPDATE && n->in[0] == c && n->n_in == 2 + c->rank &&
+        n->in[1]->rank == c->rank && n->in[1]->shape[0] == c->shape[0]) {
+        nb_var *u = n->in[1];
+        nb_var *old = nb_dynamic_slice(c, n->in + 2, u->shape);
+        nb_var *keep = nb_select(nbi_vmap_lift(act, u->rank - 1), u, old);
+        return nb_dynamic_update_slice(c, keep, n->in + 2);
+    }
+    (void)tr;
+    return nb_select(nbi_vmap_lift(act, n->rank - 1), n, c);
+}
+
+/* batched body: self = dict(fn, cfn, lifted = (body's self, cond's self), bmask, cbmask,
+ * B); args: the batched carry -> per leaf, the body's value where the lane's cond holds,
+ * the carry where it does not. */
+static nb_status nbl_vmap_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    int64_t B = 0, nn = 0, nc = 0;
+    nb_tree_get_int(nb_tree_get(self, "B"), &B);
+    nb_var *act = nbl_lanes_active(tr, self, args, B);
+    nb_var **nv = NULL;
+    nb_tree *res = NULL;
+    if (act == NULL || nbl_lanes(tr, nb_tree_get(self, "fn"),
+                                 nb_tree_child(nb_tree_get(self, "lifted"), 0),
+                                 nb_tree_get(self, "bmask"), args, B, &nv, &nn, &res) != NB_OK) {
+        return nb_trace_status(tr);
+    }
+    nb_var **cv = nbl_leaf_vars(tr, args, &nc);
+    nb_var **ov = nbi_arena_alloc(&tr->arena, (size_t)(nc + 1) * sizeof(nb_var *));
+    if (cv == NULL || ov == NULL || nn != nc) {
+        nb_tree_destroy(res);
+        return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr)
+               : ov == NULL ? nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory")
+                            : nbi_trace_err(tr, NB_ERR_INTERNAL, "nb_vmap: the loop body changed");
+    }
+    for (int64_t j = 0; j < nc; j++) {
+        ov[j] = nbl_lanes_keep(tr, act, cv[j], nv[j]);
+    }
+    const nb_tree *t = nbl_tree_like(tr, res, ov, nc);
+    nb_tree_destroy(res);
+    if (t == NULL) {
+        return nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)t);
+    return NB_OK;
+}
+
+/* A tuple of bools, one per array leaf of t: is its replacement in sub batched? */
+static nb_tree *nbl_bool_tuple(nb_trace *tr, const bool *b, int64_t n) {
+    nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_tree *));
+    nb_tree *t = NULL;
+    bool ok = items != NULL;
+    int64_t made = 0;
+    for (; ok && made < n; made++) {
+        ok = nb_tree_bool(tr->ctx, b[made], &items[made]) == NB_OK;
+    }
+    ok = ok && nb_tree_tuple(tr->ctx, n, items, &t) == NB_OK;
+    for (int64_t j = 0; items != NULL && j < made; j++) {
+        nb_tree_destroy(items[j]);
+    }
+    if (!ok || nbi_trace_own(tr, t) != NB_OK) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory");
+        return NULL;
+    }
+    return t;
+}
+
+/* A function's self with its lifted operands ops (n of them, its array leaves in order)
+ * replaced by their batched values where there is one (and, with all_float, floats made
+ * batched by broadcasting: reverse mode's per-lane cotangents); *mask which are. NULL self:
+ * a null tree. */
+static const nb_tree *nbl_lanes_self(nb_trace *tr, const nb_tree *self, nb_var *const *ops,
+                                     nb_var *const *bops, int64_t n, int64_t B, bool all_float,
+                                     nb_tree **mask, nb_var **sub) {
+    bool *b = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(bool));
+    nb_var **v = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_var *));
+    if (b == NULL || v == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory");
+        return NULL;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        v[j] = bops[j] != NULL                          ? bops[j]
+               : all_float && nbi_is_float_var(ops[j]) ? nbi_vmap_bcast(ops[j], B)
+                                                        : ops[j];
+        b[j] = v[j] != ops[j];
+        if (sub != NULL) {
+            sub[j] = v[j];
+        }
+    }
+    *mask = nbl_bool_tuple(tr, b, n);
+    if (*mask == NULL || tr->status != NB_OK) {
+        return NULL;
+    }
+    if (self == NULL) {
+        nb_tree *t = NULL;
+        if (nb_tree_null(tr->ctx, &t) != NB_OK || nbi_trace_own(tr, t) != NB_OK) {
+            nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory");
+            return NULL;
+        }
+        return t;
+    }
+    return n > 0 ? nbl_tree_like(tr, self, v, n) : self;
+}
+
+/* The batched copy of while node w (operands bin batched, NULL where the same for every
+ * lane; with all_float, the body's float operands are batched too): a new while node, its
+ * carry leaves (batch on axis 0) in outs[0..ncar). *bw: the new node. */
+static nb_status nbl_while_lanes(nb_trace *tr, const nb_var *w, nb_var *const *bin, int64_t B,
+                                 bool all_float, nb_var **outs, nb_var **bw) {
+    static const char who[] = "nb_vmap of a loop";
+    const nbl_record *rec = (const nbl_record *)(intptr_t)w->at.a[6];
+    int64_t nc = w->at.a[0], nb = w->at.a[1], ncar = w->at.a[2];
+    if (rec == NULL) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL, "%s: the loop has no record", who);
+    }
+    nb_tree *cmask = NULL, *bmask = NULL;
+    const nb_tree *cs = nbl_lanes_self(tr, rec->cond_self, w->in, bin, nc, B, false, &cmask, NULL);
+    const nb_tree *bs = cs ? nbl_lanes_self(tr, rec->body_self, w->in + nc, bin + nc, nb, B,
+                                            all_float, &bmask, NULL)
+                           : NULL;
+    nb_var **cv = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));
+    if (cs == NULL || bs == NULL || cv == NULL) {
+        return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr)
+                                            : nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+    }
+    for (int64_t j = 0; j < ncar; j++) {
+        nb_var *x = w->in[nc + nb + j];
+        cv[j] = bin[nc + nb + j] != NULL ? bin[nc + nb + j] : nbi_vmap_bcast(x, B);
+    }
+    const nb_tree *init = nbl_tree_like(tr, rec->carry, cv, ncar);
+    nb_tree *lifted = NULL, *bt = NULL, *cfn = NULL;
+    nb_fn *fc = NULL, *fb = NULL;
+    nb_status st = init != NULL ? NB_OK : nb_trace_status(tr);
+    if (st == NB_OK) {
+        st = nb_tree_tuple(tr->ctx, 2, (nb_tree *[]){(nb_tree *)bs, (nb_tree *)cs}, &lifted);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_int(tr->ctx, B, &bt);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_fnref(tr->ctx, (nb_fnptr)rec->cond_body, rec->cond_name, &cfn);
+    }
+    if (st == NB_OK) {
+        const char *keys[5] = {"cfn", "lifted", "bmask", "cbmask", "B"};
+        nb_tree *vals[5] = {cfn, lifted, bmask, cmask, bt};
+        fc = nbl_wrapper(tr, who, "vmap_cond", nbl_vmap_cond, rec->cond_body, rec->cond_name,
+                         NULL, 5, keys, vals);
+        fb = fc ? nbl_wrapper(tr, who, "vmap_body", nbl_vmap_body, rec->body_body,
+                              rec->body_name, NULL, 5, keys, vals)
+                : NULL;
+    } else if (tr->status == NB_OK) {
+        nbi_trace_err(tr, st, "%s: out of memory", who);
+    }
+    nb_tree_destroy(lifted);
+    nb_tree_destroy(bt);
+    nb_tree_destroy(cfn);
+    const nb_tree *res = NULL;
+    if (fc != NULL && fb != NULL) {
+        nb_loop_opts o = nb_loop_opts_default();
+        o.kind = (nb_loop_kind)w->at.a[4];
+        o.max_steps = w->at.a[3];
+        o.checkpoints = w->at.a[5];
+        uint64_t bits[NB_MAX_RANK];
+        for (int i = 0; i < NB_MAX_RANK; i++) {
+            bits[i] = (uint64_t)w->at.b[i];
+        }
+        res = nbl_while_ex(tr, who, fc, fb, init, &o, w->at.a[7], bits, bw);
+    }
+    nb_fn_destroy(fc);
+    nb_fn_destroy(fb);
+    if (res == NULL) {
+        return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr)
+                                            : nbi_trace_err(tr, NB_ERR_INTERNAL, "%s failed", who);
+    }
+    int64_t m = 0;
+    nb_var **rv = nbl_leaf_vars(tr, res, &m);
+    if (rv == NULL || m != ncar) {
+        return nb_trace_status(tr) != NB_OK
+                   ? nb_trace_status(tr)
+                   : nbi_trace_err(tr, NB_ERR_INTERNAL, "%s: the carry changed", who);
+    }
+    memcpy(outs, rv, (size_t)ncar * sizeof(nb_var *));
+    return NB_OK;
+}
+
+static nb_var *nbl_zeros_lanes(nb_trace *tr, const nb_var *x, int64_t B) {
+    int64_t shape[NB_MAX_RANK];
+    shape[0] = B;
+    memcpy(shape + 1, x->shape, (size_t)x->rank * sizeof *shape);
+    return nb_full(tr, x->dtype, x->rank + 1, shape, 0.0);
+}
+
+/* The batched loop_reverse: the loop it reverses batched (its body's float operands
+ * batched too, so that their cotangents come out per lane rather than summed over the
+ * lanes), and that loop's reverse. */
+static nb_status nbl_reverse_lanes(nb_trace *tr, nb_var *r, nb_var *const *bin, int64_t B,
+                                   nb_var **outs) {
+    int64_t nc = r->at.a[0], nb = r->at.a[1], ncar = r->at.a[2], nv = r->at.a[5];
+    nb_var fake;
+    memset(&fake, 0, sizeof fake);
+    fake.op = NBI_OP_WHILE;
+    fake.in = nbi_arena_alloc(&tr->arena, (size_t)(nc + nb + ncar + 1) * sizeof(nb_var *));
+    nb_var **fb = nbi_arena_alloc(&tr->arena, (size_t)(nc + nb + ncar + 1) * sizeof(nb_var *));
+    nb_var **carry = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));
+    nb_var **ct = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));
+    if (fake.in == NULL || fb == NULL || carry == NULL || ct == NULL) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory");
+    }
+    int64_t c0 = nc + nb + nv, t0 = c0 + ncar;
+    memcpy(fake.in, r->in, (size_t)(nc + nb) * sizeof(nb_var *));
+    memcpy(fake.in + nc + nb, r->in + c0, (size_t)ncar * sizeof(nb_var *));
+    memcpy(fb, bin, (size_t)(nc + nb) * sizeof(nb_var *));
+    memcpy(fb + nc + nb, bin + c0, (size_t)ncar * sizeof(nb_var *));
+    fake.n_in = (int32_t)(nc + nb + ncar);
+    fake.at.a[0] = nc;
+    fake.at.a[1] = nb;
+    fake.at.a[2] = ncar;
+    fake.at.a[3] = r->at.a[3];
+    fake.at.a[4] = NB_LOOP_CHECKPOINTED;
+    fake.at.a[5] = r->at.a[4];
+    fake.at.a[6] = r->at.a[7];
+    fake.at.a[7] = r->at.a[6];
+    memcpy(fake.at.b, r->at.b, sizeof fake.at.b);
+    nb_var *bw = NULL;
+    nb_status st = nbl_while_lanes(tr, &fake, fb, B, true, carry, &bw);
+    if (st != NB_OK) {
+        return st;
+    }
+    for (int64_t j = 0; j < ncar; j++) {
+        nb_var *x = r->in[t0 + j];
+        ct[j] = bin[t0 + j] != NULL ? bin[t0 + j] : nbi_vmap_bcast(x, B);
+    }
+    nb_var **in_ct = nbi_arena_alloc(&tr->arena, (size_t)(bw->n_in + 1) * sizeof(nb_var *));
+    if (in_ct == NULL) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory");
+    }
+    memset(in_ct, 0, (size_t)(bw->n_in + 1) * sizeof(nb_var *));
+    nbl_vjp_checkpointed(tr, bw, ct, in_ct);
+    if (tr->status != NB_OK) {
+        return tr->status;
+    }
+    /* the batched loop's body operands: the body's self's leaves, then the cond's */
+    int64_t bnc = bw->at.a[0], bnb = bw->at.a[1];
+    if (bnb != nb + nc || bw->at.a[2] != ncar) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL, "nb_vmap: the batched loop's operands");
+    }
+    for (int64_t j = 0; j < ncar; j++) {
+        nb_var *g = in_ct[bnc + bnb + j];
+        outs[j] = g != NULL ? g : nbl_zeros_lanes(tr, r->in[c0 + j], B);
+    }
+    for (int64_t j = 0; j < nv; j++) {
+        nb_var *g = j < nb ? in_ct[bnc + j] : NULL;
+        outs[ncar + j] = g != NULL ? g : nbl_zeros_lanes(tr, r->in[nc + nb + j], B);
+    }
+    return tr->status;
+}
+
+nb_status nbi_loop_vmap(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B, nb_var **outs) {
+    if (node->op == NBI_OP_LOOP_REVERSE) {
+        return nbl_reverse_lanes(tr, node, bin, B, outs);
+    }
+    nb_var *bw = NULL;
+    return nbl_while_lanes(tr, node, bin, B, false, outs, &bw);
 }

@@ -1760,10 +1760,10 @@ static const struct {
     {NBI_OP_IOTA, "no inputs: never batched"},
     {NBI_OP_FUSED, "made by the fusion pass after tracing: never in a traced region"},
     {NBI_OP_FUSED_OUTPUT, "made by the fusion pass, like fused"},
-    {NBI_OP_WHILE, "NOT YET: batched loops (every lane until its condition is false) are the "
-                   "next part of nb_vmap; a vmapped loop fails naming the op"},
-    {NBI_OP_LOOP_REVERSE, "NOT YET: made by reverse mode through a checkpointed loop, batched "
-                          "with the loops"},
+    {NBI_OP_WHILE, "several outputs: batched by the region itself (nbi_loop_vmap in "
+                   "src/loops/loop.c), its call_output nodes read the batched carry"},
+    {NBI_OP_LOOP_REVERSE, "several outputs: batched by the region itself, like while (the "
+                          "batched loop's reverse)"},
 };
 
 static void test_every_op_has_a_batching_rule(void **state) {

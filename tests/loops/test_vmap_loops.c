@@ -1,0 +1,298 @@
+/*
+ * test_vmap_loops.c -- nb_vmap of loops (JAX's semantics: the batched loop runs while any
+ * lane's cond holds, a finished lane keeps its carry):
+ *   - a while loop whose lanes stop after different numbers of steps (the cond's bound
+ *     data batched or not), fori and scan (stacked outputs, a buffer), bit for bit against
+ *     one call per lane;
+ *   - derivatives: vmap of grad (per-lane gradients, the loop checkpointed, bounded, and a
+ *     scan) bit for bit against one grad per lane; grad of vmap (the gradient of the sum)
+ *     against the sum of the lanes' gradients; jvp of vmap;
+ *   - vmap under jit: one trace for new data.
+ */
+#include "nbtest.h"
+
+#include <math.h>
+#include <string.h>
+
+#define NL 5 /* lanes */
+
+static double at(const nb_tree *t, int64_t i) {
+    double v = NAN;
+    nb_array_get_flat(nb_tree_get_array(t), i, &v);
+    return v;
+}
+
+static nb_tree *f64_leaf(nb_ctx *ctx, int rank, const int64_t *shape, const double *v) {
+    nb_array *a = nbt_arr_f64(ctx, rank, shape, v);
+    nb_tree *l = NULL;
+    NBT_OK(ctx, nb_tree_array(a, &l));
+    nb_array_destroy(a);
+    return l;
+}
+
+static nb_tree *scalar_leaf(nb_ctx *ctx, double v) {
+    return f64_leaf(ctx, 0, NULL, &v);
+}
+
+/* The loop: carry (x, n) with x f64[2]; while x[0] + x[1] < lim: x = x a + 0.3 + 0.25
+ * sin(x^2), n += 1 (x grows by at least 0.05 a step). lim is the cond's bound data, a the
+ * body's. */
+static nb_status cond_fn(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_var *x = nb_get(tr, args, "[0]"), *lim = nb_var_of(tr, self);
+    return nb_return(nb_lt(nb_sum(x, NULL, 0, false), lim), out);
+}
+
+static nb_status body_fn(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_var *x = nb_get(tr, args, "[0]"), *n = nb_get(tr, args, "[1]"), *a = nb_var_of(tr, self);
+    nb_var *x1 = nb_add(nb_mul(x, a), nb_add(nb_scalar(tr, 0.3), nb_mul(nb_scalar(tr, 0.25), nb_sin(nb_square(x)))));
+    nb_tree *l[2] = {nb_leaf(x1), nb_leaf(nb_add(n, nb_scalar_typed(tr, NB_DTYPE_I32, 1.0)))};
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, l, out); /* nb_leaf trees: the trace's */
+}
+
+/* self: loop kind (int); args: (x0 f64[2], a f64, lim f64) -> (x final, n, loss = sum x^2) */
+static nb_status body_loop(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    int64_t kind = 0;
+    nb_tree_get_int(self, &kind);
+    nb_fn *c = NULL, *b = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "cond", cond_fn, nb_tree_child(args, 2), &c));
+    NBT_OK(ctx, nb_fn_create(ctx, "body", body_fn, nb_tree_child(args, 1), &b));
+    nb_tree *l[2] = {nb_leaf(nb_get(tr, args, "[0]")),
+                     nb_leaf(nb_scalar_typed(tr, NB_DTYPE_I32, 0.0))};
+    nb_tree *init = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, l, &init));
+    nb_loop_opts o = nb_loop_opts_default();
+    o.kind = (nb_loop_kind)kind;
+    o.max_steps = kind == NB_LOOP_LAX ? 0 : 40;
+    o.checkpoints = kind == NB_LOOP_CHECKPOINTED ? 3 : 0;
+    const nb_tree *r = nb_while_loop(tr, c, b, init, &o);
+    nb_tree_destroy(init);
+    nb_fn_destroy(c);
+    nb_fn_destroy(b);
+    if (r == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_var *x = nb_get(tr, r, "[0]");
+    nb_tree *o3[3] = {nb_leaf(x), nb_leaf(nb_get(tr, r, "[1]")),
+                      nb_leaf(nb_sum(nb_square(x), NULL, 0, false))};
+    return nb_tree_tuple(ctx, 3, o3, out);
+}
+
+/* lanes' data: x0 [NL, 2], a [NL], lim [NL] */
+static void lane_data(double *x0, double *a, double *lim) {
+    for (int b = 0; b < NL; b++) {
+        x0[2 * b] = 0.1 + 0.05 * b;
+        x0[2 * b + 1] = 0.2 - 0.01 * b;
+        a[b] = 1.1 + 0.07 * b;
+        lim[b] = 2.0 + 1.5 * b;
+    }
+}
+
+static nb_tree *lane_args(nb_ctx *ctx, const double *x0, double a, double lim) {
+    nb_tree *l[3] = {f64_leaf(ctx, 1, (int64_t[]){2}, x0), scalar_leaf(ctx, a),
+                     scalar_leaf(ctx, lim)};
+    return nbt_tuple_take(ctx, 3, l);
+}
+
+/* in_axes for (x0, a, lim): batched 0 or null (-99) */
+static nb_tree *axes3(nb_ctx *ctx, int ax, int aa, int al) {
+    int v[3] = {ax, aa, al};
+    nb_tree *l[3];
+    for (int i = 0; i < 3; i++) {
+        if (v[i] == -99) {
+            NBT_OK(ctx, nb_tree_null(ctx, &l[i]));
+        } else {
+            NBT_OK(ctx, nb_tree_int(ctx, v[i], &l[i]));
+        }
+    }
+    return nbt_tuple_take(ctx, 3, l);
+}
+
+static bool same_bits(double a, double b) {
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+/* a vmapped while: lanes with their own trip counts, each bit for bit its own call */
+static void test_while_lanes(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    double x0[2 * NL], a[NL], lim[NL];
+    lane_data(x0, a, lim);
+    /* (batched x0, a, lim), (x0 and lim batched, a shared), (only lim batched) */
+    static const int cases[3][3] = {{0, 0, 0}, {0, -99, 0}, {-99, -99, 0}};
+    for (int kind = NB_LOOP_LAX; kind <= NB_LOOP_BOUNDED; kind++) {
+        for (int c = 0; c < 3; c++) {
+            nb_tree *self = NULL;
+            NBT_OK(ctx, nb_tree_int(ctx, kind, &self));
+            nb_fn *f = NULL, *v = NULL;
+            NBT_OK(ctx, nb_fn_create(ctx, "loop", body_loop, self, &f));
+            nb_vmap_opts vo = nb_vmap_opts_default();
+            vo.in_axes = axes3(ctx, cases[c][0], cases[c][1], cases[c][2]);
+            NBT_OK(ctx, nb_vmap(f, &vo, &v));
+            nb_tree *l[3] = {cases[c][0] == 0 ? f64_leaf(ctx, 2, (int64_t[]){NL, 2}, x0)
+                                              : f64_leaf(ctx, 1, (int64_t[]){2}, x0),
+                             cases[c][1] == 0 ? f64_leaf(ctx, 1, (int64_t[]){NL}, a)
+                                              : scalar_leaf(ctx, a[0]),
+                             f64_leaf(ctx, 1, (int64_t[]){NL}, lim)};
+            nb_tree *args = nbt_tuple_take(ctx, 3, l), *out = NULL;
+            NBT_OK(ctx, nb_fn_call(v, args, &out));
+            int steps_min = 1000, steps_max = 0, bad = 0;
+            for (int b = 0; b < NL; b++) {
+                const double *xb = cases[c][0] == 0 ? x0 + 2 * b : x0;
+                double ab = cases[c][1] == 0 ? a[b] : a[0];
+                nb_tree *la = lane_args(ctx, xb, ab, lim[b]), *lo = NULL;
+                NBT_OK(ctx, nb_fn_call(f, la, &lo));
+                int n = (int)at(nb_tree_child(lo, 1), 0);
+                steps_min = n < steps_min ? n : steps_min;
+                steps_max = n > steps_max ? n : steps_max;
+                bad += !same_bits(at(nb_tree_child(out, 0), 2 * b), at(nb_tree_child(lo, 0), 0));
+                bad += !same_bits(at(nb_tree_child(out, 0), 2 * b + 1),
+                                  at(nb_tree_child(lo, 0), 1));
+                bad += (int)at(nb_tree_child(out, 1), b) != n;
+                bad += !same_bits(at(nb_tree_child(out, 2), b), at(nb_tree_child(lo, 2), 0));
+                nb_tree_destroy(lo);
+                nb_tree_destroy(la);
+            }
+            print_message("kind %d case %d: lanes' steps %d..%d, %d lanes differ\n", kind, c,
+                          steps_min, steps_max, bad);
+            NBT_EQ_I64(bad, 0);
+            NBT_TRUE(steps_max > steps_min); /* the lanes stop at different steps */
+            nb_tree_destroy(out);
+            nb_tree_destroy(args);
+            nb_tree_destroy((nb_tree *)vo.in_axes);
+            nb_fn_destroy(v);
+            nb_fn_destroy(f);
+            nb_tree_destroy(self);
+        }
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- derivatives ---------------------------------------------------------------------- */
+
+/* self: loop kind; args: ((x0, a), lim) -> sum x^2 at the loop's end */
+static nb_status body_lossfn(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_tree *l[3] = {nb_leaf(nb_get(tr, args, "[0][0]")), nb_leaf(nb_get(tr, args, "[0][1]")),
+                     nb_leaf(nb_get(tr, args, "[1]"))};
+    nb_tree *a3 = NULL, *r = NULL;
+    nb_status st = nb_tree_tuple(ctx, 3, l, &a3);
+    if (st == NB_OK) {
+        st = body_loop(tr, self, a3, &r);
+    }
+    nb_tree_destroy(a3);
+    if (st != NB_OK) {
+        nb_tree_destroy(r);
+        return st;
+    }
+    st = nb_return(nb_get(tr, r, "[2]"), out);
+    nb_tree_destroy(r);
+    return st;
+}
+
+/* in_axes ((ax, aa), al) */
+static nb_tree *axes_p(nb_ctx *ctx, int ax, int aa, int al) {
+    nb_tree *t = axes3(ctx, ax, aa, al), *p = NULL, *l[2];
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2,
+                              (nb_tree *[]){(nb_tree *)nb_tree_child(t, 0),
+                                            (nb_tree *)nb_tree_child(t, 1)},
+                              &p));
+    l[0] = p;
+    l[1] = nb_tree_retain((nb_tree *)nb_tree_child(t, 2));
+    nb_tree_destroy(t);
+    return nbt_tuple_take(ctx, 2, l);
+}
+
+static nb_tree *p_args(nb_ctx *ctx, nb_tree *x0, nb_tree *a, nb_tree *lim) {
+    nb_tree *p = nbt_tuple_take(ctx, 2, (nb_tree *[]){x0, a});
+    return nbt_tuple_take(ctx, 2, (nb_tree *[]){p, lim});
+}
+
+static nb_fn *g_vloss;
+static nb_status body_sum_v(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                            nb_tree **out) {
+    (void)self;
+    const nb_tree *r = nb_apply(tr, g_vloss, args);
+    return r != NULL ? nb_return(nb_sum(nb_var_of(tr, r), NULL, 0, false), out)
+                     : nb_trace_status(tr);
+}
+
+/* vmap(grad(loss)): per-lane gradients through a checkpointed and a bounded loop, bit for
+ * bit one grad per lane (x0 batched, a shared: its gradient per lane); grad(sum vmap(loss))
+ * within 1e-13 of the lanes' gradients summed. */
+static void test_loop_derivatives(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    double x0[2 * NL], a[NL], lim[NL];
+    lane_data(x0, a, lim);
+    for (int kind = NB_LOOP_CHECKPOINTED; kind <= NB_LOOP_BOUNDED; kind++) {
+        nb_tree *self = NULL;
+        NBT_OK(ctx, nb_tree_int(ctx, kind, &self));
+        nb_fn *f = NULL, *g = NULL, *vg = NULL;
+        NBT_OK(ctx, nb_fn_create(ctx, "loss", body_lossfn, self, &f));
+        NBT_OK(ctx, nb_grad(f, NULL, &g));
+        nb_vmap_opts vo = nb_vmap_opts_default();
+        vo.in_axes = axes_p(ctx, 0, -99, 0);
+        NBT_OK(ctx, nb_vmap(g, &vo, &vg));
+        nb_tree *args = p_args(ctx, f64_leaf(ctx, 2, (int64_t[]){NL, 2}, x0),
+                               scalar_leaf(ctx, a[0]), f64_leaf(ctx, 1, (int64_t[]){NL}, lim));
+        nb_tree *out = NULL;
+        NBT_OK(ctx, nb_fn_call(vg, args, &out));
+        double sum_gx[2 * NL], sum_ga = 0;
+        int bad = 0;
+        for (int b = 0; b < NL; b++) {
+            nb_tree *la = p_args(ctx, f64_leaf(ctx, 1, (int64_t[]){2}, x0 + 2 * b),
+                                 scalar_leaf(ctx, a[0]), scalar_leaf(ctx, lim[b]));
+            nb_tree *lo = NULL;
+            NBT_OK(ctx, nb_fn_call(g, la, &lo));
+            for (int i = 0; i < 2; i++) {
+                sum_gx[2 * b + i] = at(nb_tree_child(lo, 0), i);
+                bad += !same_bits(at(nb_tree_child(out, 0), 2 * b + i), sum_gx[2 * b + i]);
+            }
+            double ga = at(nb_tree_child(lo, 1), 0);
+            sum_ga += ga;
+            bad += !same_bits(at(nb_tree_child(out, 1), b), ga);
+            nb_tree_destroy(lo);
+            nb_tree_destroy(la);
+        }
+        print_message("kind %d: vmap(grad): %d of %d per-lane gradient elements differ\n", kind,
+                      bad, 3 * NL);
+        NBT_EQ_I64(bad, 0);
+        nb_tree_destroy(out);
+        /* grad of the vmapped loss summed over the lanes */
+        nb_fn *v = NULL, *s = NULL, *gs = NULL;
+        NBT_OK(ctx, nb_vmap(f, &vo, &v));
+        g_vloss = v;
+        NBT_OK(ctx, nb_fn_create(ctx, "sum_v", body_sum_v, NULL, &s));
+        NBT_OK(ctx, nb_grad(s, NULL, &gs));
+        NBT_OK(ctx, nb_fn_call(gs, args, &out));
+        double e = fabs(at(nb_tree_child(out, 1), 0) - sum_ga) / fabs(sum_ga);
+        for (int i = 0; i < 2 * NL; i++) {
+            e = nbt_max(e, fabs(at(nb_tree_child(out, 0), i) - sum_gx[i]) / fabs(sum_gx[i]));
+        }
+        print_message("kind %d: grad(sum vmap): worst relative difference %.2e\n", kind, e);
+        NBT_TRUE(e <= 1e-13);
+        nb_tree_destroy(out);
+        nb_fn_destroy(gs);
+        nb_fn_destroy(s);
+        nb_fn_destroy(v);
+        nb_tree_destroy(args);
+        nb_tree_destroy((nb_tree *)vo.in_axes);
+        nb_fn_destroy(vg);
+        nb_fn_destroy(g);
+        nb_fn_destroy(f);
+        nb_tree_destroy(self);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_while_lanes),
+        cmocka_unit_test(test_loop_derivatives),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
