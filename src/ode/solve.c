@@ -2354,7 +2354,11 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         nb_var *TS = nb_get(tr, self, "ts");
         int64_t n = nb_var_size(TS);
         const nb_tree *sv = nb_tree_child(args, 9);
-        nb_var *theta = nb_div(nb_sub(TS, t), h);
+        /* h is 0 only where no step is taken -- a finished lane of a batched solve (vmap),
+         * which runs its body with the result not kept: theta there must stay finite, or
+         * its (unused, zero-cotangent) rows make reverse mode's cotangents 0 * inf = NaN */
+        nb_var *hz = nb_eq(h, nb_scalar_typed(tr, dt, 0.0));
+        nb_var *theta = nb_div(nb_sub(TS, t), nb_select(hz, nb_scalar_typed(tr, dt, 1.0), h));
         nb_var *mask = nb_logical_and(keep, nb_logical_and(nb_gt(TS, t), nb_le(TS, t_end)));
         mask = nb_reshape(mask, 2, (int64_t[]){n, 1});
         nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(L > 0 ? L : 1) * sizeof *items);

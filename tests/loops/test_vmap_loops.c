@@ -289,10 +289,180 @@ static void test_loop_derivatives(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- an ensemble of ODE solves ----------------------------------------------------------- */
+
+/* Lotka-Volterra: state (x, y) f64[2], args (a, b, c, d) f64[4] */
+static nb_status term_lv(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *s = nb_get(tr, args, "[1]"), *p = nb_get(tr, args, "[2]");
+    nb_var *x = nb_slice(s, (int64_t[]){0}, (int64_t[]){1}, NULL);
+    nb_var *y = nb_slice(s, (int64_t[]){1}, (int64_t[]){2}, NULL);
+    nb_var *pa = nb_slice(p, (int64_t[]){0}, (int64_t[]){1}, NULL);
+    nb_var *pb = nb_slice(p, (int64_t[]){1}, (int64_t[]){2}, NULL);
+    nb_var *pc = nb_slice(p, (int64_t[]){2}, (int64_t[]){3}, NULL);
+    nb_var *pd = nb_slice(p, (int64_t[]){3}, (int64_t[]){4}, NULL);
+    nb_var *xy = nb_mul(x, y);
+    nb_var *dx = nb_sub(nb_mul(pa, x), nb_mul(pb, xy));
+    nb_var *dy = nb_add(nb_neg(nb_mul(pc, y)), nb_mul(pd, xy));
+    return nb_return(nb_concatenate(2, (nb_var *[]){dx, dy}, 0), out);
+}
+
+/* self: (max_steps, saveat kind); args: (y0 f64[2], p f64[4]) -> (ys, result, num_steps,
+ * loss = sum ys^2) */
+static nb_status body_lv(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    int64_t max_steps = 0, save = 0;
+    nb_tree_get_int(nb_tree_child(self, 0), &max_steps);
+    nb_tree_get_int(nb_tree_child(self, 1), &save);
+    nb_fn *term = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "lv", term_lv, NULL, &term));
+    static const double ts[4] = {1.0, 2.5, 4.0, 6.0};
+    nb_ode_opts o = nb_ode_opts_default();
+    o.t0 = 0.0;
+    o.t1 = 6.0;
+    o.controller = nb_ode_pid(1e-8, 1e-8);
+    o.max_steps = max_steps;
+    if (save == NB_SAVEAT_TS) {
+        o.saveat.kind = NB_SAVEAT_TS;
+        o.saveat.ts = ts;
+        o.saveat.n_ts = 4;
+    }
+    const nb_tree *sol =
+        nb_diffeqsolve(tr, term, nb_tree_child(args, 0), nb_tree_child(args, 1), &o);
+    nb_fn_destroy(term);
+    if (sol == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_var *ys = nb_get(tr, sol, "ys");
+    nb_tree *l[4] = {nb_leaf(ys), nb_leaf(nb_get(tr, sol, "result")),
+                     nb_leaf(nb_get(tr, sol, "stats.num_steps")),
+                     nb_leaf(nb_sum(nb_square(ys), NULL, 0, false))};
+    return nb_tree_tuple(ctx, 4, l, out);
+}
+
+static nb_status body_lv_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    nb_tree *r = NULL;
+    nb_status st = body_lv(tr, self, args, &r);
+    if (st != NB_OK) {
+        nb_tree_destroy(r);
+        return st;
+    }
+    st = nb_return(nb_get(tr, r, "[3]"), out);
+    nb_tree_destroy(r);
+    return st;
+}
+
+/* A batch of Lotka-Volterra solves (tsit5, rtol 1e-8) over a grid of parameters and
+ * initial states: each lane's ys, result code and step count equal its own solve's, bit
+ * for bit -- with max_steps small enough that the lanes needing the most steps stop with
+ * max_steps_reached in their own result while the others succeed; and the gradient of the
+ * summed loss (recursive checkpoint adjoint), per lane (vmap of grad), bit for bit the
+ * lane's own gradient. SaveAt t1 and SaveAt ts. */
+static void test_ode_ensemble(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    enum { NE = 6 };
+    double y0[2 * NE], p[4 * NE];
+    for (int b = 0; b < NE; b++) {
+        y0[2 * b] = 1.0 + 0.3 * b;
+        y0[2 * b + 1] = 0.5 + 0.1 * b;
+        p[4 * b] = 1.5 - 0.05 * b;
+        p[4 * b + 1] = 1.0;
+        p[4 * b + 2] = 3.0 + 0.4 * b;
+        p[4 * b + 3] = 1.0 + 0.2 * b;
+    }
+    for (int save = NB_SAVEAT_T1; save <= NB_SAVEAT_TS; save++) {
+        for (int lim = 0; lim < 2; lim++) {
+            int64_t max_steps = lim ? 120 : 4096;
+            nb_tree *s0 = NULL, *s1 = NULL;
+            NBT_OK(ctx, nb_tree_int(ctx, max_steps, &s0));
+            NBT_OK(ctx, nb_tree_int(ctx, save, &s1));
+            nb_tree *self = nbt_tuple_take(ctx, 2, (nb_tree *[]){s0, s1});
+            nb_fn *f = NULL, *v = NULL;
+            NBT_OK(ctx, nb_fn_create(ctx, "lv_solve", body_lv, self, &f));
+            NBT_OK(ctx, nb_vmap(f, NULL, &v));
+            nb_tree *args = nbt_tuple_take(ctx, 2,
+                                           (nb_tree *[]){f64_leaf(ctx, 2, (int64_t[]){NE, 2}, y0),
+                                                         f64_leaf(ctx, 2, (int64_t[]){NE, 4}, p)});
+            nb_tree *out = NULL;
+            NBT_OK(ctx, nb_fn_call(v, args, &out));
+            int bad = 0, n_fail = 0, smin = 1 << 30, smax = 0;
+            int64_t nrow = nb_array_size(nb_tree_get_array(nb_tree_child(out, 0))) / NE;
+            for (int b = 0; b < NE; b++) {
+                nb_tree *la = nbt_tuple_take(
+                    ctx, 2,
+                    (nb_tree *[]){f64_leaf(ctx, 1, (int64_t[]){2}, y0 + 2 * b),
+                                  f64_leaf(ctx, 1, (int64_t[]){4}, p + 4 * b)});
+                nb_tree *lo = NULL;
+                NBT_OK(ctx, nb_fn_call(f, la, &lo));
+                for (int64_t i = 0; i < nrow; i++) {
+                    bad += !same_bits(at(nb_tree_child(out, 0), b * nrow + i),
+                                      at(nb_tree_child(lo, 0), i));
+                }
+                int res = (int)at(nb_tree_child(lo, 1), 0), steps = (int)at(nb_tree_child(lo, 2), 0);
+                bad += (int)at(nb_tree_child(out, 1), b) != res;
+                bad += (int)at(nb_tree_child(out, 2), b) != steps;
+                n_fail += res != NB_ODE_SUCCESSFUL;
+                smin = steps < smin ? steps : smin;
+                smax = steps > smax ? steps : smax;
+                nb_tree_destroy(lo);
+                nb_tree_destroy(la);
+            }
+            print_message("saveat %d, max_steps %lld: lanes' steps %d..%d, %d lanes stopped at "
+                          "max_steps, %d values differ\n",
+                          save, (long long)max_steps, smin, smax, n_fail, bad);
+            NBT_EQ_I64(bad, 0);
+            NBT_TRUE(smax > smin);
+            if (lim) { /* some lanes fail, not all */
+                NBT_TRUE(n_fail > 0 && n_fail < NE);
+            } else {
+                NBT_EQ_I64(n_fail, 0);
+            }
+            nb_tree_destroy(out);
+            if (!lim) { /* per-lane gradients */
+                nb_fn *fl = NULL, *g = NULL, *vg = NULL;
+                NBT_OK(ctx, nb_fn_create(ctx, "lv_loss", body_lv_loss, self, &fl));
+                NBT_OK(ctx, nb_grad(fl, NULL, &g));
+                NBT_OK(ctx, nb_vmap(g, NULL, &vg));
+                NBT_OK(ctx, nb_fn_call(vg, args, &out));
+                int gbad = 0;
+                for (int b = 0; b < NE; b++) {
+                    nb_tree *la = nbt_tuple_take(
+                        ctx, 2,
+                        (nb_tree *[]){f64_leaf(ctx, 1, (int64_t[]){2}, y0 + 2 * b),
+                                      f64_leaf(ctx, 1, (int64_t[]){4}, p + 4 * b)});
+                    nb_tree *lo = NULL;
+                    NBT_OK(ctx, nb_fn_call(g, la, &lo));
+                    for (int i = 0; i < 2; i++) {
+                        gbad += !same_bits(at(out, 2 * b + i), at(lo, i));
+                    }
+                    nb_tree_destroy(lo);
+                    nb_tree_destroy(la);
+                }
+                print_message("saveat %d: vmap(grad): %d of %d gradient elements differ\n", save,
+                              gbad, 2 * NE);
+                NBT_EQ_I64(gbad, 0);
+                nb_tree_destroy(out);
+                nb_fn_destroy(vg);
+                nb_fn_destroy(g);
+                nb_fn_destroy(fl);
+            }
+            nb_tree_destroy(args);
+            nb_fn_destroy(v);
+            nb_fn_destroy(f);
+            nb_tree_destroy(self);
+        }
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_while_lanes),
         cmocka_unit_test(test_loop_derivatives),
+        cmocka_unit_test(test_ode_ensemble),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
