@@ -55,12 +55,22 @@ static nb_status body_loop(nb_trace *tr, const nb_tree *self, const nb_tree *arg
     int64_t kind = 0;
     nb_tree_get_int(self, &kind);
     nb_fn *c = NULL, *b = NULL;
-    NBT_OK(ctx, nb_fn_create(ctx, "cond", cond_fn, nb_tree_child(args, 2), &c));
-    NBT_OK(ctx, nb_fn_create(ctx, "body", body_fn, nb_tree_child(args, 1), &b));
+    nb_tree *init = NULL;
     nb_tree *l[2] = {nb_leaf(nb_get(tr, args, "[0]")),
                      nb_leaf(nb_scalar_typed(tr, NB_DTYPE_I32, 0.0))};
-    nb_tree *init = NULL;
-    NBT_OK(ctx, nb_tree_tuple(ctx, 2, l, &init));
+    /* no asserts while tracing: the allocation-failure sweep fails these calls */
+    nb_status st = nb_fn_create(ctx, "cond", cond_fn, nb_tree_child(args, 2), &c);
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "body", body_fn, nb_tree_child(args, 1), &b);
+    }
+    if (st == NB_OK) {
+        st = nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : nb_tree_tuple(ctx, 2, l, &init);
+    }
+    if (st != NB_OK) {
+        nb_fn_destroy(c);
+        nb_fn_destroy(b);
+        return st;
+    }
     nb_loop_opts o = nb_loop_opts_default();
     o.kind = (nb_loop_kind)kind;
     o.max_steps = kind == NB_LOOP_LAX ? 0 : 40;
@@ -359,6 +369,89 @@ static nb_status body_lv_loss(nb_trace *tr, const nb_tree *self, const nb_tree *
  * max_steps_reached in their own result while the others succeed; and the gradient of the
  * summed loss (recursive checkpoint adjoint), per lane (vmap of grad), bit for bit the
  * lane's own gradient. SaveAt t1 and SaveAt ts. */
+static nb_status scenario_loop(nb_ctx *ctx) {
+    double x0[2 * NL], a[NL], lim[NL];
+    lane_data(x0, a, lim);
+    nb_tree *self = NULL, *px = NULL, *pa = NULL, *pl = NULL, *p = NULL, *args = NULL,
+            *out = NULL, *ia = NULL, *i0 = NULL, *i1 = NULL, *i2 = NULL, *ip = NULL;
+    nb_array *arr[3] = {NULL};
+    nb_fn *f = NULL, *g = NULL, *vg = NULL, *j = NULL;
+    nb_status st = nb_tree_int(ctx, NB_LOOP_CHECKPOINTED, &self);
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "loss", body_lossfn, self, &f);
+    }
+    if (st == NB_OK) {
+        st = nb_grad(f, NULL, &g);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_int(ctx, 0, &i0);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_null(ctx, &i1);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_int(ctx, 0, &i2);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 2, (nb_tree *[]){i0, i1}, &ip);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 2, (nb_tree *[]){ip, i2}, &ia);
+    }
+    if (st == NB_OK) {
+        nb_vmap_opts o = nb_vmap_opts_default();
+        o.in_axes = ia;
+        st = nb_vmap(g, &o, &vg);
+    }
+    if (st == NB_OK) {
+        st = nb_jit(vg, NULL, &j);
+    }
+    if (st == NB_OK) {
+        st = nb_array_from_data(ctx, NB_DTYPE_F64, 2, (int64_t[]){NL, 2}, x0, &arr[0]);
+    }
+    if (st == NB_OK) {
+        st = nb_array_from_data(ctx, NB_DTYPE_F64, 0, NULL, a, &arr[1]);
+    }
+    if (st == NB_OK) {
+        st = nb_array_from_data(ctx, NB_DTYPE_F64, 1, (int64_t[]){NL}, lim, &arr[2]);
+    }
+    nb_tree **leaves[3] = {&px, &pa, &pl};
+    for (int k = 0; k < 3 && st == NB_OK; k++) {
+        st = nb_tree_array(arr[k], leaves[k]);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 2, (nb_tree *[]){px, pa}, &p);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 2, (nb_tree *[]){p, pl}, &args);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_call(j, args, &out);
+    }
+    nb_tree *ts[] = {self, px, pa, pl, p, args, out, ia, i0, i1, i2, ip};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        nb_tree_destroy(ts[i]);
+    }
+    for (int k = 0; k < 3; k++) {
+        nb_array_destroy(arr[k]);
+    }
+    nb_fn_destroy(j);
+    nb_fn_destroy(vg);
+    nb_fn_destroy(g);
+    nb_fn_destroy(f);
+    nb_ctx_clear_cache(ctx);
+    return st;
+}
+
+/* allocation failures over jit(vmap(grad)) of a checkpointed loop: NB_ERR_OOM at every
+ * point, nothing leaked */
+static void test_out_of_memory(void **state) {
+    (void)state;
+    int points = nbt_oom_sweep("scenario_loop", scenario_loop, false, false);
+    print_message("allocation failures: %d points, each NB_ERR_OOM with nothing leaked\n", points);
+    NBT_TRUE(points > 100);
+}
+
 static void test_ode_ensemble(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
@@ -463,6 +556,7 @@ int main(void) {
         cmocka_unit_test(test_while_lanes),
         cmocka_unit_test(test_loop_derivatives),
         cmocka_unit_test(test_ode_ensemble),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
