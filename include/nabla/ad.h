@@ -100,9 +100,19 @@ NB_API nb_status nb_custom_vjp(nb_fn *f, nb_fn *fwd, nb_fn *bwd, nb_fn **out);
  * so vmap composes with grad, jvp, jit and itself in any order -- jit(vmap(grad(f))),
  * grad(vmap(f)) (the cotangent of an unbatched argument sums the lanes'), vmap(vmap(f)).
  * Calls inside a vmapped function are inlined; nb_debug_print prints the batched value
- * once. Not yet: loops (nb_while_loop and what is built on it, nb_diffeqsolve) inside a
- * vmapped function, and a derivative taken around a vmapped nb_custom_vjp function (inside
- * it, vmap(grad(f)), works) -- both NB_ERR_UNSUPPORTED naming the op. f is borrowed and retained;
+ * once. Loops (nb_while_loop, fori, scan, cond, switch, nb_diffeqsolve) batch as in JAX:
+ * the batched loop runs while any lane's cond holds and a lane whose cond is false keeps
+ * its carry (every carry leaf is batched), so each lane ends with its own loop's result --
+ * an ODE solve's lanes each with their own steps, step sizes and result code -- and
+ * reverse mode through it (checkpointed, bounded; a solve's adjoints) gives each lane its
+ * own gradient. The finished lanes' body still runs (its result discarded): a body that
+ * divides by something zero there gives NaN cotangents through a derivative unless it
+ * guards that division -- nb_diffeqsolve's explicit solvers do; not yet its stiff solvers
+ * (a finished lane's step has h = 0, and I / (h gamma) - J is inf: the gradient of a
+ * vmapped stiff solve is NaN; its solution is right). A buffer written with one
+ * nb_dynamic_update_slice at per-lane indices is updated lane by lane (B writes of a row a
+ * step). Not yet: a derivative taken around a vmapped nb_custom_vjp function (inside it,
+ * vmap(grad(f)), works) -- NB_ERR_UNSUPPORTED naming the op. f is borrowed and retained;
  * in_axes and out_axes are retained and compared by value (part of the jit cache's identity).
  * Returns a new reference.
  *

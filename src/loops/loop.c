@@ -2406,8 +2406,9 @@ static nb_status nbl_lanes(nb_trace *tr, const nb_tree *fnref, const nb_tree *us
             continue;
         }
         if (x->rank < 1 || x->shape[0] != B) {
-            return nbi_trace_err(tr, NB_ERR_INTERNAL, "nb_vmap: a loop's batched leaf has no "
-                                                      "batch axis");
+            return nbi_trace_err(tr, NB_ERR_INTERNAL,
+                                 "nb_vmap: a loop's batched leaf has no "
+                                 "batch axis");
         }
         lane[j] = nb_full(tr, x->dtype, x->rank - 1, x->shape + 1, 0.0);
         ins[k] = lane[j];
@@ -2443,9 +2444,9 @@ static nb_status nbl_lanes(nb_trace *tr, const nb_tree *fnref, const nb_tree *us
     nb_var **ov = nbl_leaf_vars(tr, *res, &no);
     nb_var **out = ov ? nbi_arena_alloc(&tr->arena, (size_t)(no + 1) * sizeof(nb_var *)) : NULL;
     st = out != NULL ? nbi_vmap_region(tr, begin, end, k, ins, bins, B, (int)no, ov, out)
-                     : (nb_trace_status(tr) != NB_OK ? nb_trace_status(tr)
-                                                     : nbi_trace_err(tr, NB_ERR_OOM,
-                                                                     "nb_vmap: out of memory"));
+                     : (nb_trace_status(tr) != NB_OK
+                            ? nb_trace_status(tr)
+                            : nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory"));
     for (int64_t j = 0; st == NB_OK && j < no; j++) {
         if (out[j] == NULL) {
             out[j] = nbi_vmap_bcast(ov[j], B);
@@ -2520,9 +2521,9 @@ static nb_status nbl_vmap_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_var *act = nbl_lanes_active(tr, self, args, B);
     nb_var **nv = NULL;
     nb_tree *res = NULL;
-    if (act == NULL || nbl_lanes(tr, nb_tree_get(self, "fn"),
-                                 nb_tree_child(nb_tree_get(self, "lifted"), 0),
-                                 nb_tree_get(self, "bmask"), args, B, &nv, &nn, &res) != NB_OK) {
+    if (act == NULL ||
+        nbl_lanes(tr, nb_tree_get(self, "fn"), nb_tree_child(nb_tree_get(self, "lifted"), 0),
+                  nb_tree_get(self, "bmask"), args, B, &nv, &nn, &res) != NB_OK) {
         return nb_trace_status(tr);
     }
     nb_var **cv = nbl_leaf_vars(tr, args, &nc);
@@ -2579,9 +2580,9 @@ static const nb_tree *nbl_lanes_self(nb_trace *tr, const nb_tree *self, nb_var *
         return NULL;
     }
     for (int64_t j = 0; j < n; j++) {
-        v[j] = bops[j] != NULL                          ? bops[j]
+        v[j] = bops[j] != NULL                         ? bops[j]
                : all_float && nbi_is_float_var(ops[j]) ? nbi_vmap_bcast(ops[j], B)
-                                                        : ops[j];
+                                                       : ops[j];
         b[j] = v[j] != ops[j];
         if (sub != NULL) {
             sub[j] = v[j];
@@ -2620,8 +2621,9 @@ static nb_status nbl_while_lanes(nb_trace *tr, const nb_var *w, nb_var *const *b
                            : NULL;
     nb_var **cv = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));
     if (cs == NULL || bs == NULL || cv == NULL) {
-        return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr)
-                                            : nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
+        return nb_trace_status(tr) != NB_OK
+                   ? nb_trace_status(tr)
+                   : nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
     }
     for (int64_t j = 0; j < ncar; j++) {
         nb_var *x = w->in[nc + nb + j];
@@ -2643,10 +2645,10 @@ static nb_status nbl_while_lanes(nb_trace *tr, const nb_var *w, nb_var *const *b
     if (st == NB_OK) {
         const char *keys[5] = {"cfn", "lifted", "bmask", "cbmask", "B"};
         nb_tree *vals[5] = {cfn, lifted, bmask, cmask, bt};
-        fc = nbl_wrapper(tr, who, "vmap_cond", nbl_vmap_cond, rec->cond_body, rec->cond_name,
-                         NULL, 5, keys, vals);
-        fb = fc ? nbl_wrapper(tr, who, "vmap_body", nbl_vmap_body, rec->body_body,
-                              rec->body_name, NULL, 5, keys, vals)
+        fc = nbl_wrapper(tr, who, "vmap_cond", nbl_vmap_cond, rec->cond_body, rec->cond_name, NULL,
+                         5, keys, vals);
+        fb = fc ? nbl_wrapper(tr, who, "vmap_body", nbl_vmap_body, rec->body_body, rec->body_name,
+                              NULL, 5, keys, vals)
                 : NULL;
     } else if (tr->status == NB_OK) {
         nbi_trace_err(tr, st, "%s: out of memory", who);

@@ -1,13 +1,16 @@
 /*
  * test_vmap_loops.c -- nb_vmap of loops (JAX's semantics: the batched loop runs while any
  * lane's cond holds, a finished lane keeps its carry):
- *   - a while loop whose lanes stop after different numbers of steps (the cond's bound
- *     data batched or not), fori and scan (stacked outputs, a buffer), bit for bit against
+ *   - a while loop (lax, checkpointed, bounded) whose lanes stop after different numbers
+ *     of steps, the cond's and the body's bound data batched or not, bit for bit against
  *     one call per lane;
- *   - derivatives: vmap of grad (per-lane gradients, the loop checkpointed, bounded, and a
- *     scan) bit for bit against one grad per lane; grad of vmap (the gradient of the sum)
- *     against the sum of the lanes' gradients; jvp of vmap;
- *   - vmap under jit: one trace for new data.
+ *   - derivatives: vmap of grad (per-lane gradients, the loop checkpointed and bounded)
+ *     bit for bit against one grad per lane; grad of vmap (the gradient of the sum)
+ *     against the sum of the lanes' gradients;
+ *   - an ensemble of Lotka-Volterra solves: each lane's saved states, result code and
+ *     steps its own solve's (lanes stopping at max_steps alone), per-lane gradients through
+ *     the recursive checkpoint adjoint (explicit solvers), bit for bit;
+ *   - allocation failures over jit(vmap(grad)) of a checkpointed loop.
  */
 #include "nbtest.h"
 
@@ -44,7 +47,8 @@ static nb_status cond_fn(nb_trace *tr, const nb_tree *self, const nb_tree *args,
 
 static nb_status body_fn(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     nb_var *x = nb_get(tr, args, "[0]"), *n = nb_get(tr, args, "[1]"), *a = nb_var_of(tr, self);
-    nb_var *x1 = nb_add(nb_mul(x, a), nb_add(nb_scalar(tr, 0.3), nb_mul(nb_scalar(tr, 0.25), nb_sin(nb_square(x)))));
+    nb_var *x1 = nb_add(nb_mul(x, a), nb_add(nb_scalar(tr, 0.3),
+                                             nb_mul(nb_scalar(tr, 0.25), nb_sin(nb_square(x)))));
     nb_tree *l[2] = {nb_leaf(x1), nb_leaf(nb_add(n, nb_scalar_typed(tr, NB_DTYPE_I32, 1.0)))};
     return nb_tree_tuple(nb_trace_ctx(tr), 2, l, out); /* nb_leaf trees: the trace's */
 }
@@ -156,8 +160,8 @@ static void test_while_lanes(void **state) {
                 steps_min = n < steps_min ? n : steps_min;
                 steps_max = n > steps_max ? n : steps_max;
                 bad += !same_bits(at(nb_tree_child(out, 0), 2 * b), at(nb_tree_child(lo, 0), 0));
-                bad += !same_bits(at(nb_tree_child(out, 0), 2 * b + 1),
-                                  at(nb_tree_child(lo, 0), 1));
+                bad +=
+                    !same_bits(at(nb_tree_child(out, 0), 2 * b + 1), at(nb_tree_child(lo, 0), 1));
                 bad += (int)at(nb_tree_child(out, 1), b) != n;
                 bad += !same_bits(at(nb_tree_child(out, 2), b), at(nb_tree_child(lo, 2), 0));
                 nb_tree_destroy(lo);
@@ -205,10 +209,10 @@ static nb_status body_lossfn(nb_trace *tr, const nb_tree *self, const nb_tree *a
 /* in_axes ((ax, aa), al) */
 static nb_tree *axes_p(nb_ctx *ctx, int ax, int aa, int al) {
     nb_tree *t = axes3(ctx, ax, aa, al), *p = NULL, *l[2];
-    NBT_OK(ctx, nb_tree_tuple(ctx, 2,
-                              (nb_tree *[]){(nb_tree *)nb_tree_child(t, 0),
-                                            (nb_tree *)nb_tree_child(t, 1)},
-                              &p));
+    NBT_OK(ctx,
+           nb_tree_tuple(
+               ctx, 2,
+               (nb_tree *[]){(nb_tree *)nb_tree_child(t, 0), (nb_tree *)nb_tree_child(t, 1)}, &p));
     l[0] = p;
     l[1] = nb_tree_retain((nb_tree *)nb_tree_child(t, 2));
     nb_tree_destroy(t);
@@ -221,8 +225,7 @@ static nb_tree *p_args(nb_ctx *ctx, nb_tree *x0, nb_tree *a, nb_tree *lim) {
 }
 
 static nb_fn *g_vloss;
-static nb_status body_sum_v(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                            nb_tree **out) {
+static nb_status body_sum_v(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
     const nb_tree *r = nb_apply(tr, g_vloss, args);
     return r != NULL ? nb_return(nb_sum(nb_var_of(tr, r), NULL, 0, false), out)
@@ -321,13 +324,17 @@ static nb_status term_lv(nb_trace *tr, const nb_tree *self, const nb_tree *args,
  * loss = sum ys^2) */
 static nb_status body_lv(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     nb_ctx *ctx = nb_trace_ctx(tr);
-    int64_t max_steps = 0, save = 0;
+    int64_t max_steps = 0, save = 0, solver = NB_ODE_TSIT5;
     nb_tree_get_int(nb_tree_child(self, 0), &max_steps);
     nb_tree_get_int(nb_tree_child(self, 1), &save);
+    if (nb_tree_len(self) > 2) {
+        nb_tree_get_int(nb_tree_child(self, 2), &solver);
+    }
     nb_fn *term = NULL;
     NBT_OK(ctx, nb_fn_create(ctx, "lv", term_lv, NULL, &term));
     static const double ts[4] = {1.0, 2.5, 4.0, 6.0};
     nb_ode_opts o = nb_ode_opts_default();
+    o.solver = (nb_ode_solver)solver;
     o.t0 = 0.0;
     o.t1 = 6.0;
     o.controller = nb_ode_pid(1e-8, 1e-8);
@@ -372,8 +379,8 @@ static nb_status body_lv_loss(nb_trace *tr, const nb_tree *self, const nb_tree *
 static nb_status scenario_loop(nb_ctx *ctx) {
     double x0[2 * NL], a[NL], lim[NL];
     lane_data(x0, a, lim);
-    nb_tree *self = NULL, *px = NULL, *pa = NULL, *pl = NULL, *p = NULL, *args = NULL,
-            *out = NULL, *ia = NULL, *i0 = NULL, *i1 = NULL, *i2 = NULL, *ip = NULL;
+    nb_tree *self = NULL, *px = NULL, *pa = NULL, *pl = NULL, *p = NULL, *args = NULL, *out = NULL,
+            *ia = NULL, *i0 = NULL, *i1 = NULL, *i2 = NULL, *ip = NULL;
     nb_array *arr[3] = {NULL};
     nb_fn *f = NULL, *g = NULL, *vg = NULL, *j = NULL;
     nb_status st = nb_tree_int(ctx, NB_LOOP_CHECKPOINTED, &self);
@@ -483,17 +490,18 @@ static void test_ode_ensemble(void **state) {
             int bad = 0, n_fail = 0, smin = 1 << 30, smax = 0;
             int64_t nrow = nb_array_size(nb_tree_get_array(nb_tree_child(out, 0))) / NE;
             for (int b = 0; b < NE; b++) {
-                nb_tree *la = nbt_tuple_take(
-                    ctx, 2,
-                    (nb_tree *[]){f64_leaf(ctx, 1, (int64_t[]){2}, y0 + 2 * b),
-                                  f64_leaf(ctx, 1, (int64_t[]){4}, p + 4 * b)});
+                nb_tree *la =
+                    nbt_tuple_take(ctx, 2,
+                                   (nb_tree *[]){f64_leaf(ctx, 1, (int64_t[]){2}, y0 + 2 * b),
+                                                 f64_leaf(ctx, 1, (int64_t[]){4}, p + 4 * b)});
                 nb_tree *lo = NULL;
                 NBT_OK(ctx, nb_fn_call(f, la, &lo));
                 for (int64_t i = 0; i < nrow; i++) {
                     bad += !same_bits(at(nb_tree_child(out, 0), b * nrow + i),
                                       at(nb_tree_child(lo, 0), i));
                 }
-                int res = (int)at(nb_tree_child(lo, 1), 0), steps = (int)at(nb_tree_child(lo, 2), 0);
+                int res = (int)at(nb_tree_child(lo, 1), 0),
+                    steps = (int)at(nb_tree_child(lo, 2), 0);
                 bad += (int)at(nb_tree_child(out, 1), b) != res;
                 bad += (int)at(nb_tree_child(out, 2), b) != steps;
                 n_fail += res != NB_ODE_SUCCESSFUL;
@@ -521,10 +529,10 @@ static void test_ode_ensemble(void **state) {
                 NBT_OK(ctx, nb_fn_call(vg, args, &out));
                 int gbad = 0;
                 for (int b = 0; b < NE; b++) {
-                    nb_tree *la = nbt_tuple_take(
-                        ctx, 2,
-                        (nb_tree *[]){f64_leaf(ctx, 1, (int64_t[]){2}, y0 + 2 * b),
-                                      f64_leaf(ctx, 1, (int64_t[]){4}, p + 4 * b)});
+                    nb_tree *la =
+                        nbt_tuple_take(ctx, 2,
+                                       (nb_tree *[]){f64_leaf(ctx, 1, (int64_t[]){2}, y0 + 2 * b),
+                                                     f64_leaf(ctx, 1, (int64_t[]){4}, p + 4 * b)});
                     nb_tree *lo = NULL;
                     NBT_OK(ctx, nb_fn_call(g, la, &lo));
                     for (int i = 0; i < 2; i++) {
@@ -546,6 +554,66 @@ static void test_ode_ensemble(void **state) {
             nb_fn_destroy(f);
             nb_tree_destroy(self);
         }
+    }
+    /* the other adaptive solvers (SaveAt ts): the stiff ones' solutions, and the explicit
+     * ones' per-lane gradients -- bit for bit each lane's own, and finite (a finished lane's
+     * discarded step must not make NaN cotangents). Not yet: gradients of a vmapped stiff
+     * solve (NaN: the finished lanes' discarded step has h = 0, and the Newton matrix
+     * I / (h gamma) - J is inf there) */
+    static const int solvers[] = {NB_ODE_RODAS5P, NB_ODE_KVAERNO5, NB_ODE_BDF,
+                                  NB_ODE_BOSH3,   NB_ODE_DOPRI5,   NB_ODE_DOPRI8};
+    for (size_t si = 0; si < sizeof solvers / sizeof solvers[0]; si++) {
+        bool stiff = si < 3;
+        nb_tree *s[3] = {NULL, NULL, NULL};
+        NBT_OK(ctx, nb_tree_int(ctx, 4096, &s[0]));
+        NBT_OK(ctx, nb_tree_int(ctx, NB_SAVEAT_TS, &s[1]));
+        NBT_OK(ctx, nb_tree_int(ctx, solvers[si], &s[2]));
+        nb_tree *self = nbt_tuple_take(ctx, 3, s);
+        nb_fn *fl = NULL, *g = NULL, *vg = NULL;
+        if (stiff) {
+            NBT_OK(ctx, nb_fn_create(ctx, "lv_solve", body_lv, self, &g));
+        } else {
+            NBT_OK(ctx, nb_fn_create(ctx, "lv_loss", body_lv_loss, self, &fl));
+            NBT_OK(ctx, nb_grad(fl, NULL, &g));
+        }
+        NBT_OK(ctx, nb_vmap(g, NULL, &vg));
+        nb_tree *args = nbt_tuple_take(ctx, 2,
+                                       (nb_tree *[]){f64_leaf(ctx, 2, (int64_t[]){NE, 2}, y0),
+                                                     f64_leaf(ctx, 2, (int64_t[]){NE, 4}, p)});
+        nb_tree *out = NULL;
+        NBT_OK(ctx, nb_fn_call(vg, args, &out));
+        int gbad = 0, nonfinite = 0;
+        for (int b = 0; b < NE; b++) {
+            nb_tree *la =
+                nbt_tuple_take(ctx, 2,
+                               (nb_tree *[]){f64_leaf(ctx, 1, (int64_t[]){2}, y0 + 2 * b),
+                                             f64_leaf(ctx, 1, (int64_t[]){4}, p + 4 * b)});
+            nb_tree *lo = NULL;
+            NBT_OK(ctx, nb_fn_call(g, la, &lo));
+            const nb_tree *ob = stiff ? nb_tree_child(out, 0) : out;
+            const nb_tree *lb = stiff ? nb_tree_child(lo, 0) : lo;
+            int n = stiff ? 8 : 2; /* the 4 saved states, or the gradient */
+            for (int i = 0; i < n; i++) {
+                gbad += !same_bits(at(ob, n * b + i), at(lb, i));
+                nonfinite += !isfinite(at(ob, n * b + i));
+            }
+            if (stiff) {
+                gbad += at(nb_tree_child(out, 2), b) != at(nb_tree_child(lo, 2), 0);
+            }
+            nb_tree_destroy(lo);
+            nb_tree_destroy(la);
+        }
+        print_message("%-9s vmap(%s), SaveAt ts: %d values differ, %d not finite\n",
+                      nb_ode_solver_name((nb_ode_solver)solvers[si]), stiff ? "solve" : "grad",
+                      gbad, nonfinite);
+        NBT_EQ_I64(gbad, 0);
+        NBT_EQ_I64(nonfinite, 0);
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+        nb_fn_destroy(vg);
+        nb_fn_destroy(g);
+        nb_fn_destroy(fl);
+        nb_tree_destroy(self);
     }
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
