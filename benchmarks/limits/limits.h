@@ -14,6 +14,9 @@
  *                 forward, backward, Adam on all six leaves, in plain loops
  *   lim_mlp784.c  the MLP 784-256-256-10 (batch 128, tanh, mean cross-entropy) train step:
  *                 its 8 GEMMs in BLIS (bli_sgemm_ex, one thread), the rest and Adam in loops
+ *   lim_pex.c     per-example gradients of that MLP (batch 128, each example's own loss):
+ *                 the batch's forward and deltas in BLIS, each example's outer products in
+ *                 loops (bench_vmap)
  *   lim_vmath_*.c SLEEF's vector functions, chosen per CPU as nabla chooses them (AVX2 + FMA,
  *                 else SSE2): tanhf u35, expf and logf u10, pow u10 (f64)
  *
@@ -131,5 +134,22 @@ float lim_mlp_step(lim_mlp *m);
  * It leaves the model's parameters and state alone (its Adam updates a copy of them, made on
  * the first call), so that it can be timed between steps of the same model. */
 void lim_mlp_gemms_adam(lim_mlp *m);
+
+/* ---- per-example gradients of the MLP 784-256-256-10, batch 128 (lim_pex.c) -------------- */
+
+typedef struct lim_pex lim_pex;
+
+/* Zeroed buffers: parameters, x f32[128, 784], labels, per-example gradients. NULL when out
+ * of memory. */
+lim_pex *lim_pex_create(void);
+void lim_pex_destroy(lim_pex *m);
+/* Leaf i in 0..5 (w0, b0, w1, b1, w2, b2): the parameter, or its per-example gradients
+ * ([128] + the leaf's shape). */
+float *lim_pex_param(lim_pex *m, int i);
+float *lim_pex_grad(lim_pex *m, int i);
+float *lim_pex_x(lim_pex *m);
+int32_t *lim_pex_labels(lim_pex *m);
+/* Every example's gradient of its own cross-entropy. */
+void lim_pex_grads(lim_pex *m);
 
 #endif
