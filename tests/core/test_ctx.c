@@ -120,6 +120,32 @@ static void test_allocator_accounting(void **state) {
     NBT_EQ_I64(st.live_bytes, 0);
 }
 
+/* The default allocator keeps a freed block of 1 MiB or more and gives it to the next
+ * allocation of its size (not to a much smaller one): a large array made again in a loop
+ * lands where the last one was, and its bytes are still counted as freed. */
+static void test_default_allocator_reuses_large_blocks(void **state) {
+    (void)state;
+    nb_ctx *ctx = NULL;
+    NBT_TRUE(nb_ctx_create(NULL, &ctx) == NB_OK);
+    nb_array *a = NULL, *b = NULL, *c = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 1, (int64_t[]){1 << 20}, &a));
+    const void *pa = nb_array_data(a);
+    nb_ctx_stats s0, s1;
+    NBT_OK(ctx, nb_ctx_stats_get(ctx, &s0));
+    nb_array_destroy(a);
+    NBT_OK(ctx, nb_ctx_stats_get(ctx, &s1));
+    NBT_TRUE(s1.bytes_in_use + ((size_t)4 << 20) <= s0.bytes_in_use);
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 1, (int64_t[]){1 << 20}, &b));
+    NBT_TRUE(nb_array_data(b) == pa); /* the kept block */
+    NBT_TRUE(((const float *)nb_array_data(b))[12345] == 0.0f);
+    nb_array_destroy(b);
+    /* a quarter of the size: not that block (it would hold 3 MiB unused) */
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 1, (int64_t[]){1 << 18}, &c));
+    NBT_TRUE(nb_array_data(c) != pa);
+    nb_array_destroy(c);
+    nb_ctx_destroy(ctx);
+}
+
 /* The context frees what the user forgot: arrays (with shared buffers), trees, treedefs. */
 static void test_destroy_frees_leaked_objects(void **state) {
     (void)state;
@@ -226,6 +252,7 @@ int main(void) {
         cmocka_unit_test(test_status_strings),
         cmocka_unit_test(test_opts_and_threads),
         cmocka_unit_test(test_allocator_accounting),
+        cmocka_unit_test(test_default_allocator_reuses_large_blocks),
         cmocka_unit_test(test_destroy_frees_leaked_objects),
         cmocka_unit_test(test_errors_and_clear),
         cmocka_unit_test(test_log_callback),
