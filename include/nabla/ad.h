@@ -107,9 +107,8 @@ NB_API nb_status nb_custom_vjp(nb_fn *f, nb_fn *fwd, nb_fn *bwd, nb_fn **out);
  * reverse mode through it (checkpointed, bounded; a solve's adjoints) gives each lane its
  * own gradient. The finished lanes' body still runs (its result discarded): a body that
  * divides by something zero there gives NaN cotangents through a derivative unless it
- * guards that division -- nb_diffeqsolve's explicit solvers do; not yet its stiff solvers
- * (a finished lane's step has h = 0, and I / (h gamma) - J is inf: the gradient of a
- * vmapped stiff solve is NaN; its solution is right). A buffer written with one
+ * guards that division (nb_diffeqsolve does: a finished lane's step of 0 becomes a small
+ * step whose result is discarded, for every solver). A buffer written with one
  * nb_dynamic_update_slice at per-lane indices is updated lane by lane (B writes of a row a
  * step). Not yet: a derivative taken around a vmapped nb_custom_vjp function (inside it,
  * vmap(grad(f)), works) -- NB_ERR_UNSUPPORTED naming the op. f is borrowed and retained;

@@ -2008,7 +2008,18 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_var *result = nb_get(tr, args, "[6]");
     nb_var *pie = nb_get(tr, args, "[7]"), *ppie = nb_get(tr, args, "[8]");
     nb_var *at_dtmin = nb_get(tr, args, "[10]"), *at_dtmin_new = at_dtmin;
+    /* h is 0 only where no step is taken: a finished lane of a batched solve (vmap), which
+     * runs the step with its result discarded. A step of 0 would divide by it (the Newton
+     * matrix I / (h gamma) - J, dense output) and give infinities whose zero cotangents are
+     * NaN (0 * inf) through reverse mode; a small step (2^-20 of |t|, or of 1) keeps that
+     * discarded step finite. Where h is not 0 it is h, bits and derivatives alike. */
     nb_var *h = nb_sub(tn, t);
+    {
+        nb_var *hz = nb_eq(h, nb_scalar_typed(tr, dt, 0.0));
+        nb_var *hs = nb_mul(nb_maximum(nb_abs(t), nb_scalar_typed(tr, dt, 1.0)),
+                            nb_scalar_typed(tr, dt, 0x1p-20)); /* time runs forwards inside */
+        h = nb_select(hz, nb_stop_gradient(hs), h);
+    }
 
     /* stages: k[0] = fy; k[stages] (non-FSAL) = f(tn, y1); extra dense stages after it */
     int S = tab->dense_stages > tab->stages ? tab->dense_stages : tab->stages;
@@ -2354,11 +2365,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
         nb_var *TS = nb_get(tr, self, "ts");
         int64_t n = nb_var_size(TS);
         const nb_tree *sv = nb_tree_child(args, 9);
-        /* h is 0 only where no step is taken -- a finished lane of a batched solve (vmap),
-         * which runs its body with the result not kept: theta there must stay finite, or
-         * its (unused, zero-cotangent) rows make reverse mode's cotangents 0 * inf = NaN */
-        nb_var *hz = nb_eq(h, nb_scalar_typed(tr, dt, 0.0));
-        nb_var *theta = nb_div(nb_sub(TS, t), nb_select(hz, nb_scalar_typed(tr, dt, 1.0), h));
+        nb_var *theta = nb_div(nb_sub(TS, t), h); /* h != 0: see above */
         nb_var *mask = nb_logical_and(keep, nb_logical_and(nb_gt(TS, t), nb_le(TS, t_end)));
         mask = nb_reshape(mask, 2, (int64_t[]){n, 1});
         nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(L > 0 ? L : 1) * sizeof *items);

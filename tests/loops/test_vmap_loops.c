@@ -9,7 +9,7 @@
  *     against the sum of the lanes' gradients;
  *   - an ensemble of Lotka-Volterra solves: each lane's saved states, result code and
  *     steps its own solve's (lanes stopping at max_steps alone), per-lane gradients through
- *     the recursive checkpoint adjoint (explicit solvers), bit for bit;
+ *     the recursive checkpoint adjoint (explicit and stiff solvers), bit for bit;
  *   - allocation failures over jit(vmap(grad)) of a checkpointed loop.
  */
 #include "nbtest.h"
@@ -555,15 +555,15 @@ static void test_ode_ensemble(void **state) {
             nb_tree_destroy(self);
         }
     }
-    /* the other adaptive solvers (SaveAt ts): the stiff ones' solutions, and the explicit
-     * ones' per-lane gradients -- bit for bit each lane's own, and finite (a finished lane's
-     * discarded step must not make NaN cotangents). Not yet: gradients of a vmapped stiff
-     * solve (NaN: the finished lanes' discarded step has h = 0, and the Newton matrix
-     * I / (h gamma) - J is inf there) */
+    /* the other adaptive solvers (SaveAt ts): the stiff ones' solutions, and every one's
+     * per-lane gradients -- bit for bit each lane's own, and finite (a finished lane's
+     * discarded step has h = 0, where the Newton matrix I / (h gamma) - J and the dense
+     * output would be infinite: the solver steps 2^-20 |t| there instead) */
     static const int solvers[] = {NB_ODE_RODAS5P, NB_ODE_KVAERNO5, NB_ODE_BDF,
-                                  NB_ODE_BOSH3,   NB_ODE_DOPRI5,   NB_ODE_DOPRI8};
+                                  NB_ODE_BOSH3,   NB_ODE_DOPRI5,   NB_ODE_DOPRI8,
+                                  NB_ODE_RODAS5P, NB_ODE_KVAERNO5, NB_ODE_BDF};
     for (size_t si = 0; si < sizeof solvers / sizeof solvers[0]; si++) {
-        bool stiff = si < 3;
+        bool stiff = si < 3; /* the solution; every gradient after it */
         nb_tree *s[3] = {NULL, NULL, NULL};
         NBT_OK(ctx, nb_tree_int(ctx, 4096, &s[0]));
         NBT_OK(ctx, nb_tree_int(ctx, NB_SAVEAT_TS, &s[1]));
