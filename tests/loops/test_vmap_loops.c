@@ -278,7 +278,10 @@ static void test_loop_derivatives(void **state) {
         nb_fn *v = NULL, *s = NULL, *gs = NULL;
         NBT_OK(ctx, nb_vmap(f, &vo, &v));
         g_vloss = v;
-        NBT_OK(ctx, nb_fn_create(ctx, "sum_v", body_sum_v, NULL, &s));
+        nb_tree *tag = NULL;
+        NBT_OK(ctx, nb_tree_int(ctx, kind, &tag));
+        NBT_OK(ctx, nb_fn_create(ctx, "sum_v", body_sum_v, tag, &s));
+        nb_tree_destroy(tag);
         NBT_OK(ctx, nb_grad(s, NULL, &gs));
         NBT_OK(ctx, nb_fn_call(gs, args, &out));
         double e = fabs(at(nb_tree_child(out, 1), 0) - sum_ga) / fabs(sum_ga);
@@ -544,6 +547,30 @@ static void test_ode_ensemble(void **state) {
                 print_message("saveat %d: vmap(grad): %d of %d gradient elements differ\n", save,
                               gbad, 2 * NE);
                 NBT_EQ_I64(gbad, 0);
+                /* the gradient of the loss summed over the lanes (grad of vmap): the same */
+                nb_fn *vl = NULL, *s = NULL, *gs = NULL;
+                NBT_OK(ctx, nb_vmap(fl, NULL, &vl));
+                g_vloss = vl;
+                nb_tree *tag = NULL;
+                NBT_OK(ctx, nb_tree_int(ctx, 100 + save, &tag));
+                NBT_OK(ctx, nb_fn_create(ctx, "sum_v", body_sum_v, tag, &s));
+                nb_tree_destroy(tag);
+                NBT_OK(ctx, nb_grad(s, NULL, &gs));
+                nb_tree *sout = NULL;
+                NBT_OK(ctx, nb_fn_call(gs, args, &sout));
+                double e = 0, m = 0;
+                for (int i = 0; i < 2 * NE; i++) {
+                    m = nbt_max(m, fabs(at(out, i)));
+                }
+                for (int i = 0; i < 2 * NE; i++) {
+                    e = nbt_max(e, fabs(at(sout, i) - at(out, i)) / m);
+                }
+                print_message("saveat %d: grad(sum vmap) vs the lanes' gradients: %.2e\n", save, e);
+                NBT_TRUE(e <= 1e-13);
+                nb_tree_destroy(sout);
+                nb_fn_destroy(gs);
+                nb_fn_destroy(s);
+                nb_fn_destroy(vl);
                 nb_tree_destroy(out);
                 nb_fn_destroy(vg);
                 nb_fn_destroy(g);
@@ -619,11 +646,164 @@ static void test_ode_ensemble(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- fori, scan, cond; jit and vmap in either order --------------------------------------- */
+
+static nb_status fsc_fori(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *c = nb_get(tr, args, "[1]");
+    return nb_return(nb_add(nb_mul(c, nb_scalar(tr, 1.1)), nb_sin(c)), out);
+}
+
+/* scan body: ((c), x_i) -> (c + x_i c, c^2) */
+static nb_status fsc_scan(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *c = nb_get(tr, args, "[0]"), *x = nb_get(tr, args, "[1]");
+    nb_var *c1 = nb_add(c, nb_mul(x, c));
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(c1), nb_leaf(nb_square(c1))},
+                         out);
+}
+
+static nb_status fsc_true(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_mul(nb_var_of(tr, args), nb_scalar(tr, 2.0)), out);
+}
+
+static nb_status fsc_false(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_sub(nb_var_of(tr, args), nb_scalar(tr, 1.0)), out);
+}
+
+/* args: (x f64[3], k i32[]) -> (fori 0..4 of c 1.1 + sin c from x, scan's ys over x from
+ * c = 0.5, k > 0 ? 2 x : x - 1) */
+static nb_status body_fsc(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *x = nb_get(tr, args, "[0]"), *k = nb_get(tr, args, "[1]");
+    nb_fn *fb = NULL, *sb = NULL, *tb = NULL, *eb = NULL;
+    nb_status st = nb_fn_create(ctx, "fori_body", fsc_fori, NULL, &fb);
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "scan_body", fsc_scan, NULL, &sb);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "if_true", fsc_true, NULL, &tb);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "if_false", fsc_false, NULL, &eb);
+    }
+    const nb_tree *r1 = st == NB_OK ? nb_fori_loop(tr, 0, 4, fb, nb_leaf(x), NULL) : NULL;
+    const nb_tree *r2 =
+        r1 != NULL
+            ? nb_scan(tr, sb, nb_leaf(nb_scalar_typed(tr, NB_DTYPE_F64, 0.5)), nb_leaf(x), 3, NULL)
+            : NULL;
+    const nb_tree *r3 = r2 != NULL ? nb_cond(tr, nb_gt(k, nb_scalar_typed(tr, NB_DTYPE_I32, 0.0)),
+                                             tb, eb, nb_leaf(x))
+                                   : NULL;
+    nb_fn_destroy(fb);
+    nb_fn_destroy(sb);
+    nb_fn_destroy(tb);
+    nb_fn_destroy(eb);
+    if (r3 == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    return nb_tree_tuple(
+        ctx, 3, (nb_tree *[]){(nb_tree *)r1, (nb_tree *)nb_tree_child(r2, 1), (nb_tree *)r3}, out);
+}
+
+static nb_tree *fsc_args(nb_ctx *ctx, int B) {
+    double x[3 * 8];
+    int32_t k[8];
+    for (int b = 0; b < B; b++) {
+        for (int i = 0; i < 3; i++) {
+            x[3 * b + i] = 0.1 * (b + 1) + 0.2 * i;
+        }
+        k[b] = b % 2 ? 1 : -1;
+    }
+    nb_array *ka = NULL;
+    nb_tree *kl = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_I32, 1, (int64_t[]){B}, k, &ka));
+    NBT_OK(ctx, nb_tree_array(ka, &kl));
+    nb_array_destroy(ka);
+    return nbt_tuple_take(ctx, 2, (nb_tree *[]){f64_leaf(ctx, 2, (int64_t[]){B, 3}, x), kl});
+}
+
+/* fori, scan (its stacked ys: a buffer) and cond (a per-lane predicate) under vmap, bit for
+ * bit one call per lane; vmap(jit(f)) the same; jit(vmap(f)) traced once per batch size,
+ * its retrace reason naming the leaf whose shape changed */
+static void test_fori_scan_cond(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL, *jf = NULL, *v = NULL, *vj = NULL, *jv = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "fsc", body_fsc, NULL, &f));
+    NBT_OK(ctx, nb_jit(f, NULL, &jf));
+    NBT_OK(ctx, nb_vmap(f, NULL, &v));
+    NBT_OK(ctx, nb_vmap(jf, NULL, &vj));
+    NBT_OK(ctx, nb_jit(v, NULL, &jv));
+    enum { B = 5 };
+    nb_tree *args = fsc_args(ctx, B), *o1 = NULL, *o2 = NULL, *o3 = NULL;
+    NBT_OK(ctx, nb_fn_call(v, args, &o1));
+    NBT_OK(ctx, nb_fn_call(vj, args, &o2));
+    NBT_OK(ctx, nb_fn_call(jv, args, &o3));
+    static const int per[3] = {3, 3, 3}; /* elements per lane of each output */
+    int bad = 0;
+    for (int b = 0; b < B; b++) {
+        const nb_array *xa = nb_tree_get_array(nb_tree_child(args, 0));
+        int32_t kv = ((const int32_t *)nb_array_data(nb_tree_get_array(nb_tree_child(args, 1))))[b];
+        nb_array *ka = NULL;
+        nb_tree *kl = NULL;
+        NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_I32, 0, NULL, &kv, &ka));
+        NBT_OK(ctx, nb_tree_array(ka, &kl));
+        nb_array_destroy(ka);
+        nb_tree *la = nbt_tuple_take(
+            ctx, 2,
+            (nb_tree *[]){
+                f64_leaf(ctx, 1, (int64_t[]){3}, (const double *)nb_array_data(xa) + 3 * b), kl});
+        nb_tree *lo = NULL;
+        NBT_OK(ctx, nb_fn_call(f, la, &lo));
+        for (int o = 0; o < 3; o++) {
+            for (int i = 0; i < per[o]; i++) {
+                double want = at(nb_tree_child(lo, o), i);
+                bad += !same_bits(at(nb_tree_child(o1, o), per[o] * b + i), want);
+                bad += !same_bits(at(nb_tree_child(o2, o), per[o] * b + i), want);
+                bad += !same_bits(at(nb_tree_child(o3, o), per[o] * b + i), want);
+            }
+        }
+        nb_tree_destroy(lo);
+        nb_tree_destroy(la);
+    }
+    print_message("fori, scan, cond under vmap, vmap(jit), jit(vmap): %d values differ\n", bad);
+    NBT_EQ_I64(bad, 0);
+    /* another batch size: one more trace of jit(vmap(f)), the reason naming args[0] */
+    nb_tree *args4 = fsc_args(ctx, 4), *o4 = NULL;
+    NBT_OK(ctx, nb_fn_call(jv, args4, &o4));
+    nb_tree_destroy(o4);
+    NBT_OK(ctx, nb_fn_call(jv, args, &o4)); /* cached */
+    nb_fn_stats s;
+    NBT_OK(ctx, nb_fn_stats_get(jv, &s));
+    NBT_EQ_I64(s.n_traces, 2);
+    char why[512];
+    NBT_OK(ctx, nb_fn_retrace_reason(jv, 0, why, sizeof why, NULL));
+    print_message("jit(vmap(f)): %lld traces for batch sizes 5, 4, 5; retrace reason: %s\n",
+                  (long long)s.n_traces, why);
+    NBT_TRUE(strstr(why, "args[0]") != NULL);
+    nb_tree_destroy(o4);
+    nb_tree_destroy(args4);
+    nb_tree_destroy(o1);
+    nb_tree_destroy(o2);
+    nb_tree_destroy(o3);
+    nb_tree_destroy(args);
+    nb_fn_destroy(jv);
+    nb_fn_destroy(vj);
+    nb_fn_destroy(v);
+    nb_fn_destroy(jf);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_while_lanes),
-        cmocka_unit_test(test_loop_derivatives),
-        cmocka_unit_test(test_ode_ensemble),
+        cmocka_unit_test(test_while_lanes),    cmocka_unit_test(test_loop_derivatives),
+        cmocka_unit_test(test_fori_scan_cond), cmocka_unit_test(test_ode_ensemble),
         cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
