@@ -142,7 +142,8 @@ nb_status nbi_vmap_region(nb_trace *tr, int32_t begin, int32_t end, int n_in, nb
         }
         for (int32_t j = 0; multi != NULL && j < v->n_in; j++) {
             if (v->in[j]->id < end && multi[v->in[j]->id] != NULL) {
-                return nbi_trace_err(tr, NB_ERR_INTERNAL, "nb_vmap: a %s reads a loop's buffer",
+                return nbi_trace_err(tr, NB_ERR_INTERNAL,
+                                     "nb_vmap: a %s reads a loop node's packed output",
                                      nbi_op_name((nbi_op)v->op));
             }
         }

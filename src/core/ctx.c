@@ -51,9 +51,9 @@ const char *nb_status_name(nb_status status) {
  * _int_memalign per call); plain malloc serves them from its per-thread cache.
  *
  * Large blocks (1 MiB and more) are kept when freed, up to 16 of them and 1 GiB, and given
- * again to an allocation of their size (up to an eighth smaller): glibc maps blocks above
- * its mmap threshold (at most 32 MiB) afresh on every malloc, and the kernel's page faults
- * and zeroing of a fresh mapping cost more than the work that fills it -- per-example
+ * again to an allocation of their size (a block at most an eighth larger than asked): glibc maps
+ * blocks above its mmap threshold (at most 32 MiB) afresh on every malloc, and the kernel's page
+ * faults and zeroing of a fresh mapping cost more than the work that fills it -- per-example
  * gradients of an MLP 784-256-256-10, 138 MB of outputs per call, ran 5x slower. The kept
  * blocks are freed when any context is destroyed. */
 #define NBI_BIG_MIN ((size_t)1 << 20)

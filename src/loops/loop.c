@@ -32,9 +32,24 @@ struct nbl_record {
     const nb_tree *carry;                 /* the initial carry as traced (vars, statics) */
 };
 
+static nb_status nbl_vmap_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out);
+
+/* The loop's body; for a batched loop (vmap), the body it batches. */
 static nb_fn_body nbl_record_body(const nb_var *w) {
     const nbl_record *rec = (const nbl_record *)(intptr_t)w->at.a[6];
-    return rec != NULL ? rec->body_body : NULL;
+    if (rec == NULL) {
+        return NULL;
+    }
+    nb_fn_body b = rec->body_body;
+    if (b == nbl_vmap_body && rec->body_self != NULL) {
+        nb_fnptr fp = NULL;
+        const char *name = NULL;
+        if (nb_tree_get_fnref(nb_tree_get(rec->body_self, "fn"), &fp, &name) == NB_OK) {
+            b = (nb_fn_body)fp;
+        }
+    }
+    return b;
 }
 
 nb_loop_opts nb_loop_opts_default(void) {
@@ -2366,10 +2381,12 @@ void nbi_while_jvp(nb_trace *tr, nb_var *w, nb_var *const *in_tan, nb_var **out_
  * with the carry its own loop would have. Every carry leaf is batched (a lane may stop
  * early whatever the leaf). The cond and body are traced once more, inside the batched
  * loop's wrappers, on lane examples (zeros of one lane's shape) and batched there by
- * nbi_vmap_region -- the loop's own functions are never changed. A buffer leaf written
- * with one dynamic_update_slice keeps that form: the select goes into the written block
- * (the row a finished lane would write is the one it already holds), so the buffer is
- * not copied every step and stays a buffer for reverse mode. */
+ * nbi_vmap_region -- the loop's own functions are never changed. A carry leaf written with
+ * one dynamic_update_slice at indices the same for every lane selects in the written block
+ * (the block a finished lane would write is the one it holds), not over the whole leaf.
+ * Not yet for per-lane indices -- and a batched loop's counters are per lane, so a buffer's
+ * writes are: those run once per lane and the whole leaf is selected (exact; a copy of the
+ * leaf a step, and B ops in the program). */
 
 /* Trace fp on (uself, args) with the batched leaves replaced by lane examples, then batch
  * what it traced: uself's leaves are batched where bmask (a tuple of bools, one per array
@@ -2546,7 +2563,7 @@ static nb_status nbl_vmap_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     return NB_OK;
 }
 
-/* A tuple of bools, one per array leaf of t: is its replacement in sub batched? */
+/* A trace-owned tuple of the n bools b. */
 static nb_tree *nbl_bool_tuple(nb_trace *tr, const bool *b, int64_t n) {
     nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_tree *));
     nb_tree *t = NULL;
@@ -2572,7 +2589,7 @@ static nb_tree *nbl_bool_tuple(nb_trace *tr, const bool *b, int64_t n) {
  * a null tree. */
 static const nb_tree *nbl_lanes_self(nb_trace *tr, const nb_tree *self, nb_var *const *ops,
                                      nb_var *const *bops, int64_t n, int64_t B, bool all_float,
-                                     nb_tree **mask, nb_var **sub) {
+                                     nb_tree **mask) {
     bool *b = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(bool));
     nb_var **v = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_var *));
     if (b == NULL || v == NULL) {
@@ -2584,9 +2601,6 @@ static const nb_tree *nbl_lanes_self(nb_trace *tr, const nb_tree *self, nb_var *
                : all_float && nbi_is_float_var(ops[j]) ? nbi_vmap_bcast(ops[j], B)
                                                        : ops[j];
         b[j] = v[j] != ops[j];
-        if (sub != NULL) {
-            sub[j] = v[j];
-        }
     }
     *mask = nbl_bool_tuple(tr, b, n);
     if (*mask == NULL || tr->status != NB_OK) {
@@ -2615,10 +2629,10 @@ static nb_status nbl_while_lanes(nb_trace *tr, const nb_var *w, nb_var *const *b
         return nbi_trace_err(tr, NB_ERR_INTERNAL, "%s: the loop has no record", who);
     }
     nb_tree *cmask = NULL, *bmask = NULL;
-    const nb_tree *cs = nbl_lanes_self(tr, rec->cond_self, w->in, bin, nc, B, false, &cmask, NULL);
-    const nb_tree *bs = cs ? nbl_lanes_self(tr, rec->body_self, w->in + nc, bin + nc, nb, B,
-                                            all_float, &bmask, NULL)
-                           : NULL;
+    const nb_tree *cs = nbl_lanes_self(tr, rec->cond_self, w->in, bin, nc, B, false, &cmask);
+    const nb_tree *bs =
+        cs ? nbl_lanes_self(tr, rec->body_self, w->in + nc, bin + nc, nb, B, all_float, &bmask)
+           : NULL;
     nb_var **cv = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));
     if (cs == NULL || bs == NULL || cv == NULL) {
         return nb_trace_status(tr) != NB_OK
@@ -2752,7 +2766,7 @@ static nb_status nbl_reverse_lanes(nb_trace *tr, nb_var *r, nb_var *const *bin, 
     }
     for (int64_t j = 0; j < nv; j++) {
         nb_var *g = j < nb ? in_ct[bnc + j] : NULL;
-        outs[ncar + j] = g != NULL ? g : nbl_zeros_lanes(tr, r->in[nc + nb + j], B);
+        outs[ncar + j] = g != NULL ? g : nbl_zeros_lanes(tr, r->in[nc + j], B);
     }
     return tr->status;
 }

@@ -2008,14 +2008,18 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_var *result = nb_get(tr, args, "[6]");
     nb_var *pie = nb_get(tr, args, "[7]"), *ppie = nb_get(tr, args, "[8]");
     nb_var *at_dtmin = nb_get(tr, args, "[10]"), *at_dtmin_new = at_dtmin;
-    /* h is 0 only where no step is taken: a finished lane of a batched solve (vmap), which
-     * runs the step with its result discarded. A step of 0 would divide by it (the Newton
-     * matrix I / (h gamma) - J, dense output) and give infinities whose zero cotangents are
-     * NaN (0 * inf) through reverse mode; a small step (2^-20 of |t|, or of 1) keeps that
-     * discarded step finite. Where h is not 0 it is h, bits and derivatives alike. */
+    /* A finished lane of a batched solve (vmap) runs the step with its result discarded, its
+     * h 0 (t = t1). A step of 0 would divide by it (the Newton matrix I / (h gamma) - J,
+     * the dense output) and give infinities whose zero cotangents are NaN (0 * inf) through
+     * reverse mode: there -- h 0 and the loop's cond false, never in a step that is taken
+     * (a first step too small to move t still fails with dt_underflow) -- the step is 2^-20
+     * max(|t|, 1) instead. Elsewhere h is h, bits and derivatives alike. */
     nb_var *h = nb_sub(tn, t);
     {
-        nb_var *hz = nb_eq(h, nb_scalar_typed(tr, dt, 0.0));
+        nb_var *t1c = traced ? nb_get(tr, self, "t1") : nb_scalar_typed(tr, dt, tau1);
+        nb_var *go = nb_logical_and(nb_logical_and(nb_lt(t, t1c), nb_eq(result, nbo_i32(tr, 0))),
+                                    nb_lt(nb_get(tr, args, "[13]"), nbo_i32(tr, 0)));
+        nb_var *hz = nb_logical_and(nb_eq(h, nb_scalar_typed(tr, dt, 0.0)), nb_logical_not(go));
         nb_var *hs = nb_mul(nb_maximum(nb_abs(t), nb_scalar_typed(tr, dt, 1.0)),
                             nb_scalar_typed(tr, dt, 0x1p-20)); /* time runs forwards inside */
         h = nb_select(hz, nb_stop_gradient(hs), h);

@@ -373,12 +373,7 @@ static nb_status body_lv_loss(nb_trace *tr, const nb_tree *self, const nb_tree *
     return st;
 }
 
-/* A batch of Lotka-Volterra solves (tsit5, rtol 1e-8) over a grid of parameters and
- * initial states: each lane's ys, result code and step count equal its own solve's, bit
- * for bit -- with max_steps small enough that the lanes needing the most steps stop with
- * max_steps_reached in their own result while the others succeed; and the gradient of the
- * summed loss (recursive checkpoint adjoint), per lane (vmap of grad), bit for bit the
- * lane's own gradient. SaveAt t1 and SaveAt ts. */
+/* jit(vmap(grad)) of the checkpointed while-loss, x0 and lim batched, a shared */
 static nb_status scenario_loop(nb_ctx *ctx) {
     double x0[2 * NL], a[NL], lim[NL];
     lane_data(x0, a, lim);
@@ -462,6 +457,12 @@ static void test_out_of_memory(void **state) {
     NBT_TRUE(points > 100);
 }
 
+/* A batch of Lotka-Volterra solves (tsit5, rtol 1e-8) over a grid of parameters and
+ * initial states: each lane's ys, result code and step count equal its own solve's, bit
+ * for bit -- with max_steps small enough that the lanes needing the most steps stop with
+ * max_steps_reached in their own result while the others succeed; and the gradient of the
+ * summed loss (recursive checkpoint adjoint), per lane (vmap of grad), bit for bit the
+ * lane's own gradient. SaveAt t1 and SaveAt ts. */
 static void test_ode_ensemble(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
