@@ -958,7 +958,10 @@ static double first_call_seconds(nb_ctx *ctx, int64_t n) {
 }
 
 /* 8x the leaves costs about 8x (linear); the fusion pass once scanned every earlier node per
- * cluster, so it cost about 50x. A generous bound (the machine is shared): under 25x. */
+ * cluster, so it cost about 50x. A generous bound (the machine is shared): under 40x. (It
+ * was 25x until the default allocator kept large freed blocks: the 1000-leaf call's page
+ * faults went away -- 14.6 ms -> 5.8 ms, the 8000-leaf one 196 -> 160 ms -- and the ratio
+ * rose from 13x to 20-32x; the quadratic scan would now be about 100x.) */
 static void test_compile_time_linear(void **state) {
     (void)state;
     nb_ctx_opts o = nb_ctx_opts_default();
@@ -968,7 +971,7 @@ static void test_compile_time_linear(void **state) {
     double t1 = first_call_seconds(ctx, 1000), t8 = first_call_seconds(ctx, 8000);
     print_message("first call: 1000 leaves %.1f ms, 8000 leaves %.1f ms (%.1fx)\n", t1 * 1e3,
                   t8 * 1e3, t8 / t1);
-    if (t8 > 25.0 * t1 + 0.05) {
+    if (t8 > 40.0 * t1 + 0.05) {
         fail_msg("8x the leaves took %.1fx as long (%.1f ms vs %.1f ms)", t8 / t1, t8 * 1e3,
                  t1 * 1e3);
     }
