@@ -187,7 +187,7 @@ static nb_status body_pex_loss(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_var *h = nb_reshape(nb_get(tr, args, "[1]"), 2, (int64_t[]){1, NI});
     static const char *const w[3] = {"w0", "w1", "w2"}, *const b[3] = {"b0", "b1", "b2"};
     for (int k = 0; k < 3; k++) {
-        h = nb_add(nb_matmul(h, nb_get(tr, p, w[k])), nb_get(tr, p, b[k]));
+        h = nb_add(nb_matmul(h, nb_get(tr, p, "%s", w[k])), nb_get(tr, p, "%s", b[k]));
         if (k < 2) {
             h = nb_tanh(h);
         }
