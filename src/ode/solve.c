@@ -1974,6 +1974,14 @@ static bool nbo_event_step(nb_trace *tr, const nb_tree *self, const nbo_cfg *cfg
 }
 
 /* The step body. self: fn, self, args (the term), cfg, ts (internal save times or null). */
+
+/* The solve's loop goes on: t < t1, result successful, no event fired (args: the carry;
+ * the loop's cond, and a step's test that it is really taken). */
+static nb_var *nbo_running(nb_trace *tr, nb_var *t, nb_var *t1v, const nb_tree *args) {
+    nb_var *go = nb_logical_and(nb_lt(t, t1v), nb_eq(nb_get(tr, args, "[6]"), nbo_i32(tr, 0)));
+    return nb_logical_and(go, nb_lt(nb_get(tr, args, "[13]"), nbo_i32(tr, 0)));
+}
+
 static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                                nb_tree **out) {
     nbo_cfg cfg;
@@ -2017,8 +2025,7 @@ static nb_status nbo_step_body(nb_trace *tr, const nb_tree *self, const nb_tree 
     nb_var *h = nb_sub(tn, t);
     {
         nb_var *t1c = traced ? nb_get(tr, self, "t1") : nb_scalar_typed(tr, dt, tau1);
-        nb_var *go = nb_logical_and(nb_logical_and(nb_lt(t, t1c), nb_eq(result, nbo_i32(tr, 0))),
-                                    nb_lt(nb_get(tr, args, "[13]"), nbo_i32(tr, 0)));
+        nb_var *go = nbo_running(tr, t, t1c, args);
         nb_var *hz = nb_logical_and(nb_eq(h, nb_scalar_typed(tr, dt, 0.0)), nb_logical_not(go));
         nb_var *hs = nb_mul(nb_maximum(nb_abs(t), nb_scalar_typed(tr, dt, 1.0)),
                             nb_scalar_typed(tr, dt, 0x1p-20)); /* time runs forwards inside */
@@ -2440,9 +2447,7 @@ static nb_status nbo_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args
         nb_tree_get_float(t1t, &tau1);
         t1v = nb_scalar(tr, tau1);
     }
-    nb_var *t = nb_get(tr, args, "[0]");
-    nb_var *go = nb_logical_and(nb_lt(t, t1v), nb_eq(nb_get(tr, args, "[6]"), nbo_i32(tr, 0)));
-    return nb_return(nb_logical_and(go, nb_lt(nb_get(tr, args, "[13]"), nbo_i32(tr, 0))), out);
+    return nb_return(nbo_running(tr, nb_get(tr, args, "[0]"), t1v, args), out);
 }
 
 /* ---- compaction of SaveAt steps ------------------------------------------------------- */
