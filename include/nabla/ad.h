@@ -108,14 +108,13 @@ NB_API nb_status nb_custom_vjp(nb_fn *f, nb_fn *fwd, nb_fn *bwd, nb_fn **out);
  * own gradient. The finished lanes' body still runs (its result discarded): a body that
  * divides by something zero there gives NaN cotangents through a derivative unless it
  * guards that division (nb_diffeqsolve does: a finished lane's step of 0 becomes a small
- * step whose result is discarded, for every solver). Not yet: nb_dynamic_slice and
- * nb_dynamic_update_slice with per-lane start indices (a loop counter under a batched
- * cond, an ODE solve's SaveAt ts or steps rows, a direct adjoint's tape) run once per lane
- * -- B ops, exact, but the program grows with B: the first call of vmap(grad) of 1,000
- * Lotka-Volterra lanes (tsit5, rtol 1e-8) takes 1.6 s with SaveAt t1 and 2.4 s with
- * SaveAt ts (later calls 0.19 and 0.85 s), of 10 lanes 0.03 s; and a derivative taken
- * around a vmapped nb_custom_vjp function (inside it, vmap(grad(f)), works) --
- * NB_ERR_UNSUPPORTED naming the op. f is borrowed and retained; in_axes and out_axes are
+ * step whose result is discarded, for every solver). nb_dynamic_slice and
+ * nb_dynamic_update_slice whose start indices differ per lane (a loop counter under a
+ * batched cond, an ODE solve's SaveAt steps rows, a direct adjoint's tape) become one
+ * per-lane op -- each lane's block at its own starts, in place in a loop's buffer -- so
+ * the program does not grow with B. Not yet: a derivative taken around a vmapped
+ * nb_custom_vjp function (inside it, vmap(grad(f)), works) -- NB_ERR_UNSUPPORTED naming
+ * the op. f is borrowed and retained; in_axes and out_axes are
  * retained and compared by value (part of the jit cache's identity).
  * Returns a new reference.
  *

@@ -249,6 +249,17 @@ NBI_HIDDEN nb_var *nbi_vmap_lift(nb_var *bx, int rank);
 NBI_HIDDEN nb_var *nbi_vmap_bcast(nb_var *x, int64_t B);
 NBI_HIDDEN nb_var *nbi_vmap_move(nb_var *x, int from, int to);
 NBI_HIDDEN nb_var *nbi_vmap_unroll(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B);
+/* dynamic_slice / dynamic_update_slice per lane (at.axis == 1; made by the batching rules,
+ * never by the public builders): x's axis 0 holds the lanes, start d (d = 1 .. rank-1) is a
+ * [B] integer vector with lane b's start on x's axis d, and lane b's block is read or
+ * written at its own (clamped) starts. A slice's x and an update's block may have one lane,
+ * shared by every lane. The slice's sizes are at.a (at.a[0] = B). */
+static inline bool nbi_dyn_lanes(const nb_var *v) {
+    return (v->op == NBI_OP_DYN_SLICE || v->op == NBI_OP_DYN_UPDATE) && v->at.axis == 1;
+}
+NBI_HIDDEN nb_var *nbi_dyn_slice_lanes(nb_var *x, nb_var *const *starts, const int64_t *sizes,
+                                       int64_t B);
+NBI_HIDDEN nb_var *nbi_dyn_update_lanes(nb_var *x, nb_var *u, nb_var *const *starts);
 /* custom_vjp: the node's record (at.callee) and its reverse-mode rule. */
 typedef struct nbi_custom_rec {
     const nb_fn *bwd;

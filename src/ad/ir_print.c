@@ -102,7 +102,12 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
     case NBI_OP_DYN_SLICE:
         nbi_sbuf_puts(s, " {");
         nbi_print_ints64(s, "sizes", a->a, v->rank);
-        nbi_sbuf_putc(s, '}');
+        nbi_sbuf_puts(s, nbi_dyn_lanes(v) ? ", per_lane}" : "}");
+        break;
+    case NBI_OP_DYN_UPDATE:
+        if (nbi_dyn_lanes(v)) {
+            nbi_sbuf_puts(s, " {per_lane}");
+        }
         break;
     case NBI_OP_MATMUL:
         if (a->axes[0] || a->axes[1]) {

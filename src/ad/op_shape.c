@@ -534,14 +534,39 @@ static nb_status nbi_check_starts(nb_trace *tr, const char *fn, const nb_var *p,
     return NB_OK;
 }
 
+/* The per-lane form's operands (nbi_dyn_lanes): made by the batching rules, so a mismatch
+ * is nabla's bug. x's lanes and the block's lanes (blanes) are 1 or B; starts from input
+ * first on, one [B] integer vector per axis of x after the first. */
+static nb_status nbi_check_lanes(nb_trace *tr, const char *fn, const nb_var *p, int first,
+                                 int64_t B, int64_t blanes) {
+    const nb_var *x = p->in[0];
+    char sx[NBI_SIG_CAP];
+    bool ok = x->rank >= 1 && p->n_in == first + x->rank - 1 && B >= 0 &&
+              (x->shape[0] == 1 || x->shape[0] == B) && (blanes == 1 || blanes == B);
+    for (int32_t j = first; ok && j < p->n_in; j++) {
+        const nb_var *s = p->in[j];
+        ok = s->rank == 1 && s->shape[0] == B && nbi_is_index_dtype(s->dtype);
+    }
+    if (!ok) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL,
+                             "%s (per lane): x %s, %d start vectors: expected x with 1 or %lld "
+                             "lanes and one [%lld] integer start per axis after the first",
+                             fn, nbi_var_sig(sx, sizeof sx, x), (int)(p->n_in - first),
+                             (long long)B, (long long)B);
+    }
+    return NB_OK;
+}
+
 static nb_status nbi_infer_dyn_slice(nb_trace *tr, nb_var *p) {
     const nb_var *x = p->in[0];
     char sx[NBI_SIG_CAP], sz[NBI_SIG_CAP];
-    nb_status s = nbi_check_starts(tr, "nb_dynamic_slice", p, 1);
+    bool lanes = nbi_dyn_lanes(p);
+    nb_status s = lanes ? nbi_check_lanes(tr, "nb_dynamic_slice", p, 1, p->at.a[0], 1)
+                        : nbi_check_starts(tr, "nb_dynamic_slice", p, 1);
     if (s != NB_OK) {
         return s;
     }
-    for (int d = 0; d < x->rank; d++) {
+    for (int d = lanes ? 1 : 0; d < x->rank; d++) {
         if (p->at.a[d] < 0 || p->at.a[d] > x->shape[d]) {
             return nbi_trace_err(tr, NB_ERR_SHAPE,
                                  "nb_dynamic_slice: sizes %s do not fit in x %s: size %lld on "
@@ -567,7 +592,7 @@ static nb_status nbi_infer_dyn_update(nb_trace *tr, nb_var *p) {
                              nbi_var_sig(su, sizeof su, u), nbi_var_sig(sx, sizeof sx, x));
     }
     bool fits = u->rank == x->rank;
-    for (int d = 0; fits && d < x->rank; d++) {
+    for (int d = nbi_dyn_lanes(p) ? 1 : 0; fits && d < x->rank; d++) { /* lanes: checked below */
         fits = u->shape[d] <= x->shape[d];
     }
     if (!fits) {
@@ -576,7 +601,10 @@ static nb_status nbi_infer_dyn_update(nb_trace *tr, nb_var *p) {
                              "x's rank and dims no larger than x's",
                              nbi_var_sig(su, sizeof su, u), nbi_var_sig(sx, sizeof sx, x));
     }
-    nb_status s = nbi_check_starts(tr, "nb_dynamic_update_slice", p, 2);
+    nb_status s = nbi_dyn_lanes(p) ? nbi_check_lanes(tr, "nb_dynamic_update_slice", p, 2,
+                                                     x->rank >= 1 ? x->shape[0] : 0,
+                                                     u->rank >= 1 ? u->shape[0] : 0)
+                                   : nbi_check_starts(tr, "nb_dynamic_update_slice", p, 2);
     if (s != NB_OK) {
         return s;
     }
@@ -887,6 +915,32 @@ nb_var *nb_dynamic_slice(nb_var *x, nb_var *const *starts, const int64_t *sizes)
 
 nb_var *nb_dynamic_update_slice(nb_var *x, nb_var *update, nb_var *const *starts) {
     return nbi_dyn_emit(NBI_OP_DYN_UPDATE, "nb_dynamic_update_slice", x, update, starts, NULL);
+}
+
+/* The per-lane forms (nbi_dyn_lanes): starts has x->rank - 1 entries; sizes the block's
+ * dims after the lanes. Inputs are non-NULL vars of one trace (the rules' own). */
+nb_var *nbi_dyn_slice_lanes(nb_var *x, nb_var *const *starts, const int64_t *sizes, int64_t B) {
+    nb_var *in[1 + NB_MAX_RANK] = {x};
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.axis = 1;
+    at.a[0] = B;
+    for (int d = 1; d < x->rank; d++) {
+        in[d] = starts[d - 1];
+        at.a[d] = sizes[d - 1];
+    }
+    return nbi_emit(x->tr, NBI_OP_DYN_SLICE, x->rank, in, &at);
+}
+
+nb_var *nbi_dyn_update_lanes(nb_var *x, nb_var *u, nb_var *const *starts) {
+    nb_var *in[2 + NB_MAX_RANK] = {x, u};
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.axis = 1;
+    for (int d = 1; d < x->rank; d++) {
+        in[1 + d] = starts[d - 1];
+    }
+    return nbi_emit(x->tr, NBI_OP_DYN_UPDATE, x->rank + 1, in, &at);
 }
 
 /* ---- composites --------------------------------------------------------------------- */
@@ -1458,9 +1512,43 @@ static int64_t nbi_dyn_offset(const nbi_kargs *k, int first, const int64_t *size
     return off;
 }
 
+/* Lane b's element offset in x (xl: x's lane stride, 0 for one shared lane) of a block of
+ * sizes[1..] at its clamped starts (inputs from first on, one [B] vector per axis after the
+ * lanes). */
+static int64_t nbi_lane_offset(const nbi_kargs *k, int first, const int64_t *sizes,
+                               const int64_t *xst, int64_t xl, int64_t b) {
+    const nb_var *node = k->node, *x = node->in[0];
+    int64_t off = b * xl;
+    for (int d = 1; d < x->rank; d++) {
+        int64_t s = nbi_read_index(k->in[first + d - 1], node->in[first + d - 1]->dtype, b);
+        int64_t hi = x->shape[d] - sizes[d];
+        s = s < 0 ? 0 : s > hi ? hi : s;
+        off += s * xst[d];
+    }
+    return off;
+}
+
+static void nbi_k_dyn_slice_lanes(const nbi_kargs *k) {
+    const nb_var *node = k->node, *x = node->in[0];
+    int64_t ost[NB_MAX_RANK], xst[NB_MAX_RANK], B = node->shape[0];
+    nbi_strides(node->rank, node->shape, ost);
+    nbi_strides(x->rank, x->shape, xst);
+    int64_t xl = x->shape[0] == 1 ? 0 : xst[0];
+    size_t es = nb_dtype_size(node->dtype);
+    for (int64_t b = 0; b < B; b++) {
+        int64_t io = nbi_lane_offset(k, 1, node->shape, xst, xl, b);
+        nbi_copy_block(k->out, b * ost[0], ost + 1, k->in[0], io, xst + 1, node->rank - 1,
+                       node->shape + 1, es);
+    }
+}
+
 static void nbi_k_dyn_slice(const nbi_kargs *k) {
     const nb_var *node = k->node, *x = node->in[0];
     if (node->size == 0) {
+        return;
+    }
+    if (nbi_dyn_lanes(node)) {
+        nbi_k_dyn_slice_lanes(k);
         return;
     }
     int64_t ost[NB_MAX_RANK], xst[NB_MAX_RANK];
@@ -1477,12 +1565,21 @@ static void nbi_k_dyn_update(const nbi_kargs *k) {
     if (node->size > 0 && k->out != k->in[0]) {
         memcpy(k->out, k->in[0], (size_t)node->size * es);
     }
-    if (u->size == 0) {
+    if (u->size == 0 || node->size == 0) {
         return;
     }
     int64_t xst[NB_MAX_RANK], ust[NB_MAX_RANK];
     nbi_strides(node->rank, node->shape, xst);
     nbi_strides(u->rank, u->shape, ust);
+    if (nbi_dyn_lanes(node)) {
+        int64_t ul = u->shape[0] == 1 ? 0 : ust[0];
+        for (int64_t b = 0; b < node->shape[0]; b++) {
+            int64_t oo = nbi_lane_offset(k, 2, u->shape, xst, xst[0], b);
+            nbi_copy_block(k->out, oo, xst + 1, k->in[1], b * ul, ust + 1, u->rank - 1,
+                           u->shape + 1, es);
+        }
+        return;
+    }
     int64_t oo = nbi_dyn_offset(k, 2, u->shape, xst);
     nbi_copy_block(k->out, oo, xst, k->in[1], 0, ust, u->rank, u->shape, es);
 }
@@ -1737,17 +1834,44 @@ static nb_var *nbi_jvp_take_along(nb_trace *tr, nb_var *node, nb_var *const *t) 
     return t[0] ? nb_take_along_axis(t[0], node->in[1], node->at.axis) : NULL;
 }
 
+/* The per-lane forms' rules are the same transposes, lane by lane; an operand with one
+ * lane shared by B gets the sum of the lanes' cotangents. */
+static nb_var *nbi_lanes_sum(nb_var *ct, const nb_var *like) {
+    if (like->shape[0] == ct->shape[0]) {
+        return ct;
+    }
+    int ax = 0;
+    return nb_sum(ct, &ax, 1, true);
+}
+
 static void nbi_vjp_dyn_slice(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
-    in_ct[0] = nb_dynamic_update_slice(nbi_zeros_like(tr, node->in[0]), g, node->in + 1);
+    nb_var *x = node->in[0];
+    if (nbi_dyn_lanes(node)) {
+        int64_t shape[NB_MAX_RANK];
+        memcpy(shape, x->shape, (size_t)x->rank * sizeof *shape);
+        shape[0] = node->shape[0];
+        nb_var *z = nb_full(tr, x->dtype, x->rank, shape, 0.0);
+        in_ct[0] = nbi_lanes_sum(nbi_dyn_update_lanes(z, g, node->in + 1), x);
+        return;
+    }
+    in_ct[0] = nb_dynamic_update_slice(nbi_zeros_like(tr, x), g, node->in + 1);
 }
 
 static nb_var *nbi_jvp_dyn_slice(nb_trace *tr, nb_var *node, nb_var *const *t) {
     (void)tr;
+    if (t[0] != NULL && nbi_dyn_lanes(node)) {
+        return nbi_dyn_slice_lanes(t[0], node->in + 1, node->shape + 1, node->shape[0]);
+    }
     return t[0] ? nb_dynamic_slice(t[0], node->in + 1, node->shape) : NULL;
 }
 
 static void nbi_vjp_dyn_update(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
     nb_var *u = node->in[1], *const *starts = node->in + 2;
+    if (nbi_dyn_lanes(node)) {
+        in_ct[0] = nbi_dyn_update_lanes(g, nbi_zeros_like(tr, u), starts);
+        in_ct[1] = nbi_lanes_sum(nbi_dyn_slice_lanes(g, starts, u->shape + 1, g->shape[0]), u);
+        return;
+    }
     in_ct[0] = nb_dynamic_update_slice(g, nbi_zeros_like(tr, u), starts);
     in_ct[1] = nb_dynamic_slice(g, starts, u->shape);
 }
@@ -1758,7 +1882,8 @@ static nb_var *nbi_jvp_dyn_update(nb_trace *tr, nb_var *node, nb_var *const *t) 
     }
     nb_var *tx = t[0] ? t[0] : nbi_zeros_like(tr, node->in[0]);
     nb_var *tu = t[1] ? t[1] : nbi_zeros_like(tr, node->in[1]);
-    return nb_dynamic_update_slice(tx, tu, node->in + 2);
+    return nbi_dyn_lanes(node) ? nbi_dyn_update_lanes(tx, tu, node->in + 2)
+                               : nb_dynamic_update_slice(tx, tu, node->in + 2);
 }
 
 /* ---- batching ------------------------------------------------------------------------
@@ -1766,7 +1891,9 @@ static nb_var *nbi_jvp_dyn_update(nb_trace *tr, nb_var *node, nb_var *const *t) 
  * batch axis 0 added in front (kept whole by slices and pads, carried by reshapes and
  * transposes); an unbatched operand is broadcast only where the op needs every lane's copy
  * (concatenate, dynamic_update_slice's target). Start indices that differ per lane
- * (dynamic_slice, dynamic_update_slice) run the op once per lane (nbi_vmap_unroll). */
+ * (dynamic_slice, dynamic_update_slice) make their per-lane form (nbi_dyn_lanes): one op,
+ * each lane's block at its own starts; the per-lane form batched again runs once per outer
+ * lane (nbi_vmap_unroll). */
 
 /* [B] + node's shape into shape; false (an error set) past the maximum rank */
 static bool nbi_bshape(nb_trace *tr, const nb_var *node, int64_t B, int64_t *shape) {
@@ -1926,11 +2053,36 @@ static nb_var **nbi_bstarts(nb_trace *tr, const nb_var *node, int32_t first) {
     return s;
 }
 
+/* Batched starts: the per-lane form, each start a [B] vector (an unbatched one broadcast:
+ * B integers). A per-lane node batched again runs once per outer lane. */
+static nb_var **nbi_lane_starts(nb_trace *tr, const nb_var *node, nb_var *const *bin, int32_t first,
+                                int64_t B) {
+    int32_t n = node->n_in - first;
+    nb_var **s = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof *s);
+    if (s == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_vmap: out of memory");
+        return NULL;
+    }
+    for (int32_t j = 0; j < n; j++) {
+        s[j] = bin[first + j] != NULL ? bin[first + j]
+                                      : nb_broadcast_to(node->in[first + j], 1, (int64_t[]){B});
+    }
+    return s;
+}
+
 static nb_var *nbi_vmap_dyn_slice(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
-    if (nbi_starts_batched(node, bin, 1)) {
+    if (nbi_dyn_lanes(node)) {
         return nbi_vmap_unroll(tr, node, bin, B);
     }
     int64_t sizes[NB_MAX_RANK];
+    if (nbi_starts_batched(node, bin, 1)) {
+        nb_var **ls = nbi_lane_starts(tr, node, bin, 1, B);
+        if (ls == NULL || !nbi_bshape(tr, node, B, sizes)) {
+            return tr->poison;
+        }
+        nb_var *x = bin[0] != NULL ? bin[0] : nb_expand_dims(node->in[0], 0);
+        return nbi_dyn_slice_lanes(x, ls, node->shape, B);
+    }
     nb_var **s = nbi_bstarts(tr, node, 1);
     if (s == NULL || !nbi_bshape(tr, node, B, sizes)) {
         return tr->poison;
@@ -1939,8 +2091,18 @@ static nb_var *nbi_vmap_dyn_slice(nb_trace *tr, nb_var *node, nb_var *const *bin
 }
 
 static nb_var *nbi_vmap_dyn_update(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
-    if (nbi_starts_batched(node, bin, 2)) {
+    if (nbi_dyn_lanes(node)) {
         return nbi_vmap_unroll(tr, node, bin, B);
+    }
+    if (nbi_starts_batched(node, bin, 2)) {
+        int64_t shape[NB_MAX_RANK];
+        nb_var **ls = nbi_lane_starts(tr, node, bin, 2, B);
+        if (ls == NULL || !nbi_bshape(tr, node, B, shape)) {
+            return tr->poison;
+        }
+        nb_var *x = bin[0] != NULL ? bin[0] : nbi_vmap_bcast(node->in[0], B);
+        nb_var *u = bin[1] != NULL ? bin[1] : nb_expand_dims(node->in[1], 0);
+        return nbi_dyn_update_lanes(x, u, ls);
     }
     nb_var **s = nbi_bstarts(tr, node, 2);
     if (s == NULL) {

@@ -923,7 +923,8 @@ static bool nbx_emit_move(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) 
         bool upd = v->op == NBI_OP_DYN_UPDATE;
         const nb_var *x = v->in[0], *blk = upd ? v->in[1] : v;
         int first = upd ? 2 : 1;
-        if (x->dtype != v->dtype || (upd && blk->dtype != v->dtype) || x->size == 0) {
+        if (nbi_dyn_lanes(v) || x->dtype != v->dtype || (upd && blk->dtype != v->dtype) ||
+            x->size == 0) {
             return false;
         }
         for (int d = 0; d < x->rank; d++) {

@@ -2517,6 +2517,13 @@ static nb_var *nbl_lanes_keep(nb_trace *tr, nb_var *act, nb_var *c, nb_var *n) {
     if (n == c || c == NULL || n == NULL) {
         return n;
     }
+    if (n->op == NBI_OP_DYN_UPDATE && n->in[0] == c && nbi_dyn_lanes(n)) {
+        /* each lane's block at its own starts: the lane's old block where it has stopped */
+        nb_var *u = n->in[1];
+        nb_var *old = nbi_dyn_slice_lanes(c, n->in + 2, u->shape + 1, c->shape[0]);
+        nb_var *keep = nb_select(nbi_vmap_lift(act, u->rank - 1), u, old);
+        return nbi_dyn_update_lanes(c, keep, n->in + 2);
+    }
     if (n->op == NBI_OP_DYN_UPDATE && n->in[0] == c && n->n_in == 2 + c->rank &&
         n->in[1]->rank == c->rank && n->in[1]->shape[0] == c->shape[0]) {
         nb_var *u = n->in[1];

@@ -636,6 +636,232 @@ static void test_custom_vjp_and_static_leaves(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- per-lane dynamic slices ------------------------------------------------------------ */
+
+/* args: ((x f64[5,4], u f64[2,3]), (i i32, j i32)) -> sum(sin(dynamic_slice(y * x at
+ * (j, i), [2,2]))), y = x with u^2 written at (i, j); starts out of range are clamped */
+static nb_status body_dyn(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0][0]"), *u = nb_get(tr, args, "[0][1]");
+    nb_var *i = nb_get(tr, args, "[1][0]"), *j = nb_get(tr, args, "[1][1]");
+    nb_var *y = nb_dynamic_update_slice(x, nb_mul(u, u), (nb_var *[]){i, j});
+    nb_var *z = nb_dynamic_slice(nb_mul(y, x), (nb_var *[]){j, i}, (int64_t[]){2, 2});
+    return nb_return(nb_sum(nb_sin(z), NULL, 0, false), out);
+}
+
+static nb_fn *g_vdyn;
+static nb_status body_sum_vdyn(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    (void)self;
+    const nb_tree *r = nb_apply(tr, g_vdyn, args);
+    return r != NULL ? nb_return(nb_sum(nb_var_of(tr, r), NULL, 0, false), out)
+                     : nb_trace_status(tr);
+}
+
+static nb_tree *i32_leaf(nb_ctx *ctx, int rank, const int64_t *shape, const int32_t *v) {
+    nb_array *a = NULL;
+    nb_tree *l = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_I32, rank, shape, v, &a));
+    NBT_OK(ctx, nb_tree_array(a, &l));
+    nb_array_destroy(a);
+    return l;
+}
+
+#define DYN_B 4
+static const int32_t DYN_I[DYN_B] = {0, 3, -1, 9}, DYN_J[DYN_B] = {1, 2, 0, 5};
+
+/* f's arguments for lane b (b < 0: the batched ones: x [B,5,4], u shared, i and j [B]) */
+static nb_tree *dyn_args(nb_ctx *ctx, const double *xs, const double *us, int b) {
+    nb_tree *x = b < 0 ? f64_leaf(ctx, 3, (int64_t[]){DYN_B, 5, 4}, xs)
+                       : f64_leaf(ctx, 2, (int64_t[]){5, 4}, xs + 20 * b);
+    nb_tree *i =
+        b < 0 ? i32_leaf(ctx, 1, (int64_t[]){DYN_B}, DYN_I) : i32_leaf(ctx, 0, NULL, DYN_I + b);
+    nb_tree *j =
+        b < 0 ? i32_leaf(ctx, 1, (int64_t[]){DYN_B}, DYN_J) : i32_leaf(ctx, 0, NULL, DYN_J + b);
+    nb_tree *xu = nbt_tuple_take(ctx, 2, (nb_tree *[]){x, f64_leaf(ctx, 2, (int64_t[]){2, 3}, us)});
+    return nbt_tuple_take(ctx, 2, (nb_tree *[]){xu, nbt_tuple_take(ctx, 2, (nb_tree *[]){i, j})});
+}
+
+/* lines of f's optimized IR on args, and how many of them are per-lane slices or updates */
+static int ir_lines(nb_ctx *ctx, nb_fn *f, const nb_tree *args, int *per_lane) {
+    static char ir[1 << 16];
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+    int n = 0;
+    *per_lane = 0;
+    for (const char *s = ir; (s = strchr(s, '\n')) != NULL; s++) {
+        n++;
+    }
+    for (const char *s = ir; (s = strstr(s, "per_lane")) != NULL; s++) {
+        (*per_lane)++;
+    }
+    return n;
+}
+
+/* Starts that differ per lane: one dynamic_slice / dynamic_update_slice per lane, not one
+ * per lane and op (the program does not grow with B); its derivatives (grad of the vmap,
+ * jvp of the vmap: the per-lane forms' own rules) against the unbatched function's lane by
+ * lane, bit for bit -- except the shared u's gradient, the sum of the lanes' (within
+ * rounding); vmap of vmap. */
+static void test_per_lane_starts(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    double xs[DYN_B * 20], us[6] = {0.3, -0.7, 1.1, 0.2, -0.4, 0.9};
+    for (int k = 0; k < DYN_B * 20; k++) {
+        xs[k] = 0.5 * sin(0.7 * k + 0.1);
+    }
+    nb_fn *f = NULL, *g = NULL, *vf = NULL, *vg = NULL, *sum = NULL, *gs = NULL, *jv = NULL;
+    nb_fn *j1 = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "dyn", body_dyn, NULL, &f));
+    NBT_OK(ctx, nb_grad(f, NULL, &g));
+    nb_tree *ax = nbt_tuple_take(
+        ctx, 2, (nb_tree *[]){ints(ctx, 2, (int[]){0, -99}), ints(ctx, 2, (int[]){0, 0})});
+    nb_vmap_opts o = nb_vmap_opts_default();
+    o.in_axes = ax;
+    NBT_OK(ctx, nb_vmap(f, &o, &vf));
+    NBT_OK(ctx, nb_vmap(g, &o, &vg));
+    nb_tree *bargs = dyn_args(ctx, xs, us, -1), *vout = NULL, *vgout = NULL;
+    NBT_OK(ctx, nb_fn_call(vf, bargs, &vout));
+    NBT_OK(ctx, nb_fn_call(vg, bargs, &vgout));
+    /* grad of the summed vmap: the per-lane forms' VJPs */
+    g_vdyn = vf;
+    nb_tree *gsout = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "sum_vdyn", body_sum_vdyn, NULL, &sum));
+    NBT_OK(ctx, nb_grad(sum, NULL, &gs));
+    NBT_OK(ctx, nb_fn_call(gs, bargs, &gsout));
+    double usum[6] = {0};
+    for (int b = 0; b < DYN_B; b++) {
+        nb_tree *a = dyn_args(ctx, xs, us, b), *y = NULL, *gy = NULL;
+        NBT_OK(ctx, nb_fn_call(f, a, &y));
+        NBT_OK(ctx, nb_fn_call(g, a, &gy));
+        NBT_EQ_F64(at(vout, b), at(y, 0));
+        for (int k = 0; k < 20; k++) {
+            double want = at(nb_tree_child(gy, 0), k);
+            NBT_EQ_F64(at(nb_tree_child(vgout, 0), b * 20 + k), want);
+            NBT_EQ_F64(at(nb_tree_child(gsout, 0), b * 20 + k), want);
+        }
+        for (int k = 0; k < 6; k++) {
+            NBT_EQ_F64(at(nb_tree_child(vgout, 1), b * 6 + k), at(nb_tree_child(gy, 1), k));
+            usum[k] += at(nb_tree_child(gy, 1), k);
+        }
+        nb_tree_destroy(a);
+        nb_tree_destroy(y);
+        nb_tree_destroy(gy);
+    }
+    for (int k = 0; k < 6; k++) {
+        NBT_NEAR(at(nb_tree_child(gsout, 1), k), usum[k], 1e-14);
+    }
+    /* jvp of the vmap (tangents on x and u) against each lane's jvp */
+    double tx[DYN_B * 20], tu[6] = {1, -2, 0.5, 3, 0.25, -1};
+    for (int k = 0; k < DYN_B * 20; k++) {
+        tx[k] = cos(0.3 * k);
+    }
+    NBT_OK(ctx, nb_jvp(vf, &jv));
+    NBT_OK(ctx, nb_jvp(f, &j1));
+    nb_tree *tan = dyn_args(ctx, tx, tu, -1), *pt = NULL, *jout = NULL;
+    nb_tree *null_ij = ints(ctx, 2, (int[]){-99, -99});
+    nb_tree *tan2 = nbt_tuple_take(
+        ctx, 2, (nb_tree *[]){nb_tree_retain((nb_tree *)nb_tree_child(tan, 0)), null_ij});
+    nb_tree_destroy(tan);
+    pt = nbt_tuple_take(ctx, 2, (nb_tree *[]){nb_tree_retain(bargs), tan2});
+    NBT_OK(ctx, nb_fn_call(jv, pt, &jout));
+    for (int b = 0; b < DYN_B; b++) {
+        nb_tree *a = dyn_args(ctx, xs, us, b), *t = dyn_args(ctx, tx, tu, b), *o1 = NULL;
+        nb_tree *tn = ints(ctx, 2, (int[]){-99, -99});
+        nb_tree *t2 = nbt_tuple_take(
+            ctx, 2, (nb_tree *[]){nb_tree_retain((nb_tree *)nb_tree_child(t, 0)), tn});
+        nb_tree *p1 = nbt_tuple_take(ctx, 2, (nb_tree *[]){a, t2});
+        NBT_OK(ctx, nb_fn_call(j1, p1, &o1));
+        NBT_EQ_F64(at(nb_tree_child(jout, 1), b), at(nb_tree_child(o1, 1), 0));
+        nb_tree_destroy(t);
+        nb_tree_destroy(p1);
+        nb_tree_destroy(o1);
+    }
+    /* the program does not grow with B: vmap(grad) at 4 and at 40 lanes */
+    int pl4 = 0, pl40 = 0;
+    int n4 = ir_lines(ctx, vg, bargs, &pl4);
+    double xb[40 * 20];
+    int32_t ib[40], jb[40];
+    for (int k = 0; k < 40 * 20; k++) {
+        xb[k] = 0.1 * k;
+    }
+    for (int b = 0; b < 40; b++) {
+        ib[b] = b % 6 - 1;
+        jb[b] = b % 5;
+    }
+    nb_tree *xu40 = nbt_tuple_take(ctx, 2,
+                                   (nb_tree *[]){f64_leaf(ctx, 3, (int64_t[]){40, 5, 4}, xb),
+                                                 f64_leaf(ctx, 2, (int64_t[]){2, 3}, us)});
+    nb_tree *ij40 = nbt_tuple_take(ctx, 2,
+                                   (nb_tree *[]){i32_leaf(ctx, 1, (int64_t[]){40}, ib),
+                                                 i32_leaf(ctx, 1, (int64_t[]){40}, jb)});
+    nb_tree *a40 = nbt_tuple_take(ctx, 2, (nb_tree *[]){xu40, ij40});
+    int n40 = ir_lines(ctx, vg, a40, &pl40);
+    NBT_EQ_I64(n40, n4);
+    NBT_EQ_I64(pl40, pl4);
+    NBT_TRUE(pl4 >= 4); /* the slice and the update, and their transposes */
+    /* vmap of vmap: 2 outer lanes of the 4-lane batch (x, i, j batched twice) */
+    nb_fn *vv = NULL;
+    nb_tree *bb = NULL, *vvout = NULL;
+    nb_tree *ax2 = nbt_tuple_take(
+        ctx, 2, (nb_tree *[]){ints(ctx, 2, (int[]){0, -99}), ints(ctx, 2, (int[]){0, 0})});
+    nb_vmap_opts o2 = nb_vmap_opts_default();
+    o2.in_axes = ax2;
+    NBT_OK(ctx, nb_vmap(vf, &o2, &vv));
+    double x2[2 * DYN_B * 20];
+    int32_t i2[2 * DYN_B], jj2[2 * DYN_B];
+    for (int k = 0; k < 2 * DYN_B * 20; k++) {
+        x2[k] = k < DYN_B * 20 ? xs[k] : -xs[k - DYN_B * 20];
+    }
+    for (int b = 0; b < 2 * DYN_B; b++) {
+        i2[b] = b < DYN_B ? DYN_I[b] : DYN_J[b - DYN_B];
+        jj2[b] = b < DYN_B ? DYN_J[b] : DYN_I[b - DYN_B];
+    }
+    nb_tree *xu2 = nbt_tuple_take(ctx, 2,
+                                  (nb_tree *[]){f64_leaf(ctx, 4, (int64_t[]){2, DYN_B, 5, 4}, x2),
+                                                f64_leaf(ctx, 2, (int64_t[]){2, 3}, us)});
+    nb_tree *ij2 = nbt_tuple_take(ctx, 2,
+                                  (nb_tree *[]){i32_leaf(ctx, 2, (int64_t[]){2, DYN_B}, i2),
+                                                i32_leaf(ctx, 2, (int64_t[]){2, DYN_B}, jj2)});
+    bb = nbt_tuple_take(ctx, 2, (nb_tree *[]){xu2, ij2});
+    NBT_OK(ctx, nb_fn_call(vv, bb, &vvout));
+    for (int q = 0; q < 2 * DYN_B; q++) {
+        nb_tree *xl = f64_leaf(ctx, 2, (int64_t[]){5, 4}, x2 + 20 * q);
+        nb_tree *il = i32_leaf(ctx, 0, NULL, i2 + q), *jl = i32_leaf(ctx, 0, NULL, jj2 + q);
+        nb_tree *a = nbt_tuple_take(
+            ctx, 2,
+            (nb_tree *[]){
+                nbt_tuple_take(ctx, 2, (nb_tree *[]){xl, f64_leaf(ctx, 2, (int64_t[]){2, 3}, us)}),
+                nbt_tuple_take(ctx, 2, (nb_tree *[]){il, jl})});
+        nb_tree *y = NULL;
+        NBT_OK(ctx, nb_fn_call(f, a, &y));
+        NBT_EQ_F64(at(vvout, q), at(y, 0));
+        nb_tree_destroy(a);
+        nb_tree_destroy(y);
+    }
+    nb_tree_destroy(vvout);
+    nb_tree_destroy(bb);
+    nb_tree_destroy(ax2);
+    nb_fn_destroy(vv);
+    nb_tree_destroy(a40);
+    nb_tree_destroy(jout);
+    nb_tree_destroy(pt);
+    nb_tree_destroy(gsout);
+    nb_tree_destroy(vgout);
+    nb_tree_destroy(vout);
+    nb_tree_destroy(bargs);
+    nb_tree_destroy(ax);
+    nb_fn_destroy(j1);
+    nb_fn_destroy(jv);
+    nb_fn_destroy(gs);
+    nb_fn_destroy(sum);
+    nb_fn_destroy(vg);
+    nb_fn_destroy(vf);
+    nb_fn_destroy(g);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- errors --------------------------------------------------------------------------- */
 
 static nb_status body_pair(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
@@ -817,6 +1043,7 @@ int main(void) {
         cmocka_unit_test(test_nesting_and_axes),
         cmocka_unit_test(test_init_and_axis_size),
         cmocka_unit_test(test_custom_vjp_and_static_leaves),
+        cmocka_unit_test(test_per_lane_starts),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_out_of_memory),
     };
