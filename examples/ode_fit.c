@@ -112,40 +112,6 @@ static nb_status loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb
     return nb_return(nb_mul(sum, nb_scalar(tr, 0.5)), out);
 }
 
-/* step(params, opt_state, data) -> (params, opt_state, loss); self = the optimizer. */
-static nb_status train_step(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
-    nb_ctx *ctx = nb_trace_ctx(tr);
-    const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
-    nb_fn *loss_fn = NULL, *vg = NULL;
-    nb_tree *loss_args = NULL;
-    nb_status st = nb_fn_create(ctx, "loss", loss, NULL, &loss_fn);
-    if (st == NB_OK) {
-        st = nb_value_and_grad(loss_fn, NULL, &vg);
-    }
-    if (st == NB_OK) {
-        st = nb_tree_tuple(ctx, 2, (const nb_tree *[]){params, nb_tree_child(args, 2)}, &loss_args);
-    }
-    /* (loss, grads), traced into this function */
-    const nb_tree *lg = st == NB_OK ? nb_apply(tr, vg, loss_args) : NULL;
-    nb_tree_destroy(loss_args);
-    nb_fn_destroy(vg);
-    nb_fn_destroy(loss_fn);
-    if (lg == NULL) {
-        return st != NB_OK ? st : nb_trace_status(tr);
-    }
-    const nb_tree *updates = NULL, *new_state = NULL;
-    st = nb_optim_update(tr, self, nb_tree_child(lg, 1), state, params, &updates, &new_state);
-    if (st != NB_OK) {
-        return st;
-    }
-    const nb_tree *new_params = nb_apply_updates(tr, params, updates);
-    if (new_params == NULL) {
-        return nb_trace_status(tr);
-    }
-    return nb_tree_tuple(ctx, 3, (const nb_tree *[]){new_params, new_state, nb_tree_child(lg, 0)},
-                         out);
-}
-
 /* dict(a, b, c, d) of f64 scalars: the parameters as a pytree. */
 static nb_tree *make_params(nb_ctx *ctx, const double v[4]) {
     nb_tree *leaves[4], *params = NULL;
@@ -190,40 +156,27 @@ int main(void) {
         ys[i] += 0.05 * eps[N_OBS + i];
     }
 
-    /* 2. The model: a wrong guess, Adam, and its state (shaped like the gradients). */
+    /* 2. The model: a wrong guess and Adam. */
     nb_tree *params = make_params(ctx, (const double[]){1.2, 0.8, 2.5, 0.8});
-    nb_tree *adam = NULL, *tmpl = NULL, *state = NULL;
+    nb_tree *adam = NULL, *state = NULL;
     CHECK(ctx, nb_optim_adam(ctx, 0.05, NULL, &adam));
-    CHECK(ctx, nb_grad_template(params, NULL, &tmpl));
-    CHECK(ctx, nb_optim_init(adam, tmpl, &state));
 
-    /* 3. The jitted step. nb_max_traces makes a second trace an error (it would mean the
-     * arguments changed shape or structure); donating params and state lets every step
-     * update them in place. */
-    nb_fn *step = NULL, *step_once = NULL, *step_jit = NULL;
-    CHECK(ctx, nb_fn_create(ctx, "train_step", train_step, adam, &step));
-    CHECK(ctx, nb_max_traces(step, 1, &step_once));
-    CHECK(ctx, nb_jit(step_once, NULL, &step_jit));
-    nb_tree *yes = NULL, *no = NULL, *donate = NULL;
-    CHECK(ctx, nb_tree_bool(ctx, true, &yes));
-    CHECK(ctx, nb_tree_bool(ctx, false, &no));
-    CHECK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){yes, yes, no}, &donate));
-    nb_call_opts call = nb_call_opts_default();
-    call.donate = donate;
+    /* 3. The train step: solve, loss, gradient, Adam and the update, jitted as one function
+     * (nb_train_step), with Adam's state shaped like the gradients (nb_train_init).
+     * max_traces 1 makes a second trace an error (it would mean the arguments changed shape
+     * or structure). */
+    nb_fn *loss_fn = NULL, *step = NULL;
+    CHECK(ctx, nb_fn_create(ctx, "loss", loss, NULL, &loss_fn));
+    nb_train_opts to = nb_train_opts_default();
+    to.jit.max_traces = 1;
+    CHECK(ctx, nb_train_step(loss_fn, adam, &to, &step));
+    CHECK(ctx, nb_train_init(step, params, &state));
 
-    /* 4. Train. Each call returns new references to the (updated) params and state. */
+    /* 4. Train: each call replaces params and state by the new ones (donated: updated in
+     * place); the loss is called as loss((params, data)). */
     for (int i = 1; i <= 500; i++) {
-        nb_tree *args = NULL, *res = NULL;
-        CHECK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){params, state, data}, &args));
-        CHECK(ctx, nb_fn_call_ex(step_jit, args, &call, &res));
-        nb_tree_destroy(args);
-        nb_tree_destroy(params);
-        nb_tree_destroy(state);
-        params = nb_tree_retain((nb_tree *)nb_tree_child(res, 0));
-        state = nb_tree_retain((nb_tree *)nb_tree_child(res, 1));
         double l = NAN;
-        CHECK(ctx, nb_array_get_flat(nb_tree_get_array(nb_tree_child(res, 2)), 0, &l));
-        nb_tree_destroy(res);
+        CHECK(ctx, nb_train_run(step, &params, &state, data, &l, NULL));
         if (i == 1 || i % 50 == 0) {
             printf("step %3d  loss %.3e  a %.4f  b %.4f  c %.4f  d %.4f\n", i, l, get(params, "a"),
                    get(params, "b"), get(params, "c"), get(params, "d"));
@@ -238,14 +191,13 @@ int main(void) {
                100.0 * (fit - truth[i]) / truth[i]);
     }
     nb_fn_stats stats;
-    CHECK(ctx, nb_fn_stats_get(step_jit, &stats));
+    CHECK(ctx, nb_fn_stats_get(step, &stats));
     printf("the train step was traced %lld time(s) for %lld calls\n", (long long)stats.n_traces,
            (long long)stats.n_calls);
 
-    nb_fn_destroy(step_jit);
-    nb_fn_destroy(step_once);
     nb_fn_destroy(step);
-    nb_tree *trees[] = {true_params, sim_args, data, params, adam, tmpl, state, yes, no, donate};
+    nb_fn_destroy(loss_fn);
+    nb_tree *trees[] = {true_params, sim_args, data, params, adam, state};
     for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
         nb_tree_destroy(trees[i]);
     }

@@ -793,62 +793,17 @@ nb_status bench_loss_fn(nb_ctx *ctx, const bench_problem *p, nb_fn **out) {
     return st;
 }
 
-/* step(params, state, data) -> (params, state, loss); self = dict(opt, problem index). */
-static nb_status bp_step_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                              nb_tree **out) {
-    nb_ctx *ctx = nb_trace_ctx(tr);
-    const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
-    nb_fn *loss = NULL, *vg = NULL;
-    nb_tree *largs = NULL;
-    nb_status st =
-        nb_fn_create(ctx, "bench_loss", bp_loss_body, nb_tree_get(self, "problem"), &loss);
-    if (st == NB_OK) {
-        nb_grad_opts go = nb_grad_opts_default();
-        st = nb_value_and_grad(loss, &go, &vg);
-    }
-    if (st == NB_OK) {
-        st = nb_tree_tuple(ctx, 2, (const nb_tree *[]){params, nb_tree_child(args, 2)}, &largs);
-    }
-    const nb_tree *res = st == NB_OK ? nb_apply(tr, vg, largs) : NULL; /* (loss, grads) */
-    nb_tree_destroy(largs);
-    nb_fn_destroy(vg);
-    nb_fn_destroy(loss);
-    if (res == NULL) {
-        return st != NB_OK ? st : nb_trace_status(tr);
-    }
-    const nb_tree *updates = NULL, *new_state = NULL;
-    st = nb_optim_update(tr, nb_tree_get(self, "opt"), nb_tree_child(res, 1), state, params,
-                         &updates, &new_state);
-    if (st != NB_OK) {
-        return st;
-    }
-    const nb_tree *new_params = nb_apply_updates(tr, params, updates);
-    if (new_params == NULL) {
-        return nb_trace_status(tr);
-    }
-    return nb_tree_tuple(ctx, 3, (const nb_tree *[]){new_params, new_state, nb_tree_child(res, 0)},
-                         out);
-}
-
+/* The loss's data: a tuple data (the empty one of the problems without data) is spread
+ * into the loss's arguments by the step (nb_train_step), so the loss sees (params) for it. */
 nb_status bench_step_fn(nb_ctx *ctx, const bench_problem *p, const nb_tree *opt, nb_fn **out) {
-    nb_tree *idx = NULL, *self = NULL;
-    nb_fn *step = NULL;
-    nb_status st = nb_tree_int(ctx, p - bench_problems, &idx);
+    nb_fn *loss = NULL;
+    nb_status st = bench_loss_fn(ctx, p, &loss);
     if (st == NB_OK) {
-        st = nb_tree_dict(ctx, 2, (const char *[]){"opt", "problem"}, (const nb_tree *[]){opt, idx},
-                          &self);
+        nb_train_opts to = nb_train_opts_default();
+        to.jit.max_traces = 1;
+        st = nb_train_step(loss, opt, &to, out);
     }
-    if (st == NB_OK) {
-        st = nb_fn_create(ctx, "bench_step", bp_step_body, self, &step);
-    }
-    if (st == NB_OK) {
-        nb_jit_opts jo = nb_jit_opts_default();
-        jo.max_traces = 1;
-        st = nb_jit(step, &jo, out);
-    }
-    nb_fn_destroy(step);
-    nb_tree_destroy(self);
-    nb_tree_destroy(idx);
+    nb_fn_destroy(loss);
     return st;
 }
 

@@ -3,8 +3,9 @@
  * would write it with nabla: the model is a pytree (nabla/nn.h), the optimizer state comes
  * from the gradient template (nabla/optim.h), and forward, loss, backward, Adam and the
  * parameter update are one jitted function whose parameters and state are donated, so every
- * step updates them in place. Shuffled minibatches come from a Threefry key
- * (nabla/data.h); the same seed gives the same final loss, bit for bit, on any thread count.
+ * step updates them in place (nb_train_step, nabla/train.h). Shuffled minibatches come from a
+ * Threefry key (nabla/data.h); the same seed gives the same final loss, bit for bit, on any thread
+ * count.
  *
  * On a terminal a progress bar shows epoch, loss, accuracy, steps/s and an ETA; otherwise
  * (a pipe, a log file) one plain line per epoch. At the end: test accuracy, the number of
@@ -65,40 +66,6 @@ static nb_status loss_body(nb_trace *tr, const nb_tree *self, const nb_tree *arg
     }
     *out = pair;
     return nb_trace_status(tr);
-}
-
-static nb_fn *g_value_and_grad; /* value_and_grad(loss_body, has_aux) */
-
-/* step(params, state, x, y) -> (params, state, loss, correct); self = the optimizer. */
-static nb_status step_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
-    nb_ctx *ctx = nb_trace_ctx(tr);
-    const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
-    nb_tree *gargs = NULL;
-    nb_status st = nb_tree_tuple(
-        ctx, 3, (const nb_tree *[]){params, nb_tree_child(args, 2), nb_tree_child(args, 3)},
-        &gargs);
-    if (st != NB_OK) {
-        return st;
-    }
-    const nb_tree *vg = nb_apply(tr, g_value_and_grad, gargs); /* ((loss, correct), grads) */
-    nb_tree_destroy(gargs);
-    if (vg == NULL) {
-        return nb_trace_status(tr);
-    }
-    const nb_tree *updates = NULL, *new_state = NULL;
-    st = nb_optim_update(tr, self, nb_tree_child(vg, 1), state, params, &updates, &new_state);
-    if (st != NB_OK) {
-        return st;
-    }
-    const nb_tree *new_params = nb_apply_updates(tr, params, updates);
-    if (new_params == NULL) {
-        return nb_trace_status(tr);
-    }
-    const nb_tree *aux = nb_tree_child(vg, 0);
-    return nb_tree_tuple(
-        ctx, 4,
-        (const nb_tree *[]){new_params, new_state, nb_tree_child(aux, 0), nb_tree_child(aux, 1)},
-        out);
 }
 
 /* correct(params, x, y): the number of rows whose argmax is the label. */
@@ -229,10 +196,9 @@ int nabla_cmd_train(int argc, char **argv) {
     nb_array *x = NULL, *y = NULL, *key = NULL, *keys = NULL, *k_split = NULL, *k_init = NULL,
              *k_batch = NULL, *xtr = NULL, *ytr = NULL, *xte = NULL, *yte = NULL, *xb = NULL,
              *yb = NULL;
-    nb_tree *model = NULL, *opt = NULL, *tmpl = NULL, *state = NULL, *xb_leaf = NULL,
-            *yb_leaf = NULL, *donate = NULL, *t_true = NULL, *t_false = NULL, *xte_leaf = NULL,
-            *yte_leaf = NULL;
-    nb_fn *loss_fn = NULL, *step_fn = NULL, *step_jit = NULL, *eval_fn = NULL;
+    nb_tree *model = NULL, *opt = NULL, *state = NULL, *xb_leaf = NULL, *yb_leaf = NULL,
+            *batch = NULL, *xte_leaf = NULL, *yte_leaf = NULL;
+    nb_fn *loss_fn = NULL, *step = NULL, *eval_fn = NULL;
     nb_batcher *batcher = NULL;
     const char *data_dir = o.data_dir != NULL ? o.data_dir : cli_data_dir();
     char path[CLI_PATH_MAX + 64];
@@ -274,31 +240,25 @@ int nabla_cmd_train(int argc, char **argv) {
     int64_t n_params = 0;
     TCHECK(ctx, nb_nn_count_params(model, &n_params));
     TCHECK(ctx, nb_optim_adam(ctx, o.lr, NULL, &opt));
-    TCHECK(ctx, nb_grad_template(model, NULL, &tmpl));
-    TCHECK(ctx, nb_optim_init(opt, tmpl, &state));
 
+    /* the step: value_and_grad of the loss, Adam's update, apply_updates -- jitted once,
+     * with the parameters and Adam's state donated (updated in place every step) */
     doing = "cannot build the train step";
     TCHECK(ctx, nb_fn_create(ctx, "loss", loss_body, NULL, &loss_fn));
-    nb_grad_opts go = nb_grad_opts_default();
-    go.has_aux = true;
-    TCHECK(ctx, nb_value_and_grad(loss_fn, &go, &g_value_and_grad));
-    TCHECK(ctx, nb_fn_create(ctx, "train_step", step_body, opt, &step_fn));
-    nb_jit_opts jo = nb_jit_opts_default();
-    jo.max_traces = 1; /* a retrace would be a bug: make it an error */
-    TCHECK(ctx, nb_jit(step_fn, &jo, &step_jit));
+    nb_train_opts to = nb_train_opts_default();
+    to.has_aux = true;
+    to.jit.max_traces = 1; /* a retrace would be a bug: make it an error */
+    TCHECK(ctx, nb_train_step(loss_fn, opt, &to, &step));
+    TCHECK(ctx, nb_train_init(step, model, &state));
     TCHECK(ctx, nb_fn_create(ctx, "evaluate", eval_body, NULL, &eval_fn));
 
-    /* batches land in two arrays made once; params and state are donated */
+    /* batches land in two arrays made once */
     doing = "cannot set up the batches";
     TCHECK(ctx, nb_array_zeros(ctx, nb_array_dtype(xtr), 2, (int64_t[]){o.batch, features}, &xb));
     TCHECK(ctx, nb_array_zeros(ctx, nb_array_dtype(ytr), 1, (int64_t[]){o.batch}, &yb));
     xb_leaf = leaf_new(ctx, xb);
     yb_leaf = leaf_new(ctx, yb);
-    TCHECK(ctx, nb_tree_bool(ctx, true, &t_true));
-    TCHECK(ctx, nb_tree_bool(ctx, false, &t_false));
-    TCHECK(ctx, nb_tree_tuple(ctx, 4, (nb_tree *[]){t_true, t_true, t_false, t_false}, &donate));
-    nb_call_opts call = nb_call_opts_default();
-    call.donate = donate;
+    TCHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){xb_leaf, yb_leaf}, &batch));
     TCHECK(ctx, nb_batcher_create(xtr, ytr, k_batch, o.batch, NULL, &batcher));
     int64_t n_batches = nb_batcher_num_batches(batcher);
 
@@ -329,22 +289,15 @@ int nabla_cmd_train(int argc, char **argv) {
             if (rows == 0) {
                 break;
             }
-            nb_tree *args = NULL, *res = NULL;
-            TCHECK(ctx,
-                   nb_tree_tuple(ctx, 4, (nb_tree *[]){model, state, xb_leaf, yb_leaf}, &args));
-            nb_status st = nb_fn_call_ex(step_jit, args, &call, &res);
-            nb_tree_destroy(args);
-            TCHECK(ctx, st);
-            nb_tree_destroy(model);
-            nb_tree_destroy(state);
-            model = nb_tree_retain((nb_tree *)nb_tree_child(res, 0));
-            state = nb_tree_retain((nb_tree *)nb_tree_child(res, 1));
-            last_loss = (float)scalar_of(nb_tree_child(res, 2));
+            nb_tree *aux = NULL; /* the number of correct rows */
+            double l = 0.0;
+            TCHECK(ctx, nb_train_run(step, &model, &state, batch, &l, &aux));
+            last_loss = (float)l;
             loss_sum += last_loss;
-            correct += (int64_t)scalar_of(nb_tree_child(res, 3));
+            correct += (int64_t)scalar_of(aux);
+            nb_tree_destroy(aux);
             seen += rows;
             steps++;
-            nb_tree_destroy(res);
             cli_progress_update(
                 &prog, steps, "epoch %lld/%lld  loss %.4f  acc %5.1f%%  %.0f steps/s",
                 (long long)e + 1, (long long)o.epochs, loss_sum / (double)(b + 1),
@@ -373,7 +326,7 @@ int nabla_cmd_train(int argc, char **argv) {
     int64_t test_correct = (int64_t)scalar_of(eres);
     nb_tree_destroy(eres);
     nb_fn_stats stats;
-    TCHECK(ctx, nb_fn_stats_get(step_jit, &stats));
+    TCHECK(ctx, nb_fn_stats_get(step, &stats));
     uint32_t bits = 0;
     memcpy(&bits, &last_loss, sizeof bits);
     printf("  %lld steps in %.2f s (%.0f steps/s)\n", (long long)steps, elapsed,
@@ -387,13 +340,9 @@ int nabla_cmd_train(int argc, char **argv) {
 done:
     nb_batcher_destroy(batcher);
     nb_fn_destroy(eval_fn);
-    nb_fn_destroy(step_jit);
-    nb_fn_destroy(step_fn);
-    nb_fn_destroy(g_value_and_grad);
-    g_value_and_grad = NULL;
+    nb_fn_destroy(step);
     nb_fn_destroy(loss_fn);
-    nb_tree *trees[] = {model,  opt,    tmpl,    state,    xb_leaf, yb_leaf,
-                        donate, t_true, t_false, xte_leaf, yte_leaf};
+    nb_tree *trees[] = {model, opt, state, xb_leaf, yb_leaf, batch, xte_leaf, yte_leaf};
     for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
         nb_tree_destroy(trees[i]);
     }

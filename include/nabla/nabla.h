@@ -24,6 +24,8 @@
  *                       closure conversion and Equinox's loop kinds
  *     nabla/optim.h  -- optimizers as gradient transformations (Optax's), schedules,
  *                       apply_updates; state from the gradient template
+ *     nabla/train.h  -- the training step in one call: value_and_grad, update and
+ *                       apply_updates jitted once, params and state donated
  *     nabla/nn.h     -- layers as pytrees (Linear, MLP, LayerNorm, Embedding, Dropout,
  *                       Conv2d, Sequential) with Equinox's initialisation
  *     nabla/linalg.h -- solve, LU, Cholesky, triangular solves, slogdet, inverse: batched,
@@ -110,6 +112,7 @@
 #include "optim.h"
 #include "random.h"
 #include "trace.h"
+#include "train.h"
 #include "tree.h"
 
 #endif /* NABLA_H */

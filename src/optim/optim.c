@@ -1280,7 +1280,8 @@ static nb_status nbo_slot(nbo_run *r, const nb_tree *state, const char *spath, c
     nb_treedef *def = NULL;
     nb_status st = nb_tree_flatten(s, &leaves, &def);
     if (st != NB_OK) {
-        return nbo_fail(r, st, "flattening %s.%s failed", spath, key);
+        return nbo_fail(r, st, "flattening %s.%s failed: %s", spath, key,
+                        st == NB_ERR_OOM ? "out of memory" : nb_status_string(st));
     }
     if (!nb_treedef_equal(def, r->def)) {
         char how[512] = "";
@@ -1341,7 +1342,8 @@ static nb_tree *nbo_tree_of(nbo_run *r, nb_var *const *v) {
         return NULL;
     }
     if (st != NB_OK) {
-        nbi_trace_err(r->tr, st, "nb_optim_update: building a moment failed");
+        nbi_trace_err(r->tr, st, "nb_optim_update: building a moment failed: %s",
+                      st == NB_ERR_OOM ? "out of memory" : nb_status_string(st));
         return NULL;
     }
     return out;

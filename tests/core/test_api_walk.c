@@ -69,7 +69,7 @@ typedef struct fixtures {
     nb_tree *leaf, *ival, *fval, *bval, *sval, *fnref, *list, *params, *args1, *grads, *opt, *state,
         *sched, *mask, *lin, *mlp, *ln, *emb, *drop, *conv, *targs;
     nb_treedef *def;
-    nb_fn *fn, *fn_cond, *fn_fori, *fn_ode;
+    nb_fn *fn, *fn_cond, *fn_fori, *fn_ode, *step;
     nb_batcher *bat;
 } fixtures;
 
@@ -737,6 +737,11 @@ static nb_fn *fx_fn_fori(walk *w) {
 static nb_fn *fx_fn_ode(walk *w) {
     FX(fn_ode, "fn_ode", nb_fn_create(w->ctx, "ode", body_ode, NULL, &w->fx.fn_ode));
 }
+static nb_fn *fx_step(walk *w) { /* a training step of fx_fn with sgd */
+    nb_fn *f = fx_fn(w);
+    nb_tree *o = fx_opt(w);
+    FX(step, "step", nb_train_step(f, o, NULL, &w->fx.step));
+}
 
 /* The argument tree of the traced runs (see tfix). */
 static nb_tree *fx_targs(walk *w) {
@@ -790,7 +795,7 @@ static void fx_release(walk *w) {
     nb_tree *trees[] = {f->leaf,   f->ival,  f->fval,  f->bval, f->sval,  f->fnref, f->list,
                         f->params, f->args1, f->grads, f->opt,  f->state, f->sched, f->mask,
                         f->lin,    f->mlp,   f->ln,    f->emb,  f->drop,  f->conv,  f->targs};
-    nb_fn *fns[] = {f->fn, f->fn_cond, f->fn_fori, f->fn_ode};
+    nb_fn *fns[] = {f->step, f->fn, f->fn_cond, f->fn_fori, f->fn_ode};
     nb_batcher_destroy(f->bat);
     nb_treedef_destroy(f->def);
     for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
@@ -2168,6 +2173,34 @@ TWALK(nb_diffeqsolve) {
     T_TREE(nb_diffeqsolve(TRC(T->tr), FN(f), TREE(T->xleaf), TREE_OPT(T->xleaf), NULL));
 }
 
+/* ---- train.h -------------------------------------------------------------------------- */
+
+WALK(nb_train_step) {
+    nb_fn *f = fx_fn(w), *o = S_F;
+    nb_tree *opt = fx_opt(w);
+    nb_train_opts to = nb_train_opts_default();
+    to.filter_spec = TREE_OPT(fx_mask(w));
+    W_ST(nb_train_step(FN(f), TREE(opt), &to, OUT(&o)));
+    W_NULLOUT(o);
+    drop_f(o);
+}
+WALK(nb_train_init) {
+    nb_fn *s = fx_step(w);
+    nb_tree *p = fx_params(w), *o = S_T;
+    W_ST(nb_train_init(FN(s), TREE(p), OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
+/* every run spoils one argument, so no step runs: params and state stay the fixtures'
+ * (loss and aux are optional outputs, not spoiled) */
+WALK(nb_train_run) {
+    nb_fn *s = fx_step(w);
+    nb_tree *p = TREE(fx_params(w)), *st = TREE(fx_state(w));
+    double l = 42;
+    W_ST(nb_train_run(FN(s), NUL(&p), NUL(&st), TREE_OPT(fx_args1(w)), &l, NULL));
+    W_ZERO(l);
+}
+
 /* ---- optim.h -------------------------------------------------------------------------- */
 
 #define SCHEDULE(f, ...)                                                                           \
@@ -2632,6 +2665,11 @@ static const entry k_table[] = {
     EXEMPT(nb_ode_opts_default, k_defaults),
     EXEMPT(nb_ode_result_string, k_no_handle),
     TRACED(nb_diffeqsolve),
+    /* train.h */
+    EXEMPT(nb_train_opts_default, k_defaults),
+    EAGER(nb_train_step),
+    EAGER(nb_train_init),
+    EAGER(nb_train_run),
     /* optim.h */
     EAGER(nb_schedule_constant),
     EAGER(nb_schedule_linear),
