@@ -193,9 +193,8 @@ int nabla_cmd_train(int argc, char **argv) {
         return 1;
     }
     int rc = 1;
-    nb_array *x = NULL, *y = NULL, *key = NULL, *keys = NULL, *k_split = NULL, *k_init = NULL,
-             *k_batch = NULL, *xtr = NULL, *ytr = NULL, *xte = NULL, *yte = NULL, *xb = NULL,
-             *yb = NULL;
+    nb_array *x = NULL, *y = NULL, *key = NULL, *k[3] = {NULL, NULL, NULL}, *xtr = NULL,
+             *ytr = NULL, *xte = NULL, *yte = NULL, *xb = NULL, *yb = NULL;
     nb_tree *model = NULL, *opt = NULL, *state = NULL, *xb_leaf = NULL, *yb_leaf = NULL,
             *batch = NULL, *xte_leaf = NULL, *yte_leaf = NULL;
     nb_fn *loss_fn = NULL, *step = NULL, *eval_fn = NULL;
@@ -218,13 +217,9 @@ int nabla_cmd_train(int argc, char **argv) {
     /* three independent streams from one seed: split, init, shuffling */
     const char *doing = "cannot split the data";
     TCHECK(ctx, nb_random_key(ctx, o.seed, &key));
-    TCHECK(ctx, nb_random_split(key, 3, &keys));
-    const int32_t *kw = nb_array_data(keys);
-    TCHECK(ctx, nb_array_from_data(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, kw + 0, &k_split));
-    TCHECK(ctx, nb_array_from_data(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, kw + 2, &k_init));
-    TCHECK(ctx, nb_array_from_data(ctx, NB_DTYPE_I32, 1, (int64_t[]){2}, kw + 4, &k_batch));
+    TCHECK(ctx, nb_random_split_keys(key, 3, k)); /* k[0] split, k[1] init, k[2] shuffling */
 
-    TCHECK(ctx, nb_data_split(x, y, k_split, o.test_fraction, &xtr, &ytr, &xte, &yte));
+    TCHECK(ctx, nb_data_split(x, y, k[0], o.test_fraction, &xtr, &ytr, &xte, &yte));
     TCHECK(ctx, nb_data_standardize(xtr, xte, NULL, NULL));
     int64_t n_train = nb_array_shape(xtr)[0], n_test = nb_array_shape(xte)[0];
     if (o.batch > n_train) {
@@ -235,7 +230,7 @@ int nabla_cmd_train(int argc, char **argv) {
     }
 
     doing = "cannot build the model";
-    TCHECK(ctx, nb_nn_mlp_init(ctx, features, classes, o.width, o.depth, NULL, NB_DTYPE_F32, k_init,
+    TCHECK(ctx, nb_nn_mlp_init(ctx, features, classes, o.width, o.depth, NULL, NB_DTYPE_F32, k[1],
                                &model));
     int64_t n_params = 0;
     TCHECK(ctx, nb_nn_count_params(model, &n_params));
@@ -259,7 +254,7 @@ int nabla_cmd_train(int argc, char **argv) {
     xb_leaf = leaf_new(ctx, xb);
     yb_leaf = leaf_new(ctx, yb);
     TCHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){xb_leaf, yb_leaf}, &batch));
-    TCHECK(ctx, nb_batcher_create(xtr, ytr, k_batch, o.batch, NULL, &batcher));
+    TCHECK(ctx, nb_batcher_create(xtr, ytr, k[2], o.batch, NULL, &batcher));
     int64_t n_batches = nb_batcher_num_batches(batcher);
 
     printf("nabla train: UCI digits (%s), %lld train / %lld test rows, %lld features, %lld "
@@ -346,7 +341,7 @@ done:
     for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
         nb_tree_destroy(trees[i]);
     }
-    nb_array *arrays[] = {x, y, key, keys, k_split, k_init, k_batch, xtr, ytr, xte, yte, xb, yb};
+    nb_array *arrays[] = {x, y, key, k[0], k[1], k[2], xtr, ytr, xte, yte, xb, yb};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) {
         nb_array_destroy(arrays[i]);
     }

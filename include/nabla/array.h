@@ -2,10 +2,12 @@
  * nabla/array.h -- dense n-d host arrays.
  *
  * An nb_array is a dense, row-major array of one dtype and rank 0..NB_MAX_RANK whose data
- * is 64-byte aligned. Arrays are refcounted: every function that returns an array returns
- * a new reference, released with nb_array_destroy; trees that hold an array keep their own
- * reference. nb_array_reshape returns a new array that shares the data of its input (a
- * view, as in numpy): writes through one are seen through the other.
+ * is 64-byte aligned (except a view of rows, below, which starts where its rows start).
+ * Arrays are refcounted: every function that returns an array returns a new reference,
+ * released with nb_array_destroy; trees that hold an array keep their own reference.
+ * nb_array_reshape, nb_array_index and nb_array_rows return a new array that shares the
+ * data of its input (a view, as in numpy): writes through one are seen through the other,
+ * and the view keeps the data alive after its input is destroyed.
  *
  * Shapes are int64_t; every element count and byte size is overflow-checked, so a
  * negative or overflowing shape is an error (NB_ERR_SHAPE / NB_ERR_OVERFLOW), never a
@@ -92,6 +94,18 @@ NB_API nb_status nb_array_cast(const nb_array *a, nb_dtype dtype, nb_array **out
 NB_API nb_status nb_array_reshape(const nb_array *a, int rank, const int64_t *shape,
                                   nb_array **out);
 
+/* a[i]: the sub-array at index i of axis 0 (rank - 1; i < 0 counts back from the end), a
+ * view of a's data without a copy -- row i of a matrix, key i of nb_random_split's keys, one
+ * example of a batch. NB_ERR_INDEX naming i, the valid range and a's shape when out of
+ * range; NB_ERR_SHAPE for a rank-0 a. */
+NB_API nb_status nb_array_index(const nb_array *a, int64_t i, nb_array **out);
+/* a[start:stop] along axis 0 (same rank; negative start or stop counts back from the end,
+ * so -1 is the last row; stop = the dim for the end), a view without a copy: a minibatch of
+ * consecutive rows. After counting back, 0 <= start <= stop <= dim 0, else NB_ERR_INDEX
+ * naming both, the valid range and a's shape (no silent clamping); NB_ERR_SHAPE for a
+ * rank-0 a. */
+NB_API nb_status nb_array_rows(const nb_array *a, int64_t start, int64_t stop, nb_array **out);
+
 /* Take one more reference to a (for code that stores it). Returns a, or NULL if a is NULL
  * or destroyed. */
 NB_API nb_array *nb_array_retain(nb_array *a);
@@ -109,7 +123,8 @@ NB_API const int64_t *nb_array_shape(const nb_array *a);  /* [NULL]; rank entrie
 NB_API int64_t nb_array_dim(const nb_array *a, int axis); /* [-1]; negative axis counts back */
 NB_API int64_t nb_array_size(const nb_array *a);          /* [-1]; element count */
 NB_API size_t nb_array_nbytes(const nb_array *a);         /* [0] */
-/* The data pointer, 64-byte aligned, valid while any reference to the data is alive. May
+/* The data pointer, 64-byte aligned (a view of rows: where its rows start), valid while any
+ * reference to the data is alive. May
  * be written through: the array's contents are the caller's to change. [NULL] Empty
  * arrays still return a valid aligned pointer. */
 NB_API void *nb_array_data(const nb_array *a);

@@ -57,8 +57,15 @@ extern "C" {
 
 /* The key of seed (jax.random.PRNGKey). */
 NB_API nb_status nb_random_key(nb_ctx *ctx, uint64_t seed, nb_array **out);
-/* n >= 1 new keys from key, as an i32[n, 2] array (row i is key i). */
+/* n >= 1 new keys from key, as an i32[n, 2] array (row i is key i: nb_array_index(keys, i,
+ * &k) is it as a key). */
 NB_API nb_status nb_random_split(const nb_array *key, int64_t n, nb_array **out);
+/* The same n keys as n separate keys a caller can hold one by one: keys (room for n) gets
+ * keys[i] = row i of nb_random_split(key, n), each a new reference (a view of one array,
+ * which it keeps alive); on failure every keys[i] is NULL.
+ *     nb_array *k[3];                       // split, init, shuffle
+ *     nb_random_split_keys(key, 3, k);      // ... nb_array_destroy(k[i]) each */
+NB_API nb_status nb_random_split_keys(const nb_array *key, int64_t n, nb_array **keys);
 /* A new key from key and data (jax.random.fold_in). */
 NB_API nb_status nb_random_fold_in(const nb_array *key, uint32_t data, nb_array **out);
 /* Random 32-bit words of the given shape, as i32 bit patterns (jax.random.bits, uint32). */

@@ -9,10 +9,12 @@
  * operand as a one-row (a) or one-column (b) matrix. No reshape nodes are emitted.
  *
  * Float dtypes go to BLIS's typed expert API (bli_sgemm_ex / bli_dgemm_ex), one call per
- * batch element, with the row-major strides passed as they are (rs = row length, cs = 1):
- * operands are never copied or transposed, and a broadcast batch dim simply revisits the
- * same matrix (zero batch stride). Why BLIS: its GotoBLAS-style blocking around one small
- * register-tiled micro-kernel per architecture reaches vendor-BLAS speed with explicit
+ * batch element, with the row-major strides passed as they are (rs = row length, cs = 1),
+ * and a broadcast batch dim simply revisits the same matrix (zero batch stride). An operand
+ * flagged as stored transposed is copied row-major into scratch first: BLIS's summation
+ * order depends on how operands are stored (nbi_mm_pack_a), and the product must have the
+ * bits of the one made from a materialised transpose. Why BLIS: its GotoBLAS-style blocking around
+ * one small register-tiled micro-kernel per architecture reaches vendor-BLAS speed with explicit
  * strides for every operand; F. G. Van Zee and R. A. van de Geijn, "BLIS: A Framework for
  * Rapidly Instantiating BLAS Functionality", ACM TOMS 41(3), 2015.
  *
@@ -52,8 +54,10 @@
  * Transposed operands. The attributes at.axes[0] and at.axes[1] mark the first and second
  * operand as stored transposed (their last two dims swapped): the matmul then multiplies
  * by the transpose of what it is given. Builders never set them; the optimizer's
- * transpose-folding pass does (passes.c), so that matmul(transpose(w), x) hands w to BLIS
- * with swapped strides instead of copying it. */
+ * transpose-folding pass does (passes.c), so that matmul(transpose(w), x) makes no
+ * transposed array: nabla's small-product loops read w through swapped strides, and for
+ * BLIS the block being multiplied is copied row-major into the worker's scratch (BLIS sums
+ * a column-stored operand in another order: nbi_mm_pack_a). */
 typedef struct nbi_mm_geom {
     int64_t m, n, k;
     int64_t a_rs, a_cs, b_rs, b_cs; /* element strides of one matrix of a and of b */
@@ -1056,12 +1060,72 @@ static void nbi_mm_acc_copy(const nbi_kargs *k, size_t off, int64_t rows, int64_
 NBI_MM_ADD_FN(nbi_mm_add_f32, float)
 NBI_MM_ADD_FN(nbi_mm_add_f64, double)
 
+/* Operands reach BLIS row-stored. BLIS's order of summation depends on how its operands
+ * are stored, not only on the shapes: its kernels for skinny products (the "sup" path, most
+ * products of ML sizes) have row- and column-stored variants that sum differently, and so
+ * do gemv's two variants. An operand flagged as stored transposed (the transpose-matmul
+ * pass) is column-stored, where the same product from a materialised transpose -- the ops
+ * run one by one, or without the pass -- is row-stored: the two would differ in the last
+ * bits (2 x 32771 @ 32771 x 2 f32 by an ulp; most shapes differ). So a column-stored matrix
+ * operand is first copied row-major into the worker's scratch (a transposed copy, the
+ * traffic of the transpose the pass saved), and the bits depend on the values and shapes
+ * only. A vector operand (m == 1 for a, n == 1 for b) is the same either way. */
+static bool nbi_mm_pack_a(const nbi_mm_geom *g) {
+    return g->a_cs != 1 && g->m > 1;
+}
+static bool nbi_mm_pack_b(const nbi_mm_geom *g) {
+    return g->b_cs != 1 && g->n > 1;
+}
+
+/* dst[i * cols + j] = src[i * rs + j * cs] for a rows x cols matrix, in 32 x 32 tiles */
+static void nbi_mm_pack(void *dst, const void *src, int64_t rows, int64_t cols, int64_t rs,
+                        int64_t cs, size_t es) {
+    for (int64_t i0 = 0; i0 < rows; i0 += 32) {
+        int64_t i1 = i0 + 32 < rows ? i0 + 32 : rows;
+        for (int64_t j0 = 0; j0 < cols; j0 += 32) {
+            int64_t j1 = j0 + 32 < cols ? j0 + 32 : cols;
+            if (es == 4) {
+                for (int64_t j = j0; j < j1; j++) {
+                    for (int64_t i = i0; i < i1; i++) {
+                        ((float *)dst)[i * cols + j] = ((const float *)src)[i * rs + j * cs];
+                    }
+                }
+            } else {
+                for (int64_t j = j0; j < j1; j++) {
+                    for (int64_t i = i0; i < i1; i++) {
+                        ((double *)dst)[i * cols + j] = ((const double *)src)[i * rs + j * cs];
+                    }
+                }
+            }
+        }
+    }
+}
+
 /* One block of the product: sub is its geometry (m, n of the block), a and b its operands,
  * off the element offset of its output (row stride g->n), scratch the worker's. */
 static void nbi_mm_block(const nbi_kargs *k, nbi_mm_fn f, bool blis, nbi_mm_geom *sub,
                          const void *a, const void *b, size_t off, void *scratch) {
     nb_dtype d = k->node->dtype;
     size_t es = nb_dtype_size(d);
+    nbi_mm_geom packed;
+    if (blis && (nbi_mm_pack_a(sub) || nbi_mm_pack_b(sub))) {
+        packed = *sub;
+        unsigned char *s = scratch;
+        if (nbi_mm_pack_a(sub)) {
+            nbi_mm_pack(s, a, sub->m, sub->k, sub->a_rs, sub->a_cs, es);
+            a = s;
+            packed.a_rs = sub->k;
+            packed.a_cs = 1;
+            s += ((size_t)(sub->m * sub->k) * es + 63) / 64 * 64;
+        }
+        if (nbi_mm_pack_b(sub)) {
+            nbi_mm_pack(s, b, sub->k, sub->n, sub->b_rs, sub->b_cs, es);
+            b = s;
+            packed.b_rs = sub->n;
+            packed.b_cs = 1;
+        }
+        sub = &packed;
+    }
     unsigned char *o = (unsigned char *)k->out + off * es;
     int64_t ld = sub->c_rs;
     if (!sub->acc) {
@@ -1125,8 +1189,20 @@ static void nbi_mm_task(void *ud, int64_t task, int worker) {
  * NBI_MM_APACK elements). k == 1 needs neither: b_cs and a_rs are 1. A function of the
  * shapes only: it covers whichever version (baseline or AVX2, 4 or 8 lanes) runs. */
 static size_t nbi_mm_scratch_of(const nbi_mm_geom *g, nb_dtype d) {
-    if (!nbi_mm_is_small(d, g)) {
+    if (!nb_dtype_is_float(d)) {
         return 0;
+    }
+    if (!nbi_mm_is_small(d, g)) { /* BLIS: room for the column-stored operands' block copies */
+        int64_t rows = 0, cols = 0;
+        nbi_mm_blocks(d, g, &rows, &cols);
+        size_t es = nb_dtype_size(d), bytes = 0;
+        if (nbi_mm_pack_a(g)) {
+            bytes += ((size_t)((g->m < rows ? g->m : rows) * g->k) * es + 63) / 64 * 64;
+        }
+        if (nbi_mm_pack_b(g)) {
+            bytes += ((size_t)((g->n < cols ? g->n : cols) * g->k) * es + 63) / 64 * 64;
+        }
+        return bytes;
     }
     size_t es = nb_dtype_size(d), bytes = 0;
     if (g->b_cs != 1) {

@@ -112,9 +112,11 @@ static void nbi_buffer_release(nb_ctx *ctx, nbi_buffer *b) {
     }
 }
 
+/* A new array over buf (one more reference to it) whose elements start at data (NULL: the
+ * buffer's start). */
 static nb_status nbi_array_wrap(nb_ctx *ctx, const char *fn, nb_dtype dtype, int rank,
                                 const int64_t *shape, int64_t size, size_t nbytes, nbi_buffer *buf,
-                                nb_array **out) {
+                                void *data, nb_array **out) {
     nb_array *a = nbi_obj_new(ctx, NBI_MAGIC_ARRAY, fn);
     if (a == NULL) {
         return NB_ERR_OOM;
@@ -127,7 +129,7 @@ static nb_status nbi_array_wrap(nb_ctx *ctx, const char *fn, nb_dtype dtype, int
     a->size = size;
     a->nbytes = nbytes;
     a->buf = buf;
-    a->data = nbi_buffer_data(buf);
+    a->data = data != NULL ? data : nbi_buffer_data(buf);
     buf->refcount++;
     nbi_count_add(ctx, NBI_COUNT_ARRAY, 1);
     *out = a;
@@ -146,7 +148,7 @@ nb_status nbi_array_new(nb_ctx *ctx, const char *fn, nb_dtype dtype, int rank, c
     if (buf == NULL) {
         return nbi_oom(ctx, fn, nbytes + NBI_ALIGN);
     }
-    st = nbi_array_wrap(ctx, fn, dtype, rank, shape, size, nbytes, buf, out);
+    st = nbi_array_wrap(ctx, fn, dtype, rank, shape, size, nbytes, buf, NULL, out);
     nbi_buffer_release(ctx, buf); /* the array holds the only reference now (or none) */
     return st;
 }
@@ -609,7 +611,94 @@ nb_status nb_array_reshape(const nb_array *a, int rank, const int64_t *shape, nb
                        fn, nbi_sig(sa, sizeof sa, a->dtype, a->rank, a->shape), (long long)a->size,
                        nbi_sig(sb, sizeof sb, a->dtype, rank, dims), (long long)known);
     }
-    return nbi_array_wrap(ctx, fn, a->dtype, rank, dims, a->size, a->nbytes, a->buf, out);
+    return nbi_array_wrap(ctx, fn, a->dtype, rank, dims, a->size, a->nbytes, a->buf, a->data, out);
+}
+
+/* ---- views -------------------------------------------------------------------------- */
+
+/* rows [start, stop) of axis 0 (already checked) as a view: rank r (a's, or a's - 1 for one
+ * row taken by nb_array_index). */
+static nb_status nbi_rows_view(const nb_array *a, const char *fn, int64_t start, int64_t stop,
+                               bool drop, nb_array **out) {
+    int64_t row = a->shape[0] > 0 ? a->size / a->shape[0] : 0, dims[NB_MAX_RANK];
+    int rank = drop ? a->rank - 1 : a->rank;
+    for (int i = 0; i < rank; i++) {
+        dims[i] = drop ? a->shape[i + 1] : a->shape[i];
+    }
+    if (!drop) {
+        dims[0] = stop - start;
+    }
+    size_t es = nb_dtype_size(a->dtype);
+    int64_t n = (stop - start) * row;
+    void *data = (unsigned char *)a->data + (size_t)(start * row) * es;
+    return nbi_array_wrap(a->hdr.ctx, fn, a->dtype, rank, dims, n, (size_t)n * es, a->buf, data,
+                          out);
+}
+
+nb_status nbi_array_row_view(const nb_array *a, const char *fn, int64_t i, nb_array **out) {
+    return nbi_rows_view(a, fn, i, i + 1, true, out);
+}
+
+static nb_status nbi_view_args(const nb_array *a, const char *fn, nb_array **out) {
+    nb_ctx *ctx = a->hdr.ctx;
+    char sig[NBI_SIG_CAP];
+    if (out == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: out is NULL (pass the address of an nb_array * to receive the view)",
+                       fn);
+    }
+    if (a->rank == 0) {
+        return nbi_err(ctx, NB_ERR_SHAPE,
+                       "%s: %s has no axis to index (a rank-0 array: read it with "
+                       "nb_array_get(a, NULL, &v))",
+                       fn, nbi_sig(sig, sizeof sig, a->dtype, a->rank, a->shape));
+    }
+    return NB_OK;
+}
+
+nb_status nb_array_index(const nb_array *a, int64_t i, nb_array **out) {
+    static const char fn[] = "nb_array_index";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    NBI_CHECK_ARRAY(a, fn);
+    nb_status st = nbi_view_args(a, fn, out);
+    if (st != NB_OK) {
+        return st;
+    }
+    int64_t n = a->shape[0], j = i < 0 ? i + n : i;
+    if (j < 0 || j >= n) {
+        char sig[NBI_SIG_CAP];
+        return nbi_err(a->hdr.ctx, NB_ERR_INDEX,
+                       "%s: index %lld is out of range for axis 0 of %s (valid: %lld..%lld)", fn,
+                       (long long)i, nbi_sig(sig, sizeof sig, a->dtype, a->rank, a->shape),
+                       (long long)-n, (long long)n - 1);
+    }
+    return nbi_rows_view(a, fn, j, j + 1, true, out);
+}
+
+nb_status nb_array_rows(const nb_array *a, int64_t start, int64_t stop, nb_array **out) {
+    static const char fn[] = "nb_array_rows";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    NBI_CHECK_ARRAY(a, fn);
+    nb_status st = nbi_view_args(a, fn, out);
+    if (st != NB_OK) {
+        return st;
+    }
+    int64_t n = a->shape[0];
+    int64_t s = start < 0 ? start + n : start, e = stop < 0 ? stop + n : stop;
+    if (s < 0 || e > n || s > e) {
+        char sig[NBI_SIG_CAP];
+        return nbi_err(a->hdr.ctx, NB_ERR_INDEX,
+                       "%s: rows %lld..%lld are out of range for axis 0 of %s (start and stop "
+                       "in %lld..%lld, negative counting back, start <= stop)",
+                       fn, (long long)start, (long long)stop,
+                       nbi_sig(sig, sizeof sig, a->dtype, a->rank, a->shape), (long long)-n,
+                       (long long)n);
+    }
+    return nbi_rows_view(a, fn, s, e, false, out);
 }
 
 /* ---- accessors ---------------------------------------------------------------------- */

@@ -358,6 +358,9 @@ NBI_HIDDEN nb_status nbi_shape_check(nb_ctx *ctx, const char *fn, nb_dtype dtype
 /* An uninitialised array (data not zeroed). */
 NBI_HIDDEN nb_status nbi_array_new(nb_ctx *ctx, const char *fn, nb_dtype dtype, int rank,
                                    const int64_t *shape, nb_array **out);
+/* Row i (0 <= i < dim 0, checked by the caller) of a as a view (errors name fn). */
+NBI_HIDDEN nb_status nbi_array_row_view(const nb_array *a, const char *fn, int64_t i,
+                                        nb_array **out);
 /* Read element i as double / write one (no checks). */
 NBI_HIDDEN double nbi_array_load(const nb_array *a, int64_t i);
 /* Are two arrays equal per nb_array_equal; *where receives the first differing flat index

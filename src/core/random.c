@@ -569,7 +569,8 @@ static nb_status nbi_key_words(const nb_array *key, const char *fn, const void *
         nbi_sig(sig, sizeof sig, key->dtype, key->rank, key->shape);
         return nbi_err(key->hdr.ctx, NB_ERR_SHAPE,
                        "%s: a key is an i32[2] array, got %s (make one with nb_random_key, or "
-                       "take a row of nb_random_split's result)",
+                       "take row i of nb_random_split's result with nb_array_index, or use "
+                       "nb_random_split_keys)",
                        fn, sig);
     }
     const int32_t *w = key->data;
@@ -620,6 +621,36 @@ nb_status nb_random_split(const nb_array *key, int64_t n, nb_array **out) {
     st = nbi_array_new(key->hdr.ctx, fn, NB_DTYPE_I32, 2, shape, out);
     if (st == NB_OK) {
         nbi_rng_split(k0, k1, n, (*out)->data);
+    }
+    return st;
+}
+
+nb_status nb_random_split_keys(const nb_array *key, int64_t n, nb_array **keys) {
+    static const char fn[] = "nb_random_split_keys";
+    for (int64_t i = 0; keys != NULL && i < n && i <= NBI_RNG_SPLIT_MAX; i++) {
+        keys[i] = NULL;
+    }
+    uint32_t k0 = 0, k1 = 0;
+    nb_status st = nbi_key_words(key, fn, keys, &k0, &k1);
+    if (st != NB_OK) {
+        return st;
+    }
+    if (n < 1 || n > NBI_RNG_SPLIT_MAX) {
+        return nbi_err(key->hdr.ctx, NB_ERR_INVALID, "%s: n is %lld; it must be between 1 and 2^32",
+                       fn, (long long)n);
+    }
+    nb_array *all = NULL;
+    st = nbi_array_new(key->hdr.ctx, fn, NB_DTYPE_I32, 2, (int64_t[]){n, 2}, &all);
+    if (st == NB_OK) {
+        nbi_rng_split(k0, k1, n, all->data);
+    }
+    for (int64_t i = 0; st == NB_OK && i < n; i++) {
+        st = nbi_array_row_view(all, fn, i, &keys[i]);
+    }
+    nb_array_destroy(all); /* the views keep the keys alive */
+    for (int64_t i = 0; st != NB_OK && i < n; i++) {
+        nb_array_destroy(keys[i]);
+        keys[i] = NULL;
     }
     return st;
 }

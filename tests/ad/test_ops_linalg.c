@@ -992,9 +992,19 @@ static void test_matmul_gemv_bits(void **state) {
             /* y = A x: A m x k for n == 1; for m == 1, y^T = B^T a^T with B k x n */
             trans_t tr = n == 1 ? BLIS_NO_TRANSPOSE : BLIS_TRANSPOSE;
             dim_t rows = n == 1 ? m : k, cols = n == 1 ? k : n;
-            void *mat = n == 1 ? (void *)abuf : (void *)bbuf, *vec = n == 1 ? bbuf : abuf;
-            inc_t rs = n == 1 ? (sh[q].ta ? 1 : k) : (sh[q].tb ? 1 : n);
-            inc_t cs = n == 1 ? (sh[q].ta ? m : 1) : (sh[q].tb ? k : 1);
+            void *given = n == 1 ? (void *)abuf : (void *)bbuf, *vec = n == 1 ? bbuf : abuf;
+            inc_t grs = n == 1 ? (sh[q].ta ? 1 : k) : (sh[q].tb ? 1 : n);
+            inc_t gcs = n == 1 ? (sh[q].ta ? m : 1) : (sh[q].tb ? k : 1);
+            /* nabla hands BLIS the matrix row-stored (one stored transposed is copied first:
+             * BLIS's order depends on the storage), so: gemv on its row-major copy */
+            void *mat = lt_alloc((size_t)(rows * cols) * es);
+            for (int64_t i = 0; i < rows; i++) {
+                for (int64_t j = 0; j < cols; j++) {
+                    memcpy((unsigned char *)mat + (size_t)(i * cols + j) * es,
+                           (unsigned char *)given + (size_t)(i * grs + j * gcs) * es, es);
+                }
+            }
+            inc_t rs = cols, cs = 1;
             if (dt == NB_DTYPE_F32) {
                 float one = 1, zero = 0;
                 bli_sgemv_ex(tr, BLIS_NO_CONJUGATE, rows, cols, &one, mat, rs, cs, vec, 1, &zero,
@@ -1029,6 +1039,7 @@ static void test_matmul_gemv_bits(void **state) {
             free(o);
             free(want);
             free(wacc);
+            free(mat);
             lt_end(&e);
         }
     }
@@ -1448,6 +1459,155 @@ static nb_status body_folded_bmm(nb_trace *tr, const nb_tree *self, const nb_tre
     return nb_return(nb_matmul(a, b), out);
 }
 
+/* self: (ta, tb, acc) ints. args: (a, b[, c]) -> matmul(ta ? a^T : a, tb ? b^T : b) [+ c] */
+static nb_status body_tmm(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    int64_t ta = 0, tb = 0, acc = 0;
+    nb_tree_get_int(nb_tree_child(self, 0), &ta);
+    nb_tree_get_int(nb_tree_child(self, 1), &tb);
+    nb_tree_get_int(nb_tree_child(self, 2), &acc);
+    nb_var *x[2] = {nb_get(tr, args, "[0]"), nb_get(tr, args, "[1]")};
+    for (int j = 0; j < 2; j++) {
+        int r = nb_var_rank(x[j]), perm[NB_MAX_RANK];
+        for (int d = 0; d < r; d++) {
+            perm[d] = d;
+        }
+        perm[r - 2] = r - 1;
+        perm[r - 1] = r - 2;
+        if (j == 0 ? ta : tb) {
+            x[j] = nb_transpose(x[j], perm);
+        }
+    }
+    nb_var *y = nb_matmul(x[0], x[1]);
+    return nb_return(acc ? nb_add(y, nb_get(tr, args, "[2]")) : y, out);
+}
+
+/* args: (x) -> x with its last two axes swapped */
+static nb_status body_swap(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]");
+    int r = nb_var_rank(x), perm[NB_MAX_RANK];
+    for (int d = 0; d < r; d++) {
+        perm[d] = d;
+    }
+    perm[r - 2] = r - 1;
+    perm[r - 1] = r - 2;
+    return nb_return(nb_transpose(x, perm), out);
+}
+
+static nb_tree *tmm_leaf(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape, uint64_t seed) {
+    nb_array *a = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, dt, rank, shape, &a));
+    int64_t n = nb_array_size(a);
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int64_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        double v = 0.25 + 1.25 * (double)(s >> 11) * 0x1.0p-53;
+        if (dt == NB_DTYPE_F32) {
+            ((float *)nb_array_data(a))[i] = (float)v;
+        } else {
+            ((double *)nb_array_data(a))[i] = v;
+        }
+    }
+    nb_tree *l = NULL;
+    NBT_OK(ctx, nb_tree_array(a, &l));
+    nb_array_destroy(a);
+    return l;
+}
+
+/* A transpose folded into the product (the jitted program: the transpose-matmul pass hands
+ * the operand over stored transposed) gives the bits of the same product made from the
+ * materialised transpose (the ops run one by one), for BLIS's products of every kind --
+ * gemm of skinny and large shapes, several column blocks, gemv both ways, batches, with and
+ * without an accumulator. BLIS sums differently over column-stored operands; nabla copies
+ * them row-major first. (Found by fuzz_programs: 2 x 32771 @ 32771 x 2, f32, an ulp.) */
+static void test_matmul_transposed_same_bits(void **state) {
+    (void)state;
+    static const struct {
+        int rank;
+        int64_t bat, m, k, n;
+    } S[] = {{2, 1, 2, 32771, 2}, {2, 1, 64, 128, 10}, {2, 1, 128, 784, 256}, {2, 1, 10, 256, 300},
+             {2, 1, 600, 300, 1}, {2, 1, 1, 300, 700}, {3, 3, 40, 500, 60},   {2, 1, 1100, 40, 20}};
+    nb_ctx_opts co = nb_ctx_opts_default();
+    co.n_threads = 2;
+    nb_ctx *ctx = NULL;
+    NBT_OK(NULL, nb_ctx_create(&co, &ctx));
+    nb_fn *swap = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "swap", body_swap, NULL, &swap));
+    int checked = 0;
+    for (size_t q = 0; q < sizeof S / sizeof S[0]; q++) {
+        for (int d = 0; d < 2; d++) {
+            for (int t = 1; t < 8; t++) { /* bit 0: a transposed, 1: b, 2: accumulated */
+                nb_dtype dt = d ? NB_DTYPE_F64 : NB_DTYPE_F32;
+                int ta = t & 1, tb = (t >> 1) & 1, acc = (t >> 2) & 1, r = S[q].rank;
+                int64_t m = S[q].m, k = S[q].k, n = S[q].n, sa[3], sb[3], sc[3];
+                sa[0] = sb[0] = sc[0] = S[q].bat;
+                sa[r - 2] = ta ? k : m;
+                sa[r - 1] = ta ? m : k;
+                sb[r - 2] = tb ? n : k;
+                sb[r - 1] = tb ? k : n;
+                sc[r - 2] = m;
+                sc[r - 1] = n;
+                nb_tree *la = tmm_leaf(ctx, dt, r, sa, 2 * q + 1),
+                        *lb = tmm_leaf(ctx, dt, r, sb, 2 * q + 2),
+                        *lc = tmm_leaf(ctx, dt, r, sc, 7);
+                nb_tree *self = NULL, *iv[3] = {NULL, NULL, NULL};
+                NBT_OK(ctx, nb_tree_int(ctx, ta, &iv[0]));
+                NBT_OK(ctx, nb_tree_int(ctx, tb, &iv[1]));
+                NBT_OK(ctx, nb_tree_int(ctx, acc, &iv[2]));
+                self = nbt_tuple_take(ctx, 3, iv);
+                nb_fn *f = NULL, *jf = NULL, *plain = NULL;
+                NBT_OK(ctx, nb_fn_create(ctx, "tmm", body_tmm, self, &f));
+                NBT_OK(ctx, nb_jit(f, NULL, &jf));
+                nb_tree *args = NULL, *jout = NULL, *ea = NULL, *eb = NULL;
+                NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){la, lb, lc}, &args));
+                NBT_OK(ctx, nb_fn_call(jf, args, &jout));
+                /* op by op: the transposes made first, then the product of plain operands */
+                nb_tree *xa = la, *xb = lb;
+                if (ta) {
+                    nb_tree *a1 = nbt_tuple_take(ctx, 1, (nb_tree *[]){nb_tree_retain(la)});
+                    NBT_OK(ctx, nb_fn_call(swap, a1, &ea));
+                    nb_tree_destroy(a1);
+                    xa = ea;
+                }
+                if (tb) {
+                    nb_tree *b1 = nbt_tuple_take(ctx, 1, (nb_tree *[]){nb_tree_retain(lb)});
+                    NBT_OK(ctx, nb_fn_call(swap, b1, &eb));
+                    nb_tree_destroy(b1);
+                    xb = eb;
+                }
+                nb_tree *z[3] = {NULL, NULL, NULL}, *pself = NULL, *pargs = NULL, *pout = NULL;
+                NBT_OK(ctx, nb_tree_int(ctx, 0, &z[0]));
+                NBT_OK(ctx, nb_tree_int(ctx, 0, &z[1]));
+                NBT_OK(ctx, nb_tree_int(ctx, acc, &z[2]));
+                pself = nbt_tuple_take(ctx, 3, z);
+                NBT_OK(ctx, nb_fn_create(ctx, "mm", body_tmm, pself, &plain));
+                NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){xa, xb, lc}, &pargs));
+                NBT_OK(ctx, nb_fn_call(plain, pargs, &pout));
+                bool same = false;
+                NBT_OK(ctx,
+                       nb_array_identical(nb_tree_get_array(jout), nb_tree_get_array(pout), &same));
+                if (!same) {
+                    fail_msg("%s [%lld,%lld,%lld]%s%s%s: the folded transpose changed the bits",
+                             nb_dtype_name(dt), (long long)m, (long long)k, (long long)n,
+                             ta ? " a^T" : "", tb ? " b^T" : "", acc ? " + c" : "");
+                }
+                checked++;
+                nb_tree *trees[] = {la, lb, lc, self, args, jout, ea, eb, pself, pargs, pout};
+                for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
+                    nb_tree_destroy(trees[i]);
+                }
+                nb_fn_destroy(plain);
+                nb_fn_destroy(jf);
+                nb_fn_destroy(f);
+            }
+        }
+    }
+    NBT_EQ_I64(checked, 8 * 2 * 7);
+    nb_fn_destroy(swap);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 static void test_matmul_folded_batched(void **state) {
     (void)state;
     nb_ctx_opts o = nb_ctx_opts_default();
@@ -1494,6 +1654,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_accumulate),
         cmocka_unit_test(test_matmul_accumulate_k_zero),
         cmocka_unit_test(test_matmul_gemv_bits),
+        cmocka_unit_test(test_matmul_transposed_same_bits),
         cmocka_unit_test(test_matmul_bool_rejected),
         cmocka_unit_test(test_matmul_dtype_mismatch),
         cmocka_unit_test(test_matmul_inner_dim_message),

@@ -955,6 +955,19 @@ WALK(nb_array_reshape) {
     drop_a(o);
 }
 
+WALK(nb_array_index) {
+    nb_array *a = fx_arr(w), *o = S_A;
+    W_ST(nb_array_index(ARR(a), 1, OUT(&o)));
+    W_NULLOUT(o);
+    drop_a(o);
+}
+WALK(nb_array_rows) {
+    nb_array *a = fx_arr(w), *o = S_A;
+    W_ST(nb_array_rows(ARR(a), 0, 1, OUT(&o)));
+    W_NULLOUT(o);
+    drop_a(o);
+}
+
 WALK(nb_array_retain) {
     nb_array *a = fx_arr(w);
     W_TRUE(nb_array_retain(ARR(a)) == NULL);
@@ -1834,6 +1847,16 @@ WALK(nb_random_split) {
     W_NULLOUT(o);
     drop_a(o);
 }
+WALK(nb_random_split_keys) {
+    nb_array *k = fx_key(w), *o[2] = {S_A, S_A};
+    W_ST(nb_random_split_keys(ARR(k), 2, OUT(o)));
+    W_NULLOUT(o[0]);
+    if ((const void *)o != w->nulled_out) { /* keys itself NULL: no entries to clear */
+        W_NULLOUT(o[1]);
+    }
+    drop_a(o[0]);
+    drop_a(o[1]);
+}
 WALK(nb_random_fold_in) {
     nb_array *k = fx_key(w), *o = S_A;
     W_ST(nb_random_fold_in(ARR(k), 5, OUT(&o)));
@@ -2381,6 +2404,8 @@ static const entry k_table[] = {
     EAGER(nb_array_copy),
     EAGER(nb_array_cast),
     EAGER(nb_array_reshape),
+    EAGER(nb_array_index),
+    EAGER(nb_array_rows),
     EAGER(nb_array_retain),
     EAGER(nb_array_destroy),
     EAGER(nb_array_ctx),
@@ -2592,6 +2617,7 @@ static const entry k_table[] = {
     /* random.h */
     EAGER(nb_random_key),
     EAGER(nb_random_split),
+    EAGER(nb_random_split_keys),
     EAGER(nb_random_fold_in),
     EAGER(nb_random_bits),
     EAGER(nb_random_uniform),
