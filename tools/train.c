@@ -309,14 +309,14 @@ int nabla_cmd_train(int argc, char **argv) {
     double elapsed = cli_now_s() - t0;
     cli_progress_end(&prog);
 
-    /* test accuracy */
+    /* test accuracy: eval_fn((model, x, y)) on the test rows */
     xte_leaf = leaf_new(ctx, xte);
     yte_leaf = leaf_new(ctx, yte);
-    nb_tree *eargs = NULL, *eres = NULL;
+    nb_tree *test = NULL, *eres = NULL;
     doing = "cannot evaluate the model on the test rows";
-    TCHECK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){model, xte_leaf, yte_leaf}, &eargs));
-    nb_status est = nb_fn_call(eval_fn, eargs, &eres);
-    nb_tree_destroy(eargs);
+    TCHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){xte_leaf, yte_leaf}, &test));
+    nb_status est = nb_train_eval(eval_fn, model, test, &eres);
+    nb_tree_destroy(test);
     TCHECK(ctx, est);
     int64_t test_correct = (int64_t)scalar_of(eres);
     nb_tree_destroy(eres);

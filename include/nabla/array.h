@@ -154,6 +154,22 @@ NB_API nb_status nb_array_identical(const nb_array *a, const nb_array *b, bool *
 NB_API nb_status nb_array_allclose(const nb_array *a, const nb_array *b, double rtol, double atol,
                                    bool *out);
 
+/* ---- eager reductions (no trace: for metrics and checks on results) ----------------- */
+/* Values are read as double (integers exact up to 2^53) and visited in row-major order, so
+ * the answers are the same on every run.
+ * The sum and the mean of every element (the mean of an empty array is NaN). */
+NB_API nb_status nb_array_sum(const nb_array *a, double *out);
+NB_API nb_status nb_array_mean(const nb_array *a, double *out);
+/* numpy.argmax along axis (negative counts back): a new i64 array of a's shape without that
+ * axis, the index of the first largest element (a NaN counts as the largest, as in numpy).
+ * NB_ERR_SHAPE for a rank-0 a, an axis out of range or an empty axis. */
+NB_API nb_status nb_array_argmax(const nb_array *a, int axis, nb_array **out);
+/* How many elements of a and b are equal (same shape, any dtypes, compared as values; NaN
+ * equals nothing): with argmax, the number of correct predictions:
+ *     nb_array_argmax(logits, -1, &pred);
+ *     nb_array_count_equal(pred, labels, &correct); */
+NB_API nb_status nb_array_count_equal(const nb_array *a, const nb_array *b, int64_t *out);
+
 /* ---- printing ----------------------------------------------------------------------- */
 /* Format a in numpy's style:
  *     array([[0., 1.],

@@ -74,6 +74,13 @@ NB_API nb_status nb_train_init(const nb_fn *step, const nb_tree *params, nb_tree
 NB_API nb_status nb_train_run(nb_fn *step, nb_tree **params, nb_tree **state, const nb_tree *batch,
                               double *loss, nb_tree **aux);
 
+/* A metric in one call: f on (params, *batch) -- the loss's argument convention above --
+ * compiled once per signature and served from the cache after (f may be the loss itself, or
+ * an accuracy; jit it with nb_jit for options). *out is f's output (a new reference).
+ * Errors: NB_ERR_MISUSE for NULL or destroyed arguments, and f's own. */
+NB_API nb_status nb_train_eval(nb_fn *f, const nb_tree *params, const nb_tree *batch,
+                               nb_tree **out);
+
 #ifdef __cplusplus
 }
 #endif

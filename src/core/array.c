@@ -962,6 +962,137 @@ nb_status nb_array_identical(const nb_array *a, const nb_array *b, bool *out) {
     return NB_OK;
 }
 
+/* ---- eager reductions ---------------------------------------------------------------- */
+
+static nb_status nbi_reduce_args(const nb_array *a, const void *out, const char *fn,
+                                 const char *what) {
+    NBI_CHECK_ARRAY(a, fn);
+    if (out == NULL) {
+        return nbi_err_null(a->hdr.ctx, fn, "out", what);
+    }
+    return NB_OK;
+}
+
+nb_status nb_array_sum(const nb_array *a, double *out) {
+    static const char fn[] = "nb_array_sum";
+    if (out != NULL) {
+        *out = 0.0;
+    }
+    nb_status st = nbi_reduce_args(a, out, fn, "pass the address of a double for the sum");
+    if (st != NB_OK) {
+        return st;
+    }
+    double s = 0.0;
+    for (int64_t i = 0; i < a->size; i++) {
+        s += nbi_array_load(a, i);
+    }
+    *out = s;
+    return NB_OK;
+}
+
+nb_status nb_array_mean(const nb_array *a, double *out) {
+    static const char fn[] = "nb_array_mean";
+    if (out != NULL) {
+        *out = 0.0;
+    }
+    nb_status st = nbi_reduce_args(a, out, fn, "pass the address of a double for the mean");
+    if (st != NB_OK) {
+        return st;
+    }
+    double s = 0.0;
+    for (int64_t i = 0; i < a->size; i++) {
+        s += nbi_array_load(a, i);
+    }
+    *out = a->size > 0 ? s / (double)a->size : NAN;
+    return NB_OK;
+}
+
+nb_status nb_array_argmax(const nb_array *a, int axis, nb_array **out) {
+    static const char fn[] = "nb_array_argmax";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    nb_status st = nbi_reduce_args(a, out, fn, "pass the address of an nb_array * for the indices");
+    if (st != NB_OK) {
+        return st;
+    }
+    char sig[NBI_SIG_CAP];
+    int ax = axis < 0 ? axis + a->rank : axis;
+    if (a->rank == 0 || ax < 0 || ax >= a->rank) {
+        return nbi_err(
+            a->hdr.ctx, NB_ERR_SHAPE, "%s: axis %d is out of range for %s (valid: %d..%d)", fn,
+            axis, nbi_sig(sig, sizeof sig, a->dtype, a->rank, a->shape), -a->rank, a->rank - 1);
+    }
+    int64_t len = a->shape[ax], outer = 1, inner = 1, dims[NB_MAX_RANK];
+    if (len == 0) {
+        return nbi_err(a->hdr.ctx, NB_ERR_SHAPE,
+                       "%s: axis %d of %s is empty: an empty axis has no largest element", fn, axis,
+                       nbi_sig(sig, sizeof sig, a->dtype, a->rank, a->shape));
+    }
+    for (int d = 0, r = 0; d < a->rank; d++) {
+        if (d != ax) {
+            dims[r++] = a->shape[d];
+        }
+        if (d < ax) {
+            outer *= a->shape[d];
+        } else if (d > ax) {
+            inner *= a->shape[d];
+        }
+    }
+    st = nbi_array_new(a->hdr.ctx, fn, NB_DTYPE_I64, a->rank - 1, dims, out);
+    if (st != NB_OK) {
+        return st;
+    }
+    int64_t *o = (*out)->data;
+    for (int64_t i = 0; i < outer; i++) {
+        for (int64_t j = 0; j < inner; j++) {
+            int64_t best = 0, base = i * len * inner + j;
+            double bv = nbi_array_load(a, base);
+            for (int64_t q = 1; q < len && !isnan(bv); q++) { /* numpy: the first NaN wins */
+                double v = nbi_array_load(a, base + q * inner);
+                if (v > bv || isnan(v)) {
+                    bv = v;
+                    best = q;
+                }
+            }
+            o[i * inner + j] = best;
+        }
+    }
+    return NB_OK;
+}
+
+nb_status nb_array_count_equal(const nb_array *a, const nb_array *b, int64_t *out) {
+    static const char fn[] = "nb_array_count_equal";
+    if (out != NULL) {
+        *out = 0;
+    }
+    nb_ctx *ctx = nbi_handle_ctx(a) != NULL ? nbi_handle_ctx(a) : nbi_handle_ctx(b);
+    nb_status st = nbi_check_handle_in(ctx, a, NBI_MAGIC_ARRAY, fn, "a");
+    if (st == NB_OK) {
+        st = nbi_check_handle_in(ctx, b, NBI_MAGIC_ARRAY, fn, "b");
+    }
+    if (st == NB_OK && out == NULL) {
+        st = nbi_err_null(ctx, fn, "out", "pass the address of an int64_t for the count");
+    }
+    if (st != NB_OK) {
+        return st;
+    }
+    if (!nbi_same_shape(a, b)) {
+        char sa[NBI_SIG_CAP], sb[NBI_SIG_CAP];
+        return nbi_err(ctx, NB_ERR_SHAPE,
+                       "%s: a %s and b %s differ in shape; they are compared element by element "
+                       "(no broadcasting)",
+                       fn, nbi_sig(sa, sizeof sa, a->dtype, a->rank, a->shape),
+                       nbi_sig(sb, sizeof sb, b->dtype, b->rank, b->shape));
+    }
+    int64_t n = 0;
+    for (int64_t i = 0; i < a->size; i++) {
+        n += nbi_array_load(a, i) == nbi_array_load(b, i);
+    }
+    *out = n;
+    return NB_OK;
+}
+
 nb_status nb_array_allclose(const nb_array *a, const nb_array *b, double rtol, double atol,
                             bool *out) {
     if (out != NULL) {

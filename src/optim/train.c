@@ -229,6 +229,48 @@ nb_status nb_train_run(nb_fn *step, nb_tree **params, nb_tree **state, const nb_
     return st;
 }
 
+nb_status nb_train_eval(nb_fn *f, const nb_tree *params, const nb_tree *batch, nb_tree **out) {
+    static const char fn[] = "nb_train_eval";
+    if (out != NULL) {
+        *out = NULL;
+    }
+    nb_status st = nbi_check_handle_in(nbi_handle_ctx(params), f, NBI_MAGIC_FN, fn, "f");
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_ctx *ctx = f->hdr.ctx;
+    st = nbi_check_handle_in(ctx, params, NBI_MAGIC_TREE, fn, "params");
+    if (st == NB_OK && batch != NULL) {
+        st = nbi_check_handle_in(ctx, batch, NBI_MAGIC_TREE, fn, "batch");
+    }
+    if (st == NB_OK && out == NULL) {
+        st = nbi_err(ctx, NB_ERR_MISUSE,
+                     "%s: out is NULL (pass the address of an nb_tree * for f's output)", fn);
+    }
+    if (st != NB_OK) {
+        return st;
+    }
+    bool spread = batch != NULL && (nb_tree_kind_of(batch) == NB_TREE_KIND_TUPLE ||
+                                    nb_tree_kind_of(batch) == NB_TREE_KIND_LIST);
+    int64_t n = batch == NULL ? 0 : spread ? nb_tree_len(batch) : 1;
+    if (n > 63) {
+        return nbi_err(ctx, NB_ERR_INVALID,
+                       "%s: a batch of %lld items; at most 63 (group them in a tuple of tuples)",
+                       fn, (long long)n);
+    }
+    const nb_tree *items[64] = {params};
+    for (int64_t i = 0; i < n; i++) {
+        items[1 + i] = spread ? nb_tree_child(batch, i) : batch;
+    }
+    nb_tree *args = NULL;
+    st = nb_tree_tuple(ctx, n + 1, items, &args);
+    if (st == NB_OK) {
+        st = nb_fn_call(f, args, out);
+    }
+    nb_tree_destroy(args);
+    return st;
+}
+
 /* ---- the layer's body ------------------------------------------------------------------ */
 
 nb_status nbi_trace_train(nb_trace *tr, const nb_fn *f, const nb_tree *self, const nb_tree *args,

@@ -968,6 +968,31 @@ WALK(nb_array_rows) {
     drop_a(o);
 }
 
+WALK(nb_array_sum) {
+    nb_array *a = fx_arr(w);
+    double v = 42;
+    W_ST(nb_array_sum(ARR(a), OUT(&v)));
+    W_ZERO(v);
+}
+WALK(nb_array_mean) {
+    nb_array *a = fx_arr(w);
+    double v = 42;
+    W_ST(nb_array_mean(ARR(a), OUT(&v)));
+    W_ZERO(v);
+}
+WALK(nb_array_argmax) {
+    nb_array *a = fx_arr(w), *o = S_A;
+    W_ST(nb_array_argmax(ARR(a), -1, OUT(&o)));
+    W_NULLOUT(o);
+    drop_a(o);
+}
+WALK(nb_array_count_equal) {
+    nb_array *a = fx_arr(w);
+    int64_t n = 42;
+    W_ST(nb_array_count_equal(ARR(a), ARR(a), OUT(&n)));
+    W_ZERO(n);
+}
+
 WALK(nb_array_retain) {
     nb_array *a = fx_arr(w);
     W_TRUE(nb_array_retain(ARR(a)) == NULL);
@@ -2214,6 +2239,13 @@ WALK(nb_train_init) {
     W_NULLOUT(o);
     drop_t(o);
 }
+WALK(nb_train_eval) {
+    nb_fn *f = fx_fn(w);
+    nb_tree *p = fx_params(w), *o = S_T;
+    W_ST(nb_train_eval(FN(f), TREE(p), TREE_OPT(fx_args1(w)), OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
 /* every run spoils one argument, so no step runs: params and state stay the fixtures'
  * (loss and aux are optional outputs, not spoiled) */
 WALK(nb_train_run) {
@@ -2405,6 +2437,10 @@ static const entry k_table[] = {
     EAGER(nb_array_cast),
     EAGER(nb_array_reshape),
     EAGER(nb_array_index),
+    EAGER(nb_array_sum),
+    EAGER(nb_array_mean),
+    EAGER(nb_array_argmax),
+    EAGER(nb_array_count_equal),
     EAGER(nb_array_rows),
     EAGER(nb_array_retain),
     EAGER(nb_array_destroy),
@@ -2696,6 +2732,7 @@ static const entry k_table[] = {
     EAGER(nb_train_step),
     EAGER(nb_train_init),
     EAGER(nb_train_run),
+    EAGER(nb_train_eval),
     /* optim.h */
     EAGER(nb_schedule_constant),
     EAGER(nb_schedule_linear),

@@ -8,10 +8,13 @@
  *     base updated in place, the other rows untouched);
  *   - errors name the function, the index or range, the valid range and the shape;
  *   - split keys equal the rows of nb_random_split and sample as the rows do;
+ *   - eager reductions: sum, mean, argmax along an axis (ties, NaN, negative axes), the
+ *     count of equal elements across dtypes (an accuracy), with their errors;
  *   - allocation failures: NB_ERR_OOM, nothing leaked.
  */
 #include "nbtest.h"
 
+#include <math.h>
 #include <string.h>
 
 static nb_array *iota(nb_ctx *ctx, int rank, const int64_t *shape) {
@@ -206,6 +209,87 @@ static void test_split_keys(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+static void test_reductions(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    /* [2,3,4]: values with a tie and a NaN placed */
+    double v[24];
+    for (int i = 0; i < 24; i++) {
+        v[i] = (double)((i * 7) % 11);
+    }
+    v[5] = 10; /* row (0,1): 10 at q = 1 and q = 2 */
+    v[6] = 10;
+    v[13] = NAN; /* row (1,0): NaN at q = 1 */
+    nb_array *a = nbt_arr_f64(ctx, 3, (int64_t[]){2, 3, 4}, v), *am = NULL, *a0 = NULL;
+    NBT_OK(ctx, nb_array_argmax(a, -1, &am));
+    NBT_EQ_I64(nb_array_rank(am), 2);
+    NBT_EQ_I64(nb_array_dtype(am), NB_DTYPE_I64);
+    for (int r = 0; r < 6; r++) {
+        int64_t best = 0;
+        for (int q = 1; q < 4 && !isnan(v[r * 4 + best]); q++) {
+            if (v[r * 4 + q] > v[r * 4 + best] || isnan(v[r * 4 + q])) {
+                best = q;
+            }
+        }
+        int64_t got = -1;
+        NBT_OK(ctx, nb_array_get_i64(am, (int64_t[]){r / 3, r % 3}, &got));
+        NBT_EQ_I64(got, best);
+    }
+    int64_t g = -1;
+    NBT_OK(ctx, nb_array_get_i64(am, (int64_t[]){0, 1}, &g));
+    NBT_EQ_I64(g, 1); /* the first of the tie */
+    NBT_OK(ctx, nb_array_get_i64(am, (int64_t[]){1, 0}, &g));
+    NBT_EQ_I64(g, 1);                        /* the NaN */
+    NBT_OK(ctx, nb_array_argmax(a, 0, &a0)); /* over the first axis: [3,4] */
+    NBT_EQ_I64(nb_array_dim(a0, 0), 3);
+    NBT_OK(ctx, nb_array_get_i64(a0, (int64_t[]){0, 1}, &g));
+    NBT_EQ_I64(g, 1); /* v[1] = 7 against v[13] = NaN */
+    NBT_OK(ctx, nb_array_get_i64(a0, (int64_t[]){2, 3}, &g));
+    NBT_EQ_I64(g, v[23] > v[11] ? 1 : 0);
+    /* an accuracy: i64 predictions against i32 labels */
+    int32_t lab[6] = {0, 1, 3, 1, 2, 0};
+    nb_array *labels = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_I32, 2, (int64_t[]){2, 3}, lab, &labels));
+    int64_t correct = -1, want = 0;
+    for (int r = 0; r < 6; r++) {
+        int64_t p = -1;
+        NBT_OK(ctx, nb_array_get_i64(am, (int64_t[]){r / 3, r % 3}, &p));
+        want += p == lab[r];
+    }
+    NBT_OK(ctx, nb_array_count_equal(am, labels, &correct));
+    NBT_EQ_I64(correct, want);
+    NBT_TRUE(want > 0 && want < 6);
+    /* sum and mean */
+    double s = 0, m = 0;
+    nb_array *f = nbt_arr_f64(ctx, 1, (int64_t[]){4}, (double[]){1.5, -2, 4, 0.25}), *e = NULL;
+    NBT_OK(ctx, nb_array_sum(f, &s));
+    NBT_EQ_F64(s, 3.75);
+    NBT_OK(ctx, nb_array_mean(f, &m));
+    NBT_EQ_F64(m, 3.75 / 4);
+    NBT_OK(ctx, nb_array_sum(labels, &s));
+    NBT_EQ_F64(s, 7);
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F32, 1, (int64_t[]){0}, &e));
+    NBT_OK(ctx, nb_array_mean(e, &m));
+    NBT_TRUE(isnan(m));
+    /* errors */
+    nb_array *o = NULL;
+    NBT_STATUS(ctx, NB_ERR_SHAPE, nb_array_argmax(a, 3, &o));
+    NBT_ERRMSG_HAS(ctx, "nb_array_argmax: axis 3 is out of range for f64[2,3,4] (valid: -3..2)");
+    NBT_STATUS(ctx, NB_ERR_SHAPE, nb_array_argmax(e, 0, &o));
+    NBT_ERRMSG_HAS(ctx, "nb_array_argmax: axis 0 of f32[0] is empty");
+    NBT_STATUS(ctx, NB_ERR_SHAPE, nb_array_count_equal(am, f, &correct));
+    NBT_ERRMSG_HAS(ctx, "nb_array_count_equal: a i64[2,3] and b f64[4] differ in shape");
+    NBT_EQ_I64(correct, 0);
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_array_sum(f, NULL));
+    NBT_ERRMSG_HAS(ctx, "nb_array_sum");
+    nb_array *all[] = {a, am, a0, labels, f, e};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        nb_array_destroy(all[i]);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 static nb_status scenario_views(nb_ctx *ctx) {
     nb_array *a = NULL, *r = NULL, *rs = NULL, *key = NULL, *k[4] = {NULL};
     nb_status st = nb_array_zeros(ctx, NB_DTYPE_F32, 2, (int64_t[]){5, 3}, &a);
@@ -243,7 +327,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_index_and_rows), cmocka_unit_test(test_errors),
         cmocka_unit_test(test_views_in_calls), cmocka_unit_test(test_split_keys),
-        cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_reductions),     cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -320,6 +320,18 @@ static void test_frozen_leaf_batches_and_donation(void **state) {
     /* w - 0.25 * 2 (w + 0.5 - 3) */
     NBT_EQ_F64(w[0], 0 - 0.5 * (0 + 0.5 - 3));
     NBT_EQ_F64(w[1], 1 - 0.5 * (1 + 0.5 - 3));
+    /* the loss as a metric, same argument convention: with the one-array batch and none */
+    double lw = (w[0] + 0.5 - 3) * (w[0] + 0.5 - 3) + (w[1] + 0.5 - 3) * (w[1] + 0.5 - 3);
+    nb_tree *ev = NULL;
+    NBT_OK(ctx, nb_train_eval(loss, params, target, &ev));
+    double got = 0;
+    NBT_OK(ctx, nb_array_get_flat(nb_tree_get_array(ev), 0, &got));
+    NBT_EQ_F64(got, lw);
+    nb_tree_destroy(ev);
+    NBT_OK(ctx, nb_train_eval(loss, params, NULL, &ev));
+    NBT_OK(ctx, nb_array_get_flat(nb_tree_get_array(ev), 0, &got));
+    NBT_EQ_F64(got, lw);
+    nb_tree_destroy(ev);
     /* no batch: loss((params)) with the target 3 inside */
     NBT_OK(ctx, nb_train_run(step, &params, &st, NULL, &l, NULL));
     NBT_EQ_F64(l, (w[0] + 0.5 - 3) * (w[0] + 0.5 - 3) + (w[1] + 0.5 - 3) * (w[1] + 0.5 - 3));
