@@ -189,6 +189,24 @@ typedef struct nb_vmap_opts {
 NB_API nb_vmap_opts nb_vmap_opts_default(void);
 NB_API nb_status nb_vmap(nb_fn *f, const nb_vmap_opts *opts, nb_fn **out);
 
+/* ---- Jacobians --------------------------------------------------------------------------
+ * J = jacrev(f), jacfwd(f), jacobian(f): J(args) is the Jacobian of f(args) with respect to
+ * args[0] (JAX's jax.jacrev, jax.jacfwd): f's output structure with every float leaf y
+ * (shape Sy) replaced by a tree of args[0]'s structure whose float leaves x (shape Sx) hold
+ * the block dy/dx of shape Sy + Sx (a scalar y gives the gradient's shapes, a scalar x the
+ * output's); non-float leaves on either side are null. jacrev batches f's vjp over the
+ * one-hot cotangents of y (one pass per output element, as one vmapped pass); jacfwd f's jvp
+ * over the one-hot tangents of args[0]; jacobian picks jacfwd when args[0] has fewer float
+ * elements than f's output, else jacrev. The two modes agree to rounding (they sum in
+ * different orders). hessian(f) = jacfwd(jacrev(f)) for a scalar f: blocks Sx + Sx'. They
+ * compose with jit, grad, vmap and loops like the other transforms; f is borrowed and
+ * retained; each returns a new reference. A block of rank above 8 is NB_ERR_SHAPE at the
+ * call. */
+NB_API nb_status nb_jacrev(nb_fn *f, nb_fn **out);
+NB_API nb_status nb_jacfwd(nb_fn *f, nb_fn **out);
+NB_API nb_status nb_jacobian(nb_fn *f, nb_fn **out);
+NB_API nb_status nb_hessian(nb_fn *f, nb_fn **out);
+
 /* The tree grad would return for params (with filter_spec, which may be NULL), holding
  * zero arrays: a zero array of the leaf's dtype and shape at every differentiable leaf,
  * null elsewhere. Optimizer states are built from it (so their structure matches the

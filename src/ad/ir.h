@@ -231,6 +231,9 @@ NBI_HIDDEN nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *s
 /* The body of a GRAD, VJP or JVP layer. */
 NBI_HIDDEN nb_status nbi_trace_transform(nb_trace *tr, const nb_fn *f, const nb_tree *self,
                                          const nb_tree *args, nb_tree **out);
+/* The body of a JAC layer (jacobian.c): jacrev, jacfwd, jacobian. */
+NBI_HIDDEN nb_status nbi_trace_jac(nb_trace *tr, const nb_fn *f, const nb_tree *self,
+                                   const nb_tree *args, nb_tree **out);
 /* The body of a TRAIN layer (src/optim/train.c): the training step. */
 NBI_HIDDEN nb_status nbi_trace_train(nb_trace *tr, const nb_fn *f, const nb_tree *self,
                                      const nb_tree *args, nb_tree **out);

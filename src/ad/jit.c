@@ -1054,7 +1054,7 @@ nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self, const 
         }
     }
     if (f->kind == NBI_FN_GRAD || f->kind == NBI_FN_VJP || f->kind == NBI_FN_JVP ||
-        f->kind == NBI_FN_VMAP || f->kind == NBI_FN_TRAIN ||
+        f->kind == NBI_FN_VMAP || f->kind == NBI_FN_TRAIN || f->kind == NBI_FN_JAC ||
         (f->kind == NBI_FN_CUSTOM_VJP && tr->ad_depth > 0)) {
         return nbi_trace_transform(tr, f, self, args, out);
     }
@@ -2213,7 +2213,7 @@ const nb_tree *nb_apply(nb_trace *tr, nb_fn *f, const nb_tree *args) {
     for (const nb_fn *g = f; tr->ad_depth == 0 && tr->vmap_depth == 0 && g->kind != NBI_FN_PLAIN;
          g = g->inner) {
         if (g->kind == NBI_FN_GRAD || g->kind == NBI_FN_VJP || g->kind == NBI_FN_JVP ||
-            g->kind == NBI_FN_VMAP || g->kind == NBI_FN_TRAIN) {
+            g->kind == NBI_FN_VMAP || g->kind == NBI_FN_TRAIN || g->kind == NBI_FN_JAC) {
             break; /* the transform's own body is traced inline */
         }
         if (g->kind == NBI_FN_JIT && !g->inline_calls) {

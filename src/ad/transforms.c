@@ -749,6 +749,8 @@ nb_status nbi_trace_transform(nb_trace *tr, const nb_fn *f, const nb_tree *self,
         return nbi_trace_vmap(tr, f, self, args, out);
     case NBI_FN_TRAIN:
         return nbi_trace_train(tr, f, self, args, out);
+    case NBI_FN_JAC:
+        return nbi_trace_jac(tr, f, self, args, out);
     default:
         return nbi_trace_vjp_jvp(tr, f, self, args, out);
     }

@@ -125,7 +125,8 @@ typedef enum nbi_fn_kind {
     NBI_FN_JVP,
     NBI_FN_CUSTOM_VJP, /* inner = f; fwd, bwd: the user's rule */
     NBI_FN_VMAP,       /* inner = f; spec: (in_axes, out_axes, axis_size, given, given) */
-    NBI_FN_TRAIN       /* inner = value_and_grad(loss); spec: (opt, filter spec, donate) */
+    NBI_FN_TRAIN,      /* inner = value_and_grad(loss); spec: (opt, filter spec, donate) */
+    NBI_FN_JAC         /* inner = f; spec: the mode (jacobian.c) */
 } nbi_fn_kind;
 
 /* Tree node flags (static: part of the treedef). */

@@ -1849,6 +1849,17 @@ WALK(nb_vmap) {
     W_NULLOUT(o);
     drop_f(o);
 }
+#define JACOBIAN(f)                                                                                \
+    WALK(f) {                                                                                      \
+        nb_fn *g = fx_fn(w), *o = S_F;                                                             \
+        W_ST(f(FN(g), OUT(&o)));                                                                   \
+        W_NULLOUT(o);                                                                              \
+        drop_f(o);                                                                                 \
+    }
+JACOBIAN(nb_jacrev)
+JACOBIAN(nb_jacfwd)
+JACOBIAN(nb_jacobian)
+JACOBIAN(nb_hessian)
 WALK(nb_grad_template) {
     nb_tree *p = fx_params(w), *m = fx_mask(w), *o = S_T;
     W_ST(nb_grad_template(TREE(p), TREE_OPT(m), OUT(&o)));
@@ -2648,6 +2659,10 @@ static const entry k_table[] = {
     EAGER(nb_jvp),
     EAGER(nb_custom_vjp),
     EAGER(nb_vmap),
+    EAGER(nb_jacrev),
+    EAGER(nb_jacfwd),
+    EAGER(nb_jacobian),
+    EAGER(nb_hessian),
     EXEMPT(nb_vmap_opts_default, k_defaults),
     EAGER(nb_grad_template),
     /* random.h */
