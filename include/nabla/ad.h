@@ -79,6 +79,19 @@ NB_API nb_status nb_jvp(nb_fn *f, nb_fn **out);
  * JAX. f, fwd and bwd are borrowed and retained. Returns a new reference. */
 NB_API nb_status nb_custom_vjp(nb_fn *f, nb_fn *fwd, nb_fn *bwd, nb_fn **out);
 
+/* g = custom_jvp(f, jvp), JAX's custom_jvp: g computes what f computes, but derivatives
+ * through it come from a rule of your own instead of f's body:
+ *   jvp((primals, tangents)) returns the pair (out, tangent_out): out as f(primals) (it is
+ *     not used: g's value is f's), tangent_out an array like out, linear in tangents --
+ *     tangents has primals' structure with an array at each float array leaf (zeros where
+ *     the caller differentiates nothing) and null elsewhere.
+ * Forward mode (nb_jvp, jacfwd) calls the rule; reverse mode (grad, vjp, jacrev) applies
+ * its transpose, found by reverse mode over the rule with respect to the tangents (JAX
+ * transposes the rule likewise), so the rule must be built from differentiable ops and be
+ * linear in the tangents. f's output must be a single float array. f and jvp are borrowed
+ * and retained. Returns a new reference. */
+NB_API nb_status nb_custom_jvp(nb_fn *f, nb_fn *jvp, nb_fn **out);
+
 /* ---- vmap ------------------------------------------------------------------------------
  * g = vmap(f): g(args) computes f on every lane of a batch at once -- JAX's jax.vmap,
  * Equinox's filter_vmap. Each batched argument leaf carries the lanes along one of its

@@ -274,6 +274,9 @@ typedef struct nbi_custom_rec {
 } nbi_custom_rec;
 NBI_HIDDEN void nbi_vjp_custom(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct);
 NBI_HIDDEN nb_var *nbi_jvp_custom(nb_trace *tr, nb_var *node, nb_var *const *tan);
+/* custom_jvp's node (at.callee: the record, bwd the user's JVP rule; res NULL). */
+NBI_HIDDEN void nbi_vjp_custom_jvp(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct);
+NBI_HIDDEN nb_var *nbi_jvp_custom_jvp(nb_trace *tr, nb_var *node, nb_var *const *tan);
 /* A new function wrapping f (retained) as a layer of the given kind. */
 NBI_HIDDEN nb_status nbi_fn_wrap(nb_fn *f, const char *fn_name, nbi_fn_kind kind, int max_traces,
                                  bool inline_calls, nb_fn **out);

@@ -524,9 +524,10 @@ static int nbi_layers_of(const nb_fn *f, nbi_layer *layers) {
         layers[n].with_value = g->with_value;
         layers[n].debug = g->debug;
         layers[n].spec = g->spec;
-        if (g->kind == NBI_FN_CUSTOM_VJP) {
-            const nb_fn *rules[2] = {nbi_fn_plain(g->fwd), nbi_fn_plain(g->bwd)};
-            for (int r = 0; r < 2; r++) {
+        if (g->kind == NBI_FN_CUSTOM_VJP || g->kind == NBI_FN_CUSTOM_JVP) {
+            const nb_fn *rules[2] = {nbi_fn_plain(g->fwd),
+                                     g->bwd != NULL ? nbi_fn_plain(g->bwd) : NULL};
+            for (int r = 0; r < 2 && rules[r] != NULL; r++) {
                 layers[n].rule_body[r] = rules[r]->body;
                 layers[n].rule_self[r] = rules[r]->self;
             }
@@ -1055,7 +1056,7 @@ nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self, const 
     }
     if (f->kind == NBI_FN_GRAD || f->kind == NBI_FN_VJP || f->kind == NBI_FN_JVP ||
         f->kind == NBI_FN_VMAP || f->kind == NBI_FN_TRAIN || f->kind == NBI_FN_JAC ||
-        (f->kind == NBI_FN_CUSTOM_VJP && tr->ad_depth > 0)) {
+        ((f->kind == NBI_FN_CUSTOM_VJP || f->kind == NBI_FN_CUSTOM_JVP) && tr->ad_depth > 0)) {
         return nbi_trace_transform(tr, f, self, args, out);
     }
     if (f->kind != NBI_FN_PLAIN) {

@@ -282,9 +282,10 @@ static nb_var *nbi_vmap_custom(nb_trace *tr, nb_var *node, nb_var *const *bin, i
     if (tr->ad_depth > 0) {
         return nbi_trace_errv(tr, NB_ERR_UNSUPPORTED,
                               "nb_vmap: a derivative taken around a vmapped function made with "
-                              "nb_custom_vjp is not supported yet -- take the derivative inside "
+                              "%s is not supported yet -- take the derivative inside "
                               "the vmap (vmap(grad(f)), per-lane gradients; sum them for "
-                              "grad(vmap(f)))");
+                              "grad(vmap(f)))",
+                              node->op == NBI_OP_CUSTOM_JVP ? "nb_custom_jvp" : "nb_custom_vjp");
     }
     return bin[0] != NULL ? bin[0] : nbi_vmap_bcast(node->in[0], B);
 }
@@ -404,6 +405,18 @@ const nbi_op_info nbi_opinfo_custom_vjp = {.name = "custom_vjp",
                                            .nondiff = 1,
                                            .vjp = nbi_vjp_custom,
                                            .jvp = nbi_jvp_custom,
+                                           .vmap = nbi_vmap_custom};
+
+/* custom_jvp: out = in[0] (f on stopped inputs); in[1..] the float arguments, whose tangents
+ * the user's rule maps to the output's (jvp) and whose cotangents are that map transposed
+ * (vjp: reverse mode over the rule). Removed before compiling, like identity. */
+const nbi_op_info nbi_opinfo_custom_jvp = {.name = "custom_jvp",
+                                           .n_in = -1,
+                                           .infer = nbi_infer_identity,
+                                           .kernel = nbi_k_copy,
+                                           .nondiff = 1,
+                                           .vjp = nbi_vjp_custom_jvp,
+                                           .jvp = nbi_jvp_custom_jvp,
                                            .vmap = nbi_vmap_custom};
 
 const nbi_op_info nbi_opinfo_call = {.name = "call",

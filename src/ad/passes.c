@@ -480,7 +480,7 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
         nb_var proto = *v;
         nb_var *ins[2];
         if (v->op == NBI_OP_IDENTITY || v->op == NBI_OP_STOP_GRADIENT ||
-            v->op == NBI_OP_CUSTOM_VJP || v->op == NBI_OP_IMPLICIT) {
+            v->op == NBI_OP_CUSTOM_VJP || v->op == NBI_OP_CUSTOM_JVP || v->op == NBI_OP_IMPLICIT) {
             /* forward-identities: the value itself (their role ended with autodiff) */
             map[i] = map[v->in[0]->id];
             continue;

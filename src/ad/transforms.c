@@ -737,6 +737,180 @@ nb_var *nbi_jvp_custom(nb_trace *tr, nb_var *node, nb_var *const *tan) {
                           "not supported (as in JAX); differentiate it in reverse mode");
 }
 
+/* ---- custom_jvp ---------------------------------------------------------------------- */
+
+nb_status nb_custom_jvp(nb_fn *f, nb_fn *jvp, nb_fn **out) {
+    if (out != NULL) {
+        *out = NULL;
+    }
+    static const char fn[] = "nb_custom_jvp";
+    nb_ctx *ctx = nbi_handle_ctx(f);
+    ctx = ctx != NULL ? ctx : nbi_handle_ctx(jvp);
+    nb_status st = nbi_check_handle_in(ctx, f, NBI_MAGIC_FN, fn, "f");
+    if (st == NB_OK) {
+        st = nbi_check_handle_in(ctx, jvp, NBI_MAGIC_FN, fn, "jvp");
+    }
+    if (st == NB_OK && out == NULL) {
+        st = nbi_err(ctx, NB_ERR_MISUSE,
+                     "%s: out is NULL (pass the address of an nb_fn * for the new function)", fn);
+    }
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_fn *g = NULL;
+    st = nbi_fn_wrap(f, fn, NBI_FN_CUSTOM_JVP, 0, true, &g);
+    if (st != NB_OK) {
+        return st;
+    }
+    g->fwd = nb_fn_retain(jvp);
+    *out = g;
+    return NB_OK;
+}
+
+/* The tangent tree the rule gets: args' structure, the k-th float var leaf's tangent at its
+ * place (t[k], zeros when NULL), null at the other dynamic leaves. */
+typedef struct nbi_tans {
+    nb_trace *tr;
+    nb_var *const *t;
+    nb_var *const *like; /* the float leaves, for zeros */
+    int k, n;
+} nbi_tans;
+
+static nb_status nbi_tans_cb(void *ud, const char *path, int n, const nb_tree *const *l,
+                             nb_tree **out) {
+    (void)path;
+    (void)n;
+    nbi_tans *s = ud;
+    const nb_tree *leaf = l[0];
+    if (leaf->kind != NB_TREE_KIND_VAR || !nbi_is_float_var(leaf->u.var.var)) {
+        return nb_tree_null(s->tr->ctx, out);
+    }
+    if (s->k >= s->n) {
+        return nbi_trace_err(s->tr, NB_ERR_INTERNAL, "nb_custom_jvp: the arguments changed");
+    }
+    nb_var *t = s->t[s->k] != NULL ? s->t[s->k] : nbi_zeros_like(s->tr, s->like[s->k]);
+    s->k++;
+    return nbi_tree_var(s->tr->ctx, t, s->tr->id, out) == NB_OK ? NB_OK : NB_ERR_OOM;
+}
+
+/* The rule on (args, tangents t): its tangent output (NULL after an error, recorded). */
+static nb_var *nbi_custom_jvp_apply(nb_trace *tr, const nb_var *node, nb_var *const *t) {
+    const nbi_custom_rec *rec = node->at.callee;
+    nbi_tans s = {tr, t, node->in + 1, 0, (int)node->at.ivalue};
+    nb_tree *tt = NULL, *pair = NULL, *r = NULL;
+    nb_status st = nb_tree_map(rec->args, nbi_tans_cb, &s, 0, &tt);
+    if (st == NB_OK) {
+        st = nb_tree_tuple(tr->ctx, 2, (nb_tree *[]){rec->args, tt}, &pair);
+    }
+    nb_tree_destroy(tt);
+    if (st != NB_OK) {
+        nb_tree_destroy(pair);
+        return tr->status != NB_OK ? NULL : nbi_trace_errv(tr, st, "nb_custom_jvp: out of memory");
+    }
+    st = nbi_inline_call(tr, rec->bwd, pair, &r);
+    nb_tree_destroy(pair);
+    if (st != NB_OK) {
+        return NULL;
+    }
+    const nb_tree *to = (r->kind == NB_TREE_KIND_TUPLE || r->kind == NB_TREE_KIND_LIST) && r->n == 2
+                            ? r->children[1]
+                            : NULL;
+    nb_var *tv = to != NULL && to->kind == NB_TREE_KIND_VAR ? to->u.var.var : NULL;
+    char s1[NBI_SIG_CAP], s2[NBI_SIG_CAP];
+    if (tv == NULL || tv->dtype != node->dtype || tv->rank != node->rank ||
+        memcmp(tv->shape, node->shape, (size_t)node->rank * sizeof(int64_t)) != 0) {
+        nb_tree_destroy(r);
+        return nbi_trace_errv(tr, NB_ERR_STRUCTURE,
+                              "nb_custom_jvp: the rule '%s' must return the pair (out, "
+                              "tangent_out) with tangent_out an array like out (%s)%s%s",
+                              rec->bwd->name, nbi_var_sig(s1, sizeof s1, node),
+                              tv != NULL ? "; it returned " : "",
+                              tv != NULL ? nbi_var_sig(s2, sizeof s2, tv) : "");
+    }
+    nb_tree_destroy(r);
+    return tv;
+}
+
+/* custom_jvp under a derivative: f on stopped inputs gives the value; one custom_jvp node
+ * ties it to the float inputs (its rules call the user's JVP rule). */
+static nb_status nbi_trace_custom_jvp(nb_trace *tr, const nb_fn *g, const nb_tree *self,
+                                      const nb_tree *args, nb_tree **out) {
+    nbi_floats xs = {tr, NULL, 0, 0, true};
+    nb_tree *stopped = NULL, *fr = NULL;
+    nb_status st = nb_tree_map(args, nbi_floats_cb, &xs, 0, &stopped);
+    if (st != NB_OK) {
+        return tr->status != NB_OK ? tr->status : nbi_trace_err(tr, st, "out of memory");
+    }
+    st = nbi_trace_fn(tr, g->inner, self, stopped, &fr);
+    nb_tree_destroy(stopped);
+    if (st != NB_OK) {
+        return st;
+    }
+    if (fr->kind != NB_TREE_KIND_VAR || !nbi_is_float_var(fr->u.var.var)) {
+        nb_tree_destroy(fr);
+        return nbi_trace_err(tr, NB_ERR_STRUCTURE,
+                             "nb_custom_jvp: '%s' must return a single float array (the rule "
+                             "gives its tangent)",
+                             g->name);
+    }
+    nbi_custom_rec *rec = nbi_arena_alloc(&tr->arena, sizeof *rec);
+    int n_in = 1 + xs.n;
+    nb_var **ins = nbi_arena_alloc(&tr->arena, (size_t)n_in * sizeof(nb_var *));
+    if (rec == NULL || ins == NULL || !nbi_arena_own_fn(&tr->arena, nb_fn_retain(g->fwd))) {
+        nb_tree_destroy(fr);
+        return nbi_trace_err(tr, NB_ERR_OOM, "nb_custom_jvp: out of memory");
+    }
+    rec->bwd = g->fwd; /* the rule (kept alive by the trace) */
+    rec->args = nb_tree_retain((nb_tree *)args);
+    rec->res = NULL;
+    if (nbi_trace_own(tr, rec->args) != NB_OK) {
+        nb_tree_destroy(fr);
+        return tr->status;
+    }
+    ins[0] = fr->u.var.var;
+    if (xs.n > 0) {
+        memcpy(ins + 1, xs.v, (size_t)xs.n * sizeof(nb_var *));
+    }
+    nb_tree_destroy(fr);
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    at.callee = rec;
+    at.ivalue = xs.n;
+    nb_var *node = nbi_emit(tr, NBI_OP_CUSTOM_JVP, n_in, ins, &at);
+    if (tr->status != NB_OK) {
+        return tr->status;
+    }
+    return nbi_tree_var(tr->ctx, node, tr->id, out) == NB_OK
+               ? NB_OK
+               : nbi_trace_err(tr, NB_ERR_OOM, "nb_custom_jvp: out of memory");
+}
+
+nb_var *nbi_jvp_custom_jvp(nb_trace *tr, nb_var *node, nb_var *const *tan) {
+    return nbi_custom_jvp_apply(tr, node, tan + 1);
+}
+
+/* The rule's tangent map t -> tangent_out is linear: its transpose applied to ct is reverse
+ * mode over the rule traced on zero tangents, with respect to those tangents. */
+void nbi_vjp_custom_jvp(nb_trace *tr, nb_var *node, nb_var *ct, nb_var **in_ct) {
+    int n = (int)node->at.ivalue;
+    nb_var **t = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(nb_var *));
+    if (t == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "nb_custom_jvp: out of memory");
+        return;
+    }
+    for (int k = 0; k < n; k++) { /* distinct nodes to differentiate with respect to */
+        nb_var *z = nbi_zeros_like(tr, node->in[1 + k]);
+        t[k] = nbi_emit(tr, NBI_OP_IDENTITY, 1, &z, NULL);
+    }
+    int32_t begin = tr->g.n_nodes;
+    nb_var *to = nbi_custom_jvp_apply(tr, node, t);
+    int32_t end = tr->g.n_nodes;
+    if (to == NULL || tr->status != NB_OK) {
+        return;
+    }
+    (void)nbi_vjp_region(tr, begin, end, 1, &to, &ct, n, t, in_ct + 1);
+}
+
 nb_status nbi_trace_transform(nb_trace *tr, const nb_fn *f, const nb_tree *self,
                               const nb_tree *args, nb_tree **out) {
     *out = NULL;
@@ -745,6 +919,8 @@ nb_status nbi_trace_transform(nb_trace *tr, const nb_fn *f, const nb_tree *self,
         return nbi_trace_grad(tr, f, self, args, out);
     case NBI_FN_CUSTOM_VJP:
         return nbi_trace_custom(tr, f, self, args, out);
+    case NBI_FN_CUSTOM_JVP:
+        return nbi_trace_custom_jvp(tr, f, self, args, out);
     case NBI_FN_VMAP:
         return nbi_trace_vmap(tr, f, self, args, out);
     case NBI_FN_TRAIN:

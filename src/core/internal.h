@@ -126,7 +126,8 @@ typedef enum nbi_fn_kind {
     NBI_FN_CUSTOM_VJP, /* inner = f; fwd, bwd: the user's rule */
     NBI_FN_VMAP,       /* inner = f; spec: (in_axes, out_axes, axis_size, given, given) */
     NBI_FN_TRAIN,      /* inner = value_and_grad(loss); spec: (opt, filter spec, donate) */
-    NBI_FN_JAC         /* inner = f; spec: the mode (jacobian.c) */
+    NBI_FN_JAC,        /* inner = f; spec: the mode (jacobian.c) */
+    NBI_FN_CUSTOM_JVP  /* inner = f; fwd: the user's JVP rule */
 } nbi_fn_kind;
 
 /* Tree node flags (static: part of the treedef). */

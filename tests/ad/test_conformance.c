@@ -1282,6 +1282,8 @@ static void build_specs(void) {
     g_covered_by[NBI_OP_WHILE] = "tests/loops/test_loops.c (while, fori, scan, cond, switch "
                                  "against C loops)";
     g_covered_by[NBI_OP_CUSTOM_VJP] = "test_grad.c test_custom_vjp (forward: a copy)";
+    g_covered_by[NBI_OP_CUSTOM_JVP] =
+        "test_grad_conformance.c custom_jvp cases, test_jacobian.c (forward: a copy)";
     g_covered_by[NBI_OP_CHECK] = "tests/ode/test_ode.c test_max_steps (a failed solve with "
                                  "throw_on_failure fails the call, under jit and grad; a "
                                  "successful one passes its values through)";

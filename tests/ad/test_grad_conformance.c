@@ -434,6 +434,39 @@ static void make_custom(nb_ctx *ctx) {
     nb_fn_destroy(f);
 }
 
+/* custom_jvp: g = custom_jvp(f, rule) with f(x, y) = sin(x) y and the rule's tangent
+ * cos(x) tx y + sin(x) ty: the JVP is the rule, the VJP its transpose (reverse mode over the
+ * rule): both against finite differences of f. */
+static nb_fn *g_custom_jvp;
+static nb_status body_cj_rule(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0][0]"), *y = nb_get(tr, args, "[0][1]");
+    nb_var *tx = nb_get(tr, args, "[1][0]"), *ty = nb_get(tr, args, "[1][1]");
+    nb_var *t = nb_add(nb_mul(nb_mul(nb_cos(x), tx), y), nb_mul(nb_sin(x), ty));
+    return nb_tree_tuple(nb_trace_ctx(tr), 2,
+                         (nb_tree *[]){nb_leaf(nb_mul(nb_sin(x), y)), nb_leaf(t)}, out);
+}
+static nb_var *b_custom_jvp(nb_trace *tr, nb_var *const *in, const gcase *c) {
+    (void)c;
+    nb_tree *a = NULL;
+    if (nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(in[0]), nb_leaf(in[1])}, &a) !=
+        NB_OK) {
+        return NULL;
+    }
+    const nb_tree *r = nb_apply(tr, g_custom_jvp, a);
+    nb_tree_destroy(a);
+    return r != NULL ? nb_var_of(tr, r) : NULL;
+}
+static void make_custom_jvp(nb_ctx *ctx) {
+    nb_fn *f = NULL, *rule = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "cj_f", body_cv_f, NULL, &f));
+    NBT_OK(ctx, nb_fn_create(ctx, "cj_rule", body_cj_rule, NULL, &rule));
+    NBT_OK(ctx, nb_custom_jvp(f, rule, &g_custom_jvp));
+    nb_fn_destroy(rule);
+    nb_fn_destroy(f);
+}
+
 /* ---- the specs ---------------------------------------------------------------------- */
 
 static const struct {
@@ -1047,6 +1080,19 @@ static void spec_custom_vjp(void) {
     }
 }
 
+static void spec_custom_jvp(void) {
+    static const struct {
+        int ra, rb;
+        int64_t sa[3], sb[3];
+    } CJ[] = {{2, 2, {2, 3}, {2, 3}}, {0, 0, {0}, {0}}, {1, 1, {4}, {4}}};
+    for (size_t s = 0; s < sizeof CJ / sizeof CJ[0]; s++) {
+        gcase *c = add_case(NBI_OP_CUSTOM_JVP, NULL, 2, b_custom_jvp);
+        set_in(c, 0, NB_DTYPE_F64, DOM_ANY, CJ[s].ra, CJ[s].sa);
+        set_in(c, 1, NB_DTYPE_F64, DOM_ANY, CJ[s].rb, CJ[s].sb);
+        snprintf(c->label, sizeof c->label, "custom_jvp sin(x) y #%zu", s);
+    }
+}
+
 static void build_specs(void) {
     /* elementwise unary */
     spec_unary(NBI_OP_NEG, nb_neg, DOM_ANY);
@@ -1131,6 +1177,7 @@ static void build_specs(void) {
     spec_matmul();
     spec_linalg();
     spec_custom_vjp();
+    spec_custom_jvp();
     spec_composites();
 }
 
@@ -1845,6 +1892,7 @@ static void test_vjp_jvp_against_finite_differences(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
     make_custom(ctx);
+    make_custom_jvp(ctx);
     clock_t t0 = clock();
     int run = 0, skipped = 0, ops = 0, composites = 0;
     bool seen[NBI_OP_COUNT] = {false};
@@ -1875,6 +1923,7 @@ static void test_vjp_jvp_against_finite_differences(void **state) {
                   (long long)g_vmap_checks, g_failed_cases,
                   (double)(clock() - t0) / CLOCKS_PER_SEC);
     nb_fn_destroy(g_custom);
+    nb_fn_destroy(g_custom_jvp);
     g_custom = NULL;
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);

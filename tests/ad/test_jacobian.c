@@ -7,6 +7,8 @@
  *     closed forms;
  *   - composition: jit(jacrev) traced once, vmap(jacfwd) over a batch of points, grad of a
  *     loss of the Jacobian (against its closed form), the Jacobian of a fori loop;
+ *   - custom_jvp: a rule that is not f's derivative (a clipped one) is what jvp, jacfwd,
+ *     grad and jacrev see, under jit;
  *   - errors; allocation failures over jit(jacrev): NB_ERR_OOM, nothing leaked.
  */
 #include "nbtest.h"
@@ -348,6 +350,85 @@ static void test_composition(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* f(x) = log(1 + exp(x)) (softplus, elementwise); the rule says its derivative is
+ * min(sigmoid(x), 0.75): not f's, so every derivative seen is the rule's */
+static nb_status body_sp(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]");
+    return nb_return(nb_log(nb_add(nb_exp(x), nb_scalar_typed(tr, NB_DTYPE_F64, 1.0))), out);
+}
+static nb_status body_sp_rule(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0][0]"), *t = nb_get(tr, args, "[1][0]");
+    nb_var *d = nb_minimum(nb_sigmoid(x), nb_scalar_typed(tr, NB_DTYPE_F64, 0.75));
+    nb_var *y = nb_log(nb_add(nb_exp(x), nb_scalar_typed(tr, NB_DTYPE_F64, 1.0)));
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(y), nb_leaf(nb_mul(d, t))},
+                         out);
+}
+static nb_fn *g_sp;
+static nb_status body_sp_sum(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)self;
+    const nb_tree *r = nb_apply(tr, g_sp, args);
+    return r != NULL ? nb_return(nb_sum(nb_var_of(tr, r), NULL, 0, false), out)
+                     : nb_trace_status(tr);
+}
+
+static void test_custom_jvp(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL, *rule = NULL, *g = NULL, *jr = NULL, *jf = NULL, *jj = NULL, *s = NULL;
+    nb_fn *gr = NULL, *jv = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "softplus", body_sp, NULL, &f));
+    NBT_OK(ctx, nb_fn_create(ctx, "softplus_rule", body_sp_rule, NULL, &rule));
+    NBT_OK(ctx, nb_custom_jvp(f, rule, &g));
+    NBT_OK(ctx, nb_jacrev(g, &jr));
+    NBT_OK(ctx, nb_jacfwd(g, &jf));
+    NBT_OK(ctx, nb_jit(jr, NULL, &jj));
+    g_sp = g;
+    NBT_OK(ctx, nb_fn_create(ctx, "sp_sum", body_sp_sum, NULL, &s));
+    NBT_OK(ctx, nb_grad(s, NULL, &gr));
+    NBT_OK(ctx, nb_jvp(g, &jv));
+    double xs[3] = {-1.0, 0.5, 3.0};
+    nb_tree *args = vec_args(ctx, 3, xs), *o = NULL;
+    /* the value is f's */
+    NBT_OK(ctx, nb_fn_call(g, args, &o));
+    for (int i = 0; i < 3; i++) {
+        near_ulps(at(o, i), log1p(exp(xs[i])), 4);
+    }
+    nb_tree_destroy(o);
+    nb_fn *ms[3] = {jr, jf, jj};
+    for (int m = 0; m < 3; m++) {
+        NBT_OK(ctx, nb_fn_call(ms[m], args, &o));
+        for (int i = 0; i < 3; i++) {
+            for (int k = 0; k < 3; k++) {
+                double d = fmin(1.0 / (1.0 + exp(-xs[i])), 0.75);
+                near_ulps(at(o, i * 3 + k), i == k ? d : 0.0, 4);
+            }
+        }
+        nb_tree_destroy(o);
+    }
+    NBT_OK(ctx, nb_fn_call(gr, args, &o));
+    near_ulps(at(o, 2), 0.75, 1); /* sigmoid(3) = 0.95 clipped: the rule's */
+    near_ulps(at(o, 0), 1.0 / (1.0 + exp(1.0)), 4);
+    nb_tree_destroy(o);
+    /* jvp with a tangent of 2 */
+    nb_tree *tan = vec_args(ctx, 3, (double[]){2, 2, 2});
+    nb_tree *pt = nbt_tuple_take(ctx, 2, (nb_tree *[]){nb_tree_retain(args), tan});
+    NBT_OK(ctx, nb_fn_call(jv, pt, &o));
+    near_ulps(at(nb_tree_child(o, 1), 2), 1.5, 1);
+    nb_tree_destroy(o);
+    nb_tree_destroy(pt);
+    nb_tree_destroy(args);
+    nb_fn *fns[] = {jv, gr, s, jj, jf, jr, g, rule, f};
+    for (size_t i = 0; i < sizeof fns / sizeof fns[0]; i++) {
+        nb_fn_destroy(fns[i]);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 static void test_errors(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
@@ -414,9 +495,10 @@ static void test_out_of_memory(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_closed_forms), cmocka_unit_test(test_linear_exact),
-        cmocka_unit_test(test_pytrees),      cmocka_unit_test(test_composition),
-        cmocka_unit_test(test_errors),       cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_closed_forms),  cmocka_unit_test(test_linear_exact),
+        cmocka_unit_test(test_pytrees),       cmocka_unit_test(test_composition),
+        cmocka_unit_test(test_custom_jvp),    cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

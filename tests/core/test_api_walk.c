@@ -1840,6 +1840,12 @@ WALK(nb_custom_vjp) {
     W_NULLOUT(o);
     drop_f(o);
 }
+WALK(nb_custom_jvp) {
+    nb_fn *f = fx_fn(w), *o = S_F;
+    W_ST(nb_custom_jvp(FN(f), FN(f), OUT(&o)));
+    W_NULLOUT(o);
+    drop_f(o);
+}
 WALK(nb_vmap) {
     nb_fn *f = fx_fn(w), *o = S_F;
     nb_vmap_opts vo = nb_vmap_opts_default();
@@ -2658,6 +2664,7 @@ static const entry k_table[] = {
     EAGER(nb_vjp),
     EAGER(nb_jvp),
     EAGER(nb_custom_vjp),
+    EAGER(nb_custom_jvp),
     EAGER(nb_vmap),
     EAGER(nb_jacrev),
     EAGER(nb_jacfwd),
