@@ -4,9 +4,9 @@
 #   - each prints the same numbers as its long form (tests/examples/*_long.c: the same
 #     program written without nabla/train.h and the eager helpers), and writes the same
 #     checkpoint file byte for byte.
-# usage: test_examples.sh <classify> <classify_long> <source dir>
+# usage: test_examples.sh <classify> <classify_long> <fit_ode> <fit_ode_long> <source dir>
 set -u
-classify=$1 classify_long=$2 src=$3
+classify=$1 classify_long=$2 fit_ode=$3 fit_ode_long=$4 src=$5
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -37,3 +37,15 @@ grep -q '^test accuracy [0-9]* of 30$' "$work/short.out" || fail "no test accura
 acc=$(sed -n 's/^test accuracy \([0-9]*\) of 30$/\1/p' "$work/short.out")
 [ "$acc" -ge 27 ] || fail "test accuracy $acc of 30 (iris: an MLP gets 27 or more)"
 echo "classify: the same output and checkpoint as its long form"
+
+n=$(lines "$src/examples/fit_ode.c")
+echo "examples/fit_ode.c: $n lines (budget 70)"
+[ "$n" -le 70 ] || fail "fit_ode.c has $n lines, more than 70"
+"$fit_ode" >"$work/fit.out" 2>&1 || fail "fit_ode failed: $(cat "$work/fit.out")"
+"$fit_ode_long" >"$work/fit_long.out" 2>&1 || fail "fit_ode_long failed: $(cat "$work/fit_long.out")"
+cat "$work/fit.out"
+diff "$work/fit.out" "$work/fit_long.out" || fail "fit_ode and its long form print different numbers"
+k=$(sed -n 's/^k \([0-9.]*\) .*/\1/p' "$work/fit.out") c=$(sed -n 's/.*  c \([0-9.]*\) .*/\1/p' "$work/fit.out")
+awk -v k="$k" -v c="$c" 'BEGIN { exit !(k > 1.99 && k < 2.01 && c > 0.29 && c < 0.31) }' ||
+    fail "fit_ode recovered k $k, c $c (true 2 and 0.3)"
+echo "fit_ode: the same output as its long form"
