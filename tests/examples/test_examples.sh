@@ -4,9 +4,10 @@
 #   - each prints the same numbers as its long form (tests/examples/*_long.c: the same
 #     program written without nabla/train.h and the eager helpers), and writes the same
 #     checkpoint file byte for byte.
-# usage: test_examples.sh <classify> <classify_long> <fit_ode> <fit_ode_long> <source dir>
+# usage: test_examples.sh <classify> <classify_long> <fit_ode> <fit_ode_long> <rnn> <rnn_long>
+#                         <source dir>
 set -u
-classify=$1 classify_long=$2 fit_ode=$3 fit_ode_long=$4 src=$5
+classify=$1 classify_long=$2 fit_ode=$3 fit_ode_long=$4 rnn=$5 rnn_long=$6 src=$7
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -49,3 +50,14 @@ k=$(sed -n 's/^k \([0-9.]*\) .*/\1/p' "$work/fit.out") c=$(sed -n 's/.*  c \([0-
 awk -v k="$k" -v c="$c" 'BEGIN { exit !(k > 1.99 && k < 2.01 && c > 0.29 && c < 0.31) }' ||
     fail "fit_ode recovered k $k, c $c (true 2 and 0.3)"
 echo "fit_ode: the same output as its long form"
+
+n=$(lines "$src/examples/rnn.c")
+echo "examples/rnn.c: $n lines (budget 70)"
+[ "$n" -le 70 ] || fail "rnn.c has $n lines, more than 70"
+"$rnn" >"$work/rnn.out" 2>&1 || fail "rnn failed: $(cat "$work/rnn.out")"
+"$rnn_long" >"$work/rnn_long.out" 2>&1 || fail "rnn_long failed: $(cat "$work/rnn_long.out")"
+cat "$work/rnn.out"
+diff "$work/rnn.out" "$work/rnn_long.out" || fail "rnn and its long form print different numbers"
+l=$(sed -n 's/^loss after 300 steps \([0-9.e+-]*\) .*/\1/p' "$work/rnn.out")
+awk -v l="$l" 'BEGIN { exit !(l > 0 && l < 0.03) }' || fail "rnn's loss $l did not fall below 0.03"
+echo "rnn: the same output as its long form"
