@@ -5,9 +5,9 @@
 #     program written without nabla/train.h and the eager helpers), and writes the same
 #     checkpoint file byte for byte.
 # usage: test_examples.sh <classify> <classify_long> <fit_ode> <fit_ode_long> <rnn> <rnn_long>
-#                         <source dir>
+#                         <compare_optimizers> <source dir>
 set -u
-classify=$1 classify_long=$2 fit_ode=$3 fit_ode_long=$4 rnn=$5 rnn_long=$6 src=$7
+classify=$1 classify_long=$2 fit_ode=$3 fit_ode_long=$4 rnn=$5 rnn_long=$6 compare=$7 src=$8
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -61,3 +61,11 @@ diff "$work/rnn.out" "$work/rnn_long.out" || fail "rnn and its long form print d
 l=$(sed -n 's/^loss after 300 steps \([0-9.e+-]*\) .*/\1/p' "$work/rnn.out")
 awk -v l="$l" 'BEGIN { exit !(l > 0 && l < 0.03) }' || fail "rnn's loss $l did not fall below 0.03"
 echo "rnn: the same output as its long form"
+
+# compare_optimizers: 6 optimizers x 3 learning rates, the same table on a second run
+"$compare" "$src/data/wine_data.csv" >"$work/cmp1.out" 2>&1 || fail "compare_optimizers failed"
+"$compare" "$src/data/wine_data.csv" >"$work/cmp2.out" 2>&1 || fail "compare_optimizers failed"
+cat "$work/cmp1.out"
+cmp -s "$work/cmp1.out" "$work/cmp2.out" || fail "compare_optimizers printed another table on a second run"
+[ "$(grep -c ' / 45$' "$work/cmp1.out")" = 18 ] || fail "compare_optimizers: not 18 rows"
+grep -q '^adam  *1e-02 .* 4[3-5] / 45$' "$work/cmp1.out" || fail "adam at 1e-2 below 43 of 45"
