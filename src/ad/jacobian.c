@@ -129,6 +129,40 @@ static nb_var *nbj_basis(nb_trace *tr, nb_var *v, int64_t off, int64_t total) {
     return nb_reshape(nb_cast(hot, nb_var_dtype(v)), nb_var_rank(v) + 1, shape);
 }
 
+/* The one-hot basis of a side as a tree of its structure: nbj_basis at each float leaf,
+ * null at the others. *out a new tree. */
+static nb_status nbj_basis_tree(nb_trace *tr, const nbj_side *s, nb_tree **out) {
+    nb_tree **b = nbi_arena_alloc(&tr->arena, (size_t)(s->n + 1) * sizeof *b);
+    if (b == NULL) {
+        return nbi_trace_err(tr, NB_ERR_OOM, "a Jacobian's basis: out of memory");
+    }
+    memset(b, 0, (size_t)(s->n + 1) * sizeof *b);
+    nb_status st = NB_OK;
+    for (int64_t i = 0; i < s->n && st == NB_OK; i++) {
+        if (s->v[i] == NULL) {
+            st = nb_tree_null(tr->ctx, &b[i]);
+        } else { /* a leaf of the trace's own */
+            b[i] = nb_leaf(nbj_basis(tr, s->v[i], s->off[i], s->total));
+        }
+    }
+    nb_tree *list = NULL;
+    if (st == NB_OK) {
+        st = nb_tree_list(tr->ctx, s->n, b, &list);
+    }
+    for (int64_t i = 0; i < s->n; i++) {
+        if (s->v[i] == NULL) {
+            nb_tree_destroy(b[i]); /* ours; the leaves belong to the trace */
+        }
+    }
+    if (st == NB_OK) {
+        st = nb_tree_unflatten(s->def, list, out);
+    }
+    nb_tree_destroy(list);
+    return st != NB_OK && nb_trace_status(tr) == NB_OK
+               ? nbi_trace_err(tr, st, "a Jacobian's basis: out of memory")
+               : nb_trace_status(tr);
+}
+
 /* rows [off, off + n) of b ([total] + rest) as [n] + rest */
 static nb_var *nbj_rows(nb_var *b, int64_t off, int64_t n) {
     int r = nb_var_rank(b);
@@ -141,7 +175,7 @@ static nb_var *nbj_rows(nb_var *b, int64_t off, int64_t n) {
     return nb_slice(b, start, stop, NULL);
 }
 
-/* A trace-owned-by-caller tree of nulls shaped like t's dynamic leaves. */
+/* nb_tree_map callback: null at every dynamic leaf (the arguments that get no tangent) */
 static nb_status nbj_null_leaf(void *ud, const char *path, int n, const nb_tree *const *leaves,
                                nb_tree **out) {
     (void)path;
@@ -324,29 +358,7 @@ nb_status nbi_trace_jac(nb_trace *tr, const nb_fn *f, const nb_tree *self, const
     bool fwd = mode == NBJ_FWD || (mode == NBJ_AUTO && xs.total < ys.total);
     const nb_tree *res = NULL;
     if (st == NB_OK && !fwd) { /* vmap(vjp(f))((args, cotangent basis)) */
-        nb_tree **cts = nbi_arena_alloc(&tr->arena, (size_t)(ys.n + 1) * sizeof *cts);
-        st = cts == NULL ? nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who) : NB_OK;
-        for (int64_t k = 0; k < ys.n && st == NB_OK; k++) {
-            if (ys.v[k] == NULL) {
-                st = nb_tree_null(ctx, &cts[k]);
-                cts[k] = st == NB_OK ? cts[k] : NULL;
-            } else {
-                cts[k] = nb_leaf(nbj_basis(tr, ys.v[k], ys.off[k], ys.total));
-            }
-        }
-        nb_tree *list = NULL;
-        if (st == NB_OK) {
-            st = nb_tree_list(ctx, ys.n, cts, &list);
-        }
-        for (int64_t k = 0; cts != NULL && k < ys.n; k++) {
-            if (ys.v[k] == NULL) {
-                nb_tree_destroy(cts[k]);
-            }
-        }
-        if (st == NB_OK) {
-            st = nb_tree_unflatten(ys.def, list, &basis);
-        }
-        nb_tree_destroy(list);
+        st = nbj_basis_tree(tr, &ys, &basis);
         if (st == NB_OK) {
             st = nb_vjp((nb_fn *)f->inner, &d);
         }
@@ -354,29 +366,8 @@ nb_status nbi_trace_jac(nb_trace *tr, const nb_fn *f, const nb_tree *self, const
             res = nbj_batched(tr, d, args, basis);
         }
     } else if (st == NB_OK) { /* vmap(jvp(f))((args, tangent basis of args[0])) */
-        nb_tree **ts = nbi_arena_alloc(&tr->arena, (size_t)(xs.n + 1) * sizeof *ts);
-        st = ts == NULL ? nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who) : NB_OK;
-        for (int64_t i = 0; i < xs.n && st == NB_OK; i++) {
-            if (xs.v[i] == NULL) {
-                st = nb_tree_null(ctx, &ts[i]);
-                ts[i] = st == NB_OK ? ts[i] : NULL;
-            } else {
-                ts[i] = nb_leaf(nbj_basis(tr, xs.v[i], xs.off[i], xs.total));
-            }
-        }
-        nb_tree *list = NULL, *t0 = NULL;
-        if (st == NB_OK) {
-            st = nb_tree_list(ctx, xs.n, ts, &list);
-        }
-        for (int64_t i = 0; ts != NULL && i < xs.n; i++) {
-            if (xs.v[i] == NULL) {
-                nb_tree_destroy(ts[i]);
-            }
-        }
-        if (st == NB_OK) {
-            st = nb_tree_unflatten(xs.def, list, &t0);
-        }
-        nb_tree_destroy(list);
+        nb_tree *t0 = NULL;
+        st = nbj_basis_tree(tr, &xs, &t0);
         /* the other arguments get no tangent: null at each of their leaves */
         const nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)args->n * sizeof *items);
         nb_tree **nulls = nbi_arena_alloc(&tr->arena, (size_t)args->n * sizeof *nulls);

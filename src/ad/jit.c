@@ -1054,8 +1054,7 @@ nb_status nbi_trace_fn(nb_trace *tr, const nb_fn *f, const nb_tree *self, const 
             return st;
         }
     }
-    if (f->kind == NBI_FN_GRAD || f->kind == NBI_FN_VJP || f->kind == NBI_FN_JVP ||
-        f->kind == NBI_FN_VMAP || f->kind == NBI_FN_TRAIN || f->kind == NBI_FN_JAC ||
+    if (nbi_fn_is_transform(f->kind) ||
         ((f->kind == NBI_FN_CUSTOM_VJP || f->kind == NBI_FN_CUSTOM_JVP) && tr->ad_depth > 0)) {
         return nbi_trace_transform(tr, f, self, args, out);
     }
@@ -2213,8 +2212,7 @@ const nb_tree *nb_apply(nb_trace *tr, nb_fn *f, const nb_tree *args) {
     /* Under a gradient transform every call is inlined, so that it is differentiated. */
     for (const nb_fn *g = f; tr->ad_depth == 0 && tr->vmap_depth == 0 && g->kind != NBI_FN_PLAIN;
          g = g->inner) {
-        if (g->kind == NBI_FN_GRAD || g->kind == NBI_FN_VJP || g->kind == NBI_FN_JVP ||
-            g->kind == NBI_FN_VMAP || g->kind == NBI_FN_TRAIN || g->kind == NBI_FN_JAC) {
+        if (nbi_fn_is_transform(g->kind)) {
             break; /* the transform's own body is traced inline */
         }
         if (g->kind == NBI_FN_JIT && !g->inline_calls) {

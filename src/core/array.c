@@ -973,6 +973,15 @@ static nb_status nbi_reduce_args(const nb_array *a, const void *out, const char 
     return NB_OK;
 }
 
+/* the elements' sum in double, in row-major order */
+static double nbi_array_total(const nb_array *a) {
+    double s = 0.0;
+    for (int64_t i = 0; i < a->size; i++) {
+        s += nbi_array_load(a, i);
+    }
+    return s;
+}
+
 nb_status nb_array_sum(const nb_array *a, double *out) {
     static const char fn[] = "nb_array_sum";
     if (out != NULL) {
@@ -982,11 +991,7 @@ nb_status nb_array_sum(const nb_array *a, double *out) {
     if (st != NB_OK) {
         return st;
     }
-    double s = 0.0;
-    for (int64_t i = 0; i < a->size; i++) {
-        s += nbi_array_load(a, i);
-    }
-    *out = s;
+    *out = nbi_array_total(a);
     return NB_OK;
 }
 
@@ -999,11 +1004,7 @@ nb_status nb_array_mean(const nb_array *a, double *out) {
     if (st != NB_OK) {
         return st;
     }
-    double s = 0.0;
-    for (int64_t i = 0; i < a->size; i++) {
-        s += nbi_array_load(a, i);
-    }
-    *out = a->size > 0 ? s / (double)a->size : NAN;
+    *out = a->size > 0 ? nbi_array_total(a) / (double)a->size : NAN;
     return NB_OK;
 }
 

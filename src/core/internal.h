@@ -125,10 +125,17 @@ typedef enum nbi_fn_kind {
     NBI_FN_JVP,
     NBI_FN_CUSTOM_VJP, /* inner = f; fwd, bwd: the user's rule */
     NBI_FN_VMAP,       /* inner = f; spec: (in_axes, out_axes, axis_size, given, given) */
-    NBI_FN_TRAIN,      /* inner = value_and_grad(loss); spec: (opt, filter spec, donate) */
+    NBI_FN_TRAIN,      /* inner = value_and_grad(loss); spec: (opt, filter, donate spec) */
     NBI_FN_JAC,        /* inner = f; spec: the mode (jacobian.c) */
     NBI_FN_CUSTOM_JVP  /* inner = f; fwd: the user's JVP rule */
 } nbi_fn_kind;
+
+/* Layers whose body is a transform of the wrapped function, traced by
+ * nbi_trace_transform (the custom rules only under a derivative). */
+static inline bool nbi_fn_is_transform(nbi_fn_kind k) {
+    return k == NBI_FN_GRAD || k == NBI_FN_VJP || k == NBI_FN_JVP || k == NBI_FN_VMAP ||
+           k == NBI_FN_TRAIN || k == NBI_FN_JAC;
+}
 
 /* Tree node flags (static: part of the treedef). */
 enum {

@@ -2,11 +2,11 @@
  * train.c -- the training step builder (nabla/train.h).
  *
  * nb_train_step wraps value_and_grad(loss) in a TRAIN layer (spec: (opt, filter spec or
- * null, donate)) and jits it. Traced, the layer's body is the step every training program
- * wrote by hand: the gradient layer on (params, *batch), nb_optim_update, nb_apply_updates,
- * and the tuple (params', state', loss[, aux]). Its identity is the layers' (the loss's body
- * and bound data, has_aux, the filter spec, the optimizer by value), so equal steps built
- * again share the compiled code.
+ * null, nb_train_run's donate spec (true, true, false) or null)) and jits it. Traced, the layer's
+ * body is the step every training program wrote by hand: the gradient layer on (params, *batch),
+ * nb_optim_update, nb_apply_updates, and the tuple (params', state', loss[, aux]). Its identity is
+ * the layers' (the loss's body and bound data, has_aux, the filter spec, the optimizer by value),
+ * so equal steps built again share the compiled code.
  */
 #include "ad/ir.h"
 
@@ -68,9 +68,20 @@ nb_status nb_train_step(nb_fn *loss, const nb_tree *opt, const nb_train_opts *op
         st = o.filter_spec != NULL ? (parts[1] = nb_tree_retain((nb_tree *)o.filter_spec), NB_OK)
                                    : nb_tree_null(ctx, &parts[1]);
     }
-    if (st == NB_OK) {
-        st = nb_tree_bool(ctx, o.donate, &parts[2]);
+    nb_tree *yes = NULL, *no = NULL; /* spec[2]: nb_train_run's donate spec, or null */
+    if (st == NB_OK && o.donate) {
+        st = nb_tree_bool(ctx, true, &yes);
+        if (st == NB_OK) {
+            st = nb_tree_bool(ctx, false, &no);
+        }
+        if (st == NB_OK) {
+            st = nb_tree_tuple(ctx, 3, (nb_tree *[]){yes, yes, no}, &parts[2]);
+        }
+    } else if (st == NB_OK) {
+        st = nb_tree_null(ctx, &parts[2]);
     }
+    nb_tree_destroy(yes);
+    nb_tree_destroy(no);
     if (st == NB_OK) {
         st = nb_tree_tuple(ctx, 3, parts, &spec);
     }
@@ -89,6 +100,27 @@ nb_status nb_train_step(nb_fn *loss, const nb_tree *opt, const nb_train_opts *op
     nb_tree_destroy(spec);
     nb_fn_destroy(t);
     nb_fn_destroy(vg);
+    return st;
+}
+
+/* The loss's (or a metric's) arguments: the tuple (params, *batch) -- a tuple or list batch
+ * spread, a NULL or null batch none, any other tree as one item. *out a new tree. */
+static nb_status nbt_loss_args(nb_ctx *ctx, const nb_tree *params, const nb_tree *batch,
+                               nb_tree **out) {
+    nb_tree_kind k = batch != NULL ? nb_tree_kind_of(batch) : NB_TREE_KIND_NULL;
+    bool spread = k == NB_TREE_KIND_TUPLE || k == NB_TREE_KIND_LIST;
+    int64_t n = spread ? nb_tree_len(batch) : k == NB_TREE_KIND_NULL ? 0 : 1;
+    size_t bytes = (size_t)(n + 1) * sizeof(const nb_tree *);
+    const nb_tree **items = nbi_alloc(ctx, bytes, sizeof(void *));
+    if (items == NULL) {
+        return nbi_oom(ctx, "nb_train_step", bytes);
+    }
+    items[0] = params;
+    for (int64_t i = 0; i < n; i++) {
+        items[1 + i] = spread ? nb_tree_child(batch, i) : batch;
+    }
+    nb_status st = nb_tree_tuple(ctx, n + 1, items, out);
+    nbi_free(ctx, items, bytes);
     return st;
 }
 
@@ -185,24 +217,14 @@ nb_status nb_train_run(nb_fn *step, nb_tree **params, nb_tree **state, const nb_
                        "returns no aux; pass NULL, or build the step with opts.has_aux)",
                        fn);
     }
-    bool donate = false;
-    nb_tree_get_bool(nb_tree_child(layer->spec, 2), &donate);
-    nb_tree *b = NULL, *args = NULL, *yes = NULL, *no = NULL, *dspec = NULL, *res = NULL;
+    const nb_tree *dspec = nb_tree_child(layer->spec, 2); /* made with the step */
+    nb_tree *b = NULL, *args = NULL, *res = NULL;
     st = batch != NULL ? (b = nb_tree_retain((nb_tree *)batch), NB_OK) : nb_tree_null(ctx, &b);
     if (st == NB_OK) {
         st = nb_tree_tuple(ctx, 3, (nb_tree *[]){*params, *state, b}, &args);
     }
     nb_call_opts co = nb_call_opts_default();
-    if (st == NB_OK && donate) {
-        st = nb_tree_bool(ctx, true, &yes);
-        if (st == NB_OK) {
-            st = nb_tree_bool(ctx, false, &no);
-        }
-        if (st == NB_OK) {
-            st = nb_tree_tuple(ctx, 3, (nb_tree *[]){yes, yes, no}, &dspec);
-        }
-        co.donate = dspec;
-    }
+    co.donate = nb_tree_kind_of(dspec) == NB_TREE_KIND_NULL ? NULL : dspec;
     if (st == NB_OK) {
         st = nb_fn_call_ex(step, args, &co, &res);
     }
@@ -221,9 +243,6 @@ nb_status nb_train_run(nb_fn *step, nb_tree **params, nb_tree **state, const nb_
         }
     }
     nb_tree_destroy(res);
-    nb_tree_destroy(dspec);
-    nb_tree_destroy(yes);
-    nb_tree_destroy(no);
     nb_tree_destroy(args);
     nb_tree_destroy(b);
     return st;
@@ -250,20 +269,8 @@ nb_status nb_train_eval(nb_fn *f, const nb_tree *params, const nb_tree *batch, n
     if (st != NB_OK) {
         return st;
     }
-    bool spread = batch != NULL && (nb_tree_kind_of(batch) == NB_TREE_KIND_TUPLE ||
-                                    nb_tree_kind_of(batch) == NB_TREE_KIND_LIST);
-    int64_t n = batch == NULL ? 0 : spread ? nb_tree_len(batch) : 1;
-    if (n > 63) {
-        return nbi_err(ctx, NB_ERR_INVALID,
-                       "%s: a batch of %lld items; at most 63 (group them in a tuple of tuples)",
-                       fn, (long long)n);
-    }
-    const nb_tree *items[64] = {params};
-    for (int64_t i = 0; i < n; i++) {
-        items[1 + i] = spread ? nb_tree_child(batch, i) : batch;
-    }
     nb_tree *args = NULL;
-    st = nb_tree_tuple(ctx, n + 1, items, &args);
+    st = nbt_loss_args(ctx, params, batch, &args);
     if (st == NB_OK) {
         st = nb_fn_call(f, args, out);
     }
@@ -291,23 +298,8 @@ nb_status nbi_trace_train(nb_trace *tr, const nb_fn *f, const nb_tree *self, con
     nb_ctx *ctx = tr->ctx;
     const nb_tree *params = nb_tree_child(args, 0), *state = nb_tree_child(args, 1);
     const nb_tree *batch = nb_tree_child(args, 2);
-    /* the loss's arguments: (params, *batch) */
-    int64_t nb = batch->kind == NB_TREE_KIND_TUPLE || batch->kind == NB_TREE_KIND_LIST ? batch->n
-                 : batch->kind == NB_TREE_KIND_NULL                                    ? 0
-                                                                                       : 1;
-    const nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(nb + 1) * sizeof *items);
-    if (items == NULL) {
-        return nbi_trace_err(tr, NB_ERR_OOM, "nb_train_step: out of memory");
-    }
-    items[0] = params;
-    for (int64_t i = 0; i < nb; i++) {
-        items[1 + i] =
-            nb == 1 && batch->kind != NB_TREE_KIND_TUPLE && batch->kind != NB_TREE_KIND_LIST
-                ? batch
-                : nb_tree_child(batch, i);
-    }
     nb_tree *largs = NULL, *vg = NULL;
-    nb_status st = nb_tree_tuple(ctx, nb + 1, items, &largs);
+    nb_status st = nbt_loss_args(ctx, params, batch, &largs); /* (params, *batch) */
     if (st != NB_OK) {
         return nbi_trace_err(tr, st, "nb_train_step: out of memory");
     }
