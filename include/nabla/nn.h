@@ -94,6 +94,74 @@ typedef struct nb_nn_conv2d_opts {
 
 NB_API nb_nn_conv2d_opts nb_nn_conv2d_opts_default(void);
 
+/* How a convolution pads its input (Equinox's padding argument). */
+typedef enum nb_nn_padding_kind {
+    NB_NN_PAD_EXPLICIT = 0, /* the (lo, hi) amounts of nb_nn_conv_opts.padding */
+    NB_NN_PAD_VALID,        /* none */
+    NB_NN_PAD_SAME,         /* ceil(size / stride) outputs; an odd total puts one more after */
+    NB_NN_PAD_SAME_LOWER    /* the same with the odd element before */
+} nb_nn_padding_kind;
+
+/* Options of Conv1d/2d/3d and ConvTranspose1d/2d/3d (entries past nd are ignored). */
+typedef struct nb_nn_conv_opts {
+    int64_t stride[3];               /* >= 1; default 1 */
+    int64_t padding[3][2];           /* (lo, hi) zeros per spatial dim, >= 0; default 0 */
+    nb_nn_padding_kind padding_kind; /* default NB_NN_PAD_EXPLICIT (the amounts above) */
+    int64_t dilation[3];             /* >= 1: kernel taps d apart; default 1 */
+    int64_t output_padding[3];       /* transposed only: extra outputs after, < stride; 0 */
+    int64_t groups;                  /* >= 1, dividing in and out channels; default 1 */
+    bool use_bias;                   /* default true */
+} nb_nn_conv_opts;
+
+NB_API nb_nn_conv_opts nb_nn_conv_opts_default(void);
+
+/* Options of MaxPool / AvgPool (Equinox's defaults: stride 1 -- not the window size as in
+ * PyTorch -- no padding, floor). */
+typedef struct nb_nn_pool_opts {
+    int64_t stride[3];     /* >= 1; default 1 */
+    int64_t padding[3][2]; /* (lo, hi) per spatial dim, each <= the window size; default 0 */
+    bool use_ceil;         /* pad the end by the stride when windows do not tile a dim */
+} nb_nn_pool_opts;
+
+NB_API nb_nn_pool_opts nb_nn_pool_opts_default(void);
+
+typedef struct nb_nn_group_norm_opts {
+    double eps;              /* >= 0; default 1e-5 */
+    bool channelwise_affine; /* a weight (ones) and bias (zeros) per channel; default true */
+    /* The channel axis of the input: 0 (default, Equinox: one example [C, ...]) or 1 for a
+     * batch [N, C, ...] normalised example by example; negative counts from the end. */
+    int channel_axis;
+} nb_nn_group_norm_opts;
+
+NB_API nb_nn_group_norm_opts nb_nn_group_norm_opts_default(void);
+
+typedef enum nb_nn_batch_norm_mode {
+    NB_NN_BATCH_NORM_BATCH = 0, /* Equinox's mode="batch" (its recommendation) */
+    NB_NN_BATCH_NORM_EMA        /* Equinox's mode="ema" (its backward-compatible default) */
+} nb_nn_batch_norm_mode;
+
+typedef struct nb_nn_batch_norm_opts {
+    double eps;                 /* >= 0; default 1e-5 */
+    bool channelwise_affine;    /* default true */
+    double momentum;            /* in [0, 1]; default 0.99 */
+    nb_nn_batch_norm_mode mode; /* default NB_NN_BATCH_NORM_BATCH */
+    bool inference;             /* default false (use nb_nn_inference_mode to switch) */
+} nb_nn_batch_norm_opts;
+
+NB_API nb_nn_batch_norm_opts nb_nn_batch_norm_opts_default(void);
+
+/* Options of MultiheadAttention; 0 sizes take Equinox's defaults (key_size, value_size,
+ * output_size: query_size; qk_size, vo_size: query_size / num_heads). */
+typedef struct nb_nn_mha_opts {
+    int64_t key_size, value_size, output_size, qk_size, vo_size;
+    bool use_query_bias, use_key_bias, use_value_bias, use_output_bias; /* default false */
+    double dropout_p; /* on the attention weights, in [0, 1); default 0 */
+    bool inference;   /* the dropout's flag; default false */
+    bool causal;      /* mask key positions after the query's (j > i); default false */
+} nb_nn_mha_opts;
+
+NB_API nb_nn_mha_opts nb_nn_mha_opts_default(void);
+
 /* ---- init (eager) ------------------------------------------------------------------- */
 /* Linear: dict {kind "linear", weight [out, in], bias [out] (null without bias),
  * in_features, out_features, use_bias}. in, out >= 1. */
@@ -124,6 +192,71 @@ NB_API nb_status nb_nn_dropout_init(nb_ctx *ctx, double p, bool inference, nb_tr
 NB_API nb_status nb_nn_conv2d_init(nb_ctx *ctx, int64_t in, int64_t out, int64_t kh, int64_t kw,
                                    const nb_nn_conv2d_opts *opts, nb_dtype dtype,
                                    const nb_array *key, nb_tree **layer);
+/* Conv1d/2d/3d (nd = 1, 2, 3): dict {kind "conv<nd>d", weight [out, in/groups, *kernel],
+ * bias [out, 1, ...] (or null), num_spatial_dims, in_channels, out_channels, kernel_size,
+ * stride, dilation (tuples of nd ints), padding (a tuple of nd (lo, hi) tuples, or the
+ * string "VALID", "SAME" or "SAME_LOWER"), groups, use_bias}; Equinox's init (above).
+ * kernel holds nd sizes >= 1; opts may be NULL (defaults). nb_nn_conv2d_init is this with
+ * nd = 2 and the older options struct. */
+NB_API nb_status nb_nn_conv_init(nb_ctx *ctx, int nd, int64_t in, int64_t out,
+                                 const int64_t *kernel, const nb_nn_conv_opts *opts, nb_dtype dtype,
+                                 const nb_array *key, nb_tree **layer);
+/* ConvTranspose1d/2d/3d: as nb_nn_conv_init (the same weight layout [out, in/groups,
+ * *kernel] and init, as Equinox) with kind "conv_transpose<nd>d" and an output_padding
+ * tuple; output_padding[i] < stride[i]. */
+NB_API nb_status nb_nn_conv_transpose_init(nb_ctx *ctx, int nd, int64_t in, int64_t out,
+                                           const int64_t *kernel, const nb_nn_conv_opts *opts,
+                                           nb_dtype dtype, const nb_array *key, nb_tree **layer);
+/* MaxPool / AvgPool over nd = 1..3 trailing dims with a window of kernel[0..nd-1]: dict
+ * {kind "max_pool" / "avg_pool", num_spatial_dims, kernel_size, stride, padding (a tuple
+ * of 2 nd ints: lo0, hi0, lo1, hi1, ...), use_ceil}; no parameters. opts may be NULL. */
+NB_API nb_status nb_nn_max_pool_init(nb_ctx *ctx, int nd, const int64_t *kernel,
+                                     const nb_nn_pool_opts *opts, nb_tree **layer);
+NB_API nb_status nb_nn_avg_pool_init(nb_ctx *ctx, int nd, const int64_t *kernel,
+                                     const nb_nn_pool_opts *opts, nb_tree **layer);
+/* AdaptiveAvgPool / AdaptiveMaxPool to target[0..nd-1] outputs per trailing dim: dict
+ * {kind "adaptive_avg_pool" / "adaptive_max_pool", num_spatial_dims, target_shape}. A
+ * target of 1 everywhere is global pooling. */
+NB_API nb_status nb_nn_adaptive_avg_pool_init(nb_ctx *ctx, int nd, const int64_t *target,
+                                              nb_tree **layer);
+NB_API nb_status nb_nn_adaptive_max_pool_init(nb_ctx *ctx, int nd, const int64_t *target,
+                                              nb_tree **layer);
+/* GroupNorm: dict {kind "group_norm", weight [C] (ones) and bias [C] (zeros), or nulls,
+ * groups, channels, eps, channelwise_affine, channel_axis}. groups divides channels. */
+NB_API nb_status nb_nn_group_norm_init(nb_ctx *ctx, int64_t groups, int64_t channels,
+                                       const nb_nn_group_norm_opts *opts, nb_dtype dtype,
+                                       nb_tree **layer);
+/* RMSNorm over the trailing dims of the given shape: as LayerNorm (same keys, kind
+ * "rms_norm"). */
+NB_API nb_status nb_nn_rms_norm_init(nb_ctx *ctx, int rank, const int64_t *shape, double eps,
+                                     bool use_weight, bool use_bias, nb_dtype dtype,
+                                     nb_tree **layer);
+/* BatchNorm over channels of a batch [N, C, ...]: the layer, dict {kind "batch_norm",
+ * weight [C] (ones), bias [C] (zeros) (or nulls), input_size, eps, momentum, mode ("batch"
+ * or "ema"), channelwise_affine, inference}, and its state (Equinox's State), a separate
+ * tree to pass to every call and replace by the one the call returns:
+ *     mode batch: dict {counter: i32[] 0, mean: [C] zeros, var: [C] ones}
+ *     mode ema:   dict {first_time: bool[] true, mean: [C] zeros, var: [C] zeros}
+ * Both are new trees (destroy them). opts may be NULL. */
+NB_API nb_status nb_nn_batch_norm_init(nb_ctx *ctx, int64_t channels,
+                                       const nb_nn_batch_norm_opts *opts, nb_dtype dtype,
+                                       nb_tree **layer, nb_tree **state);
+/* MultiheadAttention: dict {kind "multihead_attention", query_proj, key_proj, value_proj,
+ * output_proj (Linear layers, made with split(key, 4)), dropout (a Dropout layer),
+ * num_heads, query_size, key_size, value_size, output_size, qk_size, vo_size, causal}. */
+NB_API nb_status nb_nn_multihead_attention_init(nb_ctx *ctx, int64_t num_heads, int64_t query_size,
+                                                const nb_nn_mha_opts *opts, nb_dtype dtype,
+                                                const nb_array *key, nb_tree **layer);
+/* GRUCell: dict {kind "gru_cell", weight_ih [3H, in], weight_hh [3H, H], bias [3H] and
+ * bias_n [H] (or nulls), input_size, hidden_size, use_bias}. LSTMCell: dict {kind
+ * "lstm_cell", weight_ih [4H, in], weight_hh [4H, H], bias [4H] (or null), input_size,
+ * hidden_size, use_bias}. Equinox's init (see src/nn/rnn.c). */
+NB_API nb_status nb_nn_gru_cell_init(nb_ctx *ctx, int64_t input_size, int64_t hidden_size,
+                                     bool use_bias, nb_dtype dtype, const nb_array *key,
+                                     nb_tree **layer);
+NB_API nb_status nb_nn_lstm_cell_init(nb_ctx *ctx, int64_t input_size, int64_t hidden_size,
+                                      bool use_bias, nb_dtype dtype, const nb_array *key,
+                                      nb_tree **layer);
 /* Sequential: dict {kind "sequential", layers: list of the n >= 0 layers (borrowed; the
  * tree takes references; an array of nb_tree * or const nb_tree *, nb_tree_items in
  * nabla/tree.h)}; a layer may be any layer tree above, another sequential, or an
@@ -170,6 +303,41 @@ NB_API nb_var *nb_nn_dropout(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_v
  * Ho = (H + top + bottom - dh (kh - 1) - 1) / sh + 1 (rounded down; likewise Wo); the
  * padded input must hold at least one dilated kernel. */
 NB_API nb_var *nb_nn_conv2d(nb_trace *tr, const nb_tree *layer, nb_var *x);
+/* Any Conv1d/2d/3d: [C, *S] -> [O, *So] or [N, C, *S] -> [N, O, *So] with nd spatial dims,
+ * So = (S + lo + hi - d (k - 1) - 1) / s + 1 (rounded down), the padding as the layer says
+ * ("SAME": ceil(S / s)). */
+NB_API nb_var *nb_nn_conv(nb_trace *tr, const nb_tree *layer, nb_var *x);
+/* Any ConvTranspose1d/2d/3d: the same shapes with So = (S - 1) s - lo - hi + d (k - 1) + 1
+ * + output_padding (explicit padding; "SAME": S s). */
+NB_API nb_var *nb_nn_conv_transpose(nb_trace *tr, const nb_tree *layer, nb_var *x);
+/* Any pooling layer above on x [..., C, *S] (the trailing nd dims pooled; any leading
+ * dims, so one example or a batch): [..., C, *So] with So = (S + lo + hi - k) / s + 1 for
+ * max/avg, the target shape for adaptive pooling. */
+NB_API nb_var *nb_nn_pool(nb_trace *tr, const nb_tree *layer, nb_var *x);
+/* GroupNorm of x whose channel_axis holds the C channels: each group of C / groups
+ * channels normalised over them and every axis after the channel axis; same shape. */
+NB_API nb_var *nb_nn_group_norm(nb_trace *tr, const nb_tree *layer, nb_var *x);
+/* RMSNorm: x * rsqrt(mean(x^2) + eps) * weight + bias over the trailing shape. */
+NB_API nb_var *nb_nn_rms_norm(nb_trace *tr, const nb_tree *layer, nb_var *x);
+/* BatchNorm of x [N, C, ...] (N >= 1 examples: axis 0 is the batch, as Equinox's
+ * axis_name): returns the normalised x and sets *new_state to the updated state, a tree
+ * of vars owned by the trace with the structure of state (return it from the body). In
+ * inference mode the state is passed through unchanged. state is the layer's state as
+ * the body received it (an argument subtree). On an error *new_state is state. */
+NB_API nb_var *nb_nn_batch_norm(nb_trace *tr, const nb_tree *layer, nb_var *x, const nb_tree *state,
+                                const nb_tree **new_state);
+/* MultiheadAttention: query [..., Sq, query_size], key_ [..., Skv, key_size], value
+ * [..., Skv, value_size] (the same leading dims) -> [..., Sq, output_size]. mask: NULL or
+ * a bool var, true where a query may attend to a key: [Sq, Skv], [num_heads, Sq, Skv] or
+ * either with leading dims that broadcast with the batch; combined with the causal flag.
+ * key: the dropout's PRNG key (training mode with dropout_p > 0 only; may be NULL). */
+NB_API nb_var *nb_nn_multihead_attention(nb_trace *tr, const nb_tree *layer, nb_var *query,
+                                         nb_var *key_, nb_var *value, nb_var *mask, nb_var *key);
+/* One GRU step: x [..., in], h [..., H] -> h' [..., H]. */
+NB_API nb_var *nb_nn_gru_cell(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *h);
+/* One LSTM step: x [..., in], (h, c) [..., H] -> h' (returned) and c' (*c_out). */
+NB_API nb_var *nb_nn_lstm_cell(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *h, nb_var *c,
+                               nb_var **c_out);
 /* Any layer above, dispatched on its "kind" leaf; a function-reference leaf is applied as
  * an activation; a sequential applies its layers in order. key (may be NULL) is for
  * dropout: a sequential gives its layer i the key nb_rng_split(key, n)[i], as Equinox's

@@ -246,7 +246,7 @@ nb_var *nbi_nn_fail(const nbi_nn_at *at, nb_status st, const char *fmt, ...) {
     return at->tr->poison;
 }
 
-static const char *nbi_nn_describe(const nb_tree *t, char *buf, size_t cap) {
+const char *nbi_nn_describe(const nb_tree *t, char *buf, size_t cap) {
     if (t == NULL) {
         snprintf(buf, cap, "missing");
         return buf;
@@ -255,6 +255,15 @@ static const char *nbi_nn_describe(const nb_tree *t, char *buf, size_t cap) {
     nbi_sbuf_describe(&s, t);
     nbi_sbuf_finish(&s, NULL);
     return buf;
+}
+
+const char *nbi_nn_kind_of(const nb_tree *layer) {
+    const char *kind = NULL;
+    if (!nbi_obj_live(layer, NBI_MAGIC_TREE) || nb_tree_kind_of(layer) != NB_TREE_KIND_DICT ||
+        nb_tree_get_string(nb_tree_get(layer, "kind"), &kind) != NB_OK) {
+        return NULL;
+    }
+    return kind;
 }
 
 bool nbi_nn_begin(nbi_nn_at *at, nb_trace *tr, const char *fn, const char *kind,
@@ -717,8 +726,36 @@ nb_var *nb_nn_apply(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *key) 
     if (strcmp(kind, "embedding") == 0) {
         return nb_nn_embedding(tr, layer, x);
     }
-    if (strcmp(kind, "conv2d") == 0) {
-        return nb_nn_conv2d(tr, layer, x);
+    if (strcmp(kind, "conv1d") == 0 || strcmp(kind, "conv2d") == 0 || strcmp(kind, "conv3d") == 0) {
+        return nb_nn_conv(tr, layer, x);
+    }
+    if (strncmp(kind, "conv_transpose", 14) == 0) {
+        return nb_nn_conv_transpose(tr, layer, x);
+    }
+    if (strcmp(kind, "max_pool") == 0 || strcmp(kind, "avg_pool") == 0 ||
+        strcmp(kind, "adaptive_avg_pool") == 0 || strcmp(kind, "adaptive_max_pool") == 0) {
+        return nb_nn_pool(tr, layer, x);
+    }
+    if (strcmp(kind, "group_norm") == 0) {
+        return nb_nn_group_norm(tr, layer, x);
+    }
+    if (strcmp(kind, "rms_norm") == 0) {
+        return nb_nn_rms_norm(tr, layer, x);
+    }
+    static const char *const more[4][2] = {
+        {"batch_norm", "nb_nn_batch_norm (it takes and returns its state)"},
+        {"multihead_attention", "nb_nn_multihead_attention (it takes query, key and value)"},
+        {"gru_cell", "nb_nn_gru_cell (it takes the input and the hidden state)"},
+        {"lstm_cell", "nb_nn_lstm_cell (it takes the input and the states h and c)"}};
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(kind, more[i][0]) == 0) {
+            nbi_nn_find_path(layer, "", 0, at.path, sizeof at.path);
+            return nbi_nn_fail(&at, NB_ERR_KIND,
+                               "%s%s%s is a '%s' layer, which takes more than one input; call "
+                               "%s",
+                               at.path[0] ? "'" : "the layer", at.path, at.path[0] ? "'" : "", kind,
+                               more[i][1]);
+        }
     }
     if (strcmp(kind, "dropout") == 0) {
         return nb_nn_dropout(tr, layer, x, key);
@@ -729,7 +766,9 @@ nb_var *nb_nn_apply(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *key) 
     nbi_nn_find_path(layer, "", 0, at.path, sizeof at.path);
     return nbi_nn_fail(&at, NB_ERR_KIND,
                        "%s%s%s has kind '%s', which nb_nn_apply does not know (linear, mlp, "
-                       "layer_norm, embedding, conv2d, dropout, sequential)",
+                       "layer_norm, rms_norm, group_norm, embedding, conv1d/2d/3d, "
+                       "conv_transpose1d/2d/3d, max_pool, avg_pool, adaptive_avg_pool, "
+                       "adaptive_max_pool, dropout, sequential)",
                        at.path[0] ? "'" : "the layer", at.path, at.path[0] ? "'" : "", kind);
 }
 

@@ -12,7 +12,7 @@
 #include <nabla/random.h>
 
 /* ---- building (eager) --------------------------------------------------------------- */
-#define NBI_NN_MAX_KEYS 16
+#define NBI_NN_MAX_KEYS 24
 
 /* A dict under construction: each put takes a new reference (or records the first failed
  * status); nbi_nn_dict_finish builds the dict and releases every item. */
@@ -73,6 +73,8 @@ typedef struct nbi_nn_at {
  * and fill *at. Returns false after an error (or when the trace already failed). */
 NBI_HIDDEN bool nbi_nn_begin(nbi_nn_at *at, nb_trace *tr, const char *fn, const char *kind,
                              const nb_tree *layer);
+/* The "kind" string of a live layer dict, or NULL (anything else). */
+NBI_HIDDEN const char *nbi_nn_kind_of(const nb_tree *layer);
 /* "layer 'args[0].layers[1]'" or "the layer" (into buf). */
 NBI_HIDDEN const char *nbi_nn_where(const nbi_nn_at *at, char *buf, size_t cap);
 /* Record a sticky error "<fn>: <message>" and return the trace's poison. */
@@ -98,6 +100,8 @@ NBI_HIDDEN bool nbi_nn_check_input(const nbi_nn_at *at, nb_var *x, int min_rank,
 
 /* "f32[2,3]" of a var, or "poison". */
 NBI_HIDDEN const char *nbi_nn_sig(char *buf, size_t cap, const nb_var *v);
+/* "a list of 3 items", "an int 4", ... of a tree (for messages). */
+NBI_HIDDEN const char *nbi_nn_describe(const nb_tree *t, char *buf, size_t cap);
 /* "[2,3]" of a shape. */
 NBI_HIDDEN const char *nbi_nn_shape_str(char *buf, size_t cap, int rank, const int64_t *shape);
 

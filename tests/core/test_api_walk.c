@@ -67,7 +67,8 @@ enum { DK_NONE, DK_ARRAY, DK_TREE, DK_TREEDEF, DK_FN, DK_BATCHER };
 typedef struct fixtures {
     nb_array *arr, *vec, *ones, *key, *rows, *labels, *yb;
     nb_tree *leaf, *ival, *fval, *bval, *sval, *fnref, *list, *params, *args1, *grads, *opt, *state,
-        *sched, *mask, *lin, *mlp, *ln, *emb, *drop, *conv, *targs;
+        *sched, *mask, *lin, *mlp, *ln, *emb, *drop, *conv, *targs, *convn, *convt, *pool, *gn,
+        *rms, *bn, *bn_state, *mha, *gru, *lstm;
     nb_treedef *def;
     nb_fn *fn, *fn_cond, *fn_fori, *fn_ode, *step;
     nb_batcher *bat;
@@ -725,6 +726,44 @@ static nb_tree *fx_conv(walk *w) {
     nb_array *key = fx_key(w);
     FX(conv, "conv2d", nb_nn_conv2d_init(w->ctx, 2, 1, 1, 1, NULL, NB_DTYPE_F32, key, &w->fx.conv));
 }
+static nb_tree *fx_convn(walk *w) { /* conv1d 2 -> 1 channels: f32[2,3] is [C, L] */
+    nb_array *key = fx_key(w);
+    FX(convn, "conv1d",
+       nb_nn_conv_init(w->ctx, 1, 2, 1, (int64_t[]){1}, NULL, NB_DTYPE_F32, key, &w->fx.convn));
+}
+static nb_tree *fx_convt(walk *w) {
+    nb_array *key = fx_key(w);
+    FX(convt, "conv_transpose1d",
+       nb_nn_conv_transpose_init(w->ctx, 1, 2, 1, (int64_t[]){1}, NULL, NB_DTYPE_F32, key,
+                                 &w->fx.convt));
+}
+static nb_tree *fx_pool(walk *w) {
+    FX(pool, "max_pool", nb_nn_max_pool_init(w->ctx, 1, (int64_t[]){2}, NULL, &w->fx.pool));
+}
+static nb_tree *fx_gn(walk *w) {
+    FX(gn, "group_norm", nb_nn_group_norm_init(w->ctx, 1, 2, NULL, NB_DTYPE_F32, &w->fx.gn));
+}
+static nb_tree *fx_rms(walk *w) {
+    FX(rms, "rms_norm",
+       nb_nn_rms_norm_init(w->ctx, 1, (int64_t[]){3}, 1e-5, true, true, NB_DTYPE_F32, &w->fx.rms));
+}
+static nb_tree *fx_bn(walk *w) { /* f32[2,3] is [N, C] */
+    FX(bn, "batch_norm",
+       nb_nn_batch_norm_init(w->ctx, 3, NULL, NB_DTYPE_F32, &w->fx.bn, &w->fx.bn_state));
+}
+static nb_tree *fx_mha(walk *w) { /* f32[2,3] is [S, 3] */
+    nb_array *key = fx_key(w);
+    FX(mha, "multihead_attention",
+       nb_nn_multihead_attention_init(w->ctx, 1, 3, NULL, NB_DTYPE_F32, key, &w->fx.mha));
+}
+static nb_tree *fx_gru(walk *w) {
+    nb_array *key = fx_key(w);
+    FX(gru, "gru_cell", nb_nn_gru_cell_init(w->ctx, 3, 3, true, NB_DTYPE_F32, key, &w->fx.gru));
+}
+static nb_tree *fx_lstm(walk *w) {
+    nb_array *key = fx_key(w);
+    FX(lstm, "lstm_cell", nb_nn_lstm_cell_init(w->ctx, 3, 3, true, NB_DTYPE_F32, key, &w->fx.lstm));
+}
 static nb_fn *fx_fn(walk *w) {
     FX(fn, "fn", nb_fn_create(w->ctx, "ident", body_ident, NULL, &w->fx.fn));
 }
@@ -794,7 +833,9 @@ static void fx_release(walk *w) {
     nb_array *arrays[] = {f->arr, f->vec, f->ones, f->key, f->rows, f->labels, f->yb};
     nb_tree *trees[] = {f->leaf,   f->ival,  f->fval,  f->bval, f->sval,  f->fnref, f->list,
                         f->params, f->args1, f->grads, f->opt,  f->state, f->sched, f->mask,
-                        f->lin,    f->mlp,   f->ln,    f->emb,  f->drop,  f->conv,  f->targs};
+                        f->lin,    f->mlp,   f->ln,    f->emb,  f->drop,  f->conv,  f->targs,
+                        f->convn,  f->convt, f->pool,  f->gn,   f->rms,   f->bn,    f->bn_state,
+                        f->mha,    f->gru,   f->lstm};
     nb_fn *fns[] = {f->step, f->fn, f->fn_cond, f->fn_fori, f->fn_ode};
     nb_batcher_destroy(f->bat);
     nb_treedef_destroy(f->def);
@@ -2168,6 +2209,98 @@ WALK(nb_nn_conv2d_init) {
     W_NULLOUT(o);
     drop_t(o);
 }
+WALK(nb_nn_conv_init) {
+    nb_array *k = fx_key(w);
+    nb_tree *o = S_T;
+    /* nn.h lists NB_ERR_MISUSE for ctx, key and out only: a NULL kernel may be INVALID */
+    W_ST(nb_nn_conv_init(CTX(w->ctx), 1, 2, 1,
+                         NUL_ACC((const int64_t[]){1}, ACC_MISUSE | ACC(NB_ERR_INVALID)), NULL,
+                         NB_DTYPE_F32, ARR(k), OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
+WALK(nb_nn_conv_transpose_init) {
+    nb_array *k = fx_key(w);
+    nb_tree *o = S_T;
+    W_ST(nb_nn_conv_transpose_init(CTX(w->ctx), 1, 2, 1,
+                                   NUL_ACC((const int64_t[]){1}, ACC_MISUSE | ACC(NB_ERR_INVALID)),
+                                   NULL, NB_DTYPE_F32, ARR(k), OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
+WALK(nb_nn_max_pool_init) {
+    nb_tree *o = S_T;
+    W_ST(nb_nn_max_pool_init(CTX(w->ctx), 1,
+                             NUL_ACC((const int64_t[]){2}, ACC_MISUSE | ACC(NB_ERR_INVALID)), NULL,
+                             OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
+WALK(nb_nn_avg_pool_init) {
+    nb_tree *o = S_T;
+    W_ST(nb_nn_avg_pool_init(CTX(w->ctx), 1,
+                             NUL_ACC((const int64_t[]){2}, ACC_MISUSE | ACC(NB_ERR_INVALID)), NULL,
+                             OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
+WALK(nb_nn_adaptive_avg_pool_init) {
+    nb_tree *o = S_T;
+    W_ST(nb_nn_adaptive_avg_pool_init(
+        CTX(w->ctx), 1, NUL_ACC((const int64_t[]){1}, ACC_MISUSE | ACC(NB_ERR_INVALID)), OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
+WALK(nb_nn_adaptive_max_pool_init) {
+    nb_tree *o = S_T;
+    W_ST(nb_nn_adaptive_max_pool_init(
+        CTX(w->ctx), 1, NUL_ACC((const int64_t[]){1}, ACC_MISUSE | ACC(NB_ERR_INVALID)), OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
+WALK(nb_nn_group_norm_init) {
+    nb_tree *o = S_T;
+    W_ST(nb_nn_group_norm_init(CTX(w->ctx), 1, 2, NULL, NB_DTYPE_F32, OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
+WALK(nb_nn_rms_norm_init) {
+    nb_tree *o = S_T;
+    W_ST(nb_nn_rms_norm_init(CTX(w->ctx), 1,
+                             NUL_ACC((const int64_t[]){3}, ACC_MISUSE | ACC(NB_ERR_INVALID)), 1e-5,
+                             true, true, NB_DTYPE_F32, OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
+WALK(nb_nn_batch_norm_init) {
+    nb_tree *o = S_T, *s = S_T;
+    W_ST(nb_nn_batch_norm_init(CTX(w->ctx), 3, NULL, NB_DTYPE_F32, OUT(&o), OUT(&s)));
+    W_NULLOUT(o);
+    W_NULLOUT(s);
+    drop_t(o);
+    drop_t(s);
+}
+WALK(nb_nn_multihead_attention_init) {
+    nb_array *k = fx_key(w);
+    nb_tree *o = S_T;
+    W_ST(nb_nn_multihead_attention_init(CTX(w->ctx), 1, 3, NULL, NB_DTYPE_F32, ARR(k), OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
+WALK(nb_nn_gru_cell_init) {
+    nb_array *k = fx_key(w);
+    nb_tree *o = S_T;
+    W_ST(nb_nn_gru_cell_init(CTX(w->ctx), 3, 3, true, NB_DTYPE_F32, ARR(k), OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
+WALK(nb_nn_lstm_cell_init) {
+    nb_array *k = fx_key(w);
+    nb_tree *o = S_T;
+    W_ST(nb_nn_lstm_cell_init(CTX(w->ctx), 3, 3, true, NB_DTYPE_F32, ARR(k), OUT(&o)));
+    W_NULLOUT(o);
+    drop_t(o);
+}
 WALK(nb_nn_sequential_init) {
     nb_tree *l = fx_lin(w), *o = S_T;
     nb_tree *layers[2] = {l, TREE(l)};
@@ -2223,6 +2356,47 @@ TWALK(nb_nn_dropout) {
 TWALK(nb_nn_conv2d) {
     nb_tree *layer = fx_conv(w);
     T_VAR(nb_nn_conv2d(TRC(T->tr), TREE(layer), VAR(T->x)));
+}
+TWALK(nb_nn_conv) {
+    nb_tree *layer = fx_convn(w);
+    T_VAR(nb_nn_conv(TRC(T->tr), TREE(layer), VAR(T->x)));
+}
+TWALK(nb_nn_conv_transpose) {
+    nb_tree *layer = fx_convt(w);
+    T_VAR(nb_nn_conv_transpose(TRC(T->tr), TREE(layer), VAR(T->x)));
+}
+TWALK(nb_nn_pool) {
+    nb_tree *layer = fx_pool(w);
+    T_VAR(nb_nn_pool(TRC(T->tr), TREE(layer), VAR(T->x)));
+}
+TWALK(nb_nn_group_norm) {
+    nb_tree *layer = fx_gn(w);
+    T_VAR(nb_nn_group_norm(TRC(T->tr), TREE(layer), VAR(T->x)));
+}
+TWALK(nb_nn_rms_norm) {
+    nb_tree *layer = fx_rms(w);
+    T_VAR(nb_nn_rms_norm(TRC(T->tr), TREE(layer), VAR(T->x)));
+}
+TWALK(nb_nn_batch_norm) {
+    nb_tree *layer = fx_bn(w);
+    const nb_tree *ns = NULL;
+    /* the state as an eager tree (its arrays become constants) */
+    T_VAR(nb_nn_batch_norm(TRC(T->tr), TREE(layer), VAR(T->x), TREE(w->fx.bn_state), OUT(&ns)));
+}
+TWALK(nb_nn_multihead_attention) {
+    nb_tree *layer = fx_mha(w);
+    /* mask and key may be NULL (no mask, no dropout) */
+    T_VAR(nb_nn_multihead_attention(TRC(T->tr), TREE(layer), VAR(T->x), VAR(T->x), VAR(T->x), NULL,
+                                    NULL));
+}
+TWALK(nb_nn_gru_cell) {
+    nb_tree *layer = fx_gru(w);
+    T_VAR(nb_nn_gru_cell(TRC(T->tr), TREE(layer), VAR(T->x), VAR(T->x)));
+}
+TWALK(nb_nn_lstm_cell) {
+    nb_tree *layer = fx_lstm(w);
+    nb_var *c = NULL;
+    T_VAR(nb_nn_lstm_cell(TRC(T->tr), TREE(layer), VAR(T->x), VAR(T->x), VAR(T->x), OUT(&c)));
 }
 TWALK(nb_nn_apply) {
     nb_tree *layer = fx_lin(w);
@@ -2723,6 +2897,32 @@ static const entry k_table[] = {
     /* nn.h */
     EXEMPT(nb_nn_mlp_opts_default, k_defaults),
     EXEMPT(nb_nn_conv2d_opts_default, k_defaults),
+    EXEMPT(nb_nn_conv_opts_default, k_defaults),
+    EXEMPT(nb_nn_pool_opts_default, k_defaults),
+    EXEMPT(nb_nn_group_norm_opts_default, k_defaults),
+    EXEMPT(nb_nn_batch_norm_opts_default, k_defaults),
+    EXEMPT(nb_nn_mha_opts_default, k_defaults),
+    EAGER(nb_nn_conv_init),
+    EAGER(nb_nn_conv_transpose_init),
+    EAGER(nb_nn_max_pool_init),
+    EAGER(nb_nn_avg_pool_init),
+    EAGER(nb_nn_adaptive_avg_pool_init),
+    EAGER(nb_nn_adaptive_max_pool_init),
+    EAGER(nb_nn_group_norm_init),
+    EAGER(nb_nn_rms_norm_init),
+    EAGER(nb_nn_batch_norm_init),
+    EAGER(nb_nn_multihead_attention_init),
+    EAGER(nb_nn_gru_cell_init),
+    EAGER(nb_nn_lstm_cell_init),
+    TRACED(nb_nn_conv),
+    TRACED(nb_nn_conv_transpose),
+    TRACED(nb_nn_pool),
+    TRACED(nb_nn_group_norm),
+    TRACED(nb_nn_rms_norm),
+    TRACED(nb_nn_batch_norm),
+    TRACED(nb_nn_multihead_attention),
+    TRACED(nb_nn_gru_cell),
+    TRACED(nb_nn_lstm_cell),
     EAGER(nb_nn_linear_init),
     EAGER(nb_nn_mlp_init),
     EAGER(nb_nn_layer_norm_init),
