@@ -1010,16 +1010,274 @@ static void test_grads(void **state) {
     nb_array_destroy(key);
 }
 
+/* ---- misuse -------------------------------------------------------------------------- */
+
+/* args = (layer, x) -> nb_nn_apply(layer, x) */
+static nb_status body_apply(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_nn_apply(tr, nb_tree_child(args, 0), nb_get(tr, args, "[1]"), NULL), out);
+}
+
+static void expect_err(nb_ctx *ctx, nb_status want, nb_status got, const char *sub) {
+    if (got != want) {
+        fail_msg("status %s, wanted %s (message: %s)", nb_status_string(got),
+                 nb_status_string(want), nb_ctx_errmsg(ctx));
+    }
+    print_message("%s\n", nb_ctx_errmsg(ctx));
+    NBT_ERRMSG_HAS(ctx, sub);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_array *key = key_of(ctx, 1);
+    nb_tree *l = NULL, *out = NULL;
+    nb_nn_conv_opts co = nb_nn_conv_opts_default();
+
+    /* init arguments */
+    co.stride[0] = 2;
+    co.output_padding[0] = 2;
+    expect_err(ctx, NB_ERR_INVALID,
+               nb_nn_conv_transpose_init(ctx, 1, 2, 2, (int64_t[]){3}, &co, NB_DTYPE_F32, key, &l),
+               "nb_nn_conv_transpose_init: opts.output_padding[0] is 2; it must be less than the "
+               "stride 2");
+    NBT_TRUE(l == NULL);
+    co = nb_nn_conv_opts_default();
+    co.output_padding[0] = 1;
+    expect_err(ctx, NB_ERR_INVALID,
+               nb_nn_conv_init(ctx, 1, 2, 2, (int64_t[]){3}, &co, NB_DTYPE_F32, key, &l),
+               "only a transposed convolution has an output padding");
+    expect_err(ctx, NB_ERR_INVALID,
+               nb_nn_conv_init(ctx, 4, 2, 2, (int64_t[]){3}, NULL, NB_DTYPE_F32, key, &l),
+               "nd (the number of spatial dims) is 4; it must be 1, 2 or 3");
+    nb_nn_pool_opts po = nb_nn_pool_opts_default();
+    po.padding[0][1] = 3;
+    expect_err(ctx, NB_ERR_INVALID, nb_nn_max_pool_init(ctx, 1, (int64_t[]){2}, &po, &l),
+               "opts.padding[0][1] is 3, more than the window size kernel[0] = 2");
+    expect_err(ctx, NB_ERR_INVALID, nb_nn_group_norm_init(ctx, 4, 6, NULL, NB_DTYPE_F32, &l),
+               "groups 4 must divide the number of channels 6");
+    nb_tree *bst = NULL;
+    nb_nn_batch_norm_opts bo = nb_nn_batch_norm_opts_default();
+    bo.momentum = 1.5;
+    expect_err(ctx, NB_ERR_INVALID, nb_nn_batch_norm_init(ctx, 3, &bo, NB_DTYPE_F32, &l, &bst),
+               "opts.momentum is 1.5; it must be in [0, 1]");
+    NBT_TRUE(l == NULL && bst == NULL);
+    expect_err(ctx, NB_ERR_INVALID,
+               nb_nn_multihead_attention_init(ctx, 8, 4, NULL, NB_DTYPE_F32, key, &l),
+               "opts.qk_size defaults to query_size / num_heads = 4 / 8 = 0");
+
+    /* inputs */
+    NBT_OK(ctx, nb_nn_conv_init(ctx, 1, 2, 3, (int64_t[]){3}, NULL, NB_DTYPE_F32, key, &l));
+    nb_array *x = normal(ctx, 1, NB_DTYPE_F32, 2, (int64_t[]){3, 9});
+    expect_err(ctx, NB_ERR_SHAPE, try_run(ctx, l, 1, &x, &out),
+               "nb_nn_conv: the input 'args[1]' of conv1d layer 'args[0]' is f32[3,9]; expected "
+               "[C, L] or [N, C, L] with C = in_channels 2");
+    nb_array *x2 = normal(ctx, 1, NB_DTYPE_F32, 2, (int64_t[]){2, 2});
+    expect_err(ctx, NB_ERR_SHAPE, try_run(ctx, l, 1, &x2, &out),
+               "along spatial dim 0 it is 2 after padding (0, 0), smaller than the dilated "
+               "kernel 3");
+    nb_tree_destroy(l);
+
+    po = nb_nn_pool_opts_default();
+    po.stride[0] = 3;
+    po.use_ceil = true;
+    NBT_OK(ctx, nb_nn_max_pool_init(ctx, 1, (int64_t[]){2}, &po, &l));
+    expect_err(ctx, NB_ERR_SHAPE, try_run(ctx, l, 1, &x, &out),
+               "use_ceil pads spatial dim 0 by (0, 3), more than the window 2");
+    nb_tree_destroy(l);
+    NBT_OK(ctx, nb_nn_adaptive_avg_pool_init(ctx, 1, (int64_t[]){10}, &l));
+    expect_err(ctx, NB_ERR_SHAPE, try_run(ctx, l, 1, &x, &out),
+               "spatial dim 0 has 9 elements, fewer than the 10 outputs wanted");
+    nb_tree_destroy(l);
+    NBT_OK(ctx, nb_nn_group_norm_init(ctx, 2, 4, NULL, NB_DTYPE_F32, &l));
+    expect_err(ctx, NB_ERR_SHAPE, try_run(ctx, l, 1, &x, &out),
+               "the input 'args[1]' of group_norm layer 'args[0]' is f32[3,9]; expected an array "
+               "whose axis 0 is the 4 channels");
+    nb_tree_destroy(l);
+
+    /* BatchNorm: another layer's state, no batch axis, nb_nn_apply */
+    NBT_OK(ctx, nb_nn_batch_norm_init(ctx, 3, NULL, NB_DTYPE_F32, &l, &bst));
+    nb_tree *l4 = NULL, *st4 = NULL;
+    NBT_OK(ctx, nb_nn_batch_norm_init(ctx, 4, NULL, NB_DTYPE_F32, &l4, &st4));
+    nb_array *xb = normal(ctx, 2, NB_DTYPE_F32, 3, (int64_t[]){5, 3, 2});
+    nb_tree *lx = leaf_of(xb), *args = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){l, lx, st4}, &args));
+    expect_err(ctx, NB_ERR_SHAPE, nb_eval(ctx, body_layer, NULL, args, &out),
+               "nb_nn_batch_norm: the state of batch_norm layer 'args[0]': 'args[2].mean' is "
+               "f32[4], expected f32[3]");
+    nb_tree_destroy(args);
+    nb_tree *lx1 = leaf_of(x);
+    NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){l, lx1, bst}, &args));
+    expect_err(ctx, NB_ERR_SHAPE, nb_eval(ctx, body_layer, NULL, args, &out),
+               "is f32[3,9]; expected [N, C, ...] with C = input_size 3 (a batch)");
+    nb_tree_destroy(args);
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){l, lx}, &args));
+    expect_err(ctx, NB_ERR_KIND, nb_eval(ctx, body_apply, NULL, args, &out),
+               "is a 'batch_norm' layer, which takes more than one input; call nb_nn_batch_norm");
+    nb_tree_destroy(args);
+    nb_tree_destroy(lx1);
+    nb_tree_destroy(lx);
+    nb_tree_destroy(st4);
+    nb_tree_destroy(l4);
+    nb_tree_destroy(bst);
+    nb_tree_destroy(l);
+
+    /* attention: key and value of different lengths, a mask of the wrong shape, dropout
+     * without a key */
+    nb_nn_mha_opts mo = nb_nn_mha_opts_default();
+    mo.dropout_p = 0.1;
+    NBT_OK(ctx, nb_nn_multihead_attention_init(ctx, 2, 4, &mo, NB_DTYPE_F32, key, &l));
+    nb_array *q = normal(ctx, 3, NB_DTYPE_F32, 2, (int64_t[]){3, 4});
+    nb_array *k5 = normal(ctx, 4, NB_DTYPE_F32, 2, (int64_t[]){5, 4});
+    nb_array *v6 = normal(ctx, 5, NB_DTYPE_F32, 2, (int64_t[]){6, 4});
+    expect_err(ctx, NB_ERR_SHAPE, try_run(ctx, l, 5, (nb_array *[]){q, k5, v6, NULL, NULL}, &out),
+               "got query f32[3,4], key f32[5,4], value f32[6,4]");
+    nb_array *m = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_BOOL, 2, (int64_t[]){5, 3}, &m));
+    expect_err(ctx, NB_ERR_SHAPE, try_run(ctx, l, 5, (nb_array *[]){q, k5, k5, m, NULL}, &out),
+               "the mask of multihead_attention layer 'args[0]' is bool[5,3]; expected a bool "
+               "[Sq, Skv] = [3, 5]");
+    expect_err(ctx, NB_ERR_INVALID, try_run(ctx, l, 5, (nb_array *[]){q, k5, k5, NULL, NULL}, &out),
+               "drops attention weights (dropout p = 0.1, training mode) but no key was given");
+    nb_array_destroy(m);
+    nb_array_destroy(q);
+    nb_array_destroy(k5);
+    nb_array_destroy(v6);
+    nb_tree_destroy(l);
+
+    /* a GRU cell given a state of the wrong size */
+    NBT_OK(ctx, nb_nn_gru_cell_init(ctx, 9, 4, true, NB_DTYPE_F32, key, &l));
+    nb_array *h = normal(ctx, 6, NB_DTYPE_F32, 2, (int64_t[]){3, 5});
+    expect_err(ctx, NB_ERR_SHAPE, try_run(ctx, l, 2, (nb_array *[]){x, h}, &out),
+               "nb_nn_gru_cell: gru_cell layer 'args[0]' got x f32[3,9] and state h f32[3,5]; "
+               "expected x [..., 9] (input_size) and the state [..., 4] (hidden_size)");
+    nb_array_destroy(h);
+    nb_tree_destroy(l);
+    nb_array_destroy(x2);
+    nb_array_destroy(xb);
+    nb_array_destroy(x);
+    nb_array_destroy(key);
+}
+
+/* ---- allocation failures over init and call ----------------------------------------- */
+
+static nb_status scenario_layers(nb_ctx *ctx) {
+    nb_array *key = NULL, *x = NULL, *h = NULL;
+    nb_tree *ls[10] = {NULL}, *bst = NULL, *out = NULL, *args = NULL, *lx = NULL;
+    nb_status st = nb_random_key(ctx, 3, &key);
+    nb_nn_conv_opts co = nb_nn_conv_opts_default();
+    co.padding_kind = NB_NN_PAD_SAME;
+    co.stride[0] = 2;
+    if (st == NB_OK) {
+        st = nb_nn_conv_init(ctx, 2, 2, 4, (int64_t[]){3, 3}, &co, NB_DTYPE_F32, key, &ls[0]);
+    }
+    if (st == NB_OK) {
+        st = nb_nn_conv_transpose_init(ctx, 2, 4, 2, (int64_t[]){2, 2}, &co, NB_DTYPE_F32, key,
+                                       &ls[1]);
+    }
+    if (st == NB_OK) {
+        st = nb_nn_max_pool_init(ctx, 2, (int64_t[]){2, 2}, NULL, &ls[2]);
+    }
+    if (st == NB_OK) {
+        st = nb_nn_adaptive_avg_pool_init(ctx, 2, (int64_t[]){1, 1}, &ls[3]);
+    }
+    if (st == NB_OK) {
+        st = nb_nn_group_norm_init(ctx, 2, 4, NULL, NB_DTYPE_F32, &ls[4]);
+    }
+    if (st == NB_OK) {
+        st = nb_nn_rms_norm_init(ctx, 1, (int64_t[]){3}, 1e-5, true, true, NB_DTYPE_F32, &ls[5]);
+    }
+    if (st == NB_OK) {
+        st = nb_nn_batch_norm_init(ctx, 2, NULL, NB_DTYPE_F32, &ls[6], &bst);
+    }
+    if (st == NB_OK) {
+        st = nb_nn_multihead_attention_init(ctx, 2, 4, NULL, NB_DTYPE_F32, key, &ls[7]);
+    }
+    if (st == NB_OK) {
+        st = nb_nn_gru_cell_init(ctx, 3, 4, true, NB_DTYPE_F32, key, &ls[8]);
+    }
+    if (st == NB_OK) {
+        st = nb_nn_lstm_cell_init(ctx, 3, 4, true, NB_DTYPE_F32, key, &ls[9]);
+    }
+    /* calls: a convolution, a BatchNorm with its state, attention */
+    if (st == NB_OK) {
+        st = nb_random_normal(key, NB_DTYPE_F32, 4, (int64_t[]){2, 2, 5, 5}, &x);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_array(x, &lx);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 2, (nb_tree *[]){ls[0], lx}, &args);
+    }
+    if (st == NB_OK) {
+        st = nb_eval(ctx, body_layer, NULL, args, &out);
+    }
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+    out = args = NULL;
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 3, (nb_tree *[]){ls[6], lx, bst}, &args);
+    }
+    if (st == NB_OK) {
+        st = nb_eval(ctx, body_layer, NULL, args, &out);
+    }
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+    out = args = NULL;
+    nb_tree *lh = NULL, *ln = NULL;
+    if (st == NB_OK) {
+        st = nb_random_normal(key, NB_DTYPE_F32, 2, (int64_t[]){3, 4}, &h);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_array(h, &lh);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_null(ctx, &ln);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 6, (nb_tree *[]){ls[7], lh, lh, lh, ln, ln}, &args);
+    }
+    if (st == NB_OK) {
+        st = nb_eval(ctx, body_layer, NULL, args, &out);
+    }
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+    nb_tree_destroy(ln);
+    nb_tree_destroy(lh);
+    nb_tree_destroy(lx);
+    nb_tree_destroy(bst);
+    for (int i = 0; i < 10; i++) {
+        nb_tree_destroy(ls[i]);
+    }
+    nb_array_destroy(h);
+    nb_array_destroy(x);
+    nb_array_destroy(key);
+    return st;
+}
+
+static void test_out_of_memory(void **state) {
+    (void)state;
+    int points = nbt_oom_sweep("layers", scenario_layers, false, false);
+    print_message("%d allocation-failure points over init and calls\n", points);
+    NBT_TRUE(points > 50);
+}
+
 int main(void) {
     if (!oracle_load(&O)) {
         fprintf(stderr, "no %s/equinox_layers.txt\n", NBT_ORACLE_DIR);
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv_oracle),       cmocka_unit_test(test_conv_transpose_oracle),
-        cmocka_unit_test(test_pool_oracle),       cmocka_unit_test(test_norm_oracle),
-        cmocka_unit_test(test_batch_norm_oracle), cmocka_unit_test(test_attention_oracle),
-        cmocka_unit_test(test_rnn_oracle),        cmocka_unit_test(test_grads),
+        cmocka_unit_test(test_conv_oracle),
+        cmocka_unit_test(test_conv_transpose_oracle),
+        cmocka_unit_test(test_pool_oracle),
+        cmocka_unit_test(test_norm_oracle),
+        cmocka_unit_test(test_batch_norm_oracle),
+        cmocka_unit_test(test_attention_oracle),
+        cmocka_unit_test(test_rnn_oracle),
+        cmocka_unit_test(test_grads),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_out_of_memory),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     for (int i = 0; i < O.n; i++) {
