@@ -149,7 +149,8 @@ typedef struct nb_ctx_opts {
     void *log_ud;           /* passed to log */
     nb_log_level log_level; /* messages above this level are not passed; default WARN */
     int n_threads;          /* threads kernels split work across (results are bit-identical for
-                               any count); 0 = number of cores */
+                               any count); 0 = $NABLA_THREADS if it is an integer in
+                               1..1024, else the number of cores */
 } nb_ctx_opts;
 
 NB_API nb_ctx_opts nb_ctx_opts_default(void);

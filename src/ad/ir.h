@@ -220,6 +220,16 @@ NBI_HIDDEN nb_var *nbi_emit(nb_trace *tr, nbi_op op, int n_in, nb_var *const *in
  * leaf path it came from, for messages. */
 NBI_HIDDEN nb_var *nbi_emit_param(nb_trace *tr, int32_t index, nb_dtype dtype, int rank,
                                   const int64_t *shape, const char *path);
+/* The convolution's data movement (op_conv.c): x [C, N, S..] (nd = 1..3 spatial dims) to
+ * its columns [C, K, N, So..] (the padding of value pad_value), and the transpose (cols
+ * back to [C, N, spatial..], summed).
+ * kernel, stride, dil, lo, hi: nd entries each. */
+NBI_HIDDEN nb_var *nbi_im2col(nb_var *x, int nd, const int64_t *kernel, const int64_t *stride,
+                              const int64_t *dil, const int64_t *lo, const int64_t *hi,
+                              double pad_value);
+NBI_HIDDEN nb_var *nbi_col2im(nb_var *cols, int nd, const int64_t *kernel, const int64_t *stride,
+                              const int64_t *dil, const int64_t *lo, const int64_t *hi,
+                              const int64_t *spatial);
 /* "f32[2,3]" of a var (into buf). */
 NBI_HIDDEN const char *nbi_var_sig(char *buf, size_t cap, const nb_var *v);
 

@@ -193,6 +193,28 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
         nbi_sbuf_putc(s, '}');
         break;
     }
+    case NBI_OP_IM2COL:
+    case NBI_OP_COL2IM: {
+        int nd = (int)a->ivalue;
+        nbi_sbuf_puts(s, " {");
+        nbi_print_ints64(s, "kernel", a->a, nd);
+        nbi_sbuf_puts(s, ", ");
+        nbi_print_ints64(s, "stride", a->a + 3, nd);
+        nbi_sbuf_puts(s, ", ");
+        nbi_print_ints64(s, "dilation", a->c, nd);
+        nbi_sbuf_puts(s, ", ");
+        nbi_print_ints64(s, "lo", a->b, nd);
+        nbi_sbuf_puts(s, ", ");
+        nbi_print_ints64(s, "hi", a->b + 3, nd);
+        if (v->op == NBI_OP_COL2IM) {
+            nbi_sbuf_puts(s, ", ");
+            nbi_print_ints64(s, "spatial", a->c + 3, nd);
+        } else if (a->value != 0) {
+            nbi_sbuf_printf(s, ", value=%.17g", a->value);
+        }
+        nbi_sbuf_putc(s, '}');
+        break;
+    }
     default:
         break;
     }

@@ -258,7 +258,17 @@ nb_ctx_opts nb_ctx_opts_default(void) {
     return o;
 }
 
+/* n_threads 0: $NABLA_THREADS when it is an integer in 1..1024 (a way to pin a program's
+ * thread count from outside, as OMP_NUM_THREADS), else the number of cores. */
 static int nbi_cores(void) {
+    const char *env = getenv("NABLA_THREADS");
+    if (env != NULL && *env != '\0') {
+        char *end = NULL;
+        long v = strtol(env, &end, 10);
+        if (*end == '\0' && v >= 1 && v <= 1024) {
+            return (int)v;
+        }
+    }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     if (n < 1) {
         return 1;

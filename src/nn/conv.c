@@ -3,17 +3,16 @@
  * im2col and one matrix product.
  *
  * Why im2col. A convolution is a matrix product once every receptive field is laid out as
- * a column: for kernel offset t = (t1, ..., tn) the strided slice
- *     xp[c, n, t1*d1 : t1*d1 + (So1-1)*s1 + 1 : s1, ...]            ([C, N, So1, ..., Son])
- * holds the input element that tap t sees at every output position; stacking the K taps
- * (K = prod(kernel), in the row-major order of the weight's trailing dims) gives
- * [C, K, N, So...] = [C*K, N*prod(So)], and the weight reshaped to [O, C*K] times that
- * matrix is the output [O, N*prod(So)] (per group: [g, O/g, C/g*K] times [g, C/g*K, L]).
+ * a column: tap t = (t1, ..., tn) of the kernel sees input element o * s + t * d - lo at
+ * output position o, so the columns [C, K, N, So...] = [C*K, N*prod(So)] (K = prod(kernel),
+ * taps in the row-major order of the weight's trailing dims) times the weight reshaped to
+ * [O, C*K] is the output [O, N*prod(So)] (per group: [g, O/g, C/g*K] times [g, C/g*K, L]).
  * BLIS does the product at full speed; the price is the K-fold copy of the input
  * (K. Chellapilla, S. Puri, P. Simard, "High performance convolutional neural networks for
- * document processing", 2006). A 1x1 kernel needs no copy. Everything is a traced
- * primitive (pad, slice, stack, reshape, transpose, matmul), so the gradient is the
- * transposed computation (col2im through the slices' VJPs) with no rule of its own.
+ * document processing", 2006). The columns are one op, im2col (src/ad/op_conv.c: one pass,
+ * the padding a bounds test), whose transpose col2im gives the input's gradient; the
+ * weight's gradient is the transposed product. Layout moves (the batch axis behind the
+ * channels, and back) are transposes.
  *
  * A transposed convolution is Equinox's: the same weight layout [O, C/g, k...] and
  * lax.conv_general_dilated with lhs_dilation = stride (s - 1 zeros between input elements,
@@ -313,15 +312,13 @@ static bool nbi_conv_padding(const nbi_nn_at *at, int nd, int64_t pad[][2], int 
 static nb_var *nbi_conv_core(const nbi_nn_at *at, nb_var *x, nb_var *xin, nb_var *wv, int nd,
                              const int64_t *ks, const int64_t *stride, const int64_t *dil,
                              const int64_t *lo, const int64_t *hi, int64_t groups, int64_t *so) {
-    nb_trace *tr = at->tr;
     int64_t cin = nb_var_dim(x, 0), n = nb_var_dim(x, 1), cout = nb_var_dim(wv, 0);
     int64_t sp[NBI_CONV_MAX_ND], ek[NBI_CONV_MAX_ND];
-    bool crop = false, pad = false;
+    bool crop = false;
     for (int d = 0; d < nd; d++) {
         sp[d] = nb_var_dim(x, 2 + d);
         ek[d] = dil[d] * (ks[d] - 1) + 1;
         crop = crop || lo[d] < 0 || hi[d] < 0;
-        pad = pad || lo[d] > 0 || hi[d] > 0;
     }
     for (int d = 0; d < nd; d++) {
         int64_t padded = sp[d] + lo[d] + hi[d];
@@ -347,43 +344,17 @@ static nb_var *nbi_conv_core(const nbi_nn_at *at, nb_var *x, nb_var *xin, nb_var
         }
         x = nb_slice(x, start, stop, NULL);
     }
-    if (pad) {
-        int64_t plo[2 + NBI_CONV_MAX_ND] = {0, 0}, phi[2 + NBI_CONV_MAX_ND] = {0, 0};
-        for (int d = 0; d < nd; d++) {
-            plo[2 + d] = lo[d] > 0 ? lo[d] : 0;
-            phi[2 + d] = hi[d] > 0 ? hi[d] : 0;
-        }
-        x = nb_pad(x, plo, phi, 0.0);
+    int64_t plo[NBI_CONV_MAX_ND], phi[NBI_CONV_MAX_ND];
+    for (int d = 0; d < nd; d++) {
+        plo[d] = lo[d] > 0 ? lo[d] : 0;
+        phi[d] = hi[d] > 0 ? hi[d] : 0;
     }
     int64_t nk = 1, l = n;
     for (int d = 0; d < nd; d++) {
         nk *= ks[d];
         l *= so[d];
     }
-    int64_t start[2 + NBI_CONV_MAX_ND] = {0, 0}, stop[2 + NBI_CONV_MAX_ND] = {cin, n},
-                      step[2 + NBI_CONV_MAX_ND] = {1, 1};
-    for (int d = 0; d < nd; d++) {
-        step[2 + d] = stride[d];
-    }
-    nb_var *cols;
-    size_t bytes = (size_t)nk * sizeof(nb_var *);
-    nb_var **taps = nbi_arena_alloc(&tr->arena, bytes);
-    if (taps == NULL) {
-        nbi_nn_fail(at, NB_ERR_OOM, "out of memory (%zu bytes) for %lld kernel taps", bytes,
-                    (long long)nk);
-        return NULL;
-    }
-    for (int64_t t = 0; t < nk; t++) {
-        int64_t rem = t;
-        for (int d = nd - 1; d >= 0; d--) {
-            int64_t td = rem % ks[d];
-            rem /= ks[d];
-            start[2 + d] = td * dil[d];
-            stop[2 + d] = start[2 + d] + (so[d] - 1) * stride[d] + 1;
-        }
-        taps[t] = nb_slice(x, start, stop, step);
-    }
-    cols = nk == 1 ? taps[0] : nb_stack((int)nk, taps, 1); /* [C, K, N, So...] */
+    nb_var *cols = nbi_im2col(x, nd, ks, stride, dil, plo, phi, 0.0); /* [C, K, N, So...] */
     int64_t cg = cin / groups, og = cout / groups;
     nb_var *y;
     if (groups == 1) {

@@ -2,18 +2,16 @@
  * pool.c -- pooling (Equinox's eqx.nn.MaxPool1d/2d/3d, AvgPool1d/2d/3d and
  * AdaptiveAvgPool / AdaptiveMaxPool 1d/2d/3d).
  *
- * Max and average pooling are Equinox's lax.reduce_window over the trailing nd dims:
- * the input padded (with -inf for max, 0 for average; use_ceil adds the stride to the
- * trailing padding of a dim whose windows do not tile it exactly), cut into the K
- * strided slices of the window taps (as the convolutions' im2col, without the copy: the
- * taps are combined elementwise and fuse into one loop), and reduced tap by tap in the
- * window's row-major order:
- *   - max: y = t0, then y = t_i where t_i > y (or t_i is NaN), else y. The select picks
- *     the first maximum of a window, so the gradient goes to it alone -- XLA's
- *     select_and_scatter_add with a >= selector, which JAX's max pool VJP is; a NaN wins
- *     (reduce_window's max propagates NaN);
- *   - average: the sum of the taps in that order divided by prod(kernel) (padding counts,
- *     as Equinox: count_include_pad).
+ * Max and average pooling are Equinox's lax.reduce_window over the trailing nd dims: the
+ * input padded (with -inf for max, 0 for average; use_ceil adds the stride to the trailing
+ * padding of a dim whose windows do not tile it exactly) and cut into its windows by the
+ * convolutions' im2col (every window a column of K = prod(kernel) elements, the padding a
+ * bounds test; src/ad/op_conv.c), then reduced:
+ *   - max: the element at the first maximum of the column (argmax, a NaN counting as the
+ *     maximum, as reduce_window's max propagates NaN); the gradient goes to that element
+ *     alone -- XLA's select_and_scatter_add with a >= selector, which JAX's max pool VJP
+ *     is (take_along_axis, then col2im adds overlapping windows' gradients);
+ *   - average: the column's sum divided by prod(kernel) (padding counts, as Equinox).
  * Adaptive pooling is Equinox's _adaptive_pool1d applied along each spatial dim in turn:
  * a dim of size D pooled to t outputs is cut into D % t leading chunks of D / t + 1
  * elements and then chunks of D / t elements (not PyTorch's overlapping windows), each
@@ -184,8 +182,7 @@ static nb_var *nbi_pool_window(const nbi_nn_at *at, nb_var *x, bool is_max) {
     char w[NB_PATH_MAX + 64], xs[96];
     const char *xq = x->path ? " '" : "", *xp = x->path ? x->path : "", *xe = x->path ? "'" : "";
     int r = nb_var_rank(x);
-    int64_t lo[NB_MAX_RANK] = {0}, hi[NB_MAX_RANK] = {0}, start[NB_MAX_RANK] = {0},
-            stop[NB_MAX_RANK], step[NB_MAX_RANK], so[NBI_POOL_MAX_ND];
+    int64_t lo[NB_MAX_RANK] = {0}, hi[NB_MAX_RANK] = {0}, so[NBI_POOL_MAX_ND];
     int64_t k = 1;
     for (int d = 0; d < nd; d++) {
         int ax = r - (int)nd + d;
@@ -226,40 +223,38 @@ static nb_var *nbi_pool_window(const nbi_nn_at *at, nb_var *x, bool is_max) {
         so[d] = (sp + lo[ax] + hi[ax] - ks[d]) / stride[d] + 1;
         k *= ks[d];
     }
-    bool padded = false;
-    for (int a = 0; a < r; a++) {
-        padded = padded || lo[a] != 0 || hi[a] != 0;
-        stop[a] = nb_var_dim(x, a) + lo[a] + hi[a];
-        step[a] = 1;
+    /* [M, 1, S...] (M: every dim before the pooled ones) -> columns [M, K, 1, So...] */
+    int64_t m = 1, xs3[2 + NBI_POOL_MAX_ND], ks3[NBI_POOL_MAX_ND], plo[NBI_POOL_MAX_ND],
+            phi[NBI_POOL_MAX_ND], l = 1;
+    static const int64_t ones[NBI_POOL_MAX_ND] = {1, 1, 1};
+    for (int a = 0; a < r - nd; a++) {
+        m *= nb_var_dim(x, a);
     }
-    if (padded) {
-        x = nb_pad(x, lo, hi, is_max ? -INFINITY : 0.0);
+    xs3[0] = m;
+    xs3[1] = 1;
+    for (int d = 0; d < nd; d++) {
+        int ax = r - (int)nd + d;
+        xs3[2 + d] = nb_var_dim(x, ax);
+        ks3[d] = ks[d];
+        plo[d] = lo[ax];
+        phi[d] = hi[ax];
+        l *= so[d];
     }
-    nb_var *y = NULL;
-    for (int64_t t = 0; t < k; t++) {
-        int64_t rem = t;
-        for (int d = (int)nd - 1; d >= 0; d--) {
-            int ax = r - (int)nd + d;
-            int64_t td = rem % ks[d];
-            rem /= ks[d];
-            start[ax] = td;
-            stop[ax] = td + (so[d] - 1) * stride[d] + 1;
-            step[ax] = stride[d];
-        }
-        nb_var *tap = nb_slice(x, start, stop, step);
-        if (y == NULL) {
-            y = tap;
-        } else if (is_max) {
-            nb_var *take = nb_logical_or(nb_gt(tap, y), nb_ne(tap, tap));
-            y = nb_select(take, tap, y);
-        } else {
-            y = nb_add(y, tap);
-        }
+    nb_var *cols = nbi_im2col(nb_reshape(x, (int)nd + 2, xs3), (int)nd, ks3, stride, ones, plo, phi,
+                              is_max ? -INFINITY : 0.0);
+    cols = nb_reshape(cols, 3, (const int64_t[]){m, k, l});
+    nb_var *y;
+    if (is_max) {
+        /* the first maximum of each window (a NaN counts as the maximum): its element is the
+         * value, and the gradient goes to it alone */
+        y = nb_take_along_axis(cols, nb_argmax(cols, 1, true), 1);
+    } else {
+        y = nb_div(nb_sum(cols, (const int[]){1}, 1, false), nb_scalar(tr, (double)k));
     }
-    if (!is_max) {
-        y = nb_div(y, nb_scalar(tr, (double)k));
-    }
-    return y;
+    int64_t oshape[NB_MAX_RANK];
+    memcpy(oshape, nb_var_shape(x), (size_t)(r - nd) * sizeof(int64_t));
+    memcpy(oshape + r - nd, so, (size_t)nd * sizeof(int64_t));
+    return nb_reshape(y, r, oshape);
 }
 
 static nb_var *nbi_pool_adaptive(const nbi_nn_at *at, nb_var *x, bool is_max) {

@@ -914,6 +914,85 @@ static void r_pad(const rarr *in, int n, rarr *out, const tcase *c) {
     }
 }
 
+/* im2col / col2im (op_conv.c): ip[0] = nd; lp[0] = kernel[0..3) stride[3..6); lp[1] = lo,
+ * hi; lp[2] = dilation, col2im's spatial sizes; dp = im2col's padding value. */
+static nb_var *b_im2col(nb_trace *tr, nb_var *const *in, const tcase *c) {
+    (void)tr;
+    return nbi_im2col(in[0], c->ip[0], c->lp[0], c->lp[0] + 3, c->lp[2], c->lp[1], c->lp[1] + 3,
+                      c->dp);
+}
+static nb_var *b_col2im(nb_trace *tr, nb_var *const *in, const tcase *c) {
+    (void)tr;
+    return nbi_col2im(in[0], c->ip[0], c->lp[0], c->lp[0] + 3, c->lp[2], c->lp[1], c->lp[1] + 3,
+                      c->lp[2] + 3);
+}
+/* The input element (flat, in [C, N, S..]) that column entry (c, t, n, o..) reads, or -1
+ * for padding; sp: the input's spatial sizes, so: the columns'. */
+static int64_t conv_src(const tcase *c, const int64_t *idx, const int64_t *sp, int64_t nch,
+                        int64_t nn) {
+    int nd = c->ip[0];
+    int64_t t = idx[1], tap[3], off = idx[0] * nn + idx[2];
+    for (int d = nd - 1; d >= 0; d--) {
+        tap[d] = t % c->lp[0][d];
+        t /= c->lp[0][d];
+    }
+    (void)nch;
+    for (int d = 0; d < nd; d++) {
+        int64_t i = idx[3 + d] * c->lp[0][3 + d] + tap[d] * c->lp[2][d] - c->lp[1][d];
+        if (i < 0 || i >= sp[d]) {
+            return -1;
+        }
+        off = off * sp[d] + i;
+    }
+    return off;
+}
+static void r_im2col(const rarr *in, int n, rarr *out, const tcase *c) {
+    (void)n;
+    const rarr *x = &in[0];
+    int nd = c->ip[0];
+    int64_t k = 1;
+    out->rank = nd + 3;
+    out->shape[0] = x->shape[0];
+    out->shape[2] = x->shape[1];
+    for (int d = 0; d < nd; d++) {
+        k *= c->lp[0][d];
+        int64_t ek = c->lp[2][d] * (c->lp[0][d] - 1) + 1;
+        out->shape[3 + d] =
+            (x->shape[2 + d] + c->lp[1][d] + c->lp[1][3 + d] - ek) / c->lp[0][3 + d] + 1;
+    }
+    out->shape[1] = k;
+    out->n = shape_n(out->rank, out->shape);
+    int64_t idx[NB_MAX_RANK];
+    for (int64_t o = 0; o < out->n; o++) {
+        unravel(o, out->rank, out->shape, idx);
+        int64_t s = conv_src(c, idx, x->shape + 2, x->shape[0], x->shape[1]);
+        out->v[o] = s < 0 ? cast_ref(c->dp, x->dt) : x->v[s];
+    }
+}
+static void r_col2im(const rarr *in, int n, rarr *out, const tcase *c) {
+    (void)n;
+    const rarr *cols = &in[0];
+    int nd = c->ip[0];
+    out->rank = nd + 2;
+    out->shape[0] = cols->shape[0];
+    out->shape[1] = cols->shape[2];
+    for (int d = 0; d < nd; d++) {
+        out->shape[2 + d] = c->lp[2][3 + d];
+    }
+    out->n = shape_n(out->rank, out->shape);
+    for (int64_t o = 0; o < out->n; o++) {
+        out->v[o] = 0;
+    }
+    int64_t idx[NB_MAX_RANK];
+    for (int64_t i = 0; i < cols->n; i++) {
+        unravel(i, cols->rank, cols->shape, idx);
+        int64_t s = conv_src(c, idx, out->shape + 2, out->shape[0], out->shape[1]);
+        if (s >= 0) {
+            out->v[s] += cols->v[i];
+        }
+    }
+}
+
 /* take / take_along_axis: negative indices count back, then clamp (documented choice). */
 static int64_t fix_index(double v, int64_t len) {
     int64_t i = (int64_t)v;
@@ -1375,6 +1454,46 @@ static void build_specs(void) {
         set_in(c, 1, d, DOM_ANY, 1, (int64_t[]){5});
         c->ip[0] = 0;
         snprintf(c->label, sizeof c->label, "concatenate %s axis 0", nb_dtype_name(d));
+        if (d == NB_DTYPE_F32 || d == NB_DTYPE_F64) {
+            /* im2col: 2-d with stride, dilation and uneven padding; 1-d; 3-d. col2im: the
+             * overlapping windows' sums (f64 reference; the sums of at most 4 terms) */
+            static const struct {
+                int nd;
+                int64_t x[5], k[3], s[3], lo[3], hi[3], dl[3];
+            } IC[] = {{2, {2, 3, 5, 6}, {2, 3}, {2, 1}, {1, 0}, {2, 2}, {1, 2}},
+                      {1, {3, 2, 7}, {3}, {2}, {1}, {1}, {1}},
+                      {3, {1, 2, 3, 2, 3}, {2, 1, 2}, {1, 1, 2}, {0, 1, 1}, {1, 0, 0}, {1, 1, 1}}};
+            for (size_t s = 0; s < sizeof IC / sizeof IC[0]; s++) {
+                for (int op = 0; op < 2; op++) {
+                    c = add_case(op ? NBI_OP_COL2IM : NBI_OP_IM2COL, 1, op ? b_col2im : b_im2col,
+                                 op ? r_col2im : r_im2col, op ? TOL_SUM : TOL_EXACT, 0);
+                    int nd = IC[s].nd;
+                    c->ip[0] = nd;
+                    int64_t so[3], kk = 1;
+                    for (int q = 0; q < nd; q++) {
+                        c->lp[0][q] = IC[s].k[q];
+                        c->lp[0][3 + q] = IC[s].s[q];
+                        c->lp[1][q] = IC[s].lo[q];
+                        c->lp[1][3 + q] = IC[s].hi[q];
+                        c->lp[2][q] = IC[s].dl[q];
+                        c->lp[2][3 + q] = IC[s].x[2 + q];
+                        int64_t ek = IC[s].dl[q] * (IC[s].k[q] - 1) + 1;
+                        so[q] = (IC[s].x[2 + q] + IC[s].lo[q] + IC[s].hi[q] - ek) / IC[s].s[q] + 1;
+                        kk *= IC[s].k[q];
+                    }
+                    c->dp = op ? 0.0 : (s == 0 ? -2.5 : 0.0);
+                    if (op == 0) {
+                        set_in(c, 0, d, DOM_ANY, nd + 2, IC[s].x);
+                    } else {
+                        int64_t cs[6] = {IC[s].x[0], kk, IC[s].x[1]};
+                        memcpy(cs + 3, so, (size_t)nd * sizeof(int64_t));
+                        set_in(c, 0, d, DOM_ANY, nd + 3, cs);
+                    }
+                    snprintf(c->label, sizeof c->label, "%s %s %dd #%zu", op ? "col2im" : "im2col",
+                             nb_dtype_name(d), nd, s);
+                }
+            }
+        }
         c = add_case(NBI_OP_PAD, 1, b_pad, r_pad, TOL_EXACT, 0);
         set_in(c, 0, d, DOM_ANY, 2, (int64_t[]){2, 3});
         memcpy(c->lp[0], (int64_t[]){1, 0}, 2 * sizeof(int64_t));

@@ -290,6 +290,17 @@ static nb_var *b_pad(nb_trace *tr, nb_var *const *in, const gcase *c) {
     (void)tr;
     return nb_pad(in[0], c->lp[0], c->lp[1], c->dp);
 }
+/* ip[0] = nd; lp[0] = kernel, stride; lp[1] = lo, hi; lp[2] = dilation, spatial sizes */
+static nb_var *b_im2col(nb_trace *tr, nb_var *const *in, const gcase *c) {
+    (void)tr;
+    return nbi_im2col(in[0], c->ip[0], c->lp[0], c->lp[0] + 3, c->lp[2], c->lp[1], c->lp[1] + 3,
+                      c->dp);
+}
+static nb_var *b_col2im(nb_trace *tr, nb_var *const *in, const gcase *c) {
+    (void)tr;
+    return nbi_col2im(in[0], c->ip[0], c->lp[0], c->lp[0] + 3, c->lp[2], c->lp[1], c->lp[1] + 3,
+                      c->lp[2] + 3);
+}
 static nb_var *b_take(nb_trace *tr, nb_var *const *in, const gcase *c) {
     (void)tr;
     return nb_take(in[0], in[1], c->ip[0]);
@@ -753,6 +764,22 @@ static void spec_shapes(void) {
               {1, {4}, {0}, {2}, 0.0},
               {3, {2, 1, 2}, {0, 2, 1}, {1, 0, 0}, -1.0},
               {2, {2, 2}, {0, 0}, {0, 0}, 3.0}};
+    /* im2col / col2im: linear, each the other's transpose */
+    for (int op = 0; op < 2; op++) {
+        c = add_case(op ? NBI_OP_COL2IM : NBI_OP_IM2COL, NULL, 1, op ? b_col2im : b_im2col);
+        c->ip[0] = 2;
+        memcpy(c->lp[0], (int64_t[]){2, 3, 0, 2, 1}, 5 * sizeof(int64_t));
+        memcpy(c->lp[1], (int64_t[]){1, 0, 0, 1, 2}, 5 * sizeof(int64_t));
+        memcpy(c->lp[2], (int64_t[]){1, 2, 0, 5, 6}, 5 * sizeof(int64_t));
+        c->dp = op ? 0.0 : -1.5;
+        /* x [2, 3, 5, 6] -> cols [2, 6, 3, 3, 4] */
+        if (op == 0) {
+            set_in(c, 0, F, DOM_ANY, 4, (int64_t[]){2, 3, 5, 6});
+        } else {
+            set_in(c, 0, F, DOM_ANY, 5, (int64_t[]){2, 6, 3, 3, 4});
+        }
+        snprintf(c->label, sizeof c->label, "%s 2d", op ? "col2im" : "im2col");
+    }
     for (size_t s = 0; s < sizeof PD / sizeof PD[0]; s++) {
         c = add_case(NBI_OP_PAD, NULL, 1, b_pad);
         set_in(c, 0, F, DOM_ANY, PD[s].r, PD[s].s);

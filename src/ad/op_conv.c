@@ -1,0 +1,462 @@
+/*
+ * op_conv.c -- the two data-movement ops of a convolution: im2col and its transpose
+ * col2im. nn's convolutions (src/nn/conv.c) are one im2col, one matrix product (BLIS) and
+ * a reshape; their gradients are the transposed product and one col2im.
+ *
+ *   im2col(x [C, N, S1..Sn]) -> cols [C, K, N, So1..Son]
+ *     cols[c, t, n, o] = x[c, n, o * s + t_idx * d - lo]   (v where that is outside x)
+ *   col2im(cols [C, K, N, So..]) -> x [C, N, S..]: the sum, into each input element, of
+ *     every column entry im2col copies from it (im2col's transpose).
+ * n = 1..3 spatial dims; K = prod(kernel), tap t the row-major multi-index t_idx over the
+ * kernel; s the stride, d the dilation, lo/hi >= 0 the zeros added before/after each
+ * spatial dim, of value v (0 for a convolution, -inf for max pooling; the gradients do not
+ * depend on it) (So = (S + lo + hi - d (k - 1) - 1) / s + 1, at least 1). Channels first,
+ * so that cols reshaped to [C*K, N*prod(So)] is the right operand of the product with the
+ * weight reshaped to [O, C*K].
+ *
+ * Why ops and not a composition of slices: the composition (a pad, K strided slices and a
+ * stack) materialises the padded input and K slices, and its gradient K padded copies of
+ * the input summed; these kernels make the columns in one pass reading x once per tap with
+ * the padding as a bounds test, and col2im adds each column row into its place in one pass.
+ *
+ * Attributes: ivalue = n; value = v (im2col); a[0..n) kernel, a[3..3+n) stride; b[0..n) lo,
+ * b[3..3+n) hi; c[0..n) dilation, c[3..3+n) the input's spatial sizes S (col2im's output). Kernels:
+ * f32 and f64. Work is split over the C*K column rows (im2col) or the C channels (col2im: each
+ * channel's sums stay in one worker, added in the same order at any thread count), so results are
+ * bit-identical for any number of threads.
+ */
+#include "ad/ir.h"
+
+#include <string.h>
+
+#define NBI_CONV_ND 3
+
+static bool nbi_conv_is_float(nb_dtype d) {
+    return d == NB_DTYPE_F32 || d == NB_DTYPE_F64;
+}
+
+/* Shared shape check of both ops: fills so[] (outputs per spatial dim) and K. */
+static nb_status nbi_conv_geom(nb_trace *tr, const char *name, const nbi_attrs *at,
+                               const int64_t *sp, int64_t *so, int64_t *k, const nb_var *x) {
+    char sx[NBI_SIG_CAP];
+    int nd = (int)at->ivalue;
+    *k = 1;
+    for (int d = 0; d < nd; d++) {
+        int64_t ks = at->a[d], st = at->a[3 + d], lo = at->b[d], hi = at->b[3 + d], dl = at->c[d];
+        if (ks < 1 || st < 1 || dl < 1 || lo < 0 || hi < 0 || ks > ((int64_t)1 << 31) ||
+            st > ((int64_t)1 << 31) || dl > ((int64_t)1 << 31) || lo > ((int64_t)1 << 31) ||
+            hi > ((int64_t)1 << 31)) {
+            return nbi_trace_err(tr, NB_ERR_INVALID,
+                                 "%s: spatial dim %d has kernel %lld, stride %lld, dilation "
+                                 "%lld, padding (%lld, %lld); each >= 1 (padding >= 0) and at "
+                                 "most 2^31",
+                                 name, d, (long long)ks, (long long)st, (long long)dl,
+                                 (long long)lo, (long long)hi);
+        }
+        int64_t ek = dl * (ks - 1) + 1, padded = sp[d] + lo + hi;
+        if (padded < ek) {
+            return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                 "%s: %s is %lld along spatial dim %d after padding, smaller "
+                                 "than the dilated kernel %lld",
+                                 name, nbi_var_sig(sx, sizeof sx, x), (long long)padded, d,
+                                 (long long)ek);
+        }
+        so[d] = (padded - ek) / st + 1;
+        *k *= ks;
+        if (*k > ((int64_t)1 << 31)) {
+            return nbi_trace_err(tr, NB_ERR_INVALID, "%s: more than 2^31 kernel taps", name);
+        }
+    }
+    return NB_OK;
+}
+
+static nb_status nbi_infer_im2col(nb_trace *tr, nb_var *p) {
+    const nb_var *x = p->in[0];
+    char sx[NBI_SIG_CAP];
+    int nd = (int)p->at.ivalue;
+    if (nd < 1 || nd > NBI_CONV_ND || x->rank != nd + 2 || !nbi_conv_is_float(x->dtype)) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "im2col: x is %s; it must be f32 or f64 [C, N, S...] with %d "
+                             "spatial dims (1 to 3)",
+                             nbi_var_sig(sx, sizeof sx, x), nd);
+    }
+    int64_t so[NBI_CONV_ND], k = 0;
+    nb_status st = nbi_conv_geom(tr, "im2col", &p->at, x->shape + 2, so, &k, x);
+    if (st != NB_OK) {
+        return st;
+    }
+    p->dtype = x->dtype;
+    p->rank = (int8_t)(nd + 3);
+    memset(p->shape, 0, sizeof p->shape);
+    p->shape[0] = x->shape[0];
+    p->shape[1] = k;
+    p->shape[2] = x->shape[1];
+    int64_t n = p->shape[0];
+    bool ovf = __builtin_mul_overflow(n, k, &n) || __builtin_mul_overflow(n, x->shape[1], &n);
+    for (int d = 0; d < nd; d++) {
+        p->shape[3 + d] = so[d];
+        ovf = ovf || __builtin_mul_overflow(n, so[d], &n);
+    }
+    if (ovf || n > ((int64_t)1 << 48)) {
+        return nbi_trace_err(tr, NB_ERR_OVERFLOW, "im2col: the columns of %s are too large",
+                             nbi_var_sig(sx, sizeof sx, x));
+    }
+    p->flags |= x->flags & NBI_NODE_WEAK;
+    return NB_OK;
+}
+
+static nb_status nbi_infer_col2im(nb_trace *tr, nb_var *p) {
+    const nb_var *c = p->in[0];
+    char sc[NBI_SIG_CAP];
+    int nd = (int)p->at.ivalue;
+    if (nd < 1 || nd > NBI_CONV_ND || c->rank != nd + 3 || !nbi_conv_is_float(c->dtype)) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "col2im: cols is %s; it must be f32 or f64 [C, K, N, So...] with "
+                             "%d spatial dims (1 to 3)",
+                             nbi_var_sig(sc, sizeof sc, c), nd);
+    }
+    int64_t so[NBI_CONV_ND], k = 0;
+    nb_status st = nbi_conv_geom(tr, "col2im", &p->at, p->at.c + 3, so, &k, c);
+    if (st != NB_OK) {
+        return st;
+    }
+    bool ok = c->shape[1] == k;
+    for (int d = 0; d < nd; d++) {
+        ok = ok && c->shape[3 + d] == so[d] && p->at.c[3 + d] >= 0;
+    }
+    if (!ok) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "col2im: cols is %s; the kernel (%lld taps) and the input's "
+                             "spatial sizes make other columns",
+                             nbi_var_sig(sc, sizeof sc, c), (long long)k);
+    }
+    p->dtype = c->dtype;
+    p->rank = (int8_t)(nd + 2);
+    memset(p->shape, 0, sizeof p->shape);
+    p->shape[0] = c->shape[0];
+    p->shape[1] = c->shape[2];
+    for (int d = 0; d < nd; d++) {
+        p->shape[2 + d] = p->at.c[3 + d];
+    }
+    p->flags |= c->flags & NBI_NODE_WEAK;
+    return NB_OK;
+}
+
+/* ---- kernels ------------------------------------------------------------------------ */
+
+/* The geometry a kernel needs, in the 3-d form (missing leading spatial dims have size 1,
+ * kernel 1, stride 1, no padding). */
+typedef struct nbi_cgeo {
+    int64_t C, N, K;
+    int64_t S[3], So[3], k[3], s[3], d[3], lo[3];
+    size_t es;
+    const nbi_kargs *ka;
+} nbi_cgeo;
+
+static void nbi_cgeo_make(const nb_var *node, const int64_t *sp, const int64_t *so, int64_t chans,
+                          int64_t n, nbi_cgeo *g) {
+    int nd = (int)node->at.ivalue;
+    for (int i = 0; i < 3; i++) {
+        g->S[i] = g->So[i] = g->k[i] = g->s[i] = g->d[i] = 1;
+        g->lo[i] = 0;
+    }
+    for (int d = 0; d < nd; d++) {
+        int i = 3 - nd + d;
+        g->S[i] = sp[d];
+        g->So[i] = so[d];
+        g->k[i] = node->at.a[d];
+        g->s[i] = node->at.a[3 + d];
+        g->lo[i] = node->at.b[d];
+        g->d[i] = node->at.c[d];
+    }
+    g->C = chans;
+    g->N = n;
+    g->K = g->k[0] * g->k[1] * g->k[2];
+    g->es = nb_dtype_size(node->dtype);
+}
+
+/* The output positions o in [0, so) whose input index o s + off lies in [0, len):
+ * [*first, *last). */
+static void nbi_valid(int64_t so, int64_t s, int64_t off, int64_t len, int64_t *first,
+                      int64_t *last) {
+    int64_t f = off >= 0 ? 0 : (-off + s - 1) / s;
+    int64_t l = len - off <= 0 ? 0 : (len - off - 1) / s + 1;
+    *first = f < so ? f : so;
+    *last = l < so ? l : so;
+    if (*last < *first) {
+        *last = *first;
+    }
+}
+
+#define NBI_CONV_KERNELS(T, SUF)                                                                   \
+    /* rows [first, first + count) of the [C*K] column rows */                                     \
+    static void nbi_im2col_rows_##SUF(void *ud, int64_t first, int64_t count, int worker) {        \
+        (void)worker;                                                                              \
+        const nbi_cgeo *g = ud;                                                                    \
+        const T *x = g->ka->in[0];                                                                 \
+        T *out = g->ka->out;                                                                       \
+        const T pv = (T)g->ka->node->at.value; /* the padding's value */                           \
+        int64_t L = g->So[0] * g->So[1] * g->So[2], Sx = g->S[0] * g->S[1] * g->S[2];              \
+        for (int64_t r = first; r < first + count; r++) {                                          \
+            int64_t c = r / g->K, t = r % g->K;                                                    \
+            int64_t t2 = t % g->k[2], t1 = (t / g->k[2]) % g->k[1], t0 = t / (g->k[2] * g->k[1]);  \
+            int64_t off0 = t0 * g->d[0] - g->lo[0], off1 = t1 * g->d[1] - g->lo[1],                \
+                    off2 = t2 * g->d[2] - g->lo[2];                                                \
+            int64_t a0, b0, a1, b1, a2, b2;                                                        \
+            nbi_valid(g->So[0], g->s[0], off0, g->S[0], &a0, &b0);                                 \
+            nbi_valid(g->So[1], g->s[1], off1, g->S[1], &a1, &b1);                                 \
+            nbi_valid(g->So[2], g->s[2], off2, g->S[2], &a2, &b2);                                 \
+            for (int64_t n = 0; n < g->N; n++) {                                                   \
+                T *o = out + (r * g->N + n) * L;                                                   \
+                const T *xn = x + (c * g->N + n) * Sx;                                             \
+                for (int64_t i0 = 0; i0 < g->So[0]; i0++) {                                        \
+                    for (int64_t i1 = 0; i1 < g->So[1]; i1++) {                                    \
+                        T *row = o + (i0 * g->So[1] + i1) * g->So[2];                              \
+                        if (i0 < a0 || i0 >= b0 || i1 < a1 || i1 >= b1) {                          \
+                            for (int64_t i2 = 0; i2 < g->So[2]; i2++) {                            \
+                                row[i2] = pv;                                                      \
+                            }                                                                      \
+                            continue;                                                              \
+                        }                                                                          \
+                        const T *xr =                                                              \
+                            xn +                                                                   \
+                            ((i0 * g->s[0] + off0) * g->S[1] + (i1 * g->s[1] + off1)) * g->S[2];   \
+                        for (int64_t i2 = 0; i2 < a2; i2++) {                                      \
+                            row[i2] = pv;                                                          \
+                        }                                                                          \
+                        if (g->s[2] == 1) {                                                        \
+                            memcpy(row + a2, xr + a2 + off2, (size_t)(b2 - a2) * sizeof(T));       \
+                        } else {                                                                   \
+                            for (int64_t i2 = a2; i2 < b2; i2++) {                                 \
+                                row[i2] = xr[i2 * g->s[2] + off2];                                 \
+                            }                                                                      \
+                        }                                                                          \
+                        for (int64_t i2 = b2; i2 < g->So[2]; i2++) {                               \
+                            row[i2] = pv;                                                          \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    /* channels [first, first + count): each output element's sum over taps in order */            \
+    static void nbi_col2im_chans_##SUF(void *ud, int64_t first, int64_t count, int worker) {       \
+        (void)worker;                                                                              \
+        const nbi_cgeo *g = ud;                                                                    \
+        const T *cols = g->ka->in[0];                                                              \
+        T *out = g->ka->out;                                                                       \
+        int64_t L = g->So[0] * g->So[1] * g->So[2], Sx = g->S[0] * g->S[1] * g->S[2];              \
+        memset(out + first * g->N * Sx, 0, (size_t)(count * g->N * Sx) * sizeof(T));               \
+        for (int64_t c = first; c < first + count; c++) {                                          \
+            for (int64_t t = 0; t < g->K; t++) {                                                   \
+                int64_t t2 = t % g->k[2], t1 = (t / g->k[2]) % g->k[1],                            \
+                        t0 = t / (g->k[2] * g->k[1]);                                              \
+                int64_t off0 = t0 * g->d[0] - g->lo[0], off1 = t1 * g->d[1] - g->lo[1],            \
+                        off2 = t2 * g->d[2] - g->lo[2];                                            \
+                int64_t a0, b0, a1, b1, a2, b2;                                                    \
+                nbi_valid(g->So[0], g->s[0], off0, g->S[0], &a0, &b0);                             \
+                nbi_valid(g->So[1], g->s[1], off1, g->S[1], &a1, &b1);                             \
+                nbi_valid(g->So[2], g->s[2], off2, g->S[2], &a2, &b2);                             \
+                for (int64_t n = 0; n < g->N; n++) {                                               \
+                    const T *src = cols + ((c * g->K + t) * g->N + n) * L;                         \
+                    T *xn = out + (c * g->N + n) * Sx;                                             \
+                    for (int64_t i0 = a0; i0 < b0; i0++) {                                         \
+                        for (int64_t i1 = a1; i1 < b1; i1++) {                                     \
+                            const T *row = src + (i0 * g->So[1] + i1) * g->So[2];                  \
+                            T *xr =                                                                \
+                                xn + ((i0 * g->s[0] + off0) * g->S[1] + (i1 * g->s[1] + off1)) *   \
+                                         g->S[2];                                                  \
+                            for (int64_t i2 = a2; i2 < b2; i2++) {                                 \
+                                xr[i2 * g->s[2] + off2] += row[i2];                                \
+                            }                                                                      \
+                        }                                                                          \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+NBI_CONV_KERNELS(float, f32)
+NBI_CONV_KERNELS(double, f64)
+
+/* Rows per chunk: about 32K elements of work each, fixed by the shapes alone. */
+static int64_t nbi_conv_chunk(int64_t per_item) {
+    int64_t c = per_item > 0 ? ((int64_t)1 << 15) / per_item : 1;
+    return c < 1 ? 1 : c;
+}
+
+static void nbi_k_im2col(const nbi_kargs *k) {
+    const nb_var *node = k->node, *x = node->in[0];
+    if (node->size == 0) {
+        return;
+    }
+    nbi_cgeo g;
+    nbi_cgeo_make(node, x->shape + 2, node->shape + 3, x->shape[0], x->shape[1], &g);
+    g.ka = k;
+    int64_t per = g.N * g.So[0] * g.So[1] * g.So[2];
+    nbi_par_range(k->pool, g.C * g.K, nbi_conv_chunk(per),
+                  node->dtype == NB_DTYPE_F32 ? nbi_im2col_rows_f32 : nbi_im2col_rows_f64, &g);
+}
+
+static void nbi_k_col2im(const nbi_kargs *k) {
+    const nb_var *node = k->node, *c = node->in[0];
+    if (node->size == 0) {
+        return;
+    }
+    nbi_cgeo g;
+    nbi_cgeo_make(node, node->shape + 2, c->shape + 3, node->shape[0], node->shape[1], &g);
+    g.ka = k;
+    int64_t per = g.K * g.N * g.So[0] * g.So[1] * g.So[2];
+    nbi_par_range(k->pool, g.C, nbi_conv_chunk(per),
+                  node->dtype == NB_DTYPE_F32 ? nbi_col2im_chans_f32 : nbi_col2im_chans_f64, &g);
+}
+
+/* ---- builders ----------------------------------------------------------------------- */
+
+static void nbi_conv_attrs(nbi_attrs *at, int nd, const int64_t *kernel, const int64_t *stride,
+                           const int64_t *dil, const int64_t *lo, const int64_t *hi) {
+    memset(at, 0, sizeof *at);
+    at->ivalue = nd;
+    for (int d = 0; d < nd && d < NBI_CONV_ND; d++) {
+        at->a[d] = kernel[d];
+        at->a[3 + d] = stride[d];
+        at->b[d] = lo[d];
+        at->b[3 + d] = hi[d];
+        at->c[d] = dil[d];
+    }
+}
+
+nb_var *nbi_im2col(nb_var *x, int nd, const int64_t *kernel, const int64_t *stride,
+                   const int64_t *dil, const int64_t *lo, const int64_t *hi, double pad_value) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace_of(1, &x, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    nbi_attrs at;
+    nbi_conv_attrs(&at, nd, kernel, stride, dil, lo, hi);
+    at.value = pad_value;
+    return nbi_emit(tr, NBI_OP_IM2COL, 1, &x, &at);
+}
+
+nb_var *nbi_col2im(nb_var *cols, int nd, const int64_t *kernel, const int64_t *stride,
+                   const int64_t *dil, const int64_t *lo, const int64_t *hi,
+                   const int64_t *spatial) {
+    bool poisoned;
+    nb_trace *tr = nbi_trace_of(1, &cols, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    nbi_attrs at;
+    nbi_conv_attrs(&at, nd, kernel, stride, dil, lo, hi);
+    for (int d = 0; d < nd && d < NBI_CONV_ND; d++) {
+        at.c[3 + d] = spatial[d];
+    }
+    return nbi_emit(tr, NBI_OP_COL2IM, 1, &cols, &at);
+}
+
+/* The other op of the pair on v, with node's attributes. */
+static nb_var *nbi_conv_other(const nb_var *node, nb_var *v, const int64_t *spatial) {
+    const nbi_attrs *a = &node->at;
+    int nd = (int)a->ivalue;
+    if (node->op == NBI_OP_IM2COL) {
+        return nbi_col2im(v, nd, a->a, a->a + 3, a->c, a->b, a->b + 3, spatial);
+    }
+    return nbi_im2col(v, nd, a->a, a->a + 3, a->c, a->b, a->b + 3, 0.0);
+}
+
+/* The same op on v; pad_value for im2col (its own for batching, 0 for a tangent). */
+static nb_var *nbi_conv_same(const nb_var *node, nb_var *v, double pad_value) {
+    const nbi_attrs *a = &node->at;
+    int nd = (int)a->ivalue;
+    if (node->op == NBI_OP_IM2COL) {
+        return nbi_im2col(v, nd, a->a, a->a + 3, a->c, a->b, a->b + 3, pad_value);
+    }
+    return nbi_col2im(v, nd, a->a, a->a + 3, a->c, a->b, a->b + 3, a->c + 3);
+}
+
+/* ---- derivatives: both ops are linear, each the other's transpose --------------------- */
+
+static void nbi_vjp_conv(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    (void)tr;
+    in_ct[0] = nbi_conv_other(node, g, node->in[0]->shape + 2);
+}
+
+static nb_var *nbi_jvp_conv(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    (void)tr;
+    return t[0] != NULL ? nbi_conv_same(node, t[0], 0.0) : NULL; /* the padding is constant */
+}
+
+/* Batching: the lanes join the N axis. im2col: [B, C, N, S..] -> [C, B*N, S..] -> im2col
+ * -> [C, K, B*N, So..] -> [B, C, K, N, So..]; col2im likewise with the K axis. */
+static nb_var *nbi_vmap_conv(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    (void)tr;
+    nb_var *x = bin[0];
+    int r = nb_var_rank(x); /* the batched input's rank */
+    bool im = node->op == NBI_OP_IM2COL;
+    int nax = im ? 2 : 3; /* N's axis in the batched input */
+    int perm[NB_MAX_RANK], j = 0;
+    for (int i = 1; i < r; i++) {
+        if (i == nax) {
+            perm[j++] = 0;
+        }
+        perm[j++] = i;
+    }
+    nb_var *t = nb_transpose(x, perm); /* B just before N */
+    int64_t shape[NB_MAX_RANK];
+    int rs = 0;
+    for (int i = 0; i < r; i++) {
+        if (i == nax - 1) {
+            shape[rs++] = B * nb_var_dim(t, i + 1);
+            i++;
+        } else {
+            shape[rs++] = nb_var_dim(t, i);
+        }
+    }
+    nb_var *y = nbi_conv_same(node, nb_reshape(t, rs, shape), node->at.value);
+    if (nb_var_is_poison(y)) {
+        return y;
+    }
+    int yr = nb_var_rank(y), ynax = im ? 2 : 1; /* N's axis in the unbatched output */
+    int64_t ys[NB_MAX_RANK + 1];
+    for (int i = 0, o = 0; i < yr; i++) {
+        if (i == ynax) {
+            ys[o++] = B;
+            ys[o++] = nb_var_dim(x, nax); /* N */
+        } else {
+            ys[o++] = nb_var_dim(y, i);
+        }
+    }
+    y = nb_reshape(y, yr + 1, ys);
+    int back[NB_MAX_RANK];
+    back[0] = ynax;
+    for (int i = 1, o = 0; i <= yr; i++, o++) {
+        if (o == ynax) {
+            o++;
+        }
+        back[i] = o;
+    }
+    return nb_transpose(y, back);
+}
+
+const nbi_op_info nbi_opinfo_im2col = {.name = "im2col",
+                                       .n_in = 1,
+                                       .infer = nbi_infer_im2col,
+                                       .kernel = nbi_k_im2col,
+                                       .vjp = nbi_vjp_conv,
+                                       .jvp = nbi_jvp_conv,
+                                       .vmap = nbi_vmap_conv};
+
+const nbi_op_info nbi_opinfo_col2im = {.name = "col2im",
+                                       .n_in = 1,
+                                       .infer = nbi_infer_col2im,
+                                       .kernel = nbi_k_col2im,
+                                       .vjp = nbi_vjp_conv,
+                                       .jvp = nbi_jvp_conv,
+                                       .vmap = nbi_vmap_conv};
