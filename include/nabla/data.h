@@ -56,6 +56,16 @@ NB_API nb_csv_opts nb_csv_opts_default(void);
 NB_API nb_status nb_csv_load(nb_ctx *ctx, const char *path, const nb_csv_opts *opts,
                              nb_array **features, nb_array **labels);
 
+/* Load a text file (plain, or gzip-compressed: read through zlib either way) as character
+ * codes for a character-level model: *codes is a new i32[n] array holding, for each of the
+ * file's n bytes, its index in the file's alphabet -- the distinct byte values in
+ * increasing order. vocab (NULL, or room for 256 chars) receives that alphabet, so
+ * vocab[codes[i]] is byte i; *n_vocab (may be NULL) its size. Returns NB_OK; NB_ERR_MISUSE
+ * (NULL ctx, path or codes); NB_ERR_IO (cannot open or read, with the system's reason);
+ * NB_ERR_FORMAT (an empty file); NB_ERR_OOM. On failure *codes is NULL. Allocates. */
+NB_API nb_status nb_text_load(nb_ctx *ctx, const char *path, nb_array **codes, char *vocab,
+                              int *n_vocab);
+
 /* ---- train/test split and standardisation (src/io/batch.c) ------------------------- */
 
 /* Shuffle the rows of x (and of y, if not NULL: the same permutation, so every row stays

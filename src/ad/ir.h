@@ -230,6 +230,10 @@ NBI_HIDDEN nb_var *nbi_im2col(nb_var *x, int nd, const int64_t *kernel, const in
 NBI_HIDDEN nb_var *nbi_col2im(nb_var *cols, int nd, const int64_t *kernel, const int64_t *stride,
                               const int64_t *dil, const int64_t *lo, const int64_t *hi,
                               const int64_t *spatial);
+/* out[r*ors + c] = in[r + c*ics] for r < rows, c < cols (element offsets, es-byte
+ * elements, es <= 8): a strided 2-D transpose in cache-friendly tiles (op_shape.c). */
+NBI_HIDDEN void nbi_transpose_tiles(unsigned char *o, int64_t ors, const unsigned char *in,
+                                    int64_t ics, int64_t rows, int64_t cols, size_t es);
 /* "f32[2,3]" of a var (into buf). */
 NBI_HIDDEN const char *nbi_var_sig(char *buf, size_t cap, const nb_var *v);
 

@@ -1080,6 +1080,25 @@ static bool nbi_mm_pack_b(const nbi_mm_geom *g) {
 /* dst[i * cols + j] = src[i * rs + j * cs] for a rows x cols matrix, in 32 x 32 tiles */
 static void nbi_mm_pack(void *dst, const void *src, int64_t rows, int64_t cols, int64_t rs,
                         int64_t cs, size_t es) {
+#if NBI_MM_VEC
+    /* the small products' register-block transposes (8x8 f32 under AVX2) */
+    if (es == 4) {
+#if NBI_MM_AVX2
+        if (nbi_use_avx2()) {
+            nbi_mm_pack_f32x8(dst, cols, src, rs, cs, rows, cols);
+            return;
+        }
+#endif
+        nbi_mm_pack_f32x4(dst, cols, src, rs, cs, rows, cols);
+        return;
+    }
+    nbi_mm_pack_f64x2(dst, cols, src, rs, cs, rows, cols);
+    return;
+#endif
+    if (rs == 1) { /* column-stored: a transpose, in tiles that read and write along rows */
+        nbi_transpose_tiles(dst, cols, src, cs, rows, cols, es);
+        return;
+    }
     for (int64_t i0 = 0; i0 < rows; i0 += 32) {
         int64_t i1 = i0 + 32 < rows ? i0 + 32 : rows;
         for (int64_t j0 = 0; j0 < cols; j0 += 32) {

@@ -1287,8 +1287,8 @@ static void nbi_k_broadcast(const nbi_kargs *k) {
  * with row strides. Done in 32x32 tiles staged in a local buffer, so that both the reads
  * and the writes run along contiguous memory (reading a tile straight across rows would hit
  * the same cache set again and again when the strides are powers of two). */
-static void nbi_transpose_tiles(unsigned char *o, int64_t ors, const unsigned char *in, int64_t ics,
-                                int64_t rows, int64_t cols, size_t es) {
+void nbi_transpose_tiles(unsigned char *o, int64_t ors, const unsigned char *in, int64_t ics,
+                         int64_t rows, int64_t cols, size_t es) {
     unsigned char tile[NBI_TR_TILE * NBI_TR_TILE * 8]; /* es <= 8 */
     for (int64_t r0 = 0; r0 < rows; r0 += NBI_TR_TILE) {
         int64_t nr = rows - r0 < NBI_TR_TILE ? rows - r0 : NBI_TR_TILE;

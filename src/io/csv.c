@@ -379,3 +379,100 @@ nb_status nb_csv_load(nb_ctx *ctx, const char *path, const nb_csv_opts *opts, nb
     }
     return NB_OK;
 }
+
+/* ---- text as characters ------------------------------------------------------------- */
+
+nb_status nb_text_load(nb_ctx *ctx, const char *path, nb_array **codes, char *vocab, int *n_vocab) {
+    static const char fn[] = "nb_text_load";
+    if (codes != NULL) {
+        *codes = NULL;
+    }
+    if (n_vocab != NULL) {
+        *n_vocab = 0;
+    }
+    if (ctx == NULL || path == NULL || codes == NULL) {
+        return nbi_err(ctx, NB_ERR_MISUSE,
+                       "%s: %s is NULL (pass the context, the file's path and the address of an "
+                       "nb_array * for the codes)",
+                       fn,
+                       ctx == NULL    ? "ctx"
+                       : path == NULL ? "path"
+                                      : "codes");
+    }
+    errno = 0;
+    gzFile f = gzopen(path, "rb");
+    if (f == NULL) {
+        char why[128] = "unknown error";
+        if (errno != 0) {
+            strerror_r(errno, why, sizeof why);
+        }
+        return nbi_err(ctx, NB_ERR_IO, "%s: cannot open '%s': %s", fn, path, why);
+    }
+    /* read it whole into a growing buffer */
+    size_t cap = (size_t)1 << 16, n = 0;
+    unsigned char *buf = nbi_alloc(ctx, cap, 64);
+    nb_status st = buf != NULL ? NB_OK : nbi_err(ctx, NB_ERR_OOM, "%s: out of memory", fn);
+    while (st == NB_OK) {
+        if (n == cap) {
+            unsigned char *nb = cap <= SIZE_MAX / 2 ? nbi_alloc(ctx, 2 * cap, 64) : NULL;
+            if (nb == NULL) {
+                st = nbi_err(ctx, NB_ERR_OOM, "%s: out of memory reading '%s' (%zu bytes so far)",
+                             fn, path, n);
+                break;
+            }
+            memcpy(nb, buf, n);
+            nbi_free(ctx, buf, cap);
+            buf = nb;
+            cap *= 2;
+        }
+        unsigned want = cap - n > (1u << 30) ? (1u << 30) : (unsigned)(cap - n);
+        int got = gzread(f, buf + n, want);
+        if (got < 0) {
+            int zerr = 0;
+            const char *msg = gzerror(f, &zerr);
+            st = nbi_err(ctx, NB_ERR_IO, "%s: cannot read '%s': %s", fn, path,
+                         zerr == Z_ERRNO ? strerror(errno) : msg);
+        } else if (got == 0) {
+            break;
+        }
+        n += got > 0 ? (size_t)got : 0;
+    }
+    gzclose(f);
+    if (st == NB_OK && n == 0) {
+        st = nbi_err(ctx, NB_ERR_FORMAT, "%s: '%s' is empty", fn, path);
+    }
+    /* the sorted byte alphabet and each byte's index in it */
+    int index[256];
+    int nv = 0;
+    if (st == NB_OK) {
+        bool seen[256] = {false};
+        for (size_t i = 0; i < n; i++) {
+            seen[buf[i]] = true;
+        }
+        for (int b = 0; b < 256; b++) {
+            index[b] = seen[b] ? nv : -1;
+            if (seen[b] && vocab != NULL) {
+                vocab[nv] = (char)b;
+            }
+            nv += seen[b];
+        }
+    }
+    nb_array *a = NULL;
+    if (st == NB_OK) {
+        st = nbi_array_new(ctx, fn, NB_DTYPE_I32, 1, (int64_t[]){(int64_t)n}, &a);
+    }
+    if (st == NB_OK) {
+        int32_t *d = nb_array_data(a);
+        for (size_t i = 0; i < n; i++) {
+            d[i] = index[buf[i]];
+        }
+        *codes = a;
+        if (n_vocab != NULL) {
+            *n_vocab = nv;
+        }
+    }
+    if (buf != NULL) {
+        nbi_free(ctx, buf, cap);
+    }
+    return st;
+}

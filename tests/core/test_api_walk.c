@@ -2017,6 +2017,15 @@ WALK(nb_csv_load) {
     drop_a(f);
     drop_a(l);
 }
+WALK(nb_text_load) {
+    nb_array *c = S_A;
+    char vocab[256];
+    int nv = 7;
+    /* vocab and n_vocab may be NULL */
+    W_ST(nb_text_load(CTX(w->ctx), NUL(NBT_DATA_DIR "/iris.csv"), OUT(&c), vocab, &nv));
+    W_NULLOUT(c);
+    drop_a(c);
+}
 WALK(nb_data_split) {
     nb_array *x = fx_rows(w), *y = fx_labels(w), *k = fx_key(w);
     nb_array *xtr = S_A, *ytr = S_A, *xte = S_A, *yte = S_A;
@@ -2868,6 +2877,7 @@ static const entry k_table[] = {
     /* data.h */
     EXEMPT(nb_csv_opts_default, k_defaults),
     EAGER(nb_csv_load),
+    EAGER(nb_text_load),
     EAGER(nb_data_split),
     EAGER(nb_data_standardize),
     EAGER(nb_data_standardize_apply),

@@ -716,6 +716,46 @@ static void test_csv_nul_subnormal_f32_range(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* nb_text_load: Tiny Shakespeare as character codes (the alphabet sorted, each byte its
+ * index), and its errors. */
+static void test_text_load(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_array *c = NULL;
+    char vocab[256];
+    int nv = 0;
+    NBT_OK(ctx, nb_text_load(ctx, NBT_DATA_DIR "/tinyshakespeare.txt.gz", &c, vocab, &nv));
+    NBT_EQ_I64(nb_array_dtype(c), NB_DTYPE_I32);
+    NBT_EQ_I64(nb_array_dim(c, 0), 1115394); /* data/README.md: the uncompressed size */
+    NBT_EQ_I64(nv, 65);
+    for (int i = 1; i < nv; i++) {
+        NBT_TRUE((unsigned char)vocab[i - 1] < (unsigned char)vocab[i]);
+    }
+    const int32_t *d = nb_array_data(c);
+    char head[15];
+    for (int i = 0; i < 14; i++) {
+        NBT_TRUE(d[i] >= 0 && d[i] < nv);
+        head[i] = vocab[d[i]];
+    }
+    head[14] = '\0';
+    NBT_STREQ(head, "First Citizen:");
+    nb_array_destroy(c);
+    /* a missing file, an empty one, NULL arguments */
+    NBT_STATUS(ctx, NB_ERR_IO, nb_text_load(ctx, NBT_DATA_DIR "/no-such-file.txt", &c, NULL, NULL));
+    NBT_ERRMSG_HAS(ctx, "nb_text_load: cannot open");
+    NBT_TRUE(c == NULL);
+    char path[] = "/tmp/nbt_empty_XXXXXX";
+    int fd = mkstemp(path);
+    NBT_TRUE(fd >= 0);
+    close(fd);
+    NBT_STATUS(ctx, NB_ERR_FORMAT, nb_text_load(ctx, path, &c, NULL, &nv));
+    NBT_ERRMSG_HAS(ctx, "is empty");
+    NBT_EQ_I64(nv, 0);
+    unlink(path);
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_text_load(ctx, NULL, &c, NULL, NULL));
+    NBT_STATUS(ctx, NB_ERR_MISUSE, nb_text_load(ctx, path, NULL, NULL, NULL));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_split_sizes_pairs_and_order),
@@ -729,6 +769,7 @@ int main(void) {
         cmocka_unit_test(test_batcher_errors),
         cmocka_unit_test(test_allocation_failures),
         cmocka_unit_test(test_digits),
+        cmocka_unit_test(test_text_load),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
