@@ -1,0 +1,399 @@
+/*
+ * bench_layers.c -- the standard layers' rows, next to PyTorch and JAX + Equinox measured in
+ * the same run (benchmarks/peers/torch_layers.py, jax_layers.py), 1 thread, f32.
+ *
+ * Table 1, train steps (forward, backward, Adam update; nb_train_step, jitted, donated):
+ *   - cnn: the digits CNN of examples/cnn.c, batch 64 of [1, 8, 8] images: conv 1->16 3x3
+ *     SAME, relu, conv 16->32 3x3 SAME, relu, max pool 2x2 stride 2, Linear 512->64, relu,
+ *     Linear 64->10, mean cross-entropy, Adam 1e-3;
+ *   - gru: a character model of examples/char_rnn.c's shape: Embedding 65->32, GRU cells
+ *     32->128 and 128->128 under nb_scan over 64 steps (every step stored), Linear 128->65,
+ *     batch 32, mean cross-entropy over the 2,048 positions, Adam 1e-3.
+ * Table 2, one Conv2d (bias, 3x3, stride 1, padding 1): forward, and forward + the gradients
+ * of sum(conv(x) * r) with respect to x, the weight and the bias, on
+ *   a: x [32, 3, 32, 32] -> 16 channels; b: [32, 32, 16, 16] -> 64; c: [8, 64, 28, 28] -> 64;
+ * next to the BLIS floor of its im2col formulation: the one product of the forward
+ * ([O, C*9] x [C*9, N*H*W]) and the three of forward + backward (with dW = dY cols^T and
+ * dcols = W^T dY), called directly on buffers of those shapes.
+ *
+ * Every time is a median of interleaved samples (each a burst of >= 20 ms). Run from the
+ * repository root: ./build/benchmarks/bench_layers [--samples S] [--no-peers].
+ */
+#define BENCH_NAME "bench_layers"
+#include "bench_common.h"
+
+#include <blis.h>
+#include <nabla/nabla.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static double uniform01(void) {
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(g_rng >> 11) * 0x1.0p-53;
+}
+
+static nb_array *rand_arr(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape, int64_t hi) {
+    nb_array *a = NULL;
+    BENCH_CHECK(ctx, nb_array_zeros(ctx, dt, rank, shape, &a));
+    int64_t n = nb_array_size(a);
+    if (dt == NB_DTYPE_F32) {
+        float *d = nb_array_data(a);
+        for (int64_t i = 0; i < n; i++) {
+            d[i] = (float)(2 * uniform01() - 1);
+        }
+    } else {
+        int32_t *d = nb_array_data(a);
+        for (int64_t i = 0; i < n; i++) {
+            d[i] = (int32_t)(uniform01() * (double)hi);
+        }
+    }
+    return a;
+}
+
+static nb_tree *leaf(nb_ctx *ctx, nb_array *a) {
+    nb_tree *t = NULL;
+    BENCH_CHECK(ctx, nb_tree_array(a, &t));
+    nb_array_destroy(a);
+    return t;
+}
+
+/* ---- timing ------------------------------------------------------------------------------- */
+
+typedef struct runner {
+    nb_ctx *ctx;
+    void (*run)(struct runner *);
+    nb_fn *f;
+    nb_tree *args, *params, *state, *batch;
+    /* a BLIS floor: up to 3 products */
+    int n_mm;
+    int64_t m[3], n[3], k[3];
+    int tb[3]; /* b transposed */
+    float *a[3], *b[3], *c[3];
+    int burst;
+} runner;
+
+static void run_call(runner *r) {
+    nb_tree *out = NULL;
+    BENCH_CHECK(r->ctx, nb_fn_call(r->f, r->args, &out));
+    nb_tree_destroy(out);
+}
+
+static void run_step(runner *r) {
+    double v = 0;
+    BENCH_CHECK(r->ctx, nb_train_run(r->f, &r->params, &r->state, r->batch, &v, NULL));
+}
+
+static void run_blis(runner *r) {
+    float one = 1.0f, zero = 0.0f;
+    for (int i = 0; i < r->n_mm; i++) {
+        /* row-major c[m, n] = a[m, k] b[k, n] (b read as its transpose when stored [n, k]) */
+        bli_sgemm(BLIS_NO_TRANSPOSE, r->tb[i] ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, r->m[i],
+                  r->n[i], r->k[i], &one, r->a[i], r->k[i], 1, r->b[i],
+                  r->tb[i] ? r->k[i] : r->n[i], 1, &zero, r->c[i], r->n[i], 1);
+    }
+}
+
+static double sample(void *ud) {
+    runner *r = ud;
+    if (r->burst == 0) {
+        double t0 = bench_now_s();
+        int b = 0;
+        while (bench_now_s() - t0 < 0.02 || b < 1) {
+            r->run(r);
+            b++;
+        }
+        r->burst = b;
+    }
+    double t0 = bench_now_s();
+    for (int i = 0; i < r->burst; i++) {
+        r->run(r);
+    }
+    return (bench_now_s() - t0) / r->burst * 1e6;
+}
+
+/* ---- the models ------------------------------------------------------------------------- */
+
+static nb_var *flatten(nb_var *x) {
+    return nb_reshape(x, 2, (int64_t[]){nb_var_dim(x, 0), -1});
+}
+
+static nb_var *ce(nb_trace *tr, nb_var *z, nb_var *y, int classes) {
+    (void)tr;
+    nb_var *ll = nb_sum(nb_mul(nb_log_softmax(z, -1), nb_one_hot(y, classes, NB_DTYPE_F32)),
+                        (int[]){-1}, 1, false);
+    return nb_neg(nb_mean(ll, NULL, 0, false));
+}
+
+/* loss((model, x [64,1,8,8], y [64])) */
+static nb_status cnn_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *z = nb_nn_apply(tr, nb_tree_child(args, 0), nb_get(tr, args, "[1]"), NULL);
+    return nb_return(ce(tr, z, nb_get(tr, args, "[2]"), 10), out);
+}
+
+static nb_tree *cnn_model(nb_ctx *ctx, const nb_array *key) {
+    nb_array *k[3];
+    nb_tree *l[7], *model = NULL;
+    BENCH_CHECK(ctx, nb_random_split_keys(key, 3, k));
+    nb_nn_conv_opts same = nb_nn_conv_opts_default();
+    same.padding_kind = NB_NN_PAD_SAME;
+    nb_nn_pool_opts p2 = nb_nn_pool_opts_default();
+    p2.stride[0] = p2.stride[1] = 2;
+    BENCH_CHECK(
+        ctx, nb_nn_conv_init(ctx, 2, 1, 16, (int64_t[]){3, 3}, &same, NB_DTYPE_F32, k[0], &l[0]));
+    BENCH_CHECK(ctx, nb_nn_activation_leaf(ctx, nb_relu, NULL, &l[1]));
+    BENCH_CHECK(
+        ctx, nb_nn_conv_init(ctx, 2, 16, 32, (int64_t[]){3, 3}, &same, NB_DTYPE_F32, k[1], &l[2]));
+    l[3] = l[1];
+    BENCH_CHECK(ctx, nb_nn_max_pool_init(ctx, 2, (int64_t[]){2, 2}, &p2, &l[4]));
+    BENCH_CHECK(ctx, nb_nn_activation_leaf(ctx, flatten, "flatten", &l[5]));
+    BENCH_CHECK(ctx, nb_nn_mlp_init(ctx, 512, 10, 64, 1, NULL, NB_DTYPE_F32, k[2], &l[6]));
+    BENCH_CHECK(ctx, nb_nn_sequential_init(ctx, 7, l, &model));
+    return model;
+}
+
+enum { GB = 32, GT = 64, GE = 32, GH = 128, GV = 65 };
+
+static nb_status gru_cell(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_var *h1 = nb_get(tr, args, "[0][0]"), *h2 = nb_get(tr, args, "[0][1]");
+    h1 = nb_nn_gru_cell(tr, nb_tree_get(self, "gru1"), nb_get(tr, args, "[1]"), h1);
+    h2 = nb_nn_gru_cell(tr, nb_tree_get(self, "gru2"), h1, h2);
+    nb_tree *carry = NULL;
+    nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(h1), nb_leaf(h2)}, &carry);
+    nb_status st = nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){carry, nb_leaf(h2)}, out);
+    nb_tree_destroy(carry);
+    return st;
+}
+
+/* loss((params, inputs i32[B, T], targets i32[B, T])) */
+static nb_status gru_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    const nb_tree *p = nb_tree_child(args, 0);
+    nb_var *xs = nb_transpose(nb_nn_embedding(tr, nb_tree_get(p, "emb"), nb_get(tr, args, "[1]")),
+                              (int[]){1, 0, 2});
+    nb_var *h0 = nb_full(tr, NB_DTYPE_F32, 2, (int64_t[]){GB, GH}, 0.0);
+    nb_tree *carry = NULL;
+    nb_fn *f = NULL;
+    nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(h0), nb_leaf(h0)}, &carry);
+    nb_fn_create(nb_trace_ctx(tr), "cell", gru_cell, p, &f);
+    const nb_tree *r =
+        nb_scan(tr, f, carry, nb_leaf(xs), GT, &(nb_loop_opts){.kind = NB_LOOP_BOUNDED});
+    nb_fn_destroy(f);
+    nb_tree_destroy(carry);
+    nb_var *z = nb_nn_linear(tr, nb_tree_get(p, "out"), nb_get(tr, r, "[1]")); /* [T, B, V] */
+    nb_var *y = nb_transpose(nb_get(tr, args, "[2]"), NULL);
+    return nb_return(ce(tr, z, y, GV), out);
+}
+
+static nb_tree *gru_model(nb_ctx *ctx, const nb_array *key) {
+    nb_array *k[4];
+    nb_tree *l[4], *p = NULL;
+    BENCH_CHECK(ctx, nb_random_split_keys(key, 4, k));
+    BENCH_CHECK(ctx, nb_nn_embedding_init(ctx, GV, GE, NB_DTYPE_F32, k[0], &l[0]));
+    BENCH_CHECK(ctx, nb_nn_gru_cell_init(ctx, GE, GH, true, NB_DTYPE_F32, k[1], &l[1]));
+    BENCH_CHECK(ctx, nb_nn_gru_cell_init(ctx, GH, GH, true, NB_DTYPE_F32, k[2], &l[2]));
+    BENCH_CHECK(ctx, nb_nn_linear_init(ctx, GH, GV, true, NB_DTYPE_F32, k[3], &l[3]));
+    BENCH_CHECK(ctx, nb_tree_dict(ctx, 4, (const char *[]){"emb", "gru1", "gru2", "out"}, l, &p));
+    return p;
+}
+
+static void step_runner(nb_ctx *ctx, runner *r, nb_fn *loss, nb_tree *params, nb_tree *batch) {
+    nb_tree *opt = NULL;
+    memset(r, 0, sizeof *r);
+    r->ctx = ctx;
+    r->run = run_step;
+    BENCH_CHECK(ctx, nb_optim_adam(ctx, 1e-3, NULL, &opt));
+    BENCH_CHECK(ctx, nb_train_step(loss, opt, NULL, &r->f));
+    BENCH_CHECK(ctx, nb_train_init(r->f, params, &r->state));
+    r->params = params;
+    r->batch = batch;
+}
+
+/* ---- one convolution ---------------------------------------------------------------------- */
+
+/* args = ((layer, x), r): forward only uses (layer, x) */
+static nb_status conv_fwd(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    const nb_tree *lx = nb_tree_child(args, 0);
+    return nb_return(nb_nn_conv(tr, nb_tree_child(lx, 0), nb_get(tr, lx, "[1]")), out);
+}
+static nb_status conv_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    const nb_tree *lx = nb_tree_child(args, 0);
+    nb_var *y = nb_nn_conv(tr, nb_tree_child(lx, 0), nb_get(tr, lx, "[1]"));
+    return nb_return(nb_sum(nb_mul(y, nb_get(tr, args, "[1]")), NULL, 0, false), out);
+}
+
+typedef struct conv_shape {
+    const char *name;
+    int64_t n, c, hw, o;
+} conv_shape;
+
+int main(int argc, char **argv) {
+    int samples = 11;
+    bool with_peers = true;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--no-peers") == 0) {
+            with_peers = false;
+        } else if (strcmp(argv[i], "--samples") == 0 && i + 1 < argc) {
+            samples = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: bench_layers [--samples S] [--no-peers]\n");
+            return 2;
+        }
+    }
+    if (samples < 1 || samples > BENCH_MAX_ROUNDS) {
+        fprintf(stderr, BENCH_NAME ": samples in 1..%d\n", BENCH_MAX_ROUNDS);
+        return 2;
+    }
+    bli_thread_set_num_threads(1);
+    nb_ctx_opts co = nb_ctx_opts_default();
+    co.n_threads = 1;
+    nb_ctx *ctx = NULL;
+    if (nb_ctx_create(&co, &ctx) != NB_OK) {
+        fprintf(stderr, BENCH_NAME ": cannot create a context\n");
+        return 1;
+    }
+    char load[16];
+    bench_load_average(load, sizeof load);
+    printf("# bench_layers: layers and models against PyTorch, JAX + Equinox and the BLIS floor "
+           "(1 thread, load average %s)\n\n",
+           load);
+
+    static const char *const keys[8] = {"cnn_us",           "gru_us",          "conv_a_fwd_us",
+                                        "conv_a_fwdbwd_us", "conv_b_fwd_us",   "conv_b_fwdbwd_us",
+                                        "conv_c_fwd_us",    "conv_c_fwdbwd_us"};
+    double torch[8], jax[8];
+    char tv[64] = "not run", jv[64] = "not run";
+    for (int i = 0; i < 8; i++) {
+        torch[i] = jax[i] = NAN;
+    }
+    if (with_peers) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd,
+                 "/usr/bin/python3 benchmarks/peers/torch_layers.py --samples %d 2>/dev/null",
+                 samples);
+        if (access("/usr/bin/python3", X_OK) == 0) {
+            bench_peer_read(cmd, 8, keys, torch, "torch_version", tv, sizeof tv);
+        }
+        snprintf(cmd, sizeof cmd,
+                 "build/peers/bin/python benchmarks/peers/jax_layers.py --samples %d 2>/dev/null",
+                 samples);
+        if (access("build/peers/bin/python", X_OK) == 0) {
+            bench_peer_read(cmd, 8, keys, jax, "jax_version", jv, sizeof jv);
+        }
+    }
+
+    nb_array *key = NULL;
+    BENCH_CHECK(ctx, nb_random_key(ctx, 0, &key));
+    runner run[8];
+    memset(run, 0, sizeof run);
+    /* cnn */
+    nb_fn *cl = NULL, *gl = NULL;
+    BENCH_CHECK(ctx, nb_fn_create(ctx, "cnn_loss", cnn_loss, NULL, &cl));
+    nb_tree *cb = NULL,
+            *cx = leaf(ctx, rand_arr(ctx, NB_DTYPE_F32, 4, (int64_t[]){64, 1, 8, 8}, 0)),
+            *cy = leaf(ctx, rand_arr(ctx, NB_DTYPE_I32, 1, (int64_t[]){64}, 10));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){cx, cy}, &cb));
+    step_runner(ctx, &run[0], cl, cnn_model(ctx, key), cb);
+    /* gru */
+    BENCH_CHECK(ctx, nb_fn_create(ctx, "gru_loss", gru_loss, NULL, &gl));
+    nb_tree *gb = NULL, *gx = leaf(ctx, rand_arr(ctx, NB_DTYPE_I32, 2, (int64_t[]){GB, GT}, GV)),
+            *gy = leaf(ctx, rand_arr(ctx, NB_DTYPE_I32, 2, (int64_t[]){GB, GT}, GV));
+    BENCH_CHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){gx, gy}, &gb));
+    step_runner(ctx, &run[1], gl, gru_model(ctx, key), gb);
+    /* convolutions and their BLIS floors */
+    static const conv_shape CS[3] = {
+        {"a: [32,3,32,32] -> 16", 32, 3, 32, 16},
+        {"b: [32,32,16,16] -> 64", 32, 32, 16, 64},
+        {"c: [8,64,28,28] -> 64", 8, 64, 28, 64},
+    };
+    runner floor_[6];
+    memset(floor_, 0, sizeof floor_);
+    nb_fn *ff = NULL, *lf = NULL, *gf = NULL, *jf = NULL, *jg = NULL;
+    BENCH_CHECK(ctx, nb_fn_create(ctx, "conv_fwd", conv_fwd, NULL, &ff));
+    BENCH_CHECK(ctx, nb_fn_create(ctx, "conv_loss", conv_loss, NULL, &lf));
+    BENCH_CHECK(ctx, nb_jit(ff, NULL, &jf));
+    BENCH_CHECK(ctx, nb_grad(lf, NULL, &gf));
+    BENCH_CHECK(ctx, nb_jit(gf, NULL, &jg));
+    for (int s = 0; s < 3; s++) {
+        const conv_shape *c = &CS[s];
+        nb_nn_conv_opts o = nb_nn_conv_opts_default();
+        o.padding_kind = NB_NN_PAD_SAME;
+        nb_tree *layer = NULL, *pair = NULL, *args = NULL;
+        BENCH_CHECK(ctx, nb_nn_conv_init(ctx, 2, c->c, c->o, (int64_t[]){3, 3}, &o, NB_DTYPE_F32,
+                                         key, &layer));
+        nb_tree *x =
+            leaf(ctx, rand_arr(ctx, NB_DTYPE_F32, 4, (int64_t[]){c->n, c->c, c->hw, c->hw}, 0));
+        nb_tree *r =
+            leaf(ctx, rand_arr(ctx, NB_DTYPE_F32, 4, (int64_t[]){c->n, c->o, c->hw, c->hw}, 0));
+        BENCH_CHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){layer, x}, &pair));
+        BENCH_CHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){pair, r}, &args));
+        for (int fb = 0; fb < 2; fb++) {
+            runner *u = &run[2 + 2 * s + fb];
+            u->ctx = ctx;
+            u->run = run_call;
+            u->f = fb ? jg : jf;
+            u->args = args;
+            runner *fl = &floor_[2 * s + fb];
+            int64_t ck = c->c * 9, l = c->n * c->hw * c->hw;
+            /* forward: y [O, L] = W [O, CK] cols [CK, L]; backward: dW [O, CK] = dY [O, L]
+             * cols^T (cols stored [CK, L]), dcols [CK, L] = W^T [CK, O] dY [O, L] */
+            fl->run = run_blis;
+            fl->n_mm = fb ? 3 : 1;
+            int64_t mm[3] = {c->o, c->o, ck}, nn[3] = {l, ck, l}, kk[3] = {ck, l, c->o};
+            for (int i = 0; i < fl->n_mm; i++) {
+                fl->m[i] = mm[i], fl->n[i] = nn[i], fl->k[i] = kk[i], fl->tb[i] = i == 1;
+                fl->a[i] = calloc((size_t)(mm[i] * kk[i]), sizeof(float));
+                fl->b[i] = calloc((size_t)(kk[i] * nn[i]), sizeof(float));
+                fl->c[i] = calloc((size_t)(mm[i] * nn[i]), sizeof(float));
+            }
+        }
+        nb_tree_destroy(pair);
+        nb_tree_destroy(layer);
+        nb_tree_destroy(x);
+        nb_tree_destroy(r);
+    }
+    bench_item items[14];
+    for (int i = 0; i < 8; i++) {
+        items[i].sample = sample;
+        items[i].ud = &run[i];
+    }
+    for (int i = 0; i < 6; i++) {
+        items[8 + i].sample = sample;
+        items[8 + i].ud = &floor_[i];
+    }
+    bench_rounds(items, 14, samples);
+    double med[14];
+    for (int i = 0; i < 14; i++) {
+        med[i] = bench_median(items[i].s, samples);
+    }
+    printf("PyTorch %s, JAX %s. Times in ms; ratio = peer / nabla (> 1: nabla faster).\n\n", tv,
+           jv);
+    printf("| train step | nabla | PyTorch | JAX + Equinox | PyTorch / nabla | JAX / nabla |\n"
+           "|---|---|---|---|---|---|\n");
+    static const char *const sn[2] = {"digits CNN, batch 64", "2-layer GRU, B 32, H 128, T 64"};
+    for (int i = 0; i < 2; i++) {
+        printf("| %s | %.3f | %.3f | %.3f | %.2f | %.2f |\n", sn[i], med[i] / 1e3, torch[i] / 1e3,
+               jax[i] / 1e3, torch[i] / med[i], jax[i] / med[i]);
+    }
+    printf("\n| Conv2d 3x3 | pass | nabla | BLIS floor | nabla / floor | PyTorch | JAX | PyTorch / "
+           "nabla | JAX / nabla |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (int s = 0; s < 3; s++) {
+        for (int fb = 0; fb < 2; fb++) {
+            int i = 2 + 2 * s + fb;
+            double fl = med[8 + 2 * s + fb];
+            printf("| %s | %s | %.3f | %.3f | %.2f | %.3f | %.3f | %.2f | %.2f |\n", CS[s].name,
+                   fb ? "fwd+bwd" : "fwd", med[i] / 1e3, fl / 1e3, med[i] / fl, torch[i] / 1e3,
+                   jax[i] / 1e3, torch[i] / med[i], jax[i] / med[i]);
+        }
+    }
+    nb_ctx_destroy(ctx);
+    return 0;
+}
