@@ -222,8 +222,9 @@ NBI_HIDDEN nb_var *nbi_emit_param(nb_trace *tr, int32_t index, nb_dtype dtype, i
                                   const int64_t *shape, const char *path);
 /* The convolution's data movement (op_conv.c): x [C, N, S..] (nd = 1..3 spatial dims) to
  * its columns [C, K, N, So..] (the padding of value pad_value), and the transpose (cols
- * back to [C, N, spatial..], summed).
- * kernel, stride, dil, lo, hi: nd entries each. */
+ * back to [C, N, spatial..], summed). nd + NBI_CONV_BATCH_FIRST: the batch-first layout,
+ * x [N, C, S..] and cols [N, C, K, So..]. kernel, stride, dil, lo, hi: nd entries each. */
+#define NBI_CONV_BATCH_FIRST 16
 NBI_HIDDEN nb_var *nbi_im2col(nb_var *x, int nd, const int64_t *kernel, const int64_t *stride,
                               const int64_t *dil, const int64_t *lo, const int64_t *hi,
                               double pad_value);

@@ -304,15 +304,15 @@ static bool nbi_conv_padding(const nbi_nn_at *at, int nd, int64_t pad[][2], int 
     return ok;
 }
 
-/* x [C, N, S...] (channels first, nd spatial dims) with lo/hi padding per spatial dim (a
- * negative amount crops), cut into the K taps of the dilated kernel with the stride and
- * multiplied by w [O, C/g, k...]: [O, N*prod(So)]. so[] receives the output's spatial
- * sizes. Returns NULL (after a sticky error naming the input) when the padded input is
- * smaller than the dilated kernel. */
+/* x [N, C, S...] (nd spatial dims) with lo/hi padding per spatial dim (a negative amount
+ * crops), cut into the K taps of the dilated kernel with the stride (batch-first columns
+ * [N, C*K, L]) and multiplied by w [O, C/g, k...] example by example: [N, O, L] (L =
+ * prod(So)); so[] receives the output's spatial sizes. Returns NULL (after a sticky error naming
+ * the input) when the padded input is smaller than the dilated kernel. */
 static nb_var *nbi_conv_core(const nbi_nn_at *at, nb_var *x, nb_var *xin, nb_var *wv, int nd,
                              const int64_t *ks, const int64_t *stride, const int64_t *dil,
                              const int64_t *lo, const int64_t *hi, int64_t groups, int64_t *so) {
-    int64_t cin = nb_var_dim(x, 0), n = nb_var_dim(x, 1), cout = nb_var_dim(wv, 0);
+    int64_t n = nb_var_dim(x, 0), cin = nb_var_dim(x, 1), cout = nb_var_dim(wv, 0);
     int64_t sp[NBI_CONV_MAX_ND], ek[NBI_CONV_MAX_ND];
     bool crop = false;
     for (int d = 0; d < nd; d++) {
@@ -337,7 +337,7 @@ static nb_var *nbi_conv_core(const nbi_nn_at *at, nb_var *x, nb_var *xin, nb_var
         so[d] = (padded - ek[d]) / stride[d] + 1;
     }
     if (crop) {
-        int64_t start[2 + NBI_CONV_MAX_ND] = {0, 0}, stop[2 + NBI_CONV_MAX_ND] = {cin, n};
+        int64_t start[2 + NBI_CONV_MAX_ND] = {0, 0}, stop[2 + NBI_CONV_MAX_ND] = {n, cin};
         for (int d = 0; d < nd; d++) {
             start[2 + d] = lo[d] < 0 ? -lo[d] : 0;
             stop[2 + d] = hi[d] < 0 ? sp[d] + hi[d] : sp[d];
@@ -349,22 +349,23 @@ static nb_var *nbi_conv_core(const nbi_nn_at *at, nb_var *x, nb_var *xin, nb_var
         plo[d] = lo[d] > 0 ? lo[d] : 0;
         phi[d] = hi[d] > 0 ? hi[d] : 0;
     }
-    int64_t nk = 1, l = n;
+    int64_t nk = 1, l = 1;
     for (int d = 0; d < nd; d++) {
         nk *= ks[d];
         l *= so[d];
     }
-    nb_var *cols = nbi_im2col(x, nd, ks, stride, dil, plo, phi, 0.0); /* [C, K, N, So...] */
+    nb_var *cols = nbi_im2col(x, nd + NBI_CONV_BATCH_FIRST, ks, stride, dil, plo, phi,
+                              0.0); /* [N, C, K, So...] */
     int64_t cg = cin / groups, og = cout / groups;
     nb_var *y;
     if (groups == 1) {
-        nb_var *c2 = nb_reshape(cols, 2, (const int64_t[]){cin * nk, l});
+        nb_var *c3 = nb_reshape(cols, 3, (const int64_t[]){n, cin * nk, l});
         nb_var *w2 = nb_reshape(wv, 2, (const int64_t[]){cout, cg * nk});
-        y = nb_matmul(w2, c2); /* [O, N*prod(So)] */
+        y = nb_matmul(w2, c3); /* [N, O, L] */
     } else {
-        nb_var *c3 = nb_reshape(cols, 3, (const int64_t[]){groups, cg * nk, l});
+        nb_var *c4 = nb_reshape(cols, 4, (const int64_t[]){n, groups, cg * nk, l});
         nb_var *w3 = nb_reshape(wv, 3, (const int64_t[]){groups, og, cg * nk});
-        y = nb_matmul(w3, c3); /* [g, O/g, N*prod(So)] */
+        y = nb_matmul(w3, c4); /* [N, g, O/g, L] */
     }
     return y;
 }
@@ -488,16 +489,10 @@ static nb_var *nbi_conv_apply(nb_trace *tr, const nb_tree *layer, nb_var *x, boo
     for (int d = 0; d < nd; d++) {
         sp[d] = nb_var_dim(x, r - nd + d);
     }
-    /* [C, N, S...]: channels first, so that the columns come out as [C*K, N*L]. */
-    int64_t cshape[2 + NBI_CONV_MAX_ND] = {cin, n};
+    /* [N, C, S...] (one example: N = 1) */
+    int64_t cshape[2 + NBI_CONV_MAX_ND] = {n, cin};
     memcpy(cshape + 2, sp, (size_t)nd * sizeof(int64_t));
-    nb_var *xt;
-    if (r == nd + 1 || n == 1) {
-        xt = nb_reshape(x, nd + 2, cshape);
-    } else {
-        int perm[2 + NBI_CONV_MAX_ND] = {1, 0, 2, 3, 4};
-        xt = nb_transpose(x, perm);
-    }
+    nb_var *xt = r == nd + 1 ? nb_reshape(x, nd + 2, cshape) : x;
     const int64_t *cstride = stride;
     static const int64_t ones[NBI_CONV_MAX_ND] = {1, 1, 1};
     for (int d = 0; d < nd; d++) {
@@ -538,22 +533,14 @@ static nb_var *nbi_conv_apply(nb_trace *tr, const nb_tree *layer, nb_var *x, boo
     if (y == NULL) {
         return tr->poison;
     }
-    int64_t oshape[2 + NBI_CONV_MAX_ND];
-    if (r == nd + 1 || n == 1) {
-        int o = 0;
-        if (r == nd + 2) {
-            oshape[o++] = 1;
-        }
-        oshape[o++] = cout;
-        memcpy(oshape + o, so, (size_t)nd * sizeof(int64_t));
-        y = nb_reshape(y, r, oshape);
-    } else {
-        oshape[0] = cout;
-        oshape[1] = n;
-        memcpy(oshape + 2, so, (size_t)nd * sizeof(int64_t));
-        int perm[2 + NBI_CONV_MAX_ND] = {1, 0, 2, 3, 4};
-        y = nb_transpose(nb_reshape(y, nd + 2, oshape), perm);
+    int64_t oshape[2 + NBI_CONV_MAX_ND]; /* [N, O, So...] or [O, So...] */
+    int o = 0;
+    if (r == nd + 2) {
+        oshape[o++] = n;
     }
+    oshape[o++] = cout;
+    memcpy(oshape + o, so, (size_t)nd * sizeof(int64_t));
+    y = nb_reshape(y, r, oshape);
     if (bv != NULL) {
         y = nb_add(y, bv);
     }
