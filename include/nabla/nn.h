@@ -1,6 +1,8 @@
 /*
- * nabla/nn.h -- neural-network layers as pytrees: Linear, MLP, LayerNorm, Embedding,
- * Dropout, Conv2d, Sequential.
+ * nabla/nn.h -- neural-network layers as pytrees: Linear, MLP, Embedding, Dropout,
+ * Sequential; Conv1d/2d/3d and ConvTranspose1d/2d/3d; MaxPool, AvgPool and adaptive
+ * pooling; LayerNorm, RMSNorm, GroupNorm, BatchNorm (with a state tree);
+ * MultiheadAttention; GRUCell and LSTMCell.
  *
  * The C form of Equinox's modules. A layer is a dict tree holding its parameter arrays
  * (dynamic leaves: traced, differentiated, updated by optimizers) and its configuration as
@@ -38,10 +40,15 @@
  * dims with the biased variance (jnp.var); Conv2d as lax.conv_general_dilated on [C,H,W]
  * or [N,C,H,W]; Dropout as jnp.where(bernoulli(key, 1-p), x / (1-p), 0).
  *
- * Conv2d is computed by im2col: the padded input is cut into kh*kw strided slices, stacked
- * into a [in/groups*kh*kw, N*Ho*Wo] matrix per group, and multiplied by the weight
- * reshaped to [out/groups, in/groups*kh*kw] in one matrix product (BLIS). Everything is
- * built from traced primitives, so gradients, jit and fusion come for free.
+ * The layers added later follow Equinox the same way (init rules and forward formulas in
+ * their source files: src/nn/conv.c, pool.c, norm.c, batch_norm.c, attention.c, rnn.c;
+ * tests/nn/test_layers.c checks them against Equinox 0.13.8).
+ *
+ * Convolutions are computed by im2col: the input cut into its receptive fields (one op,
+ * the padding a bounds test), a [C*K, L] matrix per example, multiplied by the weight
+ * reshaped to [O, C*K] (BLIS, example by example; per group likewise). Its gradient is the
+ * transposed product and col2im. Everything else is built from traced primitives, so
+ * gradients, jit, vmap and fusion come for free.
  *
  * Statuses of the init functions: NB_OK; NB_ERR_MISUSE (NULL ctx, key or out, a destroyed
  * key); NB_ERR_SHAPE (key is not an i32[2] array); NB_ERR_INVALID (a size < 1 or > 2^31, a
