@@ -3,12 +3,13 @@
  * convolutions, max pooling and two Linears in one Sequential (a user-defined "flatten"
  * activation between the pooling and the Linears, as Equinox's Lambda), Adam, shuffled
  * minibatches of 64, the test accuracy on 359 held-out digits. The same numbers on every
- * run and for any thread count (NABLA_THREADS=1 or 2). Usage: cnn [DIGITS_CSV_GZ]
- * (default data/digits.csv.gz).
+ * run and for any thread count (NABLA_THREADS=1 or 2). Usage: cnn [DIGITS_CSV_GZ] [EPOCHS]
+ * (defaults: data/digits.csv.gz, 30).
  */
 #include <nabla/nabla.h>
 
 #include <stdio.h>
+#include <stdlib.h>
 
 /* Stop at the first failure with nabla's message (it names the call, the shapes, the fix). */
 // clang-format off
@@ -71,7 +72,7 @@ int main(int argc, char **argv) {
     CHECK(nb_tree_array(yb, &l[8]));
     CHECK(nb_tree_tuple(ctx, 2, &l[7], &batch));
     double v = 0.0;
-    for (int64_t e = 0, rows = 0; e < 30; e++) {
+    for (int64_t e = 0, rows = 0, epochs = argc > 2 ? atoi(argv[2]) : 30; e < epochs; e++) {
         CHECK(nb_batcher_epoch(batches, e));
         while (nb_batcher_next(batches, xb, yb, &rows) == NB_OK && rows > 0) {
             CHECK(nb_train_run(step, &model, &state, batch, &v, NULL));

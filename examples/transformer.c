@@ -75,7 +75,7 @@ int main(int argc, char **argv) {
     CHECK(nb_tree_dict(ctx, 8,
                        (const char *[]){"tok", "pos", "attn", "mlp", "out", "ln1", "ln2", "ln3"}, l,
                        &params));
-    CHECK(nb_schedule_warmup_cosine_decay(ctx, 0.0, 1e-2, 30, steps, 1e-3, 1.0, &sched));
+    CHECK(nb_schedule_warmup_cosine_decay(ctx, 0.0, 1e-2, steps / 10, steps, 1e-3, 1.0, &sched));
     nb_optim_opts oo = nb_optim_opts_default();
     oo.schedule = sched;
     CHECK(nb_optim_clip_by_global_norm(ctx, 1.0, &parts[0]));

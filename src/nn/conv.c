@@ -354,8 +354,13 @@ static nb_var *nbi_conv_core(const nbi_nn_at *at, nb_var *x, nb_var *xin, nb_var
         nk *= ks[d];
         l *= so[d];
     }
-    nb_var *cols = nbi_im2col(x, nd + NBI_CONV_BATCH_FIRST, ks, stride, dil, plo, phi,
-                              0.0); /* [N, C, K, So...] */
+    bool pointwise = nk == 1; /* a 1x1 kernel, stride 1, no padding: x is its own columns */
+    for (int d = 0; d < nd; d++) {
+        pointwise = pointwise && stride[d] == 1 && plo[d] == 0 && phi[d] == 0;
+    }
+    nb_var *cols = pointwise ? x
+                             : nbi_im2col(x, nd + NBI_CONV_BATCH_FIRST, ks, stride, dil, plo, phi,
+                                          0.0); /* [N, C, K, So...] */
     int64_t cg = cin / groups, og = cout / groups;
     nb_var *y;
     if (groups == 1) {

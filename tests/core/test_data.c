@@ -754,6 +754,7 @@ static void test_text_load(void **state) {
     unlink(path);
     NBT_STATUS(ctx, NB_ERR_MISUSE, nb_text_load(ctx, NULL, &c, NULL, NULL));
     NBT_STATUS(ctx, NB_ERR_MISUSE, nb_text_load(ctx, path, NULL, NULL, NULL));
+    nb_ctx_destroy(ctx);
 }
 
 int main(void) {

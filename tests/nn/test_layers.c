@@ -366,6 +366,7 @@ static void test_conv_oracle(void **state) {
     expect_forward(ctx, l, "conv3d", 4);
     nb_tree_destroy(l);
     nb_array_destroy(k);
+    nb_ctx_destroy(ctx);
 }
 
 static void test_conv_transpose_oracle(void **state) {
@@ -424,6 +425,7 @@ static void test_conv_transpose_oracle(void **state) {
     expect_forward(ctx, l, "convt2d_bigpad", 4);
     nb_tree_destroy(l);
     nb_array_destroy(k);
+    nb_ctx_destroy(ctx);
 }
 
 /* args = (x, layer, w): d sum(pool(x) * w) / dx by nabla's reverse mode. */
@@ -510,6 +512,7 @@ static void test_pool_oracle(void **state) {
     NBT_OK(ctx, nb_nn_adaptive_max_pool_init(ctx, 2, (int64_t[]){2, 3}, &l));
     expect_forward(ctx, l, "adaptive_max2d", 0);
     nb_tree_destroy(l);
+    nb_ctx_destroy(ctx);
 }
 
 /* A copy of layer with the weight and bias replaced by the oracle's <name>_weight/_bias. */
@@ -562,6 +565,7 @@ static void test_norm_oracle(void **state) {
     expect_forward(ctx, l2, "rmsnorm2", 4);
     nb_tree_destroy(l2);
     nb_tree_destroy(l);
+    nb_ctx_destroy(ctx);
 }
 
 /* Four training steps of a BatchNorm through one jitted function, then inference:
@@ -638,6 +642,7 @@ static void test_batch_norm_oracle(void **state) {
     nb_ctx *ctx = nbt_ctx();
     check_batch_norm(ctx, NB_NN_BATCH_NORM_BATCH, "batchnorm_batch");
     check_batch_norm(ctx, NB_NN_BATCH_NORM_EMA, "batchnorm_ema");
+    nb_ctx_destroy(ctx);
 }
 
 static void test_attention_oracle(void **state) {
@@ -716,6 +721,7 @@ static void test_attention_oracle(void **state) {
     nb_array_destroy(x);
     nb_tree_destroy(lc);
     nb_tree_destroy(l);
+    nb_ctx_destroy(ctx);
 }
 
 static void test_rnn_oracle(void **state) {
@@ -781,6 +787,7 @@ static void test_rnn_oracle(void **state) {
     nb_array_destroy(h);
     nb_tree_destroy(l);
     nb_array_destroy(k);
+    nb_ctx_destroy(ctx);
 }
 
 /* ---- gradients vs finite differences (f64) ------------------------------------------ */
@@ -1008,6 +1015,77 @@ static void test_grads(void **state) {
     nb_array_destroy(h);
     nb_array_destroy(x);
     nb_array_destroy(key);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- a GRU over a sequence: nb_scan storing every step and checkpointed ----------------- */
+
+static nb_status body_gru_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    nb_var *h = nb_nn_gru_cell(tr, self, nb_get(tr, args, "[1]"), nb_get(tr, args, "[0]"));
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(h), nb_leaf(h)}, out);
+}
+
+/* args = (cell, xs [T, B, in]) -> sum of the hidden states; self: a bool leaf, true for a
+ * checkpointed scan (every 3 steps) */
+static nb_status body_gru_seq(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    bool ck = false;
+    nb_tree_get_bool(self, &ck);
+    nb_var *xs = nb_get(tr, args, "[1]");
+    nb_fn *f = NULL;
+    nb_status st =
+        nb_fn_create(nb_trace_ctx(tr), "gru_step", body_gru_step, nb_tree_child(args, 0), &f);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_var *h0 = nb_full(tr, nb_var_dtype(xs), 2, (int64_t[]){nb_var_dim(xs, 1), 4}, 0.0);
+    nb_loop_opts lo = nb_loop_opts_default();
+    lo.kind = ck ? NB_LOOP_CHECKPOINTED : NB_LOOP_BOUNDED;
+    lo.checkpoints = 3;
+    const nb_tree *r = nb_scan(tr, f, nb_leaf(h0), nb_leaf(xs), nb_var_dim(xs, 0), &lo);
+    nb_fn_destroy(f);
+    return nb_return(nb_sum(nb_square(nb_get(tr, r, "[1]")), NULL, 0, false), out);
+}
+
+/* The gradient of a GRU run over 17 steps is the same, bit for bit, stored and
+ * checkpointed, and matches finite differences (f64). */
+static void test_gru_scan(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_array *key = key_of(ctx, 8);
+    nb_tree *cell = NULL, *g[2] = {NULL, NULL};
+    NBT_OK(ctx, nb_nn_gru_cell_init(ctx, 3, 4, true, NB_DTYPE_F64, key, &cell));
+    nb_array *xs = normal(ctx, 9, NB_DTYPE_F64, 3, (int64_t[]){17, 2, 3});
+    nb_tree *lx = leaf_of(xs), *args = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){cell, lx}, &args));
+    for (int ck = 0; ck < 2; ck++) {
+        nb_tree *self = NULL;
+        nb_fn *f = NULL, *gf = NULL;
+        NBT_OK(ctx, nb_tree_bool(ctx, ck, &self));
+        NBT_OK(ctx, nb_fn_create(ctx, "gru_seq", body_gru_seq, self, &f));
+        NBT_OK(ctx, nb_grad(f, NULL, &gf));
+        NBT_OK(ctx, nb_fn_call(gf, args, &g[ck]));
+        nb_fn_destroy(gf);
+        nb_fn_destroy(f);
+        nb_tree_destroy(self);
+    }
+    static const char *const leaves[4] = {"weight_ih", "weight_hh", "bias", "bias_n"};
+    for (int i = 0; i < 4; i++) {
+        nb_array *a = get_arr(g[0], leaves[i]), *b = get_arr(g[1], leaves[i]);
+        NBT_EQ_I64(nb_array_size(a), nb_array_size(b));
+        NBT_TRUE(memcmp(nb_array_data(a), nb_array_data(b),
+                        (size_t)nb_array_size(a) * sizeof(double)) == 0);
+    }
+    print_message("GRU over 17 steps: stored and checkpointed gradients bit-identical\n");
+    nb_tree_destroy(g[0]);
+    nb_tree_destroy(g[1]);
+    nb_tree_destroy(args);
+    nb_tree_destroy(lx);
+    nb_array_destroy(xs);
+    nb_tree_destroy(cell);
+    nb_array_destroy(key);
+    nb_ctx_destroy(ctx);
 }
 
 /* ---- misuse -------------------------------------------------------------------------- */
@@ -1157,6 +1235,7 @@ static void test_errors(void **state) {
     nb_array_destroy(xb);
     nb_array_destroy(x);
     nb_array_destroy(key);
+    nb_ctx_destroy(ctx);
 }
 
 /* ---- allocation failures over init and call ----------------------------------------- */
@@ -1268,15 +1347,11 @@ int main(void) {
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv_oracle),
-        cmocka_unit_test(test_conv_transpose_oracle),
-        cmocka_unit_test(test_pool_oracle),
-        cmocka_unit_test(test_norm_oracle),
-        cmocka_unit_test(test_batch_norm_oracle),
-        cmocka_unit_test(test_attention_oracle),
-        cmocka_unit_test(test_rnn_oracle),
-        cmocka_unit_test(test_grads),
-        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_conv_oracle),       cmocka_unit_test(test_conv_transpose_oracle),
+        cmocka_unit_test(test_pool_oracle),       cmocka_unit_test(test_norm_oracle),
+        cmocka_unit_test(test_batch_norm_oracle), cmocka_unit_test(test_attention_oracle),
+        cmocka_unit_test(test_rnn_oracle),        cmocka_unit_test(test_grads),
+        cmocka_unit_test(test_gru_scan),          cmocka_unit_test(test_errors),
         cmocka_unit_test(test_out_of_memory),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
