@@ -335,8 +335,10 @@ NB_API nb_var *nb_nn_batch_norm(nb_trace *tr, const nb_tree *layer, nb_var *x, c
                                 const nb_tree **new_state);
 /* MultiheadAttention: query [..., Sq, query_size], key_ [..., Skv, key_size], value
  * [..., Skv, value_size] (the same leading dims) -> [..., Sq, output_size]. mask: NULL or
- * a bool var, true where a query may attend to a key: [Sq, Skv], [num_heads, Sq, Skv] or
- * either with leading dims that broadcast with the batch; combined with the causal flag.
+ * a bool var, true where a query may attend to a key, told apart by its rank: [Sq, Skv]
+ * (everywhere), [..., Sq, Skv] with the query's leading dims (per example), or one more
+ * dim, [..., num_heads, Sq, Skv] (per head; unbatched: Equinox's [num_heads, Sq, Skv]);
+ * combined with the causal flag.
  * key: the dropout's PRNG key (training mode with dropout_p > 0 only; may be NULL). */
 NB_API nb_var *nb_nn_multihead_attention(nb_trace *tr, const nb_tree *layer, nb_var *query,
                                          nb_var *key_, nb_var *value, nb_var *mask, nb_var *key);

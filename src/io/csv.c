@@ -358,7 +358,10 @@ nb_status nb_csv_load(nb_ctx *ctx, const char *path, const nb_csv_opts *opts, nb
             }
         }
     }
-    gzclose(c.f);
+    /* a truncated or corrupt .gz reads as a short file; zlib says so when it is closed */
+    if (gzclose(c.f) != Z_OK && st == NB_OK) {
+        st = nbi_err(ctx, NB_ERR_IO, "%s: '%s' is truncated or corrupt (zlib)", fn, path);
+    }
     if (c.line != NULL) {
         nbi_free(ctx, c.line, c.line_cap);
     }
@@ -437,7 +440,10 @@ nb_status nb_text_load(nb_ctx *ctx, const char *path, nb_array **codes, char *vo
         }
         n += got > 0 ? (size_t)got : 0;
     }
-    gzclose(f);
+    /* a truncated or corrupt .gz reads as a short file; zlib says so when it is closed */
+    if (gzclose(f) != Z_OK && st == NB_OK) {
+        st = nbi_err(ctx, NB_ERR_IO, "%s: '%s' is truncated or corrupt (zlib)", fn, path);
+    }
     if (st == NB_OK && n == 0) {
         st = nbi_err(ctx, NB_ERR_FORMAT, "%s: '%s' is empty", fn, path);
     }

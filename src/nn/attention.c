@@ -45,6 +45,9 @@ nb_status nb_nn_multihead_attention_init(nb_ctx *ctx, int64_t num_heads, int64_t
     if (st == NB_OK) {
         st = nbi_nn_check_size(ctx, fn, "query_size", query_size, 1);
     }
+    if (st != NB_OK) {
+        return st; /* (num_heads divides below) */
+    }
     int64_t ks = o.key_size ? o.key_size : query_size;
     int64_t vs = o.value_size ? o.value_size : query_size;
     int64_t os = o.output_size ? o.output_size : query_size;
@@ -194,20 +197,24 @@ nb_var *nb_nn_multihead_attention(nb_trace *tr, const nb_tree *layer, nb_var *qu
         if (nb_var_is_poison(mask)) {
             return mask;
         }
+        /* by rank: 2 [Sq, Skv] (everywhere); r, the query's, [.., Sq, Skv] (per example,
+         * every head; r = 2 is the first case); r + 1 [.., H, Sq, Skv] (per head) */
         int mr = nb_var_rank(mask);
-        if (nb_var_dtype(mask) != NB_DTYPE_BOOL || mr < 2 || mr > r + 1 ||
+        bool heads = mr == r + 1;
+        if (nb_var_dtype(mask) != NB_DTYPE_BOOL || (mr != 2 && mr != r && !heads) ||
             nb_var_dim(mask, -1) != skv || nb_var_dim(mask, -2) != sq ||
-            (mr >= 3 && nb_var_dim(mask, -3) != h && nb_var_dim(mask, -3) != 1)) {
+            (heads && nb_var_dim(mask, -3) != h && nb_var_dim(mask, -3) != 1)) {
             return nbi_nn_fail(&at, NB_ERR_SHAPE,
                                "the mask of %s is %s; expected a bool [Sq, Skv] = [%lld, %lld] "
-                               "(every head), [num_heads, Sq, Skv] = [%lld, %lld, %lld], or "
-                               "that with leading batch dims (true: attend)",
+                               "(everywhere), [num_heads, Sq, Skv] = [%lld, %lld, %lld] (per "
+                               "head), or with the query's leading batch dims in front of "
+                               "either (per example) (true: attend)",
                                nbi_nn_where(&at, w, sizeof w), nbi_nn_sig(s1, sizeof s1, mask),
                                (long long)sq, (long long)skv, (long long)h, (long long)sq,
                                (long long)skv);
         }
-        if (mr == 2) {
-            mask = nb_expand_dims(mask, 0); /* [1, Sq, Skv]: the same for every head */
+        if (!heads) {
+            mask = nb_expand_dims(mask, -3); /* [.., 1, Sq, Skv]: the same for every head */
         }
     }
     nb_var *qh = nbi_mha_heads(&at, "query_proj", query, h, qk);

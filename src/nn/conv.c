@@ -276,7 +276,8 @@ static bool nbi_conv_padding(const nbi_nn_at *at, int nd, int64_t pad[][2], int 
     const nb_tree *t = nb_tree_get(at->layer, "padding");
     const char *s = NULL;
     *kind = NB_NN_PAD_EXPLICIT;
-    if (t != NULL && nb_tree_get_string(t, &s) == NB_OK) {
+    if (t != NULL && nb_tree_kind_of(t) == NB_TREE_KIND_STRING &&
+        nb_tree_get_string(t, &s) == NB_OK) {
         for (int k = NB_NN_PAD_VALID; k <= NB_NN_PAD_SAME_LOWER; k++) {
             if (strcmp(s, nbi_pad_names[k]) == 0) {
                 *kind = k;
@@ -335,6 +336,20 @@ static nb_var *nbi_conv_core(const nbi_nn_at *at, nb_var *x, nb_var *xin, nb_var
             return NULL;
         }
         so[d] = (padded - ek[d]) / stride[d] + 1;
+    }
+    for (int d = 0; d < nd; d++) {
+        int64_t c0 = lo[d] < 0 ? -lo[d] : 0, c1 = hi[d] < 0 ? -hi[d] : 0;
+        if (c0 + c1 > sp[d]) { /* (a transposed convolution's padding beyond its input) */
+            char w[NB_PATH_MAX + 64], xs[96];
+            nbi_nn_fail(at, NB_ERR_SHAPE,
+                        "the input%s%s%s of %s is %s: its padding crops %lld elements from "
+                        "spatial dim %d, which has %lld; use less padding (at most the dilated "
+                        "kernel's span less one, %lld, on each side)",
+                        xin->path ? " '" : "", xin->path ? xin->path : "", xin->path ? "'" : "",
+                        nbi_nn_where(at, w, sizeof w), nbi_nn_sig(xs, sizeof xs, xin),
+                        (long long)(c0 + c1), d, (long long)sp[d], (long long)(ek[d] - 1));
+            return NULL;
+        }
     }
     if (crop) {
         int64_t start[2 + NBI_CONV_MAX_ND] = {0, 0}, stop[2 + NBI_CONV_MAX_ND] = {n, cin};

@@ -292,7 +292,7 @@ nb_var *nb_nn_group_norm(nb_trace *tr, const nb_tree *layer, nb_var *x) {
     char expect[128];
     snprintf(expect, sizeof expect, "an array whose axis %lld is the %lld channels", (long long)cax,
              (long long)channels);
-    if (!nbi_nn_check_input(&at, x, 1, NB_MAX_RANK, expect)) {
+    if (!nbi_nn_check_input(&at, x, 1, NB_MAX_RANK - 1, expect)) {
         return tr->poison;
     }
     int r = nb_var_rank(x);

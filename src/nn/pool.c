@@ -166,7 +166,7 @@ static bool nbi_pool_input(const nbi_nn_at *at, nb_var *x, int nd) {
              : nd == 2 ? "H, W"
                        : "D, H, W",
              nd);
-    return nbi_nn_check_input(at, x, nd + 1, NB_MAX_RANK, expect);
+    return nbi_nn_check_input(at, x, nd + 1, NB_MAX_RANK - 1, expect);
 }
 
 static nb_var *nbi_pool_window(const nbi_nn_at *at, nb_var *x, bool is_max) {

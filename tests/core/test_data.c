@@ -752,6 +752,20 @@ static void test_text_load(void **state) {
     NBT_ERRMSG_HAS(ctx, "is empty");
     NBT_EQ_I64(nv, 0);
     unlink(path);
+    /* a truncated .gz: an error, not a short text */
+    FILE *in = fopen(NBT_DATA_DIR "/tinyshakespeare.txt.gz", "rb");
+    char tpath[] = "/tmp/nbt_trunc_XXXXXX";
+    int tfd = mkstemp(tpath);
+    NBT_TRUE(in != NULL && tfd >= 0);
+    static unsigned char half[100000];
+    size_t got = fread(half, 1, sizeof half, in);
+    NBT_TRUE(got == sizeof half && write(tfd, half, got) == (ssize_t)got);
+    fclose(in);
+    close(tfd);
+    NBT_STATUS(ctx, NB_ERR_IO, nb_text_load(ctx, tpath, &c, NULL, NULL));
+    NBT_ERRMSG_HAS(ctx, "is truncated or corrupt");
+    NBT_TRUE(c == NULL);
+    unlink(tpath);
     NBT_STATUS(ctx, NB_ERR_MISUSE, nb_text_load(ctx, NULL, &c, NULL, NULL));
     NBT_STATUS(ctx, NB_ERR_MISUSE, nb_text_load(ctx, path, NULL, NULL, NULL));
     nb_ctx_destroy(ctx);

@@ -1018,6 +1018,53 @@ static void test_grads(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* A batched call with a per-example mask [B, Sq, Skv] is each example's own call with its
+ * mask (the mask's rank says per example, not per head, even when B == num_heads). */
+static void test_attention_batched_mask(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_array *key = key_of(ctx, 4);
+    nb_tree *l = NULL;
+    NBT_OK(ctx, nb_nn_multihead_attention_init(ctx, 2, 4, NULL, NB_DTYPE_F64, key, &l));
+    nb_array *q = normal(ctx, 1, NB_DTYPE_F64, 3, (int64_t[]){2, 3, 4});
+    nb_array *kv = normal(ctx, 2, NB_DTYPE_F64, 3, (int64_t[]){2, 5, 4}), *m = NULL;
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_BOOL, 3, (int64_t[]){2, 3, 5}, &m));
+    for (int64_t i = 0; i < 30; i++) {
+        set_flat(m, i, (i * 7 + i / 5) % 3 != 0);
+    }
+    for (int b = 0; b < 2; b++) { /* every query attends to something */
+        for (int r = 0; r < 3; r++) {
+            set_flat(m, b * 15 + r * 5, 1);
+        }
+    }
+    nb_array *y = run1(ctx, l, 5, (nb_array *[]){q, kv, kv, m, NULL});
+    double worst = 0;
+    for (int64_t b = 0; b < 2; b++) {
+        nb_array *qb = NULL, *kb = NULL, *mb = NULL;
+        NBT_OK(ctx, nb_array_index(q, b, &qb));
+        NBT_OK(ctx, nb_array_index(kv, b, &kb));
+        NBT_OK(ctx, nb_array_index(m, b, &mb));
+        nb_array *yb = run1(ctx, l, 5, (nb_array *[]){qb, kb, kb, mb, NULL});
+        for (int64_t i = 0; i < 12; i++) {
+            worst = fmax(worst, fabs(get_f64(yb, i) - get_f64(y, b * 12 + i)));
+        }
+        nb_array_destroy(yb);
+        nb_array_destroy(qb);
+        nb_array_destroy(kb);
+        nb_array_destroy(mb);
+    }
+    print_message("batched attention with per-example masks vs one call per example: %.3g\n",
+                  worst);
+    NBT_TRUE(worst < 1e-12);
+    nb_array_destroy(y);
+    nb_array_destroy(m);
+    nb_array_destroy(kv);
+    nb_array_destroy(q);
+    nb_tree_destroy(l);
+    nb_array_destroy(key);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- a GRU over a sequence: nb_scan storing every step and checkpointed ----------------- */
 
 static nb_status body_gru_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
@@ -1143,6 +1190,9 @@ static void test_errors(void **state) {
     expect_err(ctx, NB_ERR_INVALID,
                nb_nn_multihead_attention_init(ctx, 8, 4, NULL, NB_DTYPE_F32, key, &l),
                "opts.qk_size defaults to query_size / num_heads = 4 / 8 = 0");
+    expect_err(ctx, NB_ERR_INVALID,
+               nb_nn_multihead_attention_init(ctx, 0, 4, NULL, NB_DTYPE_F32, key, &l),
+               "num_heads is 0; it must be at least 1");
 
     /* inputs */
     NBT_OK(ctx, nb_nn_conv_init(ctx, 1, 2, 3, (int64_t[]){3}, NULL, NB_DTYPE_F32, key, &l));
@@ -1217,6 +1267,20 @@ static void test_errors(void **state) {
                "[Sq, Skv] = [3, 5]");
     expect_err(ctx, NB_ERR_INVALID, try_run(ctx, l, 5, (nb_array *[]){q, k5, k5, NULL, NULL}, &out),
                "drops attention weights (dropout p = 0.1, training mode) but no key was given");
+    /* a transposed convolution whose padding crops more than the input has */
+    nb_nn_conv_opts tco = nb_nn_conv_opts_default();
+    tco.stride[0] = 3;
+    tco.padding[0][0] = 2;
+    tco.output_padding[0] = 2;
+    nb_tree *ct = NULL;
+    NBT_OK(ctx,
+           nb_nn_conv_transpose_init(ctx, 1, 1, 1, (int64_t[]){1}, &tco, NB_DTYPE_F32, key, &ct));
+    nb_array *x11 = normal(ctx, 7, NB_DTYPE_F32, 2, (int64_t[]){1, 1});
+    expect_err(ctx, NB_ERR_SHAPE, try_run(ctx, ct, 1, &x11, &out),
+               "nb_nn_conv_transpose: the input 'args[1]' of conv_transpose1d layer 'args[0]' is "
+               "f32[1,1]: its padding crops 2 elements from spatial dim 0, which has 1");
+    nb_array_destroy(x11);
+    nb_tree_destroy(ct);
     nb_array_destroy(m);
     nb_array_destroy(q);
     nb_array_destroy(k5);
@@ -1347,11 +1411,17 @@ int main(void) {
         return 1;
     }
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv_oracle),       cmocka_unit_test(test_conv_transpose_oracle),
-        cmocka_unit_test(test_pool_oracle),       cmocka_unit_test(test_norm_oracle),
-        cmocka_unit_test(test_batch_norm_oracle), cmocka_unit_test(test_attention_oracle),
-        cmocka_unit_test(test_rnn_oracle),        cmocka_unit_test(test_grads),
-        cmocka_unit_test(test_gru_scan),          cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_conv_oracle),
+        cmocka_unit_test(test_conv_transpose_oracle),
+        cmocka_unit_test(test_pool_oracle),
+        cmocka_unit_test(test_norm_oracle),
+        cmocka_unit_test(test_batch_norm_oracle),
+        cmocka_unit_test(test_attention_oracle),
+        cmocka_unit_test(test_rnn_oracle),
+        cmocka_unit_test(test_grads),
+        cmocka_unit_test(test_attention_batched_mask),
+        cmocka_unit_test(test_gru_scan),
+        cmocka_unit_test(test_errors),
         cmocka_unit_test(test_out_of_memory),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
