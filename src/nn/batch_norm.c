@@ -105,17 +105,7 @@ nb_status nb_nn_batch_norm_init(nb_ctx *ctx, int64_t channels, const nb_nn_batch
     }
     nbi_nn_dict d;
     nbi_nn_dict_begin(&d, ctx, "batch_norm");
-    nb_array *a = NULL;
-    if (o.channelwise_affine) {
-        st = nb_array_ones(ctx, dtype, 1, &channels, &a);
-        nbi_nn_put_array(&d, "weight", st, a);
-        a = NULL;
-        st = nb_array_zeros(ctx, dtype, 1, &channels, &a);
-        nbi_nn_put_array(&d, "bias", st, a);
-    } else {
-        nbi_nn_put_null(&d, "weight");
-        nbi_nn_put_null(&d, "bias");
-    }
+    nbi_nn_put_affine(&d, dtype, 1, &channels, o.channelwise_affine, o.channelwise_affine);
     nbi_nn_put_int(&d, "input_size", channels);
     nbi_nn_put_float(&d, "eps", o.eps);
     nbi_nn_put_float(&d, "momentum", o.momentum);

@@ -86,6 +86,25 @@ void nbi_nn_put_ints(nbi_nn_dict *d, const char *key, int n, const int64_t *v) {
     nbi_nn_put(d, key, st, t);
 }
 
+void nbi_nn_put_affine(nbi_nn_dict *d, nb_dtype dtype, int rank, const int64_t *shape,
+                       bool use_weight, bool use_bias) {
+    nb_array *a = NULL;
+    nb_status st;
+    if (use_weight) {
+        st = nb_array_ones(d->ctx, dtype, rank, shape, &a);
+        nbi_nn_put_array(d, "weight", st, a);
+    } else {
+        nbi_nn_put_null(d, "weight");
+    }
+    a = NULL;
+    if (use_bias) {
+        st = nb_array_zeros(d->ctx, dtype, rank, shape, &a);
+        nbi_nn_put_array(d, "bias", st, a);
+    } else {
+        nbi_nn_put_null(d, "bias");
+    }
+}
+
 nb_status nbi_nn_dict_finish(nbi_nn_dict *d, nb_tree **out) {
     nb_status st = d->st;
     if (st == NB_OK) {

@@ -36,6 +36,10 @@ NBI_HIDDEN void nbi_nn_put_bool(nbi_nn_dict *d, const char *key, bool v);
 /* A tuple of n ints. */
 NBI_HIDDEN void nbi_nn_put_ints(nbi_nn_dict *d, const char *key, int n, const int64_t *v);
 NBI_HIDDEN nb_status nbi_nn_dict_finish(nbi_nn_dict *d, nb_tree **out);
+/* A normalisation layer's affine part: "weight" (ones) and "bias" (zeros) of the shape, each
+ * a null leaf when not used. */
+NBI_HIDDEN void nbi_nn_put_affine(nbi_nn_dict *d, nb_dtype dtype, int rank, const int64_t *shape,
+                                  bool use_weight, bool use_bias);
 
 /* The common prologue of an init function: *out = NULL; NB_ERR_MISUSE for a NULL ctx or
  * out. */

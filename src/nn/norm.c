@@ -1,16 +1,27 @@
 /*
- * norm.c -- LayerNorm and Embedding (Equinox's eqx.nn.LayerNorm and eqx.nn.Embedding).
+ * norm.c -- LayerNorm, RMSNorm, GroupNorm and Embedding (Equinox's eqx.nn.LayerNorm,
+ * RMSNorm, GroupNorm and Embedding).
  */
 #include "nn/nn_internal.h"
 
 #include <math.h>
 #include <string.h>
 
-/* ---- LayerNorm ---------------------------------------------------------------------- */
+/* ---- LayerNorm and RMSNorm: normalised over a trailing shape ------------------------- */
 
-nb_status nb_nn_layer_norm_init(nb_ctx *ctx, int rank, const int64_t *shape, double eps,
-                                bool use_weight, bool use_bias, nb_dtype dtype, nb_tree **layer) {
-    static const char fn[] = "nb_nn_layer_norm_init";
+static nb_status nbi_nn_check_eps(nb_ctx *ctx, const char *fn, double eps) {
+    if (!(eps >= 0 && isfinite(eps))) {
+        return nbi_err(ctx, NB_ERR_INVALID,
+                       "%s: eps is %g; it must be finite and >= 0 (default 1e-5)", fn, eps);
+    }
+    return NB_OK;
+}
+
+/* The layer dict of a LayerNorm or RMSNorm (kind): weight (ones) and bias (zeros) of the
+ * shape, or nulls, and the static shape, eps and flags. */
+static nb_status nbi_trailing_norm_make(nb_ctx *ctx, const char *fn, const char *kind, int rank,
+                                        const int64_t *shape, double eps, bool use_weight,
+                                        bool use_bias, nb_dtype dtype, nb_tree **layer) {
     nb_status st = nbi_nn_args(ctx, fn, layer);
     if (st != NB_OK) {
         return st;
@@ -26,9 +37,8 @@ nb_status nb_nn_layer_norm_init(nb_ctx *ctx, int rank, const int64_t *shape, dou
         snprintf(what, sizeof what, "shape[%d]", i);
         st = nbi_nn_check_size(ctx, fn, what, shape[i], 1);
     }
-    if (st == NB_OK && !(eps >= 0 && isfinite(eps))) {
-        st = nbi_err(ctx, NB_ERR_INVALID,
-                     "%s: eps is %g; it must be finite and >= 0 (default 1e-5)", fn, eps);
+    if (st == NB_OK) {
+        st = nbi_nn_check_eps(ctx, fn, eps);
     }
     if (st == NB_OK) {
         st = nbi_nn_check_dtype(ctx, fn, dtype);
@@ -37,21 +47,8 @@ nb_status nb_nn_layer_norm_init(nb_ctx *ctx, int rank, const int64_t *shape, dou
         return st;
     }
     nbi_nn_dict d;
-    nbi_nn_dict_begin(&d, ctx, "layer_norm");
-    nb_array *a = NULL;
-    if (use_weight) {
-        st = nb_array_ones(ctx, dtype, rank, shape, &a);
-        nbi_nn_put_array(&d, "weight", st, a);
-    } else {
-        nbi_nn_put_null(&d, "weight");
-    }
-    a = NULL;
-    if (use_bias) {
-        st = nb_array_zeros(ctx, dtype, rank, shape, &a);
-        nbi_nn_put_array(&d, "bias", st, a);
-    } else {
-        nbi_nn_put_null(&d, "bias");
-    }
+    nbi_nn_dict_begin(&d, ctx, kind);
+    nbi_nn_put_affine(&d, dtype, rank, shape, use_weight, use_bias);
     nbi_nn_put_ints(&d, "shape", rank, shape);
     nbi_nn_put_float(&d, "eps", eps);
     nbi_nn_put_bool(&d, "use_weight", use_weight);
@@ -59,55 +56,70 @@ nb_status nb_nn_layer_norm_init(nb_ctx *ctx, int rank, const int64_t *shape, dou
     return nbi_nn_dict_finish(&d, layer);
 }
 
+/* Read a LayerNorm's or RMSNorm's static shape and eps, check that x ends with the shape,
+ * get weight and bias (or NULLs) and the trailing axes (r of them); false after a sticky
+ * error. */
+static bool nbi_trailing_norm_read(const nbi_nn_at *at, nb_var *x, int *r, int *axes, double *eps,
+                                   nb_var **wv, nb_var **bv) {
+    const nb_tree *st = nb_tree_get(at->layer, "shape");
+    int n = (int)nb_tree_len(st);
+    char w[NB_PATH_MAX + 64];
+    if (st == NULL || nb_tree_kind_of(st) != NB_TREE_KIND_TUPLE || n < 1 || n > NB_MAX_RANK) {
+        nbi_nn_fail(at, NB_ERR_STRUCTURE,
+                    "%s: 'shape' must be a tuple of 1 to %d static ints (layer trees are made by "
+                    "nb_nn_%s_init)",
+                    nbi_nn_where(at, w, sizeof w), NB_MAX_RANK, at->kind);
+        return false;
+    }
+    int64_t shape[NB_MAX_RANK];
+    if (!nbi_nn_ints(at, "shape", n, shape) || !nbi_nn_float(at, "eps", eps)) {
+        return false;
+    }
+    char ss[96], expect[256];
+    nbi_nn_shape_str(ss, sizeof ss, n, shape);
+    snprintf(expect, sizeof expect, "[..., %s] (normalised over the trailing shape %s)", ss + 1,
+             ss);
+    if (!nbi_nn_check_input(at, x, n, NB_MAX_RANK, expect)) {
+        return false;
+    }
+    int xr = nb_var_rank(x);
+    for (int i = 0; i < n; i++) {
+        if (nb_var_dim(x, xr - n + i) != shape[i]) {
+            char xs[96];
+            nbi_nn_fail(at, NB_ERR_SHAPE,
+                        "the input%s%s%s of %s is %s; its trailing dims must be the normalised "
+                        "shape %s",
+                        x->path ? " '" : "", x->path ? x->path : "", x->path ? "'" : "",
+                        nbi_nn_where(at, w, sizeof w), nbi_nn_sig(xs, sizeof xs, x), ss);
+            return false;
+        }
+        axes[i] = xr - n + i;
+    }
+    *r = n;
+    return nbi_nn_param(at, "weight", true, n, shape, x, wv) &&
+           nbi_nn_param(at, "bias", true, n, shape, x, bv);
+}
+
+nb_status nb_nn_layer_norm_init(nb_ctx *ctx, int rank, const int64_t *shape, double eps,
+                                bool use_weight, bool use_bias, nb_dtype dtype, nb_tree **layer) {
+    return nbi_trailing_norm_make(ctx, "nb_nn_layer_norm_init", "layer_norm", rank, shape, eps,
+                                  use_weight, use_bias, dtype, layer);
+}
+
 nb_var *nb_nn_layer_norm(nb_trace *tr, const nb_tree *layer, nb_var *x) {
     nbi_nn_at at;
     if (!nbi_nn_begin(&at, tr, "nb_nn_layer_norm", "layer_norm", layer)) {
         return tr != NULL ? tr->poison : NULL;
     }
-    const nb_tree *st = nb_tree_get(layer, "shape");
-    int r = (int)nb_tree_len(st);
-    if (st == NULL || nb_tree_kind_of(st) != NB_TREE_KIND_TUPLE || r < 1 || r > NB_MAX_RANK) {
-        char w[NB_PATH_MAX + 64];
-        return nbi_nn_fail(&at, NB_ERR_STRUCTURE,
-                           "%s: 'shape' must be a tuple of 1 to %d static ints (layer trees are "
-                           "made by nb_nn_layer_norm_init)",
-                           nbi_nn_where(&at, w, sizeof w), NB_MAX_RANK);
-    }
-    int64_t shape[NB_MAX_RANK];
+    int r = 0, axes[NB_MAX_RANK];
     double eps = 0;
-    if (!nbi_nn_ints(&at, "shape", r, shape) || !nbi_nn_float(&at, "eps", &eps)) {
-        return tr->poison;
-    }
-    char ss[96], expect[256];
-    nbi_nn_shape_str(ss, sizeof ss, r, shape);
-    snprintf(expect, sizeof expect, "[..., %s] (normalised over the trailing shape %s)", ss + 1,
-             ss);
-    if (!nbi_nn_check_input(&at, x, r, NB_MAX_RANK, expect)) {
-        return tr->poison;
-    }
-    int xr = nb_var_rank(x);
-    for (int i = 0; i < r; i++) {
-        if (nb_var_dim(x, xr - r + i) != shape[i]) {
-            char w[NB_PATH_MAX + 64], xs[96];
-            return nbi_nn_fail(&at, NB_ERR_SHAPE,
-                               "the input%s%s%s of %s is %s; its trailing dims must be the "
-                               "normalised shape %s",
-                               x->path ? " '" : "", x->path ? x->path : "", x->path ? "'" : "",
-                               nbi_nn_where(&at, w, sizeof w), nbi_nn_sig(xs, sizeof xs, x), ss);
-        }
-    }
     nb_var *wv = NULL, *bv = NULL;
-    if (!nbi_nn_param(&at, "weight", true, r, shape, x, &wv) ||
-        !nbi_nn_param(&at, "bias", true, r, shape, x, &bv)) {
+    if (!nbi_trailing_norm_read(&at, x, &r, axes, &eps, &wv, &bv)) {
         return tr->poison;
     }
     /* Equinox: mean = jnp.mean(x), variance = jnp.var(x) (biased: the mean of the squared
      * deviations), inv = rsqrt(max(variance, 0) + eps), out = (x - mean) * inv, then
      * weight * out and bias + out. */
-    int axes[NB_MAX_RANK];
-    for (int i = 0; i < r; i++) {
-        axes[i] = xr - r + i;
-    }
     nb_var *mean = nb_mean(x, axes, r, true);
     nb_var *xc = nb_sub(x, mean);
     nb_var *var = nb_mean(nb_square(xc), axes, r, true);
@@ -209,14 +221,6 @@ nb_nn_group_norm_opts nb_nn_group_norm_opts_default(void) {
     return o;
 }
 
-static nb_status nbi_nn_check_eps(nb_ctx *ctx, const char *fn, double eps) {
-    if (!(eps >= 0 && isfinite(eps))) {
-        return nbi_err(ctx, NB_ERR_INVALID,
-                       "%s: eps is %g; it must be finite and >= 0 (default 1e-5)", fn, eps);
-    }
-    return NB_OK;
-}
-
 nb_status nb_nn_group_norm_init(nb_ctx *ctx, int64_t groups, int64_t channels,
                                 const nb_nn_group_norm_opts *opts, nb_dtype dtype,
                                 nb_tree **layer) {
@@ -251,17 +255,7 @@ nb_status nb_nn_group_norm_init(nb_ctx *ctx, int64_t groups, int64_t channels,
     }
     nbi_nn_dict d;
     nbi_nn_dict_begin(&d, ctx, "group_norm");
-    nb_array *a = NULL;
-    if (o.channelwise_affine) {
-        st = nb_array_ones(ctx, dtype, 1, &channels, &a);
-        nbi_nn_put_array(&d, "weight", st, a);
-        a = NULL;
-        st = nb_array_zeros(ctx, dtype, 1, &channels, &a);
-        nbi_nn_put_array(&d, "bias", st, a);
-    } else {
-        nbi_nn_put_null(&d, "weight");
-        nbi_nn_put_null(&d, "bias");
-    }
+    nbi_nn_put_affine(&d, dtype, 1, &channels, o.channelwise_affine, o.channelwise_affine);
     nbi_nn_put_int(&d, "groups", groups);
     nbi_nn_put_int(&d, "channels", channels);
     nbi_nn_put_float(&d, "eps", o.eps);
@@ -349,52 +343,8 @@ nb_var *nb_nn_group_norm(nb_trace *tr, const nb_tree *layer, nb_var *x) {
 
 nb_status nb_nn_rms_norm_init(nb_ctx *ctx, int rank, const int64_t *shape, double eps,
                               bool use_weight, bool use_bias, nb_dtype dtype, nb_tree **layer) {
-    static const char fn[] = "nb_nn_rms_norm_init";
-    nb_status st = nbi_nn_args(ctx, fn, layer);
-    if (st != NB_OK) {
-        return st;
-    }
-    if (rank < 1 || rank > NB_MAX_RANK || shape == NULL) {
-        return nbi_err(ctx, NB_ERR_INVALID,
-                       "%s: rank %d%s; the normalised shape has 1 to %d dims (the trailing dims "
-                       "of the input)",
-                       fn, rank, shape == NULL ? " with a NULL shape" : "", NB_MAX_RANK);
-    }
-    for (int i = 0; i < rank && st == NB_OK; i++) {
-        char what[32];
-        snprintf(what, sizeof what, "shape[%d]", i);
-        st = nbi_nn_check_size(ctx, fn, what, shape[i], 1);
-    }
-    if (st == NB_OK) {
-        st = nbi_nn_check_eps(ctx, fn, eps);
-    }
-    if (st == NB_OK) {
-        st = nbi_nn_check_dtype(ctx, fn, dtype);
-    }
-    if (st != NB_OK) {
-        return st;
-    }
-    nbi_nn_dict d;
-    nbi_nn_dict_begin(&d, ctx, "rms_norm");
-    nb_array *a = NULL;
-    if (use_weight) {
-        st = nb_array_ones(ctx, dtype, rank, shape, &a);
-        nbi_nn_put_array(&d, "weight", st, a);
-    } else {
-        nbi_nn_put_null(&d, "weight");
-    }
-    a = NULL;
-    if (use_bias) {
-        st = nb_array_zeros(ctx, dtype, rank, shape, &a);
-        nbi_nn_put_array(&d, "bias", st, a);
-    } else {
-        nbi_nn_put_null(&d, "bias");
-    }
-    nbi_nn_put_ints(&d, "shape", rank, shape);
-    nbi_nn_put_float(&d, "eps", eps);
-    nbi_nn_put_bool(&d, "use_weight", use_weight);
-    nbi_nn_put_bool(&d, "use_bias", use_bias);
-    return nbi_nn_dict_finish(&d, layer);
+    return nbi_trailing_norm_make(ctx, "nb_nn_rms_norm_init", "rms_norm", rank, shape, eps,
+                                  use_weight, use_bias, dtype, layer);
 }
 
 nb_var *nb_nn_rms_norm(nb_trace *tr, const nb_tree *layer, nb_var *x) {
@@ -402,49 +352,14 @@ nb_var *nb_nn_rms_norm(nb_trace *tr, const nb_tree *layer, nb_var *x) {
     if (!nbi_nn_begin(&at, tr, "nb_nn_rms_norm", "rms_norm", layer)) {
         return tr != NULL ? tr->poison : NULL;
     }
-    const nb_tree *st = nb_tree_get(layer, "shape");
-    int r = (int)nb_tree_len(st);
-    char w[NB_PATH_MAX + 64];
-    if (st == NULL || nb_tree_kind_of(st) != NB_TREE_KIND_TUPLE || r < 1 || r > NB_MAX_RANK) {
-        return nbi_nn_fail(&at, NB_ERR_STRUCTURE,
-                           "%s: 'shape' must be a tuple of 1 to %d static ints (layer trees are "
-                           "made by nb_nn_rms_norm_init)",
-                           nbi_nn_where(&at, w, sizeof w), NB_MAX_RANK);
-    }
-    int64_t shape[NB_MAX_RANK];
+    int r = 0, axes[NB_MAX_RANK];
     double eps = 0;
-    if (!nbi_nn_ints(&at, "shape", r, shape) || !nbi_nn_float(&at, "eps", &eps)) {
-        return tr->poison;
-    }
-    char ss[96], expect[256];
-    nbi_nn_shape_str(ss, sizeof ss, r, shape);
-    snprintf(expect, sizeof expect, "[..., %s] (normalised over the trailing shape %s)", ss + 1,
-             ss);
-    if (!nbi_nn_check_input(&at, x, r, NB_MAX_RANK, expect)) {
-        return tr->poison;
-    }
-    int xr = nb_var_rank(x);
-    for (int i = 0; i < r; i++) {
-        if (nb_var_dim(x, xr - r + i) != shape[i]) {
-            char xs[96];
-            return nbi_nn_fail(&at, NB_ERR_SHAPE,
-                               "the input%s%s%s of %s is %s; its trailing dims must be the "
-                               "normalised shape %s",
-                               x->path ? " '" : "", x->path ? x->path : "", x->path ? "'" : "",
-                               nbi_nn_where(&at, w, sizeof w), nbi_nn_sig(xs, sizeof xs, x), ss);
-        }
-    }
     nb_var *wv = NULL, *bv = NULL;
-    if (!nbi_nn_param(&at, "weight", true, r, shape, x, &wv) ||
-        !nbi_nn_param(&at, "bias", true, r, shape, x, &bv)) {
+    if (!nbi_trailing_norm_read(&at, x, &r, axes, &eps, &wv, &bv)) {
         return tr->poison;
     }
     /* Equinox: inv_rms = rsqrt(mean(x**2) + eps), out = inv_rms * x, then weight * out
      * and out + bias. */
-    int axes[NB_MAX_RANK];
-    for (int i = 0; i < r; i++) {
-        axes[i] = xr - r + i;
-    }
     nb_var *inv = nb_rsqrt(nb_add(nb_mean(nb_square(x), axes, r, true), nb_scalar(tr, eps)));
     nb_var *out = nb_mul(inv, x);
     if (wv != NULL) {
