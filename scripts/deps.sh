@@ -17,6 +17,8 @@ packages=(
     zlib1g-dev      # gzip-compressed data sets
     gnuplot-nox     # benchmark plots
     libclang-rt-14-dev # libFuzzer and the sanitizer runtimes for clang (make test-fuzz)
+    libopenmpi-dev  # MPI for nabla_dist (nabla/dist.h)
+    openmpi-bin     # mpirun, for test_dist
 )
 
 if ! command -v dpkg-query >/dev/null 2>&1; then

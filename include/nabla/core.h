@@ -87,7 +87,8 @@ NB_API int nb_version_number(void);
     X(ERR_UNSUPPORTED, -14, "operation not supported for these operands")                          \
     X(ERR_IO, -15, "a file could not be opened, read or written")                                  \
     X(ERR_FORMAT, -16, "malformed file contents")                                                  \
-    X(ERR_RUNTIME, -17, "a run-time check failed (e.g. an ODE solve that did not reach t1)")
+    X(ERR_RUNTIME, -17, "a run-time check failed (e.g. an ODE solve that did not reach t1)")       \
+    X(ERR_COMM, -18, "communication between processes failed or timed out (nabla/dist.h)")
 
 #define NB_STATUS_ENUM_(name, value, desc) NB_##name = value,
 typedef enum nb_status { NB_STATUS_LIST(NB_STATUS_ENUM_) } nb_status;

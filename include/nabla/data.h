@@ -148,6 +148,16 @@ NB_API nb_status nb_batcher_epoch(nb_batcher *b, int64_t e);
  * NB_ERR_DTYPE or NB_ERR_SHAPE for an xb or yb of the wrong dtype or shape (the message
  * gives the one expected). Never allocates. */
 NB_API nb_status nb_batcher_next(nb_batcher *b, nb_array *xb, nb_array *yb, int64_t *rows);
+/* Part of the next batch: rows first .. first + count - 1 of it (0 <= first, 1 <= count,
+ * first + count <= batch_size) into xb and yb, which have count rows; *rows is the rows
+ * written (count; fewer, or 0, where a last batch without drop_last is shorter); the
+ * batcher then moves to the next batch, as nb_batcher_next. With nabla/dist.h each process
+ * reads only its micro-batches' rows of the global batch: every process's batcher has the
+ * same key and batch size, so every epoch is the same set of global batches for any
+ * number of processes. Errors as nb_batcher_next, and NB_ERR_INVALID for rows outside the
+ * batch. Never allocates. */
+NB_API nb_status nb_batcher_next_rows(nb_batcher *b, int64_t first, int64_t count, nb_array *xb,
+                                      nb_array *yb, int64_t *rows);
 /* The same, into new arrays of exactly the batch's rows: *xb and *yb (yb may be NULL; *yb
  * is NULL when the batcher has no labels) are yours to destroy, and both are NULL when
  * the epoch has no batch left. Allocates two arrays per batch. */

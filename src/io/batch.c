@@ -519,7 +519,7 @@ static nb_status nbi_batch_check(const nb_batcher *b, const char *fn, const char
     want[0] = rows;
     char sd[NBI_SIG_CAP], sw[NBI_SIG_CAP], ss[NBI_SIG_CAP];
     return nbi_err(b->hdr.ctx, dst->dtype != src->dtype ? NB_ERR_DTYPE : NB_ERR_SHAPE,
-                   "%s: %s is %s; a batch of %s %s needs %s (batch_size %lld rows): make it "
+                   "%s: %s is %s; a batch of %s %s needs %s (%lld rows): make it "
                    "once with nb_array_zeros and pass it to every call",
                    fn, what, nbi_sig(sd, sizeof sd, dst->dtype, dst->rank, dst->shape),
                    what[0] == 'x' ? "x" : "y",
@@ -536,8 +536,10 @@ static int64_t nbi_batch_rows(const nb_batcher *b) {
     return left < b->batch_size ? left : b->batch_size;
 }
 
-nb_status nb_batcher_next(nb_batcher *b, nb_array *xb, nb_array *yb, int64_t *rows) {
-    static const char fn[] = "nb_batcher_next";
+/* nb_batcher_next and nb_batcher_next_rows: rows first .. first + count - 1 of the next
+ * batch (count = batch_size, first = 0 for the whole batch). */
+static nb_status nbi_batcher_next(const char *fn, nb_batcher *b, int64_t first, int64_t count,
+                                  nb_array *xb, nb_array *yb, int64_t *rows) {
     if (rows != NULL) {
         *rows = 0;
     }
@@ -558,22 +560,41 @@ nb_status nb_batcher_next(nb_batcher *b, nb_array *xb, nb_array *yb, int64_t *ro
                        "nb_batcher_create, or NULL here)",
                        fn);
     }
-    nb_status st = nbi_batch_check(b, fn, "xb", xb, b->x, b->batch_size);
+    if (first < 0 || count < 1 || first > b->batch_size - count) {
+        return nbi_err(b->hdr.ctx, NB_ERR_INVALID,
+                       "%s: rows %lld .. %lld are not inside a batch of %lld rows (0 <= first, "
+                       "1 <= count, first + count <= batch_size)",
+                       fn, (long long)first, (long long)(first + count - 1),
+                       (long long)b->batch_size);
+    }
+    nb_status st = nbi_batch_check(b, fn, "xb", xb, b->x, count);
     if (st == NB_OK && yb != NULL) {
-        st = nbi_batch_check(b, fn, "yb", yb, b->y, b->batch_size);
+        st = nbi_batch_check(b, fn, "yb", yb, b->y, count);
     }
     if (st != NB_OK) {
         return st;
     }
     int64_t m = nbi_batch_rows(b);
-    const int64_t *idx = (const int64_t *)b->perm->data + b->next * b->batch_size;
+    bool any = m > 0;
+    m = m <= first ? 0 : m - first < count ? m - first : count;
+    const int64_t *idx = (const int64_t *)b->perm->data + b->next * b->batch_size + first;
     nbi_gather_rows(b->x, idx, m, xb);
     if (yb != NULL) {
         nbi_gather_rows(b->y, idx, m, yb);
     }
-    b->next += m > 0;
+    b->next += any;
     *rows = m;
     return NB_OK;
+}
+
+nb_status nb_batcher_next(nb_batcher *b, nb_array *xb, nb_array *yb, int64_t *rows) {
+    int64_t bs = nbi_batcher_live(b) ? b->batch_size : 1;
+    return nbi_batcher_next("nb_batcher_next", b, 0, bs, xb, yb, rows);
+}
+
+nb_status nb_batcher_next_rows(nb_batcher *b, int64_t first, int64_t count, nb_array *xb,
+                               nb_array *yb, int64_t *rows) {
+    return nbi_batcher_next("nb_batcher_next_rows", b, first, count, xb, yb, rows);
 }
 
 nb_status nb_batcher_next_new(nb_batcher *b, nb_array **xb, nb_array **yb) {

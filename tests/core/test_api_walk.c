@@ -2082,6 +2082,13 @@ WALK(nb_batcher_next) {
     W_ST(nb_batcher_next(BAT(b), ARR(xb), ARR_OPT(yb), OUT(&rows)));
     W_ZERO(rows);
 }
+WALK(nb_batcher_next_rows) {
+    nb_batcher *b = fx_bat(w);
+    nb_array *xb = fx_arr(w), *yb = fx_yb(w);
+    int64_t rows = 42;
+    W_ST(nb_batcher_next_rows(BAT(b), 0, 2, ARR(xb), ARR_OPT(yb), OUT(&rows)));
+    W_ZERO(rows);
+}
 WALK(nb_batcher_next_new) {
     nb_batcher *b = fx_bat(w);
     nb_array *xb = S_A, *yb = S_A; /* yb may be NULL */
@@ -2604,6 +2611,7 @@ WALK(nb_optim_count) {
 
 static const char k_no_handle[] = "takes no handle or pointer";
 static const char k_defaults[] = "returns default options; takes nothing";
+static const char k_dist[] = "libnabla_dist (MPI), walked by tests/dist/dist_collectives.c";
 
 static const entry k_table[] = {
     /* core.h */
@@ -2888,6 +2896,26 @@ static const entry k_table[] = {
     EAGER(nb_batcher_epoch),
     EAGER(nb_batcher_next),
     EAGER(nb_batcher_next_new),
+    EAGER(nb_batcher_next_rows),
+    /* dist.h: the MPI component is a library of its own (libnabla_dist, not linked into
+     * this test); tests/dist/dist_collectives.c checks its NULL and destroyed handles */
+    EXEMPT(nb_dist_opts_default, k_defaults),
+    EXEMPT(nb_dist_create, k_dist),
+    EXEMPT(nb_dist_destroy, k_dist),
+    EXEMPT(nb_dist_rank, k_dist),
+    EXEMPT(nb_dist_size, k_dist),
+    EXEMPT(nb_dist_ctx, k_dist),
+    EXEMPT(nb_dist_parts, k_dist),
+    EXEMPT(nb_dist_reduce_parts, k_dist),
+    EXEMPT(nb_dist_allreduce, k_dist),
+    EXEMPT(nb_dist_broadcast, k_dist),
+    EXEMPT(nb_dist_allgather, k_dist),
+    EXEMPT(nb_dist_barrier, k_dist),
+    EXEMPT(nb_dist_checkpoint_save, k_dist),
+    EXEMPT(nb_dist_train_create, k_dist),
+    EXEMPT(nb_dist_train_destroy, k_dist),
+    EXEMPT(nb_dist_train_init, k_dist),
+    EXEMPT(nb_dist_train_run, k_dist),
     /* io.h */
     EAGER(nb_save),
     EAGER(nb_load),

@@ -388,6 +388,62 @@ static void test_batcher_epochs(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* nb_batcher_next_rows: a batch read in parts (as the processes of a data-parallel run read
+ * their micro-batches) is the batch read whole; a short last batch gives the rows it has;
+ * rows outside the batch are refused. */
+static void test_batcher_next_rows(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    const int64_t n = 23;
+    nb_array *x = NULL, *y = NULL, *key = key_of(ctx, 5), *xb = NULL, *yb = NULL;
+    nb_array *xp = NULL, *yp = NULL;
+    make_xy(ctx, n, &x, &y);
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F64, 2, (int64_t[]){8, 3}, &xb));
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_I64, 1, (int64_t[]){8}, &yb));
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F64, 2, (int64_t[]){3, 3}, &xp));
+    NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_I64, 1, (int64_t[]){3}, &yp));
+    nb_batcher_opts o = nb_batcher_opts_default();
+    o.drop_last = false; /* batches of 8, 8 and 7 rows */
+    nb_batcher *whole = NULL, *part = NULL;
+    NBT_OK(ctx, nb_batcher_create(x, y, key, 8, &o, &whole));
+    NBT_OK(ctx, nb_batcher_create(x, y, key, 8, &o, &part));
+    for (int e = 0; e < 2; e++) {
+        NBT_OK(ctx, nb_batcher_epoch(whole, e));
+        for (int i = 0; i < 3; i++) {
+            int64_t rows = 0, prow = -1;
+            NBT_OK(ctx, nb_batcher_next(whole, xb, yb, &rows));
+            NBT_EQ_I64(rows, i < 2 ? 8 : 7);
+            /* rows 5 .. 7 of the same batch, from a batcher of the same key */
+            NBT_OK(ctx, nb_batcher_epoch(part, e));
+            for (int k = 0; k < i; k++) {
+                NBT_OK(ctx, nb_batcher_next_rows(part, 0, 3, xp, NULL, &prow));
+            }
+            NBT_OK(ctx, nb_batcher_next_rows(part, 5, 3, xp, yp, &prow));
+            NBT_EQ_I64(prow, i < 2 ? 3 : 2); /* the short batch has rows 5 and 6 only */
+            const double *wx = nb_array_data(xb), *px = nb_array_data(xp);
+            const int64_t *wy = nb_array_data(yb), *py = nb_array_data(yp);
+            NBT_TRUE(memcmp(px, wx + 5 * 3, (size_t)prow * 3 * sizeof(double)) == 0);
+            NBT_TRUE(memcmp(py, wy + 5, (size_t)prow * sizeof(int64_t)) == 0);
+        }
+    }
+    int64_t rows = 0;
+    NBT_OK(ctx, nb_batcher_next_rows(part, 5, 3, xp, yp, &rows)); /* the epoch is over */
+    NBT_EQ_I64(rows, 0);
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_batcher_next_rows(part, 6, 3, xp, yp, &rows));
+    NBT_ERRMSG_HAS(ctx, "nb_batcher_next_rows: rows 6 .. 8 are not inside a batch of 8 rows");
+    NBT_STATUS(ctx, NB_ERR_INVALID, nb_batcher_next_rows(part, 0, 0, xp, yp, &rows));
+    NBT_STATUS(ctx, NB_ERR_SHAPE, nb_batcher_next_rows(part, 0, 2, xp, yp, &rows));
+    NBT_ERRMSG_HAS(ctx, "xb is f64[3,3]; a batch of x f64[23,3] needs f64[2,3] (2 rows)");
+    nb_batcher_destroy(whole);
+    nb_batcher_destroy(part);
+    nb_array *all[7] = {x, y, key, xb, yb, xp, yp};
+    for (int i = 0; i < 7; i++) {
+        nb_array_destroy(all[i]);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* A training loop's batches allocate nothing: epochs and batches after create. */
 static void test_batcher_no_allocation(void **state) {
     (void)state;
@@ -447,7 +503,7 @@ static void test_batcher_errors(void **state) {
     int64_t rows = -1;
     NBT_STATUS(ctx, NB_ERR_SHAPE, nb_batcher_next(b, xb_rows, NULL, &rows));
     NBT_ERRMSG_HAS(ctx, "nb_batcher_next: xb is f64[5,3]; a batch of x f64[20,3] needs f64[4,3] "
-                        "(batch_size 4 rows)");
+                        "(4 rows)");
     NBT_EQ_I64(rows, 0);
     NBT_STATUS(ctx, NB_ERR_DTYPE, nb_batcher_next(b, xb_f32, NULL, &rows));
     NBT_ERRMSG_HAS(ctx, "xb is f32[4,3]");
@@ -781,6 +837,7 @@ int main(void) {
         cmocka_unit_test(test_standardize),
         cmocka_unit_test(test_batcher_epochs),
         cmocka_unit_test(test_batcher_no_allocation),
+        cmocka_unit_test(test_batcher_next_rows),
         cmocka_unit_test(test_batcher_errors),
         cmocka_unit_test(test_allocation_failures),
         cmocka_unit_test(test_digits),

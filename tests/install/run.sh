@@ -67,5 +67,36 @@ libdir=$(pkg-config --variable=libdir nabla)
 "$cc" -std=c17 -Wall -Wextra $extra "$here/main.c" -o "$work/consumer_pc" $flags
 check_output "consumer (pkg-config)" "$(LD_LIBRARY_PATH="$libdir" "$work/consumer_pc")"
 
+# The MPI component, when it was built: find_package(nabla COMPONENTS dist) and
+# pkg-config nabla-dist, each consumer run on 2 processes.
+if [[ -f "$(dirname "$pc")/nabla-dist.pc" ]]; then
+    step "MPI component: find_package(nabla COMPONENTS dist) and pkg-config nabla-dist"
+    command -v mpirun >/dev/null || fail "nabla_dist is installed but mpirun is missing"
+    if [[ $(id -u) -eq 0 ]]; then
+        export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    fi
+    export OMPI_MCA_btl_vader_single_copy_mechanism=none OMPI_MCA_mca_base_component_disable_dlclose=1
+    export LSAN_OPTIONS="suppressions=$here/../dist/lsan.supp:print_suppressions=0"
+    export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}fast_unwind_on_malloc=0"
+    want_dist="nabla dist: 2 processes, sum 3"
+    # shellcheck disable=SC2086
+    cmake -S "$here/dist" -B "$work/consumer_dist" -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_C_COMPILER="$cc" -DCMAKE_PREFIX_PATH="$prefix" \
+        -DCMAKE_C_FLAGS="$extra" -DCMAKE_EXE_LINKER_FLAGS="$extra" \
+        -DCMAKE_FIND_PACKAGE_NO_PACKAGE_REGISTRY=ON
+    cmake --build "$work/consumer_dist" -j 2
+    out=$(LD_LIBRARY_PATH="$libdir" timeout 120 mpirun --oversubscribe -np 2 \
+          "$work/consumer_dist/consumer_dist")
+    [[ "$out" == "$want_dist" ]] || fail "consumer_dist (nabla::dist) printed '$out'"
+    echo "consumer (nabla::dist): $out"
+    flags=$(pkg-config --cflags --libs nabla-dist) || fail "pkg-config --cflags --libs nabla-dist"
+    echo "pkg-config --cflags --libs nabla-dist: $flags"
+    # shellcheck disable=SC2086
+    "$cc" -std=c17 -Wall -Wextra $extra "$here/dist/main.c" -o "$work/consumer_dist_pc" $flags
+    out=$(LD_LIBRARY_PATH="$libdir" timeout 120 mpirun --oversubscribe -np 2 "$work/consumer_dist_pc")
+    [[ "$out" == "$want_dist" ]] || fail "consumer_dist (pkg-config) printed '$out'"
+    echo "consumer (pkg-config nabla-dist): $out"
+fi
+
 rm -rf "$work"
 echo "test_install: OK"
