@@ -29,6 +29,7 @@
 
 #include "bench_problems.h"
 #include "cli.h"
+#include "cli_dist.h"
 #include "commands.h"
 #include "sha256.h"
 
@@ -2168,26 +2169,57 @@ int nabla_cmd_bench(int argc, char **argv) {
     if (rc != 0) {
         return rc < 0 ? 0 : rc;
     }
-    rc = bn_preflight(&cfg);
-    if (rc != 0) {
-        return rc;
-    }
-    if (cfg.plots && bn_gnuplot(NULL, "-e", "set terminal pngcairo") != 0) {
-        return bn_err("gnuplot with its pngcairo terminal is needed for the plots (Debian: "
-                      "apt-get install gnuplot-nox; scripts/deps.sh does it), or pass "
-                      "--no-plots");
-    }
-    bn_buf cfg_text = {0};
-    rc = bn_cfg_text(&cfg, &cfg_text);
-    if (rc != 0 || cfg_text.oom) {
-        bn_buf_free(&cfg_text);
-        return rc != 0 ? rc : bn_err("out of memory");
+    /* Under mpirun the cells are shared out over the processes (cell i of those left to run
+     * goes to process i mod N); rank 0 prepares --out before and writes the results after,
+     * from the cell files every process wrote. Cells are independent, so the bytes are the
+     * same for any number of processes. */
+    nb_ctx *dctx = NULL;
+    nb_dist *dist = NULL;
+    int rank = 0, n_proc = 1;
+    if (cli_dist_launched()) {
+        if (nb_ctx_create(NULL, &dctx) != NB_OK) {
+            return bn_err("cannot create a context");
+        }
+        rc = cli_dist_open("bench", dctx, &dist);
+        if (rc != 0) {
+            nb_ctx_destroy(dctx);
+            return rc;
+        }
+        rank = cli_dist_rank(dist);
+        n_proc = cli_dist_size(dist);
+        if (rank != 0 && freopen("/dev/null", "w", stdout) == NULL) { /* rank 0 reports */
+            fprintf(stderr, "nabla bench: rank %d: cannot quiet its output\n", rank);
+        }
     }
     bool resumed = false;
     int lock_fd = -1;
-    rc = bn_prepare_out(&cfg, &cfg_text, &resumed, &lock_fd);
-    bn_buf_free(&cfg_text);
+    if (rank == 0) {
+        rc = bn_preflight(&cfg);
+        if (rc == 0 && cfg.plots && bn_gnuplot(NULL, "-e", "set terminal pngcairo") != 0) {
+            rc = bn_err("gnuplot with its pngcairo terminal is needed for the plots (Debian: "
+                        "apt-get install gnuplot-nox; scripts/deps.sh does it), or pass "
+                        "--no-plots");
+        }
+        bn_buf cfg_text = {0};
+        if (rc == 0) {
+            rc = bn_cfg_text(&cfg, &cfg_text);
+            if (rc == 0 && cfg_text.oom) {
+                rc = bn_err("out of memory");
+            }
+        }
+        if (rc == 0) {
+            rc = bn_prepare_out(&cfg, &cfg_text, &resumed, &lock_fd);
+        }
+        bn_buf_free(&cfg_text);
+    }
+    if (dist != NULL) {
+        rc = cli_dist_agree(dist, rc); /* the others wait for rank 0's --out */
+        resumed = cli_dist_root_value(dist, resumed) == 1;
+    }
     if (rc != 0) {
+        bn_unlock(cfg.out, lock_fd);
+        cli_dist_close(dist);
+        nb_ctx_destroy(dctx);
         return rc;
     }
 
@@ -2207,6 +2239,8 @@ int nabla_cmd_bench(int argc, char **argv) {
         free(cells);
         free(todo);
         bn_unlock(cfg.out, lock_fd);
+        cli_dist_close(dist);
+        nb_ctx_destroy(dctx);
         return 1;
     }
     int m = 0;
@@ -2251,6 +2285,17 @@ int nabla_cmd_bench(int argc, char **argv) {
     }
     printf("  %d job%s, %d kernel thread%s per cell; results in %s/\n", cfg.jobs,
            cfg.jobs == 1 ? "" : "s", cfg.threads, cfg.threads == 1 ? "" : "s", cfg.out);
+    if (dist != NULL) {
+        printf("  %d process%s (mpirun): cell i of those to run on process i mod %d\n", n_proc,
+               n_proc == 1 ? "" : "es", n_proc);
+        int mine = 0;
+        for (int i = 0; i < run.n_todo; i++) {
+            if (i % n_proc == rank) {
+                todo[mine++] = todo[i];
+            }
+        }
+        run.n_todo = mine;
+    }
     fflush(stdout);
 
     /* run what is left */
@@ -2293,6 +2338,28 @@ int nabla_cmd_bench(int argc, char **argv) {
     }
     printf("  %d cell%s run in %.1f s\n", run.sh.cells_done, run.sh.cells_done == 1 ? "" : "s",
            elapsed);
+    if (dist != NULL) {
+        /* every process's cells are on disk (or one failed); rank 0 reads the others' */
+        rc = cli_dist_agree(dist, rc);
+        for (int i = 0; rc == 0 && rank == 0 && i < n; i++) {
+            if (cells[i].text == NULL && !bn_cell_load(&cells[i], &cfg, run.cells_dir)) {
+                fprintf(stderr, "nabla bench: cannot read back %s/%s written by another process\n",
+                        run.cells_dir, cells[i].file);
+                rc = 1;
+            }
+        }
+        if (rank != 0) { /* done: rank 0 writes the results */
+            for (int i = 0; i < n; i++) {
+                free(cells[i].rows);
+                free(cells[i].text);
+            }
+            free(cells);
+            free(todo);
+            cli_dist_close(dist);
+            nb_ctx_destroy(dctx);
+            return rc;
+        }
+    }
 
     /* the results, from the cells in order */
     bn_buf csv = {0}, json = {0}, md = {0};
@@ -2367,5 +2434,7 @@ int nabla_cmd_bench(int argc, char **argv) {
     free(cells);
     free(todo);
     bn_unlock(cfg.out, lock_fd); /* done, or failed with what is kept for --resume */
+    cli_dist_close(dist);
+    nb_ctx_destroy(dctx);
     return rc;
 }

@@ -12,9 +12,13 @@
  * traces of the train step (1: it never retraced), and the final loss with its bit pattern.
  */
 #include "cli.h"
+#include "cli_dist.h"
 #include "commands.h"
 
 #include <nabla/nabla.h>
+#ifdef NABLA_CLI_DIST
+#include <nabla/dist.h>
+#endif
 
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +28,7 @@
 typedef struct train_opts {
     const char *data_dir; /* NULL: cli_data_dir() */
     int64_t epochs, batch, width, depth;
+    int64_t micro; /* > 0: data-parallel (nabla/dist.h), that many micro-batches per step */
     double lr, test_fraction;
     uint64_t seed;
     int threads;
@@ -94,7 +99,11 @@ static void train_usage(FILE *f) {
             "  --seed N          the Threefry seed of split, init and shuffling (default 0)\n"
             "  --threads N       kernel threads, 0 = all cores, at most 256 (default 0; results\n"
             "                    are the same for any count)\n"
-            "  --progress MODE   bar, lines or auto (bar on a terminal; default auto)\n");
+            "  --progress MODE   bar, lines or auto (bar on a terminal; default auto)\n"
+            "  --micro-batches M data-parallel: each step's batch is cut into M micro-batches\n"
+            "                    whose gradients are added in one fixed order, so the result\n"
+            "                    is the same bits on any number of processes (1 .. M); the\n"
+            "                    default under mpirun is 8 (mpirun -np N nabla train)\n");
 }
 
 static int parse_args(int argc, char **argv, train_opts *o) {
@@ -108,6 +117,7 @@ static int parse_args(int argc, char **argv, train_opts *o) {
     o->seed = 0;
     o->threads = 0;
     o->progress = -1;
+    o->micro = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -144,6 +154,8 @@ static int parse_args(int argc, char **argv, train_opts *o) {
             o->threads = (int)n;
         } else if (strcmp(a, "--progress") == 0) {
             rc = cli_progress_mode("train", v, &o->progress);
+        } else if (strcmp(a, "--micro-batches") == 0) {
+            rc = cli_i64("train", a, v, 1, 65536, &o->micro);
         } else {
             fprintf(stderr, "nabla train: unknown option '%s'\n", a);
             train_usage(stderr);
@@ -193,6 +205,44 @@ int nabla_cmd_train(int argc, char **argv) {
         return 1;
     }
     int rc = 1;
+    /* data-parallel: --micro-batches, or launched by mpirun (8 micro-batches) */
+    nb_dist *dist = NULL;
+    int rank = 0, n_proc = 1;
+    int64_t first = 0, count = 1, mrows = o.batch; /* this process's micro-batches */
+    if (o.micro > 0 || cli_dist_launched()) {
+        o.micro = o.micro > 0 ? o.micro : 8;
+        int drc = cli_dist_open("train", ctx, &dist);
+        if (drc != 0) {
+            nb_ctx_destroy(ctx);
+            return drc;
+        }
+#ifdef NABLA_CLI_DIST
+        rank = nb_dist_rank(dist);
+        n_proc = nb_dist_size(dist);
+#endif
+        if (rank != 0 && freopen("/dev/null", "w", stdout) == NULL) { /* rank 0 reports */
+            fprintf(stderr, "nabla train: rank %d: cannot quiet its output\n", rank);
+        }
+        const char *bad = o.batch % o.micro != 0 ? "does not divide --batch"
+                          : o.micro < n_proc     ? "is fewer than the processes"
+                                                 : NULL;
+        if (bad != NULL) {
+            if (rank == 0) {
+                fprintf(stderr,
+                        "nabla train: --micro-batches %lld %s (%lld rows, %d process%s): use a "
+                        "divisor of the batch, at least the number of processes\n",
+                        (long long)o.micro, bad, (long long)o.batch, n_proc,
+                        n_proc == 1 ? "" : "es");
+            }
+            cli_dist_close(dist);
+            nb_ctx_destroy(ctx);
+            return 2;
+        }
+        mrows = o.batch / o.micro;
+    }
+#ifdef NABLA_CLI_DIST
+    nb_dist_train *dtrain = NULL;
+#endif
     nb_array *x = NULL, *y = NULL, *key = NULL, *k[3] = {NULL, NULL, NULL}, *xtr = NULL,
              *ytr = NULL, *xte = NULL, *yte = NULL, *xb = NULL, *yb = NULL;
     nb_tree *model = NULL, *opt = NULL, *state = NULL, *xb_leaf = NULL, *yb_leaf = NULL,
@@ -243,14 +293,27 @@ int nabla_cmd_train(int argc, char **argv) {
     nb_train_opts to = nb_train_opts_default();
     to.has_aux = true;
     to.jit.max_traces = 1; /* a retrace would be a bug: make it an error */
-    TCHECK(ctx, nb_train_step(loss_fn, opt, &to, &step));
-    TCHECK(ctx, nb_train_init(step, model, &state));
+    if (dist == NULL) {
+        TCHECK(ctx, nb_train_step(loss_fn, opt, &to, &step));
+        TCHECK(ctx, nb_train_init(step, model, &state));
+    }
+#ifdef NABLA_CLI_DIST
+    else {
+        /* the same step over processes: each micro-batch's gradient, their sum in one
+         * fixed order, Adam's update on every process */
+        TCHECK(ctx, nb_dist_train_create(dist, loss_fn, opt, &to, o.micro, &dtrain));
+        TCHECK(ctx, nb_dist_train_init(dtrain, &model, &state));
+        TCHECK(ctx, nb_dist_parts(dist, o.micro, &first, &count));
+    }
+#endif
     TCHECK(ctx, nb_fn_create(ctx, "evaluate", eval_body, NULL, &eval_fn));
 
     /* batches land in two arrays made once */
     doing = "cannot set up the batches";
-    TCHECK(ctx, nb_array_zeros(ctx, nb_array_dtype(xtr), 2, (int64_t[]){o.batch, features}, &xb));
-    TCHECK(ctx, nb_array_zeros(ctx, nb_array_dtype(ytr), 1, (int64_t[]){o.batch}, &yb));
+    int64_t local_rows = dist != NULL ? count * mrows : o.batch; /* this process's rows */
+    TCHECK(ctx,
+           nb_array_zeros(ctx, nb_array_dtype(xtr), 2, (int64_t[]){local_rows, features}, &xb));
+    TCHECK(ctx, nb_array_zeros(ctx, nb_array_dtype(ytr), 1, (int64_t[]){local_rows}, &yb));
     xb_leaf = leaf_new(ctx, xb);
     yb_leaf = leaf_new(ctx, yb);
     TCHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){xb_leaf, yb_leaf}, &batch));
@@ -266,6 +329,11 @@ int nabla_cmd_train(int argc, char **argv) {
            (long long)n_params, o.lr, (long long)o.batch, (long long)o.epochs,
            (unsigned long long)o.seed, nb_ctx_n_threads(ctx),
            nb_ctx_n_threads(ctx) == 1 ? "" : "s");
+    if (dist != NULL) {
+        printf("  data-parallel: %d process%s, %lld micro-batches of %lld rows per step, added in "
+               "one fixed order (the same bits for any number of processes)\n",
+               n_proc, n_proc == 1 ? "" : "es", (long long)o.micro, (long long)mrows);
+    }
 
     cli_progress prog;
     cli_progress_start(&prog, o.progress,
@@ -280,18 +348,25 @@ int nabla_cmd_train(int argc, char **argv) {
         double loss_sum = 0.0;
         int64_t correct = 0, seen = 0, rows = 0;
         for (int64_t b = 0;; b++) {
-            TCHECK(ctx, nb_batcher_next(batcher, xb, yb, &rows));
+            TCHECK(ctx, nb_batcher_next_rows(batcher, first * mrows, local_rows, xb, yb, &rows));
             if (rows == 0) {
                 break;
             }
             nb_tree *aux = NULL; /* the number of correct rows */
             double l = 0.0;
-            TCHECK(ctx, nb_train_run(step, &model, &state, batch, &l, &aux));
+            if (dist == NULL) {
+                TCHECK(ctx, nb_train_run(step, &model, &state, batch, &l, &aux));
+            }
+#ifdef NABLA_CLI_DIST
+            else {
+                TCHECK(ctx, nb_dist_train_run(dtrain, &model, &state, batch, &l, &aux));
+            }
+#endif
             last_loss = (float)l;
             loss_sum += last_loss;
             correct += (int64_t)scalar_of(aux);
             nb_tree_destroy(aux);
-            seen += rows;
+            seen += o.batch; /* aux counts the whole batch's correct rows */
             steps++;
             cli_progress_update(
                 &prog, steps, "epoch %lld/%lld  loss %.4f  acc %5.1f%%  %.0f steps/s",
@@ -321,7 +396,14 @@ int nabla_cmd_train(int argc, char **argv) {
     int64_t test_correct = (int64_t)scalar_of(eres);
     nb_tree_destroy(eres);
     nb_fn_stats stats;
-    TCHECK(ctx, nb_fn_stats_get(step, &stats));
+    if (dist == NULL) {
+        TCHECK(ctx, nb_fn_stats_get(step, &stats));
+    }
+#ifdef NABLA_CLI_DIST
+    else {
+        TCHECK(ctx, nb_dist_train_stats(dtrain, &stats, NULL));
+    }
+#endif
     uint32_t bits = 0;
     memcpy(&bits, &last_loss, sizeof bits);
     printf("  %lld steps in %.2f s (%.0f steps/s)\n", (long long)steps, elapsed,
@@ -331,11 +413,23 @@ int nabla_cmd_train(int argc, char **argv) {
     printf("train step traces: %lld (calls %lld, cache hits %lld)\n", (long long)stats.n_traces,
            (long long)stats.n_calls, (long long)stats.n_hits);
     printf("final loss: %.9g (bits 0x%08x)\n", (double)last_loss, (unsigned)bits);
+#ifdef NABLA_CLI_DIST
+    nb_dist_stats ds;
+    if (dist != NULL && nb_dist_stats_get(dist, &ds) == NB_OK && n_proc > 1) {
+        printf("communication (rank 0): %lld collectives, %.3f s waiting in them, %.2f MB sent, "
+               "%.2f MB received\n",
+               (long long)ds.calls, ds.wait_s, (double)ds.bytes_sent / 1e6,
+               (double)ds.bytes_received / 1e6);
+    }
+#endif
     rc = 0;
 done:
     nb_batcher_destroy(batcher);
     nb_fn_destroy(eval_fn);
     nb_fn_destroy(step);
+#ifdef NABLA_CLI_DIST
+    nb_dist_train_destroy(dtrain);
+#endif
     nb_fn_destroy(loss_fn);
     nb_tree *trees[] = {model, opt, state, xb_leaf, yb_leaf, batch, xte_leaf, yte_leaf};
     for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {
@@ -345,6 +439,7 @@ done:
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) {
         nb_array_destroy(arrays[i]);
     }
+    cli_dist_close(dist);
     nb_ctx_destroy(ctx);
     return rc;
 }

@@ -174,6 +174,21 @@ NB_API nb_status nb_dist_train_init(nb_dist_train *t, nb_tree **params, nb_tree 
  * NULL; only with has_aux) the summed aux. A collective call. */
 NB_API nb_status nb_dist_train_run(nb_dist_train *t, nb_tree **params, nb_tree **state,
                                    const nb_tree *local_batch, double *loss, nb_tree **aux);
+/* The step's compiled functions' counters (nabla/fn.h): grad (may be NULL) those of
+ * jit(value_and_grad(loss)), run once per micro-batch; update (may be NULL) the jitted
+ * optimizer update's, run once per step. n_traces 1 each: nothing retraced. */
+NB_API nb_status nb_dist_train_stats(const nb_dist_train *t, nb_fn_stats *grad,
+                                     nb_fn_stats *update);
+
+/* Communication counters of a handle: the collectives' calls, the seconds spent waiting in
+ * them, and the bytes this process sent and received (payload, as handed to MPI). */
+typedef struct nb_dist_stats {
+    int64_t calls;
+    double wait_s;
+    int64_t bytes_sent, bytes_received;
+} nb_dist_stats;
+
+NB_API nb_status nb_dist_stats_get(const nb_dist *d, nb_dist_stats *out);
 
 #ifdef __cplusplus
 }

@@ -34,6 +34,7 @@ struct nb_dist {
     MPI_Comm comm;
     int rank, size;
     double timeout_s;
+    nb_dist_stats stats;
     bool owns_mpi; /* nb_dist_create initialized MPI */
     bool broken;   /* a collective failed: MPI state unknown */
 };
@@ -82,13 +83,16 @@ static double nbd_now(void) {
 static nb_status nbd_wait(nb_dist *d, MPI_Request *req, const char *fn, const char *what) {
     double t0 = nbd_now();
     long nap = 0;
+    d->stats.calls++;
     for (int spins = 0;; spins++) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) {
+            d->stats.wait_s += nbd_now() - t0;
             return nbd_mpi_fail(d, fn, what, rc);
         }
         if (done) {
+            d->stats.wait_s += nbd_now() - t0;
             return NB_OK;
         }
         if (spins < 200) {
@@ -216,6 +220,18 @@ void nb_dist_destroy(nb_dist *d) {
             MPI_Finalize();
         }
     }
+}
+
+nb_status nb_dist_stats_get(const nb_dist *d, nb_dist_stats *out) {
+    if (!nbd_live(d) || out == NULL) {
+        if (nbd_live(d)) {
+            return nb_tree_map_fail(d->ctx, NB_ERR_MISUSE, "nb_dist_stats_get: out is NULL");
+        }
+        fprintf(stderr, "nabla: nb_dist_stats_get: d is NULL or destroyed\n");
+        return NB_ERR_MISUSE;
+    }
+    *out = d->stats;
+    return NB_OK;
 }
 
 int nb_dist_rank(const nb_dist *d) {
@@ -682,6 +698,8 @@ static nb_status nbd_reduce_group(nb_dist *d, const char *fn, const nbd_group *g
         }
     }
     MPI_Request req;
+    d->stats.bytes_sent += total_send - scount[d->rank]; /* what stays here is not sent */
+    d->stats.bytes_received += total_recv - rcount[d->rank];
     int rc =
         MPI_Ialltoallv(send, scount, sdisp, MPI_BYTE, recv, rcount, rdisp, MPI_BYTE, d->comm, &req);
     st = rc != MPI_SUCCESS ? nbd_mpi_fail(d, fn, "MPI_Ialltoallv", rc)
@@ -718,6 +736,8 @@ static nb_status nbd_reduce_group(nb_dist *d, const char *fn, const nbd_group *g
         st = nbd_fail(d, NB_ERR_OVERFLOW, "%s: %zu bytes are too many for one exchange", fn, row);
         goto done;
     }
+    d->stats.bytes_sent += sn * (int64_t)esz * (N - 1);
+    d->stats.bytes_received += (int64_t)row - sn * (int64_t)esz;
     rc = MPI_Iallgatherv(slice, (int)(sn * (int64_t)esz), MPI_BYTE, res, rcount, rdisp, MPI_BYTE,
                          d->comm, &req);
     st = rc != MPI_SUCCESS ? nbd_mpi_fail(d, fn, "MPI_Iallgatherv", rc)
@@ -978,6 +998,11 @@ nb_status nb_dist_broadcast(nb_dist *d, nb_tree *t, int root) {
             o += nb_array_nbytes(a);
         }
         MPI_Request req;
+        if (d->rank == root) {
+            d->stats.bytes_sent += (int64_t)len * (d->size - 1);
+        } else {
+            d->stats.bytes_received += (int64_t)len;
+        }
         int rc = MPI_Ibcast(buf, (int)len, MPI_BYTE, root, d->comm, &req);
         st = rc != MPI_SUCCESS ? nbd_mpi_fail(d, fn, "MPI_Ibcast", rc)
                                : nbd_wait(d, &req, fn, "the broadcast");
@@ -1071,6 +1096,8 @@ nb_status nb_dist_allgather(nb_dist *d, const nb_tree *t, nb_tree **out) {
             o += nb_array_nbytes(a);
         }
         MPI_Request req;
+        d->stats.bytes_sent += (int64_t)len * (d->size - 1);
+        d->stats.bytes_received += (int64_t)len * (d->size - 1);
         int rc = MPI_Iallgather(mine, (int)len, MPI_BYTE, all, (int)len, MPI_BYTE, d->comm, &req);
         st = rc != MPI_SUCCESS ? nbd_mpi_fail(d, fn, "MPI_Iallgather", rc)
                                : nbd_wait(d, &req, fn, "the all-gather");
@@ -1202,6 +1229,18 @@ nb_status nb_dist_train_create(nb_dist *d, nb_fn *loss, const nb_tree *opt,
     }
     *out = t;
     return NB_OK;
+}
+
+nb_status nb_dist_train_stats(const nb_dist_train *t, nb_fn_stats *grad, nb_fn_stats *update) {
+    if (t == NULL || t->magic != NBD_TRAIN_MAGIC) {
+        fprintf(stderr, "nabla: nb_dist_train_stats: t is NULL or destroyed\n");
+        return NB_ERR_MISUSE;
+    }
+    nb_status st = grad != NULL ? nb_fn_stats_get(t->grad, grad) : NB_OK;
+    if (st == NB_OK && update != NULL) {
+        st = nb_fn_stats_get(t->update, update);
+    }
+    return st;
 }
 
 void nb_dist_train_destroy(nb_dist_train *t) {

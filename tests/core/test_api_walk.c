@@ -2916,6 +2916,8 @@ static const entry k_table[] = {
     EXEMPT(nb_dist_train_destroy, k_dist),
     EXEMPT(nb_dist_train_init, k_dist),
     EXEMPT(nb_dist_train_run, k_dist),
+    EXEMPT(nb_dist_train_stats, k_dist),
+    EXEMPT(nb_dist_stats_get, k_dist),
     /* io.h */
     EAGER(nb_save),
     EAGER(nb_load),

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# run_dist.sh <bin dir> <data dir> <work dir> -- nabla/dist.h under mpirun (ctest test_dist).
+# run_dist.sh <bin dir> <data dir> <work dir> [<nabla program>] -- nabla/dist.h under mpirun
+# (ctest test_dist).
 #
 #   1. dist_collectives on 1, 2, 3 and 4 processes: every check passes on every process and
 #      the 12-part reduction's digest is the same for every N;
@@ -9,10 +10,13 @@
 #      the same bits as the straight run;
 #   4. a process killed by SIGKILL: with `mpirun --enable-recovery` every survivor reports
 #      NB_ERR_COMM within NABLA_DIST_TIMEOUT (3 s here); with mpirun's default the job is
-#      ended by mpirun -- no hang either way (bounded by `timeout`).
+#      ended by mpirun -- no hang either way (bounded by `timeout`);
+#   5. with the nabla program: `mpirun -np N nabla train` prints the same final loss bits for
+#      N = 1 .. 4, and `mpirun -np 3 nabla bench` writes the same files (the same SHA-256)
+#      as one process.
 # Skipped (exit 77, "SKIP: ...") only when mpirun is missing.
 set -euo pipefail
-bin=$1 data=$2 work=$3
+bin=$1 data=$2 work=$3 nabla=${4:-}
 fail() { echo "run_dist: FAIL: $*" >&2; exit 1; }
 if ! command -v mpirun >/dev/null 2>&1; then
     echo "SKIP: mpirun not found (Debian: apt-get install openmpi-bin libopenmpi-dev;" \
@@ -91,4 +95,31 @@ set -e
 [[ $rc -ne 124 ]] || fail "hang: mpirun still running after 120 s"
 [[ $rc -ne 0 ]] || { cat "$work/die2.out"; fail "a killed process and mpirun exited 0"; }
 echo "killed process: survivors report NB_ERR_COMM (--enable-recovery); mpirun's default ends the job (exit $rc); $(($(date +%s) - start)) s"
+# 5. the nabla program over processes
+if [[ -n "$nabla" ]]; then
+    for n in 1 2 3 4; do
+        "${mpi[@]}" -np "$n" "$nabla" train --data "$data" --epochs 2 --threads 1 \
+            --progress lines >"$work/ntrain$n.out" 2>&1 ||
+            { cat "$work/ntrain$n.out"; fail "mpirun -np $n nabla train exited $?"; }
+        grep -q "data-parallel: $n process" "$work/ntrain$n.out" ||
+            { cat "$work/ntrain$n.out"; fail "nabla train did not run on $n processes"; }
+        grep '^final loss: ' "$work/ntrain$n.out" >"$work/nloss$n"
+        grep -q '^train step traces: 1 ' "$work/ntrain$n.out" || fail "nabla train -np $n retraced"
+        cmp -s "$work/nloss1" "$work/nloss$n" ||
+            fail "nabla train on $n processes: $(cat "$work/nloss$n"), on 1: $(cat "$work/nloss1")"
+    done
+    echo "nabla train: $(cat "$work/nloss1") on 1, 2, 3 and 4 processes"
+    suite=(bench --problems rosenbrock2,logreg,mlp,lotka_volterra --optimizers sgd,adam
+           --steps 60 --no-plots --data "$data" --progress lines)
+    "$nabla" "${suite[@]}" --out "$work/bench1" >"$work/bench1.out" 2>&1 ||
+        { cat "$work/bench1.out"; fail "nabla bench exited $?"; }
+    "${mpi[@]}" -np 3 "$nabla" "${suite[@]}" --out "$work/bench3" >"$work/bench3.out" 2>&1 ||
+        { cat "$work/bench3.out"; fail "mpirun -np 3 nabla bench exited $?"; }
+    grep -q '3 processes (mpirun)' "$work/bench3.out" || { cat "$work/bench3.out"; fail "not on 3 processes"; }
+    sha1=$(grep '^sha256 of results.csv' "$work/bench1.out") || fail "no digest from one process"
+    sha3=$(grep '^sha256 of results.csv' "$work/bench3.out") || fail "no digest from 3 processes"
+    [[ "$sha1" == "$sha3" ]] || fail "nabla bench: $sha3 on 3 processes, $sha1 on one"
+    diff -r "$work/bench1" "$work/bench3" >/dev/null || fail "nabla bench's files differ on 3 processes"
+    echo "nabla bench: 3 processes give one process's files; $sha1"
+fi
 echo "run_dist: ok"
