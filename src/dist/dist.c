@@ -16,6 +16,7 @@
 #include <nabla/nabla.h>
 
 #include <limits.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -28,8 +29,23 @@
 /* the signature of a process that failed before an exchange (no tree has it) */
 #define NBD_MARK "\001(this process failed before the exchange)"
 
+/* scratch buffers kept between calls (fresh multi-megabyte buffers per call cost more in
+ * page faults than the reduction itself): a buffer per dtype for the results, then the
+ * reduction's own */
+enum {
+    NBD_S_RES = 0,
+    NBD_S_MINE = NBD_S_RES + NB_DTYPE_COUNT,
+    NBD_S_SEND,
+    NBD_S_RECV,
+    NBD_S_TMP,
+    NBD_S_SLICE,
+    NBD_S_N
+};
+
 struct nb_dist {
     uint32_t magic;
+    void *scr[NBD_S_N];
+    size_t scr_cap[NBD_S_N];
     nb_ctx *ctx;
     MPI_Comm comm;
     int rank, size;
@@ -71,20 +87,35 @@ static nb_status nbd_mpi_fail(nb_dist *d, const char *fn, const char *what, int 
                     fn, d->rank, d->size, what, es);
 }
 
+/* scratch slot `slot` with room for bytes (its old contents dropped), or NULL */
+static void *nbd_scratch(nb_dist *d, int slot, size_t bytes) {
+    if (bytes > d->scr_cap[slot] || d->scr[slot] == NULL) {
+        free(d->scr[slot]);
+        d->scr_cap[slot] = 0;
+        d->scr[slot] = malloc(bytes + 64);
+        if (d->scr[slot] != NULL) {
+            d->scr_cap[slot] = bytes + 64;
+        }
+    }
+    return d->scr[slot];
+}
+
 static double nbd_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Wait for a non-blocking collective with the handle's timeout: spin a little, then sleep
- * in growing naps (up to 1 ms) so that oversubscribed processes leave the cores to the
- * others. */
+/* Wait for a non-blocking collective with the handle's timeout. MPI makes progress on a
+ * non-blocking collective only inside MPI calls (Open MPI has no progress thread), and a
+ * large message takes several round trips, each needing both sides to call: so the wait
+ * polls MPI_Test without sleeping (yielding the core, for oversubscribed runs) for its
+ * first 20 ms, and only then in naps growing to 1 ms. */
 static nb_status nbd_wait(nb_dist *d, MPI_Request *req, const char *fn, const char *what) {
     double t0 = nbd_now();
     long nap = 0;
     d->stats.calls++;
-    for (int spins = 0;; spins++) {
+    for (;;) {
         int done = 0;
         int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
         if (rc != MPI_SUCCESS) {
@@ -95,10 +126,11 @@ static nb_status nbd_wait(nb_dist *d, MPI_Request *req, const char *fn, const ch
             d->stats.wait_s += nbd_now() - t0;
             return NB_OK;
         }
-        if (spins < 200) {
+        double waited = nbd_now() - t0;
+        if (waited < 0.02) {
+            sched_yield();
             continue;
         }
-        double waited = nbd_now() - t0;
         if (d->timeout_s > 0 && waited > d->timeout_s) {
             d->broken = true;
             return nbd_fail(d, NB_ERR_COMM,
@@ -208,6 +240,9 @@ void nb_dist_destroy(nb_dist *d) {
         return;
     }
     bool finalize = d->owns_mpi && !d->broken;
+    for (int i = 0; i < NBD_S_N; i++) {
+        free(d->scr[i]);
+    }
     if (!d->broken && d->comm != MPI_COMM_NULL) {
         MPI_Comm_free(&d->comm);
     }
@@ -536,36 +571,38 @@ static int64_t nbd_canon(int64_t lo, int64_t hi, int64_t a, int64_t b, int64_t *
     return nbd_canon(mid, hi, a, b, nodes, k);
 }
 
-/* dst[i] += src[i] in dtype dt (integers as unsigned: wrapping, exact) */
-static void nbd_add(nb_dtype dt, void *dst, const void *src, int64_t n) {
+/* dst[i] += src[i] in dtype dt (integers as unsigned: wrapping, exact); dst and src never
+ * overlap (restrict: the loops vectorise without a run-time check; element-wise adds, so
+ * the bits are those of the scalar loop) */
+static void nbd_add(nb_dtype dt, void *restrict dst, const void *restrict src, int64_t n) {
     switch (dt) {
     case NB_DTYPE_F32: {
-        float *x = dst;
-        const float *y = src;
+        float *restrict x = dst;
+        const float *restrict y = src;
         for (int64_t i = 0; i < n; i++) {
             x[i] = x[i] + y[i];
         }
         break;
     }
     case NB_DTYPE_F64: {
-        double *x = dst;
-        const double *y = src;
+        double *restrict x = dst;
+        const double *restrict y = src;
         for (int64_t i = 0; i < n; i++) {
             x[i] = x[i] + y[i];
         }
         break;
     }
     case NB_DTYPE_I32: {
-        uint32_t *x = dst;
-        const uint32_t *y = src;
+        uint32_t *restrict x = dst;
+        const uint32_t *restrict y = src;
         for (int64_t i = 0; i < n; i++) {
             x[i] = x[i] + y[i];
         }
         break;
     }
     default: {
-        uint64_t *x = dst;
-        const uint64_t *y = src;
+        uint64_t *restrict x = dst;
+        const uint64_t *restrict y = src;
         for (int64_t i = 0; i < n; i++) {
             x[i] = x[i] + y[i];
         }
@@ -581,18 +618,36 @@ typedef struct nbd_group {
     int64_t n; /* elements of this dtype over all leaves */
 } nbd_group;
 
-/* value of node [lo, hi) of the local parts (parts[i] is part a + i, n elements each) into
- * dst; tmp has room for depth * n elements */
-static void nbd_local_node(const nbd_group *g, const char *parts, int64_t a, int64_t lo, int64_t hi,
-                           char *dst, char *tmp) {
+/* The local parts: part a + i's dynamic leaves are lists[i] (each n_leaves arrays). */
+typedef struct nbd_src {
+    nb_tree *const *lists;
+    int64_t n_leaves;
+} nbd_src;
+
+/* part p's leaves of dtype g->dt, packed in leaf order into dst */
+static void nbd_pack_part(const nbd_group *g, const nbd_src *src, int64_t p, char *dst) {
+    size_t o = 0;
+    for (int64_t i = 0; i < src->n_leaves; i++) {
+        const nb_array *x = nb_tree_get_array(nb_tree_child(src->lists[p], i));
+        if (nb_array_dtype(x) == g->dt) {
+            memcpy(dst + o, nb_array_data(x), nb_array_nbytes(x));
+            o += nb_array_nbytes(x);
+        }
+    }
+}
+
+/* value of node [lo, hi) of the local parts (part a + i from src) into dst; tmp has room for
+ * depth * n elements */
+static void nbd_local_node(const nbd_group *g, const nbd_src *src, int64_t a, int64_t lo,
+                           int64_t hi, char *dst, char *tmp) {
     size_t row = (size_t)g->n * g->esz;
     if (hi - lo == 1) {
-        memcpy(dst, parts + (size_t)(lo - a) * row, row);
+        nbd_pack_part(g, src, lo - a, dst);
         return;
     }
     int64_t mid = lo + (hi - lo) / 2;
-    nbd_local_node(g, parts, a, lo, mid, dst, tmp);
-    nbd_local_node(g, parts, a, mid, hi, tmp, tmp + row);
+    nbd_local_node(g, src, a, lo, mid, dst, tmp);
+    nbd_local_node(g, src, a, mid, hi, tmp, tmp + row);
     nbd_add(g->dt, dst, tmp, g->n);
 }
 
@@ -624,7 +679,7 @@ static int nbd_depth(int64_t m) {
 /* Reduce one dtype group: local parts packed in parts (count rows of g->n), result (g->n
  * elements) into res. */
 static nb_status nbd_reduce_group(nb_dist *d, const char *fn, const nbd_group *g, int64_t m,
-                                  const char *parts, char *res) {
+                                  const nbd_src *src, char *res) {
     int N = d->size;
     int64_t a, b;
     nbd_block(m, N, d->rank, &a, &b);
@@ -649,15 +704,15 @@ static nb_status nbd_reduce_group(nb_dist *d, const char *fn, const nbd_group *g
     }
     int64_t k = kn[d->rank];
     /* my canonical nodes' values */
-    mine = malloc(row * (size_t)(k > 0 ? k : 1));
-    tmp = malloc(row * (size_t)(depth + 1) + 1);
+    mine = nbd_scratch(d, NBD_S_MINE, row * (size_t)(k > 0 ? k : 1));
+    tmp = nbd_scratch(d, NBD_S_TMP, row * (size_t)(depth + 1) + 1);
     if (mine == NULL || tmp == NULL) {
         st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory (%zu bytes)", fn, row * (size_t)depth);
         goto done;
     }
     for (int64_t j = 0; j < k; j++) {
         const int64_t *nd = nodes + 2 * max_nodes * d->rank + 2 * j;
-        nbd_local_node(g, parts, a, nd[0], nd[1], mine + (size_t)j * row, tmp);
+        nbd_local_node(g, src, a, nd[0], nd[1], mine + (size_t)j * row, tmp);
     }
     /* slices: process s completes elements [n s / N, n (s + 1) / N) */
     int *sdisp = scount + N, *rcount = scount + 2 * N, *rdisp = scount + 3 * N;
@@ -681,10 +736,10 @@ static nb_status nbd_reduce_group(nb_dist *d, const char *fn, const nbd_group *g
         total_send += sb;
         total_recv += rbytes;
     }
-    send = malloc((size_t)total_send + 1);
-    recv = malloc((size_t)total_recv + 1);
+    send = nbd_scratch(d, NBD_S_SEND, (size_t)total_send + 1);
+    recv = nbd_scratch(d, NBD_S_RECV, (size_t)total_recv + 1);
     vals = malloc(sizeof(char *) * (size_t)(max_nodes * N));
-    slice = malloc((size_t)(sn > 0 ? sn : 1) * esz * (size_t)(depth + 1) + 1);
+    slice = nbd_scratch(d, NBD_S_SLICE, (size_t)(sn > 0 ? sn : 1) * esz * (size_t)(depth + 1) + 1);
     if (send == NULL || recv == NULL || vals == NULL || slice == NULL) {
         st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory (%lld bytes)", fn,
                       (long long)(total_send + total_recv));
@@ -746,11 +801,6 @@ done:
     free(nodes);
     free(kn);
     free(scount);
-    free(mine);
-    free(send);
-    free(recv);
-    free(tmp);
-    free(slice);
     free(vals);
     return st;
 }
@@ -772,14 +822,14 @@ static nb_status nbd_fill_leaf(void *ud, const char *path, int n, const nb_tree 
     nbd_fill *f = ud;
     const nb_array *a = nb_tree_get_array(leaves[0]);
     nb_dtype dt = nb_array_dtype(a);
-    nb_array *c = NULL;
-    nb_status st = nb_array_copy(a, &c);
+    size_t esz = nb_dtype_size(dt);
+    nb_array *c = NULL; /* the sums, copied once into a new array of a's shape */
+    nb_status st = nb_array_from_data(nb_array_ctx(a), dt, nb_array_rank(a), nb_array_shape(a),
+                                      f->res[dt] + (size_t)f->off[dt] * esz, &c);
     if (st != NB_OK) {
         return st;
     }
     int64_t cnt = nb_array_size(c);
-    size_t esz = nb_dtype_size(dt);
-    memcpy(nb_array_data(c), f->res[dt] + (size_t)f->off[dt] * esz, (size_t)cnt * esz);
     f->off[dt] += cnt;
     if (f->op == NB_DIST_MEAN) {
         if (dt == NB_DTYPE_F32) {
@@ -841,7 +891,7 @@ static nb_status nbd_reduce(nb_dist *d, const char *fn, int64_t m, const nb_tree
     }
     st = nbd_check_same(d, fn, &l0);
     nbd_group groups[NB_DTYPE_COUNT];
-    char *parts[NB_DTYPE_COUNT] = {NULL}, *res[NB_DTYPE_COUNT] = {NULL};
+    char *res[NB_DTYPE_COUNT] = {NULL};
     int64_t off[NB_DTYPE_COUNT] = {0};
     for (int t = 0; t < NB_DTYPE_COUNT; t++) {
         groups[t].dt = (nb_dtype)t;
@@ -852,47 +902,39 @@ static nb_status nbd_reduce(nb_dist *d, const char *fn, int64_t m, const nb_tree
         const nb_array *a = nb_tree_get_array(nb_tree_child(l0.list, i));
         groups[nb_array_dtype(a)].n += nb_array_size(a);
     }
-    /* pack: parts[dt] = count rows of groups[dt].n */
-    for (int t = 0; t < NB_DTYPE_COUNT && st == NB_OK; t++) {
-        if (groups[t].n == 0) {
-            continue;
-        }
-        size_t row = (size_t)groups[t].n * groups[t].esz;
-        parts[t] = malloc(row * (size_t)count + 1);
-        res[t] = malloc(row + 1);
-        if (parts[t] == NULL || res[t] == NULL) {
-            st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory (%zu bytes)", fn, row * (size_t)count);
-        }
+    /* the parts' leaves, and a result buffer per dtype */
+    nb_tree **lists = calloc((size_t)count, sizeof *lists);
+    if (lists == NULL) {
+        st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory", fn);
     }
     for (int64_t p = 0; p < count && st == NB_OK; p++) {
-        nb_tree *list = NULL;
-        st = nb_tree_flatten(local[p], &list, NULL);
-        int64_t o[NB_DTYPE_COUNT] = {0};
-        for (int64_t i = 0; i < l0.n && st == NB_OK; i++) {
-            const nb_array *a = nb_tree_get_array(nb_tree_child(list, i));
-            int t = (int)nb_array_dtype(a);
+        st = nb_tree_flatten(local[p], &lists[p], NULL);
+    }
+    for (int t = 0; t < NB_DTYPE_COUNT && st == NB_OK; t++) {
+        if (groups[t].n > 0) {
             size_t row = (size_t)groups[t].n * groups[t].esz;
-            memcpy(parts[t] + (size_t)p * row + (size_t)o[t] * groups[t].esz, nb_array_data(a),
-                   nb_array_nbytes(a));
-            o[t] += nb_array_size(a);
+            res[t] = nbd_scratch(d, NBD_S_RES + t, row + 1);
+            if (res[t] == NULL) {
+                st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory (%zu bytes)", fn, row);
+            }
         }
-        nb_tree_destroy(list);
     }
     /* Every process runs the same sequence of collectives, one group after another (the
      * groups are the same everywhere: the signatures matched). */
+    nbd_src src = {lists, l0.n};
     for (int t = 0; t < NB_DTYPE_COUNT && st == NB_OK; t++) {
         if (groups[t].n > 0) {
-            st = nbd_reduce_group(d, fn, &groups[t], m, parts[t], res[t]);
+            st = nbd_reduce_group(d, fn, &groups[t], m, &src, res[t]);
         }
     }
     if (st == NB_OK) {
         nbd_fill f = {(const char *const *)res, off, op, m, d->ctx};
         st = nb_tree_map(local[0], nbd_fill_leaf, &f, 0, out);
     }
-    for (int t = 0; t < NB_DTYPE_COUNT; t++) {
-        free(parts[t]);
-        free(res[t]);
+    for (int64_t p = 0; lists != NULL && p < count; p++) {
+        nb_tree_destroy(lists[p]);
     }
+    free(lists);
     nbd_leaves_free(&l0);
     return st;
 }
