@@ -197,6 +197,17 @@ NB_API nb_status nb_ctx_stats_get(const nb_ctx *ctx, nb_ctx_stats *out);
  * cores), or 0 for a NULL ctx. */
 NB_API int nb_ctx_n_threads(const nb_ctx *ctx);
 
+/* The context's allocator, for libraries built on nabla (nabla_dist uses it, so that its
+ * memory is counted and fails where a test injects failures like nabla's own): size bytes
+ * aligned to align (a power of two, 8 <= align <= 4096; smaller is raised to 8), or NULL --
+ * on an allocator failure (nothing recorded: the caller reports what it was doing), or with
+ * NB_ERR_MISUSE recorded for a NULL ctx (then nothing can be recorded), size 0 or a bad
+ * align. nb_ctx_free returns a block with the size that was asked for (NULL ptr: no-op).
+ * Both only from the thread using the context; every block must be returned before
+ * nb_ctx_destroy. */
+NB_API void *nb_ctx_alloc(nb_ctx *ctx, size_t size, size_t align);
+NB_API void nb_ctx_free(nb_ctx *ctx, void *ptr, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

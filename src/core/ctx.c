@@ -399,6 +399,29 @@ int nb_ctx_n_threads(const nb_ctx *ctx) {
     return ctx == NULL ? 0 : ctx->n_threads;
 }
 
+void *nb_ctx_alloc(nb_ctx *ctx, size_t size, size_t align) {
+    static const char fn[] = "nb_ctx_alloc";
+    if (ctx == NULL) {
+        nbi_err_null_ctx(NULL, fn);
+        return NULL;
+    }
+    if (size == 0 || align > 4096 || (align & (align - 1)) != 0) {
+        nbi_err(ctx, NB_ERR_MISUSE,
+                "%s: size %zu, align %zu: size must be > 0 and align a power of two at most "
+                "4096",
+                fn, size, align);
+        return NULL;
+    }
+    return nbi_alloc(ctx, size, align);
+}
+
+void nb_ctx_free(nb_ctx *ctx, void *ptr, size_t size) {
+    if (ptr == NULL || ctx == NULL) {
+        return;
+    }
+    nbi_free(ctx, ptr, size);
+}
+
 nb_status nbi_ctx_pool(nb_ctx *ctx, nbi_pool **out) {
     if (ctx->pool == NULL && ctx->n_threads > 1) {
         nb_status st = nbi_pool_create(ctx, ctx->n_threads, &ctx->pool);

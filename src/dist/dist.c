@@ -76,6 +76,36 @@ static bool nbd_live(const nb_dist *d) {
     return d != NULL && d->magic == NBD_MAGIC;
 }
 
+/* Memory through the context's allocator (core.h: every allocation nabla makes), with
+ * the block's size kept in front of it for nbd_free. */
+static void *nbd_alloc(nb_ctx *ctx, size_t n) {
+    size_t total = n + 64;
+    char *p = nb_ctx_alloc(ctx, total, 64);
+    if (p == NULL) {
+        return NULL;
+    }
+    memcpy(p, &total, sizeof total);
+    return p + 64;
+}
+
+static void *nbd_calloc(nb_ctx *ctx, size_t n) {
+    void *p = nbd_alloc(ctx, n);
+    if (p != NULL) {
+        memset(p, 0, n);
+    }
+    return p;
+}
+
+static void nbd_free(nb_ctx *ctx, void *q) {
+    if (q == NULL) {
+        return;
+    }
+    char *p = (char *)q - 64;
+    size_t total = 0;
+    memcpy(&total, p, sizeof total);
+    nb_ctx_free(ctx, p, total);
+}
+
 static nb_status nbd_mpi_fail(nb_dist *d, const char *fn, const char *what, int code) {
     char es[MPI_MAX_ERROR_STRING] = "";
     int len = 0;
@@ -90,9 +120,9 @@ static nb_status nbd_mpi_fail(nb_dist *d, const char *fn, const char *what, int 
 /* scratch slot `slot` with room for bytes (its old contents dropped), or NULL */
 static void *nbd_scratch(nb_dist *d, int slot, size_t bytes) {
     if (bytes > d->scr_cap[slot] || d->scr[slot] == NULL) {
-        free(d->scr[slot]);
+        nbd_free(d->ctx, d->scr[slot]);
         d->scr_cap[slot] = 0;
-        d->scr[slot] = malloc(bytes + 64);
+        d->scr[slot] = nbd_alloc(d->ctx, bytes + 64);
         if (d->scr[slot] != NULL) {
             d->scr_cap[slot] = bytes + 64;
         }
@@ -225,7 +255,7 @@ nb_status nb_dist_create(nb_ctx *ctx, MPI_Comm comm, const nb_dist_opts *opts, n
         nb_status st = nbd_mpi_fail(&tmp, fn, "MPI_Comm_dup", rc);
         return st;
     }
-    nb_dist *d = malloc(sizeof *d);
+    nb_dist *d = nbd_alloc(ctx, sizeof *d);
     if (d == NULL) {
         MPI_Comm_free(&tmp.comm);
         return nb_tree_map_fail(ctx, NB_ERR_OOM, "%s: out of memory (%zu bytes)", fn, sizeof *d);
@@ -241,13 +271,13 @@ void nb_dist_destroy(nb_dist *d) {
     }
     bool finalize = d->owns_mpi && !d->broken;
     for (int i = 0; i < NBD_S_N; i++) {
-        free(d->scr[i]);
+        nbd_free(d->ctx, d->scr[i]);
     }
     if (!d->broken && d->comm != MPI_COMM_NULL) {
         MPI_Comm_free(&d->comm);
     }
     d->magic = 0;
-    free(d);
+    nbd_free(d->ctx, d);
     if (finalize) {
         int fin = 0;
         MPI_Finalized(&fin);
@@ -298,6 +328,7 @@ nb_status nb_dist_barrier(nb_dist *d) {
 /* ---- trees: leaves, signatures ------------------------------------------------------ */
 
 typedef struct nbd_leaves {
+    nb_ctx *ctx; /* of sig */
     int64_t n;
     nb_tree *list;   /* nb_tree_flatten's list of dynamic leaves */
     nb_treedef *def; /* its treedef */
@@ -308,7 +339,7 @@ typedef struct nbd_leaves {
 static void nbd_leaves_free(nbd_leaves *l) {
     nb_tree_destroy(l->list);
     nb_treedef_destroy(l->def);
-    free(l->sig);
+    nbd_free(l->ctx, l->sig);
     memset(l, 0, sizeof *l);
 }
 
@@ -334,9 +365,13 @@ static nb_status nbd_appendf(nb_dist *d, char **buf, size_t *len, size_t *cap, c
             return NB_OK;
         }
         size_t ncap = (*cap + (size_t)k + 1) * 2;
-        char *nb = realloc(*buf, ncap);
+        char *nb = nbd_alloc(d->ctx, ncap);
         if (nb == NULL) {
             return nbd_fail(d, NB_ERR_OOM, "nabla dist: out of memory (%zu bytes)", ncap);
+        }
+        if (*buf != NULL) {
+            memcpy(nb, *buf, *len);
+            nbd_free(d->ctx, *buf);
         }
         *buf = nb;
         *cap = ncap;
@@ -346,6 +381,7 @@ static nb_status nbd_appendf(nb_dist *d, char **buf, size_t *len, size_t *cap, c
 /* t's dynamic leaves (all must be arrays) and its signature. */
 static nb_status nbd_leaves_of(nb_dist *d, const char *fn, const nb_tree *t, nbd_leaves *l) {
     memset(l, 0, sizeof *l);
+    l->ctx = d->ctx;
     if (nb_tree_check(t) != NB_OK) {
         return nbd_fail(d, NB_ERR_MISUSE, "%s: a tree is NULL or destroyed", fn);
     }
@@ -357,7 +393,7 @@ static nb_status nbd_leaves_of(nb_dist *d, const char *fn, const nb_tree *t, nbd
     size_t need = 0;
     nb_treedef_format(l->def, NULL, 0, &need);
     size_t cap = need + 256, len = 0;
-    l->sig = malloc(cap);
+    l->sig = nbd_alloc(d->ctx, cap);
     if (l->sig == NULL) {
         nbd_leaves_free(l);
         return nbd_fail(d, NB_ERR_OOM, "%s: out of memory (%zu bytes)", fn, cap);
@@ -419,7 +455,7 @@ static void nbd_sig_line(const char *sig, int64_t line, char *out, size_t cap) {
  * rank 0's signature is broadcast and every process names the first differing line. */
 static nb_status nbd_check_same(nb_dist *d, const char *fn, const nbd_leaves *l) {
     uint64_t h = nbd_hash(l->sig, l->sig_len);
-    uint64_t *all = malloc(sizeof(uint64_t) * (size_t)d->size);
+    uint64_t *all = nbd_alloc(d->ctx, sizeof(uint64_t) * (size_t)d->size);
     if (all == NULL) {
         return nbd_fail(d, NB_ERR_OOM, "%s: out of memory", fn);
     }
@@ -428,7 +464,7 @@ static nb_status nbd_check_same(nb_dist *d, const char *fn, const nbd_leaves *l)
     nb_status st = rc != MPI_SUCCESS ? nbd_mpi_fail(d, fn, "MPI_Iallgather", rc)
                                      : nbd_wait(d, &req, fn, "the trees' signature exchange");
     if (st != NB_OK) {
-        free(all);
+        nbd_free(d->ctx, all);
         return st;
     }
     int bad = -1, failed = -1;
@@ -441,7 +477,7 @@ static nb_status nbd_check_same(nb_dist *d, const char *fn, const nbd_leaves *l)
             failed = r;
         }
     }
-    free(all);
+    nbd_free(d->ctx, all);
     if (bad < 0 && failed < 0) {
         return NB_OK;
     }
@@ -462,7 +498,7 @@ static nb_status nbd_check_same(nb_dist *d, const char *fn, const nbd_leaves *l)
     if (len0 < 0 || len0 >= INT_MAX) {
         return nbd_fail(d, NB_ERR_STRUCTURE, "%s: the trees differ between processes", fn);
     }
-    char *s0 = malloc((size_t)len0 + 1);
+    char *s0 = nbd_alloc(d->ctx, (size_t)len0 + 1);
     if (s0 == NULL) {
         d->broken = true;
         return nbd_fail(d, NB_ERR_OOM, "%s: out of memory", fn);
@@ -474,12 +510,12 @@ static nb_status nbd_check_same(nb_dist *d, const char *fn, const nbd_leaves *l)
     st = rc != MPI_SUCCESS ? nbd_mpi_fail(d, fn, "MPI_Ibcast", rc)
                            : nbd_wait(d, &req, fn, "the signature broadcast");
     if (st != NB_OK) {
-        free(s0);
+        nbd_free(d->ctx, s0);
         return st;
     }
     s0[len0] = '\0';
     if (nbd_hash(s0, (size_t)len0) == nbd_hash(l->sig, l->sig_len)) {
-        free(s0);
+        nbd_free(d->ctx, s0);
         return nbd_fail(d, NB_ERR_STRUCTURE,
                         "%s: rank %d of %d: the trees differ between processes: rank %d's is "
                         "not rank 0's (its message names the leaf); every process must pass "
@@ -492,7 +528,7 @@ static nb_status nbd_check_same(nb_dist *d, const char *fn, const nbd_leaves *l)
         nbd_sig_line(l->sig, line, a, sizeof a);
         nbd_sig_line(s0, line, b, sizeof b);
         if (strcmp(a, b) != 0) {
-            free(s0);
+            nbd_free(d->ctx, s0);
             if (line == 0) {
                 return nbd_fail(d, NB_ERR_STRUCTURE,
                                 "%s: rank %d of %d: the tree's structure is %s here but %s on "
@@ -686,9 +722,9 @@ static nb_status nbd_reduce_group(nb_dist *d, const char *fn, const nbd_group *g
     int depth = nbd_depth(m);
     /* every process's canonical nodes (computable everywhere, no message needed) */
     int64_t max_nodes = 2 * (int64_t)depth + 2;
-    int64_t *nodes = malloc(sizeof(int64_t) * 2 * (size_t)max_nodes * (size_t)N);
-    int64_t *kn = malloc(sizeof(int64_t) * (size_t)N);
-    int *scount = malloc(sizeof(int) * 4 * (size_t)N);
+    int64_t *nodes = nbd_alloc(d->ctx, sizeof(int64_t) * 2 * (size_t)max_nodes * (size_t)N);
+    int64_t *kn = nbd_alloc(d->ctx, sizeof(int64_t) * (size_t)N);
+    int *scount = nbd_alloc(d->ctx, sizeof(int) * 4 * (size_t)N);
     size_t esz = g->esz, row = (size_t)g->n * esz;
     char *mine = NULL, *send = NULL, *recv = NULL, *tmp = NULL, *slice = NULL;
     char **vals = NULL;
@@ -738,7 +774,7 @@ static nb_status nbd_reduce_group(nb_dist *d, const char *fn, const nbd_group *g
     }
     send = nbd_scratch(d, NBD_S_SEND, (size_t)total_send + 1);
     recv = nbd_scratch(d, NBD_S_RECV, (size_t)total_recv + 1);
-    vals = malloc(sizeof(char *) * (size_t)(max_nodes * N));
+    vals = nbd_alloc(d->ctx, sizeof(char *) * (size_t)(max_nodes * N));
     slice = nbd_scratch(d, NBD_S_SLICE, (size_t)(sn > 0 ? sn : 1) * esz * (size_t)(depth + 1) + 1);
     if (send == NULL || recv == NULL || vals == NULL || slice == NULL) {
         st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory (%lld bytes)", fn,
@@ -763,7 +799,7 @@ static nb_status nbd_reduce_group(nb_dist *d, const char *fn, const nbd_group *g
         goto done;
     }
     /* complete the root over my slice */
-    int64_t *all_nodes = malloc(sizeof(int64_t) * 2 * (size_t)(max_nodes * N));
+    int64_t *all_nodes = nbd_alloc(d->ctx, sizeof(int64_t) * 2 * (size_t)(max_nodes * N));
     if (all_nodes == NULL) {
         st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory", fn);
         goto done;
@@ -780,7 +816,7 @@ static nb_status nbd_reduce_group(nb_dist *d, const char *fn, const nbd_group *g
     if (sn > 0) {
         nbd_root_node(g, 0, m, all_nodes, kt, vals, sn, slice, slice + (size_t)sn * esz);
     }
-    free(all_nodes);
+    nbd_free(d->ctx, all_nodes);
     /* join the slices everywhere */
     for (int s = 0; s < N; s++) {
         int64_t first = g->n * s / N, len = g->n * (s + 1) / N - first;
@@ -798,10 +834,10 @@ static nb_status nbd_reduce_group(nb_dist *d, const char *fn, const nbd_group *g
     st = rc != MPI_SUCCESS ? nbd_mpi_fail(d, fn, "MPI_Iallgatherv", rc)
                            : nbd_wait(d, &req, fn, "the gathering of the sums");
 done:
-    free(nodes);
-    free(kn);
-    free(scount);
-    free(vals);
+    nbd_free(d->ctx, nodes);
+    nbd_free(d->ctx, kn);
+    nbd_free(d->ctx, scount);
+    nbd_free(d->ctx, vals);
     return st;
 }
 
@@ -903,7 +939,7 @@ static nb_status nbd_reduce(nb_dist *d, const char *fn, int64_t m, const nb_tree
         groups[nb_array_dtype(a)].n += nb_array_size(a);
     }
     /* the parts' leaves, and a result buffer per dtype */
-    nb_tree **lists = calloc((size_t)count, sizeof *lists);
+    nb_tree **lists = nbd_calloc(d->ctx, (size_t)count * sizeof *lists);
     if (lists == NULL) {
         st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory", fn);
     }
@@ -934,7 +970,7 @@ static nb_status nbd_reduce(nb_dist *d, const char *fn, int64_t m, const nb_tree
     for (int64_t p = 0; lists != NULL && p < count; p++) {
         nb_tree_destroy(lists[p]);
     }
-    free(lists);
+    nbd_free(d->ctx, lists);
     nbd_leaves_free(&l0);
     return st;
 }
@@ -1003,7 +1039,7 @@ static nb_status nbd_pack_bytes(nb_dist *d, const char *fn, const nbd_leaves *l,
                         "split the tree",
                         fn, n);
     }
-    *buf = malloc(n + 1);
+    *buf = nbd_alloc(d->ctx, n + 1);
     if (*buf == NULL) {
         return nbd_fail(d, NB_ERR_OOM, "%s: out of memory (%zu bytes)", fn, n);
     }
@@ -1055,7 +1091,7 @@ nb_status nb_dist_broadcast(nb_dist *d, nb_tree *t, int root) {
             o += nb_array_nbytes(a);
         }
     }
-    free(buf);
+    nbd_free(d->ctx, buf);
     nbd_leaves_free(&l);
     return st;
 }
@@ -1125,7 +1161,7 @@ nb_status nb_dist_allgather(nb_dist *d, const nb_tree *t, nb_tree **out) {
                       d->size);
     }
     if (st == NB_OK) {
-        all = malloc(len * (size_t)d->size + 1);
+        all = nbd_alloc(d->ctx, len * (size_t)d->size + 1);
         if (all == NULL) {
             st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory", fn);
         }
@@ -1148,8 +1184,8 @@ nb_status nb_dist_allgather(nb_dist *d, const nb_tree *t, nb_tree **out) {
         nbd_gather g = {all, len, 0, d->size};
         st = nb_tree_map(t, nbd_gather_leaf, &g, 0, out);
     }
-    free(mine);
-    free(all);
+    nbd_free(d->ctx, mine);
+    nbd_free(d->ctx, all);
     nbd_leaves_free(&l);
     return st;
 }
@@ -1238,7 +1274,7 @@ nb_status nb_dist_train_create(nb_dist *d, nb_fn *loss, const nb_tree *opt,
         return st;
     }
     nb_train_opts o = opts != NULL ? *opts : nb_train_opts_default();
-    nb_dist_train *t = calloc(1, sizeof *t);
+    nb_dist_train *t = nbd_calloc(d->ctx, sizeof *t);
     if (t == NULL) {
         return nbd_fail(d, NB_ERR_OOM, "%s: out of memory", fn);
     }
@@ -1294,7 +1330,7 @@ void nb_dist_train_destroy(nb_dist_train *t) {
     nb_tree_destroy(t->opt);
     nb_tree_destroy(t->filter);
     t->magic = 0;
-    free(t);
+    nbd_free(t->d->ctx, t);
 }
 
 static nb_status nbd_train_check(nb_dist_train *t, const char *fn) {
@@ -1422,7 +1458,7 @@ nb_status nb_dist_train_run(nb_dist_train *t, nb_tree **params, nb_tree **state,
         st = nbd_fail(d, NB_ERR_SHAPE, "%s: local_batch has no array leaf", fn);
     }
     /* per micro-batch: (value, grads) -> the tuple (loss, aux or null, grads) */
-    nb_tree **parts = calloc((size_t)count, sizeof *parts);
+    nb_tree **parts = nbd_calloc(ctx, (size_t)count * sizeof *parts);
     if (st == NB_OK && parts == NULL) {
         st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory", fn);
     }
@@ -1464,7 +1500,7 @@ nb_status nb_dist_train_run(nb_dist_train *t, nb_tree **params, nb_tree **state,
     for (int64_t i = 0; i < count && parts != NULL; i++) {
         nb_tree_destroy(parts[i]);
     }
-    free(parts);
+    nbd_free(ctx, parts);
     if (st != NB_OK) {
         nb_tree_destroy(sum);
         return st;

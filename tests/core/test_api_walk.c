@@ -914,6 +914,16 @@ WALK(nb_ctx_n_threads) {
     W_TRUE(nb_ctx_n_threads(NULL) == 0);
 }
 
+WALK(nb_ctx_alloc) {
+    (void)w;
+    W_TRUE(nb_ctx_alloc(NULL, 64, 8) == NULL);
+}
+
+WALK(nb_ctx_free) {
+    (void)w;
+    nb_ctx_free(NULL, NULL, 64); /* a no-op */
+}
+
 /* ---- array.h -------------------------------------------------------------------------- */
 
 static const int64_t k_shape23[2] = {2, 3};
@@ -2897,6 +2907,8 @@ static const entry k_table[] = {
     EAGER(nb_batcher_next),
     EAGER(nb_batcher_next_new),
     EAGER(nb_batcher_next_rows),
+    EAGER(nb_ctx_alloc),
+    EAGER(nb_ctx_free),
     /* dist.h: the MPI component is a library of its own (libnabla_dist, not linked into
      * this test); tests/dist/dist_collectives.c checks its NULL and destroyed handles */
     EXEMPT(nb_dist_opts_default, k_defaults),

@@ -371,6 +371,77 @@ static void check_broadcast_gather(nb_ctx *ctx, nb_dist *d) {
     }
 }
 
+/* Allocation failures (one process only, where no other process waits on this one): every
+ * allocation of the collectives in turn fails; each call then returns NB_ERR_OOM with no
+ * output, and nothing is left allocated. nabla_dist allocates through the context's
+ * allocator (nb_ctx_alloc), so this reaches its own buffers too. */
+typedef struct fail_alloc {
+    long n, fail_at;
+    size_t live;
+} fail_alloc;
+
+static void *fa_alloc(void *ud, size_t size, size_t align) {
+    fail_alloc *f = ud;
+    if (++f->n == f->fail_at) {
+        return NULL;
+    }
+    void *p = aligned_alloc(align, (size + align - 1) / align * align);
+    f->live += p != NULL ? size : 0;
+    return p;
+}
+
+static void fa_free(void *ud, void *p, size_t size) {
+    fail_alloc *f = ud;
+    f->live -= size;
+    free(p);
+}
+
+static int check_oom(void) {
+    int points = 0;
+    for (long k = 1;; k++) {
+        fail_alloc f = {0, 0, 0};
+        nb_ctx_opts co = nb_ctx_opts_default();
+        co.allocator.alloc = fa_alloc;
+        co.allocator.free = fa_free;
+        co.allocator.ud = &f;
+        co.n_threads = 1;
+        nb_ctx *ctx = NULL;
+        nb_dist *d = NULL;
+        if (nb_ctx_create(&co, &ctx) != NB_OK || nb_dist_create(ctx, MPI_COMM_WORLD, NULL, &d)) {
+            CHECK(0, "setup");
+            return points;
+        }
+        nb_tree *parts[3] = {part_tree(ctx, 0), part_tree(ctx, 1), part_tree(ctx, 2)};
+        nb_tree *o1 = NULL, *o2 = NULL, *o3 = NULL;
+        f.fail_at = f.n + k;
+        nb_status s1 = nb_dist_allreduce(d, parts[0], NB_DIST_MEAN, &o1);
+        nb_status s2 = nb_dist_reduce_parts(d, 3, (const nb_tree *const *)parts, NB_DIST_SUM, &o2);
+        nb_status s3 = nb_dist_allgather(d, parts[1], &o3);
+        nb_status s4 = nb_dist_broadcast(d, parts[2], 0);
+        bool hit = f.n >= f.fail_at;
+        f.fail_at = 0;
+        nb_status all[4] = {s1, s2, s3, s4};
+        nb_tree *outs[3] = {o1, o2, o3};
+        for (int i = 0; i < 4; i++) {
+            CHECK(all[i] == NB_OK || all[i] == NB_ERR_OOM, "point %ld: call %d: %s: %s", k, i,
+                  nb_status_name(all[i]), nb_ctx_errmsg(ctx));
+            CHECK(i == 3 || (all[i] == NB_OK) == (outs[i] != NULL), "point %ld: output %d", k, i);
+        }
+        for (int i = 0; i < 3; i++) {
+            nb_tree_destroy(outs[i]);
+            nb_tree_destroy(parts[i]);
+        }
+        nb_dist_destroy(d);
+        nb_ctx_destroy(ctx);
+        CHECK(f.live == 0, "point %ld: %zu bytes left allocated", k, f.live);
+        if (!hit) {
+            break; /* every allocation has failed once */
+        }
+        points++;
+    }
+    return points;
+}
+
 /* rank 1 dies; the survivors' all-reduce must fail with NB_ERR_COMM within the timeout */
 static int run_die(nb_ctx *ctx, nb_dist *d) {
     int r = nb_dist_rank(d);
@@ -417,6 +488,11 @@ int main(int argc, char **argv) {
     uint64_t h = check_parts(ctx, d);
     check_mismatch(ctx, d);
     check_broadcast_gather(ctx, d);
+    if (nb_dist_size(d) == 1) {
+        int points = check_oom();
+        CHECK(points > 50, "only %d allocation points", points);
+        printf("allocation failures: %d points\n", points);
+    }
     OK(ctx, nb_dist_barrier(d));
     if (g_rank == 0) {
         printf("digest %016llx\n", (unsigned long long)h);
