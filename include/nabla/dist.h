@@ -37,7 +37,15 @@
  * the wait -- never a hang without end. (Open MPI's mpirun by default kills every process
  * when one dies; with `mpirun --enable-recovery` the survivors run on and get this error.)
  * After NB_ERR_COMM the nb_dist is unusable: destroy it and exit. Outputs are written only
- * on success: nothing half-reduced is ever returned.
+ * on success: nothing half-reduced is ever returned. A failure on one process before the
+ * data moves (a NULL tree, a leaf that is a var, a bad op or root, buffers it cannot
+ * allocate, an error in its loss) fails the call on every process at once: that process
+ * gets its own error, the others NB_ERR_COMM naming its rank. (A small allocation failing
+ * on one process alone inside an exchange leaves the others to the timeout.)
+ *
+ * Memory. Through the context's allocator (nb_ctx_alloc); buffers are kept between calls
+ * (about 3x the largest reduced tree) and returned by nb_dist_destroy, which must come
+ * before nb_ctx_destroy.
  *
  * Threads. One thread at a time per nb_dist (MPI_THREAD_FUNNELED is enough); the arrays'
  * own computations use the context's threads as ever.

@@ -890,7 +890,7 @@ static nb_status nbd_reduce(nb_dist *d, const char *fn, int64_t m, const nb_tree
     nbd_leaves l0;
     nb_status st = nbd_leaves_of(d, fn, local[0], &l0);
     if (st != NB_OK) {
-        return st;
+        return nbd_fail_everywhere(d, fn, st);
     }
     /* the local trees all alike */
     for (int64_t i = 1; i < count && st == NB_OK; i++) {
@@ -925,7 +925,6 @@ static nb_status nbd_reduce(nb_dist *d, const char *fn, int64_t m, const nb_tree
         nbd_leaves_free(&l0);
         return nbd_fail_everywhere(d, fn, st);
     }
-    st = nbd_check_same(d, fn, &l0);
     nbd_group groups[NB_DTYPE_COUNT];
     char *res[NB_DTYPE_COUNT] = {NULL};
     int64_t off[NB_DTYPE_COUNT] = {0};
@@ -955,8 +954,12 @@ static nb_status nbd_reduce(nb_dist *d, const char *fn, int64_t m, const nb_tree
             }
         }
     }
-    /* Every process runs the same sequence of collectives, one group after another (the
-     * groups are the same everywhere: the signatures matched). */
+    /* the buffers are there (a process without them fails the exchange everywhere): agree
+     * on the trees, then every process runs the same sequence of collectives, one group
+     * after another (the groups are the same everywhere: the signatures matched). Smaller
+     * buffers inside the exchange can still fail on one process alone: the others then
+     * wait for the timeout. */
+    st = st == NB_OK ? nbd_check_same(d, fn, &l0) : nbd_fail_everywhere(d, fn, st);
     nbd_src src = {lists, l0.n};
     for (int t = 0; t < NB_DTYPE_COUNT && st == NB_OK; t++) {
         if (groups[t].n > 0) {
@@ -993,19 +996,21 @@ nb_status nb_dist_reduce_parts(nb_dist *d, int64_t n_parts, const nb_tree *const
         *out = NULL;
     }
     nb_status st = nbd_enter(d, fn);
-    if (st == NB_OK) {
-        st = nbd_reduce_args(d, fn, op, out);
-    }
     if (st != NB_OK) {
         return st;
     }
-    if (local == NULL) {
-        return nbd_fail(d, NB_ERR_MISUSE, "%s: local is NULL (pass this process's part trees)", fn);
+    /* from here on a failure on one process must fail the call on all (nbd_fail_everywhere):
+     * the others are about to wait for it */
+    st = nbd_reduce_args(d, fn, op, out);
+    if (st == NB_OK && local == NULL) {
+        st = nbd_fail(d, NB_ERR_MISUSE, "%s: local is NULL (pass this process's part trees)", fn);
     }
     int64_t first = 0, count = 0;
-    st = nb_dist_parts(d, n_parts, &first, &count);
+    if (st == NB_OK) {
+        st = nb_dist_parts(d, n_parts, &first, &count);
+    }
     if (st != NB_OK) {
-        return st;
+        return nbd_fail_everywhere(d, fn, st);
     }
     return nbd_reduce(d, fn, n_parts, local, count, op, out);
 }
@@ -1016,11 +1021,12 @@ nb_status nb_dist_allreduce(nb_dist *d, const nb_tree *t, nb_dist_op op, nb_tree
         *out = NULL;
     }
     nb_status st = nbd_enter(d, fn);
-    if (st == NB_OK) {
-        st = nbd_reduce_args(d, fn, op, out);
-    }
     if (st != NB_OK) {
         return st;
+    }
+    st = nbd_reduce_args(d, fn, op, out);
+    if (st != NB_OK) {
+        return nbd_fail_everywhere(d, fn, st);
     }
     return nbd_reduce(d, fn, d->size, &t, 1, op, out);
 }
@@ -1054,20 +1060,24 @@ nb_status nb_dist_broadcast(nb_dist *d, nb_tree *t, int root) {
         return st;
     }
     if (root < 0 || root >= d->size) {
-        return nbd_fail(d, NB_ERR_INVALID, "%s: root %d is not a rank (0 .. %d)", fn, root,
-                        d->size - 1);
+        return nbd_fail_everywhere(d, fn,
+                                   nbd_fail(d, NB_ERR_INVALID,
+                                            "%s: root %d is not a rank (0 .. %d)", fn, root,
+                                            d->size - 1));
     }
     nbd_leaves l;
     st = nbd_leaves_of(d, fn, t, &l);
     if (st != NB_OK) {
-        return st;
+        return nbd_fail_everywhere(d, fn, st);
     }
-    st = nbd_check_same(d, fn, &l);
     char *buf = NULL;
     size_t len = 0;
-    if (st == NB_OK) {
-        st = nbd_pack_bytes(d, fn, &l, &buf, &len);
+    st = nbd_pack_bytes(d, fn, &l, &buf, &len);
+    if (st != NB_OK) {
+        nbd_leaves_free(&l);
+        return nbd_fail_everywhere(d, fn, st);
     }
+    st = nbd_check_same(d, fn, &l);
     if (st == NB_OK) {
         size_t o = 0;
         for (int64_t i = 0; i < l.n && d->rank == root; i++) {
@@ -1143,19 +1153,19 @@ nb_status nb_dist_allgather(nb_dist *d, const nb_tree *t, nb_tree **out) {
         return st;
     }
     if (out == NULL) {
-        return nbd_fail(d, NB_ERR_MISUSE, "%s: out is NULL (pass the address of an nb_tree *)", fn);
+        return nbd_fail_everywhere(
+            d, fn,
+            nbd_fail(d, NB_ERR_MISUSE, "%s: out is NULL (pass the address of an nb_tree *)", fn));
     }
     nbd_leaves l;
     st = nbd_leaves_of(d, fn, t, &l);
     if (st != NB_OK) {
-        return st;
+        return nbd_fail_everywhere(d, fn, st);
     }
-    st = nbd_check_same(d, fn, &l);
+    /* buffers first: a process that cannot have them fails the exchange everywhere */
     char *mine = NULL, *all = NULL;
     size_t len = 0;
-    if (st == NB_OK) {
-        st = nbd_pack_bytes(d, fn, &l, &mine, &len);
-    }
+    st = nbd_pack_bytes(d, fn, &l, &mine, &len);
     if (st == NB_OK && len * (size_t)d->size > (size_t)INT_MAX) {
         st = nbd_fail(d, NB_ERR_OVERFLOW, "%s: %zu bytes x %d processes are too many", fn, len,
                       d->size);
@@ -1166,6 +1176,12 @@ nb_status nb_dist_allgather(nb_dist *d, const nb_tree *t, nb_tree **out) {
             st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory", fn);
         }
     }
+    if (st != NB_OK) {
+        nbd_free(d->ctx, mine);
+        nbd_leaves_free(&l);
+        return nbd_fail_everywhere(d, fn, st);
+    }
+    st = nbd_check_same(d, fn, &l);
     if (st == NB_OK) {
         size_t o = 0;
         for (int64_t i = 0; i < l.n; i++) {
@@ -1420,14 +1436,17 @@ nb_status nb_dist_train_run(nb_dist_train *t, nb_tree **params, nb_tree **state,
     nb_ctx *ctx = d->ctx;
     if (params == NULL || *params == NULL || state == NULL || *state == NULL ||
         local_batch == NULL) {
-        return nbd_fail(d, NB_ERR_MISUSE, "%s: %s is NULL", fn,
-                        params == NULL || *params == NULL ? "params"
-                        : state == NULL || *state == NULL ? "state"
-                                                          : "local_batch");
+        return nbd_fail_everywhere(d, fn,
+                                   nbd_fail(d, NB_ERR_MISUSE, "%s: %s is NULL", fn,
+                                            params == NULL || *params == NULL ? "params"
+                                            : state == NULL || *state == NULL ? "state"
+                                                                              : "local_batch"));
     }
     if (aux != NULL && !t->has_aux) {
-        return nbd_fail(d, NB_ERR_MISUSE,
-                        "%s: aux is not NULL but the step was built without has_aux", fn);
+        return nbd_fail_everywhere(
+            d, fn,
+            nbd_fail(d, NB_ERR_MISUSE, "%s: aux is not NULL but the step was built without has_aux",
+                     fn));
     }
     int64_t first = 0, count = 0;
     st = nb_dist_parts(d, t->m, &first, &count);

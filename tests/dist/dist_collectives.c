@@ -315,6 +315,17 @@ static void check_mismatch(nb_ctx *ctx, nb_dist *d) {
     /* broadcast checks the same */
     st = nb_dist_broadcast(d, t, 0);
     CHECK(st == NB_ERR_STRUCTURE, "broadcast: %s", nb_status_name(st));
+    /* misuse on one process alone (rank 0 passes no tree): it gets NB_ERR_MISUSE, the
+     * others an error naming it at once -- nobody waits for the timeout */
+    double t0 = MPI_Wtime();
+    st = nb_dist_allgather(d, r == 0 ? NULL : t, &s);
+    if (r == 0) {
+        CHECK(st == NB_ERR_MISUSE, "%s", nb_status_name(st));
+    } else {
+        CHECK(st == NB_ERR_COMM && strstr(nb_ctx_errmsg(ctx), "rank 0 failed before") != NULL,
+              "%s: %s", nb_status_name(st), nb_ctx_errmsg(ctx));
+    }
+    CHECK(s == NULL && MPI_Wtime() - t0 < 30, "one-sided misuse took %.1f s", MPI_Wtime() - t0);
     nb_tree_destroy(x);
     nb_tree_destroy(t);
     nb_ctx_clear_error(ctx);
