@@ -43,9 +43,9 @@
  * gets its own error, the others NB_ERR_COMM naming its rank. (A small allocation failing
  * on one process alone inside an exchange leaves the others to the timeout.)
  *
- * Memory. Through the context's allocator (nb_ctx_alloc); buffers are kept between calls
- * (about 3x the largest reduced tree) and returned by nb_dist_destroy, which must come
- * before nb_ctx_destroy.
+ * Memory. Through the context's allocator (nb_ctx_alloc); the reduction's buffers (the
+ * vector a few times over: its partial sums and a row per level of the tree) are kept
+ * between calls and returned by nb_dist_destroy, which must come before nb_ctx_destroy.
  *
  * Threads. One thread at a time per nb_dist (MPI_THREAD_FUNNELED is enough); the arrays'
  * own computations use the context's threads as ever.
