@@ -369,7 +369,11 @@ static void bn_usage(FILE *f) {
                "  --progress MODE    bar, lines or auto (bar on a terminal; default auto)\n"
                "\n"
                "A single cell alone: --problems P --optimizers O --lrs LR --seeds S (with the\n"
-               "suite's --steps) gives the rows it has in the full suite, bit for bit.\n");
+               "suite's --steps) gives the rows it has in the full suite, bit for bit.\n"
+               "\n"
+               "On several processes: mpirun -np N nabla bench [options] shares the cells out\n"
+               "(cell i of those to run on process i mod N, each with its --jobs); process 0\n"
+               "writes the results, the same files as one process.\n");
     bn_wrap(f, "A cell diverged when " BN_DIVERGED_TEXT ". The best learning rate has " BN_BEST_TEXT
                "; the final loss, the accuracy and the plots' curves and y ranges are over the "
                "seeds that did not diverge (an optimizer that diverged at every rate is drawn "
