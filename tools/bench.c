@@ -2340,8 +2340,8 @@ int nabla_cmd_bench(int argc, char **argv) {
                 run.cells_dir);
         rc = 1;
     }
-    printf("  %d cell%s run in %.1f s\n", run.sh.cells_done, run.sh.cells_done == 1 ? "" : "s",
-           elapsed);
+    printf("  %d cell%s run in %.1f s%s\n", run.sh.cells_done, run.sh.cells_done == 1 ? "" : "s",
+           elapsed, dist != NULL ? " by process 0" : "");
     if (dist != NULL) {
         /* every process's cells are on disk (or one failed); rank 0 reads the others' */
         rc = cli_dist_agree(dist, rc);
