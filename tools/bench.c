@@ -2275,6 +2275,21 @@ int nabla_cmd_bench(int argc, char **argv) {
             todo[run.n_todo++] = i;
         }
     }
+    /* every process has read what a resumed run kept before any writes a new cell: the
+     * processes' lists of cells to run are the same, so i mod N shares them out */
+    if (dist != NULL && cli_dist_agree(dist, 0) != 0) {
+        fprintf(stderr, "nabla bench: rank %d: the processes could not agree to start\n", rank);
+        for (int i = 0; i < n; i++) {
+            free(cells[i].rows);
+            free(cells[i].text);
+        }
+        free(cells);
+        free(todo);
+        bn_unlock(cfg.out, lock_fd);
+        cli_dist_close(dist);
+        nb_ctx_destroy(dctx);
+        return 1;
+    }
     int n_optims = 0;
     for (int o = 0; o < BN_N_OPTIMS; o++) {
         n_optims += cfg.optim_on[o];

@@ -39,14 +39,19 @@ int cli_dist_open(const char *cmd, nb_ctx *ctx, nb_dist **out) {
     return 0;
 }
 
-/* every process's v into all[0 .. size-1]; false (with a message) if the exchange failed */
+/* every process's v into all[0 .. size-1] (all may be NULL after a failed allocation: the
+ * exchange still takes place, so nobody waits); false (with a message) on a failure */
 static bool cli_dist_gather(nb_dist *d, int64_t v, int64_t *all) {
     nb_ctx *ctx = nb_dist_ctx(d);
     nb_array *a = NULL;
     nb_tree *t = NULL, *g = NULL;
     bool ok = false;
-    if (nb_array_from_data(ctx, NB_DTYPE_I64, 0, NULL, &v, &a) == NB_OK &&
-        nb_tree_array(a, &t) == NB_OK && nb_dist_allgather(d, t, &g) == NB_OK) {
+    if (nb_array_from_data(ctx, NB_DTYPE_I64, 0, NULL, &v, &a) != NB_OK ||
+        nb_tree_array(a, &t) != NB_OK) {
+        nb_tree_destroy(t);
+        t = NULL; /* a NULL tree still takes part: the call fails on every process */
+    }
+    if (nb_dist_allgather(d, t, &g) == NB_OK && all != NULL) {
         memcpy(all, nb_array_data(nb_tree_get_array(g)), sizeof(int64_t) * (size_t)nb_dist_size(d));
         ok = true;
     } else {
@@ -59,9 +64,9 @@ static bool cli_dist_gather(nb_dist *d, int64_t v, int64_t *all) {
 }
 
 int cli_dist_agree(nb_dist *d, int rc) {
-    int64_t *all = calloc((size_t)nb_dist_size(d), sizeof *all);
+    int64_t *all = calloc((size_t)nb_dist_size(d) + 1, sizeof *all);
     int out = 1;
-    if (all != NULL && cli_dist_gather(d, rc, all)) {
+    if (cli_dist_gather(d, rc, all)) {
         out = 0;
         for (int i = 0; i < nb_dist_size(d); i++) {
             out = all[i] > out ? (int)all[i] : out;
@@ -72,8 +77,8 @@ int cli_dist_agree(nb_dist *d, int rc) {
 }
 
 int64_t cli_dist_root_value(nb_dist *d, int64_t v) {
-    int64_t *all = calloc((size_t)nb_dist_size(d), sizeof *all), out = -1;
-    if (all != NULL && cli_dist_gather(d, v, all)) {
+    int64_t *all = calloc((size_t)nb_dist_size(d) + 1, sizeof *all), out = -1;
+    if (cli_dist_gather(d, v, all)) {
         out = all[0];
     }
     free(all);

@@ -243,6 +243,9 @@ int nabla_cmd_train(int argc, char **argv) {
 #ifdef NABLA_CLI_DIST
     nb_dist_train *dtrain = NULL;
 #endif
+    /* processes agree that each set up before the first collective: a process that failed
+     * (say, no data file on its machine) makes all stop at once rather than at a timeout */
+    bool agreed = false;
     nb_array *x = NULL, *y = NULL, *key = NULL, *k[3] = {NULL, NULL, NULL}, *xtr = NULL,
              *ytr = NULL, *xte = NULL, *yte = NULL, *xb = NULL, *yb = NULL;
     nb_tree *model = NULL, *opt = NULL, *state = NULL, *xb_leaf = NULL, *yb_leaf = NULL,
@@ -302,6 +305,11 @@ int nabla_cmd_train(int argc, char **argv) {
         /* the same step over processes: each micro-batch's gradient, their sum in one
          * fixed order, Adam's update on every process */
         TCHECK(ctx, nb_dist_train_create(dist, loss_fn, opt, &to, o.micro, &dtrain));
+        agreed = true;
+        if (cli_dist_agree(dist, 0) != 0) {
+            fprintf(stderr, "nabla train: rank %d: another process failed to set up\n", rank);
+            goto done;
+        }
         TCHECK(ctx, nb_dist_train_init(dtrain, &model, &state));
         TCHECK(ctx, nb_dist_parts(dist, o.micro, &first, &count));
     }
@@ -424,6 +432,9 @@ int nabla_cmd_train(int argc, char **argv) {
 #endif
     rc = 0;
 done:
+    if (dist != NULL && !agreed) {
+        (void)cli_dist_agree(dist, 1); /* the others are waiting for this one's word */
+    }
     nb_batcher_destroy(batcher);
     nb_fn_destroy(eval_fn);
     nb_fn_destroy(step);

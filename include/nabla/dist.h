@@ -36,7 +36,9 @@
  * calling collectives makes the others fail with NB_ERR_COMM naming the call, the rank and
  * the wait -- never a hang without end. (Open MPI's mpirun by default kills every process
  * when one dies; with `mpirun --enable-recovery` the survivors run on and get this error.)
- * After NB_ERR_COMM the nb_dist is unusable: destroy it and exit. Outputs are written only
+ * After an MPI error or a timeout (NB_ERR_COMM whose message says the nb_dist is unusable)
+ * every later call fails: destroy it and exit without further MPI calls (a collective left
+ * pending may still write into its buffers). Outputs are written only
  * on success: nothing half-reduced is ever returned. A failure on one process before the
  * data moves (a NULL tree, a leaf that is a var, a bad op or root, buffers it cannot
  * allocate, an error in its loss) fails the call on every process at once: that process
@@ -46,6 +48,10 @@
  * Memory. Through the context's allocator (nb_ctx_alloc); the reduction's buffers (the
  * vector a few times over: its partial sums and a row per level of the tree) are kept
  * between calls and returned by nb_dist_destroy, which must come before nb_ctx_destroy.
+ *
+ * Every process must make the same call: the trees, and the call's arguments (n_parts,
+ * op, root, a training step's micro-batch size) are checked equal, and a difference fails
+ * everywhere with a message naming it.
  *
  * Threads. One thread at a time per nb_dist (MPI_THREAD_FUNNELED is enough); the arrays'
  * own computations use the context's threads as ever.
@@ -84,8 +90,9 @@ NB_API nb_dist_opts nb_dist_opts_default(void);
 NB_API nb_status nb_dist_create(nb_ctx *ctx, MPI_Comm comm, const nb_dist_opts *opts,
                                 nb_dist **out);
 /* Free the handle (its duplicated communicator), and finalize MPI if nb_dist_create
- * initialized it and no collective failed (after NB_ERR_COMM MPI is left as it is: the
- * process should exit). NULL is a no-op. A collective call unless a collective failed. */
+ * initialized it and no collective failed (with several handles, destroy that one last) (after
+ * NB_ERR_COMM MPI is left as it is: the process should exit). NULL is a no-op. A collective call
+ * unless a collective failed. */
 NB_API void nb_dist_destroy(nb_dist *d);
 /* This process's rank, 0 <= rank < size; the number of processes. -1 for NULL. */
 NB_API int nb_dist_rank(const nb_dist *d);
@@ -154,7 +161,8 @@ NB_API nb_status nb_dist_checkpoint_save(nb_dist *d, const char *path, const nb_
  *         nb_dist_parts(d, 8, &first, &count);
  *         (this process's rows: micro-batches first .. first + count - 1 of the step's
  *          global batch, i.e. rows first * m .. (first + count) * m - 1, m = B / 8;
- *          nb_batcher_next_rows reads just those)
+ *          nb_batcher_next_rows reads just those, from a batcher with drop_last -- the
+ *          default -- so that every step is a whole global batch on every process)
  *         nb_dist_train_run(tr, &params, &state, local_batch, &loss, NULL);
  *     }
  *
@@ -188,8 +196,9 @@ NB_API nb_status nb_dist_train_run(nb_dist_train *t, nb_tree **params, nb_tree *
 NB_API nb_status nb_dist_train_stats(const nb_dist_train *t, nb_fn_stats *grad,
                                      nb_fn_stats *update);
 
-/* Communication counters of a handle: the collectives' calls, the seconds spent waiting in
- * them, and the bytes this process sent and received (payload, as handed to MPI). */
+/* Communication counters of a handle: the MPI operations waited for (a collective is one to
+ * a few: the trees' check, then one or two per dtype), the seconds spent waiting in them,
+ * and the bytes this process sent and received (payload, as handed to MPI). */
 typedef struct nb_dist_stats {
     int64_t calls;
     double wait_s;

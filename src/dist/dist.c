@@ -239,21 +239,33 @@ nb_status nb_dist_create(nb_ctx *ctx, MPI_Comm comm, const nb_dist_opts *opts, n
     if (comm == MPI_COMM_NULL) {
         comm = MPI_COMM_WORLD;
     }
-    /* errors on the caller's communicator during the dup come back as codes too */
+    /* errors of the dup come back as codes, and the caller's handler is put back after */
+    MPI_Errhandler saved = MPI_ERRHANDLER_NULL;
+    int have_saved = MPI_Comm_get_errhandler(comm, &saved) == MPI_SUCCESS;
     MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+    const char *what = "MPI_Comm_dup";
     int rc = MPI_Comm_dup(comm, &tmp.comm);
+    if (have_saved) {
+        MPI_Comm_set_errhandler(comm, saved);
+        MPI_Errhandler_free(&saved);
+    }
     if (rc == MPI_SUCCESS) {
+        what = "MPI_Comm_set_errhandler";
         rc = MPI_Comm_set_errhandler(tmp.comm, MPI_ERRORS_RETURN);
     }
     if (rc == MPI_SUCCESS) {
+        what = "MPI_Comm_rank";
         rc = MPI_Comm_rank(tmp.comm, &tmp.rank);
     }
     if (rc == MPI_SUCCESS) {
+        what = "MPI_Comm_size";
         rc = MPI_Comm_size(tmp.comm, &tmp.size);
     }
     if (rc != MPI_SUCCESS) {
-        nb_status st = nbd_mpi_fail(&tmp, fn, "MPI_Comm_dup", rc);
-        return st;
+        if (tmp.comm != MPI_COMM_NULL) {
+            MPI_Comm_free(&tmp.comm);
+        }
+        return nbd_mpi_fail(&tmp, fn, what, rc);
     }
     nb_dist *d = nbd_alloc(ctx, sizeof *d);
     if (d == NULL) {
@@ -332,8 +344,8 @@ typedef struct nbd_leaves {
     int64_t n;
     nb_tree *list;   /* nb_tree_flatten's list of dynamic leaves */
     nb_treedef *def; /* its treedef */
-    char *sig;       /* "treedef\npath dtype[shape]\n..." */
-    size_t sig_len;
+    char *sig;       /* "treedef\npath dtype[shape]\n...[\ncall: ...]" */
+    size_t sig_len, sig_cap;
 } nbd_leaves;
 
 static void nbd_leaves_free(nbd_leaves *l) {
@@ -420,6 +432,7 @@ static nb_status nbd_leaves_of(nb_dist *d, const char *fn, const nb_tree *t, nbd
         return st;
     }
     l->sig_len = len;
+    l->sig_cap = cap;
     return NB_OK;
 }
 
@@ -432,23 +445,28 @@ static uint64_t nbd_hash(const char *s, size_t n) {
 }
 
 /* The line of sig after `line` newlines (without its newline), into out. */
-static void nbd_sig_line(const char *sig, int64_t line, char *out, size_t cap) {
-    const char *p = sig;
-    for (int64_t k = 0; k < line && p != NULL; k++) {
-        p = strchr(p, '\n');
-        p = p != NULL ? p + 1 : NULL;
+/* The line of sig after `line` newlines: *p its start (NULL past the end), *n its length. */
+static void nbd_sig_line(const char *sig, int64_t line, const char **p, size_t *n) {
+    const char *q = sig;
+    for (int64_t k = 0; k < line && q != NULL; k++) {
+        q = strchr(q, '\n');
+        q = q != NULL ? q + 1 : NULL;
     }
+    *p = q;
+    *n = 0;
+    if (q != NULL) {
+        const char *e = strchr(q, '\n');
+        *n = e != NULL ? (size_t)(e - q) : strlen(q);
+    }
+}
+
+/* a line for a message: at most 500 characters of it, "(nothing)" past the end */
+static void nbd_sig_show(const char *p, size_t n, char *out, size_t cap) {
     if (p == NULL) {
         snprintf(out, cap, "(nothing)");
         return;
     }
-    const char *e = strchr(p, '\n');
-    size_t n = e != NULL ? (size_t)(e - p) : strlen(p);
-    if (n >= cap) {
-        n = cap - 1;
-    }
-    memcpy(out, p, n);
-    out[n] = '\0';
+    snprintf(out, cap, "%.*s%s", (int)(n < 500 ? n : 500), p, n > 500 ? "..." : "");
 }
 
 /* Every process's signature must be rank 0's: one all-gather of hashes; on a difference,
@@ -517,17 +535,28 @@ static nb_status nbd_check_same(nb_dist *d, const char *fn, const nbd_leaves *l)
     if (nbd_hash(s0, (size_t)len0) == nbd_hash(l->sig, l->sig_len)) {
         nbd_free(d->ctx, s0);
         return nbd_fail(d, NB_ERR_STRUCTURE,
-                        "%s: rank %d of %d: the trees differ between processes: rank %d's is "
-                        "not rank 0's (its message names the leaf); every process must pass "
-                        "trees of the same structure, dtypes and shapes",
+                        "%s: rank %d of %d: the trees or the call differ between processes: rank "
+                        "%d's are not rank 0's (its message names the leaf or argument); every "
+                        "process must make the same call on trees of the same structure, dtypes "
+                        "and shapes",
                         fn, d->rank, d->size, bad);
     }
-    int64_t line = 0;
-    for (;; line++) {
-        char a[600], b[600];
-        nbd_sig_line(l->sig, line, a, sizeof a);
-        nbd_sig_line(s0, line, b, sizeof b);
-        if (strcmp(a, b) != 0) {
+    for (int64_t line = 0;; line++) {
+        const char *pa = NULL, *pb = NULL;
+        size_t na = 0, nb = 0;
+        nbd_sig_line(l->sig, line, &pa, &na);
+        nbd_sig_line(s0, line, &pb, &nb);
+        if (pa == NULL && pb == NULL) { /* no line differs: the hashes collided */
+            nbd_free(d->ctx, s0);
+            return nbd_fail(d, NB_ERR_STRUCTURE,
+                            "%s: rank %d of %d: the trees differ between processes (every "
+                            "process must pass trees of the same structure, dtypes and shapes)",
+                            fn, d->rank, d->size);
+        }
+        if ((pa == NULL) != (pb == NULL) || na != nb || memcmp(pa, pb, na) != 0) {
+            char a[600], b[600];
+            nbd_sig_show(pa, na, a, sizeof a);
+            nbd_sig_show(pb, nb, b, sizeof b);
             nbd_free(d->ctx, s0);
             if (line == 0) {
                 return nbd_fail(d, NB_ERR_STRUCTURE,
@@ -536,19 +565,25 @@ static nb_status nbd_check_same(nb_dist *d, const char *fn, const nbd_leaves *l)
                                 "dtypes and shapes",
                                 fn, d->rank, d->size, a, b);
             }
+            if (strncmp(a, "call:", 5) == 0 || strncmp(b, "call:", 5) == 0) {
+                return nbd_fail(d, NB_ERR_INVALID,
+                                "%s: rank %d of %d: the call differs between processes: '%s' "
+                                "here but '%s' on rank 0; every process must make the same call",
+                                fn, d->rank, d->size, a, b);
+            }
             return nbd_fail(d, NB_ERR_STRUCTURE,
                             "%s: rank %d of %d: leaf %lld differs between processes: '%s' here "
                             "but '%s' on rank 0; every process must pass trees of the same "
                             "structure, dtypes and shapes",
-                            fn, d->rank, d->size, (long long)line, a, b);
+                            fn, d->rank, d->size, (long long)line - 1, a, b);
         }
     }
 }
 
 /* A process that failed before a collective every process makes (a bad local tree, an
  * error in its loss) still takes part in its first exchange, the signature check, with a
- * signature no tree has: so every other process fails there too (NB_ERR_STRUCTURE naming
- * this rank) instead of waiting for it. This process keeps its own error and message. */
+ * signature no tree has: so every other process fails there too (NB_ERR_COMM naming this
+ * rank) instead of waiting for it. This process keeps its own error and message. */
 static nb_status nbd_fail_everywhere(nb_dist *d, const char *fn, nb_status st) {
     if (d->broken) {
         return st;
@@ -577,8 +612,11 @@ nb_status nb_dist_parts(const nb_dist *d, int64_t n_parts, int64_t *first, int64
     if (n_parts < d->size || n_parts > (INT64_C(1) << 40)) {
         *first = *count = 0;
         return nb_tree_map_fail(d->ctx, NB_ERR_INVALID,
-                                "%s: %lld parts for %d processes: every process needs at least "
-                                "one part (use at least as many micro-batches as processes)",
+                                n_parts < d->size
+                                    ? "%s: %lld parts for %d processes: every process needs at "
+                                      "least one part (use at least as many micro-batches as "
+                                      "processes)"
+                                    : "%s: %lld parts for %d processes: at most 2^40 parts",
                                 fn, (long long)n_parts, d->size);
     }
     int64_t a = n_parts * d->rank / d->size, b = n_parts * (d->rank + 1) / d->size;
@@ -743,7 +781,8 @@ static nb_status nbd_reduce_group(nb_dist *d, const char *fn, const nbd_group *g
     mine = nbd_scratch(d, NBD_S_MINE, row * (size_t)(k > 0 ? k : 1));
     tmp = nbd_scratch(d, NBD_S_TMP, row * (size_t)(depth + 1) + 1);
     if (mine == NULL || tmp == NULL) {
-        st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory (%zu bytes)", fn, row * (size_t)depth);
+        st = nbd_fail(d, NB_ERR_OOM, "%s: out of memory (%zu bytes)", fn,
+                      row * (size_t)(k > 0 ? k : 1) + row * (size_t)(depth + 1));
         goto done;
     }
     for (int64_t j = 0; j < k; j++) {
@@ -885,18 +924,72 @@ static nb_status nbd_fill_leaf(void *ud, const char *path, int n, const nb_tree 
     return st;
 }
 
+/* Every process's buffers for the reduction, reserved before the exchange begins (so that a
+ * process that cannot have them fails the call everywhere), and the MPI counts checked for
+ * every process alike (each process knows every process's nodes and slices). */
+static nb_status nbd_reserve(nb_dist *d, const char *fn, const nbd_group *groups, int64_t m) {
+    int N = d->size, depth = nbd_depth(m);
+    size_t need[NBD_S_N] = {0};
+    for (int t = 0; t < NB_DTYPE_COUNT; t++) {
+        const nbd_group *g = &groups[t];
+        if (g->n == 0) {
+            continue;
+        }
+        size_t esz = g->esz, row = (size_t)g->n * esz;
+        int64_t nodes[2 * 130], ktot = 0, kmax = 0, kme = 0;
+        for (int r = 0; r < N; r++) {
+            int64_t ra, rb;
+            nbd_block(m, N, r, &ra, &rb);
+            int64_t k = nbd_canon(0, m, ra, rb, nodes, 0);
+            ktot += k;
+            kmax = k > kmax ? k : kmax;
+            kme = r == d->rank ? k : kme;
+        }
+        int64_t slice_max = g->n / N + 1, sn = g->n * (d->rank + 1) / N - g->n * d->rank / N;
+        /* the largest send (kmax rows) and receive (every node's slice) of any process */
+        if ((double)kmax * (double)row > (double)INT_MAX ||
+            (double)ktot * (double)slice_max * (double)esz > (double)INT_MAX ||
+            (double)row > (double)INT_MAX) {
+            return nbd_fail(d, NB_ERR_OVERFLOW,
+                            "%s: %lld %s elements x %lld partial sums are too many bytes for one "
+                            "exchange (MPI counts are int): reduce a smaller tree, or fewer parts",
+                            fn, (long long)g->n, nb_dtype_name(g->dt), (long long)kmax);
+        }
+        size_t want[NBD_S_N] = {0};
+        want[NBD_S_MINE] = row * (size_t)(kme > 0 ? kme : 1);
+        want[NBD_S_TMP] = row * (size_t)(depth + 1) + 1;
+        want[NBD_S_SEND] = row * (size_t)(kme > 0 ? kme : 1) + 1;
+        want[NBD_S_RECV] = (size_t)ktot * (size_t)(sn > 0 ? sn : 1) * esz + 1;
+        want[NBD_S_SLICE] = (size_t)(sn > 0 ? sn : 1) * esz * (size_t)(depth + 1) + 1;
+        for (int i = NBD_S_MINE; i < NBD_S_N; i++) {
+            need[i] = want[i] > need[i] ? want[i] : need[i];
+        }
+    }
+    for (int i = NBD_S_MINE; i < NBD_S_N; i++) {
+        if (need[i] > 0 && nbd_scratch(d, i, need[i]) == NULL) {
+            return nbd_fail(d, NB_ERR_OOM, "%s: out of memory (%zu bytes)", fn, need[i]);
+        }
+    }
+    return NB_OK;
+}
+
 static nb_status nbd_reduce(nb_dist *d, const char *fn, int64_t m, const nb_tree *const *local,
-                            int64_t count, nb_dist_op op, nb_tree **out) {
+                            int64_t count, nb_dist_op op, const char *call, nb_tree **out) {
     nbd_leaves l0;
     nb_status st = nbd_leaves_of(d, fn, local[0], &l0);
     if (st != NB_OK) {
         return nbd_fail_everywhere(d, fn, st);
     }
+    /* the call is part of what every process must agree on */
+    st = nbd_appendf(d, &l0.sig, &l0.sig_len, &l0.sig_cap, "\ncall: %lld parts, %s%s%s",
+                     (long long)m, op == NB_DIST_SUM ? "sum" : "mean", call != NULL ? ", " : "",
+                     call != NULL ? call : "");
     /* the local trees all alike */
     for (int64_t i = 1; i < count && st == NB_OK; i++) {
         nbd_leaves li;
         st = nbd_leaves_of(d, fn, local[i], &li);
-        if (st == NB_OK && (li.sig_len != l0.sig_len || memcmp(li.sig, l0.sig, l0.sig_len) != 0)) {
+        if (st == NB_OK && (li.sig_len > l0.sig_len || memcmp(li.sig, l0.sig, li.sig_len) != 0 ||
+                            l0.sig[li.sig_len] != '\n')) {
             st = nbd_fail(d, NB_ERR_STRUCTURE,
                           "%s: local[%lld] differs from local[0] (every part's tree must have "
                           "the same structure, dtypes and shapes)",
@@ -954,11 +1047,14 @@ static nb_status nbd_reduce(nb_dist *d, const char *fn, int64_t m, const nb_tree
             }
         }
     }
+    if (st == NB_OK) {
+        st = nbd_reserve(d, fn, groups, m);
+    }
     /* the buffers are there (a process without them fails the exchange everywhere): agree
      * on the trees, then every process runs the same sequence of collectives, one group
-     * after another (the groups are the same everywhere: the signatures matched). Smaller
-     * buffers inside the exchange can still fail on one process alone: the others then
-     * wait for the timeout. */
+     * after another (the groups are the same everywhere: the signatures matched). The few
+     * small buffers inside the exchange can still fail on one process alone: the others
+     * then wait for the timeout. */
     st = st == NB_OK ? nbd_check_same(d, fn, &l0) : nbd_fail_everywhere(d, fn, st);
     nbd_src src = {lists, l0.n};
     for (int t = 0; t < NB_DTYPE_COUNT && st == NB_OK; t++) {
@@ -1012,7 +1108,7 @@ nb_status nb_dist_reduce_parts(nb_dist *d, int64_t n_parts, const nb_tree *const
     if (st != NB_OK) {
         return nbd_fail_everywhere(d, fn, st);
     }
-    return nbd_reduce(d, fn, n_parts, local, count, op, out);
+    return nbd_reduce(d, fn, n_parts, local, count, op, NULL, out);
 }
 
 nb_status nb_dist_allreduce(nb_dist *d, const nb_tree *t, nb_dist_op op, nb_tree **out) {
@@ -1028,7 +1124,7 @@ nb_status nb_dist_allreduce(nb_dist *d, const nb_tree *t, nb_dist_op op, nb_tree
     if (st != NB_OK) {
         return nbd_fail_everywhere(d, fn, st);
     }
-    return nbd_reduce(d, fn, d->size, &t, 1, op, out);
+    return nbd_reduce(d, fn, d->size, &t, 1, op, NULL, out);
 }
 
 /* ---- broadcast, allgather ----------------------------------------------------------- */
@@ -1072,7 +1168,10 @@ nb_status nb_dist_broadcast(nb_dist *d, nb_tree *t, int root) {
     }
     char *buf = NULL;
     size_t len = 0;
-    st = nbd_pack_bytes(d, fn, &l, &buf, &len);
+    st = nbd_appendf(d, &l.sig, &l.sig_len, &l.sig_cap, "\ncall: root %d", root);
+    if (st == NB_OK) {
+        st = nbd_pack_bytes(d, fn, &l, &buf, &len);
+    }
     if (st != NB_OK) {
         nbd_leaves_free(&l);
         return nbd_fail_everywhere(d, fn, st);
@@ -1245,7 +1344,8 @@ nb_status nb_dist_checkpoint_save(nb_dist *d, const char *path, const nb_tree *p
 struct nb_dist_train {
     uint32_t magic;
     nb_dist *d;
-    int64_t m; /* parts per step */
+    nb_ctx *ctx; /* d's: the step may outlive d */
+    int64_t m;   /* parts per step */
     bool has_aux, donate;
     nb_tree *opt, *filter;
     nb_fn *grad;   /* jit(value_and_grad(loss)) */
@@ -1296,6 +1396,7 @@ nb_status nb_dist_train_create(nb_dist *d, nb_fn *loss, const nb_tree *opt,
     }
     t->magic = NBD_TRAIN_MAGIC;
     t->d = d;
+    t->ctx = d->ctx;
     t->m = n_parts;
     t->has_aux = o.has_aux;
     t->donate = o.donate;
@@ -1346,7 +1447,7 @@ void nb_dist_train_destroy(nb_dist_train *t) {
     nb_tree_destroy(t->opt);
     nb_tree_destroy(t->filter);
     t->magic = 0;
-    nbd_free(t->d->ctx, t);
+    nbd_free(t->ctx, t);
 }
 
 static nb_status nbd_train_check(nb_dist_train *t, const char *fn) {
@@ -1364,8 +1465,10 @@ nb_status nb_dist_train_init(nb_dist_train *t, nb_tree **params, nb_tree **state
         return st;
     }
     if (params == NULL || *params == NULL || state == NULL) {
-        return nbd_fail(t->d, NB_ERR_MISUSE, "%s: %s is NULL", fn,
-                        params == NULL || *params == NULL ? "params" : "state");
+        return nbd_fail_everywhere(
+            t->d, fn,
+            nbd_fail(t->d, NB_ERR_MISUSE, "%s: %s is NULL", fn,
+                     params == NULL || *params == NULL ? "params" : "state"));
     }
     *state = NULL;
     st = nb_dist_broadcast(t->d, *params, 0);
@@ -1512,7 +1615,9 @@ nb_status nb_dist_train_run(nb_dist_train *t, nb_tree **params, nb_tree **state,
      * reduction's signature exchange (with a mark no one else has), which fails everywhere. */
     nb_tree *sum = NULL;
     if (st == NB_OK) {
-        st = nbd_reduce(d, fn, t->m, (const nb_tree *const *)parts, count, NB_DIST_SUM, &sum);
+        char call[64]; /* every process's micro-batches must be of one size */
+        snprintf(call, sizeof call, "micro-batches of %lld rows", (long long)(total / count));
+        st = nbd_reduce(d, fn, t->m, (const nb_tree *const *)parts, count, NB_DIST_SUM, call, &sum);
     } else {
         st = nbd_fail_everywhere(d, fn, st);
     }

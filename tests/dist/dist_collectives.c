@@ -309,7 +309,7 @@ static void check_mismatch(nb_ctx *ctx, nb_dist *d) {
         CHECK(strstr(nb_ctx_errmsg(ctx), "'v f32[2]' here but 'v f32[3]' on rank 0") != NULL, "%s",
               nb_ctx_errmsg(ctx));
     } else {
-        CHECK(strstr(nb_ctx_errmsg(ctx), "the trees differ between processes") != NULL, "%s",
+        CHECK(strstr(nb_ctx_errmsg(ctx), "the trees or the call differ") != NULL, "%s",
               nb_ctx_errmsg(ctx));
     }
     /* broadcast checks the same */
@@ -326,6 +326,41 @@ static void check_mismatch(nb_ctx *ctx, nb_dist *d) {
               "%s: %s", nb_status_name(st), nb_ctx_errmsg(ctx));
     }
     CHECK(s == NULL && MPI_Wtime() - t0 < 30, "one-sided misuse took %.1f s", MPI_Wtime() - t0);
+    /* the call's arguments must agree too: an op that differs on the last process */
+    float w[3] = {1, 2, 3};
+    nb_tree *same = leaf(arr_f32(ctx, 3, w));
+    st = nb_dist_allreduce(d, same, r == n - 1 ? NB_DIST_MEAN : NB_DIST_SUM, &s);
+    if (r == n - 1) {
+        char want[128];
+        snprintf(want, sizeof want, "the call differs between processes: 'call: %d parts, mean'",
+                 n);
+        CHECK(st == NB_ERR_INVALID && s == NULL && strstr(nb_ctx_errmsg(ctx), want) != NULL,
+              "%s: %s", nb_status_name(st), nb_ctx_errmsg(ctx));
+    } else {
+        CHECK(st == NB_ERR_STRUCTURE && s == NULL &&
+                  strstr(nb_ctx_errmsg(ctx), "the trees or the call differ") != NULL,
+              "%s: %s", nb_status_name(st), nb_ctx_errmsg(ctx));
+    }
+    nb_tree_destroy(same);
+    /* trees that differ only far into their structure (a static leaf past the first 600
+     * characters of the treedef): found, not looped over */
+    nb_tree *items[121];
+    for (int i = 0; i < 120; i++) {
+        nb_tree_int(ctx, i == 119 && r == n - 1 ? -1 : i, &items[i]);
+    }
+    items[120] = leaf(arr_f32(ctx, 3, w));
+    nb_tree *big = NULL;
+    nb_tree_tuple(ctx, 121, items, &big);
+    st = nb_dist_allreduce(d, big, NB_DIST_SUM, &s);
+    CHECK(st == NB_ERR_STRUCTURE && s == NULL, "%s: %s", nb_status_name(st), nb_ctx_errmsg(ctx));
+    if (r == n - 1) {
+        CHECK(strstr(nb_ctx_errmsg(ctx), "the tree's structure is") != NULL, "%s",
+              nb_ctx_errmsg(ctx));
+    }
+    nb_tree_destroy(big);
+    for (int i = 0; i < 121; i++) {
+        nb_tree_destroy(items[i]);
+    }
     nb_tree_destroy(x);
     nb_tree_destroy(t);
     nb_ctx_clear_error(ctx);

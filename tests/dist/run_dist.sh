@@ -39,8 +39,7 @@ mpi=(timeout 300 mpirun --oversubscribe)
 
 # 1. collectives
 for n in 1 2 3 4; do
-    "${mpi[@]}" -np "$n" "$bin/dist_collectives" >"$work/coll$n.out" 2>&1 ||
-        { cat "$work/coll$n.out"; fail "dist_collectives on $n processes exited $?"; }
+    "${mpi[@]}" -np "$n" "$bin/dist_collectives" >"$work/coll$n.out" 2>&1 || { rc=$?; cat "$work/coll$n.out"; fail "dist_collectives on $n processes exited $rc"; }
     if grep -q '^FAIL' "$work/coll$n.out"; then cat "$work/coll$n.out"; fail "dist_collectives -np $n"; fi
     oks=$(grep -c '^rank [0-9]*: ok$' "$work/coll$n.out" || true)
     [[ $oks -eq $n ]] || { cat "$work/coll$n.out"; fail "$oks of $n processes passed"; }
@@ -52,8 +51,7 @@ echo "collectives: every check on 1-4 processes; $(cat "$work/digest1") for ever
 
 # 2. training, bit-identical for every N
 for n in 1 2 3 4; do
-    "${mpi[@]}" -np "$n" "$bin/dist_train" "$data" 60 >"$work/train$n.out" 2>&1 ||
-        { cat "$work/train$n.out"; fail "dist_train on $n processes exited $?"; }
+    "${mpi[@]}" -np "$n" "$bin/dist_train" "$data" 60 >"$work/train$n.out" 2>&1 || { rc=$?; cat "$work/train$n.out"; fail "dist_train on $n processes exited $rc"; }
     grep '^params ' "$work/train$n.out" >"$work/params$n" || { cat "$work/train$n.out"; fail "no result"; }
     cmp -s "$work/params1" "$work/params$n" ||
         fail "training on $n processes: $(cat "$work/params$n"), on 1: $(cat "$work/params1")"
@@ -62,12 +60,12 @@ echo "training: $(cat "$work/params1") on 1, 2, 3 and 4 processes"
 
 # 3. checkpoint on 4, resume on 2 and 3
 "${mpi[@]}" -np 4 "$bin/dist_train" "$data" 60 --save-at 25 "$work/ckpt.safetensors" \
-    >"$work/save.out" 2>&1 || { cat "$work/save.out"; fail "the checkpointing run exited $?"; }
+    >"$work/save.out" 2>&1 || { rc=$?; cat "$work/save.out"; fail "the checkpointing run exited $rc"; }
 [[ -f "$work/ckpt.safetensors" ]] || fail "no checkpoint written"
 ls "$work"/ckpt.safetensors.tmp* >/dev/null 2>&1 && fail "a temporary checkpoint file was left"
 for n in 2 3; do
     "${mpi[@]}" -np "$n" "$bin/dist_train" "$data" 60 --resume "$work/ckpt.safetensors" \
-        >"$work/resume$n.out" 2>&1 || { cat "$work/resume$n.out"; fail "resume on $n exited $?"; }
+        >"$work/resume$n.out" 2>&1 || { rc=$?; cat "$work/resume$n.out"; fail "resume on $n exited $rc"; }
     grep '^params ' "$work/resume$n.out" >"$work/rparams$n" || fail "no result after resume"
     cmp -s "$work/params1" "$work/rparams$n" ||
         fail "resumed on $n: $(cat "$work/rparams$n"), straight: $(cat "$work/params1")"
@@ -99,8 +97,7 @@ echo "killed process: survivors report NB_ERR_COMM (--enable-recovery); mpirun's
 if [[ -n "$nabla" ]]; then
     for n in 1 2 3 4; do
         "${mpi[@]}" -np "$n" "$nabla" train --data "$data" --epochs 2 --threads 1 \
-            --progress lines >"$work/ntrain$n.out" 2>&1 ||
-            { cat "$work/ntrain$n.out"; fail "mpirun -np $n nabla train exited $?"; }
+            --progress lines >"$work/ntrain$n.out" 2>&1 || { rc=$?; cat "$work/ntrain$n.out"; fail "mpirun -np $n nabla train exited $rc"; }
         grep -q "data-parallel: $n process" "$work/ntrain$n.out" ||
             { cat "$work/ntrain$n.out"; fail "nabla train did not run on $n processes"; }
         grep '^final loss: ' "$work/ntrain$n.out" >"$work/nloss$n"
@@ -111,10 +108,8 @@ if [[ -n "$nabla" ]]; then
     echo "nabla train: $(cat "$work/nloss1") on 1, 2, 3 and 4 processes"
     suite=(bench --problems rosenbrock2,logreg,mlp,lotka_volterra --optimizers sgd,adam
            --steps 60 --no-plots --data "$data" --progress lines)
-    "$nabla" "${suite[@]}" --out "$work/bench1" >"$work/bench1.out" 2>&1 ||
-        { cat "$work/bench1.out"; fail "nabla bench exited $?"; }
-    "${mpi[@]}" -np 3 "$nabla" "${suite[@]}" --out "$work/bench3" >"$work/bench3.out" 2>&1 ||
-        { cat "$work/bench3.out"; fail "mpirun -np 3 nabla bench exited $?"; }
+    "$nabla" "${suite[@]}" --out "$work/bench1" >"$work/bench1.out" 2>&1 || { rc=$?; cat "$work/bench1.out"; fail "nabla bench exited $rc"; }
+    "${mpi[@]}" -np 3 "$nabla" "${suite[@]}" --out "$work/bench3" >"$work/bench3.out" 2>&1 || { rc=$?; cat "$work/bench3.out"; fail "mpirun -np 3 nabla bench exited $rc"; }
     grep -q '3 processes (mpirun)' "$work/bench3.out" || { cat "$work/bench3.out"; fail "not on 3 processes"; }
     sha1=$(grep '^sha256 of results.csv' "$work/bench1.out") || fail "no digest from one process"
     sha3=$(grep '^sha256 of results.csv' "$work/bench3.out") || fail "no digest from 3 processes"
