@@ -14,7 +14,9 @@
 #   5. with the nabla program: `mpirun -np N nabla train` prints the same final loss bits for
 #      N = 1 .. 4, and `mpirun -np 3 nabla bench` writes the same files (the same SHA-256)
 #      as one process.
-# Skipped (exit 77, "SKIP: ...") only when mpirun is missing.
+# Skipped (exit 77, "SKIP: ...") only when mpirun is missing. NABLA_DIST_QUICK=1 (set in
+# sanitizer builds, where training is 10-20x slower) runs step 5 on a smaller suite and one
+# epoch.
 set -euo pipefail
 bin=$1 data=$2 work=$3 nabla=${4:-}
 fail() { echo "run_dist: FAIL: $*" >&2; exit 1; }
@@ -95,8 +97,12 @@ set -e
 echo "killed process: survivors report NB_ERR_COMM (--enable-recovery); mpirun's default ends the job (exit $rc); $(($(date +%s) - start)) s"
 # 5. the nabla program over processes
 if [[ -n "$nabla" ]]; then
+    epochs=2 problems=rosenbrock2,logreg,mlp,lotka_volterra steps=60
+    if [[ "${NABLA_DIST_QUICK:-0}" == 1 ]]; then
+        epochs=1 problems=rosenbrock2,logreg steps=20
+    fi
     for n in 1 2 3 4; do
-        "${mpi[@]}" -np "$n" "$nabla" train --data "$data" --epochs 2 --threads 1 \
+        "${mpi[@]}" -np "$n" "$nabla" train --data "$data" --epochs "$epochs" --threads 1 \
             --progress lines >"$work/ntrain$n.out" 2>&1 || { rc=$?; cat "$work/ntrain$n.out"; fail "mpirun -np $n nabla train exited $rc"; }
         grep -q "data-parallel: $n process" "$work/ntrain$n.out" ||
             { cat "$work/ntrain$n.out"; fail "nabla train did not run on $n processes"; }
@@ -106,8 +112,8 @@ if [[ -n "$nabla" ]]; then
             fail "nabla train on $n processes: $(cat "$work/nloss$n"), on 1: $(cat "$work/nloss1")"
     done
     echo "nabla train: $(cat "$work/nloss1") on 1, 2, 3 and 4 processes"
-    suite=(bench --problems rosenbrock2,logreg,mlp,lotka_volterra --optimizers sgd,adam
-           --steps 60 --no-plots --data "$data" --progress lines)
+    suite=(bench --problems "$problems" --optimizers sgd,adam
+           --steps "$steps" --no-plots --data "$data" --progress lines)
     "$nabla" "${suite[@]}" --out "$work/bench1" >"$work/bench1.out" 2>&1 || { rc=$?; cat "$work/bench1.out"; fail "nabla bench exited $rc"; }
     "${mpi[@]}" -np 3 "$nabla" "${suite[@]}" --out "$work/bench3" >"$work/bench3.out" 2>&1 || { rc=$?; cat "$work/bench3.out"; fail "mpirun -np 3 nabla bench exited $rc"; }
     grep -q '3 processes (mpirun)' "$work/bench3.out" || { cat "$work/bench3.out"; fail "not on 3 processes"; }
