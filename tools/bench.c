@@ -2167,6 +2167,22 @@ static int bn_prepare_out(const bn_cfg *cfg, const bn_buf *cfg_text, bool *resum
     return rc;
 }
 
+/* The end of a run: the cells freed, --out unlocked (a no-op without the lock), the
+ * processes' handle closed; returns rc. */
+static int bn_finish(bn_cell *cells, int n, int *todo, const char *out, int lock_fd, nb_dist *dist,
+                     nb_ctx *dctx, int rc) {
+    for (int i = 0; i < n; i++) {
+        free(cells[i].rows);
+        free(cells[i].text);
+    }
+    free(cells);
+    free(todo);
+    bn_unlock(out, lock_fd);
+    cli_dist_close(dist);
+    nb_ctx_destroy(dctx);
+    return rc;
+}
+
 int nabla_cmd_bench(int argc, char **argv) {
     bn_cfg cfg;
     int rc = bn_parse_args(argc, argv, &cfg);
@@ -2240,12 +2256,7 @@ int nabla_cmd_bench(int argc, char **argv) {
     memset(&run, 0, sizeof run);
     if (cells == NULL || todo == NULL) {
         fprintf(stderr, "nabla bench: out of memory\n");
-        free(cells);
-        free(todo);
-        bn_unlock(cfg.out, lock_fd);
-        cli_dist_close(dist);
-        nb_ctx_destroy(dctx);
-        return 1;
+        return bn_finish(cells, cells != NULL ? n : 0, todo, cfg.out, lock_fd, dist, dctx, 1);
     }
     int m = 0;
     for (int i = 0; i < cfg.n_problems; i++) {
@@ -2279,16 +2290,7 @@ int nabla_cmd_bench(int argc, char **argv) {
      * processes' lists of cells to run are the same, so i mod N shares them out */
     if (dist != NULL && cli_dist_agree(dist, 0) != 0) {
         fprintf(stderr, "nabla bench: rank %d: the processes could not agree to start\n", rank);
-        for (int i = 0; i < n; i++) {
-            free(cells[i].rows);
-            free(cells[i].text);
-        }
-        free(cells);
-        free(todo);
-        bn_unlock(cfg.out, lock_fd);
-        cli_dist_close(dist);
-        nb_ctx_destroy(dctx);
-        return 1;
+        return bn_finish(cells, n, todo, cfg.out, lock_fd, dist, dctx, 1);
     }
     int n_optims = 0;
     for (int o = 0; o < BN_N_OPTIMS; o++) {
@@ -2367,16 +2369,8 @@ int nabla_cmd_bench(int argc, char **argv) {
                 rc = 1;
             }
         }
-        if (rank != 0) { /* done: rank 0 writes the results */
-            for (int i = 0; i < n; i++) {
-                free(cells[i].rows);
-                free(cells[i].text);
-            }
-            free(cells);
-            free(todo);
-            cli_dist_close(dist);
-            nb_ctx_destroy(dctx);
-            return rc;
+        if (rank != 0) { /* done: rank 0 writes the results (and holds no lock) */
+            return bn_finish(cells, n, todo, cfg.out, lock_fd, dist, dctx, rc);
         }
     }
 
@@ -2446,14 +2440,6 @@ int nabla_cmd_bench(int argc, char **argv) {
     bn_buf_free(&csv);
     bn_buf_free(&json);
     bn_buf_free(&md);
-    for (int i = 0; i < n; i++) {
-        free(cells[i].rows);
-        free(cells[i].text);
-    }
-    free(cells);
-    free(todo);
-    bn_unlock(cfg.out, lock_fd); /* done, or failed with what is kept for --resume */
-    cli_dist_close(dist);
-    nb_ctx_destroy(dctx);
-    return rc;
+    /* done, or failed with what is kept for --resume */
+    return bn_finish(cells, n, todo, cfg.out, lock_fd, dist, dctx, rc);
 }

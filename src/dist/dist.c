@@ -882,6 +882,22 @@ done:
 
 /* ---- reduce_parts ------------------------------------------------------------------- */
 
+/* a's elements divided by m, in a's dtype, when a is f32 or f64 (others are left) */
+static void nbd_div(nb_array *a, int64_t m) {
+    int64_t cnt = nb_array_size(a);
+    if (nb_array_dtype(a) == NB_DTYPE_F32) {
+        float *x = nb_array_data(a), mf = (float)m;
+        for (int64_t i = 0; i < cnt; i++) {
+            x[i] = x[i] / mf;
+        }
+    } else if (nb_array_dtype(a) == NB_DTYPE_F64) {
+        double *x = nb_array_data(a), md = (double)m;
+        for (int64_t i = 0; i < cnt; i++) {
+            x[i] = x[i] / md;
+        }
+    }
+}
+
 typedef struct nbd_fill {
     const char *const *res; /* per dtype: the reduced vector */
     int64_t *off;           /* per dtype: the next element */
@@ -904,20 +920,9 @@ static nb_status nbd_fill_leaf(void *ud, const char *path, int n, const nb_tree 
     if (st != NB_OK) {
         return st;
     }
-    int64_t cnt = nb_array_size(c);
-    f->off[dt] += cnt;
+    f->off[dt] += nb_array_size(c);
     if (f->op == NB_DIST_MEAN) {
-        if (dt == NB_DTYPE_F32) {
-            float *x = nb_array_data(c), mf = (float)f->m;
-            for (int64_t i = 0; i < cnt; i++) {
-                x[i] = x[i] / mf;
-            }
-        } else {
-            double *x = nb_array_data(c), md = (double)f->m;
-            for (int64_t i = 0; i < cnt; i++) {
-                x[i] = x[i] / md;
-            }
-        }
+        nbd_div(c, f->m);
     }
     st = nb_tree_array(c, out);
     nb_array_destroy(c);
@@ -1633,27 +1638,15 @@ nb_status nb_dist_train_run(nb_dist_train *t, nb_tree **params, nb_tree **state,
     nb_tree *lg = NULL, *mean = NULL;
     st = nb_tree_tuple(ctx, 2, (const nb_tree *[]){nb_tree_child(sum, 0), nb_tree_child(sum, 2)},
                        &lg);
+    nb_tree *leaves = NULL; /* the sum's new arrays: divided in place */
     if (st == NB_OK) {
-        nbd_leaves l;
-        st = nbd_leaves_of(d, fn, lg, &l);
-        for (int64_t i = 0; st == NB_OK && i < l.n; i++) {
-            nb_array *a = nb_tree_get_array(nb_tree_child(l.list, i));
-            int64_t cnt = nb_array_size(a);
-            if (nb_array_dtype(a) == NB_DTYPE_F32) {
-                float *x = nb_array_data(a), mf = (float)t->m;
-                for (int64_t j = 0; j < cnt; j++) {
-                    x[j] = x[j] / mf;
-                }
-            } else if (nb_array_dtype(a) == NB_DTYPE_F64) {
-                double *x = nb_array_data(a), md = (double)t->m;
-                for (int64_t j = 0; j < cnt; j++) {
-                    x[j] = x[j] / md;
-                }
-            }
-        }
-        if (st == NB_OK) {
-            nbd_leaves_free(&l);
-        }
+        st = nb_tree_flatten(lg, &leaves, NULL);
+    }
+    for (int64_t i = 0; st == NB_OK && i < nb_tree_len(leaves); i++) {
+        nbd_div(nb_tree_get_array(nb_tree_child(leaves, i)), t->m);
+    }
+    nb_tree_destroy(leaves);
+    if (st == NB_OK) {
         mean = lg;
         lg = NULL;
     }
