@@ -1,7 +1,9 @@
 /*
  * bench_suite.c -- the cells of `nabla bench` (tools/bench.c) timed next to JAX + Optax
  * doing the same cells (benchmarks/peers/optax_suite.py): for each of the suite's eight
- * problems (tools/bench_problems.c, compiled in), with Adam at one learning rate, 1 thread,
+ * full-batch and six stochastic problems (tools/bench_problems.c, compiled in; a stochastic
+ * problem's step takes the next minibatch of its bench_stream first, as nabla bench's
+ * does), with Adam at one learning rate, 1 thread,
  *
  *   us/step  the steady-state cost of one train step: the median over 11 bursts (each
  *            >= 20 ms of steps) of the mean step time, taken after a whole cell on its
@@ -53,6 +55,7 @@ typedef struct suite_cell {
     nb_tree *params, *data, *opt, *tmpl, *state, *donate;
     nb_fn *step_jit;
     nb_call_opts call;
+    bench_stream stream; /* a stochastic problem's minibatches */
     double loss;
 } suite_cell;
 
@@ -60,8 +63,12 @@ typedef struct suite_cell {
  * donated, the outputs taken over, the loss read). */
 static void suite_step(suite_cell *c) {
     nb_tree *args = NULL, *res = NULL;
-    BENCH_CHECK(c->ctx,
-                nb_tree_tuple(c->ctx, 3, (nb_tree *[]){c->params, c->state, c->data}, &args));
+    nb_tree *data = c->data;
+    if (c->stream.batch != NULL) { /* a stochastic problem: the next minibatch */
+        BENCH_CHECK(c->ctx, bench_stream_next(&c->stream));
+        data = c->stream.batch;
+    }
+    BENCH_CHECK(c->ctx, nb_tree_tuple(c->ctx, 3, (nb_tree *[]){c->params, c->state, data}, &args));
     nb_status st = nb_fn_call_ex(c->step_jit, args, &c->call, &res);
     nb_tree_destroy(args);
     BENCH_CHECK(c->ctx, st);
@@ -95,12 +102,16 @@ static void suite_cell_begin(suite_cell *c, int p, double lr) {
     BENCH_CHECK(ctx, nb_optim_init(c->opt, c->tmpl, &c->state));
     BENCH_CHECK(ctx, bench_step_fn(ctx, pr, c->opt, &c->step_jit));
     BENCH_CHECK(ctx, bench_step_donate(ctx, &c->donate));
+    if (pr->batch > 0) {
+        BENCH_CHECK(ctx, bench_stream_create(ctx, pr, c->key, c->data, &c->stream));
+    }
     c->call = nb_call_opts_default();
     c->call.donate = c->donate;
     c->loss = NAN;
 }
 
 static void suite_cell_end(suite_cell *c) {
+    bench_stream_destroy(&c->stream);
     nb_fn_destroy(c->step_jit);
     nb_tree *trees[] = {c->params, c->data, c->opt, c->tmpl, c->state, c->donate};
     for (size_t i = 0; i < sizeof trees / sizeof trees[0]; i++) {

@@ -3,9 +3,15 @@
  *
  * The suite is every cell (problem, optimizer, learning rate, seed) of the problems in
  * bench_problems.c, the optimizers of nabla/optim.h, a small log-spaced learning-rate grid
- * per optimizer and a list of seeds. A cell runs `steps` full-batch steps of one jitted,
- * donated function (value_and_grad of the loss, the optimizer's update, apply_updates) and
- * logs the loss (and, for classifiers, the test accuracy) every `log_every` steps.
+ * per optimizer and a list of seeds. A cell runs `steps` steps of one jitted, donated
+ * function (value_and_grad of the loss, the optimizer's update, apply_updates) and logs the
+ * loss (and, for classifiers, the test accuracy) every `log_every` steps. A stochastic
+ * problem's step takes a minibatch of its training split (bench_stream, from the cell key);
+ * it logs the loss on the whole training split, on the validation and on the test split.
+ * With --tune random:K the settings are K trials per optimizer, hyperparameters drawn from
+ * the search spaces of bench_problems.h (bench_trial): every trial runs on the first seed,
+ * then the chosen one (BN_CHOSEN_TEXT) on the other seeds -- a second phase, after the
+ * first has finished (and been read back by every process under mpirun).
  *
  * Reproducible means the same bytes:
  *   - a cell's randomness is one Threefry key, fold_in(key(seed), fnv1a(problem)) (bench_cell_key):
@@ -51,7 +57,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { BN_MAX_PROBLEMS = 32, BN_N_OPTIMS = 9, BN_MAX_LRS = 16, BN_MAX_SEEDS = 64 };
+enum {
+    BN_MAX_PROBLEMS = 32,
+    BN_N_OPTIMS = 9,
+    BN_MAX_LRS = 16,
+    BN_MAX_TRIALS = 64,
+    BN_MAX_SETTINGS = 64, /* max(BN_MAX_LRS, BN_MAX_TRIALS) */
+    BN_MAX_SEEDS = 64
+};
 
 /* What the summary and the plots call diverged (bn_cell_diverged), and how they pick the best
  * learning rate (bn_summarize); --help, summary.md and summary.json say it in these words. */
@@ -86,28 +99,37 @@ static const bn_optim bn_optims[BN_N_OPTIMS] = {
     {"lamb", "LAMB", 1e-4, 1e-1, 4, "#17becf", 1},
 };
 
-static nb_status bn_make_optim(nb_ctx *ctx, int k, double lr, nb_tree **out) {
+/* Optimizer k at rate lr, its other hyperparameters Optax's defaults or (a --tune trial)
+ * hp's, where they are not NAN. */
+static nb_status bn_make_optim(nb_ctx *ctx, int k, double lr, const bench_hp *hp, nb_tree **out) {
     nb_optim_opts o = nb_optim_opts_default();
+    if (hp != NULL) {
+        o.b1 = hp->b1;
+        o.b2 = hp->b2;
+        o.eps = hp->eps;
+        o.weight_decay = hp->weight_decay;
+        o.decay = hp->decay;
+    }
     switch (k) {
     case 0:
-        return nb_optim_sgd(ctx, lr, NULL, out);
+        return nb_optim_sgd(ctx, lr, &o, out);
     case 1:
     case 2:
-        o.momentum = 0.9;
+        o.momentum = hp != NULL ? hp->momentum : 0.9;
         o.nesterov = k == 2;
         return nb_optim_sgd(ctx, lr, &o, out);
     case 3:
-        return nb_optim_adam(ctx, lr, NULL, out);
+        return nb_optim_adam(ctx, lr, &o, out);
     case 4:
-        return nb_optim_adamw(ctx, lr, NULL, out);
+        return nb_optim_adamw(ctx, lr, &o, out);
     case 5:
-        return nb_optim_rmsprop(ctx, lr, NULL, out);
+        return nb_optim_rmsprop(ctx, lr, &o, out);
     case 6:
-        return nb_optim_adagrad(ctx, lr, NULL, out);
+        return nb_optim_adagrad(ctx, lr, &o, out);
     case 7:
-        return nb_optim_lion(ctx, lr, NULL, out);
+        return nb_optim_lion(ctx, lr, &o, out);
     default:
-        return nb_optim_lamb(ctx, lr, NULL, out);
+        return nb_optim_lamb(ctx, lr, &o, out);
     }
 }
 
@@ -291,8 +313,13 @@ static char *bn_read_file(const char *path, size_t *len) {
 typedef struct bn_cfg {
     int problems[BN_MAX_PROBLEMS], n_problems; /* indices into bench_problems, ascending */
     bool optim_on[BN_N_OPTIMS];
-    double lrs[BN_N_OPTIMS][BN_MAX_LRS]; /* ascending, each read back from its %.6g text */
+    /* the settings of each optimizer: its learning rates (ascending, each read back from
+     * its %.6g text), or with --tune its trials (their learning rates here, the rest in hps) */
+    double lrs[BN_N_OPTIMS][BN_MAX_SETTINGS];
     int n_lrs[BN_N_OPTIMS];
+    int tune_k;         /* > 0: --tune random:K */
+    uint64_t tune_seed; /* its SEED */
+    bench_hp hps[BN_N_OPTIMS][BN_MAX_TRIALS];
     uint64_t seeds[BN_MAX_SEEDS]; /* ascending, distinct */
     int n_seeds;
     int64_t steps, log_every;
@@ -325,7 +352,8 @@ static void bn_wrap(FILE *f, const char *text) {
 static void bn_usage(FILE *f) {
     fprintf(f, "usage: nabla bench [options]\n\n"
                "Run a reproducible optimizer benchmark: every problem x optimizer x learning\n"
-               "rate x seed for a number of full-batch steps. Writes results.csv (every logged\n"
+               "rate (or --tune trial) x seed for a number of steps, full-batch or on\n"
+               "minibatches. Writes results.csv (every logged\n"
                "step), summary.json and summary.md (per problem and optimizer: the best\n"
                "learning rate, the final loss mean +- std over seeds, how many seeds diverged,\n"
                "the steps to the problem's target loss), plots/<problem>.png (loss against\n"
@@ -337,10 +365,22 @@ static void bn_usage(FILE *f) {
                "bytes on every run, for any --threads and --jobs, and after an interrupted run\n"
                "is resumed.\n\n"
                "options:\n"
-               "  --problems LIST    comma-separated (default: all):\n");
+               "  --problems LIST    comma-separated problems or groups: full-batch (the\n"
+               "                     default), stochastic, all. Full-batch:\n");
     for (int i = 0; i < bench_n_problems; i++) {
-        fprintf(f, "                       %-15s %s\n", bench_problems[i].name,
-                bench_problems[i].title);
+        if (bench_problems[i].batch == 0) {
+            fprintf(f, "                       %-17s %s\n", bench_problems[i].name,
+                    bench_problems[i].title);
+        }
+    }
+    fprintf(f, "                     Stochastic (each step on a minibatch of the training\n"
+               "                     split; logged: the loss on the whole training split,\n"
+               "                     the validation and test losses, the test accuracy):\n");
+    for (int i = 0; i < bench_n_problems; i++) {
+        if (bench_problems[i].batch > 0) {
+            fprintf(f, "                       %-17s %s\n", bench_problems[i].name,
+                    bench_problems[i].title);
+        }
     }
     fprintf(f, "  --optimizers LIST  comma-separated (default: all); with their default\n"
                "                     learning-rate grids (Optax's defaults otherwise):\n");
@@ -353,6 +393,15 @@ static void bn_usage(FILE *f) {
                "                     to HI; each rounded to 6 significant digits\n"
                "  --lr NAME=GRID     the same for one optimizer (may be repeated; wins over\n"
                "                     --lrs)\n"
+               "  --tune random:K[:SEED]\n"
+               "                     instead of the grids, K trials per optimizer with\n"
+               "                     hyperparameters drawn from log-uniform search spaces\n"
+               "                     (the learning rate; b1, b2, eps, weight decay, momentum\n"
+               "                     or decay where the optimizer has them; the draws are\n"
+               "                     listed in run.cfg), from the key of SEED (default 0):\n"
+               "                     every trial runs on the first seed, the one with the\n"
+               "                     lowest final validation loss (full-batch problems: the\n"
+               "                     final loss) then on every seed\n"
                "  --seeds LIST       comma-separated seeds (default 0,1)\n"
                "  --steps N          optimizer steps per cell (default 1000)\n"
                "  --log-every N      log loss and accuracy every N steps (default steps/50; the\n"
@@ -422,9 +471,19 @@ static int bn_split(const char *s, const char *opt, void *ud,
 
 static int bn_problem_item(void *ud, const char *opt, const char *tok) {
     bool *on = ud;
+    bool full = strcmp(tok, "full-batch") == 0, stoch = strcmp(tok, "stochastic") == 0;
+    if (full || stoch || strcmp(tok, "all") == 0) {
+        for (int i = 0; i < bench_n_problems && i < BN_MAX_PROBLEMS; i++) {
+            on[i] = on[i] || (!full && !stoch) || (full == (bench_problems[i].batch == 0));
+        }
+        return 0;
+    }
     const bench_problem *p = bench_problem_find(tok);
     if (p == NULL) {
-        fprintf(stderr, "nabla bench: %s: unknown problem '%s'; the problems are:", opt, tok);
+        fprintf(stderr,
+                "nabla bench: %s: unknown problem '%s'; the groups are full-batch, stochastic "
+                "and all, the problems:",
+                opt, tok);
         for (int i = 0; i < bench_n_problems; i++) {
             fprintf(stderr, " %s", bench_problems[i].name);
         }
@@ -580,6 +639,27 @@ static int bn_parse_grid(const char *opt, const char *s, double out[BN_MAX_LRS],
 }
 
 /* 0: go on; -1: --help shown; 2: bad usage (message printed). */
+/* --tune random:K[:SEED] */
+static int bn_parse_tune(const char *v, bn_cfg *c) {
+    char *end = NULL;
+    if (strncmp(v, "random:", 7) != 0 || !(v[7] >= '0' && v[7] <= '9')) {
+        return bn_err("--tune wants random:K or random:K:SEED (K trials per optimizer), got '%s'",
+                      v);
+    }
+    errno = 0;
+    unsigned long long k = strtoull(v + 7, &end, 10), seed = 0;
+    if (errno == 0 && *end == ':' && end[1] >= '0' && end[1] <= '9') {
+        seed = strtoull(end + 1, &end, 10);
+    }
+    if (errno != 0 || *end != '\0' || k < 1 || k > BN_MAX_TRIALS) {
+        return bn_err("--tune random:K[:SEED]: K from 1 to %d and SEED an integer, got '%s'",
+                      BN_MAX_TRIALS, v);
+    }
+    c->tune_k = (int)k;
+    c->tune_seed = seed;
+    return 0;
+}
+
 static int bn_parse_args(int argc, char **argv, bn_cfg *c) {
     memset(c, 0, sizeof *c);
     c->steps = 1000;
@@ -615,8 +695,9 @@ static int bn_parse_args(int argc, char **argv, bn_cfg *c) {
             continue;
         }
         static const char *const with_value[] = {
-            "--problems",  "--optimizers", "--lrs",  "--lr",   "--seeds",   "--steps",
-            "--log-every", "--out",        "--data", "--jobs", "--threads", "--progress"};
+            "--problems", "--optimizers", "--lrs", "--lr",   "--seeds",
+            "--steps",    "--log-every",  "--out", "--data", "--jobs",
+            "--threads",  "--progress",   "--tune"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
             known = known || strcmp(a, with_value[k]) == 0;
@@ -679,6 +760,8 @@ static int bn_parse_args(int argc, char **argv, bn_cfg *c) {
         } else if (strcmp(a, "--threads") == 0) {
             rc = cli_i64("bench", a, v, 0, 256, &n);
             c->threads = (int)n;
+        } else if (strcmp(a, "--tune") == 0) {
+            rc = bn_parse_tune(v, c);
         } else {
             rc = cli_progress_mode("bench", v, &c->progress);
         }
@@ -689,6 +772,9 @@ static int bn_parse_args(int argc, char **argv, bn_cfg *c) {
     if (c->resume && c->overwrite) {
         return bn_err("--resume and --overwrite exclude each other");
     }
+    if (c->tune_k > 0 && (n_all > 0 || memchr(lr_set, 1, sizeof lr_set) != NULL)) {
+        return bn_err("--tune draws the learning rates: it excludes --lrs and --lr");
+    }
     for (int k = 0; k < BN_N_OPTIMS; k++) {
         if (lr_set[k] && any_optim && !c->optim_on[k]) {
             return bn_err("--lr %s=...: %s is not among --optimizers", bn_optims[k].name,
@@ -696,7 +782,7 @@ static int bn_parse_args(int argc, char **argv, bn_cfg *c) {
         }
     }
     for (int i = 0; i < bench_n_problems && i < BN_MAX_PROBLEMS; i++) {
-        if (!any_prob || prob_on[i]) {
+        if (any_prob ? prob_on[i] : bench_problems[i].batch == 0) {
             c->problems[c->n_problems++] = i;
         }
     }
@@ -736,6 +822,18 @@ static int bn_parse_args(int argc, char **argv, bn_cfg *c) {
     return 0;
 }
 
+/* A trial's hyperparameters as text: "trial 3 lr 0.00123 b1 0.9 ..." (what it draws). */
+static void bn_hp_text(bn_buf *b, int t, const bench_hp *h) {
+    bn_printf(b, "trial %d lr %.6g", t, h->lr);
+    static const char *const names[] = {"b1", "b2", "eps", "weight_decay", "momentum", "decay"};
+    const double v[] = {h->b1, h->b2, h->eps, h->weight_decay, h->momentum, h->decay};
+    for (int i = 0; i < 6; i++) {
+        if (!isnan(v[i])) {
+            bn_printf(b, " %s %.6g", names[i], v[i]);
+        }
+    }
+}
+
 /* What decides the results, one per line -- the options, nabla's version and the SHA-256
  * of every data file the problems read: run.cfg in the output directory. --resume continues
  * a run only when they are the same. 0, or 2 with a message (a data file unreadable). */
@@ -749,11 +847,23 @@ static int bn_cfg_text(const bn_cfg *c, bn_buf *b) {
         if (!c->optim_on[k]) {
             continue;
         }
+        if (c->tune_k > 0) {
+            bn_printf(b, "optimizer %s, trials:\n", bn_optims[k].name);
+            for (int t = 0; t < c->n_lrs[k]; t++) {
+                bn_hp_text(b, t, &c->hps[k][t]);
+                bn_printf(b, "\n");
+            }
+            continue;
+        }
         bn_printf(b, "optimizer %s, learning rates =", bn_optims[k].name);
         for (int l = 0; l < c->n_lrs[k]; l++) {
             bn_printf(b, " %.6g", c->lrs[k][l]);
         }
         bn_printf(b, "\n");
+    }
+    if (c->tune_k > 0) {
+        bn_printf(b, "tune = random %d seed %" PRIu64 " (the trials on the first seed)\n",
+                  c->tune_k, c->tune_seed);
     }
     bn_printf(b, "seeds =");
     for (int s = 0; s < c->n_seeds; s++) {
@@ -781,13 +891,16 @@ static int bn_cfg_text(const bn_cfg *c, bn_buf *b) {
 
 typedef struct bn_row {
     int64_t step;
-    double loss, acc; /* acc NaN when the problem has none */
+    double loss, acc;   /* acc NaN when the problem has none */
+    double valid, test; /* a stochastic problem's validation and test losses, else NaN */
 } bn_row;
 
 typedef struct bn_cell {
-    int p, o;  /* problem (index into bench_problems), optimizer */
-    int l;     /* learning rate (index into the optimizer's grid) */
-    double lr; /* its value */
+    int p, o;   /* problem (index into bench_problems), optimizer */
+    int l;      /* learning rate (index into the optimizer's grid), or --tune's trial */
+    int k;      /* the seed's index in cfg->seeds */
+    bool trial; /* a --tune trial: l is its number */
+    double lr;  /* its value */
     char lr_s[32];
     uint64_t seed;
     char file[256]; /* under <out>/cells */
@@ -806,8 +919,11 @@ typedef struct bn_cell {
 /* results.csv's line for one row. */
 static void bn_row_text(bn_buf *b, const bn_cell *c, const bn_row *r) {
     const bench_problem *p = &bench_problems[c->p];
-    bn_printf(b, "%s,%s,%s,%" PRIu64 ",%" PRId64 ",", p->name, bn_optims[c->o].name, c->lr_s,
-              c->seed, r->step);
+    bn_printf(b, "%s,%s,", p->name, bn_optims[c->o].name);
+    if (c->trial) {
+        bn_printf(b, "%d", c->l);
+    }
+    bn_printf(b, ",%s,%" PRIu64 ",%" PRId64 ",", c->lr_s, c->seed, r->step);
     bn_num(b, r->loss, c->f64);
     bn_printf(b, ",");
     if (p->has_accuracy && isnan(r->acc)) {
@@ -815,18 +931,35 @@ static void bn_row_text(bn_buf *b, const bn_cell *c, const bn_row *r) {
     } else if (p->has_accuracy) {
         bn_printf(b, "%.6f", r->acc);
     }
+    bn_printf(b, ",");
+    if (p->batch > 0 && !isnan(r->valid)) {
+        bn_num(b, r->valid, c->f64);
+    } else if (p->batch > 0) {
+        bn_printf(b, "nan");
+    }
+    bn_printf(b, ",");
+    if (p->batch > 0 && !isnan(r->test)) {
+        bn_num(b, r->test, c->f64);
+    } else if (p->batch > 0) {
+        bn_printf(b, "nan");
+    }
     bn_printf(b, "\n");
 }
 
 /* The cell file's first line: who it is and how it ended. */
 static void bn_cell_head(bn_buf *b, const bn_cell *c, const bn_cfg *cfg) {
-    bn_printf(
-        b, "# cell %s %s lr %s seed %" PRIu64 " steps %" PRId64 " log_every %" PRId64 " dtype %s",
-        bench_problems[c->p].name, bn_optims[c->o].name, c->lr_s, c->seed, cfg->steps,
-        cfg->log_every, c->f64 ? "f64" : "f32");
+    bn_printf(b, "# cell %s %s ", bench_problems[c->p].name, bn_optims[c->o].name);
+    if (c->trial) { /* the trial's number and every hyperparameter it drew */
+        bn_hp_text(b, c->l, &cfg->hps[c->o][c->l]);
+    } else {
+        bn_printf(b, "lr %s", c->lr_s);
+    }
+    bn_printf(b, " seed %" PRIu64 " steps %" PRId64 " log_every %" PRId64 " dtype %s", c->seed,
+              cfg->steps, cfg->log_every, c->f64 ? "f64" : "f32");
 }
 
-static bool bn_row_add(bn_cell *c, int64_t *cap, int64_t step, double loss, double acc) {
+static bool bn_row_add(bn_cell *c, int64_t *cap, int64_t step, double loss, double acc,
+                       double valid, double test) {
     if (c->n_rows == *cap) {
         int64_t nc = *cap < 16 ? 16 : 2 * *cap;
         bn_row *r = realloc(c->rows, (size_t)nc * sizeof *r);
@@ -836,7 +969,7 @@ static bool bn_row_add(bn_cell *c, int64_t *cap, int64_t step, double loss, doub
         c->rows = r;
         *cap = nc;
     }
-    c->rows[c->n_rows++] = (bn_row){step, loss, acc};
+    c->rows[c->n_rows++] = (bn_row){step, loss, acc, valid, test};
     return true;
 }
 
@@ -920,40 +1053,58 @@ static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, 
     nb_tree *params = NULL, *data = NULL, *opt = NULL, *tmpl = NULL, *state = NULL, *pidx = NULL,
             *donate = NULL;
     nb_fn *step_jit = NULL, *eval = NULL, *eval_jit = NULL;
+    bench_stream stream = {0};
+    bool stoch = p->batch > 0;
     c->n_rows = 0;
     c->reached = -1;
     c->diverged = false;
     c->f64 = false;
     BN_CHECK(bench_cell_key(ctx, p, c->seed, &key));
     BN_CHECK(p->setup(ctx, cfg->data, key, &params, &data));
-    BN_CHECK(bn_make_optim(ctx, c->o, c->lr, &opt));
+    BN_CHECK(bn_make_optim(ctx, c->o, c->lr, cfg->tune_k > 0 ? &cfg->hps[c->o][c->l] : NULL, &opt));
     BN_CHECK(nb_grad_template(params, NULL, &tmpl));
     BN_CHECK(nb_optim_init(opt, tmpl, &state));
     BN_CHECK(bench_step_fn(ctx, p, opt, &step_jit));
     BN_CHECK(nb_tree_int(ctx, c->p, &pidx));
     BN_CHECK(nb_fn_create(ctx, "bench_eval", bn_eval_body, pidx, &eval));
     nb_jit_opts jo = nb_jit_opts_default();
-    jo.max_traces = 1; /* a retrace would be a bug */
+    /* a retrace would be a bug; a stochastic problem's eval sees its three splits */
+    jo.max_traces = stoch ? 3 : 1;
     BN_CHECK(nb_jit(eval, &jo, &eval_jit));
     BN_CHECK(bench_step_donate(ctx, &donate));
+    if (stoch) {
+        BN_CHECK(bench_stream_create(ctx, p, key, data, &stream));
+    }
     nb_call_opts call = nb_call_opts_default();
     call.donate = donate;
     for (int64_t k = 0;; k++) {
         bool last = k == cfg->steps;
         if (last || k % cfg->log_every == 0) {
-            nb_tree *args = NULL, *res = NULL;
-            BN_CHECK(nb_tree_tuple(ctx, 2, (nb_tree *[]){params, data}, &args));
-            st = nb_fn_call(eval_jit, args, &res);
-            nb_tree_destroy(args);
-            BN_CHECK(st);
-            double loss = bn_scalar(nb_tree_child(res, 0), &c->f64);
-            double acc = p->has_accuracy ? bn_scalar(nb_tree_child(res, 1), NULL) : NAN;
-            nb_tree_destroy(res);
-            if (!bn_row_add(c, &cap, k, loss, acc)) {
+            /* full batch: (loss, accuracy) on data; stochastic: the loss on the training,
+             * validation and test splits and the test accuracy */
+            double v[4] = {NAN, NAN, NAN, NAN}; /* loss, accuracy, valid, test */
+            static const char *const splits[3] = {"train", "valid", "test"};
+            for (int s = 0; s < (stoch ? 3 : 1); s++) {
+                nb_tree *args = NULL, *res = NULL;
+                const nb_tree *d = stoch ? nb_tree_get(data, splits[s]) : data;
+                BN_CHECK(nb_tree_tuple(ctx, 2, (const nb_tree *[]){params, d}, &args));
+                st = nb_fn_call(eval_jit, args, &res);
+                nb_tree_destroy(args);
+                BN_CHECK(st);
+                double lo = bn_scalar(nb_tree_child(res, 0), &c->f64);
+                v[s == 0 ? 0 : s + 1] = lo;
+                if (p->has_accuracy && (s == 2 || !stoch)) {
+                    v[1] = bn_scalar(nb_tree_child(res, 1), NULL);
+                }
+                nb_tree_destroy(res);
+            }
+            double loss = v[0];
+            if (!bn_row_add(c, &cap, k, loss, v[1], v[2], v[3])) {
                 snprintf(err, err_cap, "out of memory");
                 goto done;
             }
-            if (last && c->reached < 0 && loss <= p->target) {
+            /* a stochastic problem's target is on the logged training loss */
+            if ((last || stoch) && c->reached < 0 && loss <= p->target) {
                 c->reached = k;
             }
             if (!isfinite(loss)) {
@@ -966,7 +1117,11 @@ static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, 
             break;
         }
         nb_tree *args = NULL, *res = NULL;
-        BN_CHECK(nb_tree_tuple(ctx, 3, (nb_tree *[]){params, state, data}, &args));
+        if (stoch) {
+            BN_CHECK(bench_stream_next(&stream));
+        }
+        BN_CHECK(nb_tree_tuple(ctx, 3, (nb_tree *[]){params, state, stoch ? stream.batch : data},
+                               &args));
         st = nb_fn_call_ex(step_jit, args, &call, &res);
         nb_tree_destroy(args);
         BN_CHECK(st);
@@ -976,7 +1131,7 @@ static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, 
         state = nb_tree_retain((nb_tree *)nb_tree_child(res, 1));
         double loss = bn_scalar(nb_tree_child(res, 2), NULL);
         nb_tree_destroy(res);
-        if (c->reached < 0 && loss <= p->target) {
+        if (!stoch && c->reached < 0 && loss <= p->target) {
             c->reached = k;
         }
         if (!isfinite(loss)) {
@@ -985,7 +1140,9 @@ static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, 
             if (c->n_rows > 0 && c->rows[c->n_rows - 1].step == k) {
                 c->rows[c->n_rows - 1].loss = loss;
                 c->rows[c->n_rows - 1].acc = NAN;
-            } else if (!bn_row_add(c, &cap, k, loss, NAN)) {
+                c->rows[c->n_rows - 1].valid = NAN;
+                c->rows[c->n_rows - 1].test = NAN;
+            } else if (!bn_row_add(c, &cap, k, loss, NAN, NAN, NAN)) {
                 snprintf(err, err_cap, "out of memory");
                 goto done;
             }
@@ -1020,6 +1177,7 @@ static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, 
     c->secs = cli_now_s() - t0;
     rc = 0;
 done:
+    bench_stream_destroy(&stream);
     nb_fn_destroy(eval_jit);
     nb_fn_destroy(eval);
     nb_fn_destroy(step_jit);
@@ -1094,7 +1252,7 @@ static bool bn_cell_rows(bn_cell *c, const bn_cfg *cfg, const char *body, const 
             return false;
         }
         const char *f = line;
-        for (int k = 0; k < 4 && f != NULL; k++) { /* problem, optimizer, lr, seed */
+        for (int k = 0; k < 5 && f != NULL; k++) { /* problem, optimizer, trial, lr, seed */
             f = memchr(f, ',', (size_t)(eol - f));
             f = f != NULL ? f + 1 : NULL;
         }
@@ -1104,13 +1262,18 @@ static bool bn_cell_rows(bn_cell *c, const bn_cfg *cfg, const char *body, const 
         if (e != NULL && *e == ',') {
             loss = c->f64 ? strtod(e + 1, &e) : (double)strtof(e + 1, &e);
         }
-        double acc = NAN;
-        if (e != NULL && *e == ',' && e + 1 < eol) {
-            acc = strtod(e + 1, &e);
-        } else if (e != NULL && *e == ',') {
-            e++;
+        double v[3] = {NAN, NAN, NAN}; /* accuracy, valid, test */
+        for (int j = 0; j < 3 && e != NULL; j++) {
+            if (*e != ',') {
+                e = NULL;
+            } else if (e + 1 < eol && e[1] != ',') {
+                v[j] = j == 0 || c->f64 ? strtod(e + 1, &e) : (double)strtof(e + 1, &e);
+            } else {
+                e++;
+            }
         }
-        if (f == NULL || e != eol || step < 0 || !bn_row_add(c, &cap, step, loss, acc)) {
+        if (f == NULL || e != eol || step < 0 ||
+            !bn_row_add(c, &cap, step, loss, v[0], v[1], v[2])) {
             return false;
         }
         line = eol + 1;
@@ -1221,6 +1384,7 @@ typedef struct bn_run {
     char cells_dir[4096];
     bn_shared sh;
     int kill_after; /* > 0: SIGKILL itself once that many cells are saved (for the tests) */
+    int cells_run;  /* by this process, over the phases */
 } bn_run;
 
 static void *bn_worker(void *arg) {
@@ -1247,7 +1411,7 @@ static void *bn_worker(void *arg) {
             }
         } else {
             r->sh.cells_done++;
-            if (r->kill_after > 0 && r->sh.cells_done == r->kill_after) {
+            if (r->kill_after > 0 && r->cells_run + r->sh.cells_done == r->kill_after) {
                 raise(SIGKILL); /* the test of --resume: a run killed between two cells */
             }
             if (!r->sh.prog.bar) {
@@ -1267,6 +1431,82 @@ static void *bn_worker(void *arg) {
         pthread_mutex_unlock(&r->sh.mu);
     }
     return NULL;
+}
+
+/* Run the cells run->todo[0 .. n_todo) (under mpirun cell i of them on process i mod N),
+ * with --jobs threads; then every process reads back the cells the others ran. kept: the
+ * cells a resumed run kept (for the message). 0, or 1 with the message printed. */
+static int bn_run_todo(bn_run *run, nb_dist *dist, int rank, int n_proc, int kept) {
+    const bn_cfg *cfg = run->cfg;
+    /* every process has read what a resumed run kept before any writes a new cell: the
+     * processes' lists of cells to run are the same, so i mod N shares them out */
+    if (dist != NULL && cli_dist_agree(dist, 0) != 0) {
+        fprintf(stderr, "nabla bench: rank %d: the processes could not agree to start\n", rank);
+        return 1;
+    }
+    int n_all = run->n_todo, *all = NULL;
+    if (dist != NULL) {
+        all = malloc((size_t)(n_all > 0 ? n_all : 1) * sizeof *all);
+        if (all == NULL) {
+            fprintf(stderr, "nabla bench: out of memory\n");
+            cli_dist_agree(dist, 1);
+            return 1;
+        }
+        memcpy(all, run->todo, (size_t)n_all * sizeof *all);
+        int mine = 0;
+        for (int i = 0; i < run->n_todo; i++) {
+            if (i % n_proc == rank) {
+                run->todo[mine++] = run->todo[i];
+            }
+        }
+        run->n_todo = mine;
+    }
+    run->next = 0;
+    run->sh.cells_done = 0;
+    run->sh.steps_done = 0;
+    run->sh.cells_total = run->n_todo;
+    cli_progress_start(&run->sh.prog, cfg->progress, (int64_t)run->n_todo * cfg->steps);
+    int jobs = cfg->jobs < run->n_todo ? cfg->jobs : run->n_todo;
+    pthread_t tid[256];
+    int started = 0;
+    for (int j = 1; j < jobs; j++) {
+        int e = pthread_create(&tid[started], NULL, bn_worker, run);
+        if (e != 0) {
+            fprintf(stderr, "nabla bench: warning: only %d of %d jobs could start a thread: %s\n",
+                    j, jobs, strerror(e));
+            break;
+        }
+        started++;
+    }
+    bn_worker(run);
+    for (int j = 0; j < started; j++) {
+        pthread_join(tid[j], NULL);
+    }
+    cli_progress_end(&run->sh.prog);
+    run->cells_run += run->sh.cells_done;
+    int rc = 0;
+    if (run->failed) {
+        int kept_now = run->sh.cells_done + kept;
+        fprintf(stderr,
+                "nabla bench: %s\n  %d cell%s finished and kept in %s; fix the cause and run "
+                "again with --resume\n",
+                run->err, kept_now, kept_now == 1 ? "" : "s", run->cells_dir);
+        rc = 1;
+    }
+    if (dist != NULL) {
+        /* every process's cells are on disk (or one failed); each reads the others' */
+        rc = cli_dist_agree(dist, rc);
+        for (int i = 0; rc == 0 && i < n_all; i++) {
+            bn_cell *c = &run->cells[all[i]];
+            if (c->text == NULL && !bn_cell_load(c, cfg, run->cells_dir)) {
+                fprintf(stderr, "nabla bench: cannot read back %s/%s written by another process\n",
+                        run->cells_dir, c->file);
+                rc = 1;
+            }
+        }
+        free(all);
+    }
+    return rc;
 }
 
 /* ---- the summary ----------------------------------------------------------------------- */
@@ -1290,6 +1530,33 @@ static double bn_final(const bn_cell *c) {
     return c->rows[c->n_rows - 1].loss;
 }
 
+/* --tune: the chosen trial of problem p and optimizer o (BN_CHOSEN_TEXT); -1 when every
+ * trial diverged, or one has not run. */
+#define BN_CHOSEN_TEXT                                                                             \
+    "of the trials on the first seed that did not diverge, the one with the lowest final "         \
+    "validation loss (a full-batch problem, which has no validation split: final training "        \
+    "loss); ties go to the lower trial number"
+static int bn_chosen(const bn_cfg *cfg, const bn_cell *cells, int p, int o) {
+    int best = -1;
+    double bv = INFINITY;
+    for (int t = 0; t < cfg->n_lrs[o]; t++) {
+        const bn_cell *c = bn_find(cells, cfg, p, o, t, 0);
+        if (!c->done || c->n_rows == 0) {
+            return -1;
+        }
+        if (bn_cell_diverged(c)) {
+            continue;
+        }
+        const bn_row *r = &c->rows[c->n_rows - 1];
+        double v = bench_problems[p].batch > 0 ? r->valid : r->loss;
+        if (!isnan(v) && (best < 0 || v < bv)) {
+            best = t;
+            bv = v;
+        }
+    }
+    return best;
+}
+
 typedef struct bn_sum {
     int best;                   /* the best rate's index (BN_BEST_TEXT); -1: every seed diverged
                                  * at every rate */
@@ -1298,8 +1565,15 @@ typedef struct bn_sum {
                                  * did not diverge */
     int n_reached;              /* seeds that reached the target at the best rate */
     double reached_mean;        /* their mean steps to it */
-    int lr_div[BN_MAX_LRS];     /* per rate: seeds diverged; the final loss over the others */
-    double lr_mean[BN_MAX_LRS], lr_min[BN_MAX_LRS], lr_max[BN_MAX_LRS]; /* (NaN: none left) */
+    /* at the best setting, over the seeds that did not diverge: the best (highest) test
+     * accuracy of the logged steps, the final test loss (stochastic problems), and the area
+     * under the learning curve -- the mean training loss over the run, by the trapezoid rule
+     * over the logged steps */
+    double best_acc_mean, test_mean, auc_mean;
+    /* per setting (rate or trial): the seeds run, those diverged; the final loss over the
+     * others (NaN: none left) -- with --tune a trial not chosen ran on the first seed only */
+    int lr_ran[BN_MAX_SETTINGS], lr_div[BN_MAX_SETTINGS];
+    double lr_mean[BN_MAX_SETTINGS], lr_min[BN_MAX_SETTINGS], lr_max[BN_MAX_SETTINGS];
 } bn_sum;
 
 static void bn_summarize(const bn_cfg *cfg, const bn_cell *cells, int p, int o, bn_sum *s) {
@@ -1307,9 +1581,13 @@ static void bn_summarize(const bn_cfg *cfg, const bn_cell *cells, int p, int o, 
     s->best = -1;
     for (int l = 0; l < cfg->n_lrs[o]; l++) {
         double sum = 0, lo = INFINITY, hi = -INFINITY;
-        int div = 0;
+        int div = 0, ran = 0;
         for (int k = 0; k < cfg->n_seeds; k++) {
             const bn_cell *c = bn_find(cells, cfg, p, o, l, k);
+            if (!c->done) {
+                continue;
+            }
+            ran++;
             if (bn_cell_diverged(c)) {
                 div++;
                 continue;
@@ -1319,26 +1597,35 @@ static void bn_summarize(const bn_cfg *cfg, const bn_cell *cells, int p, int o, 
             lo = v < lo ? v : lo;
             hi = v > hi ? v : hi;
         }
-        int ok = cfg->n_seeds - div;
+        int ok = ran - div;
+        s->lr_ran[l] = ran;
         s->lr_div[l] = div;
         s->lr_mean[l] = ok > 0 ? sum / ok : NAN;
         s->lr_min[l] = ok > 0 ? lo : NAN;
         s->lr_max[l] = ok > 0 ? hi : NAN;
         int b = s->best;
-        if (ok > 0 && (b < 0 || div < s->lr_div[b] ||
-                       (div == s->lr_div[b] && s->lr_mean[l] < s->lr_mean[b]))) {
+        if (cfg->tune_k == 0 && ok > 0 &&
+            (b < 0 || div < s->lr_div[b] ||
+             (div == s->lr_div[b] && s->lr_mean[l] < s->lr_mean[b]))) {
             s->best = l; /* ties: the smaller rate */
+        }
+    }
+    if (cfg->tune_k > 0) {
+        s->best = bn_chosen(cfg, cells, p, o);
+        if (s->best >= 0 && s->lr_ran[s->best] - s->lr_div[s->best] == 0) {
+            s->best = -1; /* every seed of the chosen trial diverged */
         }
     }
     if (s->best < 0) {
         s->n_div = cfg->n_seeds;
         s->mean = s->std = s->acc_mean = s->reached_mean = NAN;
+        s->best_acc_mean = s->test_mean = s->auc_mean = NAN;
         return;
     }
     s->n_div = s->lr_div[s->best];
     s->mean = s->lr_mean[s->best];
     int ok = cfg->n_seeds - s->n_div;
-    double ss = 0, acc = 0, steps = 0;
+    double ss = 0, acc = 0, steps = 0, best_acc = 0, test = 0, auc = 0;
     for (int k = 0; k < cfg->n_seeds; k++) {
         const bn_cell *c = bn_find(cells, cfg, p, o, s->best, k);
         if (c->reached >= 0) {
@@ -1346,13 +1633,26 @@ static void bn_summarize(const bn_cfg *cfg, const bn_cell *cells, int p, int o, 
             steps += (double)c->reached;
         }
         if (!bn_cell_diverged(c)) {
-            double d = bn_final(c) - s->mean;
+            const bn_row *r = c->rows, *last = &r[c->n_rows - 1];
+            double d = bn_final(c) - s->mean, hi = -INFINITY, area = 0;
             ss += d * d;
-            acc += c->rows[c->n_rows - 1].acc;
+            acc += last->acc;
+            test += last->test;
+            for (int64_t i = 0; i < c->n_rows; i++) {
+                hi = r[i].acc > hi ? r[i].acc : hi;
+                if (i > 0) {
+                    area += 0.5 * (r[i].loss + r[i - 1].loss) * (double)(r[i].step - r[i - 1].step);
+                }
+            }
+            best_acc += hi;
+            auc += last->step > 0 ? area / (double)last->step : last->loss;
         }
     }
     s->std = ok > 1 ? sqrt(ss / (ok - 1)) : 0.0;
     s->acc_mean = acc / ok;
+    s->best_acc_mean = best_acc / ok;
+    s->test_mean = test / ok;
+    s->auc_mean = auc / ok;
     s->reached_mean = s->n_reached > 0 ? steps / s->n_reached : NAN;
 }
 
@@ -1360,6 +1660,14 @@ static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) 
     bn_printf(b, "{\n  \"format\": \"nabla bench summary 2\",\n");
     bn_printf(b, "  \"diverged\": \"a cell diverged when %s\",\n", BN_DIVERGED_TEXT);
     bn_printf(b, "  \"best_lr_rule\": \"the best learning rate has %s\",\n", BN_BEST_TEXT);
+    if (cfg->tune_k > 0) {
+        bn_printf(b,
+                  "  \"tuning\": {\"protocol\": \"random\", \"trials\": %d, \"seed\": %" PRIu64
+                  ", \"rule\": \"the chosen trial is, %s; it then runs on every seed\"},\n",
+                  cfg->tune_k, cfg->tune_seed, BN_CHOSEN_TEXT);
+    }
+    bn_printf(b, "  \"auc\": \"the area under the learning curve: the mean training loss over "
+                 "the run (trapezoid rule over the logged steps)\",\n");
     bn_printf(b, "  \"steps\": %" PRId64 ",\n  \"log_every\": %" PRId64 ",\n  \"seeds\": [",
               cfg->steps, cfg->log_every);
     for (int k = 0; k < cfg->n_seeds; k++) {
@@ -1398,6 +1706,26 @@ static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) 
             if (p->has_accuracy) {
                 bn_printf(b, ",\n          \"final_test_accuracy_mean\": ");
                 bn_json_num(b, s.acc_mean);
+                bn_printf(b, ",\n          \"best_test_accuracy_mean\": ");
+                bn_json_num(b, s.best_acc_mean);
+            }
+            if (p->batch > 0) {
+                bn_printf(b, ",\n          \"final_test_loss_mean\": ");
+                bn_json_num(b, s.test_mean);
+            }
+            bn_printf(b, ",\n          \"auc_mean\": ");
+            bn_json_num(b, s.auc_mean);
+            if (cfg->tune_k > 0) {
+                bn_printf(b, ",\n          \"chosen_trial\": ");
+                if (s.best >= 0) {
+                    bn_buf h = {0};
+                    bn_hp_text(&h, s.best, &cfg->hps[o][s.best]);
+                    bn_printf(b, "%d, \"chosen\": \"%s\"", s.best, h.s != NULL ? h.s : "");
+                    b->oom = b->oom || h.oom;
+                    bn_buf_free(&h);
+                } else {
+                    bn_printf(b, "null");
+                }
             }
             bn_printf(b, ",\n          \"steps_to_target\": [");
             for (int k = 0; k < cfg->n_seeds && s.best >= 0; k++) {
@@ -1411,11 +1739,22 @@ static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) 
             bn_printf(b, "],\n          \"seeds_reached_target\": %d", s.n_reached);
             bn_printf(b, ",\n          \"steps_to_target_mean\": ");
             bn_json_num(b, s.reached_mean);
-            bn_printf(b, ",\n          \"learning_rates\": [");
+            bn_printf(b, ",\n          \"%s\": [", cfg->tune_k > 0 ? "trials" : "learning_rates");
             for (int l = 0; l < cfg->n_lrs[o]; l++) {
-                bn_printf(b, "%s{\"lr\": %.6g, \"final_loss_mean\": ", l ? ", " : "",
-                          cfg->lrs[o][l]);
+                bn_printf(b, "%s{", l ? ", " : "");
+                if (cfg->tune_k > 0) {
+                    bn_printf(b, "\"trial\": %d, ", l);
+                }
+                bn_printf(b, "\"lr\": %.6g, \"final_loss_mean\": ", cfg->lrs[o][l]);
                 bn_json_num(b, s.lr_mean[l]);
+                if (cfg->tune_k > 0) {
+                    const bn_cell *c0 = bn_find(cells, cfg, cfg->problems[i], o, l, 0);
+                    bn_printf(b, ", \"final_valid_loss\": ");
+                    bn_json_num(b, c0->n_rows > 0 && !bn_cell_diverged(c0)
+                                       ? c0->rows[c0->n_rows - 1].valid
+                                       : NAN);
+                    bn_printf(b, ", \"seeds_run\": %d", s.lr_ran[l]);
+                }
                 bn_printf(b, ", \"diverged_seeds\": %d}", s.lr_div[l]);
             }
             bn_printf(b, "]\n        }");
@@ -1427,9 +1766,10 @@ static void bn_summary_json(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) 
 
 static void bn_summary_md(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) {
     bn_printf(b,
-              "| problem | optimizer | best lr | final loss (mean ± std, %d seed%s) | diverged | "
-              "test accuracy | steps to target |\n|---|---|---|---|---|---|---|\n",
-              cfg->n_seeds, cfg->n_seeds == 1 ? "" : "s");
+              "| problem | optimizer | %s | final loss (mean ± std, %d seed%s) | diverged | "
+              "test accuracy | steps to target | AUC |\n|---|---|---|---|---|---|---|---|\n",
+              cfg->tune_k > 0 ? "chosen trial (its lr)" : "best lr", cfg->n_seeds,
+              cfg->n_seeds == 1 ? "" : "s");
     for (int i = 0; i < cfg->n_problems; i++) {
         const bench_problem *p = &bench_problems[cfg->problems[i]];
         bool first = true;
@@ -1447,11 +1787,17 @@ static void bn_summary_md(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) {
             first = false;
             bn_printf(b, "| %s ", bn_optims[o].name);
             if (s.best < 0) {
-                bn_printf(b, "| — | diverged at every lr | every seed at every lr | | |\n");
+                bn_printf(b, "| — | diverged at every %s | every seed at every %s | | | |\n",
+                          cfg->tune_k > 0 ? "trial" : "lr", cfg->tune_k > 0 ? "trial" : "lr");
                 continue;
             }
             int ok = cfg->n_seeds - s.n_div;
-            bn_printf(b, "| %.6g | %.3e ± %.1e ", cfg->lrs[o][s.best], s.mean, s.std);
+            if (cfg->tune_k > 0) {
+                bn_printf(b, "| %d (%.6g) ", s.best, cfg->lrs[o][s.best]);
+            } else {
+                bn_printf(b, "| %.6g ", cfg->lrs[o][s.best]);
+            }
+            bn_printf(b, "| %.3e ± %.1e ", s.mean, s.std);
             if (s.n_div > 0) {
                 bn_printf(b, "(%d seed%s) | %d of %d seeds ", ok, ok == 1 ? "" : "s", s.n_div,
                           cfg->n_seeds);
@@ -1463,18 +1809,40 @@ static void bn_summary_md(const bn_cfg *cfg, const bn_cell *cells, bn_buf *b) {
                 bn_printf(b, "%.1f %% ", 100.0 * s.acc_mean);
             }
             if (s.n_reached == cfg->n_seeds) {
-                bn_printf(b, "| %.0f |\n", s.reached_mean);
+                bn_printf(b, "| %.0f ", s.reached_mean);
             } else if (s.n_reached > 0) {
-                bn_printf(b, "| %.0f (%d of %d seeds) |\n", s.reached_mean, s.n_reached,
-                          cfg->n_seeds);
+                bn_printf(b, "| %.0f (%d of %d seeds) ", s.reached_mean, s.n_reached, cfg->n_seeds);
             } else {
-                bn_printf(b, "| not reached |\n");
+                bn_printf(b, "| not reached ");
+            }
+            bn_printf(b, "| %.3e |\n", s.auc_mean);
+        }
+    }
+    if (cfg->tune_k > 0) {
+        bn_printf(b,
+                  "\nA cell diverged when %s. --tune random:%d:%" PRIu64 ": each optimizer's %d "
+                  "trials ran on seed %" PRIu64 "; the chosen trial is, %s, and ran on every "
+                  "seed; its final loss, accuracy and curve are over the seeds that did not "
+                  "diverge. AUC: the mean training loss over the run. The chosen trials:\n\n",
+                  BN_DIVERGED_TEXT, cfg->tune_k, cfg->tune_seed, cfg->tune_k, cfg->seeds[0],
+                  BN_CHOSEN_TEXT);
+        for (int i = 0; i < cfg->n_problems; i++) {
+            for (int o = 0; o < BN_N_OPTIMS; o++) {
+                int t = cfg->optim_on[o] ? bn_chosen(cfg, cells, cfg->problems[i], o) : -1;
+                if (t >= 0) {
+                    bn_printf(b, "- %s, %s: ", bench_problems[cfg->problems[i]].name,
+                              bn_optims[o].name);
+                    bn_hp_text(b, t, &cfg->hps[o][t]);
+                    bn_printf(b, "\n");
+                }
             }
         }
+        return;
     }
     bn_printf(b,
               "\nA cell diverged when %s. The best learning rate has %s; its final loss, "
-              "accuracy and curve are over the seeds that did not diverge.\n",
+              "accuracy and curve are over the seeds that did not diverge. AUC: the mean "
+              "training loss over the run.\n",
               BN_DIVERGED_TEXT, BN_BEST_TEXT);
 }
 
@@ -1696,10 +2064,12 @@ static int bn_plot_loss(const bn_cfg *cfg, const bn_cell *cells, int p, const ch
                       "noborder lc rgb '%s' notitle, \\\n     ",
                       pr->name, n_blocks, bn_optims[o].color);
             bn_printf(&lines,
-                      "'%s.dat' index %d using 1:2 with lines lw 2 lc rgb '%s' dt %d title '%s "
-                      "(lr %.6g",
-                      pr->name, n_blocks, bn_optims[o].color, bn_optims[o].dash, bn_optims[o].name,
-                      cfg->lrs[o][l]);
+                      "'%s.dat' index %d using 1:2 with lines lw 2 lc rgb '%s' dt %d title '%s (",
+                      pr->name, n_blocks, bn_optims[o].color, bn_optims[o].dash, bn_optims[o].name);
+            if (cfg->tune_k > 0) {
+                bn_printf(&lines, "trial %d, ", l);
+            }
+            bn_printf(&lines, "lr %.6g", cfg->lrs[o][l]);
             if (s.n_div > 0) {
                 bn_printf(&lines, ", %d of %d seeds diverged", s.n_div, cfg->n_seeds);
             }
@@ -1713,7 +2083,9 @@ static int bn_plot_loss(const bn_cfg *cfg, const bn_cell *cells, int p, const ch
         n_blocks++;
     }
     char what[512];
-    bn_fmt(what, sizeof what, "%s: loss at the best learning rate of each optimizer", pr->title);
+    bn_fmt(what, sizeof what, "%s: %sloss at the %s of each optimizer", pr->title,
+           pr->batch > 0 ? "training " : "",
+           cfg->tune_k > 0 ? "chosen trial" : "best learning rate");
     bn_plot_head(&gp, cfg, pr->name, what, "band", "step", "loss");
     bn_range_add(&r, pr->target);
     if (n_ok == 0) { /* every optimizer diverged at every rate: the range of their starts */
@@ -1765,8 +2137,9 @@ static int bn_plot_lr(const bn_cfg *cfg, const bn_cell *cells, int p, const char
             bn_range_add(&x, cfg->lrs[o][l]);
             bn_range_add(&r, sums[o].lr_min[l]);
             bn_range_add(&r, sums[o].lr_max[l]);
-            any_div = any_div || sums[o].lr_div[l] == cfg->n_seeds;
-            any_part = any_part || (sums[o].lr_div[l] > 0 && sums[o].lr_div[l] < cfg->n_seeds);
+            int ran = sums[o].lr_ran[l];
+            any_div = any_div || sums[o].lr_div[l] == ran;
+            any_part = any_part || (sums[o].lr_div[l] > 0 && sums[o].lr_div[l] < ran);
         }
     }
     bn_range_add(&r, pr->target);
@@ -1783,12 +2156,22 @@ static int bn_plot_lr(const bn_cfg *cfg, const bn_cell *cells, int p, const char
             continue;
         }
         const bn_sum *s = &sums[o];
+        /* the settings by rate (--tune's trials are in the order drawn) */
+        int order[BN_MAX_SETTINGS];
+        for (int l = 0; l < cfg->n_lrs[o]; l++) {
+            int j = l;
+            for (; j > 0 && cfg->lrs[o][order[j - 1]] > cfg->lrs[o][l]; j--) {
+                order[j] = order[j - 1];
+            }
+            order[j] = l;
+        }
         /* kind 0: rates with a seed left (the line), 1: some seeds diverged (circles), 2:
          * every seed diverged (triangles at the top) */
         for (int kind = 0; kind < 3; kind++) {
             int pts = 0;
-            for (int l = 0; l < cfg->n_lrs[o]; l++) {
-                bool all = s->lr_div[l] == cfg->n_seeds, some = s->lr_div[l] > 0 && !all;
+            for (int j = 0; j < cfg->n_lrs[o]; j++) {
+                int l = order[j];
+                bool all = s->lr_div[l] == s->lr_ran[l], some = s->lr_div[l] > 0 && !all;
                 bool shown = !all && isfinite(s->lr_mean[l]) && s->lr_mean[l] > 0; /* log axis */
                 if (!(kind == 0 ? shown : kind == 1 ? some && shown : all && isfinite(top))) {
                     continue;
@@ -1812,12 +2195,12 @@ static int bn_plot_lr(const bn_cfg *cfg, const bn_cell *cells, int p, const char
             if (pts == 0) {
                 continue;
             }
-            if (kind == 0) {
+            if (kind == 0) { /* --tune's trials differ in more than the rate: no line */
                 bn_printf(&plot,
-                          "'%s_lr.dat' index %d using 1:2:3:4 with yerrorlines lw 2 pt 7 ps 0.8 "
+                          "'%s_lr.dat' index %d using 1:2:3:4 with %s lw 2 pt 7 ps 0.8 "
                           "lc rgb '%s' dt %d title '%s', \\\n     ",
-                          pr->name, n_blocks, bn_optims[o].color, bn_optims[o].dash,
-                          bn_optims[o].name);
+                          pr->name, n_blocks, cfg->tune_k > 0 ? "yerrorbars" : "yerrorlines",
+                          bn_optims[o].color, bn_optims[o].dash, bn_optims[o].name);
             } else {
                 bn_printf(&plot,
                           "'%s_lr.dat' index %d using 1:2 with points pt %d ps %s lc rgb '%s' ",
@@ -2183,9 +2566,32 @@ static int bn_finish(bn_cell *cells, int n, int *todo, const char *out, int lock
     return rc;
 }
 
+/* --tune: every optimizer's K trials (bench_trial), their learning rates as its settings */
+static int bn_draw_trials(bn_cfg *cfg) {
+    nb_ctx *ctx = NULL;
+    if (nb_ctx_create(NULL, &ctx) != NB_OK) {
+        return bn_err("cannot create a context");
+    }
+    int rc = 0;
+    for (int o = 0; o < BN_N_OPTIMS && rc == 0; o++) {
+        for (int t = 0; t < cfg->tune_k && rc == 0; t++) {
+            if (bench_trial(ctx, bn_optims[o].name, cfg->tune_seed, t, &cfg->hps[o][t]) != NB_OK) {
+                rc = bn_err("--tune: %s", nb_ctx_errmsg(ctx));
+            }
+            cfg->lrs[o][t] = cfg->hps[o][t].lr;
+        }
+        cfg->n_lrs[o] = cfg->tune_k;
+    }
+    nb_ctx_destroy(ctx);
+    return rc;
+}
+
 int nabla_cmd_bench(int argc, char **argv) {
     bn_cfg cfg;
     int rc = bn_parse_args(argc, argv, &cfg);
+    if (rc == 0 && cfg.tune_k > 0) {
+        rc = bn_draw_trials(&cfg);
+    }
     if (rc != 0) {
         return rc < 0 ? 0 : rc;
     }
@@ -2243,7 +2649,9 @@ int nabla_cmd_bench(int argc, char **argv) {
         return rc;
     }
 
-    /* the cells, in the suite's order */
+    /* the cells, in the suite's order: (problem, optimizer, setting, seed), the settings
+     * being the learning rates or, with --tune, the trials (of which only the chosen one
+     * runs on the seeds after the first) */
     int n = 0;
     for (int i = 0; i < cfg.n_problems; i++) {
         for (int o = 0; o < BN_N_OPTIMS; o++) {
@@ -2259,6 +2667,7 @@ int nabla_cmd_bench(int argc, char **argv) {
         return bn_finish(cells, cells != NULL ? n : 0, todo, cfg.out, lock_fd, dist, dctx, 1);
     }
     int m = 0;
+    bool tune = cfg.tune_k > 0;
     for (int i = 0; i < cfg.n_problems; i++) {
         for (int o = 0; o < BN_N_OPTIMS; o++) {
             cfg.cell_start[cfg.problems[i]][o] = m;
@@ -2268,118 +2677,110 @@ int nabla_cmd_bench(int argc, char **argv) {
                     c->p = cfg.problems[i];
                     c->o = o;
                     c->l = l;
+                    c->k = k;
+                    c->trial = tune;
                     c->lr = cfg.lrs[o][l];
                     snprintf(c->lr_s, sizeof c->lr_s, "%.6g", c->lr);
                     c->seed = cfg.seeds[k];
-                    snprintf(c->file, sizeof c->file, "%s.%s.lr%s.seed%" PRIu64 ".csv",
-                             bench_problems[c->p].name, bn_optims[o].name, c->lr_s, c->seed);
+                    if (tune) {
+                        snprintf(c->file, sizeof c->file, "%s.%s.trial%d.seed%" PRIu64 ".csv",
+                                 bench_problems[c->p].name, bn_optims[o].name, l, c->seed);
+                    } else {
+                        snprintf(c->file, sizeof c->file, "%s.%s.lr%s.seed%" PRIu64 ".csv",
+                                 bench_problems[c->p].name, bn_optims[o].name, c->lr_s, c->seed);
+                    }
                 }
             }
         }
     }
     snprintf(run.cells_dir, sizeof run.cells_dir, "%s/cells", cfg.out);
+    run.cfg = &cfg;
+    run.cells = cells;
+    run.todo = todo;
+    const char *kill_env = getenv("NABLA_BENCH_KILL_AFTER"); /* tests/tools/test_bench.sh */
+    run.kill_after = kill_env != NULL ? atoi(kill_env) : 0;
+    /* the first phase: every cell, or with --tune every trial on the first seed */
     int kept = 0;
     for (int i = 0; i < n; i++) {
+        if (tune && cells[i].k != 0) {
+            continue;
+        }
         if (resumed && bn_cell_load(&cells[i], &cfg, run.cells_dir)) {
             kept++;
         } else {
             todo[run.n_todo++] = i;
         }
     }
-    /* every process has read what a resumed run kept before any writes a new cell: the
-     * processes' lists of cells to run are the same, so i mod N shares them out */
-    if (dist != NULL && cli_dist_agree(dist, 0) != 0) {
-        fprintf(stderr, "nabla bench: rank %d: the processes could not agree to start\n", rank);
-        return bn_finish(cells, n, todo, cfg.out, lock_fd, dist, dctx, 1);
-    }
     int n_optims = 0;
     for (int o = 0; o < BN_N_OPTIMS; o++) {
         n_optims += cfg.optim_on[o];
     }
-    printf("nabla bench: %d problem%s x %d optimizer%s x their learning rates x %d seed%s = %d "
-           "cells of %" PRId64 " steps (logged every %" PRId64 ")\n",
-           cfg.n_problems, cfg.n_problems == 1 ? "" : "s", n_optims, n_optims == 1 ? "" : "s",
-           cfg.n_seeds, cfg.n_seeds == 1 ? "" : "s", n, cfg.steps, cfg.log_every);
+    if (tune) {
+        printf("nabla bench: %d problem%s x %d optimizer%s x %d trials on seed %" PRIu64
+               ", then each one's chosen trial on %d more seed%s (--tune random:%d:%" PRIu64
+               "): cells of %" PRId64 " steps (logged every %" PRId64 ")\n",
+               cfg.n_problems, cfg.n_problems == 1 ? "" : "s", n_optims, n_optims == 1 ? "" : "s",
+               cfg.tune_k, cfg.seeds[0], cfg.n_seeds - 1, cfg.n_seeds == 2 ? "" : "s", cfg.tune_k,
+               cfg.tune_seed, cfg.steps, cfg.log_every);
+    } else {
+        printf("nabla bench: %d problem%s x %d optimizer%s x their learning rates x %d seed%s = "
+               "%d cells of %" PRId64 " steps (logged every %" PRId64 ")\n",
+               cfg.n_problems, cfg.n_problems == 1 ? "" : "s", n_optims, n_optims == 1 ? "" : "s",
+               cfg.n_seeds, cfg.n_seeds == 1 ? "" : "s", n, cfg.steps, cfg.log_every);
+    }
     if (resumed) {
-        printf("  resuming %s: %d cell%s finished before, %d to run\n", cfg.out, kept,
-               kept == 1 ? "" : "s", run.n_todo);
+        printf("  resuming %s: %d cell%s finished before, %d to run%s\n", cfg.out, kept,
+               kept == 1 ? "" : "s", run.n_todo, tune ? " (trials)" : "");
     }
     printf("  %d job%s, %d kernel thread%s per cell; results in %s/\n", cfg.jobs,
            cfg.jobs == 1 ? "" : "s", cfg.threads, cfg.threads == 1 ? "" : "s", cfg.out);
     if (dist != NULL) {
         printf("  %d process%s (mpirun): cell i of those to run on process i mod %d\n", n_proc,
                n_proc == 1 ? "" : "es", n_proc);
-        int mine = 0;
-        for (int i = 0; i < run.n_todo; i++) {
-            if (i % n_proc == rank) {
-                todo[mine++] = todo[i];
-            }
-        }
-        run.n_todo = mine;
     }
     fflush(stdout);
-
-    /* run what is left */
-    run.cfg = &cfg;
-    const char *kill_env = getenv("NABLA_BENCH_KILL_AFTER"); /* tests/tools/test_bench.sh */
-    run.kill_after = kill_env != NULL ? atoi(kill_env) : 0;
-    run.cells = cells;
-    run.todo = todo;
     pthread_mutex_init(&run.sh.mu, NULL);
-    run.sh.cells_total = run.n_todo;
-    cli_progress_start(&run.sh.prog, cfg.progress, (int64_t)run.n_todo * cfg.steps);
     double t0 = cli_now_s();
-    int jobs = cfg.jobs < run.n_todo ? cfg.jobs : run.n_todo;
-    pthread_t tid[256];
-    int started = 0;
-    for (int j = 1; j < jobs; j++) {
-        int e = pthread_create(&tid[started], NULL, bn_worker, &run);
-        if (e != 0) {
-            fprintf(stderr, "nabla bench: warning: only %d of %d jobs could start a thread: %s\n",
-                    j, jobs, strerror(e));
-            break;
-        }
-        started++;
-    }
-    bn_worker(&run);
-    for (int j = 0; j < started; j++) {
-        pthread_join(tid[j], NULL);
-    }
-    cli_progress_end(&run.sh.prog);
-    pthread_mutex_destroy(&run.sh.mu);
-    double elapsed = cli_now_s() - t0;
-    rc = 0;
-    if (run.failed) {
-        fprintf(stderr,
-                "nabla bench: %s\n  %d cell%s finished and kept in %s; fix the cause and run "
-                "again with --resume\n",
-                run.err, run.sh.cells_done + kept, run.sh.cells_done + kept == 1 ? "" : "s",
-                run.cells_dir);
-        rc = 1;
-    }
-    printf("  %d cell%s run in %.1f s%s\n", run.sh.cells_done, run.sh.cells_done == 1 ? "" : "s",
-           elapsed, dist != NULL ? " by process 0" : "");
-    if (dist != NULL) {
-        /* every process's cells are on disk (or one failed); rank 0 reads the others' */
-        rc = cli_dist_agree(dist, rc);
-        for (int i = 0; rc == 0 && rank == 0 && i < n; i++) {
-            if (cells[i].text == NULL && !bn_cell_load(&cells[i], &cfg, run.cells_dir)) {
-                fprintf(stderr, "nabla bench: cannot read back %s/%s written by another process\n",
-                        run.cells_dir, cells[i].file);
-                rc = 1;
+    rc = bn_run_todo(&run, dist, rank, n_proc, kept);
+    if (rc == 0 && tune) {
+        /* the second phase: each (problem, optimizer)'s chosen trial on the other seeds */
+        run.n_todo = 0;
+        run.next = 0;
+        kept = 0;
+        for (int i = 0; i < cfg.n_problems; i++) {
+            for (int o = 0; o < BN_N_OPTIMS; o++) {
+                int t = cfg.optim_on[o] ? bn_chosen(&cfg, cells, cfg.problems[i], o) : -1;
+                for (int k = 1; t >= 0 && k < cfg.n_seeds; k++) {
+                    int ci = (int)(bn_find(cells, &cfg, cfg.problems[i], o, t, k) - cells);
+                    if (resumed && bn_cell_load(&cells[ci], &cfg, run.cells_dir)) {
+                        kept++;
+                    } else {
+                        todo[run.n_todo++] = ci;
+                    }
+                }
             }
         }
-        if (rank != 0) { /* done: rank 0 writes the results (and holds no lock) */
-            return bn_finish(cells, n, todo, cfg.out, lock_fd, dist, dctx, rc);
-        }
+        printf("  the chosen trials on the other seeds: %d cell%s to run%s\n", run.n_todo,
+               run.n_todo == 1 ? "" : "s", kept > 0 ? " (more were finished before)" : "");
+        fflush(stdout);
+        rc = bn_run_todo(&run, dist, rank, n_proc, kept);
+    }
+    pthread_mutex_destroy(&run.sh.mu);
+    printf("  %d cell%s run in %.1f s%s\n", run.cells_run, run.cells_run == 1 ? "" : "s",
+           cli_now_s() - t0, dist != NULL ? " by process 0" : "");
+    if (dist != NULL && rank != 0) { /* done: rank 0 writes the results (and holds no lock) */
+        return bn_finish(cells, n, todo, cfg.out, lock_fd, dist, dctx, rc);
     }
 
     /* the results, from the cells in order */
     bn_buf csv = {0}, json = {0}, md = {0};
     if (rc == 0) {
-        bn_printf(&csv, "problem,optimizer,lr,seed,step,loss,accuracy\n");
+        bn_printf(&csv,
+                  "problem,optimizer,trial,lr,seed,step,loss,accuracy,valid_loss,test_loss\n");
         for (int i = 0; i < n; i++) {
-            bn_printf(&csv, "%.*s", (int)cells[i].text_len, cells[i].text);
+            if (cells[i].text != NULL) { /* --tune: trials not chosen ran on one seed */
+                bn_printf(&csv, "%.*s", (int)cells[i].text_len, cells[i].text);
+            }
         }
         bn_summary_json(&cfg, cells, &json);
         bn_summary_md(&cfg, cells, &md);

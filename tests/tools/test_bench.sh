@@ -79,9 +79,9 @@ echo "results.csv: $rows rows from $cells cells"
 # 3 problems x (4 + 4 + 4 default rates) x 2 seeds
 [[ $cells == 72 ]] || fail "expected 72 cells, found $cells"
 [[ $rows -gt 72 ]] || fail "results.csv has only $rows rows"
-head -n 1 "$work/a/results.csv" | grep -qx 'problem,optimizer,lr,seed,step,loss,accuracy' ||
+head -n 1 "$work/a/results.csv" | grep -qx 'problem,optimizer,trial,lr,seed,step,loss,accuracy,valid_loss,test_loss' ||
     fail "results.csv's header: $(head -n 1 "$work/a/results.csv")"
-grep -q '^logreg,adam,0.01,1,200,[0-9.e+-]*,0\.[0-9]*$' "$work/a/results.csv" ||
+grep -q '^logreg,adam,,0.01,1,200,[0-9.e+-]*,0\.[0-9]*,,$' "$work/a/results.csv" ||
     fail "no final logreg row with an accuracy"
 grep -q '"best_lr"' "$work/a/summary.json" || fail "summary.json has no best_lr"
 grep -q '^| problem | optimizer | best lr |' "$work/a.out" || fail "the summary table was not printed"
@@ -197,11 +197,100 @@ run dd "${suite[@]}" --out "$work/a" --resume --data "$work/data2"
 # ---- one cell alone -------------------------------------------------------------------
 run one --problems beale --optimizers lion --lrs 0.001 --seeds 1 --steps 200 --data "$data" \
     --out "$work/one" --progress lines
-grep '^beale,lion,0.001,1,' "$work/a/results.csv" >"$work/one.expect"
+grep '^beale,lion,,0.001,1,' "$work/a/results.csv" >"$work/one.expect"
 tail -n +2 "$work/one/results.csv" >"$work/one.got"
 [[ -s $work/one.expect ]] || fail "the suite has no beale/lion/0.001/seed 1 rows"
 cmp -s "$work/one.expect" "$work/one.got" || fail "the cell alone differs from its suite rows"
 echo "one cell alone: $(wc -l <"$work/one.got") rows, identical to the suite's"
+
+# ---- stochastic problems: minibatches from the cell key, the same bytes all the same -------
+ssuite=(--problems logreg_mb,mlp_mb,noisy_quadratic --optimizers sgd,adam --lrs 0.01,0.1
+    --seeds 0,1 --steps 120 --data "$data" --progress lines --no-plots)
+run s1 "${ssuite[@]}" --out "$work/s1"
+run s2 "${ssuite[@]}" --out "$work/s2" --threads 2 --jobs 2
+NABLA_BENCH_KILL_AFTER=10 "$nabla" bench "${ssuite[@]}" --out "$work/s3" >"$work/s3k.out" 2>&1
+rc=$?
+[[ $rc == 137 ]] || fail "the killed stochastic run exited $rc, not 137"
+run s3 "${ssuite[@]}" --out "$work/s3" --resume
+for r in s1 s2 s3; do
+    [[ $(cat "$work/$r.rc") == 0 ]] || { fail "stochastic run $r exited $(cat "$work/$r.rc")"; cat "$work/$r.err"; }
+done
+ds=$(digest_of "$work/s1.out")
+echo "stochastic digest: $ds; --threads 2 --jobs 2: $(digest_of "$work/s2.out");" \
+    "killed after 10 cells + resumed: $(digest_of "$work/s3.out")"
+[[ -n $ds && $(digest_of "$work/s2.out") == "$ds" ]] || fail "stochastic: --threads 2 --jobs 2 differs"
+[[ $(digest_of "$work/s3.out") == "$ds" ]] || fail "stochastic: killed + resumed differs"
+same_files "$work/s1" "$work/s2" "stochastic, 2 threads x 2 jobs"
+same_files "$work/s1" "$work/s3" "stochastic, killed + resumed"
+[[ $(grep -c '^' "$work/s1/results.csv") -gt 24 ]] || fail "the stochastic run has too few rows"
+# a classifier's row: training loss, test accuracy, validation and test losses; the
+# quadratic's: no accuracy
+num='[0-9.e+-]*'
+grep -q "^mlp_mb,adam,,0.01,1,120,$num,0\.[0-9]*,$num,$num\$" "$work/s1/results.csv" ||
+    fail "no final mlp_mb row with its validation and test losses"
+grep -q "^noisy_quadratic,sgd,,0.01,0,120,$num,,$num,$num\$" "$work/s1/results.csv" ||
+    fail "no final noisy_quadratic row with its validation and test losses"
+run sone --problems mlp_mb --optimizers adam --lrs 0.1 --seeds 1 --steps 120 --data "$data" \
+    --out "$work/sone" --progress lines --no-plots
+grep '^mlp_mb,adam,,0.1,1,' "$work/s1/results.csv" >"$work/sone.expect"
+tail -n +2 "$work/sone/results.csv" >"$work/sone.got"
+[[ -s $work/sone.expect ]] && cmp -s "$work/sone.expect" "$work/sone.got" ||
+    fail "a stochastic cell alone differs from its suite rows"
+# the groups: full-batch is the default; stochastic names the six minibatch problems
+"$nabla" bench --help >"$work/help.txt"
+grep -q "full-batch (the" "$work/help.txt" || fail "--help does not list the groups"
+run grp --problems stochastic --optimizers adam --lrs 0.01 --seeds 0 --steps 2 --log-every 1 \
+    --data "$data" --out "$work/grp" --progress lines --no-plots
+[[ $(cut -d, -f1 "$work/grp/results.csv" | tail -n +2 | sort -u | tr '\n' ' ') == \
+    "char_gru cnn_mb logreg_mb lotka_volterra_mb mlp_mb noisy_quadratic " ]] ||
+    fail "--problems stochastic ran: $(cut -d, -f1 "$work/grp/results.csv" | sort -u | tr '\n' ' ')"
+
+# ---- --tune random:K: K trials per optimizer on the first seed, the chosen one on all -------
+tsuite=(--problems mlp_mb,logreg --optimizers sgd,adam --tune random:4:7 --seeds 0,1,2 --steps 60
+    --data "$data" --progress lines)
+run t1 "${tsuite[@]}" --out "$work/t1"
+run t2 "${tsuite[@]}" --out "$work/t2" --threads 2 --jobs 2 --no-plots
+# killed in the first phase (after 5 trials) and in the second (after 2 re-runs)
+for kill in 5 18; do
+    NABLA_BENCH_KILL_AFTER=$kill "$nabla" bench "${tsuite[@]}" --out "$work/tk$kill" \
+        >"$work/tk$kill.k.out" 2>&1
+    rc=$?
+    [[ $rc == 137 ]] || fail "the tuning run killed after $kill cells exited $rc, not 137"
+    run tk$kill "${tsuite[@]}" --out "$work/tk$kill" --resume
+done
+for r in t1 t2 tk5 tk18; do
+    [[ $(cat "$work/$r.rc") == 0 ]] || { fail "tuning run $r exited $(cat "$work/$r.rc")"; cat "$work/$r.err"; }
+done
+dt=$(digest_of "$work/t1.out")
+echo "tuning digest: $dt; 2 threads x 2 jobs: $(digest_of "$work/t2.out"); killed after 5" \
+    "and after 18 cells + resumed: $(digest_of "$work/tk5.out"), $(digest_of "$work/tk18.out")"
+for r in t2 tk5 tk18; do
+    [[ -n $dt && $(digest_of "$work/$r.out") == "$dt" ]] || fail "tuning run $r: another digest"
+done
+same_files "$work/t1" "$work/tk5" "tuning, killed in the trials + resumed"
+same_files "$work/t1" "$work/tk18" "tuning, killed in the re-runs + resumed"
+# 2 problems x 2 optimizers x (4 trials + 2 more seeds of the chosen one) = 24 cells
+[[ $(find "$work/t1/cells" -name '*.csv' | wc -l) == 24 ]] || fail "the tuning run has not 24 cells"
+# the chosen trial: the argmin of the final validation loss over the trials on seed 0 (the
+# training loss for the full-batch logreg), run on seeds 1 and 2 as well
+for po in mlp_mb,adam mlp_mb,sgd logreg,adam logreg,sgd; do
+    col=9
+    [[ $po == logreg,* ]] && col=7
+    want=$(awk -F, -v po="$po" -v c=$col '$1 "," $2 == po && $5 == 0 && $6 == 60 {
+        if (best == "" || $c + 0 < bv) { best = $3; bv = $c + 0 } } END { print best }' \
+        "$work/t1/results.csv")
+    reruns=$(awk -F, -v po="$po" '$1 "," $2 == po && $5 != 0 && $6 == 60 { print $3 }' \
+        "$work/t1/results.csv" | sort -u | tr '\n' ' ')
+    p=${po%,*} o=${po#*,}
+    got=$(grep -A1 "^- $p, $o: " "$work/t1/summary.md" | head -n 1 | sed -n 's/.*: trial \([0-9]*\) .*/\1/p')
+    echo "tuning $po: argmin over the trials $want, chosen $got, re-run on seeds 1 and 2: $reruns"
+    [[ -n $want && $got == "$want" && $reruns == "$want " ]] ||
+        fail "$po: chosen trial '$got', re-runs '$reruns'; the argmin is '$want'"
+done
+grep -q '"chosen_trial": [0-9]' "$work/t1/summary.json" || fail "summary.json has no chosen_trial"
+python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$work/t1/summary.json" ||
+    fail "the tuning summary.json is not valid JSON"
+grep -q "^trial 3 lr " "$work/t1/run.cfg" || fail "run.cfg does not list the trials"
 
 # ---- the plots --------------------------------------------------------------------------
 declare -A target=([rosenbrock2]=0.001 [beale]=0.001 [logreg]=0.1)
@@ -243,6 +332,10 @@ bad() { # bad <expected message> <options...>
 }
 bad "unknown optimizer 'adamx'" --optimizers adam,adamx --out "$work/bad"
 bad "unknown problem 'rosenbrock3'" --problems rosenbrock3 --out "$work/bad"
+bad "--tune draws the learning rates" --tune random:3 --lrs 0.1 --out "$work/bad"
+bad "--tune wants random:K" --tune grid:3 --out "$work/bad"
+bad "K from 1 to 64" --tune random:0 --out "$work/bad"
+bad "K from 1 to 64" --tune random:3:x --out "$work/bad"
 bad "--steps wants an integer" --steps -5 --out "$work/bad"
 bad "--steps wants an integer" --steps 0 --out "$work/bad"
 bad "--lrs" --lrs 0.1:0.01:x --out "$work/bad"

@@ -40,6 +40,13 @@ static const bp_case bp_cases[] = {
     {"softmax", 0.1, 500, 0.9},      /* 14, 12, 11 */
     {"mlp", 0.01, 500, 0.9},         /* 32, 32, 32 */
     {"lotka_volterra", 0.1, 400, 0}, /* ~100 */
+    /* stochastic: the target on the whole training split, checked every 10 steps */
+    {"logreg_mb", 0.1, 300, 0.9},
+    {"mlp_mb", 0.01, 300, 0.95},
+    {"cnn_mb", 0.01, 400, 0.97},
+    {"char_gru", 0.01, 200, 0.3},
+    {"noisy_quadratic", 0.1, 400, 0},
+    {"lotka_volterra_mb", 0.1, 400, 0},
 };
 
 /* The central-difference step along a unit direction (the differences are taken in f64). */
@@ -85,6 +92,15 @@ static nb_status eval_body(nb_trace *tr, const nb_tree *self, const nb_tree *arg
 }
 
 /* ---- helpers ----------------------------------------------------------------------------- */
+
+/* What the loss takes: the data, or a stochastic problem's training (test) split. */
+static nb_tree *train_of(const bench_problem *p, nb_tree *data) {
+    return p->batch > 0 ? (nb_tree *)nb_tree_get(data, "train") : data;
+}
+
+static nb_tree *test_of(const bench_problem *p, nb_tree *data) {
+    return p->batch > 0 ? (nb_tree *)nb_tree_get(data, "test") : data;
+}
 
 static int index_of(const bench_problem *p) {
     return (int)(p - bench_problems);
@@ -134,6 +150,27 @@ static void evaluate(nb_ctx *ctx, const bench_problem *p, nb_tree *params, nb_tr
     nb_fn_destroy(f);
     nb_tree_destroy(args);
     nb_tree_destroy(self);
+}
+
+/* the jitted eval of p, for loops; (loss, accuracy) at params on one split */
+static nb_fn *eval_jit_of(nb_ctx *ctx, const bench_problem *p) {
+    nb_tree *self = index_leaf(ctx, p);
+    nb_fn *f = NULL, *j = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "bench_eval", eval_body, self, &f));
+    NBT_OK(ctx, nb_jit(f, NULL, &j));
+    nb_fn_destroy(f);
+    nb_tree_destroy(self);
+    return j;
+}
+
+static void eval_jitted(nb_ctx *ctx, nb_fn *f, nb_tree *params, nb_tree *split, double *loss,
+                        double *acc) {
+    nb_tree *args = pair(ctx, params, split), *res = NULL;
+    NBT_OK(ctx, nb_fn_call(f, args, &res));
+    *loss = scalar_of(nb_tree_child(res, 0));
+    *acc = scalar_of(nb_tree_child(res, 1));
+    nb_tree_destroy(res);
+    nb_tree_destroy(args);
 }
 
 static double loss_at(nb_ctx *ctx, const bench_problem *p, nb_tree *params, nb_tree *data) {
@@ -266,10 +303,12 @@ static int64_t float_size(nb_ctx *ctx, const nb_tree *t) {
 
 static void test_table(void **state) {
     (void)state;
-    static const char *const names[] = {"rosenbrock2", "rosenbrock100", "quadratic",
-                                        "beale",       "logreg",        "softmax",
-                                        "mlp",         "lotka_volterra"};
-    NBT_EQ_I64(bench_n_problems, 8);
+    static const char *const names[] = {
+        "rosenbrock2",     "rosenbrock100",    "quadratic", "beale",
+        "logreg",          "softmax",          "mlp",       "lotka_volterra",
+        "logreg_mb",       "mlp_mb",           "cnn_mb",    "char_gru",
+        "noisy_quadratic", "lotka_volterra_mb"};
+    NBT_EQ_I64(bench_n_problems, 14);
     for (int i = 0; i < bench_n_problems; i++) {
         const bench_problem *p = &bench_problems[i];
         NBT_STREQ(p->name, names[i]);
@@ -278,7 +317,8 @@ static void test_table(void **state) {
         NBT_TRUE(p->target > 0 && isfinite(p->target));
         NBT_TRUE(p->setup != NULL && p->loss != NULL);
         NBT_TRUE(p->has_accuracy == (p->accuracy != NULL));
-        NBT_TRUE(p->has_accuracy == (i >= 4 && i <= 6));
+        NBT_TRUE(p->has_accuracy == ((i >= 4 && i <= 6) || (i >= 8 && i <= 11)));
+        NBT_TRUE((p->batch > 0) == (i >= 8));
     }
     NBT_TRUE(bench_problem_find("rosenbrock") == NULL);
     NBT_TRUE(bench_problem_find("") == NULL);
@@ -305,14 +345,14 @@ static void test_setup_reproducible(void **state) {
         NBT_OK(ctx, nb_tree_equal(d0, d2, &same_data));
         /* logreg and softmax start at zero (their seeds differ in the split only); the
          * others start at a point drawn from the key */
-        bool zero_start = strcmp(p->name, "logreg") == 0 || strcmp(p->name, "softmax") == 0;
+        bool zero_start = strncmp(p->name, "logreg", 6) == 0 || strcmp(p->name, "softmax") == 0;
         NBT_TRUE(same_params == zero_start);
         if (p->has_accuracy) {
             NBT_TRUE(!same_data);
         }
         double l0 = NAN, a0 = NAN, l2 = NAN;
-        evaluate(ctx, p, p0, d0, &l0, &a0);
-        l2 = loss_at(ctx, p, p2, d2);
+        evaluate(ctx, p, p0, train_of(p, d0), &l0, &a0);
+        l2 = loss_at(ctx, p, p2, train_of(p, d2));
         print_message("%-15s start loss %.6g (seed 0), %.6g (seed 1); target %g\n", p->name, l0, l2,
                       p->target);
         NBT_TRUE(isfinite(l0) && l0 > p->target);
@@ -341,7 +381,7 @@ static void test_gradients(void **state) {
         nb_tree *params = NULL, *data = NULL, *grads = NULL;
         setup_seed(ctx, p, 3, &params, &data);
         /* away from the zero start of the linear classifiers, where the gradient is simple */
-        if (p->has_accuracy && strcmp(p->name, "mlp") != 0) {
+        if (strncmp(p->name, "logreg", 6) == 0 || strcmp(p->name, "softmax") == 0) {
             nb_tree *moved = filled(ctx, params, 0.05);
             nb_tree_destroy(params);
             params = moved;
@@ -349,7 +389,7 @@ static void test_gradients(void **state) {
         nb_fn *loss = NULL, *grad = NULL;
         NBT_OK(ctx, bench_loss_fn(ctx, p, &loss));
         NBT_OK(ctx, nb_grad(loss, NULL, &grad));
-        nb_tree *args = pair(ctx, params, data);
+        nb_tree *args = pair(ctx, params, train_of(p, data));
         NBT_OK(ctx, nb_fn_call(grad, args, &grads));
         nb_tree_destroy(args);
 
@@ -386,7 +426,7 @@ static void test_gradients(void **state) {
         NBT_OK(ctx, nb_tree_flatten(params, &pl, NULL));
         bool f32 = nb_array_dtype(nb_tree_get_array(nb_tree_child(pl, 0))) == NB_DTYPE_F32;
         nb_tree_destroy(pl);
-        nb_tree *p64 = to_f64(ctx, params), *d64 = to_f64(ctx, data);
+        nb_tree *p64 = to_f64(ctx, params), *d64 = to_f64(ctx, train_of(p, data));
         nb_tree *plus = shifted(ctx, p64, d, FD_H), *minus = shifted(ctx, p64, d, -FD_H);
         double fd = (loss_at(ctx, p, plus, d64) - loss_at(ctx, p, minus, d64)) / (2.0 * FD_H);
         double tol = f32 ? 1e-2 : 1e-4;
@@ -431,9 +471,17 @@ static void test_known_points(void **state) {
         const double *at; /* NULL: the truth of the LV problem */
         double want, tol;
     } points[] = {
-        {"rosenbrock2", ones, 0.0, 0.0},          {"rosenbrock100", ones, 0.0, 0.0},
-        {"beale", beale_min, 0.0, 0.0},           {"quadratic", zeros, 0.0, 0.0},
-        {"logreg", zeros, log(2.0), 1e-6},        {"softmax", zeros, log(3.0), 1e-6},
+        {"rosenbrock2", ones, 0.0, 0.0},
+        {"rosenbrock100", ones, 0.0, 0.0},
+        {"beale", beale_min, 0.0, 0.0},
+        {"quadratic", zeros, 0.0, 0.0},
+        {"logreg", zeros, log(2.0), 1e-6},
+        {"softmax", zeros, log(3.0), 1e-6},
+        {"logreg_mb", zeros, log(2.0), 1e-6},
+        /* 0.5 tr H = 247.75 in expectation; the mean over 1000 rows is within ~3 (std) */
+        {"noisy_quadratic", zeros, 247.75, 12.0},
+        /* sigma^2 over 64 x 40 values: within ~7e-5 (std) */
+        {"lotka_volterra_mb", NULL, 2.5e-3, 0.3e-3},
         {"lotka_volterra", NULL, 2.5e-3, 1.2e-3}, /* the noise variance sigma^2 */
     };
     for (size_t k = 0; k < sizeof points / sizeof points[0]; k++) {
@@ -447,7 +495,7 @@ static void test_known_points(void **state) {
             static const double truth[4] = {1.5, 1.0, 3.0, 1.0};
             at = params_at(ctx, params, truth);
         }
-        double loss = loss_at(ctx, p, at, data);
+        double loss = loss_at(ctx, p, at, train_of(p, data));
         print_message("%-15s loss at the known point %.9g (want %g)\n", p->name, loss,
                       points[k].want);
         NBT_NEAR(loss, points[k].want, points[k].tol);
@@ -493,12 +541,29 @@ static void test_adam_reaches_targets(void **state) {
         NBT_OK(ctx, bench_step_donate(ctx, &donate));
         nb_call_opts call = nb_call_opts_default();
         call.donate = donate;
+        /* a stochastic problem: its minibatches, and its target checked on the whole
+         * training split every 10 steps */
+        bool stoch = p->batch > 0;
+        bench_stream stream = {0};
+        nb_fn *ev = eval_jit_of(ctx, p);
+        if (stoch) {
+            nb_array *key = NULL;
+            NBT_OK(ctx, nb_random_key(ctx, 0, &key));
+            NBT_OK(ctx, bench_stream_create(ctx, p, key, data, &stream));
+            nb_array_destroy(key);
+        }
 
-        double start = loss_at(ctx, p, params, data), loss = NAN, t_first = 0, t0 = now_s();
+        double start = loss_at(ctx, p, params, train_of(p, data)), loss = NAN, t_first = 0,
+               t0 = now_s(), t_eval = 0;
         int64_t reached = -1, k = 0;
-        for (; k < c->max_steps && reached < 0; k++) {
+        /* a stochastic problem trains for all its steps: its accuracy is judged there */
+        for (; k < c->max_steps && (reached < 0 || stoch); k++) {
             nb_tree *args = NULL, *res = NULL;
-            NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){params, st, data}, &args));
+            if (stoch) {
+                NBT_OK(ctx, bench_stream_next(&stream));
+            }
+            NBT_OK(ctx, nb_tree_tuple(
+                            ctx, 3, (nb_tree *[]){params, st, stoch ? stream.batch : data}, &args));
             NBT_OK(ctx, nb_fn_call_ex(step_jit, args, &call, &res));
             nb_tree_destroy(args);
             nb_tree_destroy(params);
@@ -515,13 +580,21 @@ static void test_adam_reaches_targets(void **state) {
                 fail_msg("%s: the loss is %g after %lld Adam steps (lr %g)", p->name, loss,
                          (long long)k, lr);
             }
-            if (reached < 0 && loss <= p->target) {
+            if (stoch && k % 10 == 9) {
+                double te = now_s(), unused = NAN;
+                eval_jitted(ctx, ev, params, train_of(p, data), &loss, &unused);
+                t_eval += now_s() - te;
+            }
+            if (reached < 0 && loss <= p->target && (!stoch || k % 10 == 9)) {
                 reached = k;
             }
         }
-        double per_step = k > 1 ? (now_s() - t0) / (double)(k - 1) : 0.0;
-        double final_loss = NAN, acc = NAN;
-        evaluate(ctx, p, params, data, &final_loss, &acc);
+        double per_step = k > 1 ? (now_s() - t0 - t_eval) / (double)(k - 1) : 0.0;
+        double final_loss = NAN, acc = NAN, unused = NAN;
+        eval_jitted(ctx, ev, params, train_of(p, data), &final_loss, &unused);
+        eval_jitted(ctx, ev, params, test_of(p, data), &unused, &acc);
+        bench_stream_destroy(&stream);
+        nb_fn_destroy(ev);
         print_message("%-15s Adam lr %g: start %.6g, target %g reached after %lld steps, "
                       "final loss %.6g; %.3f ms/step (first call, with the compile: %.3f s)\n",
                       p->name, lr, start, p->target, (long long)reached, final_loss, 1e3 * per_step,
@@ -546,13 +619,193 @@ static void test_adam_reaches_targets(void **state) {
     }
 }
 
+/* ---- the minibatch stream is the documented permutation ----------------------------------- */
+
+static void test_stream(void **state) {
+    (void)state;
+    static const char *const names[] = {"logreg_mb", "noisy_quadratic", "char_gru"};
+    for (size_t pi = 0; pi < sizeof names / sizeof names[0]; pi++) {
+        const bench_problem *p = bench_problem_find(names[pi]);
+        nb_ctx *ctx = nbt_ctx();
+        nb_tree *params = NULL, *data = NULL;
+        setup_seed(ctx, p, 7, &params, &data);
+        nb_array *key = NULL, *kb = NULL;
+        NBT_OK(ctx, nb_random_key(ctx, 7, &key));
+        bench_stream s = {0};
+        NBT_OK(ctx, bench_stream_create(ctx, p, key, data, &s));
+        const nb_tree *train = nb_tree_get(data, "train");
+        const nb_array *x = nb_tree_get_array(nb_tree_get(train, "x"));
+        const nb_array *y = nb_tree_get_array(nb_tree_get(train, "y"));
+        NBT_TRUE((y == NULL) == (s.yb == NULL));
+        /* the step's data is the train split's dict with x (and y) the minibatch's rows;
+         * other entries (the noisy quadratic's H) are the split's own arrays */
+        NBT_TRUE(nb_tree_get_array(nb_tree_get(s.batch, "x")) == s.xb);
+        NBT_EQ_I64(nb_tree_len(s.batch), nb_tree_len(train));
+        if (nb_tree_get(train, "H") != NULL) {
+            NBT_TRUE(nb_tree_get_array(nb_tree_get(s.batch, "H")) ==
+                     nb_tree_get_array(nb_tree_get(train, "H")));
+        }
+        int64_t n = nb_array_dim(x, 0), b = p->batch, per = n / b;
+        size_t xrow = (size_t)(nb_array_size(x) / n) * nb_dtype_size(nb_array_dtype(x));
+        size_t yrow = y != NULL ? nb_dtype_size(nb_array_dtype(y)) : 0;
+        NBT_OK(ctx, nb_random_fold_in(key, BENCH_STREAM_BATCH, &kb));
+        nb_array *perm = NULL;
+        int64_t bad = 0, steps = 2 * per + 3;
+        for (int64_t k = 0; k < steps; k++) {
+            int64_t e = k / per, i = k % per;
+            if (i == 0) {
+                nb_array *ke = NULL;
+                nb_array_destroy(perm);
+                NBT_OK(ctx, nb_random_fold_in(kb, (uint32_t)e, &ke));
+                NBT_OK(ctx, nb_random_permutation(ke, n, &perm));
+                nb_array_destroy(ke);
+            }
+            NBT_OK(ctx, bench_stream_next(&s));
+            NBT_EQ_I64(s.epoch, e);
+            for (int64_t r = 0; r < b; r++) {
+                double row = -1;
+                NBT_OK(ctx, nb_array_get_flat(perm, i * b + r, &row));
+                const char *xs = (const char *)nb_array_data(x) + (size_t)row * xrow;
+                bad += memcmp((const char *)nb_array_data(s.xb) + (size_t)r * xrow, xs, xrow) != 0;
+                if (y != NULL) {
+                    const char *ys = (const char *)nb_array_data(y) + (size_t)row * yrow;
+                    bad +=
+                        memcmp((const char *)nb_array_data(s.yb) + (size_t)r * yrow, ys, yrow) != 0;
+                }
+            }
+        }
+        print_message("%-17s %lld training rows, batch %lld: %lld steps (%lld epochs) of "
+                      "minibatches, rows as documented: %s\n",
+                      p->name, (long long)n, (long long)b, (long long)steps,
+                      (long long)(steps / per + 1), bad == 0 ? "yes" : "NO");
+        NBT_EQ_I64(bad, 0);
+        /* and the rows are not in order: the stream shuffles */
+        double r0 = -1, r1 = -1;
+        NBT_OK(ctx, nb_array_get_flat(perm, 0, &r0));
+        NBT_OK(ctx, nb_array_get_flat(perm, 1, &r1));
+        NBT_TRUE(r1 != r0 + 1 || r0 != 0);
+        nb_array_destroy(perm);
+        nb_array_destroy(kb);
+        nb_array_destroy(key);
+        bench_stream_destroy(&s);
+        bench_stream_destroy(&s); /* twice is harmless */
+        nb_tree_destroy(params);
+        nb_tree_destroy(data);
+        nbt_assert_no_live(ctx);
+        nb_ctx_destroy(ctx);
+    }
+    /* misuse: a full-batch problem has no stream */
+    nb_ctx *ctx = nbt_ctx();
+    const bench_problem *p = bench_problem_find("logreg");
+    nb_tree *params = NULL, *data = NULL;
+    setup_seed(ctx, p, 0, &params, &data);
+    nb_array *key = NULL;
+    NBT_OK(ctx, nb_random_key(ctx, 0, &key));
+    bench_stream s;
+    NBT_STATUS(ctx, NB_ERR_MISUSE, bench_stream_create(ctx, p, key, data, &s));
+    NBT_ERRMSG_HAS(ctx, "stochastic");
+    NBT_TRUE(s.batcher == NULL && s.batch == NULL);
+    NBT_STATUS(ctx, NB_ERR_MISUSE, bench_stream_next(&s));
+    nb_array_destroy(key);
+    nb_tree_destroy(params);
+    nb_tree_destroy(data);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
+/* ---- the tuning protocol's draws ----------------------------------------------------------- */
+
+static uint32_t fnv1a(const char *s) {
+    uint32_t h = 2166136261u;
+    for (; *s != '\0'; s++) {
+        h = (h ^ (uint8_t)*s) * 16777619u;
+    }
+    return h;
+}
+
+/* relative agreement to the 6 significant digits the draws are rounded to */
+static bool close6(double a, double b) {
+    return fabs(a - b) <= 6e-6 * fabs(b);
+}
+
+static void test_trials(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    static const char *const names[] = {"sgd",     "momentum", "nesterov", "adam", "adamw",
+                                        "rmsprop", "adagrad",  "lion",     "lamb"};
+    int checked = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const bench_space *s = bench_optim_space(names[i]);
+        NBT_TRUE(s != NULL && strcmp(s->name, names[i]) == 0);
+        for (int64_t t = 0; t < 6; t++) {
+            bench_hp h, again;
+            NBT_OK(ctx, bench_trial(ctx, names[i], 11, t, &h));
+            NBT_OK(ctx, bench_trial(ctx, names[i], 11, t, &again));
+            NBT_TRUE(memcmp(&h, &again, sizeof h) == 0);
+            /* the documented draw, computed here */
+            nb_array *k0 = NULL, *k1 = NULL, *k2 = NULL, *ua = NULL;
+            NBT_OK(ctx, nb_random_key(ctx, 11, &k0));
+            NBT_OK(ctx, nb_random_fold_in(k0, fnv1a(names[i]), &k1));
+            NBT_OK(ctx, nb_random_fold_in(k1, (uint32_t)t, &k2));
+            NBT_OK(ctx, nb_random_uniform(k2, NB_DTYPE_F64, 1, (int64_t[]){5}, 0.0, 1.0, &ua));
+            const double *u = nb_array_data(ua);
+            double lu_lr = s->lr_lo * exp(u[0] * log(s->lr_hi / s->lr_lo));
+            NBT_TRUE(close6(h.lr, lu_lr) && h.lr >= s->lr_lo && h.lr <= s->lr_hi);
+            double one1 = 1.0 - 1e-3 * exp(u[1] * log(0.5 / 1e-3));
+            double one2 = 1.0 - 1e-4 * exp(u[2] * log(0.1 / 1e-4));
+            double eps = 1e-10 * exp(u[3] * log(1e-5 / 1e-10));
+            double wd = 1e-5 * exp(u[4] * log(0.1 / 1e-5));
+            NBT_TRUE(s->b1 ? close6(h.b1, one1) : isnan(h.b1));
+            NBT_TRUE(s->momentum ? close6(h.momentum, one1) : isnan(h.momentum));
+            NBT_TRUE(s->decay ? close6(h.decay, one1) : isnan(h.decay));
+            NBT_TRUE(s->b2 ? close6(h.b2, one2) : isnan(h.b2));
+            NBT_TRUE(s->eps ? close6(h.eps, eps) : isnan(h.eps));
+            NBT_TRUE(s->weight_decay ? close6(h.weight_decay, wd) : isnan(h.weight_decay));
+            /* each value is its 6-digit text read back (as run.cfg and the cell files print) */
+            char buf[32];
+            snprintf(buf, sizeof buf, "%.6g", h.lr);
+            NBT_TRUE(strtod(buf, NULL) == h.lr);
+            checked++;
+            nb_array *all[] = {k0, k1, k2, ua};
+            for (size_t j = 0; j < 4; j++) {
+                nb_array_destroy(all[j]);
+            }
+        }
+    }
+    /* a fixed key gives a fixed list: the first trials with SEED 0 (nabla bench --tune
+     * random:K prints them in run.cfg) */
+    bench_hp a, g;
+    NBT_OK(ctx, bench_trial(ctx, "adam", 0, 0, &a));
+    NBT_TRUE(a.lr == 0.18348 && a.b1 == 0.983947 && a.b2 == 0.999671 && a.eps == 1.20732e-07);
+    NBT_TRUE(isnan(a.weight_decay) && isnan(a.momentum) && isnan(a.decay));
+    NBT_OK(ctx, bench_trial(ctx, "sgd", 0, 0, &g));
+    NBT_TRUE(g.lr == 0.00154734 && isnan(g.b1) && isnan(g.momentum));
+    NBT_OK(ctx, bench_trial(ctx, "sgd", 0, 3, &g));
+    NBT_TRUE(g.lr == 0.00240315);
+    print_message("%d trials checked against the documented draws; adam trial 0 (seed 0): lr "
+                  "%.6g b1 %.6g b2 %.6g eps %.6g\n",
+                  checked, a.lr, a.b1, a.b2, a.eps);
+    /* misuse */
+    NBT_STATUS(ctx, NB_ERR_MISUSE, bench_trial(ctx, "adamx", 0, 0, &a));
+    NBT_ERRMSG_HAS(ctx, "'adamx' is not one");
+    NBT_STATUS(ctx, NB_ERR_MISUSE, bench_trial(ctx, "adam", 0, -1, &a));
+    NBT_STATUS(ctx, NB_ERR_MISUSE, bench_trial(ctx, "adam", 0, 0, NULL));
+    NBT_TRUE(bench_optim_space("adamx") == NULL && bench_optim_space(NULL) == NULL);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- errors -------------------------------------------------------------------------------- */
 
 static void test_missing_data(void **state) {
     (void)state;
-    static const char *const files[] = {"breast_cancer.csv", "wine_data.csv", "digits.csv.gz"};
-    static const char *const names[] = {"logreg", "softmax", "mlp"};
-    for (int i = 0; i < 3; i++) {
+    static const char *const files[] = {"breast_cancer.csv",     "wine_data.csv", "digits.csv.gz",
+                                        "breast_cancer.csv",     "digits.csv.gz", "digits.csv.gz",
+                                        "tinyshakespeare.txt.gz"};
+    static const char *const names[] = {"logreg", "softmax", "mlp",     "logreg_mb",
+                                        "mlp_mb", "cnn_mb",  "char_gru"};
+    for (int i = 0; i < 7; i++) {
+        NBT_STREQ(bench_problem_find(names[i])->data_file, files[i]);
         const bench_problem *p = bench_problem_find(names[i]);
         nb_ctx *ctx = nbt_ctx();
         nb_array *key = NULL;
@@ -629,7 +882,7 @@ static void test_setup_allocation_failures(void **state) {
 
 typedef struct thread_run {
     uint64_t seed;
-    double loss[16];
+    double loss[32];
     nb_status st;
 } thread_run;
 
@@ -648,7 +901,7 @@ static void *thread_main(void *arg) {
             r->st = p->setup(ctx, NBT_DATA_DIR, key, &params, &data);
         }
         if (r->st == NB_OK) {
-            r->st = nb_tree_tuple(ctx, 2, (nb_tree *[]){params, data}, &args);
+            r->st = nb_tree_tuple(ctx, 2, (nb_tree *[]){params, train_of(p, data)}, &args);
         }
         if (r->st == NB_OK) {
             r->st = bench_loss_fn(ctx, p, &f);
@@ -696,6 +949,8 @@ int main(void) {
         cmocka_unit_test(test_gradients),
         cmocka_unit_test(test_known_points),
         cmocka_unit_test(test_adam_reaches_targets),
+        cmocka_unit_test(test_stream),
+        cmocka_unit_test(test_trials),
         cmocka_unit_test(test_missing_data),
         cmocka_unit_test(test_setup_allocation_failures),
         cmocka_unit_test(test_threads),
