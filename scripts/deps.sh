@@ -19,6 +19,8 @@ packages=(
     libclang-rt-14-dev # libFuzzer and the sanitizer runtimes for clang (make test-fuzz)
     libopenmpi-dev  # MPI for nabla_dist (nabla/dist.h)
     openmpi-bin     # mpirun, for test_dist
+    chromium        # headless, for test_bench_report (nabla bench's report.html)
+    libxml2-utils   # xmllint: report.html is well-formed
 )
 
 if ! command -v dpkg-query >/dev/null 2>&1; then

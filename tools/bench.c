@@ -7,7 +7,8 @@
  * function (value_and_grad of the loss, the optimizer's update, apply_updates) and logs the
  * loss (and, for classifiers, the test accuracy) every `log_every` steps. A stochastic
  * problem's step takes a minibatch of its training split (bench_stream, from the cell key);
- * it logs the loss on the whole training split, on the validation and on the test split.
+ * it logs the loss on its train_eval split (DeepOBS's: the first min(n_train, n_test)
+ * training rows), on the validation and on the test split.
  * With --tune random:K the settings are K trials per optimizer, hyperparameters drawn from
  * the search spaces of bench_problems.h (bench_trial): every trial runs on the first seed,
  * then the chosen one (BN_CHOSEN_TEXT) on the other seeds -- a second phase, after the
@@ -374,7 +375,8 @@ static void bn_usage(FILE *f) {
         }
     }
     fprintf(f, "                     Stochastic (each step on a minibatch of the training\n"
-               "                     split; logged: the loss on the whole training split,\n"
+               "                     split; logged: the training loss (on train_eval,\n"
+               "                     as many training rows as the test split has),\n"
                "                     the validation and test losses, the test accuracy):\n");
     for (int i = 0; i < bench_n_problems; i++) {
         if (bench_problems[i].batch > 0) {
@@ -1083,7 +1085,7 @@ static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, 
             /* full batch: (loss, accuracy) on data; stochastic: the loss on the training,
              * validation and test splits and the test accuracy */
             double v[4] = {NAN, NAN, NAN, NAN}; /* loss, accuracy, valid, test */
-            static const char *const splits[3] = {"train", "valid", "test"};
+            static const char *const splits[3] = {"train_eval", "valid", "test"};
             for (int s = 0; s < (stoch ? 3 : 1); s++) {
                 nb_tree *args = NULL, *res = NULL;
                 const nb_tree *d = stoch ? nb_tree_get(data, splits[s]) : data;
@@ -2258,6 +2260,526 @@ static int bn_plot(const bn_cfg *cfg, const bn_cell *cells, int p, const char *d
     return rc != 0 ? rc : bn_plot_lr(cfg, cells, p, dir, err, err_cap);
 }
 
+/* ---- report.html ------------------------------------------------------------------------- */
+
+/* One self-contained page: the summary table, and per problem the learning curves (the
+ * mean over the seeds that did not diverge, their min-max as a band) of each optimizer's
+ * best rate or chosen trial, the test accuracy likewise, the final loss against the
+ * learning rate, and one Dolan-More performance profile over the problems. Inline SVG drawn
+ * here (no JavaScript, no network, no other file), from the rows as the cell files read
+ * back: the same bytes for the same results. */
+
+typedef struct bn_svg {
+    bn_buf *b;
+    double x0, x1, y0, y1; /* the data ranges shown */
+    bool logx, logy;
+    int n_legend;
+} bn_svg;
+
+enum {
+    BN_SVG_W = 760,
+    BN_SVG_H = 380,
+    BN_SVG_ML = 70,
+    BN_SVG_MR = 190,
+    BN_SVG_MT = 34,
+    BN_SVG_MB = 46
+};
+
+static double bn_svg_x(const bn_svg *s, double x) {
+    double a = s->logx ? log10(x) : x, lo = s->logx ? log10(s->x0) : s->x0;
+    double hi = s->logx ? log10(s->x1) : s->x1;
+    return BN_SVG_ML + (a - lo) / (hi - lo) * (BN_SVG_W - BN_SVG_ML - BN_SVG_MR);
+}
+
+static double bn_svg_y(const bn_svg *s, double y) {
+    double a = s->logy ? log10(y) : y, lo = s->logy ? log10(s->y0) : s->y0;
+    double hi = s->logy ? log10(s->y1) : s->y1;
+    return BN_SVG_H - BN_SVG_MB - (a - lo) / (hi - lo) * (BN_SVG_H - BN_SVG_MT - BN_SVG_MB);
+}
+
+/* text safe for HTML */
+static void bn_html(bn_buf *b, const char *s) {
+    for (; *s != '\0'; s++) {
+        switch (*s) {
+        case '<':
+            bn_printf(b, "&lt;");
+            break;
+        case '>':
+            bn_printf(b, "&gt;");
+            break;
+        case '&':
+            bn_printf(b, "&amp;");
+            break;
+        case '"':
+            bn_printf(b, "&quot;");
+            break;
+        default:
+            bn_append(b, s, 1);
+        }
+    }
+}
+
+/* The ticks of one axis: decades on a log axis (with 2 and 5 when it spans under two), else
+ * 1-2-5 steps; each value through fn(ud, v). */
+static void bn_svg_ticks(double lo, double hi, bool logscale, void (*fn)(bn_svg *, double, bool),
+                         bn_svg *s, bool xaxis) {
+    if (logscale) {
+        int e0 = (int)floor(log10(lo)), e1 = (int)ceil(log10(hi));
+        int step = e1 - e0 > 12 ? 2 : 1;
+        for (int e = e0; e <= e1; e += step) {
+            static const double m[3] = {1, 2, 5};
+            for (int i = 0; i < (e1 - e0 < 2 ? 3 : 1); i++) {
+                double v = m[i] * pow(10.0, e);
+                if (v >= lo * (1 - 1e-9) && v <= hi * (1 + 1e-9)) {
+                    fn(s, v, xaxis);
+                }
+            }
+        }
+        return;
+    }
+    double span = hi - lo, raw = span / 5, mag = pow(10.0, floor(log10(raw))), st = mag;
+    st = raw / mag >= 5 ? 5 * mag : raw / mag >= 2 ? 2 * mag : mag;
+    for (double v = ceil(lo / st) * st; v <= hi + 1e-9 * span; v += st) {
+        fn(s, fabs(v) < 1e-12 * span ? 0.0 : v, xaxis);
+    }
+}
+
+static void bn_svg_tick(bn_svg *s, double v, bool xaxis) {
+    if (xaxis) {
+        double x = bn_svg_x(s, v);
+        bn_printf(
+            s->b,
+            "<line x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" class=\"grid\"/><text x=\"%.1f\" "
+            "y=\"%d\" text-anchor=\"middle\">%g</text>\n",
+            x, BN_SVG_MT, x, BN_SVG_H - BN_SVG_MB, x, BN_SVG_H - BN_SVG_MB + 16, v);
+    } else {
+        double y = bn_svg_y(s, v);
+        bn_printf(
+            s->b,
+            "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" class=\"grid\"/><text x=\"%d\" "
+            "y=\"%.1f\" text-anchor=\"end\">%g</text>\n",
+            BN_SVG_ML, y, BN_SVG_W - BN_SVG_MR, y, BN_SVG_ML - 6, y + 4, v);
+    }
+}
+
+static void bn_svg_begin(bn_svg *s, const char *title, const char *xlabel, const char *ylabel) {
+    if (!(s->x1 > s->x0)) {
+        s->x1 = s->x0 + 1;
+    }
+    if (!(s->y1 > s->y0)) {
+        s->y1 = s->logy ? s->y0 * 10 : s->y0 + 1;
+    }
+    bn_printf(s->b,
+              "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
+              "viewBox=\"0 0 %d %d\" role=\"img\"><title>",
+              BN_SVG_W, BN_SVG_H, BN_SVG_W, BN_SVG_H);
+    bn_html(s->b, title);
+    bn_printf(s->b, "</title>\n<text x=\"%d\" y=\"20\" class=\"title\">", BN_SVG_ML);
+    bn_html(s->b, title);
+    bn_printf(s->b, "</text>\n");
+    bn_svg_ticks(s->x0, s->x1, s->logx, bn_svg_tick, s, true);
+    bn_svg_ticks(s->y0, s->y1, s->logy, bn_svg_tick, s, false);
+    bn_printf(
+        s->b,
+        "<rect x=\"%d\" y=\"%d\" width=\"%d\" height=\"%d\" class=\"frame\"/>\n<text x=\"%d\" "
+        "y=\"%d\" text-anchor=\"middle\">",
+        BN_SVG_ML, BN_SVG_MT, BN_SVG_W - BN_SVG_ML - BN_SVG_MR, BN_SVG_H - BN_SVG_MT - BN_SVG_MB,
+        (BN_SVG_ML + BN_SVG_W - BN_SVG_MR) / 2, BN_SVG_H - 8);
+    bn_html(s->b, xlabel);
+    bn_printf(s->b,
+              "</text>\n<text transform=\"translate(16 %d) rotate(-90)\" "
+              "text-anchor=\"middle\">",
+              (BN_SVG_MT + BN_SVG_H - BN_SVG_MB) / 2);
+    bn_html(s->b, ylabel);
+    bn_printf(s->b, "</text>\n<g clip-path=\"none\">\n");
+}
+
+static void bn_svg_end(bn_svg *s) {
+    bn_printf(s->b, "</g>\n</svg>\n");
+}
+
+static void bn_svg_legend(bn_svg *s, const char *label, const char *color, int dash, bool line) {
+    int y = BN_SVG_MT + 8 + 18 * s->n_legend++, x = BN_SVG_W - BN_SVG_MR + 12;
+    if (line) {
+        bn_printf(
+            s->b,
+            "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"%s\" stroke-width=\"2\"%s/>", x,
+            y, x + 22, y, color, dash > 1 ? " stroke-dasharray=\"6 4\"" : "");
+    } else {
+        bn_printf(s->b, "<circle cx=\"%d\" cy=\"%d\" r=\"3.5\" fill=\"%s\"/>", x + 11, y, color);
+    }
+    bn_printf(s->b, "<text x=\"%d\" y=\"%d\">", x + 28, y + 4);
+    bn_html(s->b, label);
+    bn_printf(s->b, "</text>\n");
+}
+
+/* x, y clamped into the box (a curve leaving it is cut at the edge) */
+static void bn_svg_pt(bn_svg *s, double x, double y) {
+    double py = bn_svg_y(s, y);
+    py = py < BN_SVG_MT ? BN_SVG_MT : py > BN_SVG_H - BN_SVG_MB ? BN_SVG_H - BN_SVG_MB : py;
+    bn_printf(s->b, "%.1f,%.1f ", bn_svg_x(s, x), py);
+}
+
+/* The rows of (p, o, l) over the seeds that did not diverge: per logged row its step and
+ * the mean, min and max of the loss (what 0) or of the accuracy (what 1). n rows, or 0. */
+static int64_t bn_band(const bn_cfg *cfg, const bn_cell *cells, int p, int o, int l, int what,
+                       double *st, double *mean, double *lo, double *hi, int64_t cap) {
+    int64_t rows = INT64_MAX;
+    int n = 0;
+    for (int k = 0; k < cfg->n_seeds; k++) {
+        const bn_cell *c = bn_find(cells, cfg, p, o, l, k);
+        if (c->done && !bn_cell_diverged(c)) {
+            rows = c->n_rows < rows ? c->n_rows : rows;
+            n++;
+        }
+    }
+    if (n == 0) {
+        return 0;
+    }
+    rows = rows < cap ? rows : cap;
+    for (int64_t i = 0; i < rows; i++) {
+        double sum = 0, a = INFINITY, b = -INFINITY;
+        for (int k = 0; k < cfg->n_seeds; k++) {
+            const bn_cell *c = bn_find(cells, cfg, p, o, l, k);
+            if (!c->done || bn_cell_diverged(c)) {
+                continue;
+            }
+            double v = what == 0 ? c->rows[i].loss : c->rows[i].acc;
+            sum += v;
+            a = v < a ? v : a;
+            b = v > b ? v : b;
+            st[i] = (double)c->rows[i].step;
+        }
+        mean[i] = sum / n;
+        lo[i] = a;
+        hi[i] = b;
+    }
+    return rows;
+}
+
+/* Curves of problem p: what 0 the training loss (log axis), 1 the test accuracy. */
+static void bn_report_curves(bn_buf *b, const bn_cfg *cfg, const bn_cell *cells, int p, int what) {
+    const bench_problem *pr = &bench_problems[p];
+    int64_t cap = cfg->steps / cfg->log_every + 2;
+    double *buf = malloc((size_t)cap * 4 * sizeof *buf);
+    if (buf == NULL) {
+        b->oom = true;
+        return;
+    }
+    double *st = buf, *mean = buf + cap, *lo = buf + 2 * cap, *hi = buf + 3 * cap;
+    bn_svg s = {.b = b, .x0 = 0, .x1 = (double)cfg->steps, .logy = what == 0};
+    bn_range r = {INFINITY, -INFINITY};
+    for (int o = 0; o < BN_N_OPTIMS; o++) {
+        bn_sum sum;
+        if (!cfg->optim_on[o]) {
+            continue;
+        }
+        bn_summarize(cfg, cells, p, o, &sum);
+        int64_t n =
+            sum.best >= 0 ? bn_band(cfg, cells, p, o, sum.best, what, st, mean, lo, hi, cap) : 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (what == 1 || (lo[i] > 0 && isfinite(hi[i]))) {
+                bn_range_add(&r, lo[i]);
+                bn_range_add(&r, hi[i]);
+            }
+        }
+    }
+    if (what == 0) {
+        bn_range_add(&r, pr->target);
+    }
+    if (!(r.lo <= r.hi)) {
+        r = (bn_range){what == 0 ? 1 : 0, what == 0 ? 10 : 1};
+    }
+    s.y0 = what == 0 ? pow(10.0, floor(log10(r.lo))) : fmax(0.0, floor(r.lo * 10) / 10);
+    s.y1 = what == 0 ? pow(10.0, ceil(log10(r.hi))) : fmin(1.0, ceil(r.hi * 10) / 10);
+    char title[400];
+    bn_fmt(title, sizeof title, "%s: %s", pr->title,
+           what == 0 ? (pr->batch > 0 ? "training loss (train_eval)" : "loss") : "test accuracy");
+    bn_svg_begin(&s, title, "step", what == 0 ? "loss" : "accuracy");
+    for (int o = 0; o < BN_N_OPTIMS; o++) {
+        bn_sum sum;
+        if (!cfg->optim_on[o]) {
+            continue;
+        }
+        bn_summarize(cfg, cells, p, o, &sum);
+        int64_t n =
+            sum.best >= 0 ? bn_band(cfg, cells, p, o, sum.best, what, st, mean, lo, hi, cap) : 0;
+        if (n == 0) {
+            continue;
+        }
+        const bn_optim *op = &bn_optims[o];
+        bn_printf(b, "<polygon fill=\"%s\" fill-opacity=\"0.15\" stroke=\"none\" points=\"",
+                  op->color);
+        for (int64_t i = 0; i < n; i++) {
+            bn_svg_pt(&s, st[i], what == 0 && !(lo[i] > 0) ? s.y0 : lo[i]);
+        }
+        for (int64_t i = n - 1; i >= 0; i--) {
+            bn_svg_pt(&s, st[i], what == 0 && !(hi[i] > 0) ? s.y0 : hi[i]);
+        }
+        bn_printf(b, "\"/>\n<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"",
+                  op->color, op->dash > 1 ? " stroke-dasharray=\"6 4\"" : "");
+        for (int64_t i = 0; i < n; i++) {
+            bn_svg_pt(&s, st[i], what == 0 && !(mean[i] > 0) ? s.y0 : mean[i]);
+        }
+        bn_printf(b, "\"/>\n");
+        char label[80];
+        if (cfg->tune_k > 0) {
+            bn_fmt(label, sizeof label, "%s (trial %d)", op->name, sum.best);
+        } else {
+            bn_fmt(label, sizeof label, "%s (lr %.3g)", op->name, cfg->lrs[o][sum.best]);
+        }
+        bn_svg_legend(&s, label, op->color, op->dash, true);
+    }
+    if (what == 0 && pr->target >= s.y0 && pr->target <= s.y1) {
+        double y = bn_svg_y(&s, pr->target);
+        bn_printf(b,
+                  "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#000\" "
+                  "stroke-dasharray=\"3 3\"/>\n",
+                  BN_SVG_ML, y, BN_SVG_W - BN_SVG_MR, y);
+        char label[64];
+        bn_fmt(label, sizeof label, "target %g", pr->target);
+        bn_svg_legend(&s, label, "#000", 2, true);
+    }
+    bn_svg_end(&s);
+    free(buf);
+}
+
+/* Final loss against the learning rate: per optimizer the mean over the seeds run at each
+ * rate (or trial), min-max as a bar; diverged ones left out. */
+static void bn_report_lr(bn_buf *b, const bn_cfg *cfg, const bn_cell *cells, int p) {
+    const bench_problem *pr = &bench_problems[p];
+    bn_svg s = {.b = b, .logx = true, .logy = true};
+    bn_range x = {INFINITY, -INFINITY}, y = x;
+    bn_sum sums[BN_N_OPTIMS];
+    for (int o = 0; o < BN_N_OPTIMS; o++) {
+        if (!cfg->optim_on[o]) {
+            continue;
+        }
+        bn_summarize(cfg, cells, p, o, &sums[o]);
+        for (int l = 0; l < cfg->n_lrs[o]; l++) {
+            bn_range_add(&x, cfg->lrs[o][l]);
+            if (sums[o].lr_min[l] > 0 && isfinite(sums[o].lr_max[l])) {
+                bn_range_add(&y, sums[o].lr_min[l]);
+                bn_range_add(&y, sums[o].lr_max[l]);
+            }
+        }
+    }
+    if (!(x.lo <= x.hi)) {
+        x = (bn_range){1e-4, 1};
+    }
+    if (!(y.lo <= y.hi)) {
+        y = (bn_range){1, 10};
+    }
+    s.x0 = pow(10.0, floor(log10(x.lo)));
+    s.x1 = pow(10.0, ceil(log10(x.hi)));
+    s.y0 = pow(10.0, floor(log10(y.lo)));
+    s.y1 = pow(10.0, ceil(log10(y.hi)));
+    char title[400];
+    bn_fmt(title, sizeof title, "%s: final loss (step %" PRId64 ") against the learning rate",
+           pr->title, cfg->steps);
+    bn_svg_begin(&s, title, "learning rate", "final loss");
+    for (int o = 0; o < BN_N_OPTIMS; o++) {
+        if (!cfg->optim_on[o]) {
+            continue;
+        }
+        const bn_optim *op = &bn_optims[o];
+        const bn_sum *sm = &sums[o];
+        bool any = false;
+        for (int l = 0; l < cfg->n_lrs[o]; l++) {
+            if (!(sm->lr_mean[l] > 0) || !isfinite(sm->lr_mean[l])) {
+                continue;
+            }
+            any = true;
+            double px = bn_svg_x(&s, cfg->lrs[o][l]);
+            bn_printf(b,
+                      "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\"/>"
+                      "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n",
+                      px, bn_svg_y(&s, sm->lr_min[l] > 0 ? sm->lr_min[l] : sm->lr_mean[l]), px,
+                      bn_svg_y(&s, sm->lr_max[l]), op->color, px, bn_svg_y(&s, sm->lr_mean[l]),
+                      op->color);
+        }
+        if (any) {
+            bn_svg_legend(&s, op->name, op->color, op->dash, false);
+        }
+    }
+    bn_svg_end(&s);
+}
+
+/* The cost of (p, o) for the performance profile: the mean steps to the target over the
+ * seeds at the best setting when every seed reached it, else infinity. */
+static double bn_cost(const bn_cfg *cfg, const bn_cell *cells, int p, int o) {
+    bn_sum s;
+    bn_summarize(cfg, cells, p, o, &s);
+    if (s.best < 0 || s.n_reached < cfg->n_seeds) {
+        return INFINITY;
+    }
+    return fmax(s.reached_mean, 1.0); /* a target met at step 0 costs a step */
+}
+
+#define BN_PROFILE_TEXT                                                                            \
+    "Dolan and More's performance profile: for each problem an optimizer's cost is its mean "      \
+    "steps to the target at its best learning rate (chosen trial) when every seed reached it, "    \
+    "else infinite; rho(tau) is the fraction of the problems where its cost is within tau "        \
+    "times the best optimizer's. Problems no optimizer solved are left out."
+
+static void bn_report_profile(bn_buf *b, const bn_cfg *cfg, const bn_cell *cells, int *n_used) {
+    double cost[BN_MAX_PROBLEMS][BN_N_OPTIMS], tmax = 1;
+    int used = 0;
+    bool use[BN_MAX_PROBLEMS] = {0};
+    for (int i = 0; i < cfg->n_problems; i++) {
+        double best = INFINITY;
+        for (int o = 0; o < BN_N_OPTIMS; o++) {
+            cost[i][o] = cfg->optim_on[o] ? bn_cost(cfg, cells, cfg->problems[i], o) : INFINITY;
+            best = cost[i][o] < best ? cost[i][o] : best;
+        }
+        use[i] = isfinite(best);
+        used += use[i];
+        for (int o = 0; use[i] && o < BN_N_OPTIMS; o++) {
+            cost[i][o] /= best; /* the ratio */
+            tmax = isfinite(cost[i][o]) && cost[i][o] > tmax ? cost[i][o] : tmax;
+        }
+    }
+    *n_used = used;
+    bn_svg s = {
+        .b = b, .x0 = 1, .x1 = pow(10.0, ceil(log10(tmax * 1.01))), .y0 = 0, .y1 = 1, .logx = true};
+    if (s.x1 <= 1) {
+        s.x1 = 10;
+    }
+    char title[128];
+    bn_fmt(title, sizeof title, "Performance profile over %d problem%s (steps to target)", used,
+           used == 1 ? "" : "s");
+    bn_svg_begin(&s, title, "tau (ratio to the best steps to target)", "fraction of problems");
+    for (int o = 0; o < BN_N_OPTIMS && used > 0; o++) {
+        if (!cfg->optim_on[o]) {
+            continue;
+        }
+        double r[BN_MAX_PROBLEMS];
+        int n = 0;
+        for (int i = 0; i < cfg->n_problems; i++) {
+            if (use[i] && isfinite(cost[i][o])) {
+                r[n++] = cost[i][o];
+            }
+        }
+        qsort(r, (size_t)n, sizeof r[0], bn_cmp_double);
+        const bn_optim *op = &bn_optims[o];
+        bn_printf(b, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"2\"%s points=\"",
+                  op->color, op->dash > 1 ? " stroke-dasharray=\"6 4\"" : "");
+        double frac = 0;
+        bn_svg_pt(&s, 1.0, 0.0);
+        for (int j = 0; j < n; j++) {
+            bn_svg_pt(&s, r[j], frac);
+            frac = (double)(j + 1) / used;
+            bn_svg_pt(&s, r[j], frac);
+        }
+        bn_svg_pt(&s, s.x1, frac);
+        bn_printf(b, "\"/>\n");
+        bn_svg_legend(&s, op->name, op->color, op->dash, true);
+    }
+    bn_svg_end(&s);
+}
+
+/* report.html from the results (md: the summary table, as summary.md holds it). */
+static void bn_report(const bn_cfg *cfg, const bn_cell *cells, const char *digest, bn_buf *b) {
+    bn_printf(b, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n"
+                 "<title>nabla bench report</title>\n<style>\n"
+                 "body{font-family:sans-serif;max-width:1000px;margin:1em auto;color:#222}\n"
+                 "table{border-collapse:collapse;font-size:90%%}td,th{border:1px solid #bbb;"
+                 "padding:3px 6px;text-align:right}th{background:#eee}td.l{text-align:left}\n"
+                 "svg{display:block;margin:0.5em 0;font-size:12px}svg .grid{stroke:#e4e4e4}"
+                 "svg .frame{fill:none;stroke:#555}svg .title{font-size:14px;font-weight:bold}\n"
+                 "</style>\n</head>\n<body>\n<h1>nabla bench report</h1>\n<p>");
+    bn_printf(
+        b, "nabla %s; %d problem%s; %" PRId64 " steps per cell, logged every %" PRId64 "; seeds",
+        nb_version(), cfg->n_problems, cfg->n_problems == 1 ? "" : "s", cfg->steps, cfg->log_every);
+    for (int k = 0; k < cfg->n_seeds; k++) {
+        bn_printf(b, " %" PRIu64, cfg->seeds[k]);
+    }
+    if (cfg->tune_k > 0) {
+        bn_printf(b,
+                  "; tuning: random, %d trials per optimizer (seed %" PRIu64 ") on seed %" PRIu64
+                  ", the chosen one on every seed",
+                  cfg->tune_k, cfg->tune_seed, cfg->seeds[0]);
+    } else {
+        bn_printf(b, "; learning-rate grids");
+    }
+    bn_printf(b, ". results.csv SHA-256 <code>%s</code>.</p>\n", digest);
+    /* the summary table */
+    bn_printf(b,
+              "<h2>Summary</h2>\n<table>\n<tr><th>problem</th><th>optimizer</th><th>%s</th>"
+              "<th>final loss (mean &#177; std)</th><th>diverged seeds</th><th>final test "
+              "accuracy</th><th>best test accuracy</th><th>final test loss</th><th>steps to "
+              "target</th><th>AUC</th></tr>\n",
+              cfg->tune_k > 0 ? "chosen trial (lr)" : "best lr");
+    for (int i = 0; i < cfg->n_problems; i++) {
+        const bench_problem *p = &bench_problems[cfg->problems[i]];
+        for (int o = 0; o < BN_N_OPTIMS; o++) {
+            if (!cfg->optim_on[o]) {
+                continue;
+            }
+            bn_sum s;
+            bn_summarize(cfg, cells, cfg->problems[i], o, &s);
+            bn_printf(b, "<tr><td class=\"l\">");
+            bn_html(b, p->name);
+            bn_printf(b, "</td><td class=\"l\">%s</td>", bn_optims[o].name);
+            if (s.best < 0) {
+                bn_printf(b, "<td>&#8212;</td><td colspan=\"7\" class=\"l\">diverged at every "
+                             "setting</td></tr>\n");
+                continue;
+            }
+            if (cfg->tune_k > 0) {
+                bn_printf(b, "<td>%d (%.3g)</td>", s.best, cfg->lrs[o][s.best]);
+            } else {
+                bn_printf(b, "<td>%.3g</td>", cfg->lrs[o][s.best]);
+            }
+            bn_printf(b, "<td>%.4g &#177; %.2g</td><td>%d of %d</td>", s.mean, s.std, s.n_div,
+                      cfg->n_seeds);
+            if (p->has_accuracy) {
+                bn_printf(b, "<td>%.1f %%</td><td>%.1f %%</td>", 100 * s.acc_mean,
+                          100 * s.best_acc_mean);
+            } else {
+                bn_printf(b, "<td></td><td></td>");
+            }
+            if (p->batch > 0) {
+                bn_printf(b, "<td>%.4g</td>", s.test_mean);
+            } else {
+                bn_printf(b, "<td></td>");
+            }
+            if (s.n_reached > 0) {
+                bn_printf(b, "<td>%.0f (%d of %d)</td>", s.reached_mean, s.n_reached, cfg->n_seeds);
+            } else {
+                bn_printf(b, "<td>not reached</td>");
+            }
+            bn_printf(b, "<td>%.4g</td></tr>\n", s.auc_mean);
+        }
+    }
+    bn_printf(b, "</table>\n<p>A cell diverged when %s. ", BN_DIVERGED_TEXT);
+    if (cfg->tune_k > 0) {
+        bn_printf(b, "The chosen trial is, %s. ", BN_CHOSEN_TEXT);
+    } else {
+        bn_printf(b, "The best learning rate has %s. ", BN_BEST_TEXT);
+    }
+    bn_printf(b, "AUC: the mean training loss over the run. Curves: the mean over the seeds "
+                 "that did not diverge; the band, their min to max.</p>\n");
+    /* the performance profile */
+    bn_printf(b, "<h2>Performance profile</h2>\n");
+    int used = 0;
+    bn_report_profile(b, cfg, cells, &used);
+    bn_printf(b, "<p>%s</p>\n", BN_PROFILE_TEXT);
+    /* per problem */
+    for (int i = 0; i < cfg->n_problems; i++) {
+        const bench_problem *p = &bench_problems[cfg->problems[i]];
+        bn_printf(b, "<h2 id=\"%s\">", p->name);
+        bn_html(b, p->title);
+        bn_printf(b, "</h2>\n");
+        bn_report_curves(b, cfg, cells, cfg->problems[i], 0);
+        if (p->has_accuracy) {
+            bn_report_curves(b, cfg, cells, cfg->problems[i], 1);
+        }
+        bn_report_lr(b, cfg, cells, cfg->problems[i]);
+    }
+    bn_printf(b, "</body>\n</html>\n");
+}
+
 /* ---- the command ------------------------------------------------------------------------- */
 
 static bool bn_is_dir(const char *path) {
@@ -2773,7 +3295,7 @@ int nabla_cmd_bench(int argc, char **argv) {
     }
 
     /* the results, from the cells in order */
-    bn_buf csv = {0}, json = {0}, md = {0};
+    bn_buf csv = {0}, json = {0}, md = {0}, html = {0};
     if (rc == 0) {
         bn_printf(&csv,
                   "problem,optimizer,trial,lr,seed,step,loss,accuracy,valid_loss,test_loss\n");
@@ -2784,14 +3306,24 @@ int nabla_cmd_bench(int argc, char **argv) {
         }
         bn_summary_json(&cfg, cells, &json);
         bn_summary_md(&cfg, cells, &md);
-        if (csv.oom || json.oom || md.oom) {
+        char hex[65] = "";
+        if (!csv.oom) {
+            sha256_ctx h;
+            uint8_t d[32];
+            sha256_init(&h);
+            sha256_update(&h, csv.s, csv.len);
+            sha256_final(&h, d);
+            sha256_hex(d, hex);
+        }
+        bn_report(&cfg, cells, hex, &html);
+        if (csv.oom || json.oom || md.oom || html.oom) {
             fprintf(stderr, "nabla bench: out of memory\n");
             rc = 1;
         }
     }
-    static const char *const names[] = {"results.csv", "summary.json", "summary.md"};
-    const bn_buf *bufs[] = {&csv, &json, &md};
-    for (int i = 0; i < 3 && rc == 0; i++) {
+    static const char *const names[] = {"results.csv", "summary.json", "summary.md", "report.html"};
+    const bn_buf *bufs[] = {&csv, &json, &md, &html};
+    for (int i = 0; i < 4 && rc == 0; i++) {
         if (bn_write_atomic(cfg.out, names[i], bufs[i]->s, bufs[i]->len) != 0) {
             fprintf(stderr, "nabla bench: cannot write %s/%s: %s\n", cfg.out, names[i],
                     strerror(errno));
@@ -2815,7 +3347,7 @@ int nabla_cmd_bench(int argc, char **argv) {
     }
     if (rc == 0) {
         printf("\n%.*s\n", (int)md.len, md.s);
-        printf("results: %s/results.csv, summary.json, summary.md", cfg.out);
+        printf("results: %s/results.csv, summary.json, summary.md, report.html", cfg.out);
         if (cfg.plots && plot_err[0] == '\0') {
             printf(", plots/<problem>.png and <problem>_lr.png");
         }
@@ -2841,6 +3373,7 @@ int nabla_cmd_bench(int argc, char **argv) {
     bn_buf_free(&csv);
     bn_buf_free(&json);
     bn_buf_free(&md);
+    bn_buf_free(&html);
     /* done, or failed with what is kept for --resume */
     return bn_finish(cells, n, todo, cfg.out, lock_fd, dist, dctx, rc);
 }

@@ -73,13 +73,14 @@
  * BENCH_STREAM_BATCH). data = dict(train, valid, test), each split a dict(x[, y]) of rows;
  * the UCI splits are the full-batch classifiers' test rows (20 %) and the rest split 80/20
  * into train and valid by the key's valid stream, standardised with the training rows'
- * statistics. The driver logs the loss on the whole training split (what the target is
+ * statistics. Each data also has train_eval (DeepOBS's): a copy of the first min(n_train,
+ * n_test) training rows. The driver logs the loss on train_eval (what the target is
  * checked on, at the logged steps), on valid and on test, and the test accuracy.
  *   logreg_mb          logreg's model; batch 16 of 364 rows (91 valid, 114 test)
  *   mlp_mb             mlp's model; batch 32 of 1150 rows (288 valid, 359 test)
  *   cnn_mb             Conv2d 1->8 3x3 SAME, relu, MaxPool 2 (stride 2), Linear 128->10 on
  *                      the 8x8 digits; batch 32, mlp_mb's rows
- *   char_gru           Embedding(65, 16), GRUCell(16, 64), Linear(64, 65) on windows of 33
+ *   char_gru           Embedding(65, 16), GRUCell(16, 64), Linear(64, 65) on windows of 17
  *                      characters of Tiny Shakespeare (1270 / 318 / 397); batch 32
  *   noisy_quadratic    DeepOBS's: 0.5 (theta - x)^T H (theta - x) averaged over N(0, I) rows
  *                      x of 100 (1000 / 250 / 1000), H's eigenvalues fixed; batch 128
@@ -87,11 +88,11 @@
  *                      / 16); batch 4
  * Their targets (training loss, the whole split): logreg_mb 0.1 and mlp_mb, cnn_mb 0.1 as
  * logreg's and mlp's; char_gru 2.0 nats (2.89 bits per character; the text's bigram entropy
- * is 3.54 bits), Adam (1e-2) ~130 steps; noisy_quadratic 260 (the start ~518, the minimum
+ * is 3.54 bits), Adam (1e-2) ~160-180 steps; noisy_quadratic 260 (the start ~518, the minimum
  * ~248 = 0.5 tr H less the sample's spread; Adam's noise floor at lr 0.1 ~255), Adam (0.1)
  * ~50 steps; lotka_volterra_mb 3e-3 (sigma^2 = 2.5e-3), Adam (0.1) ~140 steps. Per step:
  * ~0.005 ms (logreg_mb), ~0.04 ms (mlp_mb), ~0.5 ms (cnn_mb), ~0.1 ms (noisy_quadratic),
- * ~0.3 ms (lotka_volterra_mb), ~12 ms (char_gru: nb_scan over 32 characters).
+ * ~0.3 ms (lotka_volterra_mb), ~6.5 ms (char_gru: nb_scan over 16 characters).
  */
 #include "bench_problems.h"
 
@@ -571,22 +572,42 @@ enum { BP_STREAM_VALID = 6 };
 /* data = dict(train, valid, test), each dict(x, y) (dict(x) where ys[i] is NULL), plus in
  * each an entry `name` = c when c is not NULL (a constant the loss reads: bench_stream
  * passes it along with every minibatch); the arrays are borrowed. */
-static nb_status bp_splits(nb_ctx *ctx, nb_array *const xs[3], nb_array *const ys[3],
+static nb_status bp_splits(nb_ctx *ctx, nb_array *const xs_in[3], nb_array *const ys_in[3],
                            const char *name, nb_array *c, nb_tree **data) {
-    nb_tree *t[3] = {0};
-    nb_status st = NB_OK;
-    for (int i = 0; i < 3 && st == NB_OK; i++) {
+    /* train_eval (DeepOBS's): the first min(n_train, n_test) training rows, copied */
+    nb_array *xs[4] = {xs_in[0], xs_in[1], xs_in[2], NULL}, *ys[4] = {ys_in[0], ys_in[1], ys_in[2]};
+    nb_array *view = NULL;
+    int64_t n_eval = nb_array_dim(xs[0], 0) < nb_array_dim(xs[2], 0) ? nb_array_dim(xs[0], 0)
+                                                                     : nb_array_dim(xs[2], 0);
+    nb_status st = nb_array_rows(xs[0], 0, n_eval, &view);
+    if (st == NB_OK) {
+        st = nb_array_copy(view, &xs[3]);
+    }
+    nb_array_destroy(view);
+    view = NULL;
+    if (st == NB_OK && ys[0] != NULL) {
+        st = nb_array_rows(ys[0], 0, n_eval, &view);
+        if (st == NB_OK) {
+            st = nb_array_copy(view, &ys[3]);
+        }
+        nb_array_destroy(view);
+    }
+    nb_tree *t[4] = {0};
+    for (int i = 0; i < 4 && st == NB_OK; i++) {
         const char *keys[3] = {"x", ys[i] != NULL ? "y" : name, name};
         nb_array *a[3] = {xs[i], ys[i] != NULL ? ys[i] : c, c};
         int n = 1 + (ys[i] != NULL) + (c != NULL);
         st = bp_dict(ctx, n, keys, a, &t[i]);
     }
     if (st == NB_OK) {
-        st = nb_tree_dict(ctx, 3, (const char *[]){"train", "valid", "test"}, t, data);
+        st =
+            nb_tree_dict(ctx, 4, (const char *[]){"train", "valid", "test", "train_eval"}, t, data);
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         nb_tree_destroy(t[i]);
     }
+    nb_array_destroy(xs[3]);
+    nb_array_destroy(ys[3]);
     return st;
 }
 
@@ -820,12 +841,12 @@ static nb_var *bp_nq_loss(nb_trace *tr, const nb_tree *params, const nb_tree *sp
 }
 
 /* A character-level GRU language model on Tiny Shakespeare (data/tinyshakespeare.txt.gz):
- * the first 65,505 characters cut into 1,985 windows of 33 (rows i32[33]: 32 inputs, each
+ * the first 33,745 characters cut into 1,985 windows of 17 (rows i32[17]: 16 inputs, each
  * followed by its target), split as the classifiers' (test 20 %, then valid 20 % of the
  * rest, by the split and valid streams); Embedding(V, 16), GRUCell(16, 64), Linear(64, V),
  * V = the file's alphabet (65), Equinox's init from the init stream's three keys. Loss: the
- * mean cross-entropy (nats) of the 32 next characters; accuracy: of their argmax. */
-#define BP_GRU_T 32
+ * mean cross-entropy (nats) of the 16 next characters; accuracy: of their argmax. */
+#define BP_GRU_T 16
 #define BP_GRU_WINDOWS 1985
 #define BP_GRU_EMB 16
 #define BP_GRU_HIDDEN 64
