@@ -916,6 +916,9 @@ typedef struct bn_cell {
     char *text;      /* the cell's results.csv lines */
     size_t text_len;
     double secs;
+    double reached_secs; /* when this run reached the target: seconds from the cell's start
+                          * (setup, compile and logging included); NaN otherwise -- printed,
+                          * in no file */
 } bn_cell;
 
 /* results.csv's line for one row. */
@@ -1059,6 +1062,7 @@ static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, 
     bool stoch = p->batch > 0;
     c->n_rows = 0;
     c->reached = -1;
+    c->reached_secs = NAN;
     c->diverged = false;
     c->f64 = false;
     BN_CHECK(bench_cell_key(ctx, p, c->seed, &key));
@@ -1108,6 +1112,7 @@ static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, 
             /* a stochastic problem's target is on the logged training loss */
             if ((last || stoch) && c->reached < 0 && loss <= p->target) {
                 c->reached = k;
+                c->reached_secs = cli_now_s() - t0;
             }
             if (!isfinite(loss)) {
                 c->diverged = true;
@@ -1135,6 +1140,7 @@ static int bn_run_cell(bn_cell *c, const bn_cfg *cfg, bn_shared *sh, char *err, 
         nb_tree_destroy(res);
         if (!stoch && c->reached < 0 && loss <= p->target) {
             c->reached = k;
+            c->reached_secs = cli_now_s() - t0;
         }
         if (!isfinite(loss)) {
             /* the loss at step k went non-finite: its row (the parameters that produced it
@@ -1420,7 +1426,8 @@ static void *bn_worker(void *arg) {
                 const bn_row *last = &c->rows[c->n_rows - 1];
                 char reached[64] = "target not reached";
                 if (c->reached >= 0) {
-                    snprintf(reached, sizeof reached, "target at step %" PRId64, c->reached);
+                    snprintf(reached, sizeof reached, "target at step %" PRId64 " after %.2f s",
+                             c->reached, c->reached_secs);
                 }
                 cli_progress_line(&r->sh.prog,
                                   "  [%d/%d] %s %s lr %s seed %" PRIu64 ": loss %.4g%s, %s "
@@ -2258,6 +2265,44 @@ static int bn_plot(const bn_cfg *cfg, const bn_cell *cells, int p, const char *d
                    size_t err_cap) {
     int rc = bn_plot_loss(cfg, cells, p, dir, err, err_cap);
     return rc != 0 ? rc : bn_plot_lr(cfg, cells, p, dir, err, err_cap);
+}
+
+/* Wall time to the target, on stdout only (times are in no file): per problem and
+ * optimizer at its best setting, the mean over the seeds whose cells ran in this
+ * invocation and reached it. */
+static void bn_print_wall(const bn_cfg *cfg, const bn_cell *cells) {
+    bool header = false;
+    for (int i = 0; i < cfg->n_problems; i++) {
+        for (int o = 0; o < BN_N_OPTIMS; o++) {
+            bn_sum s;
+            if (!cfg->optim_on[o]) {
+                continue;
+            }
+            bn_summarize(cfg, cells, cfg->problems[i], o, &s);
+            double sum = 0;
+            int n = 0;
+            for (int k = 0; s.best >= 0 && k < cfg->n_seeds; k++) {
+                const bn_cell *c = bn_find(cells, cfg, cfg->problems[i], o, s.best, k);
+                if (!isnan(c->reached_secs)) {
+                    sum += c->reached_secs;
+                    n++;
+                }
+            }
+            if (n == 0) {
+                continue;
+            }
+            if (!header) {
+                printf("wall time to the target (seconds from a cell's start, setup and compile "
+                       "included; the mean over the seeds run now that reached it; in no file):\n");
+                header = true;
+            }
+            printf("  %-17s %-9s %.3f s (%d seed%s)\n", bench_problems[cfg->problems[i]].name,
+                   bn_optims[o].name, sum / n, n, n == 1 ? "" : "s");
+        }
+    }
+    if (header) {
+        printf("\n");
+    }
 }
 
 /* ---- report.html ------------------------------------------------------------------------- */
@@ -3204,6 +3249,7 @@ int nabla_cmd_bench(int argc, char **argv) {
                     c->lr = cfg.lrs[o][l];
                     snprintf(c->lr_s, sizeof c->lr_s, "%.6g", c->lr);
                     c->seed = cfg.seeds[k];
+                    c->reached_secs = NAN;
                     if (tune) {
                         snprintf(c->file, sizeof c->file, "%s.%s.trial%d.seed%" PRIu64 ".csv",
                                  bench_problems[c->p].name, bn_optims[o].name, l, c->seed);
@@ -3347,6 +3393,7 @@ int nabla_cmd_bench(int argc, char **argv) {
     }
     if (rc == 0) {
         printf("\n%.*s\n", (int)md.len, md.s);
+        bn_print_wall(&cfg, cells);
         printf("results: %s/results.csv, summary.json, summary.md, report.html", cfg.out);
         if (cfg.plots && plot_err[0] == '\0') {
             printf(", plots/<problem>.png and <problem>_lr.png");

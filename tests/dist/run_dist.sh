@@ -122,5 +122,16 @@ if [[ -n "$nabla" ]]; then
     [[ "$sha1" == "$sha3" ]] || fail "nabla bench: $sha3 on 3 processes, $sha1 on one"
     diff -r "$work/bench1" "$work/bench3" >/dev/null || fail "nabla bench's files differ on 3 processes"
     echo "nabla bench: 3 processes give one process's files; $sha1"
+    # --tune on stochastic problems: two phases (the trials, then the chosen ones on the
+    # other seeds), each shared out; every process reads the trials back before choosing
+    tsuite=(bench --problems logreg_mb,noisy_quadratic --optimizers sgd,adam --tune random:3
+            --seeds 0,1 --steps "$steps" --no-plots --data "$data" --progress lines)
+    "$nabla" "${tsuite[@]}" --out "$work/tune1" >"$work/tune1.out" 2>&1 || { rc=$?; cat "$work/tune1.out"; fail "nabla bench --tune exited $rc"; }
+    "${mpi[@]}" -np 3 "$nabla" "${tsuite[@]}" --out "$work/tune3" >"$work/tune3.out" 2>&1 || { rc=$?; cat "$work/tune3.out"; fail "mpirun -np 3 nabla bench --tune exited $rc"; }
+    sha1=$(grep '^sha256 of results.csv' "$work/tune1.out") || fail "no --tune digest from one process"
+    sha3=$(grep '^sha256 of results.csv' "$work/tune3.out") || fail "no --tune digest from 3 processes"
+    [[ "$sha1" == "$sha3" ]] || fail "nabla bench --tune: $sha3 on 3 processes, $sha1 on one"
+    diff -r "$work/tune1" "$work/tune3" >/dev/null || fail "nabla bench --tune's files differ on 3 processes"
+    echo "nabla bench --tune (stochastic problems): 3 processes give one process's files; $sha1"
 fi
 echo "run_dist: ok"

@@ -623,9 +623,13 @@ static void test_adam_reaches_targets(void **state) {
 
 static void test_stream(void **state) {
     (void)state;
-    static const char *const names[] = {"logreg_mb", "noisy_quadratic", "char_gru"};
-    for (size_t pi = 0; pi < sizeof names / sizeof names[0]; pi++) {
-        const bench_problem *p = bench_problem_find(names[pi]);
+    int n_stoch = 0;
+    for (int pi = 0; pi < bench_n_problems; pi++) {
+        const bench_problem *p = &bench_problems[pi];
+        if (p->batch == 0) {
+            continue;
+        }
+        n_stoch++;
         nb_ctx *ctx = nbt_ctx();
         nb_tree *params = NULL, *data = NULL;
         setup_seed(ctx, p, 7, &params, &data);
@@ -689,11 +693,18 @@ static void test_stream(void **state) {
         nb_array_destroy(key);
         bench_stream_destroy(&s);
         bench_stream_destroy(&s); /* twice is harmless */
+        /* train_eval: the first min(n_train, n_test) training rows */
+        const nb_array *xe = nb_tree_get_array(nb_tree_get(nb_tree_get(data, "train_eval"), "x"));
+        const nb_array *xt = nb_tree_get_array(nb_tree_get(nb_tree_get(data, "test"), "x"));
+        int64_t ne = nb_array_dim(xe, 0);
+        NBT_EQ_I64(ne, nb_array_dim(xt, 0) < n ? nb_array_dim(xt, 0) : n);
+        NBT_TRUE(memcmp(nb_array_data(xe), nb_array_data(x), (size_t)ne * xrow) == 0);
         nb_tree_destroy(params);
         nb_tree_destroy(data);
         nbt_assert_no_live(ctx);
         nb_ctx_destroy(ctx);
     }
+    NBT_EQ_I64(n_stoch, 6);
     /* misuse: a full-batch problem has no stream */
     nb_ctx *ctx = nbt_ctx();
     const bench_problem *p = bench_problem_find("logreg");
