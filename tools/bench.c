@@ -1530,6 +1530,9 @@ static const bn_cell *bn_find(const bn_cell *cells, const bn_cfg *cfg, int p, in
  * last row -- or the final loss is more than BN_DIVERGED_FACTOR times the loss at step 0. A
  * finite blow-up (1e110 after 60 steps) is no result to average or to scale a plot to. */
 static bool bn_cell_diverged(const bn_cell *c) {
+    if (c->n_rows == 0) { /* not run (--tune: a trial not chosen, on a later seed) */
+        return true;
+    }
     double first = c->rows[0].loss, last = c->rows[c->n_rows - 1].loss;
     return c->diverged || !isfinite(first) || !isfinite(last) ||
            last > BN_DIVERGED_FACTOR * fabs(first);

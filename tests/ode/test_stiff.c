@@ -504,7 +504,9 @@ static void test_stiff_set(void **state) {
              * rodas5p's within 10 rtol -- SciPy's BDF misses 10 rtol there as well (41x and
              * 47x at 1e-6, oracle file). ros3p on orego is outside both: it is A-stable but
              * not L-stable, and its embedded second-order estimate misses orego's fast
-             * transients (9.9e-2 at rtol 1e-6, 5.4e-4 at 1e-8): use rodas5p there.
+             * transients (9.9e-2 at rtol 1e-6, 5.4e-4 at 1e-8): use rodas5p there. An
+             * independent NumPy ROS3P (oracle/check_ros3p_orego.py, no nabla) gives the same
+             * (4.4e-2 in 7145 steps; nabla 5.7e-2 in 7092): the method's, not this code's.
              * kencarp4 on robertson_long is another miss (11.7 rtol, measured). The BDF's
              * global error on hires is 28 rtol (309 steps): the method's, not this code's --
              * CVODES's BDF gives 27 rtol and SciPy's BDF 38 rtol there (bench_stiff,
