@@ -429,8 +429,12 @@ static void bn_usage(FILE *f) {
                "; the final loss, the accuracy and the plots' curves and y ranges are over the "
                "seeds that did not diverge (an optimizer that diverged at every rate is drawn "
                "clipped, at its smallest rate). Steps to target: the first step, of every step, "
-               "whose loss is at or below the problem's target; the mean is over the seeds that "
-               "got there.");
+               "whose loss is at or below the problem's target (a stochastic problem: the first "
+               "logged step whose train_eval loss is); the mean is over the seeds that got "
+               "there. Without --tune a stochastic problem's best rate is judged on that "
+               "training loss too; --tune chooses on the validation loss. \"The first seed\" is "
+               "the smallest of --seeds. Every run also writes report.html: the summary and "
+               "the curves as one self-contained page (inline SVG).");
 }
 
 static int bn_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -1443,9 +1447,11 @@ static void *bn_worker(void *arg) {
 }
 
 /* Run the cells run->todo[0 .. n_todo) (under mpirun cell i of them on process i mod N),
- * with --jobs threads; then every process reads back the cells the others ran. kept: the
- * cells a resumed run kept (for the message). 0, or 1 with the message printed. */
-static int bn_run_todo(bn_run *run, nb_dist *dist, int rank, int n_proc, int kept) {
+ * with --jobs threads; then the processes that need them (every process when another phase
+ * follows: everyone, else rank 0, which writes the results) read back the cells the others
+ * ran, and all agree on the outcome. kept: the cells a resumed run kept (for the message).
+ * 0, or 1 with the message printed -- the same on every process. */
+static int bn_run_todo(bn_run *run, nb_dist *dist, int rank, int n_proc, int kept, bool everyone) {
     const bn_cfg *cfg = run->cfg;
     /* every process has read what a resumed run kept before any writes a new cell: the
      * processes' lists of cells to run are the same, so i mod N shares them out */
@@ -1458,6 +1464,7 @@ static int bn_run_todo(bn_run *run, nb_dist *dist, int rank, int n_proc, int kep
         all = malloc((size_t)(n_all > 0 ? n_all : 1) * sizeof *all);
         if (all == NULL) {
             fprintf(stderr, "nabla bench: out of memory\n");
+            cli_dist_agree(dist, 1); /* the two agreements the others make after their cells */
             cli_dist_agree(dist, 1);
             return 1;
         }
@@ -1505,7 +1512,7 @@ static int bn_run_todo(bn_run *run, nb_dist *dist, int rank, int n_proc, int kep
     if (dist != NULL) {
         /* every process's cells are on disk (or one failed); each reads the others' */
         rc = cli_dist_agree(dist, rc);
-        for (int i = 0; rc == 0 && i < n_all; i++) {
+        for (int i = 0; rc == 0 && (everyone || rank == 0) && i < n_all; i++) {
             bn_cell *c = &run->cells[all[i]];
             if (c->text == NULL && !bn_cell_load(c, cfg, run->cells_dir)) {
                 fprintf(stderr, "nabla bench: cannot read back %s/%s written by another process\n",
@@ -1514,6 +1521,7 @@ static int bn_run_todo(bn_run *run, nb_dist *dist, int rank, int n_proc, int kep
             }
         }
         free(all);
+        rc = cli_dist_agree(dist, rc); /* a failed read-back stops every process */
     }
     return rc;
 }
@@ -2373,7 +2381,7 @@ static void bn_svg_ticks(double lo, double hi, bool logscale, void (*fn)(bn_svg 
                          bn_svg *s, bool xaxis) {
     if (logscale) {
         int e0 = (int)floor(log10(lo)), e1 = (int)ceil(log10(hi));
-        int step = e1 - e0 > 12 ? 2 : 1;
+        int step = (e1 - e0 + 7) / 8 > 1 ? (e1 - e0 + 7) / 8 : 1;
         for (int e = e0; e <= e1; e += step) {
             static const double m[3] = {1, 2, 5};
             for (int i = 0; i < (e1 - e0 < 2 ? 3 : 1); i++) {
@@ -2410,13 +2418,24 @@ static void bn_svg_tick(bn_svg *s, double v, bool xaxis) {
     }
 }
 
+/* An axis range that can be drawn: finite, positive on a log axis (within 1e-300 ..
+ * 1e300), not empty. */
+static void bn_svg_range(double *lo, double *hi, bool logscale) {
+    if (logscale) {
+        *lo = isfinite(*lo) && *lo > 1e-300 ? fmin(*lo, 1e299) : 1e-300;
+        *hi = isfinite(*hi) && *hi < 1e300 ? *hi : 1e300;
+        if (!(*hi > *lo)) {
+            *hi = *lo * 10;
+        }
+        return;
+    }
+    *lo = isfinite(*lo) ? *lo : 0;
+    *hi = isfinite(*hi) && *hi > *lo ? *hi : *lo + 1;
+}
+
 static void bn_svg_begin(bn_svg *s, const char *title, const char *xlabel, const char *ylabel) {
-    if (!(s->x1 > s->x0)) {
-        s->x1 = s->x0 + 1;
-    }
-    if (!(s->y1 > s->y0)) {
-        s->y1 = s->logy ? s->y0 * 10 : s->y0 + 1;
-    }
+    bn_svg_range(&s->x0, &s->x1, s->logx);
+    bn_svg_range(&s->y0, &s->y1, s->logy);
     bn_printf(s->b,
               "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" "
               "viewBox=\"0 0 %d %d\" role=\"img\"><title>",
@@ -2933,8 +2952,9 @@ static void bn_clear_run(const char *out) {
         }
         closedir(d);
     }
-    static const char *const files[] = {"results.csv", "summary.json", "summary.md", "run.cfg"};
-    for (size_t i = 0; i < 4; i++) {
+    static const char *const files[] = {"results.csv", "summary.json", "summary.md", "report.html",
+                                        "run.cfg"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", out, files[i]);
         unlink(path);
     }
@@ -3252,6 +3272,7 @@ int nabla_cmd_bench(int argc, char **argv) {
                     c->lr = cfg.lrs[o][l];
                     snprintf(c->lr_s, sizeof c->lr_s, "%.6g", c->lr);
                     c->seed = cfg.seeds[k];
+                    c->reached = -1; /* until it runs or is read back */
                     c->reached_secs = NAN;
                     if (tune) {
                         snprintf(c->file, sizeof c->file, "%s.%s.trial%d.seed%" PRIu64 ".csv",
@@ -3312,7 +3333,7 @@ int nabla_cmd_bench(int argc, char **argv) {
     fflush(stdout);
     pthread_mutex_init(&run.sh.mu, NULL);
     double t0 = cli_now_s();
-    rc = bn_run_todo(&run, dist, rank, n_proc, kept);
+    rc = bn_run_todo(&run, dist, rank, n_proc, kept, tune);
     if (rc == 0 && tune) {
         /* the second phase: each (problem, optimizer)'s chosen trial on the other seeds */
         run.n_todo = 0;
@@ -3334,7 +3355,7 @@ int nabla_cmd_bench(int argc, char **argv) {
         printf("  the chosen trials on the other seeds: %d cell%s to run%s\n", run.n_todo,
                run.n_todo == 1 ? "" : "s", kept > 0 ? " (more were finished before)" : "");
         fflush(stdout);
-        rc = bn_run_todo(&run, dist, rank, n_proc, kept);
+        rc = bn_run_todo(&run, dist, rank, n_proc, kept, false);
     }
     pthread_mutex_destroy(&run.sh.mu);
     printf("  %d cell%s run in %.1f s%s\n", run.cells_run, run.cells_run == 1 ? "" : "s",

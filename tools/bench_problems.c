@@ -86,13 +86,14 @@
  *                      x of 100 (1000 / 250 / 1000), H's eigenvalues fixed; batch 128
  *   lotka_volterra_mb  the LV fit against observation sets each with its own noise (64 / 16
  *                      / 16); batch 4
- * Their targets (training loss, the whole split): logreg_mb 0.1 and mlp_mb, cnn_mb 0.1 as
- * logreg's and mlp's; char_gru 2.0 nats (2.89 bits per character; the text's bigram entropy
- * is 3.54 bits), Adam (1e-2) ~160-180 steps; noisy_quadratic 260 (the start ~518, the minimum
- * ~248 = 0.5 tr H less the sample's spread; Adam's noise floor at lr 0.1 ~255), Adam (0.1)
- * ~50 steps; lotka_volterra_mb 3e-3 (sigma^2 = 2.5e-3), Adam (0.1) ~140 steps. Per step:
- * ~0.005 ms (logreg_mb), ~0.04 ms (mlp_mb), ~0.5 ms (cnn_mb), ~0.1 ms (noisy_quadratic),
- * ~0.3 ms (lotka_volterra_mb), ~6.5 ms (char_gru: nb_scan over 16 characters).
+ * Their targets (the training loss on train_eval; test_bench_problems checks them on the whole
+ * training split): logreg_mb 0.1 and mlp_mb, cnn_mb 0.1 as logreg's and mlp's; char_gru 2.0 nats
+ * (2.89 bits per character; the text's bigram entropy is 3.54 bits), Adam (1e-2) ~160-180 steps;
+ * noisy_quadratic 260 (the start ~518, the minimum ~248 = 0.5 tr H less the sample's spread; Adam's
+ * noise floor at lr 0.1 ~255), Adam (0.1) ~50 steps; lotka_volterra_mb 3e-3 (sigma^2 = 2.5e-3),
+ * Adam (0.1) ~140 steps. Per step: ~0.005 ms (logreg_mb), ~0.04 ms (mlp_mb), ~0.5 ms (cnn_mb), ~0.1
+ * ms (noisy_quadratic), ~0.3 ms (lotka_volterra_mb), ~6.5 ms (char_gru: nb_scan over 16
+ * characters).
  */
 #include "bench_problems.h"
 

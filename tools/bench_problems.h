@@ -7,9 +7,11 @@
  *     step(params, state, data) = value_and_grad(loss)(params, data), optimizer update,
  *                                  apply_updates                          (jitted, donated)
  *     eval(params, data)        = (loss(params, data), accuracy(params, data))
- * and runs `steps` full-batch steps. Everything a problem needs at run time is in the data
- * tree (arrays) or in the problem itself (static settings); problems hold no mutable
- * state, so cells may run on several threads at once, each in its own context.
+ * and runs `steps` steps: full-batch, or (batch > 0) each on the next minibatch of
+ * bench_stream, eval then taking one split at a time (train_eval, valid, test). Everything a
+ * problem needs at run time is in the data tree (arrays) or in the problem itself (static
+ * settings); problems hold no mutable state, so cells may run on several threads at once, each in
+ * its own context.
  */
 #ifndef NABLA_TOOLS_BENCH_PROBLEMS_H
 #define NABLA_TOOLS_BENCH_PROBLEMS_H
@@ -26,7 +28,8 @@ typedef struct bench_problem {
     const char *data_file; /* the file under data_dir that setup reads, or NULL */
     /* 0: a full-batch problem. > 0: a stochastic one, whose every step's loss is on `batch`
      * rows of its training split drawn by bench_stream (below); setup's data is then
-     * dict(train, valid, test), each split a dict(x[, y]) of rows, and loss and accuracy
+     * dict(train, valid, test, train_eval), each split a dict(x[, y]) of rows (train_eval:
+     * a copy of the first min(n_train, n_test) training rows), and loss and accuracy
      * take one split (or a minibatch, the same dict with `batch` rows) as their data. */
     int64_t batch;
     /* The cell's starting parameters and its data (both new trees in ctx; data may be an

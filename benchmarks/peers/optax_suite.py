@@ -32,12 +32,12 @@ statistics):
                      conv_general_dilated, NCHW / OIHW), relu, max pool 2x2 stride 2 (lax.
                      reduce_window) -> [B, 8, 4, 4], flatten (128), Linear 128 -> 10; mean
                      softmax cross-entropy; batch 32 of 1150; Equinox's init
-  char_gru           data/tinyshakespeare.txt.gz: the first 1985 * 33 characters as 1985
-                     windows i32[33] (codes: the index in the file's sorted byte alphabet,
+  char_gru           data/tinyshakespeare.txt.gz: the first 1985 * 17 characters as 1985
+                     windows i32[17] (codes: the index in the file's sorted byte alphabet,
                      65), 1270 training windows; Embedding(65, 16) -> Equinox's GRUCell(16,
                      64) (weight_ih [3H, in], weight_hh [3H, H], bias [3H], bias_n [H]) over
-                     the 32 inputs with lax.scan from h0 = 0 -> Linear(64, 65) on every step's
-                     h; mean cross-entropy of the 32 next characters; batch 32
+                     the 16 inputs with lax.scan from h0 = 0 -> Linear(64, 65) on every step's
+                     h; mean cross-entropy of the 16 next characters; batch 32
   noisy_quadratic    f32 theta[100] = 1 + N(0, 0.1^2); rows x ~ N(0, I_100) f32 (1000
                      training); mean over the rows of 0.5 (theta - x)^T H (theta - x), H =
                      Q^T diag(lambda) Q f32 (quadratic's Q; lambda k / 90, k = 1 .. 90, and
@@ -397,7 +397,7 @@ def cnn_loss(params, batch):
     return cross_entropy(h @ params["out"]["weight"].T + params["out"]["bias"], batch["y"])
 
 
-GRU_T, GRU_WINDOWS, GRU_EMB, GRU_HIDDEN = 32, 1985, 16, 64
+GRU_T, GRU_WINDOWS, GRU_EMB, GRU_HIDDEN = 16, 1985, 16, 64
 
 
 def gru_setup(rng):

@@ -225,7 +225,7 @@ same_files "$work/s1" "$work/s3" "stochastic, killed + resumed"
 [[ $(grep -c '^' "$work/s1/results.csv") -gt 24 ]] || fail "the stochastic run has too few rows"
 # a classifier's row: training loss, test accuracy, validation and test losses; the
 # quadratic's: no accuracy
-num='[0-9.e+-]*'
+num='[0-9.e+-]\+'
 grep -q "^mlp_mb,adam,,0.01,1,120,$num,0\.[0-9]*,$num,$num\$" "$work/s1/results.csv" ||
     fail "no final mlp_mb row with its validation and test losses"
 grep -q "^noisy_quadratic,sgd,,0.01,0,120,$num,,$num,$num\$" "$work/s1/results.csv" ||
@@ -276,7 +276,8 @@ same_files "$work/t1" "$work/tk18" "tuning, killed in the re-runs + resumed"
 for po in mlp_mb,adam mlp_mb,sgd logreg,adam logreg,sgd; do
     col=9
     [[ $po == logreg,* ]] && col=7
-    want=$(awk -F, -v po="$po" -v c=$col '$1 "," $2 == po && $5 == 0 && $6 == 60 {
+    # (a trial whose loss went inf or nan has no such final row: its cell stopped there)
+    want=$(awk -F, -v po="$po" -v c=$col '$1 "," $2 == po && $5 == 0 && $6 == 60 && $c ~ /^[0-9.e+-]+$/ {
         if (best == "" || $c + 0 < bv) { best = $3; bv = $c + 0 } } END { print best }' \
         "$work/t1/results.csv")
     reruns=$(awk -F, -v po="$po" '$1 "," $2 == po && $5 != 0 && $6 == 60 { print $3 }' \
