@@ -556,8 +556,12 @@ static void test_adam_reaches_targets(void **state) {
         double start = loss_at(ctx, p, params, train_of(p, data)), loss = NAN, t_first = 0,
                t0 = now_s(), t_eval = 0;
         int64_t reached = -1, k = 0;
-        /* a stochastic problem trains for all its steps: its accuracy is judged there */
-        for (; k < c->max_steps && (reached < 0 || stoch); k++) {
+        /* a stochastic problem trains for all its steps: its accuracy is judged there
+         * (NABLA_BENCH_QUICK=1, the sanitizer builds: 20 steps, nothing judged) */
+        const char *quick_env = getenv("NABLA_BENCH_QUICK");
+        bool quick = stoch && quick_env != NULL && strcmp(quick_env, "1") == 0;
+        int64_t max_steps = quick ? 20 : c->max_steps;
+        for (; k < max_steps && (reached < 0 || stoch); k++) {
             nb_tree *args = NULL, *res = NULL;
             if (stoch) {
                 NBT_OK(ctx, bench_stream_next(&stream));
@@ -599,12 +603,18 @@ static void test_adam_reaches_targets(void **state) {
                       "final loss %.6g; %.3f ms/step (first call, with the compile: %.3f s)\n",
                       p->name, lr, start, p->target, (long long)reached, final_loss, 1e3 * per_step,
                       t_first);
-        if (p->has_accuracy) {
-            print_message("%-15s test accuracy %.4f\n", p->name, acc);
-            NBT_TRUE(acc >= c->min_accuracy && acc <= 1.0);
+        if (quick) {
+            print_message("%-15s (NABLA_BENCH_QUICK: %lld steps, the target not judged)\n", p->name,
+                          (long long)k);
+            NBT_TRUE(isfinite(final_loss) && final_loss < start);
+        } else {
+            if (p->has_accuracy) {
+                print_message("%-15s test accuracy %.4f\n", p->name, acc);
+                NBT_TRUE(acc >= c->min_accuracy && acc <= 1.0);
+            }
+            NBT_TRUE(reached >= 0);
+            NBT_TRUE(final_loss <= p->target);
         }
-        NBT_TRUE(reached >= 0);
-        NBT_TRUE(final_loss <= p->target);
         nb_fn_stats stats;
         NBT_OK(ctx, nb_fn_stats_get(step_jit, &stats));
         NBT_EQ_I64(stats.n_traces, 1);
