@@ -236,15 +236,20 @@ typedef struct conv_shape {
 } conv_shape;
 
 int main(int argc, char **argv) {
-    int samples = 11;
+    int samples = 11, only = -1, only_n = 0;
     bool with_peers = true;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--no-peers") == 0) {
             with_peers = false;
+        } else if (strcmp(argv[i], "--only") == 0 && i + 2 < argc) {
+            /* for a profiler: row I (0 cnn, 1 gru, 2.. the convolutions) run N times alone */
+            only = atoi(argv[++i]);
+            only_n = atoi(argv[++i]);
+            with_peers = false;
         } else if (strcmp(argv[i], "--samples") == 0 && i + 1 < argc) {
             samples = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: bench_layers [--samples S] [--no-peers]\n");
+            fprintf(stderr, "usage: bench_layers [--samples S] [--no-peers] [--only ROW N]\n");
             return 2;
         }
     }
@@ -359,6 +364,29 @@ int main(int argc, char **argv) {
         nb_tree_destroy(layer);
         nb_tree_destroy(x);
         nb_tree_destroy(r);
+    }
+    if (only >= 0 && only < 8 && getenv("BENCH_DUMP_IR") != NULL && run[only].run == run_step) {
+        nb_tree *a = NULL;
+        runner *u = &run[only];
+        BENCH_CHECK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){u->params, u->state, u->batch}, &a));
+        size_t need = 0;
+        (void)nb_fn_format_ir(u->f, a, NB_IR_OPTIMIZED, NULL, 0, &need); /* NB_ERR_TRUNCATED */
+        char *s = malloc(need + 1);
+        BENCH_CHECK(ctx, nb_fn_format_ir(u->f, a, NB_IR_OPTIMIZED, s, need + 1, NULL));
+        fputs(s, stdout);
+        free(s);
+        nb_tree_destroy(a);
+    }
+    if (only >= 0 && only < 8) {
+        run[only].run(&run[only]);
+        double t0 = bench_now_s();
+        for (int i = 0; i < only_n; i++) {
+            run[only].run(&run[only]);
+        }
+        printf("row %d: %.3f ms per call\n", only,
+               (bench_now_s() - t0) * 1e3 / (only_n ? only_n : 1));
+        nb_ctx_destroy(ctx);
+        return 0;
     }
     bench_item items[14];
     for (int i = 0; i < 8; i++) {

@@ -69,6 +69,18 @@ static void suite_step(suite_cell *c) {
         data = c->stream.batch;
     }
     BENCH_CHECK(c->ctx, nb_tree_tuple(c->ctx, 3, (nb_tree *[]){c->params, c->state, data}, &args));
+    static bool dumped = false;
+    if (!dumped && getenv("BENCH_DUMP_IR") != NULL) { /* for a profiler: the step's IR */
+        size_t need = 0;
+        dumped = true;
+        (void)nb_fn_format_ir(c->step_jit, args, NB_IR_OPTIMIZED, NULL, 0, &need);
+        char *s = malloc(need + 1);
+        if (s != NULL &&
+            nb_fn_format_ir(c->step_jit, args, NB_IR_OPTIMIZED, s, need + 1, NULL) == NB_OK) {
+            fputs(s, stderr);
+        }
+        free(s);
+    }
     nb_status st = nb_fn_call_ex(c->step_jit, args, &c->call, &res);
     nb_tree_destroy(args);
     BENCH_CHECK(c->ctx, st);

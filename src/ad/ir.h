@@ -468,6 +468,13 @@ NBI_HIDDEN nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *
 /* Matmul operands that are transposes of their last two axes are read through swapped
  * strides instead (the transpose then usually dies in DCE). */
 NBI_HIDDEN nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+/* A loop run twice -- once for its value, once again by reverse mode with a tape -- runs
+ * once: a while node W2 with at.c[0] != 0 is a twin of the earlier while w whose at.a[6]
+ * equals it (the same loop record), and W2's carry leaves from at.c[1] on, ncar of w's,
+ * start from w's initial carry and end as w's outputs. w's outputs are then read from W2,
+ * which moves to w's place (its other operands must come before w, or be constants), and w
+ * goes (passes.c). */
+NBI_HIDDEN nb_status nbi_pass_loop_share(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 /* Pads of small elementwise trees pushed onto the trees' leaves, under a mask (passes.c). */
 NBI_HIDDEN nb_status nbi_pass_pad_push(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 /* Small elementwise trees with several fusible consumers copied into each (passes.c). */

@@ -429,8 +429,8 @@ nb_var *nb_select(nb_var *cond, nb_var *a, nb_var *b) {
                 for (int64_t i = 0; i < m; i++)                                                    \
                     t[i] = -ABS(xs[i]);                                                            \
                 vm->VM[NBI_VM_EXP](u, t, m);                                                       \
-                for (int64_t i = 0; i < m; i++)                                                    \
-                    os[i] = xs[i] >= 0 ? (T)1 / ((T)1 + u[i]) : u[i] / ((T)1 + u[i]);              \
+                for (int64_t i = 0; i < m; i++) /* a select, then one division: vectorised */      \
+                    os[i] = (xs[i] >= 0 ? (T)1 : u[i]) / ((T)1 + u[i]);                            \
                 break;                                                                             \
             case NBI_OP_SOFTPLUS: /* max(x,0) + log1p(exp(-|x|)) */                                \
                 for (int64_t i = 0; i < m; i++)                                                    \
@@ -448,7 +448,7 @@ nb_var *nb_select(nb_var *cond, nb_var *a, nb_var *b) {
                 vm->VM[NBI_VM_EXP](u, t, m);                                                       \
                 for (int64_t i = 0; i < m; i++) {                                                  \
                     T z = xs[i] + (T)0.044715 * xs[i] * xs[i] * xs[i];                             \
-                    os[i] = xs[i] * (z >= 0 ? (T)1 / ((T)1 + u[i]) : u[i] / ((T)1 + u[i]));        \
+                    os[i] = xs[i] * ((z >= 0 ? (T)1 : u[i]) / ((T)1 + u[i]));                      \
                 }                                                                                  \
                 break;                                                                             \
             default:                                                                               \

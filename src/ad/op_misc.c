@@ -155,9 +155,13 @@ static void nbi_k_full(const nbi_kargs *k) {
         return;
     }
     nbi_store_value(n->dtype, k->out, 0, n->at.value);
-    size_t es = nb_dtype_size(n->dtype);
-    for (int64_t i = 1; i < n->size; i++) {
-        memcpy((unsigned char *)k->out + (size_t)i * es, k->out, es);
+    /* the filled prefix doubles: log2(size) copies, not one call per element */
+    size_t total = (size_t)n->size * nb_dtype_size(n->dtype), done = nb_dtype_size(n->dtype);
+    unsigned char *o = k->out;
+    while (done < total) {
+        size_t c = done < total - done ? done : total - done;
+        memcpy(o + done, o, c);
+        done += c;
     }
 }
 

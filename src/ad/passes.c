@@ -1416,17 +1416,145 @@ nb_status nbi_pass_fuse(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
  * -- a 10^5-leaf Adam step held about 11 GB. */
 typedef nb_status (*nbi_pass_fn)(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 
+/* ---- loop sharing ------------------------------------------------------------------- */
+
+/* The earlier while that w2 (a twin: at.c[0] != 0) may stand for, or NULL: the loop of the
+ * same record, whose carry starts where w2's carry leaves from at.c[1] on start, with the
+ * same bound; w2's other operands come before it or are constants; it is read only through
+ * call_output nodes. */
+static const nb_var *nbi_loop_twin(const nbi_graph *in, const nb_var *w2, const int32_t *twin_of) {
+    const nb_var *w = NULL;
+    for (int32_t j = w2->id - 1; j >= 0 && w == NULL; j--) {
+        const nb_var *u = in->nodes[j];
+        if (u->op == NBI_OP_WHILE && u->at.a[6] == w2->at.c[0] && twin_of[j] < 0) {
+            w = u;
+        }
+    }
+    if (w == NULL || w->at.a[3] != w2->at.a[3] || w2->at.c[1] < 0 ||
+        w2->at.c[1] + w->at.a[2] > w2->at.a[2]) {
+        return NULL;
+    }
+    const int64_t ncar = w->at.a[2], c1 = w2->at.c[1];
+    nb_var *const *c_w = w->in + w->at.a[0] + w->at.a[1];
+    nb_var *const *c_w2 = w2->in + w2->at.a[0] + w2->at.a[1];
+    for (int64_t j = 0; j < ncar; j++) {
+        if (c_w[j] != c_w2[c1 + j]) {
+            return NULL;
+        }
+    }
+    for (int32_t j = 0; j < w2->n_in; j++) {
+        const nb_var *x = w2->in[j];
+        bool constant =
+            x->n_in == 0 && (x->op == NBI_OP_FULL || x->op == NBI_OP_CONST || x->op == NBI_OP_IOTA);
+        if (x->id >= w->id && !constant) {
+            return NULL;
+        }
+    }
+    for (int32_t i = w->id + 1; i < in->n_nodes; i++) {
+        const nb_var *u = in->nodes[i];
+        for (int32_t j = 0; j < u->n_in; j++) {
+            if (u->in[j] == w && u->op != NBI_OP_CALL_OUTPUT) {
+                return NULL;
+            }
+        }
+    }
+    for (int32_t i = 0; i < in->n_outputs; i++) {
+        if (in->outputs[i] == w) {
+            return NULL;
+        }
+    }
+    return w;
+}
+
+nb_status nbi_pass_loop_share(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
+    nb_var **map = NULL;
+    nb_status st = nbi_pass_begin(ctx, in, out, &map, "loop_share");
+    if (st != NB_OK) {
+        return st;
+    }
+    int32_t n = in->n_nodes;
+    int32_t *twin_of = nbi_arena_alloc(in->arena, (size_t)(n + 1) * sizeof(int32_t));
+    bool *early = nbi_arena_alloc(in->arena, (size_t)(n + 1));
+    if (twin_of == NULL || early == NULL) {
+        return nbi_err(ctx, NB_ERR_OOM, "loop_share: out of memory");
+    }
+    for (int32_t i = 0; i < n; i++) {
+        twin_of[i] = -1;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = in->nodes[i];
+        if (v->op == NBI_OP_WHILE && v->at.c[0] != 0) {
+            const nb_var *w = nbi_loop_twin(in, v, twin_of);
+            if (w != NULL) {
+                twin_of[w->id] = i;
+            }
+        }
+    }
+    int32_t k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = in->nodes[i];
+        if (early[i]) {
+            continue; /* made at its twin's place */
+        }
+        if (twin_of[i] >= 0) { /* the twin here, its constants first; v goes */
+            const nb_var *w2 = in->nodes[twin_of[i]];
+            for (int32_t j = 0; j < w2->n_in; j++) {
+                const nb_var *x = w2->in[j];
+                if (x->id > i && !early[x->id]) {
+                    map[x->id] = nbi_copy_node(out, x, map);
+                    early[x->id] = true;
+                    if (map[x->id] == NULL) {
+                        return nbi_err(ctx, NB_ERR_OOM, "loop_share: out of memory");
+                    }
+                }
+            }
+            map[w2->id] = nbi_copy_node(out, w2, map);
+            early[w2->id] = true;
+            if (map[w2->id] == NULL) {
+                return nbi_err(ctx, NB_ERR_OOM, "loop_share: out of memory");
+            }
+            map[i] = NULL;
+            continue;
+        }
+        if (v->op == NBI_OP_CALL_OUTPUT && twin_of[v->in[0]->id] >= 0) {
+            /* leaf j of v's loop is leaf c1 + j of the twin's: its index and byte offset
+             * there (leaves at 64-byte offsets, as the while kernel packs them) */
+            const nb_var *w2 = in->nodes[twin_of[v->in[0]->id]];
+            int64_t idx = w2->at.c[1] + v->at.ivalue, off = 0;
+            for (int64_t l = 0; l < idx; l++) {
+                const nb_var *o = nbi_exec_output(w2->at.callee, (int32_t)l);
+                off += ((int64_t)o->size * (int64_t)nbi_dsize(o->dtype) + 63) / 64 * 64;
+            }
+            nb_var proto = *v, *src = map[w2->id];
+            proto.in = &src;
+            proto.at.ivalue = idx;
+            proto.at.a[0] = off;
+            map[i] = nbi_graph_add(out, &proto);
+        } else {
+            map[i] = nbi_copy_node(out, v, map);
+        }
+        if (map[i] == NULL) {
+            return nbi_err(ctx, NB_ERR_OOM, "loop_share: out of memory");
+        }
+        if (map[i]->op == NBI_OP_PARAM) {
+            out->inputs[k++] = map[i];
+        }
+    }
+    return nbi_pass_end(ctx, in, out, map, "loop_share");
+}
+
 nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, unsigned debug, nbi_arena *arena,
                        nbi_graph *out) {
-    const nbi_pass_fn all[] = {nbi_pass_fold,       nbi_pass_transpose_matmul,
-                               nbi_pass_cse,        nbi_pass_dce,
-                               nbi_pass_accumulate, nbi_pass_pad_push,
-                               nbi_pass_dce,        nbi_pass_remat,
-                               nbi_pass_fuse,       nbi_pass_dce};
-    const nbi_pass_fn no_fuse[] = {nbi_pass_fold,     nbi_pass_transpose_matmul,
-                                   nbi_pass_cse,      nbi_pass_dce,
-                                   nbi_pass_pad_push, nbi_pass_dce,
-                                   nbi_pass_remat,    nbi_pass_dce};
+    const nbi_pass_fn all[] = {nbi_pass_fold,     nbi_pass_transpose_matmul,
+                               nbi_pass_cse,      nbi_pass_loop_share,
+                               nbi_pass_dce,      nbi_pass_accumulate,
+                               nbi_pass_pad_push, nbi_pass_dce,
+                               nbi_pass_remat,    nbi_pass_fuse,
+                               nbi_pass_dce};
+    const nbi_pass_fn no_fuse[] = {
+        nbi_pass_fold, nbi_pass_transpose_matmul, nbi_pass_cse, nbi_pass_loop_share,
+        nbi_pass_dce,  nbi_pass_pad_push,         nbi_pass_dce, nbi_pass_remat,
+        nbi_pass_dce};
     /* debug: every op on its own, to be checked (nbi_exec_compile) */
     const nbi_pass_fn *passes = debug != 0 ? no_fuse : all;
     int n =

@@ -132,6 +132,57 @@ static nb_status nbi_exec_debug_strings(nbi_exec *e) {
     return NB_OK;
 }
 
+static bool nbi_reads(const nb_var *y, int32_t id) {
+    for (int32_t j = 0; j < y->n_in; j++) {
+        if (y->in[j]->id == id) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* The order the nodes run in: their own (topological), except that a dynamic_update_slice
+ * whose data operand is an input moves to just after the last other reader of that input
+ * when no node in between depends on it. dep: n flags, all false, left false. */
+static void nbi_exec_order(const nbi_exec *e, int32_t n, int32_t *order, bool *dep) {
+    for (int32_t i = 0; i < n; i++) {
+        order[i] = i;
+    }
+    for (int32_t pos = 0; pos < n; pos++) {
+        const nb_var *v = &e->nodes[order[pos]];
+        if (v->op != NBI_OP_DYN_UPDATE || v->in[0]->op != NBI_OP_PARAM) {
+            continue;
+        }
+        int32_t pid = v->in[0]->id, last = -1;
+        for (int32_t q = pos + 1; q < n; q++) {
+            if (nbi_reads(&e->nodes[order[q]], pid)) {
+                last = q;
+            }
+        }
+        if (last < 0) {
+            continue;
+        }
+        bool free_to_move = true;
+        dep[order[pos]] = true;
+        for (int32_t q = pos + 1; q <= last; q++) {
+            const nb_var *y = &e->nodes[order[q]];
+            for (int32_t j = 0; j < y->n_in && !dep[order[q]]; j++) {
+                dep[order[q]] = dep[y->in[j]->id];
+            }
+            free_to_move = free_to_move && !dep[order[q]];
+        }
+        for (int32_t q = pos; q <= last; q++) {
+            dep[order[q]] = false;
+        }
+        if (free_to_move) { /* after the move, no reader of pid follows it: it stays put */
+            int32_t x = order[pos];
+            memmove(order + pos, order + pos + 1, (size_t)(last - pos) * sizeof(int32_t));
+            order[last] = x;
+            pos--; /* the node now at pos is looked at in its turn */
+        }
+    }
+}
+
 nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_exec **out) {
     static const char fn[] = "compile";
     *out = NULL;
@@ -163,6 +214,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
                    nbi_round64((size_t)(g->n_inputs + 1) * sizeof(int64_t)) /* param_bytes */ +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* last use */ +
                    nbi_round64((size_t)n * sizeof(bool)) /* resident */ +
+                   nbi_round64((size_t)n * sizeof(int32_t)) /* order */ +
+                   nbi_round64((size_t)n * sizeof(bool)) /* after */ +
                    nbi_round64((size_t)(n + 1) * sizeof(nbi_block)) +
                    nbi_round64((size_t)n_fused * sizeof(nbi_fprog)) +
                    nbi_round64((size_t)n_fused * NBI_FUSE_MAX_STORE * sizeof(int32_t));
@@ -193,6 +246,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     e->param_bytes = nbi_carve(&p, (size_t)(g->n_inputs + 1) * sizeof(int64_t));
     int32_t *last_use = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     bool *resident = nbi_carve(&p, (size_t)n * sizeof(bool));
+    int32_t *order = nbi_carve(&p, (size_t)n * sizeof(int32_t));
+    bool *after = nbi_carve(&p, (size_t)n * sizeof(bool));
     nbi_block *free_blocks = nbi_carve(&p, (size_t)(n + 1) * sizeof(nbi_block));
     nbi_fprog *progs = nbi_carve(&p, (size_t)n_fused * sizeof(nbi_fprog));
     int32_t *stores = nbi_carve(&p, (size_t)n_fused * NBI_FUSE_MAX_STORE * sizeof(int32_t));
@@ -269,14 +324,20 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     for (int32_t i = 0; i < g->n_outputs; i++) {
         resident[e->outputs[i]] = false;
     }
-    /* Instructions: every node with a kernel, in order. */
+    /* Instructions: every node with a kernel, in order -- but a dynamic_update_slice into an
+     * input waits for that input's other readers where none of them needs its result: then
+     * it can write into a donated input in place (a loop's reverse step reads a row of its
+     * cotangent buffer and then clears it; in graph order the clearing came first, and the
+     * whole buffer was copied every step). */
+    nbi_exec_order(e, n, order, after);
     for (int32_t i = 0; i < n; i++) {
         last_use[i] = -1;
     }
     int32_t n_instr = 0;
     int64_t k_ins = 0;
     e->max_in = 1;
-    for (int32_t i = 0; i < n; i++) {
+    for (int32_t oi = 0; oi < n; oi++) {
+        const int32_t i = order[oi];
         const nb_var *v = &e->nodes[i];
         if (v->op == NBI_OP_PARAM || v->op == NBI_OP_FUSED_OUTPUT || resident[i]) {
             continue; /* fused outputs: made by their fused node's instruction */
@@ -549,9 +610,12 @@ static bool nbi_inplace_ok(const nb_var *o, const nb_var *x) {
     /* a fused kernel reading a view (slice, pad) reads x elsewhere than it writes */
     const nb_var *mk = o->op == NBI_OP_FUSED_OUTPUT ? o->in[0] : o;
     const nbi_fprog *fp = mk->op == NBI_OP_FUSED ? mk->at.callee : NULL;
+    /* a copy (identity, stop_gradient; an output that is an input) into its own input's
+     * buffer is nothing to do: its kernel skips it (a loop's unchanged carry) */
+    bool copy = o->op == NBI_OP_IDENTITY || o->op == NBI_OP_STOP_GRADIENT;
     bool map =
         (fp != NULL && fp->view_mask == 0 && (fp->red_op == 0 || o->op == NBI_OP_FUSED_OUTPUT)) ||
-        nbi_is_map(o);
+        nbi_is_map(o) || (copy && x->dtype == o->dtype);
     if (!map || x->rank != o->rank || nbi_dsize(x->dtype) != nbi_dsize(o->dtype)) {
         return false;
     }

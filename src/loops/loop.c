@@ -1874,7 +1874,12 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
             init = t;
         }
     }
-    fwd = init != NULL ? nbl_while(tr, who, fc, fb, init, &o, 0) : NULL;
+    nb_var *w2 = NULL;
+    fwd = init != NULL ? nbl_while_ex(tr, who, fc, fb, init, &o, 0, NULL, &w2) : NULL;
+    if (w2 != NULL) { /* w's twin: its carry leaves from 1 on are w's (nbi_pass_loop_share) */
+        w2->at.c[0] = w->at.a[6];
+        w2->at.c[1] = 1;
+    }
     /* backward from step n - 1 down to 0 */
     if (fwd != NULL) {
         nb_tree *tl = (nb_tree *)nb_tree_child(fwd, 2);

@@ -709,6 +709,39 @@ static void test_bounded_reverse(void **state) {
            worst_unrolled, worst_fd);
     NBT_EQ_F64(worst_unrolled, 0.0); /* the same ops in the same order: the same bits */
     assert_true(worst_fd <= 1.0);
+    /* value and gradient: the loop runs forward once -- the taped run of reverse mode gives
+     * the value too (nbi_pass_loop_share): 3 while ops traced, 2 compiled -- and the value
+     * has the plain call's bits, the gradient grad's */
+    {
+        nb_fn *vg = NULL;
+        nb_tree *res = NULL;
+        NBT_OK(ctx, nb_value_and_grad(f[0], NULL, &vg));
+        NBT_OK(ctx, nb_fn_call(vg, args, &res));
+        double v = *(const double *)nb_array_data(nb_tree_get_array(nb_tree_child(res, 0)));
+        NBT_EQ_F64(v, rt_eval(ctx, f[0], w, b, x0));
+        bool same = false;
+        NBT_OK(ctx, nb_tree_equal(nb_tree_child(res, 1), gr[0], &same));
+        assert_true(same);
+        int whiles[2] = {0, 0};
+        for (int which = 0; which < 2; which++) {
+            size_t need = 0;
+            int ir_kind = which == 0 ? NB_IR_TRACED : NB_IR_OPTIMIZED;
+            (void)nb_fn_format_ir(vg, args, ir_kind, NULL, 0, &need); /* NB_ERR_TRUNCATED */
+            char *ir = malloc(need + 1);
+            assert_non_null(ir);
+            NBT_OK(ctx, nb_fn_format_ir(vg, args, ir_kind, ir, need + 1, NULL));
+            for (const char *p = ir; (p = strstr(p, " = while ")) != NULL; p++) {
+                whiles[which]++;
+            }
+            free(ir);
+        }
+        printf("value_and_grad through a bounded loop: %d while ops traced, %d compiled\n",
+               whiles[0], whiles[1]);
+        assert_int_equal(whiles[0], 3);
+        assert_int_equal(whiles[1], 2);
+        nb_tree_destroy(res);
+        nb_fn_destroy(vg);
+    }
     /* forward mode: the loop's jvp equals the unrolled graph's */
     double jv_out[2];
     for (int u = 0; u < 2; u++) {
