@@ -272,8 +272,30 @@ static const unsigned char *nbi_fused_pad_direct(const nbi_fused_job *j, int32_t
 /* Gather elements [first, first+n) of the index space from broadcast input x,
  * a run along the innermost dimension at a time: a copy where it has stride 1, a fill
  * where it is broadcast (stride 0). */
-static void nbi_fused_gather(int r, const int64_t *shape, const int64_t *st, const void *x,
+static void nbi_fused_gather(int r0, const int64_t *shape0, const int64_t *st0, const void *x,
                              size_t es, int64_t first, int64_t n, unsigned char *dst) {
+    /* the index space seen from x: dims of extent 1 dropped, a dim merged into the one
+     * outside it where x's strides allow (the same row-major order, longer runs: a [512, 1,
+     * 65, 1] space went an element per run) */
+    int64_t shape[NB_MAX_RANK], st[NB_MAX_RANK];
+    int r = 0;
+    for (int d = 0; d < r0; d++) {
+        if (shape0[d] == 1) {
+            continue;
+        }
+        if (r > 0 && st[r - 1] == st0[d] * shape0[d]) {
+            shape[r - 1] *= shape0[d];
+            st[r - 1] = st0[d];
+            continue;
+        }
+        shape[r] = shape0[d];
+        st[r++] = st0[d];
+    }
+    if (r == 0) {
+        shape[0] = 1;
+        st[0] = 0;
+        r = 1;
+    }
     int64_t idx[NB_MAX_RANK], off = 0, rest = first;
     for (int d = r - 1; d >= 0; d--) {
         idx[d] = rest % shape[d];

@@ -259,6 +259,73 @@ static void test_fused_scalar(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- index spaces with unit dims: a gather merges what each input allows -------------- */
+
+/* args: (a [n, 1, 1, 1], b [1, 1, m, 1], c [n, 1, m, 1]) */
+static nb_status body_unit(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *v[3];
+    for (int i = 0; i < 3; i++) {
+        v[i] = g_consts ? nb_constant(tr, g_in[i]) : nb_get(tr, args, "[%d]", i);
+    }
+    nb_var *a = v[0], *b = v[1], *c = v[2];
+    nb_var *t = nb_transpose(c, (int[]){2, 1, 0, 3}); /* [m, 1, n, 1]: a strided view */
+    nb_var *y = nb_select(nb_gt(a, b), nb_mul(a, b), nb_sub(c, a));
+    nb_tree *leaves[4] = {
+        nb_leaf(y),
+        nb_leaf(nb_sum(nb_mul(nb_sub(a, c), b), (int[]){1}, 1, false)), /* over extent 1 */
+        nb_leaf(nb_max(nb_add(y, b), (int[]){2}, 1, true)),
+        nb_leaf(nb_add(nb_exp(t), nb_transpose(b, (int[]){2, 1, 0, 3}))),
+    };
+    return nb_tree_tuple(nb_trace_ctx(tr), 4, leaves, out);
+}
+
+static void test_fused_unit_dims(void **state) {
+    (void)state;
+    static const int64_t sizes[][2] = {{70, 33}, {5, 1000}, {1000, 3}};
+    for (size_t q = 0; q < sizeof sizes / sizeof sizes[0]; q++) {
+        nb_ctx *ctx = nbt_ctx();
+        int64_t n = sizes[q][0], m = sizes[q][1];
+        const int64_t shapes[3][4] = {{n, 1, 1, 1}, {1, 1, m, 1}, {n, 1, m, 1}};
+        nb_tree *leaves[3], *args = NULL, *empty = NULL, *out1 = NULL, *out2 = NULL;
+        for (int i = 0; i < 3; i++) {
+            NBT_OK(ctx, nb_array_zeros(ctx, NB_DTYPE_F64, 4, shapes[i], &g_in[i]));
+            double *d = nb_array_data(g_in[i]);
+            for (int64_t j = 0; j < nb_array_size(g_in[i]); j++) {
+                d[j] = sin(0.37 * (double)j + i) * (j % 11 == 0 ? -0.0 : 2.0);
+            }
+            NBT_OK(ctx, nb_tree_array(g_in[i], &leaves[i]));
+        }
+        NBT_OK(ctx, nb_tree_tuple(ctx, 3, leaves, &args));
+        NBT_OK(ctx, nb_tree_tuple(ctx, 0, NULL, &empty));
+        nb_fn *f = NULL;
+        NBT_OK(ctx, nb_fn_create(ctx, "unit", body_unit, NULL, &f));
+        g_consts = false;
+        NBT_OK(ctx, nb_fn_call(f, args, &out1));
+        nb_ctx_clear_cache(ctx);
+        g_consts = true;
+        NBT_OK(ctx, nb_fn_call(f, empty, &out2));
+        for (int64_t j = 0; j < 4; j++) {
+            if (!same_bits(ctx, nb_tree_get_array(nb_tree_child(out1, j)),
+                           nb_tree_get_array(nb_tree_child(out2, j)))) {
+                fail_msg("n %lld, m %lld: output %d differs from the unfused one", (long long)n,
+                         (long long)m, (int)j);
+            }
+        }
+        nb_tree_destroy(out2);
+        nb_tree_destroy(out1);
+        nb_fn_destroy(f);
+        nb_tree_destroy(empty);
+        nb_tree_destroy(args);
+        for (int i = 0; i < 3; i++) {
+            nb_tree_destroy(leaves[i]);
+            nb_array_destroy(g_in[i]);
+        }
+        nbt_assert_no_live(ctx);
+        nb_ctx_destroy(ctx);
+    }
+}
+
 /* ---- an element's bits do not depend on its neighbours ------------------------------- */
 
 /* self = the op's index in lane_ops */
@@ -356,6 +423,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fused_tiny),
         cmocka_unit_test(test_fused_scalar),
+        cmocka_unit_test(test_fused_unit_dims),
         cmocka_unit_test(test_fused_lanes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
