@@ -197,6 +197,23 @@ static void nbi_cgeo_make(const nb_var *node, const int64_t *sp, const int64_t *
 
 /* The output positions o in [0, so) whose input index o s + off lies in [0, len):
  * [*first, *last). */
+/* A short row's bytes (a multiple of 4): fixed-size copies the compiler writes out -- a
+ * call to memcpy per row of an 8-wide image cost more than the row. */
+static inline void nbi_row_copy(void *dst, const void *src, size_t bytes) {
+    unsigned char *d = dst;
+    const unsigned char *q = src;
+    if (bytes > 256) {
+        memcpy(d, q, bytes);
+        return;
+    }
+    for (; bytes >= 32; bytes -= 32, d += 32, q += 32) {
+        memcpy(d, q, 32);
+    }
+    for (; bytes >= 4; bytes -= 4, d += 4, q += 4) {
+        memcpy(d, q, 4);
+    }
+}
+
 static void nbi_valid(int64_t so, int64_t s, int64_t off, int64_t len, int64_t *first,
                       int64_t *last) {
     int64_t f = off >= 0 ? 0 : (-off + s - 1) / s;
@@ -245,7 +262,7 @@ static void nbi_valid(int64_t so, int64_t s, int64_t off, int64_t len, int64_t *
                             row[i2] = pv;                                                          \
                         }                                                                          \
                         if (g->s[2] == 1) {                                                        \
-                            memcpy(row + a2, xr + a2 + off2, (size_t)(b2 - a2) * sizeof(T));       \
+                            nbi_row_copy(row + a2, xr + a2 + off2, (size_t)(b2 - a2) * sizeof(T)); \
                         } else {                                                                   \
                             for (int64_t i2 = a2; i2 < b2; i2++) {                                 \
                                 row[i2] = xr[i2 * g->s[2] + off2];                                 \

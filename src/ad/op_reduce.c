@@ -972,8 +972,10 @@ static size_t nbi_scratch_reduce(const nb_var *node) {
 
 #define NBI_LD(v) (v)
 #define NBI_LD_BOOL(v) ((v) != 0)
-#define NBI_FGT(v, b) ((v) > (b) || ((v) != (v) && (b) == (b)))
-#define NBI_FLT(v, b) ((v) < (b) || ((v) != (v) && (b) == (b)))
+/* NaN beats a number (the first NaN wins); bitwise, not short-circuit: no branch to
+ * mispredict on random data (max pooling's argmax), and the column loop vectorises */
+#define NBI_FGT(v, b) (((v) > (b)) | (((v) != (v)) & ((b) == (b))))
+#define NBI_FLT(v, b) (((v) < (b)) | (((v) != (v)) & ((b) == (b))))
 #define NBI_GT(v, b) ((v) > (b))
 #define NBI_LT(v, b) ((v) < (b))
 
@@ -997,16 +999,37 @@ static size_t nbi_scratch_reduce(const nb_var *node) {
                 oa[0] = bi;                                                                        \
                 continue;                                                                          \
             }                                                                                      \
-            for (int64_t c = 0; c < inner; c++) {                                                  \
-                oa[c] = 0;                                                                         \
-            }                                                                                      \
-            for (int64_t i = 1; i < n; i++) {                                                      \
-                const T *row = xa + i * inner;                                                     \
-                for (int64_t c = 0; c < inner; c++) {                                              \
-                    T v = (T)LD(row[c]), b = (T)LD(xa[oa[c] * inner + c]);                         \
-                    if (BETTER(v, b)) {                                                            \
-                        oa[c] = i;                                                                 \
+            /* columns 64 at a time, their best values kept (not reloaded through the              \
+             * index: a dependent load per element), branch-free selects on 32-bit indices         \
+             * (vectorised; n past 2^31 rows takes 64-bit ones) */                                 \
+            for (int64_t c0 = 0; c0 < inner && n > INT32_MAX; c0++) {                              \
+                int64_t b = 0;                                                                     \
+                for (int64_t i = 1; i < n; i++) {                                                  \
+                    if (BETTER((T)LD(xa[i * inner + c0]), (T)LD(xa[b * inner + c0]))) {            \
+                        b = i;                                                                     \
                     }                                                                              \
+                }                                                                                  \
+                oa[c0] = b;                                                                        \
+            }                                                                                      \
+            for (int64_t c0 = 0; c0 < inner && n <= INT32_MAX; c0 += 64) {                         \
+                int64_t m = inner - c0 < 64 ? inner - c0 : 64;                                     \
+                T best[64];                                                                        \
+                int32_t bi[64];                                                                    \
+                for (int64_t c = 0; c < m; c++) {                                                  \
+                    best[c] = (T)LD(xa[c0 + c]);                                                   \
+                    bi[c] = 0;                                                                     \
+                }                                                                                  \
+                for (int64_t i = 1; i < n; i++) {                                                  \
+                    const T *row = xa + i * inner + c0;                                            \
+                    for (int64_t c = 0; c < m; c++) {                                              \
+                        T v = (T)LD(row[c]);                                                       \
+                        bool better = BETTER(v, best[c]);                                          \
+                        best[c] = better ? v : best[c];                                            \
+                        bi[c] = better ? (int32_t)i : bi[c];                                       \
+                    }                                                                              \
+                }                                                                                  \
+                for (int64_t c = 0; c < m; c++) {                                                  \
+                    oa[c0 + c] = bi[c];                                                            \
                 }                                                                                  \
             }                                                                                      \
         }                                                                                          \

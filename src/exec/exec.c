@@ -613,6 +613,9 @@ static bool nbi_inplace_ok(const nb_var *o, const nb_var *x) {
     /* a copy (identity, stop_gradient; an output that is an input) into its own input's
      * buffer is nothing to do: its kernel skips it (a loop's unchanged carry) */
     bool copy = o->op == NBI_OP_IDENTITY || o->op == NBI_OP_STOP_GRADIENT;
+    if (o->op == NBI_OP_RESHAPE) { /* the same elements in the same order: its own buffer's */
+        return x->dtype == o->dtype && x->size == o->size;
+    }
     bool map =
         (fp != NULL && fp->view_mask == 0 && (fp->red_op == 0 || o->op == NBI_OP_FUSED_OUTPUT)) ||
         nbi_is_map(o) || (copy && x->dtype == o->dtype);

@@ -691,6 +691,9 @@ static void test_argmax_argmin(void **state) {
                 check_arg(op, all[d], 3, (int64_t[]){3, 9, 4}, -3, kd);
                 check_arg(op, all[d], 3, (int64_t[]){3, 1, 4}, 1, kd);
                 check_arg(op, all[d], 1, (int64_t[]){40}, 0, kd);
+                /* past one 64-column chunk of the kernel: 64 + 64 + 22 columns */
+                check_arg(op, all[d], 3, (int64_t[]){3, 5, 150}, 1, kd);
+                check_arg(op, all[d], 2, (int64_t[]){9, 64}, 0, kd);
                 check_arg(op, all[d], 2, (int64_t[]){0, 3}, 1, kd); /* empty output */
                 check_arg(op, all[d], 2, (int64_t[]){0, 0}, 0, kd);
             }
