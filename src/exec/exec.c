@@ -143,14 +143,16 @@ static bool nbi_reads(const nb_var *y, int32_t id) {
 
 /* The order the nodes run in: their own (topological), except that a dynamic_update_slice
  * whose data operand is an input moves to just after the last other reader of that input
- * when no node in between depends on it. dep: n flags, all false, left false. */
+ * when no node in between depends on it -- once: two updates of one input would otherwise
+ * pass each other for ever. dep: 2n flags, all false (dep, then moved). */
 static void nbi_exec_order(const nbi_exec *e, int32_t n, int32_t *order, bool *dep) {
+    bool *moved = dep + n;
     for (int32_t i = 0; i < n; i++) {
         order[i] = i;
     }
     for (int32_t pos = 0; pos < n; pos++) {
         const nb_var *v = &e->nodes[order[pos]];
-        if (v->op != NBI_OP_DYN_UPDATE || v->in[0]->op != NBI_OP_PARAM) {
+        if (v->op != NBI_OP_DYN_UPDATE || v->in[0]->op != NBI_OP_PARAM || moved[order[pos]]) {
             continue;
         }
         int32_t pid = v->in[0]->id, last = -1;
@@ -176,6 +178,7 @@ static void nbi_exec_order(const nbi_exec *e, int32_t n, int32_t *order, bool *d
         }
         if (free_to_move) { /* after the move, no reader of pid follows it: it stays put */
             int32_t x = order[pos];
+            moved[x] = true;
             memmove(order + pos, order + pos + 1, (size_t)(last - pos) * sizeof(int32_t));
             order[last] = x;
             pos--; /* the node now at pos is looked at in its turn */
@@ -215,7 +218,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
                    nbi_round64((size_t)n * sizeof(int32_t)) /* last use */ +
                    nbi_round64((size_t)n * sizeof(bool)) /* resident */ +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* order */ +
-                   nbi_round64((size_t)n * sizeof(bool)) /* after */ +
+                   nbi_round64((size_t)n * 2 * sizeof(bool)) /* after: dep, moved */ +
                    nbi_round64((size_t)(n + 1) * sizeof(nbi_block)) +
                    nbi_round64((size_t)n_fused * sizeof(nbi_fprog)) +
                    nbi_round64((size_t)n_fused * NBI_FUSE_MAX_STORE * sizeof(int32_t));
@@ -247,7 +250,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     int32_t *last_use = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     bool *resident = nbi_carve(&p, (size_t)n * sizeof(bool));
     int32_t *order = nbi_carve(&p, (size_t)n * sizeof(int32_t));
-    bool *after = nbi_carve(&p, (size_t)n * sizeof(bool));
+    bool *after = nbi_carve(&p, (size_t)n * 2 * sizeof(bool));
     nbi_block *free_blocks = nbi_carve(&p, (size_t)(n + 1) * sizeof(nbi_block));
     nbi_fprog *progs = nbi_carve(&p, (size_t)n_fused * sizeof(nbi_fprog));
     int32_t *stores = nbi_carve(&p, (size_t)n_fused * NBI_FUSE_MAX_STORE * sizeof(int32_t));

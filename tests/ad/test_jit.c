@@ -804,6 +804,53 @@ static void test_donate_same_array_twice(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* Two dynamic_update_slices of one donated input, and a later read of it: the executor
+ * moves an update into an input after that input's other readers (to write it in place)
+ * -- each update at most once, or the two would pass each other for ever (fuzz_programs
+ * found the hang). args (x f32[4]) -> (x with [0] = 10, x with [1] = 20, sum(x)). */
+static nb_status body_two_updates(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                  nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]");
+    nb_var *i0 = nb_scalar_typed(tr, NB_DTYPE_I32, 0), *i1 = nb_scalar_typed(tr, NB_DTYPE_I32, 1);
+    nb_var *a = nb_dynamic_update_slice(x, nb_full(tr, NB_DTYPE_F32, 1, (int64_t[]){1}, 10.0), &i0);
+    nb_var *b = nb_dynamic_update_slice(x, nb_full(tr, NB_DTYPE_F32, 1, (int64_t[]){1}, 20.0), &i1);
+    nb_var *s = nb_sum(x, NULL, 0, false);
+    return nb_tree_tuple(nb_trace_ctx(tr), 3, (nb_tree *[]){nb_leaf(a), nb_leaf(b), nb_leaf(s)},
+                         out);
+}
+
+static void test_donate_two_updates(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "two_updates", body_two_updates, NULL, &f));
+    nb_tree *yes = NULL;
+    NBT_OK(ctx, nb_tree_bool(ctx, true, &yes));
+    for (int round = 0; round < 3; round++) {
+        nb_tree *x = arr_leaf(ctx, 4, 1.0f), *args = tuple1(ctx, x), *out = NULL;
+        nb_call_opts o = nb_call_opts_default();
+        o.donate = round > 0 ? yes : NULL;
+        NBT_OK(ctx, nb_fn_call_ex(f, args, &o, &out));
+        const float *a = nb_array_data(nb_tree_get_array(nb_tree_child(out, 0)));
+        const float *b = nb_array_data(nb_tree_get_array(nb_tree_child(out, 1)));
+        const float *s = nb_array_data(nb_tree_get_array(nb_tree_child(out, 2)));
+        const float wa[4] = {10, 2, 3, 4}, wb[4] = {1, 20, 3, 4};
+        for (int i = 0; i < 4; i++) {
+            NBT_EQ_F64(a[i], wa[i]);
+            NBT_EQ_F64(b[i], wb[i]);
+        }
+        NBT_EQ_F64(s[0], 10.0);
+        nb_tree_destroy(out);
+        nb_tree_destroy(args);
+        nb_tree_destroy(x);
+    }
+    nb_tree_destroy(yes);
+    nb_fn_destroy(f);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- debug_nans / debug_infs ------------------------------------------------------------- */
 
 /* loss(x) = sum(log(x - 1)): x = [3, 0.5, 2] makes log(-0.5) = NaN at element 1. */
@@ -1802,6 +1849,7 @@ int main(void) {
         cmocka_unit_test(test_donate_plans),
         cmocka_unit_test(test_donate_nested),
         cmocka_unit_test(test_donate_same_array_twice),
+        cmocka_unit_test(test_donate_two_updates),
         cmocka_unit_test(test_debug_nans),
         cmocka_unit_test(test_context_two_threads),
         cmocka_unit_test(test_debug_print),
