@@ -1020,14 +1020,14 @@ typedef struct nbi_mm_job {
 /* Accumulation, block by block (see "Accumulation" at the top): out = p + c for the block's
  * product p, rounded as the separate add rounds it, wherever the product comes from.
  *   - BLIS (gemm, gemv) makes the block's product in the output block as usual (beta = 0),
- *     then out += c while the block is in the cache. So the output cannot be c's buffer:
- *     nbi_matmul_acc_in_place says no to the memory plan. Not beta = 1 into c: BLIS adds C
- *     into its micro-tiles with the separate add's rounding in most shapes but not all --
- *     its kernels for skinny products, k past its 256-deep k-blocks (where C enters before
- *     the last block's sum), gemv over a column-stored matrix (y += chunk by chunk) -- and
- *     a rewrite of the optimizer must not change results. (Handed c's buffer as the output
- *     all the same -- a caller other than the executor -- the kernel does use beta = 1:
- *     deterministic, but that rounding.)
+ *     then out += c while the block is in the cache. When the output is c's own buffer (the
+ *     memory plan's choice, e.g. a weight gradient summed into a loop's carry step after
+ *     step), the block's product is made in the worker's scratch, after the packed
+ *     operands, and then added into c: the same operation on the same values. Not beta = 1
+ *     into c: BLIS adds C into its micro-tiles with the separate add's rounding in most
+ *     shapes but not all -- its kernels for skinny products, k past its 256-deep k-blocks
+ *     (where C enters before the last block's sum), gemv over a column-stored matrix (y +=
+ *     chunk by chunk) -- and a rewrite of the optimizer must not change results.
  *   - nabla's outer-product loop (float, k == 1) reads c's block and writes the output in
  *     one pass (g->cin), in place or not;
  *   - nabla's other loops (small float products, integers) read the accumulator from the
@@ -1045,15 +1045,17 @@ static void nbi_mm_acc_copy(const nbi_kargs *k, size_t off, int64_t rows, int64_
     }
 }
 
-/* o[i, j] = o[i, j] + c[i, j] over a rows x cols block (row stride ld): the product already
- * in o, plus the accumulator. */
+/* o[i, j] = p[i, j] + c[i, j] over a rows x cols block (row strides ldo, ldp and ldc): the
+ * product p plus the accumulator c; o is p (the product made in the output) or c (in
+ * place). */
 #define NBI_MM_ADD_FN(name, T)                                                                     \
-    static void name(void *o_, const void *c_, int64_t rows, int64_t cols, int64_t ld) {           \
+    static void name(void *o_, const void *p_, const void *c_, int64_t rows, int64_t cols,         \
+                     int64_t ldo, int64_t ldp, int64_t ldc) {                                      \
         for (int64_t i = 0; i < rows; i++) {                                                       \
-            T *restrict o = (T *)o_ + i * ld;                                                      \
-            const T *restrict c = (const T *)c_ + i * ld;                                          \
+            T *o = (T *)o_ + i * ldo;                                                              \
+            const T *p = (const T *)p_ + i * ldp, *c = (const T *)c_ + i * ldc;                    \
             for (int64_t j = 0; j < cols; j++) {                                                   \
-                o[j] = o[j] + c[j];                                                                \
+                o[j] = p[j] + c[j];                                                                \
             }                                                                                      \
         }                                                                                          \
     }
@@ -1075,6 +1077,19 @@ static bool nbi_mm_pack_a(const nbi_mm_geom *g) {
 }
 static bool nbi_mm_pack_b(const nbi_mm_geom *g) {
     return g->b_cs != 1 && g->n > 1;
+}
+
+/* The scratch bytes of a block's row-major copies of its column-stored operands (a's, then
+ * b's, each rounded up to 64 bytes), as nbi_mm_block lays them out. */
+static size_t nbi_mm_pack_bytes(const nbi_mm_geom *g, size_t es) {
+    size_t bytes = 0;
+    if (nbi_mm_pack_a(g)) {
+        bytes += ((size_t)(g->m * g->k) * es + 63) / 64 * 64;
+    }
+    if (nbi_mm_pack_b(g)) {
+        bytes += ((size_t)(g->k * g->n) * es + 63) / 64 * 64;
+    }
+    return bytes;
 }
 
 /* dst[i * cols + j] = src[i * rs + j * cs] for a rows x cols matrix, in 32 x 32 tiles */
@@ -1126,6 +1141,7 @@ static void nbi_mm_block(const nbi_kargs *k, nbi_mm_fn f, bool blis, nbi_mm_geom
                          const void *a, const void *b, size_t off, void *scratch) {
     nb_dtype d = k->node->dtype;
     size_t es = nb_dtype_size(d);
+    size_t packs = blis ? nbi_mm_pack_bytes(sub, es) : 0; /* scratch taken by the copies */
     nbi_mm_geom packed;
     if (blis && (nbi_mm_pack_a(sub) || nbi_mm_pack_b(sub))) {
         packed = *sub;
@@ -1152,13 +1168,17 @@ static void nbi_mm_block(const nbi_kargs *k, nbi_mm_fn f, bool blis, nbi_mm_geom
         return;
     }
     const unsigned char *c = (const unsigned char *)k->in[2] + off * es;
-    if (blis && (const void *)o != (const void *)c) {
+    if (blis) {
         nbi_mm_geom pg = *sub;
         pg.acc = false;
-        f(&pg, a, b, o, scratch);
-        (d == NB_DTYPE_F32 ? nbi_mm_add_f32 : nbi_mm_add_f64)(o, c, sub->m, sub->n, ld);
-    } else if (blis) {
-        f(sub, a, b, o, scratch); /* beta = 1 into c itself: see above */
+        unsigned char *p = o;
+        if ((const void *)o == (const void *)c) { /* in place: the product into scratch */
+            p = (unsigned char *)scratch + packs;
+            pg.c_rs = sub->n;
+        }
+        f(&pg, a, b, p, scratch);
+        (d == NB_DTYPE_F32 ? nbi_mm_add_f32 : nbi_mm_add_f64)(o, p, c, sub->m, sub->n, ld, pg.c_rs,
+                                                              ld);
     } else if (sub->k == 1 && nb_dtype_is_float(d)) {
         sub->cin = c;
         f(sub, a, b, o, scratch);
@@ -1211,15 +1231,17 @@ static size_t nbi_mm_scratch_of(const nbi_mm_geom *g, nb_dtype d) {
     if (!nb_dtype_is_float(d)) {
         return 0;
     }
-    if (!nbi_mm_is_small(d, g)) { /* BLIS: room for the column-stored operands' block copies */
+    if (!nbi_mm_is_small(d, g)) {
+        /* BLIS: room for the column-stored operands' copies of the largest block, and when
+         * accumulating, for its product (made there when the output is c's buffer) */
         int64_t rows = 0, cols = 0;
         nbi_mm_blocks(d, g, &rows, &cols);
-        size_t es = nb_dtype_size(d), bytes = 0;
-        if (nbi_mm_pack_a(g)) {
-            bytes += ((size_t)((g->m < rows ? g->m : rows) * g->k) * es + 63) / 64 * 64;
-        }
-        if (nbi_mm_pack_b(g)) {
-            bytes += ((size_t)((g->n < cols ? g->n : cols) * g->k) * es + 63) / 64 * 64;
+        nbi_mm_geom blk = *g;
+        blk.m = g->m < rows ? g->m : rows;
+        blk.n = g->n < cols ? g->n : cols;
+        size_t es = nb_dtype_size(d), bytes = nbi_mm_pack_bytes(&blk, es);
+        if (g->acc) {
+            bytes += ((size_t)(blk.m * blk.n) * es + 63) / 64 * 64;
         }
         return bytes;
     }
@@ -1249,7 +1271,7 @@ bool nbi_matmul_acc_in_place(const nb_var *node) {
     if (node->op != NBI_OP_MATMUL || node->n_in != 3 || !nbi_mm_geometry(node, &g)) {
         return false;
     }
-    return !nb_dtype_is_float(node->dtype) || nbi_mm_is_small(node->dtype, &g);
+    return true; /* BLIS's products too: made in scratch, then added (nbi_mm_block) */
 }
 
 /* k == 0: the product is zeros; accumulated, the output is 0 + c (floats: -0 becomes +0, as

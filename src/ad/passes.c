@@ -526,6 +526,23 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
             }
             proto.in = &src;
             map[i] = nbi_graph_add(out, &proto);
+        } else if (nbi_is_matrix_transpose(v) && uses[v->in[0]->id] == 1 &&
+                   map[v->in[0]->id]->op == NBI_OP_MATMUL && map[v->in[0]->id]->n_in == 2 &&
+                   map[v->in[0]->id]->in[0]->rank >= 2 && map[v->in[0]->id]->in[1]->rank >= 2) {
+            /* transpose(op(a) @ op(b)) = op(b)^T @ op(a)^T: the product made transposed, read
+             * through swapped strides, instead of made and then copied (every weight
+             * gradient of x @ w^T, a Linear's or a recurrent cell's, ends so). The old
+             * product, read only here, is left for DCE. */
+            const nb_var *mm = map[v->in[0]->id];
+            proto = *mm;
+            proto.rank = v->rank;
+            memcpy(proto.shape, v->shape, sizeof proto.shape);
+            ins[0] = mm->in[1];
+            ins[1] = mm->in[0];
+            proto.at.axes[0] = !mm->at.axes[1];
+            proto.at.axes[1] = !mm->at.axes[0];
+            proto.in = ins;
+            map[i] = nbi_graph_add(out, &proto);
         } else if (nbi_op_get((nbi_op)v->op)->elementwise && v->n_in >= 2 && v->n_in <= 4) {
             /* an explicit broadcast feeding an elementwise op: the op broadcasts itself */
             int r = 0;
