@@ -1,13 +1,16 @@
 /*
  * test_passes.c -- optimizer passes observed through compiled functions: transposes folded
- * into matmul strides (same numbers as a plain reference, no transpose left in the IR).
+ * into matmul strides, and a product's transpose made as the transposed product (same
+ * numbers as a plain reference, no transpose left in the IR).
  */
 #include "nbtest.h"
 
 #include <stdlib.h>
 #include <time.h>
 
-/* args: (a, b, mode): mode 0: a^T @ b; 1: a @ b^T; 2: a^T @ b^T. Batched when rank 3. */
+/* args: (a, b, mode): mode 0: a^T @ b; 1: a @ b^T; 2: a^T @ b^T. Batched when rank 3. mode
+ * + 4: the product's transpose (made transposed: op(b)^T @ op(a)^T); mode + 8: the product
+ * and its transpose (the product read twice: made once, then copied transposed). */
 static nb_status body_tmm(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
     nb_var *a = nb_get(tr, args, "[0]"), *b = nb_get(tr, args, "[1]");
@@ -19,13 +22,19 @@ static nb_status body_tmm(nb_trace *tr, const nb_tree *self, const nb_tree *args
     int perm[3] = {0, 1, 2};
     perm[r - 2] = r - 1;
     perm[r - 1] = r - 2;
-    if (mode == 0 || mode == 2) {
+    int64_t op = mode & 3;
+    if (op == 0 || op == 2) {
         a = nb_transpose(a, perm);
     }
-    if (mode == 1 || mode == 2) {
+    if (op == 1 || op == 2) {
         b = nb_transpose(b, perm);
     }
-    return nb_return(nb_matmul(a, b), out);
+    nb_var *c = nb_matmul(a, b);
+    if (mode & 8) {
+        return nb_tree_tuple(nb_trace_ctx(tr), 2,
+                             (nb_tree *[]){nb_leaf(c), nb_leaf(nb_transpose(c, perm))}, out);
+    }
+    return nb_return((mode & 4) ? nb_transpose(c, perm) : c, out);
 }
 
 static nb_tree *rand_leaf(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shape,
@@ -74,7 +83,8 @@ static void test_transpose_into_matmul(void **state) {
     nb_dtype dts[3] = {NB_DTYPE_F32, NB_DTYPE_F64, NB_DTYPE_I32};
     for (int d = 0; d < 3; d++) {
         for (int batched = 0; batched < 2; batched++) {
-            for (int mode = 0; mode < 3; mode++) {
+            for (int mv = 0; mv < 9; mv++) {
+                int mode = mv % 3, variant = mv / 3 * 4; /* 0, 4 or 8: see body_tmm */
                 int64_t M = 5, K = 7, N = 3, B = 2;
                 /* stored shapes: a is [M,K] or [K,M] when transposed; b likewise */
                 int64_t sa[3], sb[3];
@@ -87,15 +97,25 @@ static void test_transpose_into_matmul(void **state) {
                 nb_tree *la = rand_leaf(ctx, dts[d], r, sa, &seed);
                 nb_tree *lb = rand_leaf(ctx, dts[d], r, sb, &seed);
                 nb_tree *lm = NULL, *args = NULL, *out = NULL;
-                NBT_OK(ctx, nb_tree_int(ctx, mode, &lm));
+                NBT_OK(ctx, nb_tree_int(ctx, mode + variant, &lm));
                 NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){la, lb, lm}, &args));
                 char ir[4096];
                 NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
-                if (strstr(ir, "= transpose") != NULL || strstr(ir, "transposed=[") == NULL) {
-                    fail_msg("the transpose was not folded into the matmul:\n%s", ir);
+                /* read twice (variant 8), the product is made and then copied transposed;
+                 * (a^T @ b^T)^T is b @ a: no flag left (variant 4, mode 2) */
+                if ((strstr(ir, "= transpose") != NULL) != (variant == 8) ||
+                    (strstr(ir, "transposed=[") == NULL) != (variant == 4 && mode == 2)) {
+                    fail_msg("variant %d: the transposes were not folded into the matmul:\n%s",
+                             variant, ir);
                 }
                 NBT_OK(ctx, nb_fn_call(f, args, &out));
-                nb_array *c = nb_tree_get_array(out);
+                const nb_array *c = nb_tree_get_array(variant == 8 ? nb_tree_child(out, 0) : out);
+                const nb_array *ct = variant == 8   ? nb_tree_get_array(nb_tree_child(out, 1))
+                                     : variant == 4 ? c
+                                                    : NULL;
+                if (variant == 4) {
+                    c = NULL;
+                }
                 const nb_array *A = nb_tree_get_array(la), *Bm = nb_tree_get_array(lb);
                 for (int64_t bb = 0; bb < (batched ? B : 1); bb++) {
                     for (int64_t i = 0; i < M; i++) {
@@ -108,12 +128,18 @@ static void test_transpose_into_matmul(void **state) {
                                                                     : at3(Bm, bb, p, j);
                                 want += x * y;
                             }
-                            double got = at3(c, bb, i, j);
                             /* inputs are multiples of 1/8 and small: every sum is exact */
-                            if (got != want) {
+                            if (c != NULL && at3(c, bb, i, j) != want) {
                                 fail_msg("%s mode %d batched %d: c[%lld,%lld,%lld] = %g, want %g",
                                          nb_dtype_name(dts[d]), mode, batched, (long long)bb,
-                                         (long long)i, (long long)j, got, want);
+                                         (long long)i, (long long)j, at3(c, bb, i, j), want);
+                            }
+                            if (ct != NULL && at3(ct, bb, j, i) != want) {
+                                fail_msg("%s mode %d variant %d batched %d: c^T[%lld,%lld,%lld] = "
+                                         "%g, want %g",
+                                         nb_dtype_name(dts[d]), mode, variant, batched,
+                                         (long long)bb, (long long)j, (long long)i,
+                                         at3(ct, bb, j, i), want);
                             }
                         }
                     }
