@@ -1562,16 +1562,17 @@ nb_status nbi_pass_loop_share(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) 
 
 nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, unsigned debug, nbi_arena *arena,
                        nbi_graph *out) {
-    const nbi_pass_fn all[] = {nbi_pass_fold,     nbi_pass_transpose_matmul,
-                               nbi_pass_cse,      nbi_pass_loop_share,
-                               nbi_pass_dce,      nbi_pass_accumulate,
-                               nbi_pass_pad_push, nbi_pass_dce,
-                               nbi_pass_remat,    nbi_pass_fuse,
-                               nbi_pass_dce};
+    /* DCE before loop_share: a taped loop whose reverse sweep is dead (a value_and_grad
+     * whose gradient is never read) goes, rather than replacing its primal twin */
+    const nbi_pass_fn all[] = {nbi_pass_fold,       nbi_pass_transpose_matmul,
+                               nbi_pass_cse,        nbi_pass_dce,
+                               nbi_pass_loop_share, nbi_pass_dce,
+                               nbi_pass_accumulate, nbi_pass_pad_push,
+                               nbi_pass_dce,        nbi_pass_remat,
+                               nbi_pass_fuse,       nbi_pass_dce};
     const nbi_pass_fn no_fuse[] = {
-        nbi_pass_fold, nbi_pass_transpose_matmul, nbi_pass_cse, nbi_pass_loop_share,
-        nbi_pass_dce,  nbi_pass_pad_push,         nbi_pass_dce, nbi_pass_remat,
-        nbi_pass_dce};
+        nbi_pass_fold, nbi_pass_transpose_matmul, nbi_pass_cse, nbi_pass_dce,   nbi_pass_loop_share,
+        nbi_pass_dce,  nbi_pass_pad_push,         nbi_pass_dce, nbi_pass_remat, nbi_pass_dce};
     /* debug: every op on its own, to be checked (nbi_exec_compile) */
     const nbi_pass_fn *passes = debug != 0 ? no_fuse : all;
     int n =

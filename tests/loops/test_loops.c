@@ -653,6 +653,38 @@ static double rt_eval(nb_ctx *ctx, nb_fn *f, const double *w, const double *b, c
     return v;
 }
 
+/* value_and_grad (rt_vg) applied, only the value returned: the gradient is dead */
+static nb_fn *rt_vg;
+static nb_status rt_value_only(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    (void)self;
+    const nb_tree *r = nb_apply(tr, rt_vg, args);
+    return nb_return(nb_var_of(tr, nb_tree_child(r, 0)), out);
+}
+
+/* The "bool[N] = while" sizes of f's optimised IR, in order, into sz (at most 4); the
+ * count. */
+static int rt_while_sizes(nb_ctx *ctx, nb_fn *f, const nb_tree *args, long long *sz) {
+    size_t need = 0;
+    (void)nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, NULL, 0, &need); /* NB_ERR_TRUNCATED */
+    char *ir = malloc(need + 1);
+    assert_non_null(ir);
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, ir, need + 1, NULL));
+    int n = 0;
+    for (const char *p = ir; (p = strstr(p, " = while ")) != NULL; p++) {
+        const char *b = p;
+        while (b > ir && *b != '[') {
+            b--;
+        }
+        if (n < 4) {
+            sz[n] = atoll(b + 1);
+        }
+        n++;
+    }
+    free(ir);
+    return n;
+}
+
 static void test_bounded_reverse(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
@@ -739,6 +771,24 @@ static void test_bounded_reverse(void **state) {
                whiles[0], whiles[1]);
         assert_int_equal(whiles[0], 3);
         assert_int_equal(whiles[1], 2);
+        /* the gradient never read: the taped loop and its reverse sweep go, and the plain
+         * loop (no tape in its state: the same size as f's own) stays */
+        nb_tree *vr = NULL;
+        nb_fn *vo = NULL;
+        rt_vg = vg;
+        NBT_OK(ctx, nb_fn_create(ctx, "rt_value_only", rt_value_only, NULL, &vo));
+        long long s_plain[4], s_vo[4];
+        assert_int_equal(rt_while_sizes(ctx, f[0], args, s_plain), 1);
+        assert_int_equal(rt_while_sizes(ctx, vo, args, s_vo), 1);
+        printf("the value alone: its loop's state %lld bytes, the plain loop's %lld\n", s_vo[0],
+               s_plain[0]);
+        assert_true(s_vo[0] == s_plain[0]);
+        NBT_OK(ctx, nb_fn_call(vo, args, &vr));
+        NBT_EQ_F64(*(const double *)nb_array_data(nb_tree_get_array(vr)),
+                   rt_eval(ctx, f[0], w, b, x0));
+        nb_tree_destroy(vr);
+        nb_fn_destroy(vo);
+        rt_vg = NULL;
         nb_tree_destroy(res);
         nb_fn_destroy(vg);
     }
