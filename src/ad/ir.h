@@ -100,6 +100,12 @@ NBI_HIDDEN nb_status nbi_graph_init(nbi_graph *g, nbi_arena *arena);
 /* Append a node (copied into the arena, inputs array included) and return the copy. */
 NBI_HIDDEN nb_var *nbi_graph_add(nbi_graph *g, const nb_var *proto);
 
+/* The bytes a value takes as one of several leaves packed in a buffer: its data rounded up
+ * to 64 (a loop's state and an executable's outputs lie at 64-byte offsets). */
+static inline size_t nbi_leaf_bytes(const nb_var *v) {
+    return ((size_t)v->size * nbi_dsize(v->dtype) + 63) / 64 * 64;
+}
+
 /* The kernel's view of one node at run time. */
 typedef struct nbi_kargs {
     const nb_var *node;    /* dtype, shape, attrs of the output; node->in for inputs */

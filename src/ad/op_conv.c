@@ -195,8 +195,6 @@ static void nbi_cgeo_make(const nb_var *node, const int64_t *sp, const int64_t *
     g->es = nb_dtype_size(node->dtype);
 }
 
-/* The output positions o in [0, so) whose input index o s + off lies in [0, len):
- * [*first, *last). */
 /* A short row's bytes (a multiple of 4): fixed-size copies the compiler writes out -- a
  * call to memcpy per row of an 8-wide image cost more than the row. */
 static inline void nbi_row_copy(void *dst, const void *src, size_t bytes) {
@@ -214,6 +212,8 @@ static inline void nbi_row_copy(void *dst, const void *src, size_t bytes) {
     }
 }
 
+/* The output positions o in [0, so) whose input index o s + off lies in [0, len):
+ * [*first, *last). */
 static void nbi_valid(int64_t so, int64_t s, int64_t off, int64_t len, int64_t *first,
                       int64_t *last) {
     int64_t f = off >= 0 ? 0 : (-off + s - 1) / s;

@@ -1540,7 +1540,7 @@ nb_status nbi_pass_loop_share(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) 
             int64_t idx = w2->at.c[1] + v->at.ivalue, off = 0;
             for (int64_t l = 0; l < idx; l++) {
                 const nb_var *o = nbi_exec_output(w2->at.callee, (int32_t)l);
-                off += ((int64_t)o->size * (int64_t)nbi_dsize(o->dtype) + 63) / 64 * 64;
+                off += (int64_t)nbi_leaf_bytes(o);
             }
             nb_var proto = *v, *src = map[w2->id];
             proto.in = &src;

@@ -1441,7 +1441,7 @@ static void nbx_emit_loop(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, 
                         "        ci[%lld] = bi[%lld] = bo[%lld] = w + %zu;\n"
                         "        don[%lld] = 1;\n",
                         nc + i, nb + i, i, off, i);
-        off += ((size_t)o->size * nbi_dsize(o->dtype) + 63) / 64 * 64;
+        off += nbi_leaf_bytes(o);
     }
     const nbi_exec *grp[2] = {v->at.callee2, body};
     /* planned once unless a step can run cond or body elsewhere (then before every run) */

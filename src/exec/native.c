@@ -607,7 +607,7 @@ void *nbi_native_check_begin(const nbi_exec *e, const void *const *inputs) {
     size_t total = 0;
     for (int32_t i = 0; i < e->n_outputs; i++) {
         const nb_var *o = &e->nodes[e->outputs[i]];
-        total += ((size_t)o->size * nbi_dsize(o->dtype) + 63) / 64 * 64;
+        total += nbi_leaf_bytes(o);
     }
     size_t head = ((size_t)e->n_outputs * (sizeof(void *) + sizeof(bool)) + 63) / 64 * 64;
     unsigned char *mem = aligned_alloc(64, head + total + 64);

@@ -61,14 +61,10 @@ nb_loop_opts nb_loop_opts_default(void) {
 
 /* ---- the while op ------------------------------------------------------------------- */
 
-static size_t nbl_leaf_bytes(const nb_var *o) {
-    return ((size_t)o->size * nbi_dsize(o->dtype) + 63) / 64 * 64;
-}
-
 static size_t nbl_carry_bytes(const nbi_exec *body) {
     size_t off = 0;
     for (int32_t i = 0; i < nbi_exec_n_outputs(body); i++) {
-        off += nbl_leaf_bytes(nbi_exec_output(body, i));
+        off += nbi_leaf_bytes(nbi_exec_output(body, i));
     }
     return off;
 }
@@ -113,7 +109,7 @@ static void nbi_k_while(const nbi_kargs *k) {
         body_in[nb + i] = w + off;
         body_out[i] = w + off;
         donated[i] = true;
-        off += nbl_leaf_bytes(o);
+        off += nbi_leaf_bytes(o);
     }
     for (int64_t step = 0; max_steps <= 0 || step < max_steps; step++) {
         void *flag_out = flag;
@@ -695,7 +691,7 @@ static const nb_tree *nbl_while_ex(nb_trace *tr, const char *who, nb_fn *cond, n
         memset(&at, 0, sizeof at);
         at.ivalue = i;
         at.a[0] = (int64_t)off;
-        off += nbl_leaf_bytes(nbi_exec_output(ci_b.exec, (int32_t)i));
+        off += nbi_leaf_bytes(nbi_exec_output(ci_b.exec, (int32_t)i));
         outl[i] = nb_leaf(nbi_emit(tr, NBI_OP_CALL_OUTPUT, 1, &w, &at));
         if (outl[i] == NULL) {
             return NULL;
@@ -1782,7 +1778,7 @@ static void nbl_vjp_checkpointed(nb_trace *tr, nb_var *w, nb_var *const *cts, nb
         memset(&at, 0, sizeof at);
         at.ivalue = i;
         at.a[0] = (int64_t)off;
-        off += nbl_leaf_bytes(nbi_exec_output(ci.exec, i));
+        off += nbi_leaf_bytes(nbi_exec_output(ci.exec, i));
         nb_var *o = nbi_emit(tr, NBI_OP_CALL_OUTPUT, 1, &r, &at);
         if (i < ncar) {
             in_ct[nc + nb + i] = nbi_is_float_var(carry0[i]) ? o : NULL;
@@ -1967,7 +1963,7 @@ typedef struct nbl_rev_layout {
 static size_t nbl_outs_bytes(const nbi_exec *e, int32_t first, int32_t n) {
     size_t off = 0;
     for (int32_t i = first; i < first + n; i++) {
-        off += nbl_leaf_bytes(nbi_exec_output(e, i));
+        off += nbi_leaf_bytes(nbi_exec_output(e, i));
     }
     return off;
 }
@@ -1981,7 +1977,7 @@ static nbl_rev_layout nbl_rev_plan(const nb_var *node) {
     memset(&L, 0, sizeof L);
     L.state = nbl_outs_bytes(vjp, 0, (int32_t)ncar);
     for (int64_t j = 0; j < ncar; j++) {
-        L.slot_state += nbl_is_buf(node, j) ? 0 : nbl_leaf_bytes(nbi_exec_output(vjp, (int32_t)j));
+        L.slot_state += nbl_is_buf(node, j) ? 0 : nbi_leaf_bytes(nbi_exec_output(vjp, (int32_t)j));
     }
     L.vjp_out = nbl_outs_bytes(vjp, 0, nvo);
     size_t off = 0;
@@ -2025,7 +2021,7 @@ static void nbl_leaf_ptrs(const nbi_exec *vjp, int32_t first, int32_t n, unsigne
     size_t off = 0;
     for (int32_t i = 0; i < n; i++) {
         out[i] = base + off;
-        off += nbl_leaf_bytes(nbi_exec_output(vjp, first + i));
+        off += nbi_leaf_bytes(nbi_exec_output(vjp, first + i));
     }
 }
 
@@ -2036,7 +2032,7 @@ static int64_t nbl_slot_runs(const nb_var *node, const nbi_exec *vjp, int64_t nc
     size_t off = 0, soff = 0;
     int64_t n = 0;
     for (int64_t j = 0; j < ncar; j++) {
-        size_t bytes = nbl_leaf_bytes(nbi_exec_output(vjp, (int32_t)j));
+        size_t bytes = nbi_leaf_bytes(nbi_exec_output(vjp, (int32_t)j));
         if (!nbl_is_buf(node, j) && bytes > 0) {
             if (n > 0 && runs[3 * (n - 1)] + runs[3 * (n - 1) + 2] == off) {
                 runs[3 * (n - 1) + 2] += bytes;
@@ -2138,7 +2134,7 @@ void nbi_loop_reverse_run(const nbi_kargs *k, const nbi_loop_fns *f) {
         if (bytes > 0) {
             memcpy(W + off, carry0[i], bytes);
         }
-        off += nbl_leaf_bytes(o);
+        off += nbi_leaf_bytes(o);
     }
     nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, W, cond_in + nc);
     nbl_leaf_ptrs(vjp, 0, (int32_t)ncar, W, body_in + nb);
@@ -2191,7 +2187,7 @@ void nbi_loop_reverse_run(const nbi_kargs *k, const nbi_loop_fns *f) {
         if (bytes > 0) {
             memcpy(S + L.off_ct[0] + off, ct_final[i], bytes);
         }
-        off += nbl_leaf_bytes(o);
+        off += nbi_leaf_bytes(o);
     }
     memset(S + L.off_acc, 0, L.vjp_out - L.state);
     nbl_ckpt_action act;
@@ -2228,7 +2224,7 @@ void nbi_loop_reverse_run(const nbi_kargs *k, const nbi_loop_fns *f) {
                         a[e] = a[e] + b[e];
                     }
                 }
-                o2 += nbl_leaf_bytes(o);
+                o2 += nbi_leaf_bytes(o);
             }
         }
     }
