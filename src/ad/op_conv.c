@@ -226,6 +226,48 @@ static void nbi_valid(int64_t so, int64_t s, int64_t off, int64_t len, int64_t *
 }
 
 #define NBI_CONV_KERNELS(T, SUF)                                                                   \
+    /* One tap's column rows for one example, when a row of the output is as long as a row of      \
+     * the input and both strides are 1 (SAME padding, stride 1: most convolutions): within        \
+     * a plane, output position p reads input position p + off1 * W + off2, so the valid rows      \
+     * are one contiguous copy (trimmed so that it reads only inside the input plane; what         \
+     * the trim leaves out is padding), and then the padding columns and rows are written.         \
+     * The same values as the row-by-row loop below. */                                            \
+    static void nbi_im2col_plane_##SUF(const nbi_cgeo *g, T *o, const T *xn, T pv, int64_t off0,   \
+                                       int64_t off1, int64_t off2, int64_t a0, int64_t b0,         \
+                                       int64_t a1, int64_t b1, int64_t a2, int64_t b2) {           \
+        int64_t W = g->S[2], R = g->So[1] * W, Rx = g->S[1] * W, shift = off1 * W + off2;          \
+        for (int64_t i0 = 0; i0 < g->So[0]; i0++) {                                                \
+            T *op = o + i0 * R;                                                                    \
+            if (i0 < a0 || i0 >= b0 || b1 <= a1) {                                                 \
+                for (int64_t p = 0; p < R; p++) {                                                  \
+                    op[p] = pv;                                                                    \
+                }                                                                                  \
+                continue;                                                                          \
+            }                                                                                      \
+            const T *xp = xn + (i0 * g->s[0] + off0) * Rx;                                         \
+            int64_t lo = a1 * W, hi = b1 * W;                                                      \
+            lo = lo + shift < 0 ? -shift : lo;                                                     \
+            hi = hi + shift > Rx ? Rx - shift : hi;                                                \
+            if (hi > lo) {                                                                         \
+                memcpy(op + lo, xp + lo + shift, (size_t)(hi - lo) * sizeof(T));                   \
+            }                                                                                      \
+            for (int64_t p = 0; p < a1 * W; p++) {                                                 \
+                op[p] = pv;                                                                        \
+            }                                                                                      \
+            for (int64_t p = b1 * W; p < R; p++) {                                                 \
+                op[p] = pv;                                                                        \
+            }                                                                                      \
+            for (int64_t i1 = a1; i1 < b1; i1++) {                                                 \
+                T *row = op + i1 * W;                                                              \
+                for (int64_t i2 = 0; i2 < a2; i2++) {                                              \
+                    row[i2] = pv;                                                                  \
+                }                                                                                  \
+                for (int64_t i2 = b2; i2 < W; i2++) {                                              \
+                    row[i2] = pv;                                                                  \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
     /* rows [first, first + count) of the [C*K] column rows */                                     \
     static void nbi_im2col_rows_##SUF(void *ud, int64_t first, int64_t count, int worker) {        \
         (void)worker;                                                                              \
@@ -243,9 +285,17 @@ static void nbi_valid(int64_t so, int64_t s, int64_t off, int64_t len, int64_t *
             nbi_valid(g->So[0], g->s[0], off0, g->S[0], &a0, &b0);                                 \
             nbi_valid(g->So[1], g->s[1], off1, g->S[1], &a1, &b1);                                 \
             nbi_valid(g->So[2], g->s[2], off2, g->S[2], &a2, &b2);                                 \
+            /* stride 1 in the last two dims and rows as long as the input's: each plane a         \
+             * shifted copy (nbi_im2col_plane) */                                                  \
+            bool plane = g->s[1] == 1 && g->s[2] == 1 && g->So[2] == g->S[2];                      \
             for (int64_t n = 0; n < g->N; n++) {                                                   \
                 T *o = out + nbi_coff(g, c, t, n, L);                                              \
                 const T *xn = x + nbi_xoff(g, c, n, Sx);                                           \
+                if (plane) {                                                                       \
+                    nbi_im2col_plane_##SUF(g, o, xn, pv, off0, off1, off2, a0, b0, a1, b1, a2,     \
+                                           b2);                                                    \
+                    continue;                                                                      \
+                }                                                                                  \
                 for (int64_t i0 = 0; i0 < g->So[0]; i0++) {                                        \
                     for (int64_t i1 = 0; i1 < g->So[1]; i1++) {                                    \
                         T *row = o + (i0 * g->So[1] + i1) * g->So[2];                              \
