@@ -1455,14 +1455,20 @@ static void build_specs(void) {
         c->ip[0] = 0;
         snprintf(c->label, sizeof c->label, "concatenate %s axis 0", nb_dtype_name(d));
         if (d == NB_DTYPE_F32 || d == NB_DTYPE_F64) {
-            /* im2col: 2-d with stride, dilation and uneven padding; 1-d; 3-d. col2im: the
-             * overlapping windows' sums (f64 reference; the sums of at most 4 terms) */
+            /* im2col: 2-d with stride, dilation and uneven padding; 1-d; 3-d; and with stride
+             * 1 and rows as long as the input's, where each plane is one shifted copy
+             * (nbi_im2col_plane): 2-d SAME, 2-d dilated with uneven padding, 3-d with a depth
+             * stride. col2im: the overlapping windows' sums (f64 reference; the sums of at
+             * most 4 terms; up to 9 in the SAME cases) */
             static const struct {
                 int nd;
                 int64_t x[5], k[3], s[3], lo[3], hi[3], dl[3];
             } IC[] = {{2, {2, 3, 5, 6}, {2, 3}, {2, 1}, {1, 0}, {2, 2}, {1, 2}},
                       {1, {3, 2, 7}, {3}, {2}, {1}, {1}, {1}},
-                      {3, {1, 2, 3, 2, 3}, {2, 1, 2}, {1, 1, 2}, {0, 1, 1}, {1, 0, 0}, {1, 1, 1}}};
+                      {3, {1, 2, 3, 2, 3}, {2, 1, 2}, {1, 1, 2}, {0, 1, 1}, {1, 0, 0}, {1, 1, 1}},
+                      {2, {2, 3, 5, 6}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, {1, 1}},
+                      {2, {1, 2, 4, 5}, {3, 3}, {1, 1}, {2, 3}, {2, 1}, {2, 2}},
+                      {3, {1, 2, 3, 4, 5}, {2, 3, 3}, {2, 1, 1}, {1, 0, 2}, {0, 2, 0}, {1, 1, 1}}};
             for (size_t s = 0; s < sizeof IC / sizeof IC[0]; s++) {
                 for (int op = 0; op < 2; op++) {
                     c = add_case(op ? NBI_OP_COL2IM : NBI_OP_IM2COL, 1, op ? b_col2im : b_im2col,
@@ -1481,7 +1487,7 @@ static void build_specs(void) {
                         so[q] = (IC[s].x[2 + q] + IC[s].lo[q] + IC[s].hi[q] - ek) / IC[s].s[q] + 1;
                         kk *= IC[s].k[q];
                     }
-                    c->dp = op ? 0.0 : (s == 0 ? -2.5 : 0.0);
+                    c->dp = op ? 0.0 : (s == 0 || s >= 3 ? -2.5 : 0.0);
                     if (op == 0) {
                         set_in(c, 0, d, DOM_ANY, nd + 2, IC[s].x);
                     } else {
