@@ -8,7 +8,13 @@
  *     Linear 64->10, mean cross-entropy, Adam 1e-3;
  *   - gru: a character model of examples/char_rnn.c's shape: Embedding 65->32, GRU cells
  *     32->128 and 128->128 under nb_scan over 64 steps (every step stored), Linear 128->65,
- *     batch 32, mean cross-entropy over the 2,048 positions, Adam 1e-3.
+ *     batch 32, mean cross-entropy over the 2,048 positions, Adam 1e-3;
+ * each next to its C limit (benchmarks/limits/lim_cnn.c, lim_gru.c: the same step hand-written,
+ * BLIS for the products and plain loops for the rest, every activation stored), started from
+ * nabla's initial parameters and the same batch, with the GFLOP of the step's products. Before
+ * the timing one step of each is checked against nabla's (the loss within 1e-5 relative, every
+ * new parameter and every element of Adam's mu -- the gradient times 0.1 -- within 1e-4 of its
+ * leaf's largest magnitude); a failed check makes the exit status 1.
  * Table 2, one Conv2d (bias, 3x3, stride 1, padding 1): forward, and forward + the gradients
  * of sum(conv(x) * r) with respect to x, the weight and the bias, on
  *   a: x [32, 3, 32, 32] -> 16 channels; b: [32, 32, 16, 16] -> 64; c: [8, 64, 28, 28] -> 64;
@@ -17,10 +23,14 @@
  * dcols = W^T dY), called directly on buffers of those shapes.
  *
  * Every time is a median of interleaved samples (each a burst of >= 20 ms). Run from the
- * repository root: ./build/benchmarks/bench_layers [--samples S] [--no-peers].
+ * repository root: ./build/benchmarks/bench_layers [--samples S] [--no-peers] [--only ROW N]
+ * (ROW 0 cnn, 1 gru, 2..7 the convolutions, 8 the cnn's C limit, 9 the gru's: N calls alone,
+ * for a profiler).
  */
 #define BENCH_NAME "bench_layers"
 #include "bench_common.h"
+
+#include "limits/limits.h"
 
 #include <blis.h>
 #include <nabla/nabla.h>
@@ -75,6 +85,7 @@ typedef struct runner {
     int64_t m[3], n[3], k[3];
     int tb[3]; /* b transposed */
     float *a[3], *b[3], *c[3];
+    void *lim; /* a C limit: lim_cnn or lim_gru */
     int burst;
 } runner;
 
@@ -97,6 +108,14 @@ static void run_blis(runner *r) {
                   r->n[i], r->k[i], &one, r->a[i], r->k[i], 1, r->b[i],
                   r->tb[i] ? r->k[i] : r->n[i], 1, &zero, r->c[i], r->n[i], 1);
     }
+}
+
+static void run_lim_cnn(runner *r) {
+    (void)lim_cnn_step(r->lim);
+}
+
+static void run_lim_gru(runner *r) {
+    (void)lim_gru_step(r->lim);
 }
 
 static double sample(void *ud) {
@@ -215,6 +234,171 @@ static void step_runner(nb_ctx *ctx, runner *r, nb_fn *loss, nb_tree *params, nb
     r->batch = batch;
 }
 
+/* ---- the C limits --------------------------------------------------------------------------- */
+
+/* the data of the array at leaf t, of dtype dt and n elements */
+static void *leaf_data(const nb_tree *t, nb_dtype dt, int64_t n) {
+    nb_array *a = nb_tree_get_array(t);
+    if (a == NULL || nb_array_dtype(a) != dt || nb_array_size(a) != n) {
+        fprintf(stderr, BENCH_NAME ": unexpected parameter or batch tree\n");
+        exit(1);
+    }
+    return nb_array_data(a);
+}
+
+static float *leaf_f32(const nb_tree *t, int64_t n) {
+    return leaf_data(t, NB_DTYPE_F32, n);
+}
+
+static const char *const cnn_leaf_names[LIM_CNN_NLEAF] = {
+    "conv0.weight", "conv0.bias", "conv1.weight", "conv1.bias",
+    "mlp0.weight",  "mlp0.bias",  "mlp1.weight",  "mlp1.bias"};
+static const char *const gru_leaf_names[LIM_GRU_NLEAF] = {
+    "emb.weight",  "gru1.weight_ih", "gru1.weight_hh", "gru1.bias",
+    "gru1.bias_n", "gru2.weight_ih", "gru2.weight_hh", "gru2.bias",
+    "gru2.bias_n", "out.weight",     "out.bias"};
+
+/* nabla's arrays of the cnn's parameters in lim_cnn's order (n[i] elements each) */
+static void cnn_leaves(const nb_tree *model, const int64_t *n, float **leaf) {
+    const nb_tree *ls = nb_tree_get(model, "layers");
+    const nb_tree *mlp = nb_tree_get(nb_tree_child(ls, 6), "layers");
+    const nb_tree *l[4] = {nb_tree_child(ls, 0), nb_tree_child(ls, 2), nb_tree_child(mlp, 0),
+                           nb_tree_child(mlp, 1)};
+    for (int i = 0; i < 4; i++) {
+        leaf[2 * i] = leaf_f32(nb_tree_get(l[i], "weight"), n[2 * i]);
+        leaf[2 * i + 1] = leaf_f32(nb_tree_get(l[i], "bias"), n[2 * i + 1]);
+    }
+}
+
+/* nabla's arrays of the gru's parameters in lim_gru's order */
+static void gru_leaves(const nb_tree *p, const int64_t *n, float **leaf) {
+    static const char *const k[LIM_GRU_NLEAF][2] = {
+        {"emb", "weight"},  {"gru1", "weight_ih"}, {"gru1", "weight_hh"}, {"gru1", "bias"},
+        {"gru1", "bias_n"}, {"gru2", "weight_ih"}, {"gru2", "weight_hh"}, {"gru2", "bias"},
+        {"gru2", "bias_n"}, {"out", "weight"},     {"out", "bias"}};
+    for (int i = 0; i < LIM_GRU_NLEAF; i++) {
+        leaf[i] = leaf_f32(nb_tree_get(nb_tree_get(p, k[i][0]), k[i][1]), n[i]);
+    }
+}
+
+static double state_hyper(nb_ctx *ctx, const nb_tree *state, const char *name) {
+    double v = NAN;
+    BENCH_CHECK(ctx, nb_array_get_flat(
+                         nb_tree_get_array(nb_tree_get(nb_tree_get(state, "hyper"), name)), 0, &v));
+    return v;
+}
+
+/* A C limit for the train step of r (model 0 cnn, 1 gru) from r's current parameters, batch
+ * and Adam hyperparameters (before r's first step: count 0); u runs it. */
+static void lim_runner(runner *u, const runner *r, int model) {
+    memset(u, 0, sizeof *u);
+    u->ctx = r->ctx;
+    const nb_tree *bx = nb_tree_child(r->batch, 0), *by = nb_tree_child(r->batch, 1);
+    int nl = model == 0 ? LIM_CNN_NLEAF : LIM_GRU_NLEAF;
+    int64_t n[LIM_GRU_NLEAF];
+    float *dst[LIM_GRU_NLEAF], *src[LIM_GRU_NLEAF];
+    if (model == 0) {
+        lim_cnn *m = lim_cnn_create();
+        if (m == NULL) {
+            fprintf(stderr, BENCH_NAME ": out of memory\n");
+            exit(1);
+        }
+        for (int i = 0; i < nl; i++) {
+            dst[i] = lim_cnn_leaf(m, 0, i, &n[i]);
+        }
+        cnn_leaves(r->params, n, src);
+        memcpy(lim_cnn_x(m), leaf_f32(bx, LIM_CNN_B * 64), LIM_CNN_B * 64 * sizeof(float));
+        memcpy(lim_cnn_labels(m), leaf_data(by, NB_DTYPE_I32, LIM_CNN_B),
+               LIM_CNN_B * sizeof(int32_t));
+        u->lim = m;
+        u->run = run_lim_cnn;
+    } else {
+        lim_gru *m = lim_gru_create();
+        if (m == NULL) {
+            fprintf(stderr, BENCH_NAME ": out of memory\n");
+            exit(1);
+        }
+        for (int i = 0; i < nl; i++) {
+            dst[i] = lim_gru_leaf(m, 0, i, &n[i]);
+        }
+        gru_leaves(r->params, n, src);
+        int64_t nt = (int64_t)LIM_GRU_B * LIM_GRU_T;
+        memcpy(lim_gru_inputs(m), leaf_data(bx, NB_DTYPE_I32, nt), (size_t)nt * sizeof(int32_t));
+        memcpy(lim_gru_targets(m), leaf_data(by, NB_DTYPE_I32, nt), (size_t)nt * sizeof(int32_t));
+        u->lim = m;
+        u->run = run_lim_gru;
+    }
+    for (int i = 0; i < nl; i++) {
+        memcpy(dst[i], src[i], (size_t)n[i] * sizeof(float));
+    }
+    double h[5] = {state_hyper(r->ctx, r->state, "learning_rate"),
+                   state_hyper(r->ctx, r->state, "b1"), state_hyper(r->ctx, r->state, "b2"),
+                   state_hyper(r->ctx, r->state, "eps"), state_hyper(r->ctx, r->state, "eps_root")};
+    if (model == 0) {
+        lim_cnn_set_adam(u->lim, 0, h[0], h[1], h[2], h[3], h[4]);
+    } else {
+        lim_gru_set_adam(u->lim, 0, h[0], h[1], h[2], h[3], h[4]);
+    }
+}
+
+/* The largest |c - v| over a leaf's largest |v|, over the leaves (n[i] elements each); *at:
+ * the leaf where it is. */
+static double leaf_err(int nl, const int64_t *n, float *const *c, float *const *v, int *at) {
+    double worst = 0;
+    *at = 0;
+    for (int i = 0; i < nl; i++) {
+        double big = 0, d = 0;
+        for (int64_t j = 0; j < n[i]; j++) {
+            double a = fabs((double)v[i][j]), e = fabs((double)c[i][j] - (double)v[i][j]);
+            big = a > big ? a : big;
+            d = e > d || e != e ? e : d;
+        }
+        double q = d / (big > 0 ? big : 1.0);
+        if (q > worst || q != q) {
+            worst = q;
+            *at = i;
+        }
+    }
+    return worst;
+}
+
+/* One step of nabla's r and of its limit u from the same start, compared: the losses within
+ * 1e-5 relative; each new parameter, and each leaf of Adam's mu (after a first step (1 - b1)
+ * times the gradient: where the parameters, moved by about lr sign(g), show only the
+ * gradients' signs, mu shows their values), within 1e-4 of its leaf's largest magnitude.
+ * Prints the result; true if it passed. */
+static bool lim_check(runner *r, runner *u, int model) {
+    double ln = 0;
+    BENCH_CHECK(r->ctx, nb_train_run(r->f, &r->params, &r->state, r->batch, &ln, NULL));
+    double lc = model == 0 ? lim_cnn_step(u->lim) : lim_gru_step(u->lim);
+    int nl = model == 0 ? LIM_CNN_NLEAF : LIM_GRU_NLEAF;
+    const char *const *names = model == 0 ? cnn_leaf_names : gru_leaf_names;
+    double err[2];
+    int at[2];
+    for (int w = 0; w < 2; w++) { /* params, mu */
+        int64_t n[LIM_GRU_NLEAF];
+        float *c[LIM_GRU_NLEAF], *v[LIM_GRU_NLEAF];
+        for (int i = 0; i < nl; i++) {
+            c[i] =
+                model == 0 ? lim_cnn_leaf(u->lim, w, i, &n[i]) : lim_gru_leaf(u->lim, w, i, &n[i]);
+        }
+        const nb_tree *t = w == 0 ? r->params : nb_tree_get(r->state, "mu");
+        if (model == 0) {
+            cnn_leaves(t, n, v);
+        } else {
+            gru_leaves(t, n, v);
+        }
+        err[w] = leaf_err(nl, n, c, v, &at[w]);
+    }
+    double lrel = fabs(lc - ln) / fmax(fabs(ln), 1e-30);
+    bool ok = lrel <= 1e-5 && err[0] <= 1e-4 && err[1] <= 1e-4;
+    printf("- %s: loss C %.9g, nabla %.9g, rel. diff %.2e (<= 1e-5); max |diff| / max |leaf|: "
+           "new params %.2e at %s, mu %.2e at %s (<= 1e-4): %s\n",
+           model == 0 ? "cnn" : "gru", lc, ln, lrel, err[0], names[at[0]], err[1], names[at[1]],
+           ok ? "ok" : "FAILED");
+    return ok;
+}
+
 /* ---- one convolution ---------------------------------------------------------------------- */
 
 /* args = ((layer, x), r): forward only uses (layer, x) */
@@ -242,7 +426,8 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--no-peers") == 0) {
             with_peers = false;
         } else if (strcmp(argv[i], "--only") == 0 && i + 2 < argc) {
-            /* for a profiler: row I (0 cnn, 1 gru, 2.. the convolutions) run N times alone */
+            /* for a profiler: row I (0 cnn, 1 gru, 2..7 the convolutions, 8 and 9 the cnn's and
+             * the gru's C limits) run N times alone */
             only = atoi(argv[++i]);
             only_n = atoi(argv[++i]);
             with_peers = false;
@@ -297,7 +482,7 @@ int main(int argc, char **argv) {
 
     nb_array *key = NULL;
     BENCH_CHECK(ctx, nb_random_key(ctx, 0, &key));
-    runner run[8];
+    runner run[10];
     memset(run, 0, sizeof run);
     /* cnn */
     nb_fn *cl = NULL, *gl = NULL;
@@ -313,6 +498,9 @@ int main(int argc, char **argv) {
             *gy = leaf(ctx, rand_arr(ctx, NB_DTYPE_I32, 2, (int64_t[]){GB, GT}, GV));
     BENCH_CHECK(ctx, nb_tree_tuple(ctx, 2, (nb_tree *[]){gx, gy}, &gb));
     step_runner(ctx, &run[1], gl, gru_model(ctx, key), gb);
+    /* their C limits, from the same parameters and batches */
+    lim_runner(&run[8], &run[0], 0);
+    lim_runner(&run[9], &run[1], 1);
     /* convolutions and their BLIS floors */
     static const conv_shape CS[3] = {
         {"a: [32,3,32,32] -> 16", 32, 3, 32, 16},
@@ -365,7 +553,7 @@ int main(int argc, char **argv) {
         nb_tree_destroy(x);
         nb_tree_destroy(r);
     }
-    if (only >= 0 && only < 8 && getenv("BENCH_DUMP_IR") != NULL && run[only].run == run_step) {
+    if (only >= 0 && only < 10 && getenv("BENCH_DUMP_IR") != NULL && run[only].run == run_step) {
         nb_tree *a = NULL;
         runner *u = &run[only];
         BENCH_CHECK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){u->params, u->state, u->batch}, &a));
@@ -377,7 +565,7 @@ int main(int argc, char **argv) {
         free(s);
         nb_tree_destroy(a);
     }
-    if (only >= 0 && only < 8) {
+    if (only >= 0 && only < 10) {
         run[only].run(&run[only]);
         double t0 = bench_now_s();
         for (int i = 0; i < only_n; i++) {
@@ -385,43 +573,60 @@ int main(int argc, char **argv) {
         }
         printf("row %d: %.3f ms per call\n", only,
                (bench_now_s() - t0) * 1e3 / (only_n ? only_n : 1));
+        lim_cnn_destroy(run[8].lim);
+        lim_gru_destroy(run[9].lim);
         nb_ctx_destroy(ctx);
         return 0;
     }
-    bench_item items[14];
-    for (int i = 0; i < 8; i++) {
+    printf("Checks: one Adam step of the C limit against nabla's, from the same parameters and "
+           "batch:\n\n");
+    bool ok = lim_check(&run[0], &run[8], 0);
+    ok = lim_check(&run[1], &run[9], 1) && ok;
+    printf("\n");
+    /* med[0..9]: run (the limits at 8, 9), med[10..15]: the BLIS floors */
+    bench_item items[16];
+    for (int i = 0; i < 10; i++) {
         items[i].sample = sample;
         items[i].ud = &run[i];
     }
     for (int i = 0; i < 6; i++) {
-        items[8 + i].sample = sample;
-        items[8 + i].ud = &floor_[i];
+        items[10 + i].sample = sample;
+        items[10 + i].ud = &floor_[i];
     }
-    bench_rounds(items, 14, samples);
-    double med[14];
-    for (int i = 0; i < 14; i++) {
+    bench_rounds(items, 16, samples);
+    double med[16];
+    for (int i = 0; i < 16; i++) {
         med[i] = bench_median(items[i].s, samples);
     }
-    printf("PyTorch %s, JAX %s. Times in ms; ratio = peer / nabla (> 1: nabla faster).\n\n", tv,
-           jv);
-    printf("| train step | nabla | PyTorch | JAX + Equinox | PyTorch / nabla | JAX / nabla |\n"
-           "|---|---|---|---|---|---|\n");
+    printf("PyTorch %s, JAX %s. Times in ms; ratio = peer / nabla (> 1: nabla faster); limit / "
+           "nabla (< 1: the C limit faster); GFLOP: the step's products (2 m n k each).\n\n",
+           tv, jv);
+    printf("| train step | GFLOP | nabla | C limit | limit / nabla | PyTorch | JAX + Equinox | "
+           "PyTorch / nabla | JAX / nabla |\n|---|---|---|---|---|---|---|---|---|\n");
     static const char *const sn[2] = {"digits CNN, batch 64", "2-layer GRU, B 32, H 128, T 64"};
+    const double gflop[2] = {lim_cnn_flops() / 1e9, lim_gru_flops() / 1e9};
     for (int i = 0; i < 2; i++) {
-        printf("| %s | %.3f | %.3f | %.3f | %.2f | %.2f |\n", sn[i], med[i] / 1e3, torch[i] / 1e3,
-               jax[i] / 1e3, torch[i] / med[i], jax[i] / med[i]);
+        printf("| %s | %.3f | %.3f | %.3f | %.2f | %.3f | %.3f | %.2f | %.2f |\n", sn[i], gflop[i],
+               med[i] / 1e3, med[8 + i] / 1e3, med[8 + i] / med[i], torch[i] / 1e3, jax[i] / 1e3,
+               torch[i] / med[i], jax[i] / med[i]);
     }
     printf("\n| Conv2d 3x3 | pass | nabla | BLIS floor | nabla / floor | PyTorch | JAX | PyTorch / "
            "nabla | JAX / nabla |\n|---|---|---|---|---|---|---|---|---|\n");
     for (int s = 0; s < 3; s++) {
         for (int fb = 0; fb < 2; fb++) {
             int i = 2 + 2 * s + fb;
-            double fl = med[8 + 2 * s + fb];
+            double fl = med[10 + 2 * s + fb];
             printf("| %s | %s | %.3f | %.3f | %.2f | %.3f | %.3f | %.2f | %.2f |\n", CS[s].name,
                    fb ? "fwd+bwd" : "fwd", med[i] / 1e3, fl / 1e3, med[i] / fl, torch[i] / 1e3,
                    jax[i] / 1e3, torch[i] / med[i], jax[i] / med[i]);
         }
     }
+    lim_cnn_destroy(run[8].lim);
+    lim_gru_destroy(run[9].lim);
     nb_ctx_destroy(ctx);
+    if (!ok) {
+        fprintf(stderr, BENCH_NAME ": the C limits' check FAILED (see above)\n");
+        return 1;
+    }
     return 0;
 }

@@ -1,9 +1,9 @@
 /*
- * limits.h -- hand-written plain C versions of the workloads of bench_native (issue 19): the
- * "limit" a compiled nabla program is measured against. No nabla here: each is the
- * computation written out as a C programmer would, doing the same arithmetic in the same
- * order as nabla's interpreter, so that the results agree bit for bit where the order is
- * the same (and the benchmark checks that they do).
+ * limits.h -- hand-written plain C versions of the workloads of bench_native (issue 19),
+ * bench_vmap and bench_layers: the "limit" a compiled nabla program is measured against. No
+ * nabla here: each is the computation written out as a C programmer would, doing the same
+ * arithmetic in the same order as nabla's interpreter, so that the results agree bit for bit
+ * where the order is the same (and the benchmark checks that they do).
  *
  *   lim_lv.c      Lotka-Volterra solved with Tsitouras 5(4) and the PID controller of
  *                 src/ode/solve.c (same first step, error norm, safety factors, clipping to
@@ -17,8 +17,21 @@
  *   lim_pex.c     per-example gradients of that MLP (batch 128, each example's own loss):
  *                 the batch's forward and deltas in BLIS, each example's outer products in
  *                 loops (bench_vmap)
+ *   lim_cnn.c     the digits CNN of bench_layers (batch 64 of [1, 8, 8]: two 3x3 convolutions
+ *                 1->16->32 with relu, max pool 2x2, Linear 512->64, relu, Linear 64->10, mean
+ *                 cross-entropy) train step: the convolutions by im2col and one BLIS product
+ *                 each, the linear layers in BLIS, the rest and Adam in loops
+ *   lim_gru.c     the 2-layer GRU character model of bench_layers (Embedding 65->32, GRU cells
+ *                 32->128 and 128->128 over 64 steps, Linear 128->65, batch 32, mean
+ *                 cross-entropy over the 2,048 positions) train step: every step's gates
+ *                 stored in the forward (nothing recomputed), the per-step recurrent products
+ *                 and the rest (as one product over all 2,048 rows each) in BLIS
  *   lim_vmath_*.c SLEEF's vector functions, chosen per CPU as nabla chooses them (AVX2 + FMA,
  *                 else SSE2): tanhf u35, expf and logf u10, pow u10 (f64)
+ *
+ * The two models of bench_layers are checked against nabla within rounding, not bit for bit:
+ * their products are single BLIS calls over the whole batch (and, for the GRU, the whole
+ * sequence) where nabla's are not, so the sums are in another order.
  *
  * Compiled with -O3 -ffp-contract=off -fno-math-errno -march=native (benchmarks/CMakeLists.txt):
  * the native tier's flags but -O3 for -O2 (the best plain C: gcc's -O2 leaves most of the MLPs'
@@ -151,5 +164,57 @@ float *lim_pex_x(lim_pex *m);
 int32_t *lim_pex_labels(lim_pex *m);
 /* Every example's gradient of its own cross-entropy. */
 void lim_pex_grads(lim_pex *m);
+
+/* ---- the digits CNN, batch 64: one Adam train step (lim_cnn.c) ---------------------------- */
+
+enum { LIM_CNN_B = 64, LIM_CNN_NLEAF = 8 };
+
+typedef struct lim_cnn lim_cnn;
+
+/* A model with its buffers, zeroed: the 8 parameters (conv 1->16 weight f32[16, 1, 3, 3],
+ * bias [16] (nabla's [16, 1, 1]); conv 16->32 weight [32, 16, 3, 3], bias [32]; Linear
+ * 512->64 weight [64, 512], bias [64]; Linear 64->10 weight [10, 64], bias [10]; row-major),
+ * Adam's mu and nu, x f32[64, 1, 8, 8], labels i32[64]; Adam's hyperparameters Optax's
+ * (1e-3, 0.9, 0.999, 1e-8, 0) and count 0. NULL when out of memory. */
+lim_cnn *lim_cnn_create(void);
+void lim_cnn_destroy(lim_cnn *m);
+/* Leaf i in 0..7, in the order above, of the parameters (which 0), mu (1) or nu (2); *n (if
+ * not NULL): its element count. */
+float *lim_cnn_leaf(lim_cnn *m, int which, int i, int64_t *n);
+float *lim_cnn_x(lim_cnn *m);
+int32_t *lim_cnn_labels(lim_cnn *m);
+void lim_cnn_set_adam(lim_cnn *m, int32_t count, double lr, double b1, double b2, double eps,
+                      double eps_root);
+/* One train step in place (params, mu, nu, count); returns the loss before the update. */
+float lim_cnn_step(lim_cnn *m);
+/* The floating-point operations of the step's products (2 m n k each). */
+double lim_cnn_flops(void);
+
+/* ---- the 2-layer GRU character model, batch 32, 64 steps: one Adam train step (lim_gru.c) -- */
+
+enum { LIM_GRU_B = 32, LIM_GRU_T = 64, LIM_GRU_E = 32, LIM_GRU_H = 128, LIM_GRU_V = 65 };
+enum { LIM_GRU_NLEAF = 11 };
+
+typedef struct lim_gru lim_gru;
+
+/* A model with its buffers, zeroed: the 11 parameters (emb.weight f32[65, 32]; gru1's
+ * weight_ih [384, 32], weight_hh [384, 128], bias [384], bias_n [128]; gru2's weight_ih
+ * [384, 128], weight_hh [384, 128], bias [384], bias_n [128]; out.weight [65, 128], out.bias
+ * [65]; row-major, gates r, z, n along the 384 rows as src/nn/rnn.c), Adam's mu and nu, the
+ * inputs and targets i32[32, 64] (batch-major, as bench_layers' batch); Adam as lim_cnn.
+ * NULL when out of memory. */
+lim_gru *lim_gru_create(void);
+void lim_gru_destroy(lim_gru *m);
+/* Leaf i in 0..10, in the order above, of the parameters (which 0), mu (1) or nu (2); *n (if
+ * not NULL): its element count. */
+float *lim_gru_leaf(lim_gru *m, int which, int i, int64_t *n);
+int32_t *lim_gru_inputs(lim_gru *m);
+int32_t *lim_gru_targets(lim_gru *m);
+void lim_gru_set_adam(lim_gru *m, int32_t count, double lr, double b1, double b2, double eps,
+                      double eps_root);
+/* One train step in place (params, mu, nu, count); returns the loss before the update. */
+float lim_gru_step(lim_gru *m);
+/* The floating-point operations of the step's products (2 m n k each). */
+double lim_gru_flops(void);
 
 #endif
