@@ -149,11 +149,11 @@ static void im2col_row(float *restrict dst, const float *restrict src, int ky, i
                 memset(d, 0, S * sizeof(float));
                 continue;
             }
-            const float *restrict sr = src + n * 64 + iy * S + kx - 1;
+            const float *restrict sr = src + n * 64 + iy * S;
             d[0] = 0.0f;
             d[S - 1] = 0.0f;
             for (int x = x0; x < x1; x++) {
-                d[x] = sr[x];
+                d[x] = sr[x + kx - 1];
             }
         }
     }
@@ -177,10 +177,10 @@ static void col2im_row(float *restrict dst, const float *restrict row, int ky, i
             if (iy < 0 || iy >= S) {
                 continue;
             }
-            float *restrict d = dst + n * 64 + iy * S + kx - 1;
+            float *restrict d = dst + n * 64 + iy * S;
             const float *restrict r = row + n * 64 + y * S;
             for (int x = x0; x < x1; x++) {
-                d[x] = d[x] + r[x];
+                d[x + kx - 1] = d[x + kx - 1] + r[x];
             }
         }
     }

@@ -13,7 +13,9 @@
  * and a broadcast batch dim simply revisits the same matrix (zero batch stride). An operand
  * flagged as stored transposed is copied row-major into scratch first: BLIS's summation
  * order depends on how operands are stored (nbi_mm_pack_a), and the product must have the
- * bits of the one made from a materialised transpose. Why BLIS: its GotoBLAS-style blocking around
+ * bits of the one made from a materialised transpose. (A transpose of a product is another
+ * matter: the optimizer makes it as the swapped product, with that product's bits --
+ * passes.c, nbi_pass_transpose_matmul.) Why BLIS: its GotoBLAS-style blocking around
  * one small register-tiled micro-kernel per architecture reaches vendor-BLAS speed with explicit
  * strides for every operand; F. G. Van Zee and R. A. van de Geijn, "BLIS: A Framework for
  * Rapidly Instantiating BLAS Functionality", ACM TOMS 41(3), 2015.
@@ -1174,7 +1176,10 @@ static void nbi_mm_block(const nbi_kargs *k, nbi_mm_fn f, bool blis, nbi_mm_geom
         unsigned char *p = o;
         if ((const void *)o == (const void *)c) { /* in place: the product into scratch */
             p = (unsigned char *)scratch + packs;
-            pg.c_rs = sub->n;
+            /* row-stored like the output block: a row stride of 1 (a block one column wide
+             * in a wider product) would make BLIS read the block as column-stored and sum
+             * in another order -- so at least 2 (test_matmul_accumulate: n = 129, 257) */
+            pg.c_rs = sub->n > 1 || ld == 1 ? sub->n : 2;
         }
         f(&pg, a, b, p, scratch);
         (d == NB_DTYPE_F32 ? nbi_mm_add_f32 : nbi_mm_add_f64)(o, p, c, sub->m, sub->n, ld, pg.c_rs,
@@ -1240,8 +1245,8 @@ static size_t nbi_mm_scratch_of(const nbi_mm_geom *g, nb_dtype d) {
         blk.m = g->m < rows ? g->m : rows;
         blk.n = g->n < cols ? g->n : cols;
         size_t es = nb_dtype_size(d), bytes = nbi_mm_pack_bytes(&blk, es);
-        if (g->acc) {
-            bytes += ((size_t)(blk.m * blk.n) * es + 63) / 64 * 64;
+        if (g->acc) { /* rows at least 2 apart (nbi_mm_block) */
+            bytes += ((size_t)(blk.m * (blk.n > 1 ? blk.n : 2)) * es + 63) / 64 * 64;
         }
         return bytes;
     }

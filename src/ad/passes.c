@@ -526,13 +526,20 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
             }
             proto.in = &src;
             map[i] = nbi_graph_add(out, &proto);
-        } else if (nbi_is_matrix_transpose(v) && uses[v->in[0]->id] == 1 &&
-                   map[v->in[0]->id]->op == NBI_OP_MATMUL && map[v->in[0]->id]->n_in == 2 &&
-                   map[v->in[0]->id]->in[0]->rank >= 2 && map[v->in[0]->id]->in[1]->rank >= 2) {
+        } else if (nbi_is_matrix_transpose(v) && v->in[0]->op == NBI_OP_MATMUL &&
+                   uses[v->in[0]->id] == 1 && map[v->in[0]->id]->op == NBI_OP_MATMUL &&
+                   map[v->in[0]->id]->n_in == 2 && map[v->in[0]->id]->in[0]->rank >= 2 &&
+                   map[v->in[0]->id]->in[1]->rank >= 2) {
             /* transpose(op(a) @ op(b)) = op(b)^T @ op(a)^T: the product made transposed, read
              * through swapped strides, instead of made and then copied (every weight
-             * gradient of x @ w^T, a Linear's or a recurrent cell's, ends so). The old
-             * product, read only here, is left for DCE. */
+             * gradient of x @ w^T, a Linear's or a recurrent cell's, ends so). Only when the
+             * transpose is the product's one reader (a product read elsewhere too is made
+             * once and copied); the old product is left for DCE. The bits are those of the
+             * swapped product: exact for integers and nabla's own loops (each output summed
+             * over k in order), but BLIS may sum the swapped problem in another order, so a
+             * product's transpose alone can differ in the last bits from the transpose of
+             * that product when the product is also read -- deterministic either way (run to
+             * run, any thread count, interpreter or native code). */
             const nb_var *mm = map[v->in[0]->id];
             proto = *mm;
             proto.rank = v->rank;
