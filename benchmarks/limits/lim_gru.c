@@ -305,26 +305,9 @@ static void layer_bwd(lim_gru *m, lim_gru_layer *l, int64_t in, int w, const flo
 
 /* Adam over the leaves with the gradients in m->g */
 static void adam(lim_gru *m) {
-    const lim_vmath *vm = lim_vmath_get();
-    int32_t cnt = m->count < INT32_MAX ? m->count + 1 : m->count;
-    m->count = cnt;
-    double t = (double)cnt;
-    float rbc1 = (float)(1.0 / (1.0 - vm->pow1(m->b1, t)));
-    float rbc2 = (float)(1.0 / (1.0 - vm->pow1(m->b2, t)));
-    float b1 = (float)m->b1, c1 = (float)(1.0 - m->b1);
-    float b2 = (float)m->b2, c2 = (float)(1.0 - m->b2);
-    float eps = (float)m->eps, eps_root = (float)m->eps_root, nlr = (float)-m->lr;
+    lim_adam_step s = lim_adam_begin(&m->count, m->lr, m->b1, m->b2, m->eps, m->eps_root);
     for (int l = 0; l < NLEAF; l++) {
-        float *restrict pl = m->p[l], *restrict mu = m->mu[l], *restrict nu = m->nu[l];
-        const float *restrict g = m->g[l];
-        for (int64_t i = 0; i < lim_gru_n[l]; i++) {
-            float gi = g[i];
-            float mi = c1 * gi + b1 * mu[i];
-            float ni = c2 * (gi * gi) + b2 * nu[i];
-            mu[i] = mi;
-            nu[i] = ni;
-            pl[i] = pl[i] + nlr * ((mi * rbc1) / (sqrtf(ni * rbc2 + eps_root) + eps));
-        }
+        lim_adam_leaf(&s, m->p[l], m->mu[l], m->nu[l], m->g[l], lim_gru_n[l]);
     }
 }
 

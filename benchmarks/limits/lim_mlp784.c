@@ -158,27 +158,9 @@ static void tanh_back(const float *restrict h, float *restrict d, float *restric
 /* Adam over the six leaves st[0] (params), st[1] (mu), st[2] (nu), with the gradients in
  * m->g and the step count *count */
 static void adam(lim_mlp *m, float *(*st)[6], int32_t *count) {
-    const lim_vmath *vm = lim_vmath_get();
-    int32_t cnt = *count < INT32_MAX ? *count + 1 : *count;
-    *count = cnt;
-    double t = (double)cnt;
-    float rbc1 = (float)(1.0 / (1.0 - vm->pow1(m->b1, t)));
-    float rbc2 = (float)(1.0 / (1.0 - vm->pow1(m->b2, t)));
-    float b1 = (float)m->b1, c1 = (float)(1.0 - m->b1);
-    float b2 = (float)m->b2, c2 = (float)(1.0 - m->b2);
-    float eps = (float)m->eps, eps_root = (float)m->eps_root, nlr = (float)-m->lr;
+    lim_adam_step s = lim_adam_begin(count, m->lr, m->b1, m->b2, m->eps, m->eps_root);
     for (int l = 0; l < 6; l++) {
-        float *restrict pl = st[0][l], *restrict mu = st[1][l];
-        float *restrict nu = st[2][l];
-        const float *restrict g = m->g[l];
-        for (int64_t i = 0; i < lim_leaf_n[l]; i++) {
-            float gi = g[i];
-            float mi = c1 * gi + b1 * mu[i];
-            float ni = c2 * (gi * gi) + b2 * nu[i];
-            mu[i] = mi;
-            nu[i] = ni;
-            pl[i] = pl[i] + nlr * ((mi * rbc1) / (sqrtf(ni * rbc2 + eps_root) + eps));
-        }
+        lim_adam_leaf(&s, st[0][l], st[1][l], st[2][l], m->g[l], lim_leaf_n[l]);
     }
 }
 

@@ -165,6 +165,20 @@ int32_t *lim_pex_labels(lim_pex *m);
 /* Every example's gradient of its own cross-entropy. */
 void lim_pex_grads(lim_pex *m);
 
+/* ---- Adam, as nabla's (lim_adam.c) ------------------------------------------------------- */
+
+/* One step's coefficients, in f32 (the bias corrections rbc computed in f64). */
+typedef struct lim_adam_step {
+    float b1, c1, b2, c2, rbc1, rbc2, eps, eps_root, nlr;
+} lim_adam_step;
+
+/* Counts a step (*count + 1, saturating at INT32_MAX) and returns its coefficients. */
+lim_adam_step lim_adam_begin(int32_t *count, double lr, double b1, double b2, double eps,
+                             double eps_root);
+/* One leaf of n elements: mu, nu and p updated in place from the gradient g. */
+void lim_adam_leaf(const lim_adam_step *s, float *restrict p, float *restrict mu,
+                   float *restrict nu, const float *restrict g, int64_t n);
+
 /* ---- the digits CNN, batch 64: one Adam train step (lim_cnn.c) ---------------------------- */
 
 enum { LIM_CNN_B = 64, LIM_CNN_NLEAF = 8 };
