@@ -1470,6 +1470,184 @@ static nb_var *nbl_tape_write(nb_trace *tr, nb_var *tape, nb_var *k, nb_var *x) 
     return nb_dynamic_update_slice(tape, nb_expand_dims(x, 0), starts);
 }
 
+/* ---- stored residuals (bounded loops) ---------------------------------------------------
+ * A step's reverse traces the body again on the taped carry and differentiates that trace
+ * (nbl_step_vjp): without more, the forward step runs twice, once taped and once in the
+ * reverse sweep. So the taped run also stores the values the step's derivative reads --
+ * nodes of the body's trace that depend on the carry (not only on the bound data: those
+ * the reverse sweep makes again from the bound data) and are inputs of the derivative's
+ * nodes -- each on a tape of its own, and the reverse sweep reads them back in their place:
+ * its forward nodes then have no reader and go (DCE). A stored node is named by its
+ * position in the body's trace counted from the region's first node (nbl_retrace: the
+ * identities of the bound data and of the carry, then the body); every trace of the body
+ * (the probe, the taped run, the reverse sweep) is made the same way, on identities, and
+ * checks each stored node's dtype and shape against its tape. The stored values are the
+ * recomputed ones (the same ops on the same values), so the gradient has the same bits.
+ * Not done (the reverse sweep recomputes, as before) when the body holds a loop or a call
+ * (their derivatives build loops of their own), or when the tapes would take more than
+ * NBL_RES_MAX_BYTES. */
+#define NBL_RES_MAX_BYTES ((int64_t)256 << 20)
+
+static nb_status nbl_retrace(nb_trace *tr, const nb_tree *self, const nb_tree *carry,
+                             nb_var *const *cv, int64_t n_c, int32_t *begin, nb_var ***ids,
+                             int64_t *n_s, nb_var ***ov, nb_tree **res);
+
+/* Stored node r (of the list rs) in the trace whose region starts at begin, checked
+ * against like: its tape (lead 1: f32[n, shape...] for a node f32[shape...]) or a row of
+ * it (lead 0); NULL with an error if the body traced differently. */
+static nb_var *nbl_res_node(nb_trace *tr, const nb_tree *rs, int64_t r, int32_t begin,
+                            const nb_var *like, int lead) {
+    int64_t rel = -1;
+    nb_tree_get_int(nb_tree_child(rs, r), &rel);
+    nb_var *x = rel >= 0 && begin + rel < tr->g.n_nodes ? tr->g.nodes[begin + rel] : NULL;
+    bool ok = x != NULL && x->dtype == like->dtype && x->rank + lead == like->rank;
+    for (int d = 0; ok && d < x->rank; d++) {
+        ok = x->shape[d] == like->shape[d + lead];
+    }
+    if (!ok) {
+        nbi_trace_err(tr, NB_ERR_INTERNAL,
+                      "loop reverse: the loop's body traced differently on its second trace "
+                      "(stored value %lld, node %lld of the step); a body must trace the same "
+                      "ops for the same input types",
+                      (long long)r, (long long)rel);
+        return NULL;
+    }
+    return x;
+}
+
+/* The loop's body (named name) failed with st: recorded in the trace as nbl_call_user
+ * records it, unless the trace has its error already. */
+static void nbl_body_failed(nb_trace *tr, const char *name, nb_status st) {
+    if (tr->status == NB_OK && st != NB_OK) {
+        nbi_trace_err(tr, st, "the function '%s' failed: %s", name ? name : "?",
+                      nb_ctx_errmsg(tr->ctx));
+    }
+}
+
+/* May region [begin, end) of tr be differentiated with stored residuals (no loops or calls
+ * inside)? */
+static bool nbl_res_plain(const nb_trace *tr, int32_t begin, int32_t end) {
+    for (int32_t q = begin; q < end; q++) {
+        uint16_t op = tr->g.nodes[q]->op;
+        if (op == NBI_OP_WHILE || op == NBI_OP_LOOP_REVERSE || op == NBI_OP_CALL) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The residual plan of a bounded loop (record rec, initial carry carry0, n_max steps): the
+ * body and its step derivative traced once here, in tr (dead code: DCE removes it), and the
+ * stored nodes picked (above). *rs: a trace-owned tuple of their positions, *like: the
+ * probe's nodes (their dtypes and shapes). Returns the count; 0: none (recompute). */
+static int64_t nbl_res_probe(nb_trace *tr, const nbl_record *rec, nb_var *const *carry0,
+                             int64_t ncar, int64_t n_max, nb_tree **rs, nb_var ***like) {
+    *rs = NULL;
+    *like = NULL;
+    if (n_max <= 0 || tr->status != NB_OK) {
+        return 0;
+    }
+    nb_tree *kv[2] = {NULL, NULL}, *wself = NULL;
+    nb_status st = nb_tree_fnref(tr->ctx, (nb_fnptr)rec->body_body, rec->body_name, &kv[0]);
+    if (st == NB_OK) {
+        st = rec->body_self != NULL ? (kv[1] = nb_tree_retain((nb_tree *)rec->body_self), NB_OK)
+                                    : nb_tree_null(tr->ctx, &kv[1]);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_dict(tr->ctx, 2, (const char *[]){"fn", "self"}, kv, &wself);
+    }
+    nb_tree_destroy(kv[0]);
+    nb_tree_destroy(kv[1]);
+    if (st != NB_OK) {
+        nbi_trace_err(tr, st, "reverse mode through a loop: out of memory");
+        return 0;
+    }
+    int32_t begin = 0;
+    int64_t ns = 0;
+    nb_var **ids = NULL, **ov = NULL;
+    nb_tree *res = NULL;
+    st = nbl_retrace(tr, wself, rec->carry, carry0, ncar, &begin, &ids, &ns, &ov, &res);
+    nb_tree_destroy(res);
+    nb_tree_destroy(wself);
+    if (st != NB_OK) { /* the body failed (a status of its own, or the trace's) */
+        nbl_body_failed(tr, rec->body_name, st);
+        return 0;
+    }
+    int32_t end = tr->g.n_nodes;
+    if (!nbl_res_plain(tr, begin, end)) {
+        return 0;
+    }
+    nb_var **oct = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));
+    nb_var **wct = nbi_arena_alloc(&tr->arena, (size_t)(ns + ncar + 1) * sizeof(nb_var *));
+    int32_t n = end - begin;
+    bool *dep = nbi_arena_alloc(&tr->arena, (size_t)n + 1);
+    bool *keep = nbi_arena_alloc(&tr->arena, (size_t)n + 1);
+    if (oct == NULL || wct == NULL || dep == NULL || keep == NULL) {
+        nbi_trace_err(tr, NB_ERR_OOM, "reverse mode through a loop: out of memory");
+        return 0;
+    }
+    for (int64_t j = 0; j < ncar; j++) { /* opaque cotangents, as the reverse sweep's carry */
+        oct[j] =
+            nbi_is_float_var(ov[j]) ? nbi_emit(tr, NBI_OP_IDENTITY, 1, &carry0[j], NULL) : NULL;
+    }
+    if (nbi_vjp_region(tr, begin, end, (int)ncar, ov, oct, (int)(ns + ncar), ids, wct) != NB_OK) {
+        return 0;
+    }
+    memset(dep, 0, (size_t)n);
+    memset(keep, 0, (size_t)n);
+    for (int32_t q = 0; q < n; q++) { /* the carry's identities, and what depends on them */
+        const nb_var *v = tr->g.nodes[begin + q];
+        bool d = q >= ns && q < ns + ncar;
+        for (int32_t j = 0; !d && j < v->n_in; j++) {
+            int32_t x = v->in[j]->id - begin;
+            d = x >= 0 && x < n && dep[x];
+        }
+        dep[q] = d;
+    }
+    for (int32_t q = end; q < tr->g.n_nodes; q++) {
+        const nb_var *v = tr->g.nodes[q];
+        for (int32_t j = 0; j < v->n_in; j++) {
+            int32_t x = v->in[j]->id - begin;
+            if (x >= ns + ncar && x < n && dep[x]) { /* not the carry itself: it is taped */
+                keep[x] = true;
+            }
+        }
+    }
+    int64_t count = 0, bytes = 0;
+    for (int32_t q = 0; q < n; q++) {
+        if (keep[q]) {
+            count++;
+            bytes += (int64_t)nbi_leaf_bytes(tr->g.nodes[begin + q]);
+        }
+    }
+    if (count == 0 || bytes > NBL_RES_MAX_BYTES / n_max) {
+        return 0;
+    }
+    nb_tree **items = nbi_arena_alloc(&tr->arena, (size_t)(count + 1) * sizeof(nb_tree *));
+    nb_var **lk = nbi_arena_alloc(&tr->arena, (size_t)(count + 1) * sizeof(nb_var *));
+    bool ok = items != NULL && lk != NULL;
+    int64_t m = 0;
+    for (int32_t q = 0; ok && q < n; q++) {
+        if (keep[q]) {
+            lk[m] = tr->g.nodes[begin + q];
+            ok = nb_tree_int(tr->ctx, q, &items[m]) == NB_OK;
+            m += ok;
+        }
+    }
+    nb_tree *t = NULL;
+    ok = ok && nb_tree_tuple(tr->ctx, count, items, &t) == NB_OK && nbi_trace_own(tr, t) == NB_OK;
+    for (int64_t r = 0; items != NULL && r < m; r++) {
+        nb_tree_destroy(items[r]);
+    }
+    if (!ok) {
+        nbi_trace_err(tr, NB_ERR_OOM, "reverse mode through a loop: out of memory");
+        return 0;
+    }
+    *rs = t;
+    *like = lk;
+    return count;
+}
+
 /* taped cond: self = dict(fn, self, n); args = (i, c, tapes): i < n && cond(c) */
 static nb_status nbl_taped_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                                 nb_tree **out) {
@@ -1485,27 +1663,53 @@ static nb_status nbl_taped_cond(nb_trace *tr, const nb_tree *self, const nb_tree
     return nb_return(nb_logical_and(nb_lt(nb_get(tr, args, "[0]"), nbl_i32(tr, n)), c), out);
 }
 
-/* taped body: self = dict(fn, self); args = (i, c, tapes) -> (i + 1, body(c), tapes[i] = c) */
+/* taped body: self = dict(fn, self, bufmask[, res]); args = (i, c, tapes) -> (i + 1, body(c),
+ * tapes[i] = c, and with res (residuals, below) the stored nodes of the step on the tapes
+ * after the carry's) */
 static nb_status nbl_taped_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                                 nb_tree **out) {
     nb_var *i = nb_get(tr, args, "[0]");
     const nb_tree *c = nb_tree_child(args, 1), *tapes = nb_tree_child(args, 2);
-    int64_t nc = 0, nt = 0;
+    const nb_tree *rs = nb_tree_get(self, "res");
+    int64_t nc = 0, nt = 0, nres = rs != NULL ? nb_tree_len(rs) : 0;
     nb_var **cv = nbl_leaf_vars(tr, c, &nc), **tv = nbl_leaf_vars(tr, tapes, &nt);
-    if (cv == NULL || tv == NULL || nc != nt) {
+    if (cv == NULL || tv == NULL || nc + nres != nt) {
         return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_INTERNAL;
     }
     nb_var **nv = nbi_arena_alloc(&tr->arena, (size_t)(nt + 1) * sizeof(nb_var *));
     const nb_tree *bm = nb_tree_get(self, "bufmask");
-    for (int64_t k = 0; nv != NULL && k < nt; k++) {
+    for (int64_t k = 0; nv != NULL && k < nc; k++) {
         bool buf = false;
         nb_tree_get_bool(nb_tree_child(bm, k), &buf);
         nv[k] = buf ? tv[k] : nbl_tape_write(tr, tv[k], i, cv[k]); /* buffers: not taped */
     }
-    const nb_tree *nt_tree = nv ? nbl_tree_like(tr, tapes, nv, nt) : NULL;
     nb_tree *res = NULL;
-    nb_status st = nt_tree ? nbl_call_user(tr, self, c, &res) : nb_trace_status(tr);
+    nb_status st = nv != NULL ? NB_OK : nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+    if (st == NB_OK && nres == 0) {
+        st = nbl_call_user(tr, self, c, &res);
+    } else if (st == NB_OK) { /* traced as the reverse sweep traces it; the nodes it reads */
+        int32_t begin = 0;
+        int64_t ns = 0;
+        nb_var **ids = NULL, **ov = NULL;
+        st = nbl_retrace(tr, self, c, cv, nc, &begin, &ids, &ns, &ov, &res);
+        if (st != NB_OK) {
+            const char *name = NULL;
+            nb_fnptr fp = NULL;
+            nb_tree_get_fnref(nb_tree_get(self, "fn"), &fp, &name);
+            nbl_body_failed(tr, name, st);
+        }
+        for (int64_t r = 0; st == NB_OK && r < nres; r++) {
+            nb_var *x = nbl_res_node(tr, rs, r, begin, tv[nc + r], 1);
+            st = x != NULL ? NB_OK : tr->status;
+            nv[nc + r] = x != NULL ? nbl_tape_write(tr, tv[nc + r], i, x) : NULL;
+        }
+    }
+    const nb_tree *nt_tree = st == NB_OK ? nbl_tree_like(tr, tapes, nv, nt) : NULL;
+    if (st == NB_OK && nt_tree == NULL) {
+        st = nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_OOM;
+    }
     if (st != NB_OK) {
+        nb_tree_destroy(res);
         return st;
     }
     nb_tree *i1 = nb_leaf(nb_add(i, nbl_i32(tr, 1)));
@@ -1582,7 +1786,8 @@ static nb_status nbl_retrace(nb_trace *tr, const nb_tree *self, const nb_tree *c
  * their "cotangent" through unchanged. */
 static nb_status nbl_step_vjp(nb_trace *tr, const nb_tree *self, const nb_tree *carry,
                               nb_var *const *cv, nb_var *const *ctv, int64_t n_c, nb_var ***ct_prev,
-                              nb_var ***ct_self, int64_t *n_s) {
+                              nb_var ***ct_self, int64_t *n_s, const nb_tree *rs,
+                              nb_var *const *rv) {
     int32_t begin = 0;
     int64_t ns = 0;
     nb_var **wrt = NULL, **ov = NULL;
@@ -1604,6 +1809,37 @@ static nb_status nbl_step_vjp(nb_trace *tr, const nb_tree *self, const nb_tree *
     st = nbi_vjp_region(tr, begin, end, (int)n_c, ov, oct, (int)(ns + n_c), wrt, wct);
     if (st != NB_OK) {
         return st;
+    }
+    int64_t nres = rs != NULL ? nb_tree_len(rs) : 0;
+    if (nres > 0) { /* stored residuals: the derivative reads them, not the forward nodes */
+        int32_t n = end - begin;
+        int64_t *slot = nbi_arena_alloc(&tr->arena, (size_t)(n + 1) * sizeof(int64_t));
+        if (slot == NULL) {
+            return nbi_trace_err(tr, NB_ERR_OOM, "out of memory");
+        }
+        memset(slot, 0, (size_t)n * sizeof(int64_t));
+        for (int64_t r = 0; r < nres; r++) {
+            nb_var *x = nbl_res_node(tr, rs, r, begin, rv[r], 0);
+            if (x == NULL) {
+                return tr->status;
+            }
+            slot[x->id - begin] = r + 1;
+        }
+        for (int32_t q = end; q < tr->g.n_nodes; q++) {
+            nb_var *v = tr->g.nodes[q];
+            for (int32_t j = 0; j < v->n_in; j++) {
+                int32_t x = v->in[j]->id - begin;
+                if (x >= 0 && x < n && slot[x] > 0) {
+                    v->in[j] = rv[slot[x] - 1];
+                }
+            }
+        }
+        for (int64_t j = 0; j < ns + n_c; j++) {
+            int32_t x = wct[j] != NULL ? wct[j]->id - begin : -1;
+            if (x >= 0 && x < n && slot[x] > 0) {
+                wct[j] = rv[slot[x] - 1];
+            }
+        }
     }
     for (int64_t j = 0; j < n_c; j++) {
         if (!nbi_is_float_var(ctv[j])) {
@@ -1627,23 +1863,31 @@ static nb_status nbl_rev_body(nb_trace *tr, const nb_tree *self, const nb_tree *
     nb_var **ctv = nbl_leaf_vars(tr, ct_c, &nct);
     nb_var **acc = nbl_leaf_vars(tr, ct_s, &nacc);
     nb_var **cv = nbi_arena_alloc(&tr->arena, (size_t)(nt + 1) * sizeof(nb_var *));
+    const nb_tree *rs = nb_tree_get(self, "res");
+    int64_t nres = rs != NULL ? nb_tree_len(rs) : 0;
     if (tv == NULL || ctv == NULL || acc == NULL || cv == NULL) {
         return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_OOM;
     }
-    if (nt != nct) {
-        return nbi_trace_err(tr, NB_ERR_INTERNAL, "loop reverse: %lld tapes for %lld carry leaves",
-                             (long long)nt, (long long)nct);
+    if (nt != nct + nres) {
+        return nbi_trace_err(tr, NB_ERR_INTERNAL,
+                             "loop reverse: %lld tapes for %lld carry leaves and %lld stored "
+                             "values",
+                             (long long)nt, (long long)nct, (long long)nres);
     }
     const nb_tree *bm = nb_tree_get(self, "bufmask");
     for (int64_t j = 0; j < nt; j++) {
         bool buf = false;
-        nb_tree_get_bool(nb_tree_child(bm, j), &buf);
-        /* a buffer's value does not enter the body's derivative: its 1-row tape of zeros */
+        if (j < nct) {
+            nb_tree_get_bool(nb_tree_child(bm, j), &buf);
+        }
+        /* a buffer's value does not enter the body's derivative: its 1-row tape of zeros;
+         * the stored values (from nct on) are read before the body's trace, which then
+         * refers to them */
         cv[j] = nbl_tape_read(tr, tv[j], buf ? nbl_i32(tr, 0) : k);
     }
     nb_var **cprev = NULL, **cself = NULL;
-    nb_status st =
-        nbl_step_vjp(tr, self, nb_tree_get(self, "carry"), cv, ctv, nt, &cprev, &cself, &ns);
+    nb_status st = nbl_step_vjp(tr, self, nb_tree_get(self, "carry"), cv, ctv, nct, &cprev, &cself,
+                                &ns, rs, cv + nct);
     if (st != NB_OK) {
         return st;
     }
@@ -1654,7 +1898,7 @@ static nb_status nbl_rev_body(nb_trace *tr, const nb_tree *self, const nb_tree *
     for (int64_t j = 0; nacc_v != NULL && j < ns; j++) {
         nacc_v[j] = nbi_is_float_var(acc[j]) ? nb_add(acc[j], cself[j]) : acc[j];
     }
-    const nb_tree *t1 = nbl_tree_like(tr, ct_c, cprev, nt);
+    const nb_tree *t1 = nbl_tree_like(tr, ct_c, cprev, nct);
     const nb_tree *t2 = nacc_v ? nbl_tree_like(tr, ct_s, nacc_v, ns) : NULL;
     nb_tree *km = nb_leaf(nb_sub(k, nbl_i32(tr, 1)));
     if (t1 == NULL || t2 == NULL || km == NULL) {
@@ -1674,7 +1918,7 @@ static nb_status nbl_step_vjp_body(nb_trace *tr, const nb_tree *self, const nb_t
         return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_INTERNAL;
     }
     nb_var **cprev = NULL, **cself = NULL;
-    nb_status st = nbl_step_vjp(tr, self, c, cv, ctv, nc, &cprev, &cself, &ns);
+    nb_status st = nbl_step_vjp(tr, self, c, cv, ctv, nc, &cprev, &cself, &ns, NULL, NULL);
     if (st != NB_OK) {
         return st;
     }
@@ -1802,11 +2046,29 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
     const nbl_record *rec = (const nbl_record *)(intptr_t)w->at.a[6];
     int64_t nc = w->at.a[0], nb = w->at.a[1], ncar = w->at.a[2], n_max = w->at.a[3];
     nb_var *const *carry0 = w->in + nc + nb;
-    /* forward again, writing every step's carry on a tape: zeros [n_max, *leaf] */
-    nb_var **tapes0 = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));
+    /* the values the reverse sweep reads instead of recomputing them (stored residuals) */
+    nb_tree *rs = NULL;
+    nb_var **like = NULL;
+    int64_t nres = nbl_res_probe(tr, rec, carry0, ncar, n_max, &rs, &like);
+    if (tr->status != NB_OK) {
+        return;
+    }
+    /* forward again, writing every step's carry on a tape: zeros [n_max, *leaf]; then the
+     * stored values' tapes */
+    nb_var **tapes0 = nbi_arena_alloc(&tr->arena, (size_t)(ncar + nres + 1) * sizeof(nb_var *));
     if (tapes0 == NULL) {
         nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
         return;
+    }
+    for (int64_t r = 0; r < nres; r++) {
+        int64_t shape[NB_MAX_RANK];
+        if (like[r]->rank + 1 > NB_MAX_RANK) {
+            nres = 0; /* cannot be taped: recompute instead */
+            break;
+        }
+        shape[0] = n_max;
+        memcpy(shape + 1, like[r]->shape, (size_t)like[r]->rank * sizeof(int64_t));
+        tapes0[ncar + r] = nb_full(tr, like[r]->dtype, like[r]->rank + 1, shape, 0.0);
     }
     for (int64_t j = 0; j < ncar; j++) {
         int64_t shape[NB_MAX_RANK];
@@ -1836,12 +2098,13 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
         nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
         return;
     }
-    nb_tree **ti = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_tree *));
+    nb_tree **ti = nbi_arena_alloc(&tr->arena, (size_t)(ncar + nres + 1) * sizeof(nb_tree *));
     nb_tree *tapes = NULL;
-    for (int64_t j = 0; ti != NULL && j < ncar; j++) {
+    for (int64_t j = 0; ti != NULL && j < ncar + nres; j++) {
         ti[j] = nb_leaf(tapes0[j]);
     }
-    if (ti == NULL || tr->status != NB_OK || nb_tree_tuple(tr->ctx, ncar, ti, &tapes) != NB_OK ||
+    if (ti == NULL || tr->status != NB_OK ||
+        nb_tree_tuple(tr->ctx, ncar + nres, ti, &tapes) != NB_OK ||
         nbi_trace_own(tr, tapes) != NB_OK) {
         if (tr->status == NB_OK) {
             nbi_trace_err(tr, NB_ERR_OOM, "%s: out of memory", who);
@@ -1858,7 +2121,8 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
         fc = nbl_wrapper(tr, who, "taped_cond", nbl_taped_cond, rec->cond_body, rec->cond_name,
                          rec->cond_self, 1, (const char *[]){"n"}, &nl);
         fb = nbl_wrapper(tr, who, "taped_body", nbl_taped_body, rec->body_body, rec->body_name,
-                         rec->body_self, 1, (const char *[]){"bufmask"}, &bufmask);
+                         rec->body_self, nres > 0 ? 2 : 1, (const char *[]){"bufmask", "res"},
+                         (nb_tree *[]){bufmask, rs});
     }
     const nb_tree *init = NULL;
     if (fc != NULL && fb != NULL) {
@@ -1879,12 +2143,12 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
     /* backward from step n - 1 down to 0 */
     if (fwd != NULL) {
         nb_tree *tl = (nb_tree *)nb_tree_child(fwd, 2);
-        const char *keys[3] = {"tapes", "carry", "bufmask"};
-        nb_tree *vals[3] = {tl, (nb_tree *)rec->carry, bufmask};
+        const char *keys[4] = {"tapes", "carry", "bufmask", "res"};
+        nb_tree *vals[4] = {tl, (nb_tree *)rec->carry, bufmask, rs};
         rc = NULL;
         st = nb_fn_create(tr->ctx, "reverse_cond", nbl_rev_cond, NULL, &rc);
         rb = st == NB_OK ? nbl_wrapper(tr, who, "reverse_body", nbl_rev_body, rec->body_body,
-                                       rec->body_name, rec->body_self, 3, keys, vals)
+                                       rec->body_name, rec->body_self, nres > 0 ? 4 : 3, keys, vals)
                          : NULL;
         /* the carry's cotangent: the given ones, zeros where none (and for integer leaves) */
         nb_var **ct0 = nbi_arena_alloc(&tr->arena, (size_t)(ncar + 1) * sizeof(nb_var *));

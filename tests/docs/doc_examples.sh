@@ -108,9 +108,12 @@ readme)
     blocks=("$work"/blocks/*)
     [[ ${#blocks[@]} -ge 4 ]] || fail "expected the own-program section's blocks, found ${#blocks[@]}"
 
-    # A clean clone: the sources without build directories or VCS data.
+    # A clean clone: the sources without build directories (build*, or any directory
+    # holding a CMakeCache.txt, such as this test's own build tree when it is not named
+    # build*: else the copy would copy itself) or VCS data.
     mkdir -p "$work/nabla"
-    tar -C "$src" --exclude='./build*' --exclude='./.git' --exclude='./.cache' -cf - . |
+    tar -C "$src" --exclude='./build*' --exclude-tag-all=CMakeCache.txt --exclude='./.git' \
+        --exclude='./.cache' -cf - . |
         tar -C "$work/nabla" -xf -
 
     export HOME=$work/home

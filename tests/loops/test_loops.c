@@ -685,6 +685,30 @@ static int rt_while_sizes(nb_ctx *ctx, nb_fn *f, const nb_tree *args, long long 
     return n;
 }
 
+/* The products ("= matmul:" lines) of each function of f's native C source for args, into
+ * per[] (at most cap functions); the number of functions. */
+static int rt_matmuls(nb_ctx *ctx, nb_fn *f, const nb_tree *args, int *per, int cap) {
+    size_t need = 0;
+    (void)nb_fn_format_ir(f, args, NB_IR_NATIVE_C, NULL, 0, &need); /* NB_ERR_TRUNCATED */
+    char *src = malloc(need + 1);
+    assert_non_null(src);
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_NATIVE_C, src, need + 1, NULL));
+    int n = -1; /* products before the first function (the program's own): not counted */
+    for (char *p = src, *e = NULL; p != NULL; p = e != NULL ? e + 1 : NULL) {
+        e = strchr(p, '\n');
+        if (e != NULL) {
+            *e = '\0'; /* p: one line */
+        }
+        if (strncmp(p, "static void nbx_f", 17) == 0 && strchr(p, ';') == NULL) {
+            n++; /* a definition, not a declaration */
+        } else if (strstr(p, "= matmul:") != NULL && n >= 0 && n < cap) {
+            per[n]++;
+        }
+    }
+    free(src);
+    return n + 1;
+}
+
 static void test_bounded_reverse(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
@@ -791,6 +815,21 @@ static void test_bounded_reverse(void **state) {
         rt_vg = NULL;
         nb_tree_destroy(res);
         nb_fn_destroy(vg);
+    }
+    /* stored residuals: the reverse sweep reads the step's carry-dependent values from the
+     * taped run instead of running the forward step again -- the gradient's program has the
+     * taped step's product (w x) and the reverse step's two (w^T ct, ct x^T), and no
+     * fourth (the forward product made again in the reverse body) */
+    {
+        int per[16] = {0}, n_fn = rt_matmuls(ctx, g[0], args, per, 16), total = 0, most = 0;
+        for (int q = 0; q < n_fn && q < 16; q++) {
+            total += per[q];
+            most = per[q] > most ? per[q] : most;
+        }
+        printf("grad through a bounded loop: %d products in %d functions, at most %d in one\n",
+               total, n_fn, most);
+        assert_int_equal(total, 3);
+        assert_int_equal(most, 2);
     }
     /* forward mode: the loop's jvp equals the unrolled graph's */
     double jv_out[2];
