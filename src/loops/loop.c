@@ -1524,6 +1524,18 @@ static void nbl_body_failed(nb_trace *tr, const char *name, nb_status st) {
     }
 }
 
+/* The prints of region [begin, end) of tr made identities: a trace of the body made only to
+ * look at it (dead code) must not print when the program runs (DCE keeps prints). */
+static void nbl_silence(nb_trace *tr, int32_t begin, int32_t end) {
+    for (int32_t q = begin; q < end; q++) {
+        nb_var *v = tr->g.nodes[q];
+        if (v->op == NBI_OP_PRINT) {
+            v->op = NBI_OP_IDENTITY;
+            v->n_in = 1;
+        }
+    }
+}
+
 /* May region [begin, end) of tr be differentiated with stored residuals (no loops or calls
  * inside)? */
 static bool nbl_res_plain(const nb_trace *tr, int32_t begin, int32_t end) {
@@ -1574,6 +1586,7 @@ static int64_t nbl_res_probe(nb_trace *tr, const nbl_record *rec, nb_var *const 
         return 0;
     }
     int32_t end = tr->g.n_nodes;
+    nbl_silence(tr, begin, end);
     if (!nbl_res_plain(tr, begin, end)) {
         return 0;
     }
@@ -1783,11 +1796,15 @@ static nb_status nbl_retrace(nb_trace *tr, const nb_tree *self, const nb_tree *c
  * traced again on the carry leaves cv (n_c of them, structure like `carry`) and
  * differentiated in place: *ct_prev (n_c) gets the cotangent of the step's input carry for
  * the output cotangents ctv, *ct_self (n_s) that of self.self's leaves. Integer leaves pass
- * their "cotangent" through unchanged. */
+ * their "cotangent" through unchanged. quiet: the body's prints are made identities -- the
+ * bounded reverse sweep, whose taped forward run printed every step (as JAX, whose
+ * backward pass reads stored values and prints nothing); a checkpointed reversal's step
+ * derivative keeps them (its last step runs only there, as a recomputation under JAX's
+ * remat prints again). */
 static nb_status nbl_step_vjp(nb_trace *tr, const nb_tree *self, const nb_tree *carry,
                               nb_var *const *cv, nb_var *const *ctv, int64_t n_c, nb_var ***ct_prev,
-                              nb_var ***ct_self, int64_t *n_s, const nb_tree *rs,
-                              nb_var *const *rv) {
+                              nb_var ***ct_self, int64_t *n_s, const nb_tree *rs, nb_var *const *rv,
+                              bool quiet) {
     int32_t begin = 0;
     int64_t ns = 0;
     nb_var **wrt = NULL, **ov = NULL;
@@ -1798,6 +1815,9 @@ static nb_status nbl_step_vjp(nb_trace *tr, const nb_tree *self, const nb_tree *
         return st;
     }
     int32_t end = tr->g.n_nodes;
+    if (quiet) {
+        nbl_silence(tr, begin, end);
+    }
     nb_var **wct = nbi_arena_alloc(&tr->arena, (size_t)(ns + n_c + 1) * sizeof(nb_var *));
     nb_var **oct = nbi_arena_alloc(&tr->arena, (size_t)(n_c + 1) * sizeof(nb_var *));
     if (wct == NULL || oct == NULL) {
@@ -1887,7 +1907,7 @@ static nb_status nbl_rev_body(nb_trace *tr, const nb_tree *self, const nb_tree *
     }
     nb_var **cprev = NULL, **cself = NULL;
     nb_status st = nbl_step_vjp(tr, self, nb_tree_get(self, "carry"), cv, ctv, nct, &cprev, &cself,
-                                &ns, rs, cv + nct);
+                                &ns, rs, cv + nct, true);
     if (st != NB_OK) {
         return st;
     }
@@ -1918,7 +1938,7 @@ static nb_status nbl_step_vjp_body(nb_trace *tr, const nb_tree *self, const nb_t
         return nb_trace_status(tr) != NB_OK ? nb_trace_status(tr) : NB_ERR_INTERNAL;
     }
     nb_var **cprev = NULL, **cself = NULL;
-    nb_status st = nbl_step_vjp(tr, self, c, cv, ctv, nc, &cprev, &cself, &ns, NULL, NULL);
+    nb_status st = nbl_step_vjp(tr, self, c, cv, ctv, nc, &cprev, &cself, &ns, NULL, NULL, false);
     if (st != NB_OK) {
         return st;
     }

@@ -1031,6 +1031,26 @@ static nb_status body_loop_prints(nb_trace *tr, const nb_tree *self, const nb_tr
     return NB_OK;
 }
 
+/* sum of body_count_print's carry after 3 steps of a bounded (self: true) or checkpointed
+ * loop */
+static nb_status body_loop_prints_sum(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                      nb_tree **out) {
+    bool bounded = false;
+    nb_tree_get_bool(self, &bounded);
+    nb_fn *b = NULL;
+    nb_status st = nb_fn_create(nb_trace_ctx(tr), "count", body_count_print, NULL, &b);
+    nb_loop_opts o = nb_loop_opts_default();
+    o.kind = bounded ? NB_LOOP_BOUNDED : NB_LOOP_CHECKPOINTED;
+    o.max_steps = 3;
+    o.checkpoints = 1;
+    const nb_tree *r = st == NB_OK ? nb_fori_loop(tr, 0, 3, b, nb_tree_child(args, 0), &o) : NULL;
+    nb_fn_destroy(b);
+    if (r == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    return nb_return(nb_sum(nb_var_of(tr, r), NULL, 0, false), out);
+}
+
 static void test_debug_print(void **state) {
     (void)state;
     nb_ctx_opts o = nb_ctx_opts_default();
@@ -1071,6 +1091,33 @@ static void test_debug_print(void **state) {
     const char *want2 = "step: array([10.])\nstep: array([11.])\nstep: array([12.])\n";
     if (strcmp(g_log, want2) != 0) {
         fail_msg("printed:\n%s\nwanted:\n%s", g_log, want2);
+    }
+    /* the gradient through a bounded loop: its taped forward run prints every step, once; the
+     * reverse sweep (which reads the tapes) and the look at the body that picks its stored
+     * values (a dead trace) print nothing. A checkpointed reversal prints again the steps it
+     * runs again (as a recomputation under JAX's remat): 3 steps with 1 checkpoint run 6 */
+    for (int bounded = 1; bounded >= 0; bounded--) {
+        nb_tree *flag = NULL;
+        nb_fn *ls = NULL, *gl = NULL;
+        NBT_OK(ctx, nb_tree_bool(ctx, bounded == 1, &flag));
+        NBT_OK(ctx, nb_fn_create(ctx, "loop_sum", body_loop_prints_sum, flag, &ls));
+        NBT_OK(ctx, nb_grad(ls, NULL, &gl));
+        g_log[0] = '\0';
+        NBT_OK(ctx, nb_fn_call(gl, cargs, &out));
+        NBT_EQ_F64(out_f32(out, "", 0), 1.0f);
+        nb_tree_destroy(out);
+        printf("grad through a %s loop printed:\n%s", bounded ? "bounded" : "checkpointed", g_log);
+        if (bounded && strcmp(g_log, want2) != 0) {
+            fail_msg("printed:\n%s\nwanted:\n%s", g_log, want2);
+        }
+        int lines = 0;
+        for (const char *p = g_log; (p = strchr(p, '\n')) != NULL; p++) {
+            lines++;
+        }
+        assert_int_equal(lines, bounded ? 3 : 6);
+        nb_tree_destroy(flag);
+        nb_fn_destroy(gl);
+        nb_fn_destroy(ls);
     }
     nb_tree *trees[] = {cargs, c0, args, x};
     for (int i = 0; i < 4; i++) {
