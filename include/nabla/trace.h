@@ -157,6 +157,8 @@ NB_API nb_var *nb_select(nb_var *cond, nb_var *a, nb_var *b);
  * it>" is passed to the context's log callback at NB_LOG_LEVEL_INFO whatever its level, or
  * written to stderr when there is none -- JAX's jax.debug.print. The print is kept even if
  * the returned var is not used; derivatives pass through it (the primal values print).
+ * Under reverse mode a loop's steps print in its forward run, once; a checkpointed loop's
+ * reversal prints again the steps it recomputes (as JAX under remat).
  * label is copied (its first 255 bytes). */
 NB_API nb_var *nb_debug_print(nb_var *x, const char *label);
 /* Convert to dtype (C rules; float to int truncates toward zero, out-of-range values
