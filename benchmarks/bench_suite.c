@@ -22,6 +22,22 @@
  * us/step only, shown below the table). The random draws differ between the two (numpy
  * there), so the values differ, not the work.
  *
+ *   C limit  the stochastic problems' train step hand-written in plain C
+ *            (benchmarks/limits/lim_suite.c: logreg_mb, mlp_mb, cnn_mb, char_gru,
+ *            noisy_quadratic; BLIS products on one thread, SLEEF as nabla, Adam as nabla's),
+ *            on the minibatches of a stream of its own cell (the batch arrays bench_stream
+ *            fills, read in place): each limit step timed alone, the stream advanced outside
+ *            the timing (nabla's us/step includes bench_stream_next; the rows are gathered
+ *            there, not in nabla's jitted step), in bursts of >= 20 ms alternating with
+ *            nabla's, the median of 11; "limit / nabla" and the limit's GFLOP (its products,
+ *            2 m n k each) beside nabla's us/step, "-" for the problems without a limit
+ *            (the full-batch ones and, for now, lotka_volterra_mb). Before any timing each
+ *            limit is checked: from nabla's initial parameters, Adam state and first
+ *            minibatch, two steps of both (the stream's first two minibatches), the losses
+ *            within 1e-5 relative and every new parameter and element of Adam's mu within
+ *            1e-4 of its leaf's largest magnitude after each; a mismatch prints what differs
+ *            and exits 1.
+ *
  *   bench_suite [--steps N] [--lv-steps M] [--cells K] [--lr LR] [--no-peer] [problem ...]
  *
  * N (default 1000) steps per cell, M (default 1000) for lotka_volterra, K (default 3),
@@ -32,6 +48,7 @@
 #include "bench_common.h"
 
 #include "bench_problems.h"
+#include "limits/limits.h"
 
 #include <nabla/nabla.h>
 
@@ -61,11 +78,13 @@ typedef struct suite_cell {
 
 /* One step: bn_run_cell's loop body (a new argument tuple, the call with params and state
  * donated, the outputs taken over, the loss read). */
-static void suite_step(suite_cell *c) {
+static void suite_step_ex(suite_cell *c, bool next) {
     nb_tree *args = NULL, *res = NULL;
     nb_tree *data = c->data;
-    if (c->stream.batch != NULL) { /* a stochastic problem: the next minibatch */
+    if (c->stream.batch != NULL && next) { /* a stochastic problem: the next minibatch */
         BENCH_CHECK(c->ctx, bench_stream_next(&c->stream));
+    }
+    if (c->stream.batch != NULL) {
         data = c->stream.batch;
     }
     BENCH_CHECK(c->ctx, nb_tree_tuple(c->ctx, 3, (nb_tree *[]){c->params, c->state, data}, &args));
@@ -92,6 +111,10 @@ static void suite_step(suite_cell *c) {
     BENCH_CHECK(c->ctx, nb_array_get_flat(nb_tree_get_array(nb_tree_child(res, 2)), 0, &v));
     c->loss = v;
     nb_tree_destroy(res);
+}
+
+static void suite_step(suite_cell *c) {
+    suite_step_ex(c, true);
 }
 
 /* A cell of problem p: the context, setup, optimizer and jitted step (bn_run_cell's setup,
@@ -132,6 +155,156 @@ static void suite_cell_end(suite_cell *c) {
     nb_array_destroy(c->key);
     nb_ctx_destroy(c->ctx);
     memset(c, 0, sizeof *c);
+}
+
+/* ---- the C limit ---------------------------------------------------------------------------- */
+
+/* A stochastic problem's hand-written step (benchmarks/limits/lim_suite.c) and a cell of its
+ * own, whose stream gives the limit its minibatches: the limit reads the batch arrays that
+ * bench_stream_next fills, where they are. */
+typedef struct suite_limit {
+    suite_cell cell;
+    lim_suite *m;
+    double loss_c, loss_nabla, loss_rel, err[2]; /* the check's figures */
+    int at[2];
+    bool ok;
+} suite_limit;
+
+/* The f32 array at path in t, of n elements (else exit 1). */
+static float *suite_leaf_f32(const nb_tree *t, const char *path, int64_t n) {
+    const nb_tree *l = NULL;
+    nb_array *a = nb_tree_lookup(t, path, &l) == NB_OK ? nb_tree_get_array(l) : NULL;
+    if (a == NULL || nb_array_dtype(a) != NB_DTYPE_F32 || nb_array_size(a) != n) {
+        fprintf(stderr, BENCH_NAME ": the C limit expects an f32 leaf of %lld elements at %s\n",
+                (long long)n, path);
+        exit(1);
+    }
+    return nb_array_data(a);
+}
+
+/* The data of a batch array of n elements of dtype dt (n 0: none, NULL). */
+static const void *suite_batch_data(const nb_tree *batch, const char *key, nb_dtype dt, int64_t n) {
+    if (n == 0) {
+        return NULL;
+    }
+    nb_array *a = nb_tree_get_array(nb_tree_get(batch, key));
+    if (a == NULL || nb_array_dtype(a) != dt || nb_array_size(a) != n) {
+        fprintf(stderr, BENCH_NAME ": the C limit expects %lld elements in the batch's %s\n",
+                (long long)n, key);
+        exit(1);
+    }
+    return nb_array_data(a);
+}
+
+static double suite_hyper(suite_cell *c, const char *name) {
+    double v = NAN;
+    const nb_tree *h = nb_tree_get(c->state, "hyper");
+    BENCH_CHECK(c->ctx, nb_array_get_flat(nb_tree_get_array(nb_tree_get(h, name)), 0, &v));
+    return v;
+}
+
+/* The limit of problem p (false: it has none): a new cell, its first minibatch taken, the
+ * limit started from the cell's parameters, Adam's hyperparameters and count, and that
+ * batch. */
+static bool suite_limit_begin(suite_limit *L, int p, double lr) {
+    memset(L, 0, sizeof *L);
+    L->m = lim_suite_create(bench_problems[p].name);
+    if (L->m == NULL) {
+        return false;
+    }
+    suite_cell *c = &L->cell;
+    suite_cell_begin(c, p, lr);
+    BENCH_CHECK(c->ctx, bench_stream_next(&c->stream));
+    int64_t nx, ny, nextra;
+    lim_suite_batch_size(L->m, &nx, &ny, &nextra);
+    nb_dtype xdt = strcmp(bench_problems[p].name, "char_gru") == 0 ? NB_DTYPE_I32 : NB_DTYPE_F32;
+    lim_suite_set_batch(L->m, suite_batch_data(c->stream.batch, "x", xdt, nx),
+                        suite_batch_data(c->stream.batch, "y", NB_DTYPE_I32, ny),
+                        suite_batch_data(c->stream.batch, "H", NB_DTYPE_F32, nextra));
+    for (int i = 0; i < lim_suite_n_leaves(L->m); i++) {
+        int64_t n = 0;
+        const char *path = lim_suite_leaf_path(L->m, i, &n);
+        memcpy(lim_suite_leaf(L->m, 0, i), suite_leaf_f32(c->params, path, n),
+               (size_t)n * sizeof(float));
+    }
+    double count = NAN;
+    BENCH_CHECK(c->ctx,
+                nb_array_get_flat(nb_tree_get_array(nb_tree_get(c->state, "count")), 0, &count));
+    lim_suite_set_adam(L->m, (int32_t)count, suite_hyper(c, "learning_rate"), suite_hyper(c, "b1"),
+                       suite_hyper(c, "b2"), suite_hyper(c, "eps"), suite_hyper(c, "eps_root"));
+    return true;
+}
+
+/* The largest |c - v| over the leaf's largest |v| (NaN wins). */
+static double suite_leaf_err(const float *c, const float *v, int64_t n) {
+    double big = 0, d = 0;
+    for (int64_t j = 0; j < n; j++) {
+        double a = fabs((double)v[j]), e = fabs((double)c[j] - (double)v[j]);
+        big = a > big ? a : big;
+        d = e > d || e != e ? e : d;
+    }
+    return d / (big > 0 ? big : 1.0);
+}
+
+/* Two steps of nabla's and of the limit on the same minibatches (the first and the second of
+ * the stream) from the same start, compared after each (the first from the initial
+ * parameters -- zeros for logreg_mb, where the forward's product does not show -- the second
+ * from the updated ones, Adam's count 2): the losses within 1e-5 relative; each new parameter
+ * and each leaf of Adam's mu (after a first step (1 - b1) times the gradient) within 1e-4 of
+ * its leaf's largest magnitude. The worst of the two steps is kept. */
+static bool suite_limit_check(suite_limit *L) {
+    suite_cell *c = &L->cell;
+    L->loss_rel = L->err[0] = L->err[1] = 0;
+    for (int k = 0; k < 2; k++) {
+        if (k > 0) { /* the next minibatch, into the arrays both read */
+            BENCH_CHECK(c->ctx, bench_stream_next(&c->stream));
+        }
+        suite_step_ex(c, false); /* nabla's step on the batch the limit holds */
+        double ln = c->loss, lc = lim_suite_step(L->m);
+        double rel = fabs(lc - ln) / fmax(fabs(ln), 1e-30);
+        if (k == 0 || rel > L->loss_rel || rel != rel) {
+            L->loss_nabla = ln, L->loss_c = lc, L->loss_rel = rel;
+        }
+        for (int w = 0; w < 2; w++) { /* params, mu */
+            const nb_tree *t = w == 0 ? c->params : nb_tree_get(c->state, "mu");
+            for (int i = 0; i < lim_suite_n_leaves(L->m); i++) {
+                int64_t n = 0;
+                const char *path = lim_suite_leaf_path(L->m, i, &n);
+                double e =
+                    suite_leaf_err(lim_suite_leaf(L->m, w, i), suite_leaf_f32(t, path, n), n);
+                if (e > L->err[w] || e != e) {
+                    L->err[w] = e;
+                    L->at[w] = i;
+                }
+            }
+        }
+    }
+    L->ok = L->loss_rel <= 1e-5 && L->err[0] <= 1e-4 && L->err[1] <= 1e-4;
+    return L->ok;
+}
+
+static void suite_limit_print_check(const suite_limit *L, const char *name) {
+    printf("- %s (worst of 2 steps): loss C %.9g, nabla %.9g, rel. diff %.2e (<= 1e-5); max |diff| "
+           "/ max |leaf|: new params %.2e at %s, mu %.2e at %s (<= 1e-4): %s\n",
+           name, L->loss_c, L->loss_nabla, L->loss_rel, L->err[0],
+           lim_suite_leaf_path(L->m, L->at[0], NULL), L->err[1],
+           lim_suite_leaf_path(L->m, L->at[1], NULL), L->ok ? "ok" : "FAILED");
+}
+
+/* One limit step on the stream's next minibatch; returns the step's time alone (s). */
+static double suite_limit_step(suite_limit *L) {
+    BENCH_CHECK(L->cell.ctx, bench_stream_next(&L->cell.stream));
+    double t0 = bench_now_s();
+    (void)lim_suite_step(L->m);
+    return bench_now_s() - t0;
+}
+
+static void suite_limit_end(suite_limit *L) {
+    if (L->m != NULL) {
+        lim_suite_destroy(L->m);
+        suite_cell_end(&L->cell);
+    }
+    memset(L, 0, sizeof *L);
 }
 
 /* ---- the ODE's step count ----------------------------------------------------------------- */
@@ -209,9 +382,12 @@ static double suite_lv_steps(suite_cell *c) {
 
 typedef struct suite_result {
     double step_us, cell_s, setup_ms, first_ms, loss, ode_steps;
+    double lim_us, lim_gflop; /* the C limit's (NaN: none) */
 } suite_result;
 
-static void suite_measure(int p, double lr, int64_t steps, int cells, suite_result *r) {
+/* L: the problem's C limit (NULL: none), timed in bursts interleaved with nabla's. */
+static void suite_measure(int p, double lr, int64_t steps, int cells, suite_limit *L,
+                          suite_result *r) {
     double cell_s[SUITE_MAX_CELLS], setup_ms[SUITE_MAX_CELLS], first_ms[SUITE_MAX_CELLS];
     suite_cell c;
     for (int k = 0; k < cells; k++) {
@@ -240,15 +416,30 @@ static void suite_measure(int p, double lr, int64_t steps, int cells, suite_resu
     double once = bench_now_s() - t0;
     int64_t inner = (int64_t)(0.02 / (once > 1e-9 ? once : 1e-9));
     inner = inner < 1 ? 1 : inner;
-    double s[SUITE_SAMPLES];
+    double s[SUITE_SAMPLES], sl[SUITE_SAMPLES];
+    int64_t lim_inner = 1;
+    if (L != NULL) { /* its bursts: >= 20 ms of steps too */
+        double once_l = suite_limit_step(L);
+        lim_inner = (int64_t)(0.02 / (once_l > 1e-9 ? once_l : 1e-9));
+        lim_inner = lim_inner < 1 ? 1 : lim_inner;
+    }
     for (int k = 0; k < SUITE_SAMPLES; k++) {
         t0 = bench_now_s();
         for (int64_t i = 0; i < inner; i++) {
             suite_step(&c);
         }
         s[k] = (bench_now_s() - t0) / (double)inner * 1e6;
+        if (L != NULL) {
+            double sum = 0;
+            for (int64_t i = 0; i < lim_inner; i++) {
+                sum += suite_limit_step(L);
+            }
+            sl[k] = sum / (double)lim_inner * 1e6;
+        }
     }
     r->step_us = bench_median(s, SUITE_SAMPLES);
+    r->lim_us = L != NULL ? bench_median(sl, SUITE_SAMPLES) : NAN;
+    r->lim_gflop = L != NULL ? lim_suite_flops(L->m) / 1e9 : NAN;
     nb_fn_stats fs;
     BENCH_CHECK(c.ctx, nb_fn_stats_get(c.step_jit, &fs));
     if (fs.n_traces != 1) {
@@ -363,12 +554,31 @@ int main(int argc, char **argv) {
                  jax[0] != '\0' ? "" : "not run: optax_suite.py failed (run it alone to see why)");
     }
 
-    /* ---- 2. nabla ---- */
+    /* ---- 2. nabla, and the C limits: each checked against nabla's first step, then timed in
+     *         bursts interleaved with nabla's ---- */
     suite_result res[SUITE_MAX_PROBLEMS];
+    suite_limit lims[SUITE_MAX_PROBLEMS];
+    bool has_lim[SUITE_MAX_PROBLEMS], checks_ok = true;
+    for (int j = 0; j < n_chosen; j++) {
+        int p = chosen[j];
+        has_lim[j] = suite_limit_begin(&lims[j], p, lr);
+        if (has_lim[j] && !suite_limit_check(&lims[j])) {
+            checks_ok = false;
+        }
+    }
+    if (!checks_ok) { /* what differs, and no timing */
+        for (int j = 0; j < n_chosen; j++) {
+            if (has_lim[j]) {
+                suite_limit_print_check(&lims[j], bench_problems[chosen[j]].name);
+            }
+        }
+        fprintf(stderr, BENCH_NAME ": the C limits' check FAILED (see above)\n");
+        return 1;
+    }
     for (int j = 0; j < n_chosen; j++) {
         int p = chosen[j];
         bool lv = strcmp(bench_problems[p].name, "lotka_volterra") == 0;
-        suite_measure(p, lr, lv ? lv_steps : steps, cells, &res[j]);
+        suite_measure(p, lr, lv ? lv_steps : steps, cells, has_lim[j] ? &lims[j] : NULL, &res[j]);
     }
 
     /* ---- 3. the tables ---- */
@@ -381,21 +591,41 @@ int main(int argc, char **argv) {
            "(lotka_volterra: %lld) incl. setup, trace and compile\n\n",
            sysconf(_SC_NPROCESSORS_ONLN), load, SUITE_SAMPLES, cells, (long long)steps,
            (long long)lv_steps);
-    printf("| problem | nabla us/step | Optax us/step | ratio (Optax/nabla) | nabla cell s | "
-           "Optax cell s | ratio |\n");
-    printf("|---|---:|---:|---:|---:|---:|---:|\n");
+    printf("| problem | nabla us/step | C limit us/step | limit / nabla | limit GFLOP | Optax "
+           "us/step | ratio (Optax/nabla) | nabla cell s | Optax cell s | ratio |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (int j = 0; j < n_chosen; j++) {
         const suite_result *r = &res[j];
         const double *pv = &peer_vals[j * PK_COUNT];
-        char a[32], b[32], cr[32], d[32], e[32], f[32];
+        char a[32], b[32], cr[32], d[32], e[32], f[32], la[32], lr_[32], lg[32];
+        if (has_lim[j]) {
+            suite_fmt(la, sizeof la, r->lim_us, "%.2f");
+            suite_fmt(lr_, sizeof lr_, r->lim_us / r->step_us, "%.2f");
+            suite_fmt(lg, sizeof lg, r->lim_gflop, "%.2e");
+        } else {
+            snprintf(la, sizeof la, "-");
+            snprintf(lr_, sizeof lr_, "-");
+            snprintf(lg, sizeof lg, "-");
+        }
         suite_fmt(a, sizeof a, r->step_us, "%.2f");
         suite_fmt(b, sizeof b, pv[PK_STEP], "%.2f");
         suite_fmt(cr, sizeof cr, pv[PK_STEP] / r->step_us, "%.2f");
         suite_fmt(d, sizeof d, r->cell_s, "%.3f");
         suite_fmt(e, sizeof e, pv[PK_CELL], "%.3f");
         suite_fmt(f, sizeof f, pv[PK_CELL] / r->cell_s, "%.2f");
-        printf("| %s | %s | %s | %s | %s | %s | %s |\n", bench_problems[chosen[j]].name, a, b, cr,
-               d, e, f);
+        printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n",
+               bench_problems[chosen[j]].name, a, la, lr_, lg, b, cr, d, e, f);
+    }
+    printf("\nC limit: the same train step hand-written in plain C (benchmarks/limits/lim_suite.c: "
+           "BLIS products on one thread, SLEEF where nabla calls it, Adam as nabla's), on the "
+           "minibatches nabla's stream gives (each step timed alone: the batcher not included, "
+           "where nabla's us/step includes it); its bursts alternate with nabla's. GFLOP: the "
+           "limit's products (2 m n k each). '-': no limit (the full-batch problems). Checked "
+           "before the timing (two steps from nabla's start on its first two minibatches):\n");
+    for (int j = 0; j < n_chosen; j++) {
+        if (has_lim[j]) {
+            suite_limit_print_check(&lims[j], bench_problems[chosen[j]].name);
+        }
     }
     printf("\nThe peer runs pinned to one CPU (sched_setaffinity before JAX starts its "
            "threads); the column 'not pinned' is its us/step in a second, unpinned run, where "
@@ -436,5 +666,10 @@ int main(int argc, char **argv) {
            "after every step. What differs: the random draws (numpy on the peer's side) and "
            "therefore the values; nabla's cell excludes bench.c's periodic eval() calls "
            "(the peer has none either).\n");
+    for (int j = 0; j < n_chosen; j++) {
+        if (has_lim[j]) {
+            suite_limit_end(&lims[j]);
+        }
+    }
     return 0;
 }

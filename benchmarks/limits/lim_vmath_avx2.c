@@ -20,6 +20,7 @@
 #define LIM_SLEEF_TANHF Sleef_finz_tanhf8_u35avx2
 #define LIM_SLEEF_EXPF Sleef_finz_expf8_u10avx2
 #define LIM_SLEEF_LOGF Sleef_finz_logf8_u10avx2
+#define LIM_SLEEF_LOG1PF Sleef_finz_log1pf8_u10avx2
 #define LIM_SLEEF_POW Sleef_finz_powd4_u10avx2
 
 #include "lim_vmath.inc"

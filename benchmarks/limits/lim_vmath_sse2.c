@@ -17,6 +17,7 @@
 #define LIM_SLEEF_TANHF Sleef_cinz_tanhf4_u35sse2
 #define LIM_SLEEF_EXPF Sleef_cinz_expf4_u10sse2
 #define LIM_SLEEF_LOGF Sleef_cinz_logf4_u10sse2
+#define LIM_SLEEF_LOG1PF Sleef_cinz_log1pf4_u10sse2
 #define LIM_SLEEF_POW Sleef_cinz_powd2_u10sse2
 
 #include "lim_vmath.inc"

@@ -26,8 +26,19 @@
  *                 cross-entropy over the 2,048 positions) train step: every step's gates
  *                 stored in the forward (nothing recomputed), the per-step recurrent products
  *                 and the rest (as one product over all 2,048 rows each) in BLIS
+ *   lim_suite.c   the stochastic problems of `nabla bench` (tools/bench_problems.c), timed by
+ *                 bench_suite: logreg_mb (logistic regression 30 -> 1, batch 16), mlp_mb (the
+ *                 MLP 64-32-10, relu, batch 32), cnn_mb (conv 1->8 3x3 SAME, relu, max pool 2,
+ *                 Linear 128->10, batch 32), char_gru (Embedding 65->16, a GRU cell 16->64 over
+ *                 16 characters, Linear 64->65, batch 32), noisy_quadratic (0.5 (theta - x)^T H
+ *                 (theta - x) over 128 rows of 100) train steps with Adam (lotka_volterra_mb,
+ *                 the sixth, has no limit yet)
+ *   lim_nn.c      what the models share: the one-thread BLIS product, the buffers, the
+ *                 log-softmax cross-entropy and its gradient, the 3x3 convolution's im2col and
+ *                 col2im on 8x8 images, bias + relu and its backward, the 2x2 max pool; the GRU
+ *                 layer over a sequence is lim_gru.c's (lim_gru_layer_fwd, lim_gru_layer_bwd)
  *   lim_vmath_*.c SLEEF's vector functions, chosen per CPU as nabla chooses them (AVX2 + FMA,
- *                 else SSE2): tanhf u35, expf and logf u10, pow u10 (f64)
+ *                 else SSE2): tanhf u35, expf, logf and log1pf u10, pow u10 (f64)
  *
  * The two models of bench_layers are checked against nabla within rounding, not bit for bit:
  * their products are single BLIS calls over the whole batch (and, for the GRU, the whole
@@ -46,11 +57,12 @@
 /* ---- SLEEF, as nabla's executor calls it -------------------------------------------------- */
 
 typedef struct lim_vmath {
-    const char *isa;                                      /* "avx2" or "sse2" */
-    void (*tanhf_n)(float *o, const float *x, int64_t n); /* Sleef_tanhf*_u35 */
-    void (*expf_n)(float *o, const float *x, int64_t n);  /* Sleef_expf*_u10 */
-    void (*logf_n)(float *o, const float *x, int64_t n);  /* Sleef_logf*_u10 */
-    double (*pow1)(double x, double y);                   /* Sleef_powd*_u10, one lane */
+    const char *isa;                                       /* "avx2" or "sse2" */
+    void (*tanhf_n)(float *o, const float *x, int64_t n);  /* Sleef_tanhf*_u35 */
+    void (*expf_n)(float *o, const float *x, int64_t n);   /* Sleef_expf*_u10 */
+    void (*logf_n)(float *o, const float *x, int64_t n);   /* Sleef_logf*_u10 */
+    void (*log1pf_n)(float *o, const float *x, int64_t n); /* Sleef_log1pf*_u10 */
+    double (*pow1)(double x, double y);                    /* Sleef_powd*_u10, one lane */
 } lim_vmath;
 
 /* The table for this CPU (AVX2 and FMA: the AVX2 one, else SSE2), as nbi_vmath_get. */
@@ -230,5 +242,101 @@ void lim_gru_set_adam(lim_gru *m, int32_t count, double lr, double b1, double b2
 float lim_gru_step(lim_gru *m);
 /* The floating-point operations of the step's products (2 m n k each). */
 double lim_gru_flops(void);
+
+/* ---- shared pieces (lim_nn.c) ------------------------------------------------------------- */
+
+/* c[m, n] (row stride ldc) = a @ b + beta c, a and b with element strides (rows, columns): one
+ * BLIS call (bli_sgemm_ex) on one thread. */
+void lim_sgemm(int64_t m, int64_t n, int64_t k, const float *a, int64_t ars, int64_t acs,
+               const float *b, int64_t brs, int64_t bcs, float beta, float *c, int64_t ldc);
+
+/* A model's buffers: zeroed, 64-byte aligned, freed together. */
+typedef struct lim_bufs {
+    void *blocks[128];
+    int n;
+} lim_bufs;
+/* n floats (or as many 4-byte elements); NULL when out of memory or out of slots. */
+float *lim_bufs_alloc(lim_bufs *b, int64_t n);
+void lim_bufs_free(lim_bufs *b);
+
+/* The mean cross-entropy of the rows of z [rows, v] (bias b [v] added in place first, if not
+ * NULL) against the labels y [rows], by the stable log-softmax as nabla's: mx (the row's
+ * maximum, 0 if not finite), e = exp(z - mx) [rows, v], s = sum e [rows], ls [rows] scratch.
+ * Returns the loss; z keeps the biased logits. */
+float lim_xent_fwd(const lim_vmath *vm, float *z, const float *b, float *e, float *mx, float *s,
+                   float *ls, const int32_t *y, int64_t rows, int64_t v);
+/* Its gradient into dz [rows, v] (may be z): (softmax - onehot(y)) / rows. */
+void lim_xent_bwd(float *dz, const float *e, const float *s, const int32_t *y, int64_t rows,
+                  int64_t v);
+/* c[j] = sum_i a[i, j], i < rows, j < cols, a's rows lda apart (in row order) */
+void lim_colsum(float *restrict c, const float *restrict a, int64_t rows, int64_t cols,
+                int64_t lda);
+
+/* 3x3 convolutions with padding 1 on 8x8 images, channel-major activations [c, n, 8, 8]:
+ * cols [c 9, n 64] (row c 9 + ky 3 + kx, zeros where a tap reads the padding) from in; the
+ * transpose (out = the sum of the columns' elements at each input; out is overwritten). */
+void lim_conv_im2col(float *cols, const float *in, int64_t c, int64_t n);
+void lim_conv_col2im(float *out, const float *cols, int64_t c, int64_t n);
+/* a [rows, len] = relu(a + bias[row]) */
+void lim_bias_relu_rows(float *restrict a, const float *restrict bias, int64_t rows, int64_t len);
+/* d [rows, len] *= (a > 0), db[row] = its row sums (16 running sums; len a multiple of 16) */
+void lim_relu_back_rows(float *restrict d, const float *restrict a, float *restrict db,
+                        int64_t rows, int64_t len);
+/* Max pool 2x2 stride 2 of a [c, n, 8, 8] into f [n, c 16] (feature c 16 + y 4 + x, the
+ * flatten of [n, c, 4, 4]), arg [n, c 16] the index in a of each window's first maximum (NaN
+ * wins, as src/nn/pool.c); and its backward: da (zeroed first) gets df at those indices. */
+void lim_pool_fwd(float *restrict f, int32_t *restrict arg, const float *restrict a, int64_t c,
+                  int64_t n);
+void lim_pool_bwd(float *restrict da, const float *restrict df, const int32_t *restrict arg,
+                  int64_t c, int64_t n);
+
+/* One GRU layer (src/nn/rnn.c's cell, gates r, z, n) over t steps of a batch of b, time-major
+ * (row s b + i is step s, example i), every step's gates and states stored. The buffers: x
+ * [t b, in] (the inputs, borrowed), ig [t b, 3h], r, z, n, hn [t b, h], hs [(t + 1) b, h]
+ * (block 0 the zero initial state), di, dg [t b, 3h]; scratch hg, pre [b, 3h], dh [b, h]. */
+typedef struct lim_gru_layer {
+    int64_t b, t, in, h;
+    const float *x;
+    float *ig, *r, *z, *n, *hn, *hs, *di, *dg, *hg, *pre, *dh;
+} lim_gru_layer;
+/* The buffers of l (its sizes set) from bufs; 0 when out of memory. */
+int lim_gru_layer_alloc(lim_gru_layer *l, lim_bufs *bufs);
+/* w: weight_ih [3h, in], weight_hh [3h, h], bias [3h], bias_n [h]. */
+void lim_gru_layer_fwd(const lim_vmath *vm, lim_gru_layer *l, const float *const w[4]);
+/* From dy [t b, h] (the outputs' gradient): gw (the four weights' gradients, overwritten) and
+ * dx [t b, in] (NULL: not wanted). */
+void lim_gru_layer_bwd(lim_gru_layer *l, const float *const w[4], float *const gw[4],
+                       const float *dy, float *dx);
+
+/* ---- the stochastic problems of nabla bench: one Adam train step (lim_suite.c) ------------ */
+
+enum { LIM_SUITE_MAX_LEAF = 8 };
+
+typedef struct lim_suite lim_suite;
+
+/* The limit of problem name (bench_problems.c's: "logreg_mb", "mlp_mb", "cnn_mb", "char_gru",
+ * "noisy_quadratic"), its buffers zeroed and Adam as lim_cnn's; NULL for another name or out
+ * of memory. */
+lim_suite *lim_suite_create(const char *name);
+void lim_suite_destroy(lim_suite *m);
+int lim_suite_n_leaves(const lim_suite *m);
+/* Leaf i's path in nabla's params tree (nb_tree_lookup syntax) and its element count. */
+const char *lim_suite_leaf_path(const lim_suite *m, int i, int64_t *n);
+/* Leaf i of the parameters (which 0), mu (1) or nu (2). */
+float *lim_suite_leaf(lim_suite *m, int which, int i);
+/* The minibatch, borrowed until the next call (the step reads it where it is): x and y as the
+ * batch's train split holds them (x f32 [batch, features], or char_gru's windows i32 [32,
+ * 17]; y i32 [batch] or NULL), extra noisy_quadratic's H f32 [100, 100] (else NULL). Sizes:
+ * lim_suite_batch_size. */
+void lim_suite_set_batch(lim_suite *m, const void *x, const int32_t *y, const float *extra);
+/* Elements of x, y (0: none) and extra (0: none) the problem expects. */
+void lim_suite_batch_size(const lim_suite *m, int64_t *nx, int64_t *ny, int64_t *nextra);
+void lim_suite_set_adam(lim_suite *m, int32_t count, double lr, double b1, double b2, double eps,
+                        double eps_root);
+/* One train step in place; returns the loss before the update. */
+float lim_suite_step(lim_suite *m);
+/* The floating-point operations of the step's products (2 m n k each; the logistic regression's
+ * and the quadratic's loops counted alike). */
+double lim_suite_flops(const lim_suite *m);
 
 #endif
