@@ -94,6 +94,9 @@ typedef struct nbi_graph {
     int32_t n_inputs;
     nb_var **outputs;
     int32_t n_outputs;
+    /* The first n_fixed inputs are a callee's bound data: the same in every step of a loop
+     * whose body it is (nbi_exec_run_step runs what depends only on them once). */
+    int32_t n_fixed;
 } nbi_graph;
 
 NBI_HIDDEN nb_status nbi_graph_init(nbi_graph *g, nbi_arena *arena);
@@ -535,6 +538,18 @@ NBI_HIDDEN void nbi_exec_run(const nbi_exec *e, nb_array *const *inputs, nb_arra
 /* Run on raw buffers (used for calls between executables and for constant folding). */
 NBI_HIDDEN void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const *outputs,
                                  const bool *donated);
+/* One step of a loop whose body is e: as nbi_exec_run_raw, but where *pre_valid says that
+ * e's last run was the previous step's, on the same bound data (inputs [0, n_fixed)), the
+ * instructions that depend only on the bound data (e's loop-invariant prefix) are not run
+ * again: their values are still in e's workspace. *pre_valid (false before the first step)
+ * is updated: true after a run by the interpreter, false after native code (which keeps
+ * values in locals). The caller guarantees that nothing runs e between its steps. */
+NBI_HIDDEN void nbi_exec_run_step(const nbi_exec *e, const void *const *inputs,
+                                  void *const *outputs, const bool *donated, bool *pre_valid);
+/* Does running x run target (x's calls and loops, to depth 16: deeper counts as yes)? */
+NBI_HIDDEN bool nbi_exec_reaches(const nbi_exec *x, const nbi_exec *target, int depth);
+/* The number of e's loop-invariant instructions (tests). */
+NBI_HIDDEN int32_t nbi_exec_n_pre(const nbi_exec *e);
 /* A run's output plan (nbi_exec_run_raw's, without the run): out_direct for these buffers,
  * and how many outputs the run must copy afterwards (nbi_exec_copy_out). Native code runs
  * a loop's cond and body on the same buffers step after step: planned once per loop. */

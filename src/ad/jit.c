@@ -1209,10 +1209,13 @@ static nb_status nbi_trace_graph(nb_trace *tr, const nb_fn *f, const nb_tree *ar
 }
 
 /* Trace f as a function of its own on leaves (self's then args' dynamic leaves, arrays or
- * vars of an outer trace), compile it, and add the entry to id. */
+ * vars of an outer trace), compile it, and add the entry to id. n_fixed: the leading leaves
+ * that stay the same from one run to the next (a loop body's bound data: nbi_graph.n_fixed),
+ * else 0. */
 static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn *f,
                                    const nb_tree *args, const nb_tree *const *leaves,
-                                   int64_t n_leaves, uint64_t hash, nbi_entry **out) {
+                                   int64_t n_leaves, uint64_t hash, int64_t n_fixed,
+                                   nbi_entry **out) {
     nb_ctx *ctx = s->ctx;
     *out = NULL;
     nb_trace tr;
@@ -1229,6 +1232,7 @@ static nb_status nbi_compile_entry(nbi_jit_state *s, nbi_ident *id, const nb_fn 
     st = nbi_trace_graph(&tr, f, args, &out_def);
     nbi_graph opt;
     unsigned checks = nbi_debug_mode & (NBI_DEBUG_NANS | NBI_DEBUG_INFS);
+    tr.g.n_fixed = (int32_t)n_fixed;
     if (st == NB_OK) {
         st = nbi_optimize(ctx, &tr.g, checks, &tr.arena, &opt);
     }
@@ -1924,7 +1928,7 @@ static nb_status nbi_fn_call_body(const char *fn, nb_fn *f, const nb_tree *args,
         if (n > 0) {
             memcpy(mine, s->leafbuf, (size_t)n * sizeof(const nb_tree *));
         }
-        st = nbi_compile_entry(s, id, f, args, mine, n, nbi_key_hash(args, mine, n), &e);
+        st = nbi_compile_entry(s, id, f, args, mine, n, nbi_key_hash(args, mine, n), 0, &e);
         nbi_free(ctx, mine, bytes);
         if (st != NB_OK) {
             return st;
@@ -2062,7 +2066,8 @@ nb_status nbi_callee(nb_trace *tr, nb_fn *f, const nb_tree *args, const char *wh
     if (e != NULL) {
         id->stats.n_hits++;
     } else {
-        nb_status st = nbi_compile_entry(s, id, f, args, leaves, n, h, &e);
+        /* a loop's (or branch's) callee: its bound data is the same in every step */
+        nb_status st = nbi_compile_entry(s, id, f, args, leaves, n, h, n_self, &e);
         if (st != NB_OK) {
             char msg[NBI_ERRMSG_CAP];
             snprintf(msg, sizeof msg, "%s", nb_ctx_errmsg(ctx));
@@ -2124,7 +2129,7 @@ static const nb_tree *nbi_apply_call(nb_trace *tr, const nb_fn *f, const nb_tree
     if (e != NULL) {
         id->stats.n_hits++;
     } else {
-        nb_status st = nbi_compile_entry(s, id, f, args, leaves, n, h, &e);
+        nb_status st = nbi_compile_entry(s, id, f, args, leaves, n, h, 0, &e);
         if (st != NB_OK) {
             char msg[NBI_ERRMSG_CAP];
             snprintf(msg, sizeof msg, "%s", nb_ctx_errmsg(ctx));

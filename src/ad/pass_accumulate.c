@@ -70,6 +70,7 @@ nb_status nbi_pass_accumulate(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) 
         return nbi_err(ctx, NB_ERR_OOM, "accumulate: out of memory");
     }
     out->n_inputs = in->n_inputs;
+    out->n_fixed = in->n_fixed;
     out->n_outputs = in->n_outputs;
     for (int32_t i = 0; i < n; i++) {
         const nb_var *v = in->nodes[i];

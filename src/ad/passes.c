@@ -50,6 +50,7 @@ static nb_status nbi_pass_begin(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out
     }
     out->n_inputs = in->n_inputs;
     out->n_outputs = in->n_outputs;
+    out->n_fixed = in->n_fixed;
     return NB_OK;
 }
 
@@ -474,6 +475,25 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
     for (int32_t i = 0; i < in->n_outputs; i++) {
         uses[in->outputs[i]->id]++;
     }
+    /* loop-invariant nodes of a loop body (depending only on its bound data, the first
+     * n_fixed inputs): a transpose of one stays a node of its own, made once per loop (the
+     * executable's prefix), where folded into the product it would be copied row-major
+     * every step (nbi_mm_pack; the same bits either way) */
+    bool *inv = nbi_arena_alloc(in->arena, (size_t)in->n_nodes + 1);
+    if (inv == NULL) {
+        return nbi_err(ctx, NB_ERR_OOM, "transpose-matmul: out of memory");
+    }
+    for (int32_t i = 0; i < in->n_nodes; i++) {
+        const nb_var *v = in->nodes[i];
+        bool x = v->op == NBI_OP_PARAM ? v->at.ivalue < in->n_fixed
+                                       : in->n_fixed > 0 && v->op != NBI_OP_PRINT &&
+                                             v->op != NBI_OP_CHECK && v->op != NBI_OP_CALL &&
+                                             v->op != NBI_OP_WHILE && v->op != NBI_OP_LOOP_REVERSE;
+        for (int32_t j = 0; x && j < v->n_in; j++) {
+            x = inv[v->in[j]->id];
+        }
+        inv[i] = x;
+    }
     int32_t k = 0;
     for (int32_t i = 0; i < in->n_nodes; i++) {
         const nb_var *v = in->nodes[i];
@@ -581,7 +601,7 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
             for (int j = 0; j < 2; j++) {
                 nb_var *src = map[v->in[j]->id];
                 /* matmul(transpose(w)) = matmul(w) with w read through swapped strides */
-                if (nbi_is_matrix_transpose(src)) {
+                if (nbi_is_matrix_transpose(src) && !inv[v->in[j]->id]) {
                     ins[j] = src->in[0];
                     proto.at.axes[j] = !proto.at.axes[j];
                 } else {

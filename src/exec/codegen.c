@@ -1348,26 +1348,6 @@ static int32_t nbx_loop_sub(const nb_var *v) {
     return ng == 0 ? -1 : nbx_group_find(nbx_subs, nbx_n_subs, g, ng);
 }
 
-/* Can running x (its calls and loops, to any depth) run target? Past depth 16: yes. */
-static bool nbx_reaches(const nbi_exec *x, const nbi_exec *target, int depth) {
-    if (depth >= 16) {
-        return true;
-    }
-    for (int32_t t = 0; t < x->n_instrs; t++) {
-        const nb_var *v = &x->nodes[x->instrs[t].node];
-        if (v->op != NBI_OP_CALL && v->op != NBI_OP_WHILE && v->op != NBI_OP_LOOP_REVERSE) {
-            continue;
-        }
-        const nbi_exec *c[3] = {v->at.callee, v->at.callee2, v->at.callee3};
-        for (int q = 0; q < 3; q++) {
-            if (c[q] != NULL && (c[q] == target || nbx_reaches(c[q], target, depth + 1))) {
-                return true;
-            }
-        }
-    }
-    return false;
-}
-
 /* Must a loop plan its executables' outputs before every run? An executable's plan is its
  * state: when running one of the loop's executables can run one of them again (a cond that
  * calls the body's function), that run changes it between the loop's runs. Otherwise the
@@ -1375,7 +1355,7 @@ static bool nbx_reaches(const nbi_exec *x, const nbi_exec *target, int depth) {
 static bool nbx_group_replans(const nbi_exec *const *g, int ng) {
     for (int a = 0; a < ng; a++) {
         for (int b = 0; b < ng; b++) {
-            if (nbx_reaches(g[a], g[b], 0)) {
+            if (nbi_exec_reaches(g[a], g[b], 0)) {
                 return true;
             }
         }

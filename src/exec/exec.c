@@ -18,6 +18,13 @@
  * A fused node that stores several values (fused_output nodes) is one instruction making
  * several values: each gets its slot (or takes over an input's) when the kernel runs, and
  * the kernel gets their buffers in nbi_kargs.outs.
+ *
+ * A loop's body (a callee whose first inputs, its bound data, are the same in every step:
+ * nbi_graph.n_fixed) puts the instructions that depend only on those inputs and on
+ * constants first -- the transposed weights of a recurrent cell's products -- and keeps
+ * their values read later in slots of their own to the end: the while kernel runs that
+ * prefix at the first step only (nbi_exec_run_step). The same kernels on the same values:
+ * the same bits.
  */
 #include "exec/exec.h"
 #include "exec/native.h"
@@ -186,6 +193,70 @@ static void nbi_exec_order(const nbi_exec *e, int32_t n, int32_t *order, bool *d
     }
 }
 
+/* Does an instruction of this op stay in every step of a loop, whatever it reads? Outputs
+ * (checked apart), what a run must do each time (prints, checks), calls and loops (their
+ * callees' own prefixes do the rest), and updates that may write into an input. */
+static bool nbi_pre_barrier(uint16_t op) {
+    return op == NBI_OP_PRINT || op == NBI_OP_CHECK || op == NBI_OP_CALL || op == NBI_OP_WHILE ||
+           op == NBI_OP_LOOP_REVERSE || op == NBI_OP_DYN_UPDATE || op == NBI_OP_CALL_OUTPUT;
+}
+
+/* The loop-invariant prefix (e->n_pre): pre[i] for the nodes that depend only on the
+ * graph's first g->n_fixed inputs and on constants, are not outputs (nor stored by a fused
+ * node with an output among its values) and are no barrier; then order is partitioned
+ * stably, those nodes first (they read nothing else, so the order stays topological). */
+static void nbi_exec_prefix(const nbi_exec *e, const nbi_graph *g, int32_t *order, bool *pre,
+                            int32_t *rest) {
+    int32_t n = e->n_nodes;
+    if (g->n_fixed <= 0) {
+        return; /* pre stays all false */
+    }
+    for (int32_t i = 0; i < n; i++) {
+        pre[i] = true;
+    }
+    for (int32_t i = 0; i < e->n_outputs; i++) {
+        const nb_var *o = &e->nodes[e->outputs[i]];
+        pre[o->id] = false;
+        if (o->op == NBI_OP_FUSED_OUTPUT) {
+            pre[o->in[0]->id] = false; /* its kernel makes it: stays too */
+        }
+    }
+    int32_t n_pre = 0;
+    for (int32_t oi = 0; oi < n; oi++) {
+        int32_t i = order[oi];
+        const nb_var *v = &e->nodes[i];
+        if (v->op == NBI_OP_PARAM) {
+            pre[i] = e->param_of[i] < g->n_fixed;
+            continue;
+        }
+        bool ok = pre[i] && !nbi_pre_barrier(v->op);
+        for (int32_t j = 0; ok && j < v->n_in; j++) {
+            ok = pre[v->in[j]->id];
+        }
+        pre[i] = ok;
+        n_pre += ok;
+    }
+    if (n_pre == 0) {
+        return;
+    }
+    /* a fused node's stored values are made by its kernel: pre with it */
+    for (int32_t i = 0; i < n; i++) {
+        if (e->nodes[i].op == NBI_OP_FUSED_OUTPUT) {
+            pre[i] = pre[e->nodes[i].in[0]->id];
+        }
+    }
+    int32_t k = 0, r = 0;
+    for (int32_t oi = 0; oi < n; oi++) {
+        int32_t i = order[oi];
+        if (pre[i] && e->nodes[i].op != NBI_OP_PARAM) {
+            order[k++] = i;
+        } else {
+            rest[r++] = i;
+        }
+    }
+    memcpy(order + k, rest, (size_t)r * sizeof(int32_t));
+}
+
 nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_exec **out) {
     static const char fn[] = "compile";
     *out = NULL;
@@ -219,6 +290,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
                    nbi_round64((size_t)n * sizeof(bool)) /* resident */ +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* order */ +
                    nbi_round64((size_t)n * 2 * sizeof(bool)) /* after: dep, moved */ +
+                   nbi_round64((size_t)n * sizeof(bool)) /* pre */ +
+                   nbi_round64((size_t)n * sizeof(int32_t)) /* order, partitioned */ +
                    nbi_round64((size_t)(n + 1) * sizeof(nbi_block)) +
                    nbi_round64((size_t)n_fused * sizeof(nbi_fprog)) +
                    nbi_round64((size_t)n_fused * NBI_FUSE_MAX_STORE * sizeof(int32_t));
@@ -251,6 +324,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     bool *resident = nbi_carve(&p, (size_t)n * sizeof(bool));
     int32_t *order = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     bool *after = nbi_carve(&p, (size_t)n * 2 * sizeof(bool));
+    bool *pre = nbi_carve(&p, (size_t)n * sizeof(bool));
+    int32_t *rest = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     nbi_block *free_blocks = nbi_carve(&p, (size_t)(n + 1) * sizeof(nbi_block));
     nbi_fprog *progs = nbi_carve(&p, (size_t)n_fused * sizeof(nbi_fprog));
     int32_t *stores = nbi_carve(&p, (size_t)n_fused * NBI_FUSE_MAX_STORE * sizeof(int32_t));
@@ -333,6 +408,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
      * cotangent buffer and then clears it; in graph order the clearing came first, and the
      * whole buffer was copied every step). */
     nbi_exec_order(e, n, order, after);
+    nbi_exec_prefix(e, g, order, pre, rest);
     for (int32_t i = 0; i < n; i++) {
         last_use[i] = -1;
     }
@@ -362,9 +438,23 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
         if (v->n_in > e->max_in) {
             e->max_in = v->n_in;
         }
+        e->n_pre += pre[i];
         n_instr++;
     }
     e->n_instrs = n_instr;
+    /* the prefix's values read after it: live to the end (never given back, never taken
+     * over in place), so a loop's later steps find them */
+    for (int32_t t = 0; t < e->n_pre; t++) {
+        const nbi_instr *ins = &e->instrs[t];
+        if (last_use[ins->node] >= e->n_pre) {
+            last_use[ins->node] = n_instr;
+        }
+        for (int32_t s = 0; s < ins->n_store; s++) {
+            if (ins->store[s] >= 0 && last_use[ins->store[s]] >= e->n_pre) {
+                last_use[ins->store[s]] = n_instr;
+            }
+        }
+    }
     for (int32_t i = 0; i < g->n_inputs; i++) {
         e->param_last[i] = -1;
         e->param_node[i] = -1;
@@ -825,8 +915,10 @@ static bool nbi_debug_check(const nbi_exec *e, const nb_var *v, const nbi_kargs 
     return nbi_check_fail_text(msg);
 }
 
-void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const *outputs,
-                      const bool *donated) {
+/* A run from instruction first on (0: all; e->n_pre: a loop's later step). *pre_valid:
+ * NULL, or set to whether the prefix's values are in the workspace afterwards. */
+static void nbi_exec_run_from(const nbi_exec *e, const void *const *inputs, void *const *outputs,
+                              const bool *donated, bool skip_pre, bool *pre_valid) {
     unsigned char *ws = e->ws;
     nbi_plan_outputs(e, inputs, outputs, donated);
     if (e->native != NULL && e->native_fn == NULL) {
@@ -837,11 +929,17 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
         if (!nbi_native_checking()) {
             nbi_native_run(e, inputs, outputs);
             nbi_exec_copy_out(e, outputs);
+            if (pre_valid != NULL) {
+                *pre_valid = false; /* native code keeps values in locals */
+            }
             return;
         }
         check = nbi_native_check_begin(e, inputs);
     }
-    for (int32_t t = 0; t < e->n_instrs; t++) {
+    if (pre_valid != NULL) {
+        *pre_valid = true;
+    }
+    for (int32_t t = skip_pre ? e->n_pre : 0; t < e->n_instrs; t++) {
         const nbi_instr *ins = &e->instrs[t];
         const nb_var *v = &e->nodes[ins->node];
         for (int32_t j = 0; j < ins->n_in; j++) {
@@ -881,6 +979,39 @@ void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const 
     if (check != NULL) {
         nbi_native_check_end(e, check, outputs);
     }
+}
+
+void nbi_exec_run_raw(const nbi_exec *e, const void *const *inputs, void *const *outputs,
+                      const bool *donated) {
+    nbi_exec_run_from(e, inputs, outputs, donated, false, NULL);
+}
+
+void nbi_exec_run_step(const nbi_exec *e, const void *const *inputs, void *const *outputs,
+                       const bool *donated, bool *pre_valid) {
+    nbi_exec_run_from(e, inputs, outputs, donated, *pre_valid && e->n_pre > 0, pre_valid);
+}
+
+int32_t nbi_exec_n_pre(const nbi_exec *e) {
+    return e->n_pre;
+}
+
+bool nbi_exec_reaches(const nbi_exec *x, const nbi_exec *target, int depth) {
+    if (depth >= 16) {
+        return true;
+    }
+    for (int32_t t = 0; t < x->n_instrs; t++) {
+        const nb_var *v = &x->nodes[x->instrs[t].node];
+        if (v->op != NBI_OP_CALL && v->op != NBI_OP_WHILE && v->op != NBI_OP_LOOP_REVERSE) {
+            continue;
+        }
+        const nbi_exec *c[3] = {v->at.callee, v->at.callee2, v->at.callee3};
+        for (int q = 0; q < 3; q++) {
+            if (c[q] != NULL && (c[q] == target || nbi_exec_reaches(c[q], target, depth + 1))) {
+                return true;
+            }
+        }
+    }
+    return false;
 }
 
 const bool *nbi_exec_plan_io(const nbi_exec *e, const void *const *inputs, void *const *outputs,

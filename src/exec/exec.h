@@ -34,6 +34,10 @@ struct nbi_exec {
     int32_t *param_of; /* per node: the input index of a PARAM node, else -1 */
     int32_t n_instrs;
     nbi_instr *instrs;
+    /* Instructions [0, n_pre) depend only on the first inputs (the graph's n_fixed, a
+     * callee's bound data) and constants; their values read later keep their slots to the
+     * end: a loop runs them once (nbi_exec_run_step). */
+    int32_t n_pre;
     int32_t n_inputs;
     int32_t n_outputs;
     int32_t *outputs;     /* node index of each output (always a workspace value) */

@@ -111,13 +111,20 @@ static void nbi_k_while(const nbi_kargs *k) {
         donated[i] = true;
         off += nbi_leaf_bytes(o);
     }
+    /* the body's loop-invariant prefix (what depends only on its bound data) runs at the
+     * first step only -- unless the cond or the body can run the body's executable between
+     * two steps (a call of the body's function): that run would change its workspace */
+    bool pre_valid = false, keep_pre = nbi_exec_n_pre(body) > 0 &&
+                                       !nbi_exec_reaches(cond, body, 0) &&
+                                       !nbi_exec_reaches(body, body, 0);
     for (int64_t step = 0; max_steps <= 0 || step < max_steps; step++) {
         void *flag_out = flag;
         nbi_exec_run_raw(cond, cond_in, &flag_out, NULL);
         if (!*flag) {
             break;
         }
-        nbi_exec_run_raw(body, body_in, body_out, donated);
+        nbi_exec_run_step(body, body_in, body_out, donated, &pre_valid);
+        pre_valid = pre_valid && keep_pre;
     }
 }
 

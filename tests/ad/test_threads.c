@@ -167,6 +167,73 @@ static nbi_exec *compile_traced(nb_ctx *ctx, nb_trace *tr, nb_var **ins, int32_t
     return e;
 }
 
+/* A loop body's loop-invariant prefix (nbi_graph.n_fixed, nbi_exec_run_step): for
+ * y = tanh(x @ transpose(w)) + 2 s with w and s the bound data (the first two inputs), the
+ * transpose stays a node of its own (not folded into the product: the transpose-matmul pass
+ * leaves a loop-invariant one) and runs first, once: a later step, told the prefix is valid,
+ * does not look at w again -- shown by changing w between steps -- and one told it is not
+ * runs it again. Without bound data (n_fixed 0): no prefix, and the transpose is folded. The
+ * step's results equal nbi_exec_run_raw's bit for bit. */
+static void test_loop_invariant_prefix(void **state) {
+    (void)state;
+    nb_ctx *ctx = NULL;
+    NBT_OK(NULL, nb_ctx_create(NULL, &ctx));
+    for (int fixed = 2; fixed >= 0; fixed -= 2) {
+        nb_trace tr;
+        NBT_OK(ctx, nbi_trace_init(&tr, ctx, "prefix"));
+        nb_var *w = nbi_emit_param(&tr, 0, NB_DTYPE_F32, 2, (int64_t[]){24, 16}, NULL);
+        nb_var *s = nbi_emit_param(&tr, 1, NB_DTYPE_F32, 1, (int64_t[]){24}, NULL);
+        nb_var *x = nbi_emit_param(&tr, 2, NB_DTYPE_F32, 2, (int64_t[]){8, 16}, NULL);
+        nb_var *y =
+            nb_add(nb_tanh(nb_matmul(x, nb_transpose(w, NULL))), nb_mul(s, nb_scalar(&tr, 2.0)));
+        nb_var *ins[3] = {w, s, x}, *outs[1] = {y};
+        tr.g.n_fixed = fixed;
+        nbi_exec *e = compile_traced(ctx, &tr, ins, 3, outs);
+        printf("n_fixed %d: %d of the executable's instructions run once per loop\n", fixed,
+               (int)nbi_exec_n_pre(e));
+        if (fixed == 0) {
+            NBT_EQ_I64(nbi_exec_n_pre(e), 0);
+        } else {
+            assert_true(nbi_exec_n_pre(e) >= 2); /* the transpose, 2 s */
+        }
+        float wv[24 * 16], sv[24], xv[8 * 16], y0[8 * 24], y1[8 * 24], y2[8 * 24];
+        for (int i = 0; i < 24 * 16; i++) {
+            wv[i] = 0.05f * (float)((i * 7) % 13) - 0.3f;
+        }
+        for (int i = 0; i < 24; i++) {
+            sv[i] = 0.01f * (float)i;
+        }
+        for (int i = 0; i < 8 * 16; i++) {
+            xv[i] = 0.1f * (float)((i * 5) % 11) - 0.5f;
+        }
+        const void *in[3] = {wv, sv, xv};
+        void *o0[1] = {y0}, *o1[1] = {y1}, *o2[1] = {y2};
+        nbi_exec_run_raw(e, in, o0, NULL);
+        bool valid = false;
+        nbi_exec_run_step(e, in, o1, NULL, &valid); /* the first step: everything */
+        assert_true(valid);
+        assert_memory_equal(y0, y1, sizeof y0);
+        float keep = wv[5];
+        wv[5] = 9.0f;                               /* w[0, 5]: changes row 0 of y's column 0 */
+        nbi_exec_run_step(e, in, o2, NULL, &valid); /* a later step: the prefix not run */
+        if (fixed > 0) {
+            assert_memory_equal(y1, y2, sizeof y1); /* the old transpose */
+        } else {
+            assert_true(memcmp(y1, y2, sizeof y1) != 0);
+        }
+        valid = false;
+        nbi_exec_run_step(e, in, o2, NULL, &valid); /* told it is not valid: runs it again */
+        nbi_exec_run_raw(e, in, o0, NULL);
+        assert_memory_equal(y0, y2, sizeof y0);
+        assert_true(memcmp(y1, y2, sizeof y1) != 0);
+        wv[5] = keep;
+        nbi_exec_destroy(e);
+        nbi_trace_release(&tr);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* Compile y = sum(tanh(x @ w) * 2) directly and count allocator calls while running it. */
 static void test_running_allocates_nothing(void **state) {
     (void)state;
@@ -312,6 +379,7 @@ int main(void) {
         cmocka_unit_test(test_avx2_twins_same_bits),
         cmocka_unit_test(test_running_allocates_nothing),
         cmocka_unit_test(test_plan_in_place),
+        cmocka_unit_test(test_loop_invariant_prefix),
         cmocka_unit_test(test_pool_oversubscribed),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

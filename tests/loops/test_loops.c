@@ -69,6 +69,154 @@ static nb_status w_outer(nb_trace *tr, const nb_tree *self, const nb_tree *args,
     return NB_OK;
 }
 
+/* ---- a body's loop-invariant prefix, and a cond that calls the body's function ----------
+ * step(self {w}, x) = tanh(x @ w^T) + 0.5; the loop: while sum(step_{w2}(x)) > 4.15 (the cond
+ * applies the same function to the carry with other bound data, w2), x = step_w(x). The
+ * body's transpose of w is made once per loop (its executable's prefix, after a loop of the
+ * body alone compiled it first); were the cond's call to run the same executable on w2
+ * between two steps, the loop would make it again every step (nbi_exec_reaches) -- as
+ * compiled today the cond's call is an executable of its own. Checked against the same
+ * loop written out in C, 3 steps. */
+#define PX_N 4
+static nb_status px_step(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_var *x = nb_var_of(tr, args), *w = nb_get(tr, self, "w");
+    return nb_return(nb_add(nb_tanh(nb_matmul(x, nb_transpose(w, NULL))), nb_scalar(tr, 0.5)), out);
+}
+
+static nb_status px_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_fn *other = NULL;
+    nb_tree *s = NULL;
+    nb_status st = nb_tree_dict(nb_trace_ctx(tr), 1, (const char *[]){"w"},
+                                (nb_tree *[]){(nb_tree *)nb_tree_get(self, "w2")}, &s);
+    if (st == NB_OK) {
+        st = nb_fn_create(nb_trace_ctx(tr), "px_step", px_step, s, &other);
+    }
+    nb_tree_destroy(s);
+    const nb_tree *y = st == NB_OK ? nb_apply(tr, other, args) : NULL;
+    nb_fn_destroy(other);
+    if (y == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    return nb_return(nb_gt(nb_sum(nb_var_of(tr, y), NULL, 0, false), nb_scalar(tr, 4.15)), out);
+}
+
+/* sum(x) > -100: true on every step here */
+static nb_status px_always(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *s = nb_sum(nb_var_of(tr, args), NULL, 0, false);
+    return nb_return(nb_gt(s, nb_scalar(tr, -100.0)), out);
+}
+
+static nb_status px_loop(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_tree *bs = NULL, *cs = NULL;
+    nb_fn *body = NULL, *cond = NULL;
+    nb_status st = nb_tree_dict(ctx, 1, (const char *[]){"w"},
+                                (nb_tree *[]){(nb_tree *)nb_tree_child(args, 0)}, &bs);
+    if (st == NB_OK) {
+        st = nb_tree_dict(ctx, 1, (const char *[]){"w2"},
+                          (nb_tree *[]){(nb_tree *)nb_tree_child(args, 1)}, &cs);
+    }
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "px_step", px_step, bs, &body);
+    }
+    bool plain = false; /* the body alone, 3 steps (its executable compiled first) */
+    nb_tree_get_bool(self, &plain);
+    if (st == NB_OK) {
+        st = plain ? nb_fn_create(ctx, "px_always", px_always, NULL, &cond)
+                   : nb_fn_create(ctx, "px_cond", px_cond, cs, &cond);
+    }
+    nb_loop_opts o = nb_loop_opts_default();
+    o.max_steps = plain ? 3 : 50;
+    const nb_tree *r =
+        st == NB_OK ? nb_while_loop(tr, cond, body, nb_tree_child(args, 2), &o) : NULL;
+    nb_tree_destroy(bs);
+    nb_tree_destroy(cs);
+    nb_fn_destroy(body);
+    nb_fn_destroy(cond);
+    if (r == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
+/* one step in C (f64): y = tanh(x w^T) + 0.5 for x [2, N], w [N, N] */
+static void px_step_c(const double *w, const double *x, double *y) {
+    for (int i = 0; i < 2; i++) {
+        for (int j = 0; j < PX_N; j++) {
+            double a = 0;
+            for (int k = 0; k < PX_N; k++) {
+                a += x[i * PX_N + k] * w[j * PX_N + k];
+            }
+            y[i * PX_N + j] = tanh(a) + 0.5;
+        }
+    }
+}
+
+static void test_prefix_cond_runs_body(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    double w[PX_N * PX_N], w2[PX_N * PX_N], x[2 * PX_N];
+    for (int i = 0; i < PX_N * PX_N; i++) {
+        w[i] = 0.3 * sin(1.3 * i + 0.1);
+        w2[i] = -0.4 * cos(0.7 * i);
+    }
+    for (int i = 0; i < 2 * PX_N; i++) {
+        x[i] = 0.2 * i - 0.5;
+    }
+    nb_array *a[3] = {nbt_arr_f64(ctx, 2, (int64_t[]){PX_N, PX_N}, w),
+                      nbt_arr_f64(ctx, 2, (int64_t[]){PX_N, PX_N}, w2),
+                      nbt_arr_f64(ctx, 2, (int64_t[]){2, PX_N}, x)};
+    nb_tree *l[3];
+    for (int i = 0; i < 3; i++) {
+        NBT_OK(ctx, nb_tree_array(a[i], &l[i]));
+        nb_array_destroy(a[i]);
+    }
+    nb_tree *args = nbt_tuple_take(ctx, 3, l), *res = NULL, *yes = NULL, *no = NULL;
+    nb_fn *f = NULL, *f0 = NULL;
+    NBT_OK(ctx, nb_tree_bool(ctx, true, &yes));
+    NBT_OK(ctx, nb_tree_bool(ctx, false, &no));
+    /* the body's executable, with its prefix, compiled first: then the cond's call finds it */
+    NBT_OK(ctx, nb_fn_create(ctx, "px_loop", px_loop, yes, &f0));
+    NBT_OK(ctx, nb_fn_call(f0, args, &res));
+    nb_tree_destroy(res);
+    NBT_OK(ctx, nb_fn_create(ctx, "px_loop", px_loop, no, &f));
+    NBT_OK(ctx, nb_fn_call(f, args, &res));
+    /* in C: while sum(step_w2(x)) > 4.15: x = step_w(x) */
+    double y[2 * PX_N];
+    int steps = 0;
+    for (; steps < 50; steps++) {
+        px_step_c(w2, x, y);
+        double s = 0;
+        for (int i = 0; i < 2 * PX_N; i++) {
+            s += y[i];
+        }
+        if (!(s > 4.15)) {
+            break;
+        }
+        px_step_c(w, x, y);
+        memcpy(x, y, sizeof x);
+    }
+    const double *got = nb_array_data(nb_tree_get_array(res));
+    double worst = 0;
+    for (int i = 0; i < 2 * PX_N; i++) {
+        worst = nbt_max(worst, fabs(got[i] - x[i]));
+    }
+    printf("a cond that runs the body's executable: %d steps, max |diff| vs C %.3g\n", steps,
+           worst);
+    assert_true(steps >= 3);
+    assert_true(worst < 1e-12);
+    nb_tree_destroy(res);
+    nb_tree_destroy(args);
+    nb_tree_destroy(yes);
+    nb_tree_destroy(no);
+    nb_fn_destroy(f);
+    nb_fn_destroy(f0);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 static void test_while(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
@@ -1714,6 +1862,7 @@ int main(void) {
         cmocka_unit_test(test_failure4_closures),
         cmocka_unit_test(test_fori_scan_cond),
         cmocka_unit_test(test_bounded_reverse),
+        cmocka_unit_test(test_prefix_cond_runs_body),
         cmocka_unit_test(test_checkpointed_rows),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_max_steps_below_trip_count),
