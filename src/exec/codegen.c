@@ -1228,6 +1228,12 @@ static void nbx_emit_big(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, i
 /* Locals: at most this many elements (a state vector of an ODE, a scalar of a controller). */
 #define NBX_PROMOTE_MAX 16
 
+/* Has loop function k (a loop body with a loop-invariant prefix: nbi_exec_run_step) a second
+ * function nbx_f<k>_r, its instructions after the prefix, for the steps after the first? */
+static bool nbx_has_rest(const nbi_exec *x) {
+    return nbi_exec_n_pre(x) > 0;
+}
+
 /* ---- loops as C loops ------------------------------------------------------------------- */
 
 /* Loops are written out (their cond and body as functions of this file) while the whole file
@@ -1425,7 +1431,16 @@ static void nbx_emit_loop(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, 
     }
     const nbi_exec *grp[2] = {v->at.callee2, body};
     /* planned once unless a step can run cond or body elsewhere (then before every run) */
-    const char *each = nbx_group_replans(grp, 2) ? "" : "if (step == 0)\n                ";
+    bool replans = nbx_group_replans(grp, 2);
+    const char *each = replans ? "" : "if (step == 0)\n                ";
+    /* the body's loop-invariant prefix at the first step only (nbi_exec_run_step), unless a
+     * step can run the body elsewhere */
+    char call[96];
+    if (nbx_has_rest(body) && !replans) {
+        snprintf(call, sizeof call, "(step == 0 ? nbx_f%d : nbx_f%d_r)", (int)kc + 1, (int)kc + 1);
+    } else {
+        snprintf(call, sizeof call, "nbx_f%d", (int)kc + 1);
+    }
     nbi_sbuf_printf(s,
                     "        u8 flag = 0;\n        void *fo[1] = {&flag};\n"
                     "        const nbx_env *ec = &env->sub[%d], *eb = &env->sub[%d];\n"
@@ -1437,14 +1452,27 @@ static void nbx_emit_loop(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, 
                     "            if (nco)\n                env->copy(ec->exec, fo);\n"
                     "            if (!flag)\n                break;\n"
                     "            %sbd = env->plan(eb->exec, bi, bo, don, &nbo);\n"
-                    "            nbx_f%d(eb, bi, bo, bd);\n"
+                    "            %s(eb, bi, bo, bd);\n"
                     "            if (nbo)\n                env->copy(eb->exec, bo);\n"
                     "        }\n    }\n",
-                    (int)kc, (int)kc + 1, max_steps, max_steps, each, (int)kc, each, (int)kc + 1);
+                    (int)kc, (int)kc + 1, max_steps, max_steps, each, (int)kc, each, call);
 }
 
 /* Executable e as the function nbx_run (fid -1) or nbx_f<fid>. */
+/* Executable e as the function nbx_run (fid -1) or nbx_f<fid>; with rest, as nbx_f<fid>_r:
+ * the instructions after e's prefix only (emitted after nbx_f<fid>, whose fused workers it
+ * calls). A value the prefix makes and the rest reads is never a local: it must be in the
+ * workspace when nbx_f<fid>_r runs. */
+static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned calls, bool rest);
+
 static void nbx_gen_fn(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned calls) {
+    nbx_gen_fn_ex(e, s, fid, calls, false);
+    if (fid >= 0 && nbx_has_rest(e)) {
+        nbx_gen_fn_ex(e, s, fid, calls, true);
+    }
+}
+
+static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned calls, bool rest) {
     /* kinds, then which values live in locals: made by written-out code, read only by
      * written-out code, not an output, small */
     size_t kbytes = (size_t)(e->n_instrs + 1) * sizeof(int), pbytes = (size_t)e->n_nodes + 1;
@@ -1486,6 +1514,24 @@ static void nbx_gen_fn(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned cal
                 promoted[e->instrs[t].in[j]] = false; /* a kernel reads it from memory */
             }
         }
+        /* so does a loop body's rest (nbx_f<fid>_r) what its prefix made */
+        for (int32_t t = fid >= 0 && nbx_has_rest(e) ? e->n_pre : e->n_instrs; t < e->n_instrs;
+             t++) {
+            for (int32_t j = 0; j < e->instrs[t].n_in; j++) {
+                int32_t x = e->instrs[t].in[j];
+                for (int32_t q = 0; q < e->n_pre; q++) {
+                    const nbi_instr *p = &e->instrs[q];
+                    bool made = p->node == x;
+                    for (int32_t k = 0; !made && k < p->n_store; k++) {
+                        made = p->store[k] == x;
+                    }
+                    if (made) {
+                        promoted[x] = false;
+                        break;
+                    }
+                }
+            }
+        }
     } else if (promoted != NULL) {
         memset(promoted, 0, pbytes);
     }
@@ -1504,7 +1550,7 @@ static void nbx_gen_fn(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned cal
     nbx_promoted = NULL;
     nbx_fn_id = fid + 1;
     bool any_big = false;
-    for (int32_t t = 0; kind != NULL && t < e->n_instrs; t++) {
+    for (int32_t t = 0; kind != NULL && !rest && t < e->n_instrs; t++) {
         if (kind[t] == NBX_BIG) {
             if (!any_big) {
                 nbi_sbuf_puts(s, "#if defined(__GNUC__) && !defined(__clang__)\n"
@@ -1526,7 +1572,23 @@ static void nbx_gen_fn(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned cal
     if (fid < 0) {
         nbi_sbuf_puts(s, "void nbx_run(");
     } else {
-        nbi_sbuf_printf(s, "static void nbx_f%d(", (int)fid);
+        nbi_sbuf_printf(s, "static void nbx_f%d%s(", (int)fid, rest ? "_r" : "");
+    }
+    int32_t first = rest ? e->n_pre : 0;
+    if (rest && promoted != NULL) { /* the rest's locals: the values it makes */
+        bool *mine = calloc(pbytes, 1);
+        for (int32_t t = first; mine != NULL && t < e->n_instrs; t++) {
+            mine[e->instrs[t].node] = true;
+            for (int32_t k = 0; k < e->instrs[t].n_store; k++) {
+                if (e->instrs[t].store[k] >= 0) {
+                    mine[e->instrs[t].store[k]] = true;
+                }
+            }
+        }
+        for (int32_t i = 0; i < e->n_nodes; i++) {
+            promoted[i] = promoted[i] && mine != NULL && mine[i];
+        }
+        free(mine);
     }
     nbi_sbuf_puts(s, "const nbx_env *env, const void *const *in, void *const *out,\n"
                      "             const _Bool *direct) {\n"
@@ -1550,7 +1612,7 @@ static void nbx_gen_fn(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned cal
         nbi_sbuf_printf(s, "    u8 *v%d = direct[%d] ? (u8 *)out[%d] : ws + %lld;\n", (int)node,
                         (int)i, (int)i, (long long)e->offset[node]);
     }
-    for (int32_t t = 0; t < e->n_instrs; t++) {
+    for (int32_t t = first; t < e->n_instrs; t++) {
         const nbi_instr *ins = &e->instrs[t];
         const nb_var *v = &e->nodes[ins->node];
         char sig[NBI_SIG_CAP];
@@ -1614,6 +1676,12 @@ void nbi_native_codegen(const nbi_exec *e, nbi_sbuf *s) {
                         "static void nbx_f%d(const nbx_env *env, const void *const *in, "
                         "void *const *out, const _Bool *direct);\n",
                         (int)k);
+        if (nbx_has_rest(subs[k])) {
+            nbi_sbuf_printf(s,
+                            "static void nbx_f%d_r(const nbx_env *env, const void *const *in, "
+                            "void *const *out, const _Bool *direct);\n",
+                            (int)k);
+        }
     }
     nbx_gen_fn(e, s, -1, calls);
     for (int32_t k = 0; k < n_sub; k++) {

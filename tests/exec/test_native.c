@@ -407,6 +407,86 @@ static void test_loop_same_bits(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* A body with a loop-invariant prefix: x = tanh(x @ w^T) * sum(s) (x [12]) with w and s the
+ * bound data (w's transpose and sum(s) made once per loop; sum(s), one value, would be a local
+ * of written-out code -- it must be in the workspace for the later steps): the body's function
+ * has a second one without the prefix, nbx_f1_r, called from the second step on; the
+ * interpreter's bits. */
+static nb_status body_inv_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    nb_var *x = nb_get(tr, args, "[1]"), *w = nb_get(tr, self, "w"), *s = nb_get(tr, self, "s");
+    return nb_return(
+        nb_mul(nb_tanh(nb_matmul(x, nb_transpose(w, NULL))), nb_sum(s, NULL, 0, false)), out);
+}
+
+static nb_status body_inv_loop(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_tree *s = NULL;
+    nb_fn *step = NULL;
+    nb_status st = nb_tree_dict(
+        ctx, 2, (const char *[]){"w", "s"},
+        (nb_tree *[]){(nb_tree *)nb_tree_child(args, 0), (nb_tree *)nb_tree_child(args, 2)}, &s);
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "inv_step", body_inv_step, s, &step);
+    }
+    nb_tree_destroy(s);
+    const nb_tree *r =
+        st == NB_OK ? nb_fori_loop(tr, 0, 9, step, nb_tree_child(args, 1), NULL) : NULL;
+    nb_fn_destroy(step);
+    if (r == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
+static void test_loop_prefix(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    float w[12 * 12], x[12];
+    for (int i = 0; i < 12 * 12; i++) {
+        w[i] = 0.2f * sinf(0.9f * (float)i);
+    }
+    for (int i = 0; i < 12; i++) {
+        x[i] = 0.1f * (float)(i % 7) - 0.3f;
+    }
+    float sv[12];
+    for (int i = 0; i < 12; i++) {
+        sv[i] = 0.05f * (float)i - 0.2f;
+    }
+    nb_array *aw = nbt_arr_f32(ctx, 2, (int64_t[]){12, 12}, w);
+    nb_array *ax = nbt_arr_f32(ctx, 1, (int64_t[]){12}, x);
+    nb_array *as = nbt_arr_f32(ctx, 1, (int64_t[]){12}, sv);
+    nb_tree *lw = NULL, *lx = NULL, *ls = NULL;
+    NBT_OK(ctx, nb_tree_array(aw, &lw));
+    NBT_OK(ctx, nb_tree_array(ax, &lx));
+    NBT_OK(ctx, nb_tree_array(as, &ls));
+    nb_array_destroy(aw);
+    nb_array_destroy(ax);
+    nb_array_destroy(as);
+    nb_tree *args = nbt_tuple_take(ctx, 3, (nb_tree *[]){lw, lx, ls}), *a = NULL, *b = NULL;
+    char *src = source_of(ctx, body_inv_loop, args);
+    assert_non_null(strstr(src, "static void nbx_f1_r("));
+    assert_non_null(strstr(src, "(step == 0 ? nbx_f1 : nbx_f1_r)(eb, bi, bo, bd);"));
+    free(src);
+    nb_fn *off = jit_mode(ctx, body_inv_loop, "inv_loop", NB_NATIVE_OFF);
+    nb_fn *now = jit_mode(ctx, body_inv_loop, "inv_loop_now", NB_NATIVE_NOW);
+    /* native code first: the body's workspace holds nothing from an interpreted run yet */
+    NBT_OK(ctx, nb_fn_call(now, args, &b));
+    assert_int_equal(stats_of(now).tier, 1);
+    NBT_OK(ctx, nb_fn_call(off, args, &a));
+    assert_same_bits(a, b);
+    nb_tree_destroy(a);
+    nb_tree_destroy(b);
+    nb_tree_destroy(args);
+    nb_fn_destroy(off);
+    nb_fn_destroy(now);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* The gradient through a checkpointed loop: the reversal's kernel runs its cond, body and
  * step vjp as functions of the gradient's file; the interpreter's bits and the same
  * schedule (recomputed steps). */
@@ -777,11 +857,12 @@ int main(void) {
     unsetenv("NABLA_NATIVE");
     unsetenv("NABLA_CC");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_now_same_bits),   cmocka_unit_test(test_big_same_bits),
-        cmocka_unit_test(test_loop_same_bits),  cmocka_unit_test(test_reverse_same_bits),
-        cmocka_unit_test(test_reverse_nested),  cmocka_unit_test(test_loop_shared_body),
-        cmocka_unit_test(test_auto_swaps_in),   cmocka_unit_test(test_format_c),
-        cmocka_unit_test(test_fallback_logged), cmocka_unit_test(test_warm_cache),
+        cmocka_unit_test(test_now_same_bits),     cmocka_unit_test(test_big_same_bits),
+        cmocka_unit_test(test_loop_same_bits),    cmocka_unit_test(test_loop_prefix),
+        cmocka_unit_test(test_reverse_same_bits), cmocka_unit_test(test_reverse_nested),
+        cmocka_unit_test(test_loop_shared_body),  cmocka_unit_test(test_auto_swaps_in),
+        cmocka_unit_test(test_format_c),          cmocka_unit_test(test_fallback_logged),
+        cmocka_unit_test(test_warm_cache),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];

@@ -834,7 +834,8 @@ static int rt_while_sizes(nb_ctx *ctx, nb_fn *f, const nb_tree *args, long long 
 }
 
 /* The products ("= matmul:" lines) of each function of f's native C source for args, into
- * per[] (at most cap functions); the number of functions. */
+ * per[] (at most cap functions); the number of functions. A loop body's second function
+ * without its loop-invariant prefix (nbx_f<k>_r) repeats its products: not counted. */
 static int rt_matmuls(nb_ctx *ctx, nb_fn *f, const nb_tree *args, int *per, int cap) {
     size_t need = 0;
     (void)nb_fn_format_ir(f, args, NB_IR_NATIVE_C, NULL, 0, &need); /* NB_ERR_TRUNCATED */
@@ -842,14 +843,16 @@ static int rt_matmuls(nb_ctx *ctx, nb_fn *f, const nb_tree *args, int *per, int 
     assert_non_null(src);
     NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_NATIVE_C, src, need + 1, NULL));
     int n = -1; /* products before the first function (the program's own): not counted */
+    bool rest = false;
     for (char *p = src, *e = NULL; p != NULL; p = e != NULL ? e + 1 : NULL) {
         e = strchr(p, '\n');
         if (e != NULL) {
             *e = '\0'; /* p: one line */
         }
         if (strncmp(p, "static void nbx_f", 17) == 0 && strchr(p, ';') == NULL) {
-            n++; /* a definition, not a declaration */
-        } else if (strstr(p, "= matmul:") != NULL && n >= 0 && n < cap) {
+            rest = strstr(p, "_r(") != NULL; /* a definition, not a declaration */
+            n += !rest;
+        } else if (strstr(p, "= matmul:") != NULL && !rest && n >= 0 && n < cap) {
             per[n]++;
         }
     }
