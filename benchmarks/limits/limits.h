@@ -40,9 +40,14 @@
  *   lim_vmath_*.c SLEEF's vector functions, chosen per CPU as nabla chooses them (AVX2 + FMA,
  *                 else SSE2): tanhf u35, expf, logf and log1pf u10, pow u10 (f64)
  *
- * The two models of bench_layers are checked against nabla within rounding, not bit for bit:
- * their products are single BLIS calls over the whole batch (and, for the GRU, the whole
- * sequence) where nabla's are not, so the sums are in another order.
+ * The two models of bench_layers and bench_suite's steps are checked against nabla within
+ * rounding, not bit for bit: their products are single BLIS calls over the whole batch (and,
+ * for the GRUs, the whole sequence) where nabla's are not, so the sums are in another order.
+ * So is lim_mlp784 in practice: bench_native prints its loss bits equal but only about 38 %
+ * of the new parameters and moments bit-equal (303,906 of 807,966, measured 2026-11-28): its
+ * weight gradients come from BLIS calls laid out otherwise than nabla's (nabla makes the
+ * transpose of a product as the swapped product, src/ad/passes.c), and a first Adam step
+ * turns a last-bit difference in a gradient near zero into a large relative one (max 0.89).
  *
  * Compiled with -O3 -ffp-contract=off -fno-math-errno -march=native (benchmarks/CMakeLists.txt):
  * the native tier's flags but -O3 for -O2 (the best plain C: gcc's -O2 leaves most of the MLPs'
