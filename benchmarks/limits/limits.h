@@ -46,8 +46,9 @@
  * So is lim_mlp784 in practice: bench_native prints its loss bits equal but only about 38 %
  * of the new parameters and moments bit-equal (303,906 of 807,966, measured 2026-11-28): its
  * weight gradients come from BLIS calls laid out otherwise than nabla's (another order of
- * summation; the same figures before and after session 19's product changes), and a first Adam step
- * turns a last-bit difference in a gradient near zero into a large relative one (max 0.89).
+ * summation; the same figures before and after session 19's product changes), and a first
+ * Adam step turns a last-bit difference in a gradient near zero into a large relative one
+ * (max 0.89).
  *
  * Compiled with -O3 -ffp-contract=off -fno-math-errno -march=native (benchmarks/CMakeLists.txt):
  * the native tier's flags but -O3 for -O2 (the best plain C: gcc's -O2 leaves most of the MLPs'
