@@ -593,8 +593,11 @@ NBI_HIDDEN bool nbi_native_set_interp_only(bool on);
 NBI_HIDDEN bool nbi_native_shadow_run(void);
 /* The C source of the executable g compiles to, for nb_fn_format_ir (NB_IR_NATIVE_C). */
 NBI_HIDDEN nb_status nbi_native_format(nb_ctx *ctx, const nbi_graph *g, nbi_sbuf *s);
+/* f's executable for args as the callee of a control-flow op (its self's and args' leaves
+ * its operands, in out). loop_body: a while's body, whose bound data is the same in every
+ * step (compiled with nbi_graph.n_fixed: its loop-invariant prefix). */
 NBI_HIDDEN nb_status nbi_callee(nb_trace *tr, nb_fn *f, const nb_tree *args, const char *who,
-                                nbi_callee_info *out);
+                                bool loop_body, nbi_callee_info *out);
 /* Derivatives through a while op (src/loops/loop.c): record why they cannot be taken (the
  * loop's kind and the fix), for reverse mode or forward mode. */
 NBI_HIDDEN void nbi_while_report(nb_trace *tr, const nb_var *w, bool reverse);

@@ -2022,7 +2022,7 @@ nb_status nb_eval(nb_ctx *ctx, nb_fn_body body, const nb_tree *self, const nb_tr
 
 /* ---- callees of control flow ----------------------------------------------------- */
 
-nb_status nbi_callee(nb_trace *tr, nb_fn *f, const nb_tree *args, const char *who,
+nb_status nbi_callee(nb_trace *tr, nb_fn *f, const nb_tree *args, const char *who, bool loop_body,
                      nbi_callee_info *out) {
     memset(out, 0, sizeof *out);
     nb_ctx *ctx = tr->ctx;
@@ -2066,8 +2066,8 @@ nb_status nbi_callee(nb_trace *tr, nb_fn *f, const nb_tree *args, const char *wh
     if (e != NULL) {
         id->stats.n_hits++;
     } else {
-        /* a loop's (or branch's) callee: its bound data is the same in every step */
-        nb_status st = nbi_compile_entry(s, id, f, args, leaves, n, h, n_self, &e);
+        /* a loop's body: its bound data is the same in every step */
+        nb_status st = nbi_compile_entry(s, id, f, args, leaves, n, h, loop_body ? n_self : 0, &e);
         if (st != NB_OK) {
             char msg[NBI_ERRMSG_CAP];
             snprintf(msg, sizeof msg, "%s", nb_ctx_errmsg(ctx));

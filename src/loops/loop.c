@@ -639,9 +639,9 @@ static const nb_tree *nbl_while_ex(nb_trace *tr, const char *who, nb_fn *cond, n
             return NULL;
         }
     }
-    nb_status cst = nbi_callee(tr, cond, carry, who, &ci_c);
+    nb_status cst = nbi_callee(tr, cond, carry, who, false, &ci_c);
     if (cst == NB_OK) {
-        cst = nbi_callee(tr, guard != NULL ? guard : body, carry, who, &ci_b);
+        cst = nbi_callee(tr, guard != NULL ? guard : body, carry, who, true, &ci_b);
     }
     nb_fn_destroy(guard);
     if (cst != NB_OK) {
@@ -986,7 +986,7 @@ static nb_status nbl_branch_body(nb_trace *tr, const nb_tree *self, const nb_tre
 /* Zero vars of the output signature of f on args (f traced through the cache). */
 static const nb_tree *nbl_zeros_of(nb_trace *tr, const char *who, nb_fn *f, const nb_tree *args) {
     nbi_callee_info ci;
-    if (nbi_callee(tr, f, args, who, &ci) != NB_OK) {
+    if (nbi_callee(tr, f, args, who, false, &ci) != NB_OK) {
         return NULL;
     }
     int32_t n = nbi_exec_n_outputs(ci.exec);
@@ -1499,14 +1499,14 @@ static nb_status nbl_retrace(nb_trace *tr, const nb_tree *self, const nb_tree *c
                              nb_var *const *cv, int64_t n_c, int32_t *begin, nb_var ***ids,
                              int64_t *n_s, nb_var ***ov, nb_tree **res);
 
-/* Stored node r (of the list rs) in the trace whose region starts at begin, checked
+/* Stored node r (of the list rs) in the trace whose body region is [begin, end), checked
  * against like: its tape (lead 1: f32[n, shape...] for a node f32[shape...]) or a row of
  * it (lead 0); NULL with an error if the body traced differently. */
-static nb_var *nbl_res_node(nb_trace *tr, const nb_tree *rs, int64_t r, int32_t begin,
+static nb_var *nbl_res_node(nb_trace *tr, const nb_tree *rs, int64_t r, int32_t begin, int32_t end,
                             const nb_var *like, int lead) {
     int64_t rel = -1;
     nb_tree_get_int(nb_tree_child(rs, r), &rel);
-    nb_var *x = rel >= 0 && begin + rel < tr->g.n_nodes ? tr->g.nodes[begin + rel] : NULL;
+    nb_var *x = rel >= 0 && rel < end - begin ? tr->g.nodes[begin + rel] : NULL;
     bool ok = x != NULL && x->dtype == like->dtype && x->rank + lead == like->rank;
     for (int d = 0; ok && d < x->rank; d++) {
         ok = x->shape[d] == like->shape[d + lead];
@@ -1718,8 +1718,9 @@ static nb_status nbl_taped_body(nb_trace *tr, const nb_tree *self, const nb_tree
             nb_tree_get_fnref(nb_tree_get(self, "fn"), &fp, &name);
             nbl_body_failed(tr, name, st);
         }
+        int32_t end = tr->g.n_nodes; /* the body's region: before the tape writes below */
         for (int64_t r = 0; st == NB_OK && r < nres; r++) {
-            nb_var *x = nbl_res_node(tr, rs, r, begin, tv[nc + r], 1);
+            nb_var *x = nbl_res_node(tr, rs, r, begin, end, tv[nc + r], 1);
             st = x != NULL ? NB_OK : tr->status;
             nv[nc + r] = x != NULL ? nbl_tape_write(tr, tv[nc + r], i, x) : NULL;
         }
@@ -1779,7 +1780,13 @@ static nb_status nbl_retrace(nb_trace *tr, const nb_tree *self, const nb_tree *c
     nb_fnptr fp = NULL;
     const char *name = NULL;
     nb_tree_get_fnref(nb_tree_get(self, "fn"), &fp, &name);
+    /* traced to be differentiated, as under grad: calls inlined (a call node has no
+     * derivative rule: its cotangents would be lost) and custom rules as their nodes -- and
+     * the same whatever trace this is (the probe in the outer trace, or a wrapper's own), so
+     * that every trace of the body makes the same nodes */
+    tr->ad_depth++;
     nb_status st = ((nb_fn_body)fp)(tr, s_tree, c_tree, res);
+    tr->ad_depth--;
     if (st != NB_OK || tr->status != NB_OK) {
         nb_tree_destroy(*res);
         *res = NULL;
@@ -1846,7 +1853,7 @@ static nb_status nbl_step_vjp(nb_trace *tr, const nb_tree *self, const nb_tree *
         }
         memset(slot, 0, (size_t)n * sizeof(int64_t));
         for (int64_t r = 0; r < nres; r++) {
-            nb_var *x = nbl_res_node(tr, rs, r, begin, rv[r], 0);
+            nb_var *x = nbl_res_node(tr, rs, r, begin, end, rv[r], 0);
             if (x == NULL) {
                 return tr->status;
             }
@@ -2004,7 +2011,7 @@ static void nbl_vjp_checkpointed(nb_trace *tr, nb_var *w, nb_var *const *cts, nb
                                    rec->body_name, rec->body_self, 0, NULL, NULL)
                      : NULL;
     nbi_callee_info ci;
-    if (sv == NULL || nbi_callee(tr, sv, args, who, &ci) != NB_OK) {
+    if (sv == NULL || nbi_callee(tr, sv, args, who, false, &ci) != NB_OK) {
         nb_fn_destroy(sv);
         return;
     }

@@ -100,6 +100,119 @@ static nb_status px_cond(nb_trace *tr, const nb_tree *self, const nb_tree *args,
     return nb_return(nb_gt(nb_sum(nb_var_of(tr, y), NULL, 0, false), nb_scalar(tr, 4.15)), out);
 }
 
+/* ---- a body that calls a function (not inlined at its own trace) ------------------------
+ * The reverse and forward sweeps trace the body again to differentiate it, as grad does:
+ * with calls inlined -- a call node has no derivative rule, and a gradient through a body
+ * calling an nb_jit(inline_calls = false) function was all zeros. The loss: 3 steps of
+ * x = g(x), g(x) = tanh(1.3 x) sin(x) 0.7 + 0.9 x, sum(x^2); g called (jit, not inlined) or
+ * inlined; bounded and checkpointed loops; grad and jvp(grad) (the latter also traces the
+ * residual probe under a derivative: every trace of the body must make the same nodes). */
+static nb_fn *cb_inner;
+
+static nb_status cb_g(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_var_of(tr, nb_tree_child(args, 0)); /* nb_apply1's args: (x,) */
+    nb_var *a = nb_tanh(nb_mul(x, nb_scalar(tr, 1.3)));
+    nb_var *b = nb_mul(nb_sin(x), nb_scalar(tr, 0.7));
+    return nb_return(nb_add(nb_mul(a, b), nb_mul(x, nb_scalar(tr, 0.9))), out);
+}
+
+static nb_status cb_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    return nb_return(nb_apply1(tr, cb_inner, nb_var_of(tr, nb_tree_child(args, 1))), out);
+}
+
+static nb_status cb_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    int64_t ck = 0; /* checkpoints + 10 jit: the jit flag makes a function of its own */
+    nb_tree_get_int(self, &ck);
+    ck %= 10;
+    nb_fn *b = NULL;
+    nb_status st = nb_fn_create(nb_trace_ctx(tr), "cb_body", cb_body, NULL, &b);
+    nb_loop_opts o = nb_loop_opts_default();
+    o.kind = ck > 0 ? NB_LOOP_CHECKPOINTED : NB_LOOP_BOUNDED;
+    o.max_steps = 3;
+    o.checkpoints = ck;
+    const nb_tree *r = st == NB_OK ? nb_fori_loop(tr, 0, 3, b, nb_tree_child(args, 0), &o) : NULL;
+    nb_fn_destroy(b);
+    if (r == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    nb_var *v = nb_var_of(tr, r);
+    return nb_return(nb_sum(nb_mul(v, v), NULL, 0, false), out);
+}
+
+static void test_body_calls(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    double x0[4] = {0.3, -0.2, 0.5, 0.1}, t0[4] = {1, 0.5, -0.25, 2};
+    nb_tree *prim = nbt_tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 4, x0)});
+    nb_tree *pt =
+        nbt_tuple_take(ctx, 2,
+                       (nb_tree *[]){nb_tree_retain(prim),
+                                     nbt_tuple_take(ctx, 1, (nb_tree *[]){vec_f64(ctx, 4, t0)})});
+    double g[2][2][4], hv[2][2][4];
+    for (int jit = 0; jit < 2; jit++) {
+        nb_fn *in = NULL;
+        NBT_OK(ctx, nb_fn_create(ctx, "cb_g", cb_g, NULL, &in));
+        if (jit) {
+            nb_jit_opts jo = nb_jit_opts_default();
+            jo.inline_calls = false;
+            NBT_OK(ctx, nb_jit(in, &jo, &cb_inner));
+            nb_fn_destroy(in);
+        } else {
+            cb_inner = in;
+        }
+        for (int ck = 0; ck < 2; ck++) {
+            nb_tree *ckt = NULL, *out = NULL;
+            nb_fn *l = NULL, *gl = NULL, *jg = NULL;
+            NBT_OK(ctx, nb_tree_int(ctx, ck + 10 * jit, &ckt));
+            NBT_OK(ctx, nb_fn_create(ctx, "cb_loss", cb_loss, ckt, &l));
+            NBT_OK(ctx, nb_grad(l, NULL, &gl));
+            NBT_OK(ctx, nb_fn_call(gl, prim, &out));
+            memcpy(g[jit][ck], nb_array_data(nb_tree_get_array(out)), sizeof g[0][0]);
+            nb_tree_destroy(out);
+            if (ck == 0) { /* jvp of a checkpointed grad is refused (test_bounded_reverse) */
+                NBT_OK(ctx, nb_jvp(gl, &jg));
+                NBT_OK(ctx, nb_fn_call(jg, pt, &out));
+                memcpy(hv[jit][ck], nb_array_data(nb_tree_get_array(nb_tree_child(out, 1))),
+                       sizeof hv[0][0]);
+                nb_tree_destroy(out);
+                nb_fn_destroy(jg);
+            }
+            nb_fn_destroy(gl);
+            nb_fn_destroy(l);
+            nb_tree_destroy(ckt);
+        }
+        nb_fn_destroy(cb_inner);
+        cb_inner = NULL;
+    }
+    /* the gradient in C: d/dx0 sum(x3^2) = 2 x3 g'(x2) g'(x1) g'(x0) */
+    for (int i = 0; i < 4; i++) {
+        double x = x0[i], d = 1;
+        for (int s = 0; s < 3; s++) {
+            double a = tanh(1.3 * x), da = 1.3 * (1 - a * a);
+            d *= da * 0.7 * sin(x) + a * 0.7 * cos(x) + 0.9;
+            x = a * 0.7 * sin(x) + 0.9 * x;
+        }
+        double want = 2 * x * d;
+        for (int jit = 0; jit < 2; jit++) {
+            for (int ck = 0; ck < 2; ck++) {
+                NBT_NEAR(g[jit][ck][i], want, 1e-12 * (1 + fabs(want)));
+            }
+        }
+    }
+    printf("a body calling a function not inlined: grad %.17g (inlined %.17g); jvp(grad) %.17g "
+           "(inlined %.17g)\n",
+           g[1][0][0], g[0][0][0], hv[1][0][0], hv[0][0][0]);
+    /* the call inlined for the derivative: the same ops, the same bits */
+    assert_memory_equal(g[1], g[0], sizeof g[0]);
+    assert_memory_equal(hv[1][0], hv[0][0], sizeof hv[0][0]);
+    nb_tree_destroy(pt);
+    nb_tree_destroy(prim);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* sum(x) > -100: true on every step here */
 static nb_status px_always(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
@@ -1866,6 +1979,7 @@ int main(void) {
         cmocka_unit_test(test_fori_scan_cond),
         cmocka_unit_test(test_bounded_reverse),
         cmocka_unit_test(test_prefix_cond_runs_body),
+        cmocka_unit_test(test_body_calls),
         cmocka_unit_test(test_checkpointed_rows),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_max_steps_below_trip_count),
