@@ -428,8 +428,9 @@ static double max_rel(const double *a, const double *b, int n) {
 /* The tsit5 coefficients of the C limit are nabla's, bit for bit. */
 static bool tableau_same(void) {
     const nbo_tableau *t = nbo_tableau_get(NB_ODE_TSIT5);
-    return t != NULL && t->stages == 7 && t->dense_stages == 7 &&
+    return t != NULL && t->stages == 7 && t->dense_stages == 7 && t->dense_degree == 4 &&
            memcmp(t->c, lim_tsit5_c, sizeof lim_tsit5_c) == 0 &&
+           memcmp(t->dense, lim_tsit5_dense, sizeof lim_tsit5_dense) == 0 &&
            memcmp(t->a, lim_tsit5_a, sizeof lim_tsit5_a) == 0 &&
            memcmp(t->b, lim_tsit5_b, sizeof lim_tsit5_b) == 0 &&
            memcmp(t->e, lim_tsit5_e, sizeof lim_tsit5_e) == 0;
@@ -443,7 +444,7 @@ typedef struct lim_lv_ud {
 
 static void call_lim_solve(void *ud) {
     lim_lv_ud *u = ud;
-    lim_lv_solve(lv_p, &u->o, u->y, NULL);
+    lim_lv_solve(lv_p, &u->o, u->y, NULL, NULL);
 }
 
 static void call_lim_grad(void *ud) {
@@ -474,7 +475,7 @@ static void lv_check(const lv_ref *ref, bool grad, bool solves, nb_ctx *const *c
         lim_lv_opts o = lv_opts(dt0);
         double yc[2];
         lim_lv_stats st;
-        lim_lv_solve(lv_p, &o, yc, &st);
+        lim_lv_solve(lv_p, &o, yc, NULL, &st);
         printf("- solve, dt0 = %s: steps C %d (%d accepted) / nabla %.0f (%.0f accepted); "
                "(x, y)(10) C %.17g %.17g, nabla %.17g %.17g; max rel. diff %.2e, bits equal "
                "%d of 2; error vs reference: C %.2e, nabla %.2e\n",
@@ -490,7 +491,7 @@ static void lv_check(const lv_ref *ref, bool grad, bool solves, nb_ctx *const *c
         out_f64(ctx[t], run[t], targs[t], -1, v[t], n);
     }
     lim_lv_opts o = lv_opts(0.01);
-    void *work = malloc(lim_lv_grad_work_bytes(o.max_steps));
+    void *work = malloc(lim_lv_work_bytes(&o));
     if (work == NULL) {
         fprintf(stderr, BENCH_NAME ": out of memory\n");
         exit(1);
@@ -498,7 +499,7 @@ static void lv_check(const lv_ref *ref, bool grad, bool solves, nb_ctx *const *c
     if (grad) {
         lim_lv_grad(lv_p, &o, work, c, NULL, NULL);
     } else {
-        lim_lv_solve(lv_p, &o, c, NULL);
+        lim_lv_solve(lv_p, &o, c, NULL, NULL);
     }
     free(work);
     if (!grad) {
@@ -547,7 +548,7 @@ static void bench_lv(bool grad, bool solves, const lv_ref *ref, int rounds, wl_r
     printf("\n");
 
     lim_lv_ud lu = {.o = lv_opts(0.01)};
-    lu.work = malloc(lim_lv_grad_work_bytes(lu.o.max_steps));
+    lu.work = malloc(lim_lv_work_bytes(&lu.o));
     if (lu.work == NULL) {
         fprintf(stderr, BENCH_NAME ": out of memory\n");
         exit(1);

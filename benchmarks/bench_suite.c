@@ -24,19 +24,21 @@
  *
  *   C limit  the stochastic problems' train step hand-written in plain C
  *            (benchmarks/limits/lim_suite.c: logreg_mb, mlp_mb, cnn_mb, char_gru,
- *            noisy_quadratic; BLIS products on one thread, SLEEF as nabla, Adam as nabla's),
+ *            noisy_quadratic, lotka_volterra_mb; BLIS products on one thread, SLEEF as nabla,
+ *            lim_lv.c's tsit5 solve with SaveAt ts and its discrete adjoint, Adam as nabla's),
  *            on the minibatches of a stream of its own cell (the batch arrays bench_stream
  *            fills, read in place): each limit step timed alone, the stream advanced outside
  *            the timing (nabla's us/step includes bench_stream_next; the rows are gathered
  *            there, not in nabla's jitted step), in bursts of >= 20 ms alternating with
  *            nabla's, the median of 11; "limit / nabla" and the limit's GFLOP (its products,
  *            2 m n k each) beside nabla's us/step, "-" for the problems without a limit
- *            (the full-batch ones and, for now, lotka_volterra_mb). Before any timing each
- *            limit is checked: from nabla's initial parameters, Adam state and first
- *            minibatch, two steps of both (the stream's first two minibatches), the losses
- *            within 1e-5 relative and every new parameter and element of Adam's mu within
- *            1e-4 of its leaf's largest magnitude after each; a mismatch prints what differs
- *            and exits 1.
+ *            (the full-batch ones) and for the GFLOP of lotka_volterra_mb (no products).
+ *            Before any timing each limit is checked: from nabla's initial parameters, Adam
+ *            state and first minibatch, two steps of both (the stream's first two
+ *            minibatches), the losses within 1e-5 relative and every new parameter and
+ *            element of Adam's mu within 1e-4 of its leaf's largest magnitude after each
+ *            (lotka_volterra_mb: also the solver's steps, kept and rejected, equal to
+ *            nabla's at each step's parameters); a mismatch prints what differs and exits 1.
  *
  *   bench_suite [--steps N] [--lv-steps M] [--cells K] [--lr LR] [--no-peer] [problem ...]
  *
@@ -167,16 +169,18 @@ typedef struct suite_limit {
     lim_suite *m;
     double loss_c, loss_nabla, loss_rel, err[2]; /* the check's figures */
     int at[2];
+    int ode_c[2], ode_nabla[2]; /* lotka_volterra_mb: the solver's steps at each step (else -1) */
     bool ok;
 } suite_limit;
 
-/* The f32 array at path in t, of n elements (else exit 1). */
-static float *suite_leaf_f32(const nb_tree *t, const char *path, int64_t n) {
+/* The array at path in t, f64 (else f32), of n elements (else exit 1). */
+static void *suite_leaf_data(const nb_tree *t, const char *path, int64_t n, bool f64) {
     const nb_tree *l = NULL;
     nb_array *a = nb_tree_lookup(t, path, &l) == NB_OK ? nb_tree_get_array(l) : NULL;
-    if (a == NULL || nb_array_dtype(a) != NB_DTYPE_F32 || nb_array_size(a) != n) {
-        fprintf(stderr, BENCH_NAME ": the C limit expects an f32 leaf of %lld elements at %s\n",
-                (long long)n, path);
+    if (a == NULL || nb_array_dtype(a) != (f64 ? NB_DTYPE_F64 : NB_DTYPE_F32) ||
+        nb_array_size(a) != n) {
+        fprintf(stderr, BENCH_NAME ": the C limit expects an %s leaf of %lld elements at %s\n",
+                f64 ? "f64" : "f32", (long long)n, path);
         exit(1);
     }
     return nb_array_data(a);
@@ -217,15 +221,18 @@ static bool suite_limit_begin(suite_limit *L, int p, double lr) {
     BENCH_CHECK(c->ctx, bench_stream_next(&c->stream));
     int64_t nx, ny, nextra;
     lim_suite_batch_size(L->m, &nx, &ny, &nextra);
-    nb_dtype xdt = strcmp(bench_problems[p].name, "char_gru") == 0 ? NB_DTYPE_I32 : NB_DTYPE_F32;
+    bool f64 = lim_suite_f64(L->m) != 0;
+    nb_dtype xdt = strcmp(bench_problems[p].name, "char_gru") == 0 ? NB_DTYPE_I32
+                   : f64                                           ? NB_DTYPE_F64
+                                                                   : NB_DTYPE_F32;
     lim_suite_set_batch(L->m, suite_batch_data(c->stream.batch, "x", xdt, nx),
                         suite_batch_data(c->stream.batch, "y", NB_DTYPE_I32, ny),
                         suite_batch_data(c->stream.batch, "H", NB_DTYPE_F32, nextra));
     for (int i = 0; i < lim_suite_n_leaves(L->m); i++) {
         int64_t n = 0;
         const char *path = lim_suite_leaf_path(L->m, i, &n);
-        memcpy(lim_suite_leaf(L->m, 0, i), suite_leaf_f32(c->params, path, n),
-               (size_t)n * sizeof(float));
+        memcpy(lim_suite_leaf(L->m, 0, i), suite_leaf_data(c->params, path, n, f64),
+               (size_t)n * (f64 ? sizeof(double) : sizeof(float)));
     }
     double count = NAN;
     BENCH_CHECK(c->ctx,
@@ -235,11 +242,13 @@ static bool suite_limit_begin(suite_limit *L, int p, double lr) {
     return true;
 }
 
-/* The largest |c - v| over the leaf's largest |v| (NaN wins). */
-static double suite_leaf_err(const float *c, const float *v, int64_t n) {
+/* The largest |c - v| over the leaf's largest |v| (NaN wins); f64 or f32 elements. */
+static double suite_leaf_err(const void *c, const void *v, int64_t n, bool f64) {
     double big = 0, d = 0;
     for (int64_t j = 0; j < n; j++) {
-        double a = fabs((double)v[j]), e = fabs((double)c[j] - (double)v[j]);
+        double cj = f64 ? ((const double *)c)[j] : (double)((const float *)c)[j];
+        double vj = f64 ? ((const double *)v)[j] : (double)((const float *)v)[j];
+        double a = fabs(vj), e = fabs(cj - vj);
         big = a > big ? a : big;
         d = e > d || e != e ? e : d;
     }
@@ -251,16 +260,26 @@ static double suite_leaf_err(const float *c, const float *v, int64_t n) {
  * parameters -- zeros for logreg_mb, where the forward's product does not show -- the second
  * from the updated ones, Adam's count 2): the losses within 1e-5 relative; each new parameter
  * and each leaf of Adam's mu (after a first step (1 - b1) times the gradient) within 1e-4 of
- * its leaf's largest magnitude. The worst of the two steps is kept. */
+ * its leaf's largest magnitude; lotka_volterra_mb: also the solver's steps (kept and rejected)
+ * at the step's parameters equal to nabla's (the same accepted steps). The worst of the two
+ * steps is kept. */
+static double suite_lv_steps(suite_cell *c);
 static bool suite_limit_check(suite_limit *L) {
     suite_cell *c = &L->cell;
+    bool f64 = lim_suite_f64(L->m) != 0;
+    bool ode = strcmp(bench_problems[c->p].name, "lotka_volterra_mb") == 0;
+    bool steps_ok = true;
     L->loss_rel = L->err[0] = L->err[1] = 0;
     for (int k = 0; k < 2; k++) {
         if (k > 0) { /* the next minibatch, into the arrays both read */
             BENCH_CHECK(c->ctx, bench_stream_next(&c->stream));
         }
+        /* nabla's solver steps at this step's parameters (before they are donated) */
+        L->ode_nabla[k] = ode ? (int)suite_lv_steps(c) : -1;
         suite_step_ex(c, false); /* nabla's step on the batch the limit holds */
         double ln = c->loss, lc = lim_suite_step(L->m);
+        L->ode_c[k] = lim_suite_ode_steps(L->m);
+        steps_ok = steps_ok && L->ode_c[k] == L->ode_nabla[k];
         double rel = fabs(lc - ln) / fmax(fabs(ln), 1e-30);
         if (k == 0 || rel > L->loss_rel || rel != rel) {
             L->loss_nabla = ln, L->loss_c = lc, L->loss_rel = rel;
@@ -270,8 +289,8 @@ static bool suite_limit_check(suite_limit *L) {
             for (int i = 0; i < lim_suite_n_leaves(L->m); i++) {
                 int64_t n = 0;
                 const char *path = lim_suite_leaf_path(L->m, i, &n);
-                double e =
-                    suite_leaf_err(lim_suite_leaf(L->m, w, i), suite_leaf_f32(t, path, n), n);
+                double e = suite_leaf_err(lim_suite_leaf(L->m, w, i),
+                                          suite_leaf_data(t, path, n, f64), n, f64);
                 if (e > L->err[w] || e != e) {
                     L->err[w] = e;
                     L->at[w] = i;
@@ -279,16 +298,21 @@ static bool suite_limit_check(suite_limit *L) {
             }
         }
     }
-    L->ok = L->loss_rel <= 1e-5 && L->err[0] <= 1e-4 && L->err[1] <= 1e-4;
+    L->ok = L->loss_rel <= 1e-5 && L->err[0] <= 1e-4 && L->err[1] <= 1e-4 && steps_ok;
     return L->ok;
 }
 
 static void suite_limit_print_check(const suite_limit *L, const char *name) {
+    char steps[96] = "";
+    if (L->ode_nabla[0] >= 0) {
+        snprintf(steps, sizeof steps, "; solver steps C %d, %d / nabla %d, %d (equal)", L->ode_c[0],
+                 L->ode_c[1], L->ode_nabla[0], L->ode_nabla[1]);
+    }
     printf("- %s (worst of 2 steps): loss C %.9g, nabla %.9g, rel. diff %.2e (<= 1e-5); max |diff| "
-           "/ max |leaf|: new params %.2e at %s, mu %.2e at %s (<= 1e-4): %s\n",
+           "/ max |leaf|: new params %.2e at %s, mu %.2e at %s (<= 1e-4)%s: %s\n",
            name, L->loss_c, L->loss_nabla, L->loss_rel, L->err[0],
            lim_suite_leaf_path(L->m, L->at[0], NULL), L->err[1],
-           lim_suite_leaf_path(L->m, L->at[1], NULL), L->ok ? "ok" : "FAILED");
+           lim_suite_leaf_path(L->m, L->at[1], NULL), steps, L->ok ? "ok" : "FAILED");
 }
 
 /* One limit step on the stream's next minibatch; returns the step's time alone (s). */
@@ -602,6 +626,9 @@ int main(int argc, char **argv) {
             suite_fmt(la, sizeof la, r->lim_us, "%.2f");
             suite_fmt(lr_, sizeof lr_, r->lim_us / r->step_us, "%.2f");
             suite_fmt(lg, sizeof lg, r->lim_gflop, "%.2e");
+            if (r->lim_gflop == 0) { /* lotka_volterra_mb: no products */
+                snprintf(lg, sizeof lg, "-");
+            }
         } else {
             snprintf(la, sizeof la, "-");
             snprintf(lr_, sizeof lr_, "-");
@@ -617,10 +644,12 @@ int main(int argc, char **argv) {
                bench_problems[chosen[j]].name, a, la, lr_, lg, b, cr, d, e, f);
     }
     printf("\nC limit: the same train step hand-written in plain C (benchmarks/limits/lim_suite.c: "
-           "BLIS products on one thread, SLEEF where nabla calls it, Adam as nabla's), on the "
+           "BLIS products on one thread, SLEEF where nabla calls it, limits/lim_lv.c's solve and "
+           "adjoint for lotka_volterra_mb, Adam as nabla's), on the "
            "minibatches nabla's stream gives (each step timed alone: the batcher not included, "
            "where nabla's us/step includes it); its bursts alternate with nabla's. GFLOP: the "
-           "limit's products (2 m n k each). '-': no limit (the full-batch problems). Checked "
+           "limit's products (2 m n k each). '-': no limit (the full-batch problems), or no "
+           "products (lotka_volterra_mb's GFLOP). Checked "
            "before the timing (two steps from nabla's start on its first two minibatches):\n");
     for (int j = 0; j < n_chosen; j++) {
         if (has_lim[j]) {

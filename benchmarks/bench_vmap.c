@@ -414,7 +414,7 @@ static void call_lim_lv(void *ud) {
         if (u->grad) {
             lim_lv_grad(u->p + 6 * i, &u->o, u->work, u->out + 6 * i, NULL, &st);
         } else {
-            lim_lv_solve(u->p + 6 * i, &u->o, u->out + 2 * i, &st);
+            lim_lv_solve(u->p + 6 * i, &u->o, u->out + 2 * i, NULL, &st);
         }
         u->steps += st.accepted;
     }
@@ -428,7 +428,7 @@ static void table_lv(nb_ctx *ctx, const peers *pe, int samples, int lanes) {
         .lanes = lanes,
         .o = {.t0 = 0.0, .t1 = 10.0, .dt0 = 0.01, .rtol = 1e-8, .atol = 1e-8, .max_steps = 4096},
         .out = cout};
-    le.work = malloc(lim_lv_grad_work_bytes(4096));
+    le.work = malloc(lim_lv_work_bytes(&le.o));
     nb_tree **one = malloc(sizeof(nb_tree *) * (size_t)lanes);
     if (p == NULL || cout == NULL || le.work == NULL || one == NULL) {
         fprintf(stderr, BENCH_NAME ": out of memory\n");

@@ -1,6 +1,7 @@
 /*
  * lim_lv.c -- Lotka-Volterra with Tsitouras 5(4), hand-written: the solve and its gradient by
- * the discrete adjoint (limits.h). The "limit" of bench_native's LV rows.
+ * the discrete adjoint (limits.h). The "limit" of bench_native's LV rows, bench_vmap's LV
+ * table and (with SaveAt ts) bench_suite's lotka_volterra_mb (lim_suite.c).
  *
  * The solve does what nb_diffeqsolve (src/ode/solve.c) does for this problem, operation for
  * operation, so that it takes the same steps and ends on the same bits:
@@ -13,14 +14,22 @@
  *   - the I controller of nb_ode_pid: factor = 0.9 (1 / norm)^(1/5) (SLEEF's pow, as nabla's
  *     executor), within [1 (kept) or 0.2 (rejected), 10];
  *   - the next end time clipped to t1 within 1e-10 (after a rejected step: halfway there);
- *   - dt0 = 0: Hairer's initial step (solve.c's nbo_initial_step).
- * The gradient of G = x(t1) + y(t1): the step sizes and decisions are constants (nabla's
- * stop_gradient on the controller), so dG/dp is the adjoint of the accepted steps'
- * y_{n+1} = y_n + h sum_i b_i f(Y_i). The forward pass stores each accepted step's h and its
- * stage inputs Y_0 .. Y_5 (the FSAL stage has b_6 = 0 and feeds only the error estimate);
- * the reverse pass runs the steps backwards: for i = 5 .. 0,
- *   kbar_i = h (b_i lambda + sum_{l > i} a_li w_l),   w_i = J(Y_i)^T kbar_i,
- *   pbar += (df/dp)(Y_i)^T kbar_i;   then lambda += sum_i w_i.
+ *   - dt0 = 0: Hairer's initial step (solve.c's nbo_initial_step);
+ *   - SaveAt ts: a kept step from t to tn writes every save time in (t, tn] from its dense
+ *     output (Diffrax's _Tsit5Interpolation, solve.c's nbo_dense_eval): y + h sum_j b_j(theta)
+ *     k_j, theta = (ts - t) / h, b_j(theta) = sum_q d_jq theta^(q+1), k_6 = f(y1).
+ * The gradient of G with the cotangents ybar of y(t1) and ysbar of the saves: the step sizes
+ * and decisions are constants (nabla's stop_gradient on the controller), so dG/dp is the
+ * adjoint of the accepted steps' y_{n+1} = y_n + h sum_i b_i f(Y_i) and of the saves. The
+ * forward pass stores each accepted step's h and its stage inputs Y_0 .. Y_5 (the FSAL stage
+ * has b_6 = 0 and feeds only the error estimate and the dense output; its input y_{n+1} is the
+ * next step's Y_0, or the final state), and each save's step and b_j(theta); the reverse pass
+ * runs the steps backwards with lambda the cotangent of y_{n+1}: the step's saves give
+ * D_j = h sum_s b_j(theta_s) ysbar_s, with k_6 = f(y_{n+1}) first,
+ *   lambda += J(y_{n+1})^T D_6,   pbar += (df/dp)(y_{n+1})^T D_6;
+ * then for i = 5 .. 0,
+ *   kbar_i = h (b_i lambda + sum_{l > i} a_li w_l) + D_i,   w_i = J(Y_i)^T kbar_i,
+ *   pbar += (df/dp)(Y_i)^T kbar_i;   then lambda += sum_i w_i + sum_s ysbar_s.
  * Nothing is recomputed: the limit of a checkpointed reverse sweep.
  */
 #include "limits.h"
@@ -94,6 +103,15 @@ const double lim_tsit5_e[7] = {
  * the coefficients of theta^1..theta^4 below are those products multiplied out exactly
  * (from Diffrax's decimals, in rational arithmetic), rounded to 21 digits. */
 /* clang-format off */
+const double lim_tsit5_dense[7 * 4] = {
+    0.999999999999999974283, -2.76370619727482591134, 2.91325546182191274375, -1.0530884977290216,
+    0.0, 0.13169999999999999727, -0.22339999999999999818, 0.1017,
+    0.0, 3.93029623689475152851, -5.94103387213150473470, 2.490627285651252793,
+    0.0, -12.4110771669336769837, 30.3381886302823215982, -16.54810288924490272,
+    0.0, 37.5093134165110391950, -88.1789048947664011014, 47.37952196281928122,
+    0.0, -27.8965262891972878059, 65.0918946747936715263, -34.87065786149660974,
+    0.0, 1.5, -4.0, 2.5,
+};
 /* clang-format on */
 
 #define A(i, j) lim_tsit5_a[(i)*7 + (j)]
@@ -143,12 +161,72 @@ static double lv_initial_step(const lv_par *q, const lim_lv_opts *o, double x0, 
 /* What one step stores for the reverse pass: h, then Y_0 .. Y_5 as (x, y) pairs. */
 enum { LV_REC = 13 };
 
-/* The solve; rec (NULL: nothing stored) gets LV_REC doubles per accepted step. */
-static int lv_run(const double p[6], const lim_lv_opts *o, double y[2], lim_lv_stats *st,
-                  double *rec) {
+/* What one save stores: its accepted step's index and b_0(theta) .. b_6(theta). */
+typedef struct lv_save {
+    double b[7];
+    int64_t step;
+} lv_save;
+
+/* The work buffer: max_steps records, the final state, n_ts saves. */
+typedef struct lv_work {
+    double *rec, *yend;
+    lv_save *save;
+} lv_work;
+
+static lv_work lv_work_of(const lim_lv_opts *o, void *work) {
+    lv_work w;
+    w.rec = work;
+    w.yend = w.rec + (size_t)(o->max_steps > 0 ? o->max_steps : 1) * LV_REC;
+    w.save = (lv_save *)(w.yend + 2);
+    return w;
+}
+
+size_t lim_lv_work_bytes(const lim_lv_opts *o) {
+    size_t steps = (size_t)(o->max_steps > 0 ? o->max_steps : 1);
+    size_t saves = (size_t)(o->n_ts > 0 ? o->n_ts : 0);
+    return (steps * LV_REC + 2) * sizeof(double) + saves * sizeof(lv_save);
+}
+
+/* b_j(theta) as nbo_dense_eval sums it: theta d_j0 + theta^2 d_j1 + ..., zero terms left out,
+ * the powers by repeated multiplication */
+static inline void lv_dense_b(double th, double b[7]) {
+    for (int j = 0; j < 7; j++) {
+        const double *d = lim_tsit5_dense + j * 4;
+        double pw = th, bj = 0.0;
+        int any = 0;
+        for (int q = 0; q < 4; q++) {
+            if (q > 0) {
+                pw = pw * th;
+            }
+            if (d[q] != 0.0) {
+                double term = pw * d[q];
+                bj = any ? bj + term : term;
+                any = 1;
+            }
+        }
+        b[j] = bj;
+    }
+}
+
+/* The solve; w (NULL: nothing stored) gets LV_REC doubles per accepted step, the final state
+ * and the saves; ys (NULL: not wanted) the solution at o->ts. */
+static int lv_run(const double p[6], const lim_lv_opts *o, double y[2], double *ys,
+                  lim_lv_stats *st, const lv_work *w) {
     const lv_par q = {p[0], -p[2], -p[1], p[3]};
     double (*pow1)(double, double) = lim_vmath_get()->pow1;
     const double t1 = o->t1, tol = 1e-10, rtol = o->rtol, atol = o->atol;
+    const int n_ts = (ys != NULL || w != NULL) && o->n_ts > 0 ? o->n_ts : 0;
+    const double *ts = o->ts;
+    double *rec = w != NULL ? w->rec : NULL;
+    for (int i = 0; i < n_ts; i++) {
+        if (ys != NULL) {
+            ys[2 * i] = ys[2 * i + 1] = NAN; /* not reached */
+        }
+        if (w != NULL) {
+            w->save[i].step = -1;
+        }
+    }
+    int si = 0; /* the next save time */
     double x = p[4], yy = p[5], fx, fy;
     lv_f(&q, x, yy, &fx, &fy);
     double first = o->dt0 != 0.0 ? fabs(o->dt0) : lv_initial_step(&q, o, x, yy, fx, fy);
@@ -204,6 +282,26 @@ static int lv_run(const double p[6], const lim_lv_opts *o, double y[2], lim_lv_s
             result = finite ? LIM_DT_UNDERFLOW : LIM_NONFINITE;
         }
         if (keep) {
+            /* the saves in (t, tn]: the dense output y + h sum_j b_j(theta) k_j */
+            for (; si < n_ts && ts[si] <= tn; si++) {
+                if (!(ts[si] > t)) {
+                    continue; /* at or before t0: never written (as nabla's mask) */
+                }
+                double b[7];
+                lv_dense_b((ts[si] - t) / h, b);
+                if (ys != NULL) {
+                    double sx = b[0] * k0x + b[1] * k1x + b[2] * k2x + b[3] * k3x + b[4] * k4x +
+                                b[5] * k5x + b[6] * k6x;
+                    double sy = b[0] * k0y + b[1] * k1y + b[2] * k2y + b[3] * k3y + b[4] * k4y +
+                                b[5] * k5y + b[6] * k6y;
+                    ys[2 * si] = x + h * sx;
+                    ys[2 * si + 1] = yy + h * sy;
+                }
+                if (w != NULL) {
+                    memcpy(w->save[si].b, b, sizeof b);
+                    w->save[si].step = acc;
+                }
+            }
             if (rec != NULL) {
                 double *r = rec + (size_t)acc * LV_REC;
                 r[0] = h;
@@ -219,6 +317,10 @@ static int lv_run(const double p[6], const lim_lv_opts *o, double y[2], lim_lv_s
     }
     y[0] = x;
     y[1] = yy;
+    if (w != NULL) {
+        w->yend[0] = x;
+        w->yend[1] = yy;
+    }
     if (st != NULL) {
         st->steps = steps;
         st->accepted = acc;
@@ -228,32 +330,68 @@ static int lv_run(const double p[6], const lim_lv_opts *o, double y[2], lim_lv_s
     return result;
 }
 
-int lim_lv_solve(const double p[6], const lim_lv_opts *o, double y[2], lim_lv_stats *st) {
-    return lv_run(p, o, y, st, NULL);
+int lim_lv_solve(const double p[6], const lim_lv_opts *o, double y[2], double *ys,
+                 lim_lv_stats *st) {
+    return lv_run(p, o, y, ys, st, NULL);
 }
 
-size_t lim_lv_grad_work_bytes(int max_steps) {
-    return (size_t)(max_steps > 0 ? max_steps : 1) * LV_REC * sizeof(double);
+int lim_lv_forward(const double p[6], const lim_lv_opts *o, void *work, double y[2], double *ys,
+                   lim_lv_stats *st) {
+    lv_work w = lv_work_of(o, work);
+    return lv_run(p, o, y, ys, st, &w);
 }
 
-int lim_lv_grad(const double p[6], const lim_lv_opts *o, void *work, double g[6], double y[2],
-                lim_lv_stats *st) {
-    double *rec = work, yend[2];
-    lim_lv_stats s;
-    int result = lv_run(p, o, yend, &s, rec);
-    if (y != NULL) {
-        y[0] = yend[0];
-        y[1] = yend[1];
-    }
-    if (st != NULL) {
-        *st = s;
-    }
+/* kbar's pull-back through f at (X, Y): w = J^T kbar, pbar += (df/dp)^T kbar */
+static inline void lv_pull(double a, double b, double c, double d, double X, double Y, double kx,
+                           double ky, double *wx, double *wy, double pb[4]) {
+    double XY = X * Y;
+    *wx = kx * (a - b * Y) + ky * (d * Y);
+    *wy = kx * (-b * X) + ky * (-c + d * X);
+    pb[0] += kx * X;
+    pb[1] -= kx * XY;
+    pb[2] -= ky * Y;
+    pb[3] += ky * XY;
+}
+
+void lim_lv_reverse(const double p[6], const lim_lv_opts *o, const void *work,
+                    const lim_lv_stats *st, const double ybar[2], const double *ysbar,
+                    double g[6]) {
+    const lv_work w = lv_work_of(o, (void *)work);
+    const double *rec = w.rec;
     const double a = p[0], b = p[1], c = p[2], d = p[3];
-    double lx = 1.0, ly = 1.0; /* dG/dy(t1) */
-    double ga = 0.0, gb = 0.0, gc = 0.0, gd = 0.0;
-    for (int n = s.accepted - 1; n >= 0; n--) {
+    double lx = ybar != NULL ? ybar[0] : 0.0, ly = ybar != NULL ? ybar[1] : 0.0; /* dG/dy(t1) */
+    double pb[4] = {0.0, 0.0, 0.0, 0.0};
+    int si = ysbar != NULL && o->n_ts > 0 ? o->n_ts - 1 : -1; /* the last save not yet taken */
+    while (si >= 0 && w.save[si].step < 0) {
+        si--; /* not reached */
+    }
+    for (int n = st->accepted - 1; n >= 0; n--) {
         const double *r = rec + (size_t)n * LV_REC;
         const double h = r[0];
+        double Dx[7] = {0}, Dy[7] = {0}, sx0 = 0.0, sy0 = 0.0;
+        int dense = 0;
+        for (; si >= 0 && w.save[si].step == n; si--) { /* this step's saves */
+            const lv_save *sv = &w.save[si];
+            double gx = ysbar[2 * si], gy = ysbar[2 * si + 1];
+            for (int j = 0; j < 7; j++) {
+                Dx[j] += sv->b[j] * gx;
+                Dy[j] += sv->b[j] * gy;
+            }
+            sx0 += gx;
+            sy0 += gy;
+            dense = 1;
+        }
+        if (dense) { /* D_j = h sum_s b_j ysbar_s; k_6 = f(y_{n+1}) */
+            for (int j = 0; j < 7; j++) {
+                Dx[j] *= h;
+                Dy[j] *= h;
+            }
+            const double *y1 = n + 1 < st->accepted ? rec + (size_t)(n + 1) * LV_REC + 1 : w.yend;
+            double w6x, w6y;
+            lv_pull(a, b, c, d, y1[0], y1[1], Dx[6], Dy[6], &w6x, &w6y, pb);
+            lx += w6x;
+            ly += w6y;
+        }
         double wx[6], wy[6];
         for (int i = 5; i >= 0; i--) {
             double sx = B(i) * lx, sy = B(i) * ly;
@@ -261,18 +399,27 @@ int lim_lv_grad(const double p[6], const lim_lv_opts *o, void *work, double g[6]
                 sx += A(l, i) * wx[l];
                 sy += A(l, i) * wy[l];
             }
-            double kx = h * sx, ky = h * sy; /* kbar_i */
-            double X = r[1 + 2 * i], Y = r[2 + 2 * i], XY = X * Y;
-            wx[i] = kx * (a - b * Y) + ky * (d * Y);
-            wy[i] = kx * (-b * X) + ky * (-c + d * X);
-            ga += kx * X;
-            gb -= kx * XY;
-            gc -= ky * Y;
-            gd += ky * XY;
+            double kx = h * sx + Dx[i], ky = h * sy + Dy[i]; /* kbar_i */
+            lv_pull(a, b, c, d, r[1 + 2 * i], r[2 + 2 * i], kx, ky, &wx[i], &wy[i], pb);
         }
-        lx += wx[0] + wx[1] + wx[2] + wx[3] + wx[4] + wx[5];
-        ly += wy[0] + wy[1] + wy[2] + wy[3] + wy[4] + wy[5];
+        lx += wx[0] + wx[1] + wx[2] + wx[3] + wx[4] + wx[5] + sx0;
+        ly += wy[0] + wy[1] + wy[2] + wy[3] + wy[4] + wy[5] + sy0;
     }
-    g[0] = ga, g[1] = gb, g[2] = gc, g[3] = gd, g[4] = lx, g[5] = ly;
+    g[0] = pb[0], g[1] = pb[1], g[2] = pb[2], g[3] = pb[3], g[4] = lx, g[5] = ly;
+}
+
+int lim_lv_grad(const double p[6], const lim_lv_opts *o, void *work, double g[6], double y[2],
+                lim_lv_stats *st) {
+    double yend[2];
+    lim_lv_stats s;
+    int result = lim_lv_forward(p, o, work, yend, NULL, &s);
+    if (y != NULL) {
+        y[0] = yend[0];
+        y[1] = yend[1];
+    }
+    if (st != NULL) {
+        *st = s;
+    }
+    lim_lv_reverse(p, o, work, &s, (const double[2]){1.0, 1.0}, NULL, g);
     return result;
 }

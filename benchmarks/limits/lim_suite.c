@@ -25,6 +25,15 @@
  *                    before the product (a [1, 100] x [100, 100] product where nabla's backward
  *                    has a [128, 100] x [100, 100] one; distributivity, so the same value to
  *                    rounding) -- what a C programmer writes.
+ *   lotka_volterra_mb  f64: the parameters (a, b, c, d) clamped into [0.05, 8] (the share of
+ *                    the gradient nabla's maximum and minimum pass: 1, 1/2 on a tie, 0), one
+ *                    solve from x = y = 1 (lim_lv.c: tsit5, PID rtol = atol = 1e-6, Hairer's
+ *                    first step, t 0 .. 10, SaveAt ts 0.5, 1, .., 10, max_steps 4096: nabla's
+ *                    steps), the mean of the squared residuals of the 20 saved (x, y) against
+ *                    the batch's 4 observation sets [4, 2, 20], its gradient by lim_lv.c's
+ *                    discrete adjoint (every step's stage inputs stored in the forward); +inf
+ *                    and a zero gradient when a parameter is outside the box or the solve did
+ *                    not succeed (nabla's select), then Adam in f64 (lim_adam_leaf_f64).
  */
 #include "limits.h"
 
@@ -32,7 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { K_LOGREG, K_MLP, K_CNN, K_GRU, K_NQ };
+enum { K_LOGREG, K_MLP, K_CNN, K_GRU, K_NQ, K_LV };
 
 /* sizes (bench_problems.c's) */
 enum { LR_B = 16, LR_F = 30 };
@@ -41,6 +50,11 @@ enum { CNN_B = 32, CNN_C = 8, CNN_NL = CNN_B * 64, CNN_F = CNN_C * 16 };
 enum { GRU_B = 32, GRU_T = 16, GRU_W = GRU_T + 1, GRU_E = 16, GRU_H = 64, GRU_V = 65 };
 enum { GRU_TB = GRU_T * GRU_B };
 enum { NQ_B = 128, NQ_D = 100 };
+enum { LV_B = 4, LV_PTS = 20, LV_MAX_STEPS = 4096 };
+#define LV_LO 0.05 /* bench_problems.c's BP_LV_LO, BP_LV_HI, BP_LV_T_END */
+#define LV_HI 8.0
+#define LV_T1 10.0
+#define LV_TOL 1e-6
 
 typedef struct lim_suite_spec {
     const char *name;
@@ -78,6 +92,7 @@ static const lim_suite_spec lim_suite_specs[] = {
      0,
      0},
     {"noisy_quadratic", K_NQ, 1, {".theta"}, {NQ_D}, NQ_B *NQ_D, 0, NQ_D *NQ_D},
+    {"lotka_volterra_mb", K_LV, 4, {".a", ".b", ".c", ".d"}, {1, 1, 1, 1}, LV_B * 2 * LV_PTS, 0, 0},
 };
 
 struct lim_suite {
@@ -94,6 +109,13 @@ struct lim_suite {
     int32_t *arg, *tgt;
     lim_gru_layer l;
     lim_bufs bufs;
+    /* lotka_volterra_mb: f64 leaves, the batch [4, 2, 20], the solve's work and saves */
+    double lp[4], lmu[4], lnu[4], lg[4];
+    const double *lx;
+    double ts[LV_PTS], ys[2 * LV_PTS], ysbar[2 * LV_PTS];
+    lim_lv_opts lvo;
+    lim_lv_stats lst;
+    void *lwork;
 };
 
 lim_suite *lim_suite_create(const char *name) {
@@ -114,7 +136,7 @@ lim_suite *lim_suite_create(const char *name) {
     m->spec = sp;
     lim_bufs *b = &m->bufs;
     int ok = 1;
-    for (int i = 0; i < sp->n_leaf; i++) {
+    for (int i = 0; sp->kind != K_LV && i < sp->n_leaf; i++) {
         ok &= (m->p[i] = lim_bufs_alloc(b, sp->n[i])) != NULL;
         ok &= (m->mu[i] = lim_bufs_alloc(b, sp->n[i])) != NULL;
         ok &= (m->nu[i] = lim_bufs_alloc(b, sp->n[i])) != NULL;
@@ -163,6 +185,21 @@ lim_suite *lim_suite_create(const char *name) {
         ok &= lim_gru_layer_alloc(&m->l, b);
         m->l.x = m->a0;
         break;
+    case K_LV:
+        for (int i = 0; i < LV_PTS; i++) { /* bp_lv_solve's save times */
+            m->ts[i] = LV_T1 * (double)(i + 1) / (double)LV_PTS;
+        }
+        m->lvo = (lim_lv_opts){.t0 = 0.0,
+                               .t1 = LV_T1,
+                               .dt0 = 0.0,
+                               .rtol = LV_TOL,
+                               .atol = LV_TOL,
+                               .max_steps = LV_MAX_STEPS,
+                               .n_ts = LV_PTS,
+                               .ts = m->ts};
+        m->lst.steps = -1;
+        ok &= (m->lwork = lim_bufs_alloc(b, (int64_t)(lim_lv_work_bytes(&m->lvo) + 3) / 4)) != NULL;
+        break;
     default:                                                    /* K_NQ */
         ok &= (m->a0 = lim_bufs_alloc(b, NQ_B * NQ_D)) != NULL; /* r */
         ok &= (m->a1 = lim_bufs_alloc(b, NQ_B * NQ_D)) != NULL; /* r H */
@@ -196,13 +233,25 @@ const char *lim_suite_leaf_path(const lim_suite *m, int i, int64_t *n) {
     return m->spec->path[i];
 }
 
-float *lim_suite_leaf(lim_suite *m, int which, int i) {
+int lim_suite_f64(const lim_suite *m) {
+    return m->spec->kind == K_LV;
+}
+
+void *lim_suite_leaf(lim_suite *m, int which, int i) {
+    if (m->spec->kind == K_LV) {
+        return which == 0 ? &m->lp[i] : which == 1 ? &m->lmu[i] : &m->lnu[i];
+    }
     return which == 0 ? m->p[i] : which == 1 ? m->mu[i] : m->nu[i];
+}
+
+int lim_suite_ode_steps(const lim_suite *m) {
+    return m->spec->kind == K_LV ? m->lst.steps : -1;
 }
 
 void lim_suite_set_batch(lim_suite *m, const void *x, const int32_t *y, const float *extra) {
     m->x = x;
     m->xi = x;
+    m->lx = x;
     m->y = y;
     m->extra = extra;
 }
@@ -233,8 +282,10 @@ double lim_suite_flops(const lim_suite *m) {
             2.0 * GRU_TB * g3 * GRU_E + 2.0 * GRU_TB * g3 * GRU_H + 2.0 * GRU_TB * GRU_V * GRU_H;
         return 3 * fwd - 2.0 * GRU_B * g3 * GRU_H; /* no dh at t = 0 */
     }
-    default:
+    case K_NQ:
         return 2.0 * NQ_B * NQ_D * NQ_D + 2.0 * NQ_D * NQ_D;
+    default:
+        return 0.0; /* lotka_volterra_mb: no products */
     }
 }
 
@@ -392,8 +443,69 @@ static float step_nq(lim_suite *m) {
     return loss;
 }
 
-float lim_suite_step(lim_suite *m) {
+/* nabla's maximum and minimum: NaN propagates */
+static inline double lv_max(double x, double y) {
+    return (x > y || x != x) ? x : y;
+}
+static inline double lv_min(double x, double y) {
+    return (x < y || x != x) ? x : y;
+}
+
+static double step_lv(lim_suite *m) {
+    const double *x = m->lx; /* [4, 2, 20]: the sets' x then y at ts */
+    double pc[6], share[4];
+    int inside = 1;
+    for (int i = 0; i < 4; i++) {
+        double p = m->lp[i], hi = lv_max(p, LV_LO);
+        inside &= p >= LV_LO && p <= LV_HI;
+        pc[i] = lv_min(hi, LV_HI);
+        share[i] = (p > LV_LO    ? 1.0
+                    : p == LV_LO ? 0.5
+                                 : 0.0) *
+                   (hi < LV_HI    ? 1.0
+                    : hi == LV_HI ? 0.5
+                                  : 0.0);
+    }
+    pc[4] = pc[5] = 1.0;
+    double yend[2];
+    const double *ys = m->ys;
+    int result = lim_lv_forward(pc, &m->lvo, m->lwork, yend, m->ys, &m->lst);
+    if (!inside || result != 0) {
+        m->lg[0] = m->lg[1] = m->lg[2] = m->lg[3] = 0.0;
+        return INFINITY;
+    }
+    /* the mean over [4, 2, 20] of (ys - x)^2; ysbar = sum over the sets of 2 r / 160 */
+    const double inv = 1.0 / (double)(LV_B * 2 * LV_PTS);
+    double total = 0.0, *ysbar = m->ysbar;
+    for (int k = 0; k < 2 * LV_PTS; k++) {
+        ysbar[k] = 0.0;
+    }
+    for (int b = 0; b < LV_B; b++) {
+        for (int s = 0; s < 2; s++) {
+            for (int j = 0; j < LV_PTS; j++) {
+                double r = ys[2 * j + s] - x[(b * 2 + s) * LV_PTS + j];
+                total += r * r;
+                ysbar[2 * j + s] += 2.0 * r * inv;
+            }
+        }
+    }
+    double g6[6];
+    lim_lv_reverse(pc, &m->lvo, m->lwork, &m->lst, NULL, ysbar, g6);
+    for (int i = 0; i < 4; i++) {
+        m->lg[i] = g6[i] * share[i];
+    }
+    return total * inv;
+}
+
+double lim_suite_step(lim_suite *m) {
     const lim_vmath *vm = lim_vmath_get();
+    if (m->spec->kind == K_LV) {
+        double loss = step_lv(m);
+        lim_adam_step_f64 s =
+            lim_adam_begin_f64(&m->count, m->lr, m->b1, m->b2, m->eps, m->eps_root);
+        lim_adam_leaf_f64(&s, m->lp, m->lmu, m->lnu, m->lg, 4); /* four 0-d leaves in a row */
+        return loss;
+    }
     float loss;
     switch (m->spec->kind) {
     case K_LOGREG:

@@ -7,9 +7,11 @@
  *
  *   lim_lv.c      Lotka-Volterra solved with Tsitouras 5(4) and the PID controller of
  *                 src/ode/solve.c (same first step, error norm, safety factors, clipping to
- *                 t1: the same steps); its gradient by the discrete adjoint of those steps,
+ *                 t1: the same steps), SaveAt ts from each step's dense output as nabla's;
+ *                 its gradient by the discrete adjoint of those steps (and of the saves),
  *                 every accepted step's state and stage inputs stored in the forward pass
- *                 (the limit of a checkpointed reverse sweep: nothing recomputed)
+ *                 (the limit of a checkpointed reverse sweep: nothing recomputed); also
+ *                 lim_suite.c's lotka_volterra_mb
  *   lim_mlp.c     the tiny MLP 2-32-32-1 (batch 16, tanh, mean squared error) train step:
  *                 forward, backward, Adam on all six leaves, in plain loops
  *   lim_mlp784.c  the MLP 784-256-256-10 (batch 128, tanh, mean cross-entropy) train step:
@@ -31,8 +33,9 @@
  *                 MLP 64-32-10, relu, batch 32), cnn_mb (conv 1->8 3x3 SAME, relu, max pool 2,
  *                 Linear 128->10, batch 32), char_gru (Embedding 65->16, a GRU cell 16->64 over
  *                 16 characters, Linear 64->65, batch 32), noisy_quadratic (0.5 (theta - x)^T H
- *                 (theta - x) over 128 rows of 100) train steps with Adam (lotka_volterra_mb,
- *                 the sixth, has no limit yet)
+ *                 (theta - x) over 128 rows of 100), lotka_volterra_mb (lim_lv.c's solve
+ *                 with SaveAt ts and its discrete adjoint, f64, batch 4 observation sets)
+ *                 train steps with Adam
  *   lim_nn.c      what the models share: the one-thread BLIS product, the buffers, the
  *                 log-softmax cross-entropy and its gradient, the 3x3 convolution's im2col and
  *                 col2im on 8x8 images, bias + relu and its backward, the 2x2 max pool; the GRU
@@ -79,8 +82,10 @@ extern const lim_vmath lim_vmath_sse2;
 /* ---- Lotka-Volterra, tsit5 --------------------------------------------------------------- */
 
 /* Tsitouras 5(4) as src/ode/tableau.c has it (the same doubles: the benchmark compares them
- * with nabla's table bit for bit): c[7], a[7 * 7] (row-major, strictly lower), b[7], e[7]. */
-extern const double lim_tsit5_c[7], lim_tsit5_a[49], lim_tsit5_b[7], lim_tsit5_e[7];
+ * with nabla's table bit for bit): c[7], a[7 * 7] (row-major, strictly lower), b[7], e[7];
+ * dense[7 * 4] the dense output's b_j(theta) = sum_q dense[4 j + q] theta^(q + 1). */
+extern const double lim_tsit5_c[7], lim_tsit5_a[49], lim_tsit5_b[7], lim_tsit5_e[7],
+    lim_tsit5_dense[28];
 
 typedef struct lim_lv_opts {
     double t0, t1;
@@ -88,6 +93,8 @@ typedef struct lim_lv_opts {
     double rtol, atol; /* the PID controller's (nb_ode_pid: I controller, safety 0.9, factors
                           0.2 .. 10) */
     int max_steps;
+    int n_ts;         /* SaveAt ts (0: none, only y(t1)): n_ts increasing times ts in */
+    const double *ts; /* (t0, t1], each written from its step's dense output, as nabla's */
 } lim_lv_opts;
 
 typedef struct lim_lv_stats {
@@ -96,16 +103,30 @@ typedef struct lim_lv_stats {
                    (nb_ode_result's values) */
 } lim_lv_stats;
 
-/* dx/dt = a x - b x y, dy/dt = -c y + d x y; p = (a, b, c, d, x0, y0). y = (x(t1), y(t1)). */
-int lim_lv_solve(const double p[6], const lim_lv_opts *o, double y[2], lim_lv_stats *st);
+/* dx/dt = a x - b x y, dy/dt = -c y + d x y; p = (a, b, c, d, x0, y0). y = (x(t1), y(t1));
+ * ys (NULL: not wanted; else 2 n_ts doubles) the solution at o->ts as (x, y) pairs (NaN where
+ * the solve stopped first). */
+int lim_lv_solve(const double p[6], const lim_lv_opts *o, double y[2], double *ys,
+                 lim_lv_stats *st);
 
-/* Bytes of the work buffer lim_lv_grad needs for up to max_steps steps. */
-size_t lim_lv_grad_work_bytes(int max_steps);
+/* Bytes of the work buffer of a gradient of the solve o: up to o->max_steps steps and o->n_ts
+ * saves. */
+size_t lim_lv_work_bytes(const lim_lv_opts *o);
 
-/* g = dG/dp for G = x(t1) + y(t1): the discrete adjoint of the accepted steps (the step
- * sizes and the accept/reject decisions are constants, as nabla's stop_gradient makes
- * them). work: lim_lv_grad_work_bytes(o->max_steps) bytes, 8-byte aligned. y (may be NULL):
- * the solution at t1. Returns st->result. */
+/* A gradient by the discrete adjoint of the accepted steps (the step sizes and the
+ * accept/reject decisions are constants, as nabla's stop_gradient makes them), in two passes:
+ * the forward is lim_lv_solve storing in work (lim_lv_work_bytes(o) bytes, 8-byte aligned)
+ * every accepted step's size and stage inputs, the final state and each save's step and
+ * dense-output weights; the reverse, from that work and the forward's stats, gives g = dG/dp
+ * for the G whose derivatives in y(t1) and ys are ybar [2] and ysbar [2 n_ts] (either NULL:
+ * zero). Nothing is recomputed. */
+int lim_lv_forward(const double p[6], const lim_lv_opts *o, void *work, double y[2], double *ys,
+                   lim_lv_stats *st);
+void lim_lv_reverse(const double p[6], const lim_lv_opts *o, const void *work,
+                    const lim_lv_stats *st, const double ybar[2], const double *ysbar, double g[6]);
+
+/* Both passes for G = x(t1) + y(t1): g = dG/dp. y (may be NULL): the solution at t1. Returns
+ * st->result. */
 int lim_lv_grad(const double p[6], const lim_lv_opts *o, void *work, double g[6], double y[2],
                 lim_lv_stats *st);
 
@@ -185,17 +206,25 @@ void lim_pex_grads(lim_pex *m);
 
 /* ---- Adam, as nabla's (lim_adam.c) ------------------------------------------------------- */
 
-/* One step's coefficients, in f32 (the bias corrections rbc computed in f64). */
+/* One step's coefficients, in f64 and rounded to f32 (all computed in f64, as nabla's). */
+typedef struct lim_adam_step_f64 {
+    double b1, c1, b2, c2, rbc1, rbc2, eps, eps_root, nlr;
+} lim_adam_step_f64;
 typedef struct lim_adam_step {
     float b1, c1, b2, c2, rbc1, rbc2, eps, eps_root, nlr;
 } lim_adam_step;
 
 /* Counts a step (*count + 1, saturating at INT32_MAX) and returns its coefficients. */
+lim_adam_step_f64 lim_adam_begin_f64(int32_t *count, double lr, double b1, double b2, double eps,
+                                     double eps_root);
 lim_adam_step lim_adam_begin(int32_t *count, double lr, double b1, double b2, double eps,
                              double eps_root);
-/* One leaf of n elements: mu, nu and p updated in place from the gradient g. */
+/* One leaf of n elements: mu, nu and p updated in place from the gradient g (the same
+ * formulas in f32 and in f64). */
 void lim_adam_leaf(const lim_adam_step *s, float *restrict p, float *restrict mu,
                    float *restrict nu, const float *restrict g, int64_t n);
+void lim_adam_leaf_f64(const lim_adam_step_f64 *s, double *restrict p, double *restrict mu,
+                       double *restrict nu, const double *restrict g, int64_t n);
 
 /* ---- the digits CNN, batch 64: one Adam train step (lim_cnn.c) ---------------------------- */
 
@@ -321,28 +350,33 @@ enum { LIM_SUITE_MAX_LEAF = 8 };
 typedef struct lim_suite lim_suite;
 
 /* The limit of problem name (bench_problems.c's: "logreg_mb", "mlp_mb", "cnn_mb", "char_gru",
- * "noisy_quadratic"), its buffers zeroed and Adam as lim_cnn's; NULL for another name or out
- * of memory. */
+ * "noisy_quadratic", "lotka_volterra_mb"), its buffers zeroed and Adam as lim_cnn's; NULL for
+ * another name or out of memory. */
 lim_suite *lim_suite_create(const char *name);
 void lim_suite_destroy(lim_suite *m);
 int lim_suite_n_leaves(const lim_suite *m);
 /* Leaf i's path in nabla's params tree (nb_tree_lookup syntax) and its element count. */
 const char *lim_suite_leaf_path(const lim_suite *m, int i, int64_t *n);
-/* Leaf i of the parameters (which 0), mu (1) or nu (2). */
-float *lim_suite_leaf(lim_suite *m, int which, int i);
+/* 1 when the problem's leaves, batch and Adam are f64 (lotka_volterra_mb), else 0 (f32). */
+int lim_suite_f64(const lim_suite *m);
+/* Leaf i of the parameters (which 0), mu (1) or nu (2): float, or double when lim_suite_f64. */
+void *lim_suite_leaf(lim_suite *m, int which, int i);
+/* lotka_volterra_mb: the solver steps (kept and rejected) of the last step's solve (-1 before
+ * the first); -1 for the other problems. */
+int lim_suite_ode_steps(const lim_suite *m);
 /* The minibatch, borrowed until the next call (the step reads it where it is): x and y as the
- * batch's train split holds them (x f32 [batch, features], or char_gru's windows i32 [32,
- * 17]; y i32 [batch] or NULL), extra noisy_quadratic's H f32 [100, 100] (else NULL). Sizes:
- * lim_suite_batch_size. */
+ * batch's train split holds them (x f32 [batch, features], char_gru's windows i32 [32, 17], or
+ * lotka_volterra_mb's observation sets f64 [4, 2, 20]; y i32 [batch] or NULL), extra
+ * noisy_quadratic's H f32 [100, 100] (else NULL). Sizes: lim_suite_batch_size. */
 void lim_suite_set_batch(lim_suite *m, const void *x, const int32_t *y, const float *extra);
 /* Elements of x, y (0: none) and extra (0: none) the problem expects. */
 void lim_suite_batch_size(const lim_suite *m, int64_t *nx, int64_t *ny, int64_t *nextra);
 void lim_suite_set_adam(lim_suite *m, int32_t count, double lr, double b1, double b2, double eps,
                         double eps_root);
 /* One train step in place; returns the loss before the update. */
-float lim_suite_step(lim_suite *m);
+double lim_suite_step(lim_suite *m);
 /* The floating-point operations of the step's products (2 m n k each; the logistic regression's
- * and the quadratic's loops counted alike). */
+ * and the quadratic's loops counted alike; 0 for lotka_volterra_mb, which has none). */
 double lim_suite_flops(const lim_suite *m);
 
 #endif
