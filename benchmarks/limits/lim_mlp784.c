@@ -174,47 +174,11 @@ float lim_mlp_step(lim_mlp *m) {
     gemm(m, B, H, H, h1, H, 1, p[2], H, 1, h2);
     bias_tanh(vm, h2, p[3], H);
     gemm(m, B, NO, H, h2, H, 1, p[4], NO, 1, z);
-    float mx[B];
-    for (int i = 0; i < B; i++) {
-        float *zi = z + i * NO;
-        for (int j = 0; j < NO; j++) {
-            zi[j] = zi[j] + p[5][j];
-        }
-        float v = zi[0];
-        for (int j = 1; j < NO; j++) {
-            v = (zi[j] > v || zi[j] != zi[j]) ? zi[j] : v;
-        }
-        mx[i] = fabsf(v) < INFINITY ? v : 0.0f;
-        for (int j = 0; j < NO; j++) {
-            e[i * NO + j] = zi[j] - mx[i];
-        }
-    }
-    vm->expf_n(e, e, (int64_t)B * NO);
-    float ls[B];
-    for (int i = 0; i < B; i++) {
-        float s = e[i * NO];
-        for (int j = 1; j < NO; j++) {
-            s = s + e[i * NO + j];
-        }
-        m->s[i] = s;
-    }
-    vm->logf_n(ls, m->s, B);
-    float total = 0.0f;
-    for (int i = 0; i < B; i++) {
-        float v = (z[i * NO + m->y[i]] - mx[i]) - ls[i];
-        total = i == 0 ? v : total + v;
-    }
-    float loss = -(total / 128.0f);
-
-    /* backward: dz into z */
+    /* the bias, softmax and mean cross-entropy, then dz into z (lim_nn.c) */
+    float mx[B], ls[B];
+    float loss = lim_xent_fwd(vm, z, p[5], e, mx, m->s, ls, m->y, B, NO);
     float *restrict dz = z;
-    for (int i = 0; i < B; i++) {
-        float r = 0.0078125f * (1.0f / m->s[i]); /* sum_j -dlogp[i, j] = 1/128 */
-        for (int j = 0; j < NO; j++) {
-            float dl = j == m->y[i] ? -0.0078125f : 0.0f;
-            dz[i * NO + j] = dl + r * e[i * NO + j];
-        }
-    }
+    lim_xent_bwd(dz, e, m->s, m->y, B, NO);
     float *g5 = m->g[5];
     for (int j = 0; j < NO; j++) {
         g5[j] = dz[j];
