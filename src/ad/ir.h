@@ -488,6 +488,10 @@ NBI_HIDDEN nb_status nbi_pass_loop_share(nb_ctx *ctx, const nbi_graph *in, nbi_g
 NBI_HIDDEN nb_status nbi_pass_pad_push(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 /* Small elementwise trees with several fusible consumers copied into each (passes.c). */
 NBI_HIDDEN nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+/* A row sum of a product read only there, sum(op(a) @ op(b), axis 0), becomes the product
+ * of the row sum, sum(op(a), axis 0) @ op(b), also through adds and subs of same-shape
+ * operands (sum(c + p) = sum(c) + sum(p)); not bit-exact, in every pipeline (passes.c). */
+NBI_HIDDEN nb_status nbi_pass_sum_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 /* add(matmul(a, b), c), either order, c of the sum's dtype and shape (not broadcast) and
  * the product read only there, becomes matmul(a, b, c): a matmul node with a third operand
  * computes a @ b + c, into c's buffer when the memory plan allows (op_linalg.c,

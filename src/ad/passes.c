@@ -938,6 +938,168 @@ nb_status nbi_pass_pad_push(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     return nbi_pass_end(ctx, in, out, map, "pad push");
 }
 
+/* ---- sums of products over their rows ---------------------------------------------
+ * sum over the rows of a product, sum_i (A B)_ij, is the product of A's row sum,
+ * ((1^T A) B)_j: a [1, k] x [k, m] product where there was an [n, k] x [k, m] one, n times
+ * fewer multiply-adds. Reverse mode makes this shape wherever a broadcast value feeds a
+ * product: the gradient of theta in (theta - x) W, or of a bias added before a layer, is
+ * the row sum of g W^T. The sum of an add or a sub of same-shape operands is split over
+ * them when one of them (at any depth) is such a product, so sum(c r + g W^T) becomes
+ * sum(c r) + sum(g) W^T.
+ *
+ * Unlike the other algebraic rewrites this one is not exact: a product of sums rounds
+ * differently from a sum of products (the same value to rounding: the sums are over other
+ * terms in another order, as with any reassociation). It changes no
+ * determinism: the pass runs in every pipeline (the debugging one too), so a function
+ * gives the same bits whatever the threads, the tier or the debugging flags.
+ *
+ * When: a sum over axis 0 of a rank-2 value (keepdims or not) whose operand is read by
+ * nothing else; the product two-operand, both operands rank 2, at least 2 rows, read only
+ * there; an add or sub on the way of the sum's dtype and shape on both sides, read only
+ * there. Runs after transpose folding (a product reads its operands through its transpose
+ * flags) and before accumulation and fusion. */
+
+#define NBI_SUMMM_DEPTH 4
+
+/* Is x (of the input graph) a product the rewrite takes: read once, rank 2 of rank 2s? */
+static bool nbi_summm_prod(const nb_var *x, const int32_t *uses) {
+    return x->op == NBI_OP_MATMUL && x->n_in == 2 && uses[x->id] == 1 && x->rank == 2 &&
+           x->in[0]->rank == 2 && x->in[1]->rank == 2 && x->shape[0] >= 2 &&
+           (x->flags & (NBI_NODE_WEAK | NBI_NODE_POISON)) == 0;
+}
+
+/* Is x an add or sub of same-typed operands, read once, with such a product below it? */
+static bool nbi_summm_split(const nb_var *x, const int32_t *uses, int depth) {
+    if ((x->op != NBI_OP_ADD && x->op != NBI_OP_SUB) || x->n_in != 2 || uses[x->id] != 1 ||
+        depth >= NBI_SUMMM_DEPTH || (x->flags & (NBI_NODE_WEAK | NBI_NODE_POISON)) != 0 ||
+        !nbi_same_type(x->in[0], x) || !nbi_same_type(x->in[1], x)) {
+        return false;
+    }
+    for (int j = 0; j < 2; j++) {
+        if (nbi_summm_prod(x->in[j], uses) || nbi_summm_split(x->in[j], uses, depth + 1)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+typedef struct nbi_summm {
+    nbi_graph *out;
+    nb_ctx *ctx;
+    nb_var *const *map;
+    const int32_t *uses;
+    const nb_var *root; /* the sum: the new nodes' provenance */
+    nb_status fail;
+} nbi_summm;
+
+static nb_var *nbi_summm_emit(nbi_summm *s, nbi_op op, int n_in, nb_var **in, const nbi_attrs *at) {
+    nb_var *v = nbi_pass_emit(s->out, s->ctx, op, n_in, in, at, &s->fail);
+    if (v != NULL) {
+        v->src = s->root->src;
+        v->fn = s->root->fn;
+    }
+    return v;
+}
+
+/* The new graph's node for the row sum of x (of the input graph), kept as [1, m]. NULL:
+ * s->fail says why. */
+static nb_var *nbi_summm_rows(nbi_summm *s, const nb_var *x, int depth) {
+    nbi_attrs at;
+    memset(&at, 0, sizeof at);
+    if (nbi_summm_prod(x, s->uses)) {
+        /* op(A) is [n, k]: A itself [n, k] (summed over axis 0) or, read transposed,
+         * [k, n] (summed over axis 1); the product then reads the [1, k] or [k, 1] sum
+         * with the same flag */
+        bool ta = x->at.axes[0] != 0;
+        at.n_axes = 1;
+        at.axes[0] = ta ? 1 : 0;
+        at.keepdims = true;
+        nb_var *a = s->map[x->in[0]->id];
+        nb_var *sa = nbi_summm_emit(s, NBI_OP_SUM, 1, &a, &at);
+        if (sa == NULL) {
+            return NULL;
+        }
+        nb_var *ins[2] = {sa, s->map[x->in[1]->id]};
+        return nbi_summm_emit(s, NBI_OP_MATMUL, 2, ins, &x->at);
+    }
+    if (nbi_summm_split(x, s->uses, depth)) {
+        nb_var *ins[2];
+        for (int j = 0; j < 2; j++) {
+            ins[j] = nbi_summm_rows(s, x->in[j], depth + 1);
+            if (ins[j] == NULL) {
+                return NULL;
+            }
+        }
+        return nbi_summm_emit(s, (nbi_op)x->op, 2, ins, &at);
+    }
+    at.n_axes = 1;
+    at.axes[0] = 0;
+    at.keepdims = true;
+    nb_var *a = s->map[x->id];
+    return nbi_summm_emit(s, NBI_OP_SUM, 1, &a, &at);
+}
+
+nb_status nbi_pass_sum_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
+    nb_var **map = NULL;
+    nb_status st = nbi_pass_begin(ctx, in, out, &map, "sum-matmul");
+    if (st != NB_OK) {
+        return st;
+    }
+    int32_t *uses = nbi_arena_alloc(in->arena, (size_t)(in->n_nodes + 1) * sizeof(int32_t));
+    if (uses == NULL) {
+        return nbi_err(ctx, NB_ERR_OOM, "sum-matmul: out of memory");
+    }
+    for (int32_t i = 0; i < in->n_nodes; i++) {
+        for (int32_t j = 0; j < in->nodes[i]->n_in; j++) {
+            uses[in->nodes[i]->in[j]->id]++;
+        }
+    }
+    for (int32_t i = 0; i < in->n_outputs; i++) {
+        uses[in->outputs[i]->id]++;
+    }
+    int32_t k = 0;
+    for (int32_t i = 0; i < in->n_nodes; i++) {
+        const nb_var *v = in->nodes[i];
+        const nb_var *x = v->n_in == 1 ? v->in[0] : NULL;
+        bool rows = v->op == NBI_OP_SUM && x != NULL && x->rank == 2 && v->at.n_axes == 1 &&
+                    v->at.axes[0] == 0 && x->dtype == v->dtype &&
+                    (nbi_summm_prod(x, uses) || nbi_summm_split(x, uses, 0));
+        if (!rows) {
+            map[i] = nbi_copy_node(out, v, map);
+        } else {
+            /* the product and adds it replaces stay in the new graph, unread: DCE's */
+            nbi_summm s = {
+                .out = out, .ctx = ctx, .map = map, .uses = uses, .root = v, .fail = NB_ERR_OOM};
+            nb_var *r = nbi_summm_rows(&s, x, 0);
+            if (r != NULL && !v->at.keepdims) {
+                nbi_attrs at;
+                memset(&at, 0, sizeof at);
+                at.n_axes = 1;
+                at.a[0] = v->shape[0];
+                r = nbi_summm_emit(&s, NBI_OP_RESHAPE, 1, &r, &at);
+            }
+            if (r != NULL && !nbi_same_type(r, v)) {
+                return nbi_err(ctx, NB_ERR_INTERNAL,
+                               "sum-matmul: the rewritten sum has "
+                               "another type than the sum (a bug)");
+            }
+            if (r == NULL) {
+                return nbi_err(ctx, s.fail, "sum-matmul: %s",
+                               s.fail == NB_ERR_INTERNAL ? "a new node failed its shape inference"
+                                                         : "out of memory");
+            }
+            map[i] = r;
+        }
+        if (map[i] == NULL) {
+            return nbi_err(ctx, NB_ERR_OOM, "sum-matmul: out of memory");
+        }
+        if (v->op == NBI_OP_PARAM) {
+            out->inputs[k++] = map[i];
+        }
+    }
+    return nbi_pass_end(ctx, in, out, map, "sum-matmul");
+}
+
 /* ---- rematerialisation ---------------------------------------------------------------
  * A small elementwise tree (at most NBI_REMAT_MAX ops: a map and the single-use maps that
  * feed it) whose value has several consumers, every one of them an elementwise op of its
@@ -1590,16 +1752,21 @@ nb_status nbi_pass_loop_share(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) 
 nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, unsigned debug, nbi_arena *arena,
                        nbi_graph *out) {
     /* DCE before loop_share: a taped loop whose reverse sweep is dead (a value_and_grad
-     * whose gradient is never read) goes, rather than replacing its primal twin */
+     * whose gradient is never read) goes, rather than replacing its primal twin; and before
+     * sum_matmul, which counts readers (a dead one would keep a product) */
     const nbi_pass_fn all[] = {nbi_pass_fold,       nbi_pass_transpose_matmul,
                                nbi_pass_cse,        nbi_pass_dce,
-                               nbi_pass_loop_share, nbi_pass_dce,
-                               nbi_pass_accumulate, nbi_pass_pad_push,
-                               nbi_pass_dce,        nbi_pass_remat,
-                               nbi_pass_fuse,       nbi_pass_dce};
-    const nbi_pass_fn no_fuse[] = {
-        nbi_pass_fold, nbi_pass_transpose_matmul, nbi_pass_cse, nbi_pass_dce,   nbi_pass_loop_share,
-        nbi_pass_dce,  nbi_pass_pad_push,         nbi_pass_dce, nbi_pass_remat, nbi_pass_dce};
+                               nbi_pass_sum_matmul, nbi_pass_loop_share,
+                               nbi_pass_dce,        nbi_pass_accumulate,
+                               nbi_pass_pad_push,   nbi_pass_dce,
+                               nbi_pass_remat,      nbi_pass_fuse,
+                               nbi_pass_dce};
+    const nbi_pass_fn no_fuse[] = {nbi_pass_fold,       nbi_pass_transpose_matmul,
+                                   nbi_pass_cse,        nbi_pass_dce,
+                                   nbi_pass_sum_matmul, nbi_pass_loop_share,
+                                   nbi_pass_dce,        nbi_pass_pad_push,
+                                   nbi_pass_dce,        nbi_pass_remat,
+                                   nbi_pass_dce};
     /* debug: every op on its own, to be checked (nbi_exec_compile) */
     const nbi_pass_fn *passes = debug != 0 ? no_fuse : all;
     int n =
