@@ -22,9 +22,10 @@
  *   noisy_quadratic  r = theta - x (x [128, 100]), rh = r H (one BLIS product), loss 0.5
  *                    mean(sum(rh r, 1)); the gradient 0.5 / 128 (sum_i rh_i + (sum_i r_i) H^T):
  *                    nabla's dr = c (rh + r H^T) summed over the rows, with the sum taken
- *                    before the product (a [1, 100] x [100, 100] product where nabla's backward
- *                    has a [128, 100] x [100, 100] one; distributivity, so the same value to
- *                    rounding) -- what a C programmer writes.
+ *                    before the product (a [1, 100] x [100, 100] product; distributivity, so
+ *                    the same value to rounding) -- what a C programmer writes, and what
+ *                    nabla's sum-matmul pass makes of its gradient since session 21 (before,
+ *                    a [128, 100] x [100, 100] product).
  *   lotka_volterra_mb  f64: the parameters (a, b, c, d) clamped into [0.05, 8] (the share of
  *                    the gradient nabla's maximum and minimum pass: 1, 1/2 on a tie, 0), one
  *                    solve from x = y = 1 (lim_lv.c: tsit5, PID rtol = atol = 1e-6, Hairer's
