@@ -1150,28 +1150,30 @@ static nb_var *nbo_dense_eval(nb_trace *tr, const nbo_dense *dd, int64_t i, nb_v
         val = nb_add(nb_add(y0f, nb_mul(nb_sub(y1f, y0f), h01)),
                      nb_mul(dd->h, nb_add(nb_mul(h10, f0f), nb_mul(h11, f1f))));
     } else {
-        nb_var *sum = NULL;
-        for (int j = 0; j < tab->dense_stages; j++) {
-            const double *d = tab->dense + (size_t)j * tab->dense_degree;
-            nb_var *bj = NULL, *pw = th;
-            for (int p = 0; p < tab->dense_degree; p++) {
-                if (p > 0) {
-                    pw = nb_mul(pw, th);
-                }
-                if (d[p] != 0.0) {
-                    nb_var *term = nb_mul(pw, nb_scalar(tr, d[p]));
-                    bj = bj == NULL ? term : nb_add(bj, term);
+        /* y0 + h sum_j b_j(theta) k_j with b_j(theta) = sum_p d_jp theta^(p+1), as a
+         * polynomial in theta whose coefficients are made once per step (Diffrax's form):
+         * c_p = sum_j d_jp k_j ([1, N]), then y0 + h theta (c_0 + theta (c_1 + ...)) by
+         * Horner at the n times -- per time deg multiply-adds per component, where the
+         * sum over the stages at each time cost about stages x (deg + 2) */
+        int deg = tab->dense_degree;
+        nb_var *poly = NULL;
+        for (int p = deg - 1; p >= 0; p--) {
+            nb_var *c = NULL;
+            for (int j = 0; j < tab->dense_stages; j++) {
+                double d = tab->dense[(size_t)j * deg + p];
+                if (d != 0.0) {
+                    nb_var *term =
+                        nb_mul(nb_reshape(dd->k[j][i], 2, (int64_t[]){1, N}), nb_scalar(tr, d));
+                    c = c == NULL ? term : nb_add(c, term);
                 }
             }
-            if (bj == NULL) {
-                continue;
-            }
-            nb_var *kj = nb_reshape(dd->k[j][i], 2, (int64_t[]){1, N});
-            nb_var *term = nb_mul(bj, kj);
-            sum = sum == NULL ? term : nb_add(sum, term);
+            poly = poly == NULL ? c : c == NULL ? nb_mul(th, poly) : nb_add(c, nb_mul(th, poly));
         }
-        val = sum == NULL ? nb_broadcast_to(y0f, 2, (int64_t[]){n, N})
-                          : nb_add(y0f, nb_mul(dd->h, sum));
+        val = poly == NULL ? nb_broadcast_to(y0f, 2, (int64_t[]){n, N})
+                           : nb_add(y0f, nb_mul(dd->h, nb_mul(th, poly)));
+        if (nb_var_dim(val, 0) != n) {
+            val = nb_broadcast_to(val, 2, (int64_t[]){n, N});
+        }
     }
     return val;
 }
