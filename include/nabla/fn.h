@@ -30,8 +30,8 @@
  * Inside another trace, calling a function inlines its body into the outer IR by default;
  * a function made by nb_jit with inline_calls = false instead becomes a call to its own
  * cached sub-executable (one compile for a layer used many times). Both give the same
- * numbers, to the last bits except where a product rewrite of docs/semantics.md section 9
- * applies on one side only.
+ * numbers, to the last bits except where a rewrite would reach across the call (a product
+ * the callee returns and the caller sums over its rows: docs/semantics.md section 9).
  *
  * Trace accounting: per function (per cache identity: body + static self), the number of
  * traces, cache hits and, for every retrace, the reason -- the path of the leaf that

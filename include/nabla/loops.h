@@ -30,8 +30,7 @@
  *
  * Reverse mode through a bounded loop runs the loop again writing every step's carry on a
  * tape of max_steps rows, then a reverse loop that retraces the body on each taped carry and
- * differentiates it in place: the gradients are those of the unrolled loop, bit for bit (up
- * to the product rewrites of docs/semantics.md section 9, which can differ), and
+ * differentiates it in place: the gradients are those of the unrolled loop, bit for bit, and
  * reach the carry's initial value and every var the body closes over (the cond's lifted
  * values get none: a bool has no derivative). Forward mode (jvp) through a loop of any kind
  * runs one loop over (carry, tangent) whose body is the body's jvp, also bit for bit the

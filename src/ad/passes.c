@@ -953,30 +953,35 @@ nb_status nbi_pass_pad_push(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
  * determinism: the pass runs in every pipeline (the debugging one too), so a function
  * gives the same bits whatever the threads, the tier or the debugging flags.
  *
- * When: a sum over axis 0 of a rank-2 value (keepdims or not) whose operand is read by
- * nothing else; the product two-operand, both operands rank 2, at least 2 rows, read only
- * there; an add or sub on the way of the sum's dtype and shape on both sides, read only
- * there. Runs after transpose folding (a product reads its operands through its transpose
- * flags) and before accumulation and fusion. */
+ * When: a sum over axis 0 of a rank-2 value (keepdims or not); the product two-operand,
+ * both operands rank 2, at least 2 rows; an add or sub on the way of the sum's dtype and
+ * shape on both sides. The test is on shapes and ops only, never on how many read a value:
+ * a product also returned, printed, or (in a bounded loop's reverse sweep) carried out as
+ * a cotangent gets its row sum made the same way as one read only there, so the same
+ * computation gives the same bits however it is put together (the loop against its
+ * unrolled form, a product returned or not). A product or add read elsewhere too stays
+ * for its other readers, and the sum costs n k + k m multiply-adds instead of n m: at most
+ * (1/n + 1/m) of the product's own. Runs after transpose folding (a product reads its
+ * operands through its transpose flags) and before accumulation and fusion. */
 
 #define NBI_SUMMM_DEPTH 4
 
-/* Is x (of the input graph) a product the rewrite takes: read once, rank 2 of rank 2s? */
-static bool nbi_summm_prod(const nb_var *x, const int32_t *uses) {
-    return x->op == NBI_OP_MATMUL && x->n_in == 2 && uses[x->id] == 1 && x->rank == 2 &&
-           x->in[0]->rank == 2 && x->in[1]->rank == 2 && x->shape[0] >= 2 &&
+/* Is x (of the input graph) a product the rewrite takes: rank 2 of rank 2s? */
+static bool nbi_summm_prod(const nb_var *x) {
+    return x->op == NBI_OP_MATMUL && x->n_in == 2 && x->rank == 2 && x->in[0]->rank == 2 &&
+           x->in[1]->rank == 2 && x->shape[0] >= 2 &&
            (x->flags & (NBI_NODE_WEAK | NBI_NODE_POISON)) == 0;
 }
 
-/* Is x an add or sub of same-typed operands, read once, with such a product below it? */
-static bool nbi_summm_split(const nb_var *x, const int32_t *uses, int depth) {
-    if ((x->op != NBI_OP_ADD && x->op != NBI_OP_SUB) || x->n_in != 2 || uses[x->id] != 1 ||
-        depth >= NBI_SUMMM_DEPTH || (x->flags & (NBI_NODE_WEAK | NBI_NODE_POISON)) != 0 ||
-        !nbi_same_type(x->in[0], x) || !nbi_same_type(x->in[1], x)) {
+/* Is x an add or sub of same-typed operands with such a product below it? */
+static bool nbi_summm_split(const nb_var *x, int depth) {
+    if ((x->op != NBI_OP_ADD && x->op != NBI_OP_SUB) || x->n_in != 2 || depth >= NBI_SUMMM_DEPTH ||
+        (x->flags & (NBI_NODE_WEAK | NBI_NODE_POISON)) != 0 || !nbi_same_type(x->in[0], x) ||
+        !nbi_same_type(x->in[1], x)) {
         return false;
     }
     for (int j = 0; j < 2; j++) {
-        if (nbi_summm_prod(x->in[j], uses) || nbi_summm_split(x->in[j], uses, depth + 1)) {
+        if (nbi_summm_prod(x->in[j]) || nbi_summm_split(x->in[j], depth + 1)) {
             return true;
         }
     }
@@ -987,7 +992,6 @@ typedef struct nbi_summm {
     nbi_graph *out;
     nb_ctx *ctx;
     nb_var *const *map;
-    const int32_t *uses;
     const nb_var *root; /* the sum: the new nodes' provenance */
     nb_status fail;
 } nbi_summm;
@@ -1006,7 +1010,7 @@ static nb_var *nbi_summm_emit(nbi_summm *s, nbi_op op, int n_in, nb_var **in, co
 static nb_var *nbi_summm_rows(nbi_summm *s, const nb_var *x, int depth) {
     nbi_attrs at;
     memset(&at, 0, sizeof at);
-    if (nbi_summm_prod(x, s->uses)) {
+    if (nbi_summm_prod(x)) {
         /* op(A) is [n, k]: A itself [n, k] (summed over axis 0) or, read transposed,
          * [k, n] (summed over axis 1); the product then reads the [1, k] or [k, 1] sum
          * with the same flag */
@@ -1022,7 +1026,7 @@ static nb_var *nbi_summm_rows(nbi_summm *s, const nb_var *x, int depth) {
         nb_var *ins[2] = {sa, s->map[x->in[1]->id]};
         return nbi_summm_emit(s, NBI_OP_MATMUL, 2, ins, &x->at);
     }
-    if (nbi_summm_split(x, s->uses, depth)) {
+    if (nbi_summm_split(x, depth)) {
         nb_var *ins[2];
         for (int j = 0; j < 2; j++) {
             ins[j] = nbi_summm_rows(s, x->in[j], depth + 1);
@@ -1045,31 +1049,19 @@ nb_status nbi_pass_sum_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) 
     if (st != NB_OK) {
         return st;
     }
-    int32_t *uses = nbi_arena_alloc(in->arena, (size_t)(in->n_nodes + 1) * sizeof(int32_t));
-    if (uses == NULL) {
-        return nbi_err(ctx, NB_ERR_OOM, "sum-matmul: out of memory");
-    }
-    for (int32_t i = 0; i < in->n_nodes; i++) {
-        for (int32_t j = 0; j < in->nodes[i]->n_in; j++) {
-            uses[in->nodes[i]->in[j]->id]++;
-        }
-    }
-    for (int32_t i = 0; i < in->n_outputs; i++) {
-        uses[in->outputs[i]->id]++;
-    }
     int32_t k = 0;
     for (int32_t i = 0; i < in->n_nodes; i++) {
         const nb_var *v = in->nodes[i];
         const nb_var *x = v->n_in == 1 ? v->in[0] : NULL;
         bool rows = v->op == NBI_OP_SUM && x != NULL && x->rank == 2 && v->at.n_axes == 1 &&
                     v->at.axes[0] == 0 && x->dtype == v->dtype &&
-                    (nbi_summm_prod(x, uses) || nbi_summm_split(x, uses, 0));
+                    (nbi_summm_prod(x) || nbi_summm_split(x, 0));
         if (!rows) {
             map[i] = nbi_copy_node(out, v, map);
         } else {
-            /* the product and adds it replaces stay in the new graph, unread: DCE's */
-            nbi_summm s = {
-                .out = out, .ctx = ctx, .map = map, .uses = uses, .root = v, .fail = NB_ERR_OOM};
+            /* the product and adds it replaces stay in the new graph, for their other
+             * readers or, unread, for DCE */
+            nbi_summm s = {.out = out, .ctx = ctx, .map = map, .root = v, .fail = NB_ERR_OOM};
             nb_var *r = nbi_summm_rows(&s, x, 0);
             if (r != NULL && !v->at.keepdims) {
                 nbi_attrs at;
@@ -1752,8 +1744,7 @@ nb_status nbi_pass_loop_share(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) 
 nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, unsigned debug, nbi_arena *arena,
                        nbi_graph *out) {
     /* DCE before loop_share: a taped loop whose reverse sweep is dead (a value_and_grad
-     * whose gradient is never read) goes, rather than replacing its primal twin; and before
-     * sum_matmul, which counts readers (a dead one would keep a product) */
+     * whose gradient is never read) goes, rather than replacing its primal twin */
     const nbi_pass_fn all[] = {nbi_pass_fold,       nbi_pass_transpose_matmul,
                                nbi_pass_cse,        nbi_pass_dce,
                                nbi_pass_sum_matmul, nbi_pass_loop_share,
