@@ -223,7 +223,10 @@ static nb_var *nbi_pool_window(const nbi_nn_at *at, nb_var *x, bool is_max) {
         so[d] = (sp + lo[ax] + hi[ax] - ks[d]) / stride[d] + 1;
         k *= ks[d];
     }
-    /* [M, 1, S...] (M: every dim before the pooled ones) -> columns [M, K, 1, So...] */
+    /* [M, 1, S...] (M: every dim before the pooled ones) -> columns [M, 1, K, So...]: the
+     * batch-first layout, M examples of one channel (the same memory as M channels of one
+     * example, but the kernels' per-channel work -- a tap's bounds, its offsets -- is done
+     * once, not M times) */
     int64_t m = 1, xs3[2 + NBI_POOL_MAX_ND], ks3[NBI_POOL_MAX_ND], plo[NBI_POOL_MAX_ND],
             phi[NBI_POOL_MAX_ND], l = 1;
     static const int64_t ones[NBI_POOL_MAX_ND] = {1, 1, 1};
@@ -240,8 +243,8 @@ static nb_var *nbi_pool_window(const nbi_nn_at *at, nb_var *x, bool is_max) {
         phi[d] = hi[ax];
         l *= so[d];
     }
-    nb_var *cols = nbi_im2col(nb_reshape(x, (int)nd + 2, xs3), (int)nd, ks3, stride, ones, plo, phi,
-                              is_max ? -INFINITY : 0.0);
+    nb_var *cols = nbi_im2col(nb_reshape(x, (int)nd + 2, xs3), (int)nd + NBI_CONV_BATCH_FIRST, ks3,
+                              stride, ones, plo, phi, is_max ? -INFINITY : 0.0);
     cols = nb_reshape(cols, 3, (const int64_t[]){m, k, l});
     nb_var *y;
     if (is_max) {
