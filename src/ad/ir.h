@@ -234,6 +234,13 @@ NBI_HIDDEN nb_var *nbi_emit_param(nb_trace *tr, int32_t index, nb_dtype dtype, i
  * back to [C, N, spatial..], summed). nd + NBI_CONV_BATCH_FIRST: the batch-first layout,
  * x [N, C, S..] and cols [N, C, K, So..]. kernel, stride, dil, lo, hi: nd entries each. */
 #define NBI_CONV_BATCH_FIRST 16
+/* Max pooling's selection (op_conv.c): op NBI_OP_POOL_TAKE -- v's element at each window's
+ * first maximum of x (x, v [N, C, S..] -> [N, C, So..]; value where it is a padding
+ * position) -- or NBI_OP_POOL_SCATTER -- v [N, C, So..] added at those positions into zeros
+ * [N, C, S..]. Windows as a batch-first im2col's (nd = 1..3, no layout flag). */
+NBI_HIDDEN nb_var *nbi_pool_op(nbi_op op, nb_var *x, nb_var *v, int nd, const int64_t *kernel,
+                               const int64_t *stride, const int64_t *dil, const int64_t *lo,
+                               const int64_t *hi, double value);
 NBI_HIDDEN nb_var *nbi_im2col(nb_var *x, int nd, const int64_t *kernel, const int64_t *stride,
                               const int64_t *dil, const int64_t *lo, const int64_t *hi,
                               double pad_value);

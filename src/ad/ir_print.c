@@ -193,6 +193,8 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
         nbi_sbuf_putc(s, '}');
         break;
     }
+    case NBI_OP_POOL_TAKE:
+    case NBI_OP_POOL_SCATTER:
     case NBI_OP_IM2COL:
     case NBI_OP_COL2IM: {
         int nd = (int)a->ivalue;
@@ -209,7 +211,7 @@ static void nbi_print_attrs(nbi_sbuf *s, const nb_var *v) {
         if (v->op == NBI_OP_COL2IM) {
             nbi_sbuf_puts(s, ", ");
             nbi_print_ints64(s, "spatial", a->c + 3, nd);
-        } else if (a->value != 0) {
+        } else if (v->op != NBI_OP_POOL_SCATTER && a->value != 0) {
             nbi_sbuf_printf(s, ", value=%.17g", a->value);
         }
         nbi_sbuf_putc(s, '}');

@@ -1,7 +1,9 @@
 /*
  * op_conv.c -- the two data-movement ops of a convolution: im2col and its transpose
  * col2im. nn's convolutions (src/nn/conv.c) are one im2col, one matrix product (BLIS) and
- * a reshape; their gradients are the transposed product and one col2im.
+ * a reshape; their gradients are the transposed product and one col2im. And max pooling's
+ * pair, pool_take and pool_scatter (at the end of the file), which find each window's
+ * first maximum in place rather than through im2col's columns.
  *
  *   im2col(x [C, N, S1..Sn]) -> cols [C, K, N, So1..Son]
  *     cols[c, t, n, o] = x[c, n, o * s + t_idx * d - lo]   (v where that is outside x)
@@ -32,6 +34,7 @@
  */
 #include "ad/ir.h"
 
+#include <math.h>
 #include <string.h>
 
 #define NBI_CONV_ND 3
@@ -567,3 +570,430 @@ const nbi_op_info nbi_opinfo_col2im = {.name = "col2im",
                                        .vjp = nbi_vjp_conv,
                                        .jvp = nbi_jvp_conv,
                                        .vmap = nbi_vmap_conv};
+
+/* ---- max pooling's selection: pool_take and pool_scatter -----------------------------
+ * Max pooling cut into columns (im2col, argmax, take_along_axis, and for the gradient a
+ * masked sum and col2im) moves every window element through memory four times; these two
+ * ops find each window's first maximum in place instead:
+ *
+ *   pool_take(x [N, C, S..], v [N, C, S..]) -> [N, C, So..]: for each window of x (the
+ *     layout, kernel, stride, dilation and padding of a batch-first im2col), v's element
+ *     at x's first maximum (a NaN counting as the maximum, padding as -inf), or `value`
+ *     where that maximum is a padding position (only a window whose real elements are
+ *     all -inf and a padding tap comes first, or a window of padding alone).
+ *   pool_scatter(x [N, C, S..], g [N, C, So..]) -> [N, C, S..]: zeros, with each window's
+ *     g added at x's first maximum (windows in row-major order; one at the padding drops).
+ *
+ * max_pool(x) is pool_take(x, x) with value -inf: the same values as the columns' argmax
+ * and take. Both ops are linear in their second input and piecewise constant in x (whose
+ * selection has no derivative), each the other's transpose: pool_take's VJP is
+ * pool_scatter(x, g), pool_scatter's is pool_take(x, g) with value 0. For non-overlapping
+ * windows each input receives at most one value, so the gradient is exactly the columns'
+ * (a sum of one term); where windows overlap, the values an input receives are added in
+ * window order instead of tap order (the same to rounding). Work is split over the N*C
+ * planes by the shapes alone, so results are bit-identical for any number of threads. */
+
+#define NBI_POOL_TAPS 32
+typedef struct nbi_pgeo {
+    nbi_cgeo g;
+    int64_t planes, P, L; /* N*C planes of P input and L output elements */
+    /* the windows along the last dim that last-dim tap t2 (< NBI_POOL_TAPS) finds inside
+     * the input, [va, vb): worked out once per call (two divisions each) */
+    int64_t va[NBI_POOL_TAPS], vb[NBI_POOL_TAPS];
+} nbi_pgeo;
+
+static size_t nbi_pool_slice(const nbi_pgeo *pg);
+
+/* planes of at most this many windows, with at most NBI_POOL_TAB_MAX taps in all, use a tap
+ * table (nbi_pool_argmax_tab) */
+#define NBI_POOL_TAB_MAX_L 1024
+#define NBI_POOL_TAB_MAX 8192
+
+static bool nbi_pool_use_table(const nbi_pgeo *pg) {
+    return pg->L <= NBI_POOL_TAB_MAX_L && pg->L * pg->g.K <= NBI_POOL_TAB_MAX;
+}
+
+/* the worker's slice of the scratch: its window row, then (nbi_pool_use_table) its table */
+static int64_t *nbi_pool_scratch(const nbi_pgeo *pg, int worker) {
+    return (int64_t *)((unsigned char *)pg->g.ka->scratch + (size_t)worker * nbi_pool_slice(pg));
+}
+
+/* The tap table after the window row w, filled; NULL when the plane is too large for one. */
+static int64_t *nbi_pool_table(const nbi_pgeo *pg, int64_t *w) {
+    if (!nbi_pool_use_table(pg)) {
+        return NULL;
+    }
+    const nbi_cgeo *g = &pg->g;
+    int64_t *tab = w + pg->L;
+    int64_t o = 0;
+    for (int64_t o0 = 0; o0 < g->So[0]; o0++) {
+        for (int64_t o1 = 0; o1 < g->So[1]; o1++) {
+            for (int64_t o2 = 0; o2 < g->So[2]; o2++, o++) {
+                int64_t t = 0;
+                for (int64_t t0 = 0; t0 < g->k[0]; t0++) {
+                    int64_t p0 = o0 * g->s[0] + t0 * g->d[0] - g->lo[0];
+                    for (int64_t t1 = 0; t1 < g->k[1]; t1++) {
+                        int64_t p1 = o1 * g->s[1] + t1 * g->d[1] - g->lo[1];
+                        for (int64_t t2 = 0; t2 < g->k[2]; t2++, t++) {
+                            int64_t p2 = o2 * g->s[2] + t2 * g->d[2] - g->lo[2];
+                            bool in = p0 >= 0 && p0 < g->S[0] && p1 >= 0 && p1 < g->S[1] &&
+                                      p2 >= 0 && p2 < g->S[2];
+                            tab[t * pg->L + o] = in ? (p0 * g->S[1] + p1) * g->S[2] + p2 : -1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return tab;
+}
+
+static nb_status nbi_infer_pool_common(nb_trace *tr, nb_var *p, const char *name, int64_t *so) {
+    const nb_var *x = p->in[0], *v = p->in[1];
+    char sx[NBI_SIG_CAP], sv[NBI_SIG_CAP];
+    int nd = (int)p->at.ivalue;
+    if (nd < 1 || nd > NBI_CONV_ND || x->rank != nd + 2 || !nbi_conv_is_float(x->dtype) ||
+        v->dtype != x->dtype || v->rank != x->rank || v->shape[0] != x->shape[0] ||
+        v->shape[1] != x->shape[1]) {
+        return nbi_trace_err(tr, NB_ERR_SHAPE,
+                             "%s: x is %s and %s %s; x must be f32 or f64 [N, C, S...] with %d "
+                             "spatial dims (1 to 3), and the other operand of its dtype with "
+                             "the same N and C",
+                             name, nbi_var_sig(sx, sizeof sx, x),
+                             p->op == NBI_OP_POOL_TAKE ? "v" : "g", nbi_var_sig(sv, sizeof sv, v),
+                             nd);
+    }
+    int64_t k = 0;
+    return nbi_conv_geom(tr, name, &p->at, x->shape + 2, so, &k, x);
+}
+
+static nb_status nbi_infer_pool_take(nb_trace *tr, nb_var *p) {
+    int64_t so[NBI_CONV_ND];
+    nb_status st = nbi_infer_pool_common(tr, p, "pool_take", so);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_var *x = p->in[0], *v = p->in[1];
+    for (int d = 0; d < x->rank; d++) {
+        if (v->shape[d] != x->shape[d]) {
+            char sx[NBI_SIG_CAP], sv[NBI_SIG_CAP];
+            return nbi_trace_err(tr, NB_ERR_SHAPE, "pool_take: v %s must have x's shape %s",
+                                 nbi_var_sig(sv, sizeof sv, v), nbi_var_sig(sx, sizeof sx, x));
+        }
+    }
+    p->dtype = x->dtype;
+    p->rank = x->rank;
+    memset(p->shape, 0, sizeof p->shape);
+    p->shape[0] = x->shape[0];
+    p->shape[1] = x->shape[1];
+    for (int d = 0; d < (int)p->at.ivalue; d++) {
+        p->shape[2 + d] = so[d];
+    }
+    p->flags |= (x->flags & v->flags) & NBI_NODE_WEAK;
+    return NB_OK;
+}
+
+static nb_status nbi_infer_pool_scatter(nb_trace *tr, nb_var *p) {
+    int64_t so[NBI_CONV_ND];
+    nb_status st = nbi_infer_pool_common(tr, p, "pool_scatter", so);
+    if (st != NB_OK) {
+        return st;
+    }
+    const nb_var *x = p->in[0], *g = p->in[1];
+    for (int d = 0; d < (int)p->at.ivalue; d++) {
+        if (g->shape[2 + d] != so[d]) {
+            char sx[NBI_SIG_CAP], sg[NBI_SIG_CAP];
+            return nbi_trace_err(tr, NB_ERR_SHAPE,
+                                 "pool_scatter: g %s must have the shape of x %s's windows "
+                                 "(spatial dim %d: %lld windows)",
+                                 nbi_var_sig(sg, sizeof sg, g), nbi_var_sig(sx, sizeof sx, x), d,
+                                 (long long)so[d]);
+        }
+    }
+    p->dtype = x->dtype;
+    p->rank = x->rank;
+    memcpy(p->shape, x->shape, sizeof p->shape);
+    p->flags |= (x->flags & g->flags) & NBI_NODE_WEAK;
+    return NB_OK;
+}
+
+/* Each window's first maximum in the plane xp: the flat offset in the plane, -1 for a
+ * padding position. The taps in row-major order, as im2col's rows; a NaN beats a number
+ * (the first NaN wins), as the columns' argmax. A row of up to NBI_POOL_BLOCK windows at a
+ * time, taps outer: the windows' comparisons are independent (a chain per window, taken
+ * one tap at a time, ran at 2.5 ns a tap), and a tap's valid windows are a range
+ * (nbi_valid), so the inner loop has no bounds tests. A padding tap holds -inf, which
+ * beats nothing: only the first tap can leave a padding position as the maximum. */
+#define NBI_POOL_BLOCK 64
+#define NBI_POOL_KERNELS(T, SUF)                                                                   \
+    static void nbi_pool_argmax_##SUF(const nbi_pgeo *pg, const T *restrict xp,                    \
+                                      int64_t *restrict w) {                                       \
+        const nbi_cgeo *g = &pg->g;                                                                \
+        const int64_t So0 = g->So[0], So1 = g->So[1], So2 = g->So[2], k0 = g->k[0], k1 = g->k[1],  \
+                      k2 = g->k[2], s2 = g->s[2], d2 = g->d[2], S1 = g->S[1], S2 = g->S[2];        \
+        T best[NBI_POOL_BLOCK];                                                                    \
+        int64_t bi[NBI_POOL_BLOCK];                                                                \
+        for (int64_t o0 = 0; o0 < So0; o0++) {                                                     \
+            for (int64_t o1 = 0; o1 < So1; o1++) {                                                 \
+                int64_t *wr = w + (o0 * So1 + o1) * So2;                                           \
+                for (int64_t ob = 0; ob < So2; ob += NBI_POOL_BLOCK) {                             \
+                    int64_t n = So2 - ob < NBI_POOL_BLOCK ? So2 - ob : NBI_POOL_BLOCK;             \
+                    for (int64_t j = 0; j < n; j++) {                                              \
+                        best[j] = (T)-INFINITY;                                                    \
+                        bi[j] = -1;                                                                \
+                    }                                                                              \
+                    bool first = true;                                                             \
+                    for (int64_t t0 = 0; t0 < k0; t0++) {                                          \
+                        int64_t p0 = o0 * g->s[0] + t0 * g->d[0] - g->lo[0];                       \
+                        bool in0 = p0 >= 0 && p0 < g->S[0];                                        \
+                        for (int64_t t1 = 0; t1 < k1; t1++) {                                      \
+                            int64_t p1 = o1 * g->s[1] + t1 * g->d[1] - g->lo[1];                   \
+                            bool in1 = in0 && p1 >= 0 && p1 < S1;                                  \
+                            const T *xr = xp + (p0 * S1 + p1) * S2;                                \
+                            int64_t rowoff = (p0 * S1 + p1) * S2;                                  \
+                            for (int64_t t2 = 0; t2 < k2; t2++, first = false) {                   \
+                                if (!in1) {                                                        \
+                                    continue; /* padding: the -inf set above, or beats nothing */  \
+                                }                                                                  \
+                                int64_t off2 = t2 * d2 - g->lo[2], a2, b2;                         \
+                                if (t2 < NBI_POOL_TAPS) {                                          \
+                                    a2 = pg->va[t2];                                               \
+                                    b2 = pg->vb[t2];                                               \
+                                } else {                                                           \
+                                    nbi_valid(So2, s2, off2, S2, &a2, &b2);                        \
+                                }                                                                  \
+                                a2 = a2 > ob ? a2 - ob : 0;                                        \
+                                b2 = b2 - ob < n ? b2 - ob : n;                                    \
+                                int64_t base = ob * s2 + off2;                                     \
+                                if (first) {                                                       \
+                                    for (int64_t j = a2; j < b2; j++) {                            \
+                                        best[j] = xr[base + j * s2];                               \
+                                        bi[j] = rowoff + base + j * s2;                            \
+                                    }                                                              \
+                                    continue;                                                      \
+                                }                                                                  \
+                                for (int64_t j = a2; j < b2; j++) {                                \
+                                    T v = xr[base + j * s2];                                       \
+                                    bool better =                                                  \
+                                        (v > best[j]) | ((v != v) & (best[j] == best[j]));         \
+                                    best[j] = better ? v : best[j];                                \
+                                    bi[j] = better ? rowoff + base + j * s2 : bi[j];               \
+                                }                                                                  \
+                            }                                                                      \
+                        }                                                                          \
+                    }                                                                              \
+                    for (int64_t j = 0; j < n; j++) {                                              \
+                        wr[ob + j] = bi[j];                                                        \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    /* The same from a table of every window's taps (tab[t L + o]: the offset, -1 for              \
+     * padding), taps outer over all the plane's windows: small planes (a digits CNN's 8x8)        \
+     * have windows rows too short for the row loop above to pay its setup */                      \
+    static void nbi_pool_argmax_tab_##SUF(const nbi_pgeo *pg, const T *restrict xp,                \
+                                          const int64_t *restrict tab, int64_t *restrict w) {      \
+        const int64_t L = pg->L, K = pg->g.K;                                                      \
+        /* a tap's values gathered into a row (padding -inf, which beats nothing), then            \
+         * compared with the best so far row against row: a loop the compiler vectorises */        \
+        T best[NBI_POOL_TAB_MAX_L], val[NBI_POOL_TAB_MAX_L];                                       \
+        int32_t bt[NBI_POOL_TAB_MAX_L];                                                            \
+        for (int64_t o = 0; o < L; o++) {                                                          \
+            int64_t at = tab[o];                                                                   \
+            best[o] = at >= 0 ? xp[at] : (T)-INFINITY;                                             \
+            bt[o] = 0;                                                                             \
+        }                                                                                          \
+        for (int32_t t = 1; t < (int32_t)K; t++) {                                                 \
+            const int64_t *tr = tab + t * L;                                                       \
+            for (int64_t o = 0; o < L; o++) {                                                      \
+                int64_t at = tr[o];                                                                \
+                val[o] = at >= 0 ? xp[at] : (T)-INFINITY;                                          \
+            }                                                                                      \
+            for (int64_t o = 0; o < L; o++) {                                                      \
+                T v = val[o], b = best[o];                                                         \
+                bool better = (v > b) | ((v != v) & (b == b));                                     \
+                best[o] = better ? v : b;                                                          \
+                bt[o] = better ? t : bt[o];                                                        \
+            }                                                                                      \
+        }                                                                                          \
+        for (int64_t o = 0; o < L; o++) {                                                          \
+            w[o] = tab[bt[o] * L + o];                                                             \
+        }                                                                                          \
+    }                                                                                              \
+    static void nbi_pool_find_##SUF(const nbi_pgeo *pg, const T *xp, const int64_t *tab,           \
+                                    int64_t *w) {                                                  \
+        if (tab != NULL) {                                                                         \
+            nbi_pool_argmax_tab_##SUF(pg, xp, tab, w);                                             \
+        } else {                                                                                   \
+            nbi_pool_argmax_##SUF(pg, xp, w);                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    /* planes [first, first + count) */                                                            \
+    static void nbi_pool_take_planes_##SUF(void *ud, int64_t first, int64_t count, int worker) {   \
+        const nbi_pgeo *pg = ud;                                                                   \
+        const T *x = pg->g.ka->in[0], *v = pg->g.ka->in[1];                                        \
+        T *out = pg->g.ka->out;                                                                    \
+        const T pv = (T)pg->g.ka->node->at.value;                                                  \
+        int64_t *w = nbi_pool_scratch(pg, worker), *tab = nbi_pool_table(pg, w);                   \
+        for (int64_t q = first; q < first + count; q++) {                                          \
+            nbi_pool_find_##SUF(pg, x + q * pg->P, tab, w);                                        \
+            const T *vp = v + q * pg->P;                                                           \
+            T *op = out + q * pg->L;                                                               \
+            for (int64_t o = 0; o < pg->L; o++) {                                                  \
+                op[o] = w[o] >= 0 ? vp[w[o]] : pv;                                                 \
+            }                                                                                      \
+        }                                                                                          \
+    }                                                                                              \
+    static void nbi_pool_scatter_planes_##SUF(void *ud, int64_t first, int64_t count,              \
+                                              int worker) {                                        \
+        const nbi_pgeo *pg = ud;                                                                   \
+        const T *x = pg->g.ka->in[0], *gv = pg->g.ka->in[1];                                       \
+        T *out = pg->g.ka->out;                                                                    \
+        int64_t *w = nbi_pool_scratch(pg, worker), *tab = nbi_pool_table(pg, w);                   \
+        for (int64_t q = first; q < first + count; q++) {                                          \
+            nbi_pool_find_##SUF(pg, x + q * pg->P, tab, w);                                        \
+            const T *gp = gv + q * pg->L;                                                          \
+            T *op = out + q * pg->P;                                                               \
+            memset(op, 0, (size_t)pg->P * sizeof(T));                                              \
+            for (int64_t o = 0; o < pg->L; o++) {                                                  \
+                if (w[o] >= 0) {                                                                   \
+                    op[w[o]] += gp[o];                                                             \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    }
+
+NBI_POOL_KERNELS(float, f32)
+NBI_POOL_KERNELS(double, f64)
+
+static void nbi_pgeo_make(const nb_var *node, nbi_pgeo *pg) {
+    const nb_var *x = node->in[0];
+    int nd = (int)node->at.ivalue;
+    int64_t so[NBI_CONV_ND];
+    /* the geometry was checked at trace time; recompute the window counts */
+    for (int d = 0; d < nd; d++) {
+        int64_t ek = node->at.c[d] * (node->at.a[d] - 1) + 1;
+        so[d] = (x->shape[2 + d] + node->at.b[d] + node->at.b[3 + d] - ek) / node->at.a[3 + d] + 1;
+    }
+    nbi_cgeo_make(node, x->shape + 2, so, x->shape[1], x->shape[0], &pg->g);
+    pg->planes = x->shape[0] * x->shape[1];
+    pg->P = pg->g.S[0] * pg->g.S[1] * pg->g.S[2];
+    pg->L = pg->g.So[0] * pg->g.So[1] * pg->g.So[2];
+    for (int64_t t2 = 0; t2 < pg->g.k[2] && t2 < NBI_POOL_TAPS; t2++) {
+        nbi_valid(pg->g.So[2], pg->g.s[2], t2 * pg->g.d[2] - pg->g.lo[2], pg->g.S[2], &pg->va[t2],
+                  &pg->vb[t2]);
+    }
+}
+
+/* per worker (each worker's slice this many bytes): a window-index row, and the tap table
+ * when the plane is small */
+static size_t nbi_pool_slice(const nbi_pgeo *pg) {
+    size_t n = (size_t)pg->L + (nbi_pool_use_table(pg) ? (size_t)(pg->L * pg->g.K) : 0);
+    return (n * sizeof(int64_t) + 63) / 64 * 64;
+}
+
+static size_t nbi_scratch_pool(const nb_var *node) {
+    nbi_pgeo pg;
+    nbi_pgeo_make(node, &pg);
+    return nbi_pool_slice(&pg);
+}
+
+static void nbi_k_pool(const nbi_kargs *k) {
+    const nb_var *node = k->node;
+    if (node->size == 0) {
+        return;
+    }
+    nbi_pgeo pg;
+    nbi_pgeo_make(node, &pg);
+    pg.g.ka = k;
+    bool f32 = node->dtype == NB_DTYPE_F32, take = node->op == NBI_OP_POOL_TAKE;
+    nbi_range_fn fn = take ? (f32 ? nbi_pool_take_planes_f32 : nbi_pool_take_planes_f64)
+                           : (f32 ? nbi_pool_scatter_planes_f32 : nbi_pool_scatter_planes_f64);
+    nbi_par_range(k->pool, pg.planes, nbi_conv_chunk(pg.P * pg.g.K), fn, &pg);
+}
+
+nb_var *nbi_pool_op(nbi_op op, nb_var *x, nb_var *v, int nd, const int64_t *kernel,
+                    const int64_t *stride, const int64_t *dil, const int64_t *lo, const int64_t *hi,
+                    double value) {
+    nb_var *ins[2] = {x, v};
+    bool poisoned;
+    nb_trace *tr = nbi_trace_of(2, ins, &poisoned);
+    if (tr == NULL) {
+        return NULL;
+    }
+    if (poisoned) {
+        return tr->poison;
+    }
+    nbi_attrs at;
+    nbi_conv_attrs(&at, nd, kernel, stride, dil, lo, hi);
+    at.axis = 1; /* batch first, always */
+    at.value = op == NBI_OP_POOL_TAKE ? value : 0.0;
+    return nbi_emit(tr, op, 2, ins, &at);
+}
+
+/* The other op of the pair (or the same) on (x, w), with node's geometry. */
+static nb_var *nbi_pool_again(const nb_var *node, nbi_op op, nb_var *w, double value) {
+    const nbi_attrs *a = &node->at;
+    return nbi_pool_op(op, node->in[0], w, (int)a->ivalue, a->a, a->a + 3, a->c, a->b, a->b + 3,
+                       value);
+}
+
+static void nbi_vjp_pool(nb_trace *tr, nb_var *node, nb_var *g, nb_var **in_ct) {
+    (void)tr;
+    /* x selects (no derivative); linear in the second input, each op the other's transpose */
+    in_ct[1] = nbi_pool_again(
+        node, node->op == NBI_OP_POOL_TAKE ? NBI_OP_POOL_SCATTER : NBI_OP_POOL_TAKE, g, 0.0);
+}
+
+static nb_var *nbi_jvp_pool(nb_trace *tr, nb_var *node, nb_var *const *t) {
+    (void)tr;
+    return t[1] != NULL ? nbi_pool_again(node, (nbi_op)node->op, t[1], 0.0) : NULL;
+}
+
+/* Batching: the lanes join N (an unbatched operand broadcast over them first). */
+static nb_var *nbi_vmap_pool(nb_trace *tr, nb_var *node, nb_var *const *bin, int64_t B) {
+    (void)tr;
+    nb_var *in[2];
+    for (int i = 0; i < 2; i++) {
+        const nb_var *u = node->in[i];
+        int64_t shape[NB_MAX_RANK];
+        shape[0] = B;
+        memcpy(shape + 1, u->shape, (size_t)u->rank * sizeof(int64_t));
+        nb_var *b = bin[i] != NULL
+                        ? bin[i]
+                        : nb_broadcast_to(nb_expand_dims(node->in[i], 0), u->rank + 1, shape);
+        shape[1] = B * u->shape[0];
+        in[i] = nb_reshape(b, u->rank, shape + 1);
+    }
+    const nbi_attrs *a = &node->at;
+    nb_var *y = nbi_pool_op((nbi_op)node->op, in[0], in[1], (int)a->ivalue, a->a, a->a + 3, a->c,
+                            a->b, a->b + 3, a->value);
+    if (nb_var_is_poison(y)) {
+        return y;
+    }
+    int64_t ys[NB_MAX_RANK];
+    ys[0] = B;
+    memcpy(ys + 1, node->shape, (size_t)node->rank * sizeof(int64_t));
+    return nb_reshape(y, node->rank + 1, ys);
+}
+
+const nbi_op_info nbi_opinfo_pool_take = {.name = "pool_take",
+                                          .n_in = 2,
+                                          .infer = nbi_infer_pool_take,
+                                          .kernel = nbi_k_pool,
+                                          .scratch = nbi_scratch_pool,
+                                          .nondiff = 1u,
+                                          .vjp = nbi_vjp_pool,
+                                          .jvp = nbi_jvp_pool,
+                                          .vmap = nbi_vmap_pool};
+
+const nbi_op_info nbi_opinfo_pool_scatter = {.name = "pool_scatter",
+                                             .n_in = 2,
+                                             .infer = nbi_infer_pool_scatter,
+                                             .kernel = nbi_k_pool,
+                                             .scratch = nbi_scratch_pool,
+                                             .nondiff = 1u,
+                                             .vjp = nbi_vjp_pool,
+                                             .jvp = nbi_jvp_pool,
+                                             .vmap = nbi_vmap_pool};

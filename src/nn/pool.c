@@ -7,10 +7,11 @@
  * padding of a dim whose windows do not tile it exactly) and cut into its windows by the
  * convolutions' im2col (every window a column of K = prod(kernel) elements, the padding a
  * bounds test; src/ad/op_conv.c), then reduced:
- *   - max: the element at the first maximum of the column (argmax, a NaN counting as the
- *     maximum, as reduce_window's max propagates NaN); the gradient goes to that element
- *     alone -- XLA's select_and_scatter_add with a >= selector, which JAX's max pool VJP
- *     is (take_along_axis, then col2im adds overlapping windows' gradients);
+ *   - max: the element at the first maximum of the window (a NaN counting as the maximum,
+ *     as reduce_window's max propagates NaN); the gradient goes to that element alone --
+ *     XLA's select_and_scatter_add with a >= selector, which JAX's max pool VJP is. Found
+ *     in place by the pool_take op, whose VJP pool_scatter adds each window's gradient at
+ *     its maximum (src/ad/op_conv.c), rather than through the columns;
  *   - average: the column's sum divided by prod(kernel) (padding counts, as Equinox).
  * Adaptive pooling is Equinox's _adaptive_pool1d applied along each spatial dim in turn:
  * a dim of size D pooled to t outputs is cut into D % t leading chunks of D / t + 1
@@ -243,15 +244,16 @@ static nb_var *nbi_pool_window(const nbi_nn_at *at, nb_var *x, bool is_max) {
         phi[d] = hi[ax];
         l *= so[d];
     }
-    nb_var *cols = nbi_im2col(nb_reshape(x, (int)nd + 2, xs3), (int)nd + NBI_CONV_BATCH_FIRST, ks3,
-                              stride, ones, plo, phi, is_max ? -INFINITY : 0.0);
-    cols = nb_reshape(cols, 3, (const int64_t[]){m, k, l});
-    nb_var *y;
+    nb_var *x3 = nb_reshape(x, (int)nd + 2, xs3), *y;
     if (is_max) {
         /* the first maximum of each window (a NaN counts as the maximum): its element is the
-         * value, and the gradient goes to it alone */
-        y = nb_take_along_axis(cols, nb_argmax(cols, 1, true), 1);
+         * value, and the gradient goes to it alone -- found in place (pool_take, whose VJP
+         * is pool_scatter), the same values as the columns' argmax and take */
+        y = nbi_pool_op(NBI_OP_POOL_TAKE, x3, x3, (int)nd, ks3, stride, ones, plo, phi, -INFINITY);
     } else {
+        nb_var *cols =
+            nbi_im2col(x3, (int)nd + NBI_CONV_BATCH_FIRST, ks3, stride, ones, plo, phi, 0.0);
+        cols = nb_reshape(cols, 3, (const int64_t[]){m, k, l});
         y = nb_div(nb_sum(cols, (const int[]){1}, 1, false), nb_scalar(tr, (double)k));
     }
     int64_t oshape[NB_MAX_RANK];

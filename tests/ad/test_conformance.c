@@ -993,6 +993,90 @@ static void r_col2im(const rarr *in, int n, rarr *out, const tcase *c) {
     }
 }
 
+/* pool_take / pool_scatter (op_conv.c): im2col's parameters (batch first, x [N, C, S..]);
+ * dp = pool_take's value at a padding maximum. */
+static nb_var *b_pool_take(nb_trace *tr, nb_var *const *in, const tcase *c) {
+    (void)tr;
+    return nbi_pool_op(NBI_OP_POOL_TAKE, in[0], in[1], c->ip[0], c->lp[0], c->lp[0] + 3, c->lp[2],
+                       c->lp[1], c->lp[1] + 3, c->dp);
+}
+static nb_var *b_pool_scatter(nb_trace *tr, nb_var *const *in, const tcase *c) {
+    (void)tr;
+    return nbi_pool_op(NBI_OP_POOL_SCATTER, in[0], in[1], c->ip[0], c->lp[0], c->lp[0] + 3,
+                       c->lp[2], c->lp[1], c->lp[1] + 3, 0.0);
+}
+/* The flat offset in x [N, C, S..] of window (n, c, o..)'s first maximum (taps in row-major
+ * order, padding -inf, a NaN beating a number), or -1 for a padding position; so: the
+ * windows per spatial dim. */
+static int64_t pool_src(const tcase *c, const rarr *x, const int64_t *idx) {
+    int nd = c->ip[0];
+    int64_t k = 1, best_at = -1;
+    double best = 0;
+    for (int d = 0; d < nd; d++) {
+        k *= c->lp[0][d];
+    }
+    for (int64_t t = 0; t < k; t++) {
+        int64_t tap[3], rem = t, off = idx[0] * x->shape[1] + idx[1];
+        for (int d = nd - 1; d >= 0; d--) {
+            tap[d] = rem % c->lp[0][d];
+            rem /= c->lp[0][d];
+        }
+        bool in = true;
+        for (int d = 0; d < nd; d++) {
+            int64_t i = idx[2 + d] * c->lp[0][3 + d] + tap[d] * c->lp[2][d] - c->lp[1][d];
+            in = in && i >= 0 && i < x->shape[2 + d];
+            off = off * x->shape[2 + d] + i;
+        }
+        double v = in ? x->v[off] : -INFINITY;
+        if (t == 0 || v > best || (isnan(v) && !isnan(best))) {
+            best = v;
+            best_at = in ? off : -1;
+        }
+    }
+    return best_at;
+}
+static void pool_windows(const tcase *c, const rarr *x, rarr *w) {
+    int nd = c->ip[0];
+    w->rank = nd + 2;
+    w->shape[0] = x->shape[0];
+    w->shape[1] = x->shape[1];
+    for (int d = 0; d < nd; d++) {
+        int64_t ek = c->lp[2][d] * (c->lp[0][d] - 1) + 1;
+        w->shape[2 + d] =
+            (x->shape[2 + d] + c->lp[1][d] + c->lp[1][3 + d] - ek) / c->lp[0][3 + d] + 1;
+    }
+    w->n = shape_n(w->rank, w->shape);
+}
+static void r_pool_take(const rarr *in, int n, rarr *out, const tcase *c) {
+    (void)n;
+    pool_windows(c, &in[0], out);
+    int64_t idx[NB_MAX_RANK];
+    for (int64_t o = 0; o < out->n; o++) {
+        unravel(o, out->rank, out->shape, idx);
+        int64_t s = pool_src(c, &in[0], idx);
+        out->v[o] = s < 0 ? cast_ref(c->dp, in[0].dt) : in[1].v[s];
+    }
+}
+static void r_pool_scatter(const rarr *in, int n, rarr *out, const tcase *c) {
+    (void)n;
+    rarr w;
+    pool_windows(c, &in[0], &w);
+    out->rank = in[0].rank;
+    memcpy(out->shape, in[0].shape, sizeof out->shape);
+    out->n = in[0].n;
+    for (int64_t o = 0; o < out->n; o++) {
+        out->v[o] = 0;
+    }
+    int64_t idx[NB_MAX_RANK];
+    for (int64_t o = 0; o < w.n; o++) { /* windows in order, each add rounded to the dtype */
+        unravel(o, w.rank, w.shape, idx);
+        int64_t s = pool_src(c, &in[0], idx);
+        if (s >= 0) {
+            out->v[s] = cast_ref(out->v[s] + in[1].v[o], in[1].dt);
+        }
+    }
+}
+
 /* take / take_along_axis: negative indices count back, then clamp (documented choice). */
 static int64_t fix_index(double v, int64_t len) {
     int64_t i = (int64_t)v;
@@ -1499,6 +1583,31 @@ static void build_specs(void) {
                     }
                     snprintf(c->label, sizeof c->label, "%s %s %dd #%zu", op ? "col2im" : "im2col",
                              nb_dtype_name(d), nd, s);
+                }
+                /* pool_take and pool_scatter over the same windows (x read as [N, C, S..]):
+                 * the scatter's overlapping windows add in window order, each add rounded */
+                for (int op = 0; op < 2; op++) {
+                    c = add_case(op ? NBI_OP_POOL_SCATTER : NBI_OP_POOL_TAKE, 2,
+                                 op ? b_pool_scatter : b_pool_take,
+                                 op ? r_pool_scatter : r_pool_take, TOL_EXACT, 0);
+                    int nd = IC[s].nd;
+                    c->ip[0] = nd;
+                    int64_t ws[5] = {IC[s].x[0], IC[s].x[1]};
+                    for (int q = 0; q < nd; q++) {
+                        c->lp[0][q] = IC[s].k[q];
+                        c->lp[0][3 + q] = IC[s].s[q];
+                        c->lp[1][q] = IC[s].lo[q];
+                        c->lp[1][3 + q] = IC[s].hi[q];
+                        c->lp[2][q] = IC[s].dl[q];
+                        int64_t ek = IC[s].dl[q] * (IC[s].k[q] - 1) + 1;
+                        ws[2 + q] =
+                            (IC[s].x[2 + q] + IC[s].lo[q] + IC[s].hi[q] - ek) / IC[s].s[q] + 1;
+                    }
+                    c->dp = op ? 0.0 : -3.5;
+                    set_in(c, 0, d, DOM_ANY, nd + 2, IC[s].x);
+                    set_in(c, 1, d, DOM_ANY, nd + 2, op ? ws : IC[s].x);
+                    snprintf(c->label, sizeof c->label, "%s %s %dd #%zu",
+                             op ? "pool_scatter" : "pool_take", nb_dtype_name(d), nd, s);
                 }
             }
         }

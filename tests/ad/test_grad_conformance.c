@@ -301,6 +301,17 @@ static nb_var *b_col2im(nb_trace *tr, nb_var *const *in, const gcase *c) {
     return nbi_col2im(in[0], c->ip[0], c->lp[0], c->lp[0] + 3, c->lp[2], c->lp[1], c->lp[1] + 3,
                       c->lp[2] + 3);
 }
+/* pool_take / pool_scatter: im2col's parameters, batch first; x (input 0) selects */
+static nb_var *b_pool_take(nb_trace *tr, nb_var *const *in, const gcase *c) {
+    (void)tr;
+    return nbi_pool_op(NBI_OP_POOL_TAKE, in[0], in[1], c->ip[0], c->lp[0], c->lp[0] + 3, c->lp[2],
+                       c->lp[1], c->lp[1] + 3, c->dp);
+}
+static nb_var *b_pool_scatter(nb_trace *tr, nb_var *const *in, const gcase *c) {
+    (void)tr;
+    return nbi_pool_op(NBI_OP_POOL_SCATTER, in[0], in[1], c->ip[0], c->lp[0], c->lp[0] + 3,
+                       c->lp[2], c->lp[1], c->lp[1] + 3, 0.0);
+}
 static nb_var *b_take(nb_trace *tr, nb_var *const *in, const gcase *c) {
     (void)tr;
     return nb_take(in[0], in[1], c->ip[0]);
@@ -779,6 +790,24 @@ static void spec_shapes(void) {
             set_in(c, 0, F, DOM_ANY, 5, (int64_t[]){2, 6, 3, 3, 4});
         }
         snprintf(c->label, sizeof c->label, "%s 2d", op ? "col2im" : "im2col");
+    }
+    /* pool_take / pool_scatter: linear in input 1, each the other's transpose (x [2, 3, 5, 6]
+     * read as [N, C, S..], windows [3, 4]); x selects and gets no gradient */
+    for (int op = 0; op < 2; op++) {
+        c = add_case(op ? NBI_OP_POOL_SCATTER : NBI_OP_POOL_TAKE, NULL, 2,
+                     op ? b_pool_scatter : b_pool_take);
+        c->ip[0] = 2;
+        memcpy(c->lp[0], (int64_t[]){2, 3, 0, 2, 1}, 5 * sizeof(int64_t));
+        memcpy(c->lp[1], (int64_t[]){1, 0, 0, 1, 2}, 5 * sizeof(int64_t));
+        memcpy(c->lp[2], (int64_t[]){1, 2}, 2 * sizeof(int64_t));
+        c->dp = op ? 0.0 : -1.5;
+        set_in(c, 0, F, DOM_ANY, 4, (int64_t[]){2, 3, 5, 6});
+        if (op == 0) {
+            set_in(c, 1, F, DOM_ANY, 4, (int64_t[]){2, 3, 5, 6});
+        } else {
+            set_in(c, 1, F, DOM_ANY, 4, (int64_t[]){2, 3, 3, 4});
+        }
+        snprintf(c->label, sizeof c->label, "%s 2d", op ? "pool_scatter" : "pool_take");
     }
     for (size_t s = 0; s < sizeof PD / sizeof PD[0]; s++) {
         c = add_case(NBI_OP_PAD, NULL, 1, b_pad);
