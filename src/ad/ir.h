@@ -13,6 +13,8 @@
 #include <nabla/fn.h>
 #include <nabla/trace.h>
 
+#include <string.h>
+
 /* ---- arenas ------------------------------------------------------------------------- */
 typedef struct nbi_arena_chunk nbi_arena_chunk;
 typedef struct nbi_arena_ref nbi_arena_ref;
@@ -164,6 +166,14 @@ typedef struct nbi_op_info {
  * op's later inputs -- a loop's 33rd carry leaf -- are differentiable.) */
 static inline bool nbi_input_nondiff(const nbi_op_info *info, int32_t j) {
     return j < 32 && ((info->nondiff >> j) & 1u) != 0;
+}
+
+/* Is v a full whose every element is all-zero bits (0, +0.0, false)? A loop's carry that
+ * starts so is cleared rather than copied from the full's buffer. */
+static inline bool nbi_is_zero_fill(const nb_var *v) {
+    uint64_t bits = 0;
+    memcpy(&bits, &v->at.value, sizeof bits);
+    return v->op == NBI_OP_FULL && bits == 0;
 }
 
 /* The registry: one entry per op, defined by the op's family file as nbi_opinfo_<name>. */

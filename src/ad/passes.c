@@ -260,6 +260,52 @@ static nb_status nbi_const_data(nb_ctx *ctx, nbi_arena *arena, nb_var *v, const 
     return NB_OK;
 }
 
+/* Are all of a's elements the same bits, a value a full of a's dtype makes exactly (the
+ * double *value converts back to those bits)? One element: no (a constant stays). */
+static bool nbi_fold_uniform(const nb_array *a, double *value) {
+    int64_t n = nb_array_size(a);
+    size_t es = nb_dtype_size(nb_array_dtype(a));
+    const unsigned char *d = nb_array_data(a);
+    if (n < 2 || es == 0) {
+        return false;
+    }
+    for (int64_t i = 1; i < n; i++) {
+        if (memcmp(d, d + (size_t)i * es, es) != 0) {
+            return false;
+        }
+    }
+    double x = 0;
+    if (nb_array_get_flat(a, 0, &x) != NB_OK) {
+        return false;
+    }
+    unsigned char back[16] = {0};
+    nb_dtype dt = nb_array_dtype(a);
+    if (dt == NB_DTYPE_F32) {
+        float f = (float)x;
+        memcpy(back, &f, sizeof f);
+    } else if (dt == NB_DTYPE_F64) {
+        memcpy(back, &x, sizeof x);
+    } else if (dt == NB_DTYPE_I32) {
+        int32_t q = (int32_t)x;
+        memcpy(back, &q, sizeof q);
+    } else if (dt == NB_DTYPE_I64) {
+        if (!(fabs(x) < 9007199254740992.0)) {
+            return false; /* beyond 2^53 a double cannot hold every i64 */
+        }
+        int64_t q = (int64_t)x;
+        memcpy(back, &q, sizeof q);
+    } else if (dt == NB_DTYPE_BOOL) {
+        back[0] = x != 0;
+    } else {
+        return false;
+    }
+    if (es > sizeof back || memcmp(back, d, es) != 0) {
+        return false;
+    }
+    *value = x;
+    return true;
+}
+
 nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
     nb_var **map = NULL;
     nb_status st = nbi_pass_begin(ctx, in, out, &map, "fold");
@@ -331,6 +377,19 @@ nb_status nbi_pass_fold(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
         proto.size = v->size;
         proto.at.array = res;
         proto.flags = v->flags & NBI_NODE_WEAK;
+        double uv = 0;
+        if (nbi_fold_uniform(res, &uv)) {
+            /* every element the same bits: a full of that value, which the algebra sees (a
+             * gradient's ones times x is x) and which takes no stored array */
+            proto.op = NBI_OP_FULL;
+            proto.at.array = NULL;
+            proto.at.value = uv;
+            proto.at.to = v->dtype; /* a full's dtype and shape are its attributes */
+            proto.at.n_axes = v->rank;
+            for (int d = 0; d < v->rank; d++) {
+                proto.at.a[d] = v->shape[d];
+            }
+        }
         map[i] = nbi_graph_add(out, &proto);
         if (map[i] == NULL) {
             return nbi_err(ctx, NB_ERR_OOM, "fold: out of memory");

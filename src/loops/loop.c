@@ -102,7 +102,9 @@ static void nbi_k_while(const nbi_kargs *k) {
     for (int64_t i = 0; i < ncar; i++) {
         const nb_var *o = nbi_exec_output(body, (int32_t)i);
         size_t bytes = (size_t)o->size * nbi_dsize(o->dtype);
-        if (bytes > 0) {
+        if (bytes > 0 && nbi_is_zero_fill(n->in[nc + nb + i])) {
+            memset(w + off, 0, bytes); /* a tape, a scan's outputs, an accumulator */
+        } else if (bytes > 0) {
             memcpy(w + off, k->in[nc + nb + i], bytes);
         }
         cond_in[nc + i] = w + off;

@@ -1005,6 +1005,55 @@ static void test_compile_time_linear(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* Constant folding makes a full of a result whose every element is the same bits (any size),
+ * which the algebra then sees: (0.5 * 2) * x is x, x + -(0) is x; a full output keeps its
+ * bits (-0.0); a folded result of different elements stays a constant. */
+static nb_status body_uniform(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]");
+    const int64_t sh[2] = {64, 32};
+    nb_var *one =
+        nb_mul(nb_full(tr, NB_DTYPE_F32, 2, sh, 0.5), nb_full(tr, NB_DTYPE_F32, 2, sh, 2.0));
+    nb_var *mzero = nb_neg(nb_full(tr, NB_DTYPE_F32, 2, sh, 0.0));
+    nb_var *ramp = nb_mul(nb_iota(tr, NB_DTYPE_F32, 2, sh, 1), nb_scalar(tr, 2.0));
+    nb_var *y = nb_add(nb_mul(one, x), mzero);
+    return nb_tree_tuple(nb_trace_ctx(tr), 3,
+                         (nb_tree *[]){nb_leaf(y), nb_leaf(mzero), nb_leaf(ramp)}, out);
+}
+
+static void test_fold_uniform(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    uint64_t seed = 5;
+    nb_tree *x = rand_leaf(ctx, NB_DTYPE_F32, 2, (int64_t[]){64, 32}, &seed);
+    nb_tree *args = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 1, &x, &args));
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "uniform", body_uniform, NULL, &f));
+    static char ir[1 << 14];
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+    NBT_TRUE(strstr(ir, " mul ") == NULL && strstr(ir, " add ") == NULL); /* y is x itself */
+    NBT_TRUE(strstr(ir, "full {") != NULL);     /* -(0) over [64, 32]: a full */
+    NBT_TRUE(strstr(ir, "= constant") != NULL); /* the ramp: a constant */
+    nb_tree *r = NULL;
+    NBT_OK(ctx, nb_fn_call(f, args, &r));
+    const nb_array *xa = nb_tree_get_array(x), *ya = nb_tree_get_array(nb_tree_child(r, 0));
+    NBT_TRUE(memcmp(nb_array_data(xa), nb_array_data(ya), nb_array_nbytes(xa)) == 0);
+    const float *mz = nb_array_data(nb_tree_get_array(nb_tree_child(r, 1)));
+    const float *ramp = nb_array_data(nb_tree_get_array(nb_tree_child(r, 2)));
+    for (int i = 0; i < 64 * 32; i++) {
+        NBT_TRUE(mz[i] == 0.0f && signbit(mz[i]));
+        NBT_TRUE(ramp[i] == (float)(2 * (i % 32)));
+    }
+    nb_tree_destroy(r);
+    nb_fn_destroy(f);
+    nb_tree_destroy(args);
+    nb_tree_destroy(x);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transpose_into_matmul),
@@ -1017,6 +1066,7 @@ int main(void) {
         cmocka_unit_test(test_fusion_many_inputs),
         cmocka_unit_test(test_fusion_multi_output),
         cmocka_unit_test(test_compile_time_linear),
+        cmocka_unit_test(test_fold_uniform),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
