@@ -91,9 +91,9 @@
  * (2.89 bits per character; the text's bigram entropy is 3.54 bits), Adam (1e-2) ~160-180 steps;
  * noisy_quadratic 260 (the start ~518, the minimum ~248 = 0.5 tr H less the sample's spread; Adam's
  * noise floor at lr 0.1 ~255), Adam (0.1) ~50 steps; lotka_volterra_mb 3e-3 (sigma^2 = 2.5e-3),
- * Adam (0.1) ~140 steps. Per step (bench_suite, session 21, a quiet machine): ~0.004 ms
- * (logreg_mb), ~0.024 ms (mlp_mb), ~0.17 ms (cnn_mb), ~0.047 ms (noisy_quadratic), ~0.1 ms
- * (lotka_volterra_mb), ~2.2 ms (char_gru: nb_scan over 16 characters).
+ * Adam (0.1) ~140 steps. Per step (bench_suite, session 22): ~0.004 ms (logreg_mb), ~0.024 ms
+ * (mlp_mb), ~0.1 ms (cnn_mb; 0.17 before session 22's max pool), ~0.047 ms (noisy_quadratic),
+ * ~0.1 ms (lotka_volterra_mb), ~2.1 ms (char_gru: nb_scan over 16 characters).
  */
 #include "bench_problems.h"
 
