@@ -749,8 +749,8 @@ static nb_status nbi_infer_pool_scatter(nb_trace *tr, nb_var *p) {
                         for (int64_t t1 = 0; t1 < k1; t1++) {                                      \
                             int64_t p1 = o1 * g->s[1] + t1 * g->d[1] - g->lo[1];                   \
                             bool in1 = in0 && p1 >= 0 && p1 < S1;                                  \
-                            const T *xr = xp + (p0 * S1 + p1) * S2;                                \
-                            int64_t rowoff = (p0 * S1 + p1) * S2;                                  \
+                            int64_t rowoff = in1 ? (p0 * S1 + p1) * S2 : 0;                        \
+                            const T *xr = xp + rowoff; /* read only when in1 */                    \
                             for (int64_t t2 = 0; t2 < k2; t2++, first = false) {                   \
                                 if (!in1) {                                                        \
                                     continue; /* padding: the -inf set above, or beats nothing */  \
