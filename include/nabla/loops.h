@@ -30,15 +30,16 @@
  *
  * Reverse mode through a bounded loop runs the loop again writing every step's carry on a
  * tape of max_steps rows, then a reverse loop that retraces the body on each taped carry and
- * differentiates it in place: the gradients are those of the unrolled loop, bit for bit, and
- * reach the carry's initial value and every var the body closes over (the cond's lifted
- * values get none: a bool has no derivative). Forward mode (jvp) through a loop of any kind
- * runs one loop over (carry, tangent) whose body is the body's jvp, also bit for bit the
- * unrolled loop's. Checkpointed reversal follows Griewank-Walther revolve when the trip
- * count is known (fori, scan) and an online schedule for while loops (src/loops/checkpoint.h),
- * with the same gradient bits as the bounded reversal. cond and switch differentiate in
- * both modes (their branches run as one-step bounded loops). Second derivatives through
- * loops (reverse of reverse) are not supported.
+ * differentiates it in place: the gradients are those of the unrolled loop, bit for bit
+ * (except where a row-sum rewrite of docs/semantics.md section 9 applies on one side only:
+ * a value broadcast once outside the loop whose cotangent the loop gathers), and reach the carry's
+ * initial value and every var the body closes over (the cond's lifted values get none: a bool has
+ * no derivative). Forward mode (jvp) through a loop of any kind runs one loop over (carry, tangent)
+ * whose body is the body's jvp, also bit for bit the unrolled loop's. Checkpointed reversal follows
+ * Griewank-Walther revolve when the trip count is known (fori, scan) and an online schedule for
+ * while loops (src/loops/checkpoint.h), with the same gradient bits as the bounded reversal. cond
+ * and switch differentiate in both modes (their branches run as one-step bounded loops). Second
+ * derivatives through loops (reverse of reverse) are not supported.
  *
  * Errors follow the trace's sticky rule (nabla/trace.h): a body whose output does not have
  * the carry's structure, dtypes and shapes is NB_ERR_STRUCTURE naming the first differing
