@@ -1888,6 +1888,34 @@ static nb_status nbl_step_vjp(nb_trace *tr, const nb_tree *self, const nb_tree *
     return NB_OK;
 }
 
+/* acc + g, a bounded reverse sweep's accumulation of one step's cotangent g of the body's
+ * bound data into acc, whose initial value is +0s (nbl_zeros_tuple). A sum is -0 only when
+ * both terms are, so acc never holds a -0, and adding +0 to any other value leaves its bits.
+ * Hence, with the same bits as the sum:
+ *   - g a full of zeros (a bound leaf the body does not differentiate: another layer's
+ *     weights closed over with the model): acc unchanged, not a pass over acc per step;
+ *   - g = dynamic_update_slice(zeros, u, starts) (a scan's input row: the transpose of the
+ *     body's dynamic_slice of xs): only the block is added, in place --
+ *     dynamic_update_slice(acc, dynamic_slice(acc, starts) + u, starts), where the sum
+ *     touched all of xs every step (O(T^2) for T steps). Both clamp the block alike. */
+static nb_var *nbl_accumulate(nb_var *acc, nb_var *g) {
+    if (g == NULL || nbi_is_zero_fill(g)) {
+        return acc;
+    }
+    if (g->op == NBI_OP_DYN_UPDATE && !nbi_dyn_lanes(g) && nbi_is_zero_fill(g->in[0]) &&
+        g->dtype == acc->dtype && g->n_in >= 2 && g->n_in - 2 == acc->rank &&
+        g->in[1]->dtype == acc->dtype) {
+        nb_var *u = g->in[1];
+        nb_var *st[NB_MAX_RANK];
+        for (int d = 0; d < acc->rank; d++) {
+            st[d] = g->in[2 + d];
+        }
+        nb_var *blk = nb_dynamic_slice(acc, st, u->shape);
+        return nb_dynamic_update_slice(acc, nb_add(blk, u), st);
+    }
+    return nb_add(acc, g);
+}
+
 /* reverse body: self = dict(fn, self, tapes, carry (a tree of the carry's structure));
  * args = (k, ct_c, ct_self) -> (k - 1, ct of c_k, ct_self + ct of self at step k). */
 static nb_status nbl_rev_body(nb_trace *tr, const nb_tree *self, const nb_tree *args,
@@ -1932,7 +1960,7 @@ static nb_status nbl_rev_body(nb_trace *tr, const nb_tree *self, const nb_tree *
     }
     nb_var **nacc_v = nbi_arena_alloc(&tr->arena, (size_t)(ns + 1) * sizeof(nb_var *));
     for (int64_t j = 0; nacc_v != NULL && j < ns; j++) {
-        nacc_v[j] = nbi_is_float_var(acc[j]) ? nb_add(acc[j], cself[j]) : acc[j];
+        nacc_v[j] = nbi_is_float_var(acc[j]) ? nbl_accumulate(acc[j], cself[j]) : acc[j];
     }
     const nb_tree *t1 = nbl_tree_like(tr, ct_c, cprev, nct);
     const nb_tree *t2 = nacc_v ? nbl_tree_like(tr, ct_s, nacc_v, ns) : NULL;

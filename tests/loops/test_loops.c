@@ -1476,6 +1476,181 @@ static void test_scan_buffers(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* A bounded scan's reverse sweep accumulates its bound data's cotangents: a scan input's
+ * row a step is added into its block alone (not a pass over all of xs every step), and a
+ * bound leaf the body does not differentiate (u, closed over with w) is no pass at all.
+ * self = {unrolled}; args = ({w, u, c0, xs}) -> sum(c_T * c_T) + sum(ys) + sum(u * u) */
+#define SA_N 3
+#define SA_T 12
+#define SA_U 5
+
+static nb_status sa_body(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_var *c = nb_get(tr, args, "[0]"), *x = nb_get(tr, args, "[1]");
+    nb_var *c2 = nb_tanh(nb_add(nb_matmul(nb_get(tr, self, "w"), c), nb_mul(x, x)));
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(c2), nb_leaf(nb_sin(c))}, out);
+}
+
+static nb_status sa_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    bool unrolled = false;
+    nb_tree_get_bool(nb_tree_get(self, "unrolled"), &unrolled);
+    const nb_tree *p = nb_tree_child(args, 0);
+    nb_tree *bself = NULL;
+    nb_fn *body = NULL;
+    nb_status st = nb_tree_dict(
+        nb_trace_ctx(tr), 2, (const char *[]){"w", "u"},
+        (nb_tree *[]){(nb_tree *)nb_tree_get(p, "w"), (nb_tree *)nb_tree_get(p, "u")}, &bself);
+    if (st == NB_OK) {
+        st = nb_fn_create(nb_trace_ctx(tr), "sa_body", sa_body, bself, &body);
+    }
+    nb_tree_destroy(bself);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_var *xs = nb_get(tr, p, "xs"), *u = nb_get(tr, p, "u");
+    nb_var *cT = NULL, *ys_sum = NULL;
+    if (unrolled) { /* the same steps traced one after another */
+        nb_var *c = nb_get(tr, p, "c0");
+        for (int t = 0; t < SA_T && c != NULL; t++) {
+            nb_var *starts[2] = {nb_scalar_typed(tr, NB_DTYPE_I32, t),
+                                 nb_scalar_typed(tr, NB_DTYPE_I32, 0)};
+            nb_var *x = nb_reshape(nb_dynamic_slice(xs, starts, (int64_t[]){1, SA_N}), 1,
+                                   (int64_t[]){SA_N});
+            nb_tree *a = NULL;
+            if (nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(c), nb_leaf(x)}, &a) !=
+                NB_OK) {
+                break;
+            }
+            const nb_tree *r = nb_apply(tr, body, a);
+            nb_tree_destroy(a);
+            if (r == NULL) {
+                break;
+            }
+            c = nb_var_of(tr, nb_tree_child(r, 0));
+            nb_var *y = nb_sum(nb_var_of(tr, nb_tree_child(r, 1)), NULL, 0, false);
+            ys_sum = ys_sum != NULL ? nb_add(ys_sum, y) : y;
+        }
+        cT = c;
+    } else {
+        nb_loop_opts o = nb_loop_opts_default();
+        o.kind = NB_LOOP_BOUNDED;
+        o.max_steps = SA_T;
+        const nb_tree *r = nb_scan(tr, body, nb_tree_get(p, "c0"), nb_leaf(xs), SA_T, &o);
+        if (r != NULL) {
+            cT = nb_var_of(tr, nb_tree_child(r, 0));
+            /* ys [T, N]: rows summed in step order, as the unrolled sum adds them */
+            nb_var *ys = nb_var_of(tr, nb_tree_child(r, 1));
+            nb_var *rows = nb_sum(ys, (int[]){1}, 1, false);
+            for (int t = 0; t < SA_T; t++) {
+                nb_var *y =
+                    nb_reshape(nb_slice(rows, (int64_t[]){t}, (int64_t[]){t + 1}, NULL), 0, NULL);
+                ys_sum = ys_sum != NULL ? nb_add(ys_sum, y) : y;
+            }
+        }
+    }
+    nb_fn_destroy(body);
+    if (cT == NULL || ys_sum == NULL) {
+        return nb_trace_status(tr);
+    }
+    nb_var *l = nb_add(nb_add(nb_sum(nb_mul(cT, cT), NULL, 0, false), ys_sum),
+                       nb_sum(nb_mul(u, u), NULL, 0, false));
+    return nb_return(l, out);
+}
+
+/* Lines of f's native C source for args inside the functions (nbx_f<k>, loop bodies and
+ * their kind; the program's own nbx_run and the workers before the first function not
+ * counted) that contain pat. */
+static int sa_count_in_fns(nb_ctx *ctx, nb_fn *f, const nb_tree *args, const char *pat) {
+    size_t need = 0;
+    (void)nb_fn_format_ir(f, args, NB_IR_NATIVE_C, NULL, 0, &need); /* NB_ERR_TRUNCATED */
+    char *src = malloc(need + 1);
+    assert_non_null(src);
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_NATIVE_C, src, need + 1, NULL));
+    int n = 0;
+    bool in_fn = false;
+    for (char *p = src, *e = NULL; p != NULL; p = e != NULL ? e + 1 : NULL) {
+        e = strchr(p, '\n');
+        if (e != NULL) {
+            *e = '\0';
+        }
+        if (strncmp(p, "static void nbx_f", 17) == 0 && strchr(p, ';') == NULL) {
+            in_fn = true;
+        } else if (in_fn && strstr(p, pat) != NULL) {
+            n++;
+        }
+    }
+    free(src);
+    return n;
+}
+
+static void test_scan_accumulate(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    double w[SA_N * SA_N], u[SA_U], c0[SA_N], xs[SA_T * SA_N];
+    for (int i = 0; i < SA_N * SA_N; i++) {
+        w[i] = 0.7 * sin(0.53 * i + 0.1);
+    }
+    for (int i = 0; i < SA_U; i++) {
+        u[i] = 0.3 * i - 0.5;
+    }
+    for (int i = 0; i < SA_N; i++) {
+        c0[i] = 0.4 * cos(1.7 * i);
+    }
+    for (int i = 0; i < SA_T * SA_N; i++) {
+        xs[i] = 0.8 * sin(0.29 * i + 0.3);
+    }
+    xs[4] = -0.0; /* a row element whose cotangent 2 x g is -0 */
+    nb_array *wa = NULL, *xa = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 2, (int64_t[]){SA_N, SA_N}, w, &wa));
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F64, 2, (int64_t[]){SA_T, SA_N}, xs, &xa));
+    nb_tree *lw = leaf_of(wa), *lu = vec_f64(ctx, SA_U, u), *lc = vec_f64(ctx, SA_N, c0);
+    nb_tree *lx = leaf_of(xa), *p = NULL;
+    NBT_OK(ctx, nb_tree_dict(ctx, 4, (const char *[]){"w", "u", "c0", "xs"},
+                             (nb_tree *[]){lw, lu, lc, lx}, &p));
+    nb_tree_destroy(lw);
+    nb_tree_destroy(lu);
+    nb_tree_destroy(lc);
+    nb_tree_destroy(lx);
+    nb_tree *args = nbt_tuple_take(ctx, 1, (nb_tree *[]){p});
+    nb_tree *g[2] = {NULL, NULL};
+    int xs_adds = -1, u_adds = -1;
+    for (int q = 0; q < 2; q++) {
+        nb_tree *fl = NULL, *self = NULL;
+        nb_fn *f = NULL, *gf = NULL;
+        NBT_OK(ctx, nb_tree_bool(ctx, q == 1, &fl));
+        NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"unrolled"}, &fl, &self));
+        NBT_OK(ctx, nb_fn_create(ctx, "sa_loss", sa_loss, self, &f));
+        NBT_OK(ctx, nb_grad(f, NULL, &gf));
+        NBT_OK(ctx, nb_fn_call(gf, args, &g[q]));
+        if (q == 0) { /* the loop bodies' adds over all of xs, over all of u */
+            xs_adds = sa_count_in_fns(ctx, gf, args, "= add: f64[12,3] */");
+            u_adds = sa_count_in_fns(ctx, gf, args, "= add: f64[5] */");
+        }
+        nb_fn_destroy(gf);
+        nb_fn_destroy(f);
+        nb_tree_destroy(self);
+        nb_tree_destroy(fl);
+    }
+    bool eq = false;
+    NBT_OK(ctx, nb_tree_equal(g[0], g[1], &eq));
+    printf("scan of %d steps: the bounded gradient %s the unrolled one; adds over all of xs "
+           "in the loop bodies: %d, over all of u: %d\n",
+           SA_T, eq ? "bit-identical to" : "DIFFERS from", xs_adds, u_adds);
+    assert_true(eq);
+    NBT_EQ_I64(xs_adds, 0); /* 2 (the body's two functions) when a step adds a padded row */
+    NBT_EQ_I64(u_adds, 0);  /* 2 when every step adds u's zero cotangent */
+    const double *gx = nb_array_data(nb_tree_get_array(nb_tree_get(g[0], "xs")));
+    const double *gu = nb_array_data(nb_tree_get_array(nb_tree_get(g[0], "u")));
+    for (int i = 0; i < SA_U; i++) {
+        NBT_EQ_I64(gu[i] == 2.0 * u[i], 1); /* only the outside use: 2u, exactly */
+    }
+    NBT_EQ_I64(signbit(gx[4]) == 0 && gx[4] == 0.0, 1); /* +0, as the sum of zeros gives */
+    nb_tree_destroy(g[0]);
+    nb_tree_destroy(g[1]);
+    nb_tree_destroy(args);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* user buffers through nb_loop_opts.buffers: fori over (x, out) writing out[i] = x */
 #define UB_STEPS 40
 
@@ -1985,6 +2160,7 @@ int main(void) {
         cmocka_unit_test(test_max_steps_below_trip_count),
         cmocka_unit_test(test_scan_length_zero),
         cmocka_unit_test(test_scan_buffers),
+        cmocka_unit_test(test_scan_accumulate),
         cmocka_unit_test(test_user_buffers),
         cmocka_unit_test(test_cond_reverse_and_limits),
         cmocka_unit_test(test_no_allocation_per_step),
