@@ -96,9 +96,11 @@ NBI_HIDDEN void nbi_native_sha256(const void *data, size_t len, uint8_t out[32])
 /* ---- configuration (environment, read once per process; tests may reset) --------------- */
 /* NABLA_CC: the compiler, one program (a path, or a name looked up in PATH; default: cc,
  *   then gcc, then clang). Flags are fixed: -O2 -fPIC -shared -ffp-contract=off
- *   -fno-math-errno -fno-strict-aliasing -march=native -w (no fast-math: the same bits as
- *   the interpreter; -march=native is safe for values since nothing is contracted or
- *   reassociated, and the key holds the CPU). It runs without a shell, stdin /dev/null, in
+ *   -fno-math-errno -fno-strict-aliasing -march=native -fno-tree-slp-vectorize -w (no
+ *   fast-math: the same bits as the interpreter; -march=native is safe for values since
+ *   nothing is contracted or reassociated -- the basic-block vectoriser off, as gcc 12's
+ *   made a fused multiply-add of a b - c beside d e + f regardless -- and the key holds
+ *   the CPU). It runs without a shell, stdin /dev/null, in
  *   its own process group, with TMPDIR set to its private work directory. A compiler whose
  *   --version fails is not used (the reason is kept until a reset).
  * NABLA_NATIVE_CACHE: the cache directory (a relative path is taken from the working

@@ -158,6 +158,56 @@ static void test_now_same_bits(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- no fused multiply-add: each product rounded, then the sum, as the interpreter ----- */
+
+/* args: (x f64[5]) -> [b c - a, d + b e], one fused program storing one of the two values:
+ * gcc 12's basic-block vectoriser made one vfmaddsub of the pair (its a - and a + lane)
+ * despite -ffp-contract=off */
+static nb_status body_fmas(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]"), *v[5];
+    for (int i = 0; i < 5; i++) {
+        v[i] = nb_slice(x, (const int64_t[]){i}, (const int64_t[]){i + 1}, NULL);
+    }
+    nb_var *p = nb_add(nb_neg(v[0]), nb_mul(v[1], v[2]));
+    nb_var *q = nb_add(v[3], nb_mul(v[1], v[4]));
+    return nb_return(nb_concatenate(2, (nb_var *[]){p, q}, 0), out);
+}
+
+static void test_native_no_fma(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *off = jit_mode(ctx, body_fmas, "fmas", NB_NATIVE_OFF);
+    nb_fn *now = jit_mode(ctx, body_fmas, "fmas_now", NB_NATIVE_NOW);
+    int differ = 0;
+    for (int v = 0; v < 64; v++) {
+        double xv[5];
+        for (int i = 0; i < 5; i++) {
+            xv[i] = sin(1.7 * v + 0.9 * i) * (1 + i); /* a product's low bits matter */
+        }
+        nb_array *xa = nbt_arr_f64(ctx, 1, (const int64_t[]){5}, xv);
+        nb_tree *lx = NULL, *a = NULL, *b = NULL;
+        NBT_OK(ctx, nb_tree_array(xa, &lx));
+        nb_array_destroy(xa);
+        nb_tree *args = nbt_tuple_take(ctx, 1, (nb_tree *[]){lx});
+        NBT_OK(ctx, nb_fn_call(off, args, &a));
+        NBT_OK(ctx, nb_fn_call(now, args, &b));
+        assert_int_equal(stats_of(now).tier, 1);
+        const double *da = nb_array_data(nb_tree_get_array(a));
+        const double *db = nb_array_data(nb_tree_get_array(b));
+        differ += memcmp(da, db, 2 * sizeof(double)) != 0;
+        nb_tree_destroy(a);
+        nb_tree_destroy(b);
+        nb_tree_destroy(args);
+    }
+    printf("b c - a beside d + b e: %d of 64 inputs differ from the interpreter\n", differ);
+    assert_int_equal(differ, 0);
+    nb_fn_destroy(off);
+    nb_fn_destroy(now);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* ---- large flat programs: written out, split across a pool's threads when there is one -- */
 
 /* args: (x f32[6000], y f64[5000], k i32[5000]); programs over more elements than the
@@ -857,12 +907,12 @@ int main(void) {
     unsetenv("NABLA_NATIVE");
     unsetenv("NABLA_CC");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_now_same_bits),     cmocka_unit_test(test_big_same_bits),
-        cmocka_unit_test(test_loop_same_bits),    cmocka_unit_test(test_loop_prefix),
-        cmocka_unit_test(test_reverse_same_bits), cmocka_unit_test(test_reverse_nested),
-        cmocka_unit_test(test_loop_shared_body),  cmocka_unit_test(test_auto_swaps_in),
-        cmocka_unit_test(test_format_c),          cmocka_unit_test(test_fallback_logged),
-        cmocka_unit_test(test_warm_cache),
+        cmocka_unit_test(test_now_same_bits),   cmocka_unit_test(test_native_no_fma),
+        cmocka_unit_test(test_big_same_bits),   cmocka_unit_test(test_loop_same_bits),
+        cmocka_unit_test(test_loop_prefix),     cmocka_unit_test(test_reverse_same_bits),
+        cmocka_unit_test(test_reverse_nested),  cmocka_unit_test(test_loop_shared_body),
+        cmocka_unit_test(test_auto_swaps_in),   cmocka_unit_test(test_format_c),
+        cmocka_unit_test(test_fallback_logged), cmocka_unit_test(test_warm_cache),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
