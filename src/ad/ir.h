@@ -502,6 +502,7 @@ NBI_HIDDEN nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in,
  * goes (passes.c). */
 NBI_HIDDEN nb_status nbi_pass_loop_share(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 /* Pads of small elementwise trees pushed onto the trees' leaves, under a mask (passes.c). */
+NBI_HIDDEN nb_status nbi_pass_pad_concat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 NBI_HIDDEN nb_status nbi_pass_pad_push(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 /* Small elementwise trees with several fusible consumers copied into each (passes.c). */
 NBI_HIDDEN nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);

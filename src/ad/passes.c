@@ -870,6 +870,135 @@ static nb_var *nbi_pass_emit(nbi_graph *out, nb_ctx *ctx, nbi_op op, int n_in, n
     return nbi_graph_add(out, &proto); /* NULL: out of memory, *fail stays NB_ERR_OOM */
 }
 
+/* ---- sums of disjoint pads: a concatenation ------------------------------------------
+ * Reverse mode makes, for a value cut into slices along one axis (a recurrent cell's gate
+ * blocks of one product, a split), the sum of the slices' cotangents each padded with
+ * zeros to the whole: pad(a) + pad(b) + pad(c). Pushed into their elementwise trees (pad
+ * push, below), every element of the whole would compute every piece and select one: the
+ * work of all the pieces over the whole shape. When the pads' pieces lie along one axis,
+ * disjoint and covering it, the sum is their concatenation -- exactly, each piece added to
+ * +0 first: an element's sum is its one piece's value plus zeros, so a -0 becomes +0 and
+ * every other value (NaN too) keeps its bits, as here. The add of +0 is elementwise and
+ * fuses into the piece's own program. */
+
+#define NBI_PADCAT_MAX 16
+
+typedef struct nbi_padcat {
+    const nb_var *x[NBI_PADCAT_MAX]; /* the pads' operands (input graph) */
+    int64_t lo[NBI_PADCAT_MAX];      /* where each starts on the axis */
+    int n, axis;
+} nbi_padcat;
+
+/* The leaves of v's tree of same-typed adds under top, each a pad with +0 of top's type
+ * along one axis (the same for all), into pc; false when a leaf is anything else. */
+static bool nbi_padcat_collect(const nb_var *v, const nb_var *top, nbi_padcat *pc, int depth) {
+    if (depth > NBI_PADCAT_MAX || !nbi_same_type(v, top)) {
+        return false;
+    }
+    if (v->op == NBI_OP_ADD && v->n_in == 2) {
+        return nbi_padcat_collect(v->in[0], top, pc, depth + 1) &&
+               nbi_padcat_collect(v->in[1], top, pc, depth + 1);
+    }
+    uint64_t bits = 1;
+    if (v->op == NBI_OP_PAD) {
+        memcpy(&bits, &v->at.value, sizeof bits);
+    }
+    if (bits != 0 || pc->n >= NBI_PADCAT_MAX || v->in[0]->dtype != v->dtype) {
+        return false; /* not a pad with +0 */
+    }
+    int ax = -1;
+    for (int d = 0; d < v->rank; d++) {
+        if (v->at.a[d] != 0 || v->at.b[d] != 0) {
+            if (ax >= 0) {
+                return false; /* padded along two axes */
+            }
+            ax = d;
+        }
+    }
+    if (ax < 0 || (pc->axis >= 0 && ax != pc->axis)) {
+        return false;
+    }
+    pc->axis = ax;
+    pc->x[pc->n] = v->in[0];
+    pc->lo[pc->n++] = v->at.a[ax];
+    return true;
+}
+
+/* Do v's pieces (v an add) cover its axis, disjoint? Sorted by where they start. */
+static bool nbi_padcat_of(const nb_var *v, nbi_padcat *pc) {
+    memset(pc, 0, sizeof *pc);
+    pc->axis = -1;
+    if (v->op != NBI_OP_ADD || v->size == 0 || !nb_dtype_is_float(v->dtype) ||
+        !nbi_padcat_collect(v, v, pc, 0) || pc->n < 2) {
+        return false;
+    }
+    for (int i = 1; i < pc->n; i++) { /* insertion sort by lo */
+        for (int j = i; j > 0 && pc->lo[j] < pc->lo[j - 1]; j--) {
+            const nb_var *tx = pc->x[j];
+            int64_t tl = pc->lo[j];
+            pc->x[j] = pc->x[j - 1];
+            pc->lo[j] = pc->lo[j - 1];
+            pc->x[j - 1] = tx;
+            pc->lo[j - 1] = tl;
+        }
+    }
+    int64_t at = 0;
+    for (int i = 0; i < pc->n; i++) {
+        if (pc->lo[i] != at || pc->x[i]->shape[pc->axis] == 0) {
+            return false; /* a gap, an overlap, or an empty piece */
+        }
+        at += pc->x[i]->shape[pc->axis];
+    }
+    return at == v->shape[pc->axis];
+}
+
+nb_status nbi_pass_pad_concat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) {
+    nb_var **map = NULL;
+    nb_status st = nbi_pass_begin(ctx, in, out, &map, "pad concat");
+    if (st != NB_OK) {
+        return st;
+    }
+    int32_t k = 0;
+    for (int32_t i = 0; i < in->n_nodes; i++) {
+        const nb_var *v = in->nodes[i];
+        nbi_padcat pc;
+        nb_status fail = NB_ERR_OOM;
+        if (!nbi_padcat_of(v, &pc)) {
+            map[i] = nbi_copy_node(out, v, map);
+        } else {
+            /* +0, a scalar broadcast to each piece's shape and added to it */
+            nbi_attrs at;
+            memset(&at, 0, sizeof at);
+            at.to = v->dtype;
+            nb_var *zero = nbi_pass_emit(out, ctx, NBI_OP_FULL, 0, NULL, &at, &fail);
+            nb_var *pieces[NBI_PADCAT_MAX];
+            for (int p = 0; zero != NULL && p < pc.n; p++) {
+                const nb_var *x = pc.x[p];
+                memset(&at, 0, sizeof at);
+                at.n_axes = x->rank;
+                memcpy(at.a, x->shape, sizeof at.a);
+                nb_var *bz = nbi_pass_emit(out, ctx, NBI_OP_BROADCAST, 1, &zero, &at, &fail);
+                nb_var *add[2] = {map[x->id], bz};
+                memset(&at, 0, sizeof at);
+                pieces[p] = bz ? nbi_pass_emit(out, ctx, NBI_OP_ADD, 2, add, &at, &fail) : NULL;
+                zero = pieces[p] != NULL ? zero : NULL;
+            }
+            memset(&at, 0, sizeof at);
+            at.axis = pc.axis;
+            map[i] = zero ? nbi_pass_emit(out, ctx, NBI_OP_CONCAT, pc.n, pieces, &at, &fail) : NULL;
+        }
+        if (map[i] == NULL) {
+            return nbi_err(ctx, fail, "pad concat: %s",
+                           fail == NB_ERR_INTERNAL ? "a node failed its shape inference"
+                                                   : "out of memory");
+        }
+        if (v->op == NBI_OP_PARAM) {
+            out->inputs[k++] = map[i];
+        }
+    }
+    return nbi_pass_end(ctx, in, out, map, "pad concat");
+}
+
 /* The tree of u: u, and every elementwise input of u's shape, recursively. Its size, or
  * NBI_PUSH_MAX + 1 once too big. */
 static int32_t nbi_push_size(const nb_var *u, const nb_var *top) {
@@ -1808,15 +1937,15 @@ nb_status nbi_optimize(nb_ctx *ctx, const nbi_graph *in, unsigned debug, nbi_are
                                nbi_pass_cse,        nbi_pass_dce,
                                nbi_pass_sum_matmul, nbi_pass_loop_share,
                                nbi_pass_dce,        nbi_pass_accumulate,
-                               nbi_pass_pad_push,   nbi_pass_dce,
-                               nbi_pass_remat,      nbi_pass_fuse,
-                               nbi_pass_dce};
+                               nbi_pass_pad_concat, nbi_pass_pad_push,
+                               nbi_pass_dce,        nbi_pass_remat,
+                               nbi_pass_fuse,       nbi_pass_dce};
     const nbi_pass_fn no_fuse[] = {nbi_pass_fold,       nbi_pass_transpose_matmul,
                                    nbi_pass_cse,        nbi_pass_dce,
                                    nbi_pass_sum_matmul, nbi_pass_loop_share,
-                                   nbi_pass_dce,        nbi_pass_pad_push,
-                                   nbi_pass_dce,        nbi_pass_remat,
-                                   nbi_pass_dce};
+                                   nbi_pass_dce,        nbi_pass_pad_concat,
+                                   nbi_pass_pad_push,   nbi_pass_dce,
+                                   nbi_pass_remat,      nbi_pass_dce};
     /* debug: every op on its own, to be checked (nbi_exec_compile) */
     const nbi_pass_fn *passes = debug != 0 ? no_fuse : all;
     int n =

@@ -1054,6 +1054,97 @@ static void test_fold_uniform(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* Sums of zero pads: pieces along one axis, disjoint and covering it, summed in any order
+ * (the transpose of a split) become their concatenation; pads that overlap, leave a gap or
+ * pad two axes stay sums. args: (x f32[4, 12]) -> (cover, overlap, gap, a, b, c) */
+static nb_status body_padcat(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]");
+    nb_var *a = nb_mul(nb_slice(x, (int64_t[]){0, 0}, (int64_t[]){4, 4}, NULL),
+                       nb_scalar(tr, 2.0)); /* a -0 stays -0 here, +0 in the sum */
+    nb_var *b = nb_sin(nb_slice(x, (int64_t[]){0, 4}, (int64_t[]){4, 8}, NULL));
+    nb_var *c = nb_slice(x, (int64_t[]){0, 8}, (int64_t[]){4, 12}, NULL); /* NaN, -0 */
+    nb_var *pa = nb_pad(a, (int64_t[]){0, 0}, (int64_t[]){0, 8}, 0.0);
+    nb_var *pb = nb_pad(b, (int64_t[]){0, 4}, (int64_t[]){0, 4}, 0.0);
+    nb_var *pc = nb_pad(c, (int64_t[]){0, 8}, (int64_t[]){0, 0}, 0.0);
+    nb_var *cover = nb_add(nb_add(pb, pc), pa);
+    nb_var *wide = nb_pad(nb_slice(x, (int64_t[]){0, 2}, (int64_t[]){4, 8}, NULL),
+                          (int64_t[]){0, 2}, (int64_t[]){0, 4}, 0.0);
+    nb_var *overlap = nb_add(nb_add(pa, wide), pc);
+    nb_var *gap = nb_add(pa, pc);
+    return nb_tree_tuple(nb_trace_ctx(tr), 6,
+                         (nb_tree *[]){nb_leaf(cover), nb_leaf(overlap), nb_leaf(gap), nb_leaf(a),
+                                       nb_leaf(b), nb_leaf(c)},
+                         out);
+}
+
+static void test_pad_concat(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    float xv[4 * 12];
+    for (int i = 0; i < 4 * 12; i++) {
+        xv[i] = (float)sin(0.7 * i + 0.1) * 3.0f;
+    }
+    xv[1] = -0.0f;  /* a: 2 x -0 = -0 */
+    xv[20] = -0.0f; /* c */
+    xv[21] = NAN;   /* c */
+    xv[17] = -0.0f; /* b: sin(-0) = -0 */
+    nb_array *xa = NULL;
+    NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F32, 2, (int64_t[]){4, 12}, xv, &xa));
+    nb_tree *x = NULL, *args = NULL;
+    NBT_OK(ctx, nb_tree_array(xa, &x));
+    nb_array_destroy(xa);
+    NBT_OK(ctx, nb_tree_tuple(ctx, 1, &x, &args));
+    nb_fn *f = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "padcat", body_padcat, NULL, &f));
+    static char ir[1 << 15];
+    NBT_OK(ctx, nb_fn_format_ir(f, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+    int n_cat = 0;
+    for (const char *p = ir; (p = strstr(p, "= concatenate ")) != NULL; p++) {
+        n_cat++;
+    }
+    printf("sums of pads as concatenations: %d (the covering sum; the overlapping one and the "
+           "one with a gap stay sums)\n",
+           n_cat);
+    NBT_EQ_I64(n_cat, 1);
+    nb_tree *r = NULL;
+    NBT_OK(ctx, nb_fn_call(f, args, &r));
+    /* the sums' bits, from the pieces nabla made: each element of the covering sum its one
+     * piece plus +0s (a -0 becomes +0, a NaN stays), the others added as traced */
+    const float *got[3], *pc[3];
+    for (int k = 0; k < 3; k++) {
+        got[k] = nb_array_data(nb_tree_get_array(nb_tree_child(r, k)));
+        pc[k] = nb_array_data(nb_tree_get_array(nb_tree_child(r, 3 + k)));
+    }
+    volatile float zero = 0.0f;
+    int bad = 0, negz = 0;
+    for (int i = 0; i < 4; i++) {
+        for (int j = 0; j < 12; j++) {
+            float pa = j < 4 ? pc[0][i * 4 + j] : zero,
+                  pb = j >= 4 && j < 8 ? pc[1][i * 4 + j - 4] : zero;
+            float pcv = j >= 8 ? pc[2][i * 4 + j - 8] : zero;
+            float wide = j >= 2 && j < 8 ? xv[i * 12 + j] : zero;
+            float want[3] = {(pb + pcv) + pa, (pa + wide) + pcv, pa + pcv};
+            for (int k = 0; k < 3; k++) {
+                bad += memcmp(&want[k], &got[k][i * 12 + j], sizeof(float)) != 0;
+            }
+            negz += (pa == 0.0f && signbit(pa)) || (pb == 0.0f && signbit(pb)) ||
+                    (pcv == 0.0f && signbit(pcv));
+        }
+    }
+    printf("elements whose bits differ from the sums: %d of 144 (pieces holding -0: %d)\n", bad,
+           negz);
+    NBT_EQ_I64(bad, 0);
+    NBT_TRUE(negz >= 3); /* the -0s reached the pieces: the +0 they get is tested */
+    nb_tree_destroy(r);
+    nb_fn_destroy(f);
+    nb_tree_destroy(args);
+    nb_tree_destroy(x);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transpose_into_matmul),
@@ -1067,6 +1158,7 @@ int main(void) {
         cmocka_unit_test(test_fusion_multi_output),
         cmocka_unit_test(test_compile_time_linear),
         cmocka_unit_test(test_fold_uniform),
+        cmocka_unit_test(test_pad_concat),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
