@@ -501,8 +501,10 @@ NBI_HIDDEN nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in,
  * which moves to w's place (its other operands must come before w, or be constants), and w
  * goes (passes.c). */
 NBI_HIDDEN nb_status nbi_pass_loop_share(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
-/* Pads of small elementwise trees pushed onto the trees' leaves, under a mask (passes.c). */
+/* A sum of zero pads along one axis, disjoint and covering it, as the concatenation of its
+ * pieces, each added to +0 (passes.c). */
 NBI_HIDDEN nb_status nbi_pass_pad_concat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
+/* Pads of small elementwise trees pushed onto the trees' leaves, under a mask (passes.c). */
 NBI_HIDDEN nb_status nbi_pass_pad_push(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);
 /* Small elementwise trees with several fusible consumers copied into each (passes.c). */
 NBI_HIDDEN nb_status nbi_pass_remat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out);

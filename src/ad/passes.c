@@ -877,9 +877,10 @@ static nb_var *nbi_pass_emit(nbi_graph *out, nb_ctx *ctx, nbi_op op, int n_in, n
  * push, below), every element of the whole would compute every piece and select one: the
  * work of all the pieces over the whole shape. When the pads' pieces lie along one axis,
  * disjoint and covering it, the sum is their concatenation -- exactly, each piece added to
- * +0 first: an element's sum is its one piece's value plus zeros, so a -0 becomes +0 and
- * every other value (NaN too) keeps its bits, as here. The add of +0 is elementwise and
- * fuses into the piece's own program. */
+ * +0 first: an element's sum is its one piece's value plus zeros, and piece + 0 has the
+ * same bits (a -0 becomes +0, a signalling NaN quiet, as in the sum). The add of +0 is
+ * elementwise and fuses into the piece's own program. The new nodes carry the sum's
+ * source position and function, for debugging reports. */
 
 #define NBI_PADCAT_MAX 16
 
@@ -963,6 +964,7 @@ nb_status nbi_pass_pad_concat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) 
         const nb_var *v = in->nodes[i];
         nbi_padcat pc;
         nb_status fail = NB_ERR_OOM;
+        int32_t first_new = out->n_nodes;
         if (!nbi_padcat_of(v, &pc)) {
             map[i] = nbi_copy_node(out, v, map);
         } else {
@@ -986,6 +988,10 @@ nb_status nbi_pass_pad_concat(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) 
             memset(&at, 0, sizeof at);
             at.axis = pc.axis;
             map[i] = zero ? nbi_pass_emit(out, ctx, NBI_OP_CONCAT, pc.n, pieces, &at, &fail) : NULL;
+            for (int32_t q = first_new; map[i] != NULL && q < out->n_nodes; q++) {
+                out->nodes[q]->src = v->src; /* the sum's, as a debugging report names it */
+                out->nodes[q]->fn = v->fn;
+            }
         }
         if (map[i] == NULL) {
             return nbi_err(ctx, fail, "pad concat: %s",

@@ -99,8 +99,8 @@ NBI_HIDDEN void nbi_native_sha256(const void *data, size_t len, uint8_t out[32])
  *   -fno-math-errno -fno-strict-aliasing -march=native -fno-tree-slp-vectorize -w (no
  *   fast-math: the same bits as the interpreter; -march=native is safe for values since
  *   nothing is contracted or reassociated -- the basic-block vectoriser off, as gcc 12's
- *   made a fused multiply-add of a b - c beside d e + f regardless -- and the key holds
- *   the CPU). It runs without a shell, stdin /dev/null, in
+ *   made a fused multiply-add of a b - c beside d e + f regardless (native_cache.c) -- and
+ *   the key holds the CPU). It runs without a shell, stdin /dev/null, in
  *   its own process group, with TMPDIR set to its private work directory. A compiler whose
  *   --version fails is not used (the reason is kept until a reset).
  * NABLA_NATIVE_CACHE: the cache directory (a relative path is taken from the working

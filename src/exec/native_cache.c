@@ -78,8 +78,10 @@ extern char **environ;
  * -fno-tree-slp-vectorize: gcc 12's basic-block vectoriser pairs one value's b c - a with
  * another's b e + d into a single vfmaddsub despite -ffp-contract=off (and despite -mno-fma
  * where AVX-512 is there): one rounding where the interpreter rounds twice, the last bit
- * differed (tests/exec/test_native.c, test_native_no_fma). The loops' vectoriser keeps
- * to the flag. */
+ * differed (tests/exec/test_native.c, test_native_no_fma). The pattern is gcc's SLP
+ * addsub, which the loop vectoriser also runs on groups of neighbouring stores of one
+ * iteration; the generated loops store one element of each array per iteration, so they
+ * never make such a group. */
 static const char *const ncache_flags[] = {
     "-O2",
     "-fPIC",

@@ -1889,9 +1889,10 @@ static nb_status nbl_step_vjp(nb_trace *tr, const nb_tree *self, const nb_tree *
 }
 
 /* acc + g, a bounded reverse sweep's accumulation of one step's cotangent g of the body's
- * bound data into acc, whose initial value is +0s (nbl_zeros_tuple). A sum is -0 only when
- * both terms are, so acc never holds a -0, and adding +0 to any other value leaves its bits.
- * Hence, with the same bits as the sum:
+ * bound data into acc, whose initial value must be +0s (nbl_zeros_tuple, where the reverse
+ * loop is built; forward mode over it starts its tangent at +0s too). A sum is -0 only when
+ * both terms are, so acc never holds a -0, and adding +0 to it leaves its bits (a value
+ * made by adds is never a signalling NaN). Hence, with the same bits as the sum:
  *   - g a full of zeros (a bound leaf the body does not differentiate: another layer's
  *     weights closed over with the model): acc unchanged, not a pass over acc per step;
  *   - g = dynamic_update_slice(zeros, u, starts) (a scan's input row: the transpose of the
@@ -2224,6 +2225,7 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
         int64_t ns = 0;
         nb_var **sv = nbl_leaf_vars(tr, rec->body_self, &ns);
         const nb_tree *ct_c = ct0 ? nbl_tree_like(tr, rec->carry, ct0, ncar) : NULL;
+        /* +0s: nbl_accumulate's rewrites keep the sum's bits only from there */
         const nb_tree *ct_s = sv ? nbl_zeros_tuple(tr, sv, ns) : NULL;
         nb_var *steps = nb_var_of(tr, nb_tree_child(fwd, 0));
         nb_tree *k0 = nb_leaf(nb_sub(steps, nbl_i32(tr, 1))), *t = NULL;

@@ -1056,7 +1056,8 @@ static void test_fold_uniform(void **state) {
 
 /* Sums of zero pads: pieces along one axis, disjoint and covering it, summed in any order
  * (the transpose of a split) become their concatenation; pads that overlap, leave a gap or
- * pad two axes stay sums. args: (x f32[4, 12]) -> (cover, overlap, gap, a, b, c) */
+ * pad two axes stay sums. args: (x f32[4, 12]) -> (cover, overlap, gap, twice, two, a, b,
+ * c) */
 static nb_status body_padcat(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                              nb_tree **out) {
     (void)self;
@@ -1073,9 +1074,14 @@ static nb_status body_padcat(nb_trace *tr, const nb_tree *self, const nb_tree *a
                           (int64_t[]){0, 2}, (int64_t[]){0, 4}, 0.0);
     nb_var *overlap = nb_add(nb_add(pa, wide), pc);
     nb_var *gap = nb_add(pa, pc);
-    return nb_tree_tuple(nb_trace_ctx(tr), 6,
-                         (nb_tree *[]){nb_leaf(cover), nb_leaf(overlap), nb_leaf(gap), nb_leaf(a),
-                                       nb_leaf(b), nb_leaf(c)},
+    nb_var *twice = nb_add(pa, pa); /* the same piece twice: an overlap */
+    nb_var *corner = nb_pad(nb_slice(x, (int64_t[]){0, 4}, (int64_t[]){2, 12}, NULL),
+                            (int64_t[]){0, 4}, (int64_t[]){2, 0}, 0.0); /* two axes */
+    nb_var *two = nb_add(pa, corner);
+    return nb_tree_tuple(nb_trace_ctx(tr), 8,
+                         (nb_tree *[]){nb_leaf(cover), nb_leaf(overlap), nb_leaf(gap),
+                                       nb_leaf(twice), nb_leaf(two), nb_leaf(a), nb_leaf(b),
+                                       nb_leaf(c)},
                          out);
 }
 
@@ -1104,18 +1110,20 @@ static void test_pad_concat(void **state) {
     for (const char *p = ir; (p = strstr(p, "= concatenate ")) != NULL; p++) {
         n_cat++;
     }
-    printf("sums of pads as concatenations: %d (the covering sum; the overlapping one and the "
-           "one with a gap stay sums)\n",
+    printf("sums of pads as concatenations: %d (the covering sum; the overlapping ones, the one "
+           "with a gap and the one padded along two axes stay sums)\n",
            n_cat);
     NBT_EQ_I64(n_cat, 1);
     nb_tree *r = NULL;
     NBT_OK(ctx, nb_fn_call(f, args, &r));
     /* the sums' bits, from the pieces nabla made: each element of the covering sum its one
      * piece plus +0s (a -0 becomes +0, a NaN stays), the others added as traced */
-    const float *got[3], *pc[3];
-    for (int k = 0; k < 3; k++) {
+    const float *got[5], *pc[3];
+    for (int k = 0; k < 5; k++) {
         got[k] = nb_array_data(nb_tree_get_array(nb_tree_child(r, k)));
-        pc[k] = nb_array_data(nb_tree_get_array(nb_tree_child(r, 3 + k)));
+    }
+    for (int k = 0; k < 3; k++) {
+        pc[k] = nb_array_data(nb_tree_get_array(nb_tree_child(r, 5 + k)));
     }
     volatile float zero = 0.0f;
     int bad = 0, negz = 0;
@@ -1125,15 +1133,16 @@ static void test_pad_concat(void **state) {
                   pb = j >= 4 && j < 8 ? pc[1][i * 4 + j - 4] : zero;
             float pcv = j >= 8 ? pc[2][i * 4 + j - 8] : zero;
             float wide = j >= 2 && j < 8 ? xv[i * 12 + j] : zero;
-            float want[3] = {(pb + pcv) + pa, (pa + wide) + pcv, pa + pcv};
-            for (int k = 0; k < 3; k++) {
+            float corner = i < 2 && j >= 4 ? xv[i * 12 + j] : zero;
+            float want[5] = {(pb + pcv) + pa, (pa + wide) + pcv, pa + pcv, pa + pa, pa + corner};
+            for (int k = 0; k < 5; k++) {
                 bad += memcmp(&want[k], &got[k][i * 12 + j], sizeof(float)) != 0;
             }
             negz += (pa == 0.0f && signbit(pa)) || (pb == 0.0f && signbit(pb)) ||
                     (pcv == 0.0f && signbit(pcv));
         }
     }
-    printf("elements whose bits differ from the sums: %d of 144 (pieces holding -0: %d)\n", bad,
+    printf("elements whose bits differ from the sums: %d of 240 (pieces holding -0: %d)\n", bad,
            negz);
     NBT_EQ_I64(bad, 0);
     NBT_TRUE(negz >= 3); /* the -0s reached the pieces: the +0 they get is tested */
