@@ -35,6 +35,13 @@
  *    in turn. It is a function over a range of elements, nbx_w<t>, run over all of them
  *    without a thread pool and split into fixed chunks across the pool's threads with one
  *    (elementwise: the same bits for any split).
+ *  - Written out tiled: any other fused program (vector math over more than
+ *    NBX_INLINE_VM_MAX elements, a large reduction, inputs broadcast along inner dims:
+ *    softmax, a GRU's gates) and a standalone transcendental op over more than
+ *    NBX_INLINE_VM_MAX elements -- a worker over rows of the index space, each row a tile
+ *    of local arrays on which runs of C expressions are vectorised loops and each
+ *    transcendental one call of the vector function over the tile (nbx_emit_tiled_worker);
+ *    reductions folded as the kernel folds them, four outputs' chains at a time.
  *  - Everything else (matrix products, large arrays, loops, random numbers): a direct
  *    call of the op's kernel -- the function the interpreter calls -- on an nbi_kargs
  *    built in place, its buffers resolved at compile time.
@@ -670,8 +677,8 @@ static void nbx_emit_fused(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
 
 /* A standalone elementwise node (or a broadcast, as a copy) as a one-instruction program
  * over its own shape, when it has at most max elements: the same per-element code. */
-static bool nbx_single_program_n(const nb_var *v, nbi_fprog *p, int64_t max) {
-    if (v->size <= 0 || v->size > max) {
+static bool nbx_single_fill(const nb_var *v, nbi_fprog *p) {
+    if (v->size <= 0) {
         return false;
     }
     bool map = nbi_is_map(v) && v->n_in >= 1 && v->n_in <= 3;
@@ -691,7 +698,12 @@ static bool nbx_single_program_n(const nb_var *v, nbi_fprog *p, int64_t max) {
     }
     p->map_rank = v->rank;
     memcpy(p->map_shape, v->shape, sizeof p->map_shape);
-    return nbx_instr_ok(&p->ins[0]) && !(nbx_instr_vm(&p->ins[0]) && v->size > NBX_INLINE_VM_MAX);
+    return true;
+}
+
+static bool nbx_single_program_n(const nb_var *v, nbi_fprog *p, int64_t max) {
+    return v->size <= max && nbx_single_fill(v, p) && nbx_instr_ok(&p->ins[0]) &&
+           !(nbx_instr_vm(&p->ins[0]) && v->size > NBX_INLINE_VM_MAX);
 }
 
 static bool nbx_single_program(const nb_var *v, nbi_fprog *p) {
@@ -1133,8 +1145,8 @@ static const char nbx_prelude[] =
 /* NABLA_NATIVE_CALLS=<mask> (debugging the generator): instructions of the kinds in mask
  * are kernel calls instead of written out -- 1 fused programs, 2 standalone elementwise
  * ops and broadcasts, 4 reductions, 8 slices, 16 copies, 32 other data movement, 128 large
- * flat programs (NBX_BIG), 256 while loops; 64 keeps every value in the workspace (no C
- * locals). */
+ * flat programs (NBX_BIG), 256 while loops, 512 tiled programs (NBX_TILED); 64 keeps every
+ * value in the workspace (no C locals). With 1 alone, every fused program is tiled. */
 static unsigned nbx_calls_mask(void) {
     const char *m = getenv("NABLA_NATIVE_CALLS");
     return m != NULL ? (unsigned)strtoul(m, NULL, 0) : 0u;
@@ -1150,7 +1162,8 @@ enum {
     NBX_COPY,
     NBX_MOVE,
     NBX_BIG,
-    NBX_LOOP
+    NBX_LOOP,
+    NBX_TILED
 };
 
 static bool nbx_move_kind(const nbi_exec *e, const nbi_instr *ins) {
@@ -1162,6 +1175,8 @@ static bool nbx_move_kind(const nbi_exec *e, const nbi_instr *ins) {
 /* In calls: no NBX_BIG (its worker functions are emitted from the kinds array, so without
  * one there are none). */
 #define NBX_NO_BIG (1u << 30)
+
+static bool nbx_tiled_program(const nb_var *v, nbi_fprog *p);
 
 static int nbx_kind(const nbi_exec *e, const nbi_instr *ins, unsigned calls) {
     const nb_var *v = &e->nodes[ins->node];
@@ -1186,6 +1201,9 @@ static int nbx_kind(const nbi_exec *e, const nbi_instr *ins, unsigned calls) {
     }
     if (!(calls & 128) && !(calls & NBX_NO_BIG) && nbx_big_program(v, &single)) {
         return NBX_BIG;
+    }
+    if (!(calls & 512) && !(calls & NBX_NO_BIG) && nbx_tiled_program(v, &single)) {
+        return NBX_TILED;
     }
     return NBX_CALL;
 }
@@ -1223,6 +1241,571 @@ static void nbx_emit_big(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, i
                     "        else\n            env->par(env->pool, %lld, %d, nbx_w%d_%d, p);\n"
                     "    }\n",
                     nbx_fn_id, (int)t, total, total, NBX_BIG_CHUNK, nbx_fn_id, (int)t);
+}
+
+/* ---- tiled programs --------------------------------------------------------------------- */
+
+/* A fused program that neither of the above writes out -- it calls vector math on more than
+ * NBX_INLINE_VM_MAX elements, or is large with a reduction or inputs read at other indices
+ * (a broadcast along an inner dim: softmax's max and sum) -- is written out tiled
+ * (NBX_TILED): a worker nbx_w<t> over rows of its index space. A row is the block of its
+ * innermost dims of at most NBX_TILE elements (or, when that block is tiny, the innermost
+ * dims with the next one, cut into tiles of NBX_TILE). Per tile, each input is a pointer
+ * (read at the element's own index), one value (constant along the row) or a local array
+ * gathered at its strides; the instructions run in segments -- a vectorised loop over the
+ * tile for each run of C expressions, one call of the vector function over the tile for each
+ * transcendental (SLEEF's bits for any split: vmath.h) -- on local arrays; the output and
+ * stores are written in the last loop (after every read of the tile: an output shares a
+ * buffer with an input only at the same index); a reduction folds each output from its
+ * first element, as the kernel does (float sums below one pairwise block). So the same bits
+ * as the interpreter, which runs the same instructions over its own tiles. Rows split
+ * across the pool's threads in whole outputs. */
+#define NBX_TILE 512
+
+typedef struct nbx_tiling {
+    int k;           /* the row: dims [k, r) of the map shape */
+    int64_t n_in;    /* its elements */
+    int64_t n_outer; /* rows */
+    int64_t unit;    /* rows per task unit when split (whole outputs); 0: not split */
+} nbx_tiling;
+
+static void nbx_tiling_of(const nbi_fprog *p, nbx_tiling *t) {
+    int r = p->map_rank, k = r;
+    int64_t n = 1;
+    while (k > 0 && n * p->map_shape[k - 1] <= NBX_TILE) {
+        n *= p->map_shape[--k];
+    }
+    if (k > 0 && n < NBX_TILE / 8) { /* a tiny row: take the next dim too, tiled */
+        n *= p->map_shape[--k];
+    }
+    t->k = k;
+    t->n_in = n;
+    t->n_outer = nbi_shape_size(r, p->map_shape) / (n > 0 ? n : 1);
+    t->unit = 1;
+    if (p->red_op != 0) {
+        t->unit = n % p->red_n == 0 ? 1 : p->red_n % n == 0 ? p->red_n / n : 0;
+    }
+}
+
+static bool nbx_tiled_ok(const nb_var *v, const nbi_fprog *p) {
+    int64_t size = nbi_shape_size(p->map_rank, p->map_shape);
+    if (size <= 0 || p->pad_mask != 0 || p->map_rank < 1) {
+        return false;
+    }
+    for (int32_t i = 0; i < p->n_instr; i++) {
+        if (!nbx_instr_ok(&p->ins[i])) {
+            return false;
+        }
+    }
+    if (p->red_op != 0) {
+        nb_dtype d = v->dtype;
+        bool fl = nbx_is_float(d);
+        if (p->red_op == NBI_OP_SUM) {
+            if (fl && p->red_n >= 128) { /* pairwise blocks: the kernel's own path */
+                return false;
+            }
+        } else if (p->red_op != NBI_OP_MAX && p->red_op != NBI_OP_MIN) {
+            return false;
+        }
+        if ((!fl && d != NB_DTYPE_I32 && d != NB_DTYPE_I64) || p->red_n < 1) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* v's program when v is written out tiled: a fused program by nbx_tiled_ok's rule, or a
+ * standalone elementwise op calling vector math on more than NBX_INLINE_VM_MAX elements. */
+static bool nbx_tiled_program(const nb_var *v, nbi_fprog *p) {
+    if (v->op == NBI_OP_FUSED) {
+        const nbi_fprog *q = v->at.callee;
+        if (!nbx_tiled_ok(v, q)) {
+            return false;
+        }
+        memcpy(p, q, offsetof(nbi_fprog, planned));
+        return true;
+    }
+    return v->op != NBI_OP_BROADCAST && v->size > NBX_INLINE_VM_MAX && nbx_single_fill(v, p) &&
+           nbx_instr_vm(&p->ins[0]) && nbx_tiled_ok(v, p);
+}
+
+/* How a tiled program reads external input x along the row. */
+enum { NBX_TX_FLAT, NBX_TX_CONST, NBX_TX_GATHER };
+
+/* The element text of operand src at tile index j. */
+static void nbx_tile_operand(char *buf, size_t cap, int16_t src, const int *how) {
+    if (src >= 0) {
+        snprintf(buf, cap, "R%d[j]", (int)src);
+    } else if (how[-src - 1] == NBX_TX_CONST) {
+        snprintf(buf, cap, "e%d", (int)(-src - 1));
+    } else {
+        snprintf(buf, cap, "X%d[j]", (int)(-src - 1));
+    }
+}
+
+/* The array text of operand src (a vector-math argument): a register's array, an input's
+ * pointer or gathered array, or K<x>, a constant input spread over the tile. */
+static void nbx_tile_array(char *buf, size_t cap, int16_t src, const int *how) {
+    if (src >= 0) {
+        snprintf(buf, cap, "R%d", (int)src);
+    } else if (how[-src - 1] == NBX_TX_CONST) {
+        snprintf(buf, cap, "K%d", (int)(-src - 1));
+    } else {
+        snprintf(buf, cap, "X%d", (int)(-src - 1));
+    }
+}
+
+/* Tiled folds of one output per row: this many rows' values kept for one fold. */
+#define NBX_FOLD_GROUP 4
+
+/* One step of a reduction's left fold, "a = a (op) t;", as the kernel combines. */
+static void nbx_fold_comb(char *buf, size_t cap, int red_op, nb_dtype d, const char *a,
+                          const char *t) {
+    const char *T = nbx_ctype(d), *U = nbx_utype(d);
+    if (red_op == NBI_OP_SUM) {
+        if (nbx_is_float(d)) {
+            snprintf(buf, cap, "%s = %s + %s;", a, a, t);
+        } else {
+            snprintf(buf, cap, "%s = (%s)((%s)%s + (%s)%s);", a, T, U, a, U, t);
+        }
+        return;
+    }
+    const char *cmp = red_op == NBI_OP_MAX ? ">" : "<";
+    if (nbx_is_float(d)) {
+        snprintf(buf, cap, "%s = (%s %s %s || %s != %s) ? %s : %s;", a, t, cmp, a, t, t, t, a);
+    } else {
+        snprintf(buf, cap, "%s = %s %s %s ? %s : %s;", a, t, cmp, a, t, a);
+    }
+}
+
+static void nbx_emit_tiled_worker(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
+                                  const nbi_fprog *p, int32_t t) {
+    const nb_var *v = &e->nodes[ins->node];
+    int r = p->map_rank;
+    const int64_t *shape = p->map_shape;
+    nbx_tiling tl;
+    nbx_tiling_of(p, &tl);
+    int k = tl.k;
+    bool one_tile = tl.n_in <= NBX_TILE, red = p->red_op != 0;
+    int last = p->n_instr - 1;
+    nbi_sbuf_printf(s,
+                    "static void nbx_w%d_%d(void *ud, i64 first, i64 count, int worker) {\n"
+                    "    void *const *p = (void *const *)ud;\n    (void)worker;\n",
+                    nbx_fn_id, (int)t);
+    /* inputs: strides in elements, how each is read along the row */
+    int64_t st[NBI_FUSE_MAX_EXT][NB_MAX_RANK];
+    int64_t off[NBI_FUSE_MAX_EXT];
+    int how[NBI_FUSE_MAX_EXT];
+    int inner_dims = 0; /* non-unit dims of the row */
+    for (int d = k; d < r; d++) {
+        inner_dims += shape[d] > 1;
+    }
+    for (int32_t x = 0; x < p->n_ext; x++) {
+        const nb_var *in = v->in[x];
+        bool view = (p->view_mask >> x) & 1u;
+        off[x] = view ? p->view_off[x] : 0;
+        if (view) {
+            memcpy(st[x], p->view_st[x], sizeof st[x]);
+        } else {
+            nbi_bcast_strides(in->rank, in->shape, r, shape, st[x]);
+        }
+        bool flat = true, zero = true;
+        int64_t want = 1;
+        for (int d = r - 1; d >= k; d--) {
+            flat = flat && (shape[d] == 1 || st[x][d] == want);
+            zero = zero && (shape[d] == 1 || st[x][d] == 0);
+            want *= shape[d];
+        }
+        how[x] = zero ? NBX_TX_CONST : flat ? NBX_TX_FLAT : NBX_TX_GATHER;
+        const char *T = nbx_ctype(in->dtype);
+        nbi_sbuf_printf(s, "    const %s *x%d = (const %s *)p[%d];\n", T, (int)x, T, (int)x);
+    }
+    const char *TO = nbx_ctype(v->dtype);
+    nbi_sbuf_printf(s, "    %s *o = (%s *)p[%d];\n", TO, TO, (int)p->n_ext);
+    for (int32_t q = 0; q < ins->n_store; q++) {
+        if (ins->store[q] >= 0) {
+            const char *T = nbx_ctype(p->ins[p->store[q]].dtype);
+            nbi_sbuf_printf(s, "    %s *s%d = (%s *)p[%d];\n", T, (int)q, T,
+                            (int)(p->n_ext + 1 + q));
+        }
+    }
+    nbi_sbuf_printf(s, "    const nbx_vmath *vm = (const nbx_vmath *)p[%d];\n    (void)vm;\n",
+                    (int)(p->n_ext + 1 + ins->n_store));
+    /* segments: runs of C expressions, and each vector-math instruction alone; seg[i] */
+    int seg[NBI_FUSE_MAX_INSTR];
+    int n_seg = 0;
+    for (int32_t i = 0; i < p->n_instr; i++) {
+        bool vmi = nbx_instr_vm(&p->ins[i]);
+        if (i == 0 || vmi || nbx_instr_vm(&p->ins[i - 1])) {
+            n_seg++;
+        }
+        seg[i] = n_seg - 1;
+    }
+    /* which registers live in arrays: read in a later segment or by vector math, a vector
+     * math result, stored from an earlier segment, or folded */
+    bool arr[NBI_FUSE_MAX_INSTR] = {false};
+    bool cst_arr[NBI_FUSE_MAX_EXT] = {false}; /* K<x>: a constant input as a vm argument */
+    for (int32_t i = 0; i < p->n_instr; i++) {
+        const nbi_finstr *in = &p->ins[i];
+        bool vmi = nbx_instr_vm(in);
+        arr[i] = arr[i] || vmi;
+        for (int a = 0; a < in->n_in; a++) {
+            int16_t src = in->src[a];
+            if (src >= 0 && (seg[src] != seg[i] || vmi)) {
+                arr[src] = true;
+            }
+            if (src < 0 && vmi && how[-src - 1] == NBX_TX_CONST &&
+                (nbx_vm_index((nbi_op)in->op) >= 0 || in->op == NBI_OP_POW)) {
+                cst_arr[-src - 1] = true;
+            }
+        }
+    }
+    for (int32_t q = 0; q < ins->n_store; q++) {
+        if (ins->store[q] >= 0 && seg[p->store[q]] != seg[last]) {
+            arr[p->store[q]] = true;
+        }
+    }
+    bool last_vm = nbx_instr_vm(&p->ins[last]);
+    if (red || last_vm) {
+        arr[last] = true;
+    }
+    /* a fold of whole outputs in each row: the folded values of up to NBX_FOLD_GROUP rows
+     * side by side (RB), folded four outputs at a time (independent chains) */
+    bool whole = red && one_tile && tl.n_in % p->red_n == 0;
+    int group = whole && tl.n_in / p->red_n < 4 ? NBX_FOLD_GROUP : 1;
+    for (int32_t i = 0; i < p->n_instr; i++) {
+        if (arr[i] && !(whole && i == last)) {
+            nbi_sbuf_printf(s, "    %s R%d[%d];\n", nbx_ctype(p->ins[i].dtype), (int)i, NBX_TILE);
+        } else if (arr[i]) {
+            nbi_sbuf_printf(s, "    %s RB[%lld];\n", nbx_ctype(p->ins[i].dtype),
+                            (long long)(group * tl.n_in));
+        }
+        if (nbx_instr_vm(&p->ins[i]) && nbx_vm_index((nbi_op)p->ins[i].op) < 0 &&
+            p->ins[i].op != NBI_OP_POW) { /* sigmoid, softplus, gelu: exp(-|.|), log1p */
+            const char *T = nbx_ctype(p->ins[i].dtype);
+            nbi_sbuf_printf(s, "    %s U%d[%d], V%d[%d];\n", T, (int)i, NBX_TILE, (int)i, NBX_TILE);
+        }
+    }
+    for (int32_t x = 0; x < p->n_ext; x++) {
+        const char *T = nbx_ctype(v->in[x]->dtype);
+        if (how[x] == NBX_TX_GATHER) {
+            nbi_sbuf_printf(s, "    %s X%d[%d];\n", T, (int)x, NBX_TILE);
+        }
+        if (cst_arr[x]) {
+            nbi_sbuf_printf(s, "    %s K%d[%d];\n", T, (int)x, NBX_TILE);
+        }
+    }
+    if (red) {
+        nbi_sbuf_printf(s,
+                        "    %s acc = 0;\n    i64 pos = 0, row = first * %lldll / %lldll;\n"
+                        "    (void)acc; (void)pos;\n",
+                        TO, (long long)tl.n_in, (long long)p->red_n);
+    }
+    /* the rows */
+    nbi_sbuf_puts(s, "    for (i64 q = first; q < first + count; q++) {\n");
+    nbi_sbuf_puts(s, "        i64 c = q;\n        (void)c;\n");
+    for (int d = k - 1; d >= 0; d--) {
+        if (shape[d] > 1) {
+            nbi_sbuf_printf(s, "        const i64 a%d = c %% %lld;\n        c /= %lld;\n", d,
+                            (long long)shape[d], (long long)shape[d]);
+        }
+    }
+    for (int32_t x = 0; x < p->n_ext; x++) {
+        nbi_sbuf_printf(s, "        const i64 b%d = %lld", (int)x, (long long)off[x]);
+        for (int d = 0; d < k; d++) {
+            if (shape[d] > 1 && st[x][d] != 0) {
+                nbi_sbuf_printf(s, " + a%d * %lld", d, (long long)st[x][d]);
+            }
+        }
+        nbi_sbuf_puts(s, ";\n");
+    }
+    if (one_tile) {
+        nbi_sbuf_printf(s, "        {\n        const i64 t0 = 0, n = %lld;\n        (void)t0;\n",
+                        (long long)tl.n_in);
+        if (whole) {
+            nbi_sbuf_printf(s, "        %s *const R%d = RB + (q - first) %% %d * %lld;\n", TO,
+                            (int)last, group, (long long)tl.n_in);
+        }
+    } else {
+        nbi_sbuf_printf(s,
+                        "        for (i64 t0 = 0; t0 < %lld; t0 += %d) {\n"
+                        "        const i64 n = %lld - t0 < %d ? %lld - t0 : %d;\n",
+                        (long long)tl.n_in, NBX_TILE, (long long)tl.n_in, NBX_TILE,
+                        (long long)tl.n_in, NBX_TILE);
+    }
+    /* inputs of the tile */
+    for (int32_t x = 0; x < p->n_ext; x++) {
+        const char *T = nbx_ctype(v->in[x]->dtype);
+        if (how[x] == NBX_TX_CONST) {
+            nbi_sbuf_printf(s, "        const %s e%d = x%d[b%d];\n", T, (int)x, (int)x, (int)x);
+            if (cst_arr[x]) {
+                nbi_sbuf_printf(s, "        for (i64 j = 0; j < n; j++) K%d[j] = e%d;\n", (int)x,
+                                (int)x);
+            }
+        } else if (how[x] == NBX_TX_FLAT) {
+            nbi_sbuf_printf(s, "        const %s *X%d = x%d + b%d + t0;\n", T, (int)x, (int)x,
+                            (int)x);
+        } else if (inner_dims == 1) { /* strided along the row's one dim */
+            int64_t sd = 0;
+            for (int d = k; d < r; d++) {
+                sd = shape[d] > 1 ? st[x][d] : sd;
+            }
+            nbi_sbuf_printf(s,
+                            "        for (i64 j = 0; j < n; j++) X%d[j] = x%d[b%d + (t0 + j) * "
+                            "%lld];\n",
+                            (int)x, (int)x, (int)x, (long long)sd);
+        } else { /* an odometer over the row's dims from t0 */
+            nbi_sbuf_puts(s, "        {\n            i64 m = t0;\n            (void)m;\n");
+            for (int d = r - 1; d >= k; d--) {
+                if (shape[d] > 1) {
+                    nbi_sbuf_printf(s, "            i64 c%d = m %% %lld;\n            m /= %lld;\n",
+                                    d, (long long)shape[d], (long long)shape[d]);
+                }
+            }
+            nbi_sbuf_printf(s,
+                            "            for (i64 j = 0; j < n; j++) {\n"
+                            "                X%d[j] = x%d[b%d",
+                            (int)x, (int)x, (int)x);
+            for (int d = k; d < r; d++) {
+                if (shape[d] > 1) {
+                    nbi_sbuf_printf(s, " + c%d * %lld", d, (long long)st[x][d]);
+                }
+            }
+            nbi_sbuf_puts(s, "];\n");
+            /* the odometer: innermost first */
+            int depth = 0;
+            for (int d = r - 1; d >= k; d--) {
+                if (shape[d] > 1) {
+                    nbi_sbuf_printf(s, "                if (++c%d == %lld) { c%d = 0;\n", d,
+                                    (long long)shape[d], d);
+                    depth++;
+                }
+            }
+            nbi_sbuf_puts(s, "                ");
+            for (int q = 0; q < depth; q++) {
+                nbi_sbuf_puts(s, "}");
+            }
+            nbi_sbuf_puts(s, "\n            }\n        }\n");
+        }
+    }
+    /* the segments */
+    char xa[32], xb[32];
+    for (int g = 0; g < n_seg; g++) {
+        int32_t i0 = 0, i1 = 0;
+        while (seg[i0] != g) {
+            i0++;
+        }
+        for (i1 = i0; i1 < p->n_instr && seg[i1] == g; i1++) {
+        }
+        const nbi_finstr *in = &p->ins[i0];
+        if (nbx_instr_vm(in)) {
+            bool f32 = in->dtype == NB_DTYPE_F32;
+            const char *T = nbx_ctype(in->dtype), *sfx = f32 ? "32" : "64";
+            const char *ABS = f32 ? "__builtin_fabsf" : "__builtin_fabs";
+            int f = nbx_vm_index((nbi_op)in->op);
+            nbx_tile_array(xa, sizeof xa, in->src[0], how);
+            if (f >= 0) {
+                nbi_sbuf_printf(s, "        vm->f%s[%d](R%d, %s, n);\n", sfx, f, (int)i0, xa);
+                continue;
+            }
+            if (in->op == NBI_OP_POW) {
+                nbx_tile_array(xb, sizeof xb, in->src[1], how);
+                nbi_sbuf_printf(s, "        vm->pow_f%s(R%d, %s, %s, n);\n", sfx, (int)i0, xa, xb);
+                continue;
+            }
+            nbx_tile_operand(xa, sizeof xa, in->src[0], how);
+            /* as nbx_sigmoid/softplus/gelu, over the tile */
+            if (in->op == NBI_OP_GELU) {
+                nbi_sbuf_printf(s,
+                                "        for (i64 j = 0; j < n; j++) { %s x = %s; U%d[j] = -%s((%s)"
+                                "1.5957691216057308 * (x + (%s)0.044715 * x * x * x)); }\n",
+                                T, xa, (int)i0, ABS, T, T);
+            } else {
+                nbi_sbuf_printf(s, "        for (i64 j = 0; j < n; j++) U%d[j] = -%s(%s);\n",
+                                (int)i0, ABS, xa);
+            }
+            nbi_sbuf_printf(s, "        vm->f%s[0](U%d, U%d, n);\n", sfx, (int)i0, (int)i0);
+            if (in->op == NBI_OP_SIGMOID) {
+                nbi_sbuf_printf(s,
+                                "        for (i64 j = 0; j < n; j++) R%d[j] = (%s >= 0 ? (%s)1 : "
+                                "U%d[j]) / ((%s)1 + U%d[j]);\n",
+                                (int)i0, xa, T, (int)i0, T, (int)i0);
+            } else if (in->op == NBI_OP_SOFTPLUS) {
+                nbi_sbuf_printf(s, "        vm->f%s[3](V%d, U%d, n);\n", sfx, (int)i0, (int)i0);
+                nbi_sbuf_printf(s,
+                                "        for (i64 j = 0; j < n; j++) R%d[j] = (%s > 0 ? %s : (%s)0)"
+                                " + V%d[j];\n",
+                                (int)i0, xa, xa, T, (int)i0);
+            } else {
+                nbi_sbuf_printf(s,
+                                "        for (i64 j = 0; j < n; j++) { %s x = %s; %s z = x + (%s)"
+                                "0.044715 * x * x * x; R%d[j] = x * ((z >= 0 ? (%s)1 : U%d[j]) / "
+                                "((%s)1 + U%d[j])); }\n",
+                                T, xa, T, T, (int)i0, T, (int)i0, T, (int)i0);
+            }
+            continue;
+        }
+        /* a run of C expressions: one loop; the writes in the last one */
+        bool final = g == seg[last];
+        bool used_x[NBI_FUSE_MAX_EXT] = {false}, used_r[NBI_FUSE_MAX_INSTR] = {false};
+        for (int32_t i = i0; i < i1; i++) {
+            for (int a = 0; a < p->ins[i].n_in; a++) {
+                int16_t src = p->ins[i].src[a];
+                if (src < 0) {
+                    used_x[-src - 1] = true;
+                } else if (src < i0) {
+                    used_r[src] = true;
+                }
+            }
+        }
+        if (final) {
+            for (int32_t q = 0; q < ins->n_store; q++) {
+                if (ins->store[q] >= 0 && p->store[q] < i0) {
+                    used_r[p->store[q]] = true;
+                }
+            }
+        }
+        nbi_sbuf_puts(s, "#pragma GCC ivdep\n        for (i64 j = 0; j < n; j++) {\n");
+        for (int32_t x = 0; x < p->n_ext; x++) {
+            if (used_x[x] && how[x] != NBX_TX_CONST) {
+                const char *T = nbx_ctype(v->in[x]->dtype);
+                nbi_sbuf_printf(s, "            %s e%d = X%d[j];\n", T, (int)x, (int)x);
+            }
+        }
+        for (int32_t i = 0; i < i0; i++) {
+            if (used_r[i]) {
+                nbi_sbuf_printf(s, "            %s r%d = R%d[j];\n", nbx_ctype(p->ins[i].dtype),
+                                (int)i, (int)i);
+            }
+        }
+        for (int32_t i = i0; i < i1; i++) {
+            nbx_instr(s, p, i);
+            if (arr[i]) {
+                nbi_sbuf_printf(s, "            R%d[j] = r%d;\n", (int)i, (int)i);
+            }
+        }
+        if (final) {
+            for (int32_t q = 0; q < ins->n_store; q++) {
+                if (ins->store[q] >= 0) {
+                    nbi_sbuf_printf(s, "            s%d[q * %lldll + t0 + j] = r%d;\n", (int)q,
+                                    (long long)tl.n_in, (int)p->store[q]);
+                }
+            }
+            if (!red) {
+                nbi_sbuf_printf(s, "            o[q * %lldll + t0 + j] = r%d;\n",
+                                (long long)tl.n_in, (int)last);
+            }
+        }
+        nbi_sbuf_puts(s, "        }\n");
+    }
+    if (last_vm && (!red || ins->n_store > 0)) { /* the writes after the last vm call */
+        nbi_sbuf_puts(s, "        for (i64 j = 0; j < n; j++) {\n");
+        for (int32_t q = 0; q < ins->n_store; q++) {
+            if (ins->store[q] >= 0) {
+                nbi_sbuf_printf(s, "            s%d[q * %lldll + t0 + j] = R%d[j];\n", (int)q,
+                                (long long)tl.n_in, (int)p->store[q]);
+            }
+        }
+        if (!red) {
+            nbi_sbuf_printf(s, "            o[q * %lldll + t0 + j] = R%d[j];\n", (long long)tl.n_in,
+                            (int)last);
+        }
+        nbi_sbuf_puts(s, "        }\n");
+    }
+    if (red) { /* each output a left fold from its first element */
+        char comb[160];
+        nbx_fold_comb(comb, sizeof comb, p->red_op, v->dtype, "acc", "t");
+        if (whole) { /* the group's outputs, four chains at a time, then one by one */
+            long long rn = (long long)p->red_n;
+            char c4[4][160];
+            for (int u = 0; u < 4; u++) {
+                char a[8], tt[8];
+                snprintf(a, sizeof a, "a%d", u);
+                snprintf(tt, sizeof tt, "t%d", u);
+                nbx_fold_comb(c4[u], sizeof c4[u], p->red_op, v->dtype, a, tt);
+            }
+            nbi_sbuf_printf(
+                s,
+                "        if ((q - first) %% %d == %d || q == first + count - 1) {\n"
+                "            const i64 nout = ((q - first) %% %d + 1) * %lld;\n"
+                "            i64 g = 0;\n"
+                "            for (; g + 4 <= nout; g += 4) {\n"
+                "                const %s *B = RB + g * %lld;\n"
+                "                %s a0 = B[0], a1 = B[%lld], a2 = B[%lld], a3 = B[%lld];\n"
+                "                for (i64 m = 1; m < %lld; m++) {\n"
+                "                    %s t0 = B[m], t1 = B[%lld + m], t2 = B[%lld + m], "
+                "t3 = B[%lld + m];\n"
+                "                    %s\n                    %s\n"
+                "                    %s\n                    %s\n"
+                "                }\n"
+                "                o[row] = a0; o[row + 1] = a1; o[row + 2] = a2; "
+                "o[row + 3] = a3;\n"
+                "                row += 4;\n"
+                "            }\n"
+                "            for (; g < nout; g++) {\n"
+                "                acc = RB[g * %lld];\n"
+                "                for (i64 m = 1; m < %lld; m++) {\n"
+                "                    %s t = RB[g * %lld + m];\n"
+                "                    %s\n                }\n"
+                "                o[row++] = acc;\n            }\n        }\n",
+                group, group - 1, group, (long long)(tl.n_in / p->red_n), TO, rn, TO, rn, 2 * rn,
+                3 * rn, rn, TO, rn, 2 * rn, 3 * rn, c4[0], c4[1], c4[2], c4[3], rn, rn, TO, rn,
+                comb);
+        } else {
+            nbi_sbuf_printf(s,
+                            "        for (i64 j = 0; j < n; j++) {\n"
+                            "            %s t = R%d[j];\n"
+                            "            if (pos == 0) acc = t;\n            else %s\n"
+                            "            if (++pos == %lld) { o[row++] = acc; pos = 0; }\n"
+                            "        }\n",
+                            TO, (int)last, comb, (long long)p->red_n);
+        }
+    }
+    nbi_sbuf_puts(s, "        }\n    }\n}\n");
+}
+
+/* Rows per task when a pool splits a tiled program: about NBX_BIG_CHUNK elements, in whole
+ * outputs (fixed by the shapes, not by the thread count: each output the same fold). */
+static void nbx_emit_tiled(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, int32_t t) {
+    const nb_var *v = &e->nodes[ins->node];
+    nbi_fprog prog;
+    nbx_tiled_program(v, &prog);
+    const nbi_fprog *p = &prog;
+    nbx_tiling tl;
+    nbx_tiling_of(p, &tl);
+    char buf[96];
+    nbi_sbuf_puts(s, "    {\n        void *p[] = {");
+    for (int32_t x = 0; x < p->n_ext; x++) {
+        nbx_value(e, ins->in[x], buf, sizeof buf);
+        nbi_sbuf_printf(s, "(void *)%s, ", buf);
+    }
+    nbx_value(e, ins->node, buf, sizeof buf);
+    nbi_sbuf_printf(s, "(void *)%s", buf);
+    for (int32_t k = 0; k < ins->n_store; k++) {
+        if (ins->store[k] >= 0) {
+            nbx_value(e, ins->store[k], buf, sizeof buf);
+            nbi_sbuf_printf(s, ", (void *)%s", buf);
+        } else {
+            nbi_sbuf_puts(s, ", 0");
+        }
+    }
+    nbi_sbuf_puts(s, ", (void *)vm};\n");
+    int64_t chunk = 0;
+    if (tl.unit > 0 && tl.n_outer > tl.unit) {
+        int64_t rows = (NBX_BIG_CHUNK + tl.n_in - 1) / tl.n_in;
+        chunk = (rows + tl.unit - 1) / tl.unit * tl.unit;
+    }
+    if (chunk > 0 && chunk < tl.n_outer) {
+        nbi_sbuf_printf(s,
+                        "        if (env->pool == 0)\n            nbx_w%d_%d(p, 0, %lld, 0);\n"
+                        "        else\n            env->par(env->pool, %lld, %lld, nbx_w%d_%d, "
+                        "p);\n    }\n",
+                        nbx_fn_id, (int)t, (long long)tl.n_outer, (long long)tl.n_outer,
+                        (long long)chunk, nbx_fn_id, (int)t);
+    } else {
+        nbi_sbuf_printf(s, "        nbx_w%d_%d(p, 0, %lld, 0);\n    }\n", nbx_fn_id, (int)t,
+                        (long long)tl.n_outer);
+    }
 }
 
 /* Locals: at most this many elements (a state vector of an ODE, a scalar of a controller). */
@@ -1495,7 +2078,8 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
     if (kind != NULL && promoted != NULL && !(calls & 64)) {
         for (int32_t t = 0; t < e->n_instrs; t++) {
             const nbi_instr *ins = &e->instrs[t];
-            if (kind[t] == NBX_CALL || kind[t] == NBX_BIG || kind[t] == NBX_LOOP) {
+            if (kind[t] == NBX_CALL || kind[t] == NBX_BIG || kind[t] == NBX_LOOP ||
+                kind[t] == NBX_TILED) {
                 continue;
             }
             promoted[ins->node] = true;
@@ -1512,7 +2096,8 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
                           v->size <= NBX_PROMOTE_MAX && (es == 1 || es == 4 || es == 8);
         }
         for (int32_t t = 0; t < e->n_instrs; t++) {
-            if (kind[t] != NBX_CALL && kind[t] != NBX_BIG && kind[t] != NBX_LOOP) {
+            if (kind[t] != NBX_CALL && kind[t] != NBX_BIG && kind[t] != NBX_LOOP &&
+                kind[t] != NBX_TILED) {
                 continue;
             }
             for (int32_t j = 0; j < e->instrs[t].n_in; j++) {
@@ -1543,7 +2128,8 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
     int32_t inl = 0;
     for (int32_t t = 0; t < e->n_instrs; t++) {
         int kd = kind != NULL ? kind[t] : nbx_kind(e, &e->instrs[t], calls);
-        inl += kd == NBX_FUSED || (kd == NBX_BIG && e->nodes[e->instrs[t].node].op == NBI_OP_FUSED);
+        inl += kd == NBX_FUSED || kd == NBX_TILED ||
+               (kd == NBX_BIG && e->nodes[e->instrs[t].node].op == NBI_OP_FUSED);
     }
     nbi_sbuf_printf(s,
                     "/* %d instructions (%d fused programs written out), %d inputs, %d outputs, "
@@ -1556,13 +2142,19 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
     nbx_fn_id = fid + 1;
     bool any_big = false;
     for (int32_t t = 0; kind != NULL && !rest && t < e->n_instrs; t++) {
-        if (kind[t] == NBX_BIG) {
+        if (kind[t] == NBX_BIG || kind[t] == NBX_TILED) {
             if (!any_big) {
                 nbi_sbuf_puts(s, "#if defined(__GNUC__) && !defined(__clang__)\n"
                                  "#pragma GCC push_options\n"
                                  "#pragma GCC optimize(\"vect-cost-model=dynamic\")\n"
                                  "#endif\n");
                 any_big = true;
+            }
+            if (kind[t] == NBX_TILED) {
+                nbi_fprog tp;
+                nbx_tiled_program(&e->nodes[e->instrs[t].node], &tp);
+                nbx_emit_tiled_worker(s, e, &e->instrs[t], &tp, t);
+                continue;
             }
             nbi_fprog big;
             nbx_big_program(&e->nodes[e->instrs[t].node], &big);
@@ -1647,6 +2239,9 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
             break;
         case NBX_BIG:
             nbx_emit_big(s, e, ins, t);
+            break;
+        case NBX_TILED:
+            nbx_emit_tiled(s, e, ins, t);
             break;
         case NBX_LOOP:
             if (v->op == NBI_OP_LOOP_REVERSE) {

@@ -311,6 +311,164 @@ static void test_big_same_bits(void **state) {
     }
 }
 
+/* ---- tiled programs: vector math over more than a few elements, folds, gathers --------- */
+
+/* args: (x f32[16,32,65], b f32[65], s f32[], g f32[32,64], z f32[20,40,100],
+ *        y f64[2000,3], c f64[1,3], d f64[2000,1], k i32[100,65], w f32[1200]);
+ * programs the generator writes out tiled: log softmax over rows of 65 (a max and a sum
+ * of exps, folded four rows at a time, and a log), a max over rows of x * s (ties of -0
+ * and +0, a NaN), sigmoid, softplus and gelu over [32, 64], a max over two axes (an
+ * output spans 40 rows of 50), an f64 program over [2000, 3] cut into tiles of 512 with
+ * inputs broadcast along either axis (gathered), an integer sum over rows and a strided
+ * slice (gathered along a row of 600 cut into two tiles). */
+static nb_status body_tiled(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *x = nb_get(tr, args, "[0]"), *b = nb_get(tr, args, "[1]");
+    nb_var *s = nb_get(tr, args, "[2]"), *g = nb_get(tr, args, "[3]");
+    nb_var *z = nb_get(tr, args, "[4]"), *y = nb_get(tr, args, "[5]");
+    nb_var *c = nb_get(tr, args, "[6]"), *d = nb_get(tr, args, "[7]");
+    nb_var *k = nb_get(tr, args, "[8]"), *w = nb_get(tr, args, "[9]");
+    nb_var *ls = nb_log_softmax(nb_add(x, b), -1);
+    nb_var *mx = nb_max(nb_mul(x, s), (const int[]){-1}, 1, false);
+    nb_var *act = nb_add(nb_sigmoid(g), nb_mul(nb_softplus(g), nb_gelu(g)));
+    nb_var *m2 = nb_max(nb_mul(nb_exp(z), s), (const int[]){1, 2}, 2, false);
+    nb_var *yy = nb_mul(nb_exp(nb_add(y, c)), d);
+    nb_var *ks = nb_sum(nb_mul(k, k), (const int[]){-1}, 1, false);
+    nb_var *ws = nb_mul(
+        nb_tanh(nb_slice(w, (const int64_t[]){0}, (const int64_t[]){1200}, (const int64_t[]){2})),
+        s);
+    nb_var *vs[] = {ls, mx, act, m2, yy, ks, ws};
+    nb_tree *leaves[7];
+    for (int i = 0; i < 7; i++) {
+        leaves[i] = nb_leaf(vs[i]);
+    }
+    return nb_tree_tuple(ctx, 7, leaves, out);
+}
+
+static nb_array *tiled_f32(nb_ctx *ctx, int rank, const int64_t *shape, double scale, double freq) {
+    int64_t n = 1;
+    for (int i = 0; i < rank; i++) {
+        n *= shape[i];
+    }
+    float *v = malloc((size_t)n * sizeof *v);
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; i++) {
+        v[i] = (float)(scale * sin(freq * (double)i + 0.3));
+    }
+    nb_array *a = nbt_arr_f32(ctx, rank, shape, v);
+    free(v);
+    return a;
+}
+
+static nb_tree *tiled_args(nb_ctx *ctx) {
+    nb_array *a[10] = {NULL};
+    a[0] = tiled_f32(ctx, 3, (const int64_t[]){16, 32, 65}, 4.0, 0.37);
+    float *xv = nb_array_data(a[0]);
+    for (int j = 0; j < 65; j++) { /* row 0: zeros of both signs, the max a tie */
+        xv[j] = j % 2 ? 0.0f : -0.0f;
+        xv[65 + j] = j % 3 ? 0.0f : -0.0f;
+        xv[2 * 65 + j] = (float)j - 64.0f;
+        xv[4 * 65 + j] = j == 0 ? 0.0f : -0.0f;
+    }
+    xv[3 * 65 + 7] = NAN; /* row 3: a NaN */
+    a[1] = tiled_f32(ctx, 1, (const int64_t[]){65}, 0.5, 1.1);
+    a[2] = nbt_arr_f32(ctx, 0, NULL, (const float[]){1.0f});
+    a[3] = tiled_f32(ctx, 2, (const int64_t[]){32, 64}, 6.0, 0.11);
+    a[4] = tiled_f32(ctx, 3, (const int64_t[]){20, 40, 100}, 3.0, 0.013);
+    double *yv = malloc(2000 * 3 * sizeof *yv), *dv = malloc(2000 * sizeof *dv);
+    assert_non_null(yv);
+    assert_non_null(dv);
+    for (int i = 0; i < 6000; i++) {
+        yv[i] = cos(0.017 * i);
+    }
+    for (int i = 0; i < 2000; i++) {
+        dv[i] = 1.0 + 0.001 * i;
+    }
+    a[5] = nbt_arr_f64(ctx, 2, (const int64_t[]){2000, 3}, yv);
+    a[6] = nbt_arr_f64(ctx, 2, (const int64_t[]){1, 3}, (const double[]){0.25, -1.5, 3.0});
+    a[7] = nbt_arr_f64(ctx, 2, (const int64_t[]){2000, 1}, dv);
+    free(yv);
+    free(dv);
+    NBT_OK(ctx, nb_array_arange(ctx, NB_DTYPE_I32, -3000, 3500, 1, &a[8]));
+    nb_array *k2 = NULL;
+    NBT_OK(ctx, nb_array_reshape(a[8], 2, (const int64_t[]){100, 65}, &k2));
+    nb_array_destroy(a[8]);
+    a[8] = k2;
+    a[9] = tiled_f32(ctx, 1, (const int64_t[]){1200}, 2.0, 0.05);
+    nb_tree *l[10];
+    for (int i = 0; i < 10; i++) {
+        NBT_OK(ctx, nb_tree_array(a[i], &l[i]));
+        nb_array_destroy(a[i]);
+    }
+    return nbt_tuple_take(ctx, 10, l);
+}
+
+/* NOW: every program above written out tiled, the interpreter's bits for 1 and 2 threads. */
+static void test_tiled_same_bits(void **state) {
+    (void)state;
+    nb_tree *res[2][2] = {{NULL, NULL}, {NULL, NULL}};
+    nb_ctx *ctxs[2] = {NULL, NULL};
+    for (int threads = 1; threads <= 2; threads++) {
+        nb_ctx_opts co = nb_ctx_opts_default();
+        co.n_threads = threads;
+        NBT_OK(NULL, nb_ctx_create(&co, &ctxs[threads - 1]));
+        nb_ctx *ctx = ctxs[threads - 1];
+        nb_tree *args = tiled_args(ctx);
+        if (threads == 1) {
+            nb_fn *f = NULL;
+            NBT_OK(ctx, nb_fn_create(ctx, "tiled", body_tiled, NULL, &f));
+            char *buf = fn_source(ctx, f, args);
+            int n_kern = 0, n_tiled = 0;
+            for (const char *q = buf; (q = strstr(q, "env->kern[")) != NULL; q++) {
+                n_kern++;
+            }
+            for (const char *q = buf; (q = strstr(q, "for (i64 q = first;")) != NULL; q++) {
+                n_tiled++;
+            }
+            printf("tiled: %d programs written out tiled, %d kernel calls\n", n_tiled, n_kern);
+            assert_int_equal(n_kern, 0); /* no program left to the interpreter's kernel */
+            assert_true(n_tiled >= 8);
+            assert_non_null(strstr(buf, "vm->f32[0]("));           /* exp over a tile */
+            assert_non_null(strstr(buf, "vm->f64[0]("));           /* the f64 one */
+            assert_non_null(strstr(buf, "a0 = B[0], a1 = B[65]")); /* four rows' folds */
+            assert_non_null(strstr(buf, "for (i64 t0 = 0; t0 < 6000; t0 += 512)"));
+            assert_non_null(strstr(buf, "for (i64 t0 = 0; t0 < 600; t0 += 512)"));
+            assert_non_null(strstr(buf, "(t0 + j) * 2]"));  /* the strided slice, gathered */
+            assert_non_null(strstr(buf, "if (++c1 == 3)")); /* the odometer of [2000, 3] */
+            assert_non_null(strstr(buf, "env->par(env->pool, 800, 200,")); /* whole outputs */
+            free(buf);
+            nb_fn_destroy(f);
+        }
+        nb_fn *off = jit_mode(ctx, body_tiled, "tiled", NB_NATIVE_OFF);
+        nb_fn *now = jit_mode(ctx, body_tiled, "tiled_now", NB_NATIVE_NOW);
+        NBT_OK(ctx, nb_fn_call(off, args, &res[threads - 1][0]));
+        NBT_OK(ctx, nb_fn_call(now, args, &res[threads - 1][1]));
+        assert_int_equal(stats_of(now).tier, 1);
+        nb_fn_destroy(off);
+        nb_fn_destroy(now);
+        nb_tree_destroy(args);
+    }
+    /* the ties: row 0's max is -0 (its first zero), row 1's too; row 3's a NaN */
+    const nb_array *mx = nb_tree_get_array(nb_tree_child(res[0][1], 1));
+    const float *mv = nb_array_data(mx);
+    assert_true(signbit(mv[0]) && mv[0] == 0.0f);
+    assert_true(signbit(mv[1]) && mv[1] == 0.0f);
+    assert_true(mv[2] == 0.0f && !signbit(mv[2])); /* its last element, +0 */
+    assert_true(isnan(mv[3]));
+    assert_true(mv[4] == 0.0f && !signbit(mv[4])); /* +0 first, then -0s */
+    assert_same_bits(res[0][0], res[0][1]);        /* 1 thread: written out vs the interpreter */
+    assert_same_bits(res[1][0], res[1][1]);        /* 2 threads: rows split on the pool */
+    assert_same_bits(res[0][1], res[1][1]);
+    for (int i = 0; i < 4; i++) {
+        nb_tree_destroy(res[i / 2][i % 2]);
+    }
+    for (int i = 0; i < 2; i++) {
+        nbt_assert_no_live(ctxs[i]);
+        nb_ctx_destroy(ctxs[i]);
+    }
+}
+
 /* ---- loops: the body's executable has native code of its own ------------------------- */
 
 static nb_status body_step(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
@@ -907,12 +1065,13 @@ int main(void) {
     unsetenv("NABLA_NATIVE");
     unsetenv("NABLA_CC");
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_now_same_bits),   cmocka_unit_test(test_native_no_fma),
-        cmocka_unit_test(test_big_same_bits),   cmocka_unit_test(test_loop_same_bits),
-        cmocka_unit_test(test_loop_prefix),     cmocka_unit_test(test_reverse_same_bits),
-        cmocka_unit_test(test_reverse_nested),  cmocka_unit_test(test_loop_shared_body),
-        cmocka_unit_test(test_auto_swaps_in),   cmocka_unit_test(test_format_c),
-        cmocka_unit_test(test_fallback_logged), cmocka_unit_test(test_warm_cache),
+        cmocka_unit_test(test_now_same_bits),     cmocka_unit_test(test_native_no_fma),
+        cmocka_unit_test(test_big_same_bits),     cmocka_unit_test(test_tiled_same_bits),
+        cmocka_unit_test(test_loop_same_bits),    cmocka_unit_test(test_loop_prefix),
+        cmocka_unit_test(test_reverse_same_bits), cmocka_unit_test(test_reverse_nested),
+        cmocka_unit_test(test_loop_shared_body),  cmocka_unit_test(test_auto_swaps_in),
+        cmocka_unit_test(test_format_c),          cmocka_unit_test(test_fallback_logged),
+        cmocka_unit_test(test_warm_cache),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
