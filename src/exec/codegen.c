@@ -425,6 +425,27 @@ static void nbx_instr(nbi_sbuf *s, const nbi_fprog *p, int32_t i) {
     }
 }
 
+/* One step of a reduction's left fold, "a = a (op) t;", as the kernel combines. */
+static void nbx_fold_comb(char *buf, size_t cap, int red_op, nb_dtype d, const char *a,
+                          const char *t) {
+    const char *T = nbx_ctype(d), *U = nbx_utype(d);
+    if (red_op == NBI_OP_SUM) {
+        if (nbx_is_float(d)) {
+            snprintf(buf, cap, "%s = %s + %s;", a, a, t);
+        } else {
+            snprintf(buf, cap, "%s = (%s)((%s)%s + (%s)%s);", a, T, U, a, U, t);
+        }
+        return;
+    }
+    const char *cmp = red_op == NBI_OP_MAX ? ">" : "<";
+    if (nbx_is_float(d)) { /* (t > a || t != t) ? t : a, in two selects without a branch */
+        snprintf(buf, cap, "%s = %s %s %s ? %s : %s; %s = %s != %s ? %s : %s;", a, t, cmp, a, t, a,
+                 a, t, t, t, a);
+    } else {
+        snprintf(buf, cap, "%s = %s %s %s ? %s : %s;", a, t, cmp, a, t, a);
+    }
+}
+
 /* The address text of value node (its buffer this run) into buf. */
 typedef struct nbx_ctx {
     const nbi_exec *e;
@@ -641,24 +662,11 @@ static void nbx_emit_fused_ex(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *i
     if (!red) {
         nbi_sbuf_printf(s, "            o[i] = r%d;\n", last);
     } else {
-        bool fl = nbx_is_float(v->dtype);
-        const char *T = nbx_ctype(v->dtype), *U = nbx_utype(v->dtype);
+        const char *T = nbx_ctype(v->dtype);
+        char comb[160];
+        nbx_fold_comb(comb, sizeof comb, p->red_op, v->dtype, "acc", "t");
         nbi_sbuf_printf(s, "            %s t = r%d;\n", T, last);
-        nbi_sbuf_puts(s, "            if (pos == 0) acc = t;\n            else ");
-        if (p->red_op == NBI_OP_SUM) {
-            if (fl) {
-                nbi_sbuf_puts(s, "acc = acc + t;\n");
-            } else {
-                nbi_sbuf_printf(s, "acc = (%s)((%s)acc + (%s)t);\n", T, U, U);
-            }
-        } else {
-            const char *cmp = p->red_op == NBI_OP_MAX ? ">" : "<";
-            if (fl) {
-                nbi_sbuf_printf(s, "acc = (t %s acc || t != t) ? t : acc;\n", cmp);
-            } else {
-                nbi_sbuf_printf(s, "acc = t %s acc ? t : acc;\n", cmp);
-            }
-        }
+        nbi_sbuf_printf(s, "            if (pos == 0) acc = t;\n            else { %s }\n", comb);
         nbi_sbuf_printf(s, "            if (++pos == %lld) { o[row++] = acc; pos = 0; }\n",
                         (long long)p->red_n);
     }
@@ -827,26 +835,16 @@ static void nbx_emit_reduce(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins
     }
     nbi_sbuf_puts(s,
                   "];\n                if (first) { acc = t; first = 0; }\n                else ");
-    switch ((nbi_op)v->op) {
-    case NBI_OP_SUM:
-    case NBI_OP_PROD: {
-        const char *o = v->op == NBI_OP_SUM ? "+" : "*";
+    if (v->op == NBI_OP_PROD) {
         if (fl) {
-            nbi_sbuf_printf(s, "acc = acc %s t;\n", o);
+            nbi_sbuf_puts(s, "acc = acc * t;\n");
         } else {
-            nbi_sbuf_printf(s, "acc = (%s)((%s)acc %s (%s)t);\n", T, U, o, U);
+            nbi_sbuf_printf(s, "acc = (%s)((%s)acc * (%s)t);\n", T, U, U);
         }
-        break;
-    }
-    default: {
-        const char *cmp = v->op == NBI_OP_MAX ? ">" : "<";
-        if (fl) {
-            nbi_sbuf_printf(s, "acc = (t %s acc || t != t) ? t : acc;\n", cmp);
-        } else {
-            nbi_sbuf_printf(s, "acc = t %s acc ? t : acc;\n", cmp);
-        }
-        break;
-    }
+    } else {
+        char comb[160];
+        nbx_fold_comb(comb, sizeof comb, v->op, v->dtype, "acc", "t");
+        nbi_sbuf_printf(s, "{ %s }\n", comb);
     }
     nbi_sbuf_puts(s,
                   "            }\n            o[q++] = acc;\n        }\n        (void)q;\n    }\n");
@@ -975,7 +973,29 @@ static bool nbx_emit_move(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) 
                 "%lld : t; off += t * %lld; }\n",
                 nbx_ctype(v->in[first + d]->dtype), ib, hi, hi, (long long)xst[d]);
         }
-        if (blk->size > 0) {
+        /* the block's rows: dims [c, rank) are contiguous in both (full from c + 1 on), one
+         * copy of run elements each */
+        int c = x->rank;
+        int64_t run = 1;
+        while (c > 0 && (c == x->rank || blk->shape[c] == x->shape[c])) {
+            run *= blk->shape[--c];
+        }
+        if (blk->size > 0 && c < x->rank && run > 1) {
+            for (int d = 0; d < c; d++) {
+                nbi_sbuf_printf(s, "        for (i64 i%d = 0; i%d < %lld; i%d++)\n", d, d,
+                                (long long)blk->shape[d], d);
+            }
+            nbi_sbuf_puts(s, "        {\n            i64 xo = off, bo = 0;\n");
+            for (int d = 0; d < c; d++) {
+                nbi_sbuf_printf(s, "            xo += i%d * %lld; bo += i%d * %lld;\n", d,
+                                (long long)xst[d], d, (long long)bst[d]);
+            }
+            nbi_sbuf_printf(s,
+                            upd ? "            __builtin_memmove(o + xo, u + bo, %zu);\n"
+                                : "            __builtin_memmove(o + bo, x + xo, %zu);\n",
+                            (size_t)run * es);
+            nbi_sbuf_puts(s, "        }\n");
+        } else if (blk->size > 0) {
             for (int d = 0; d < x->rank; d++) {
                 nbi_sbuf_printf(s, "        for (i64 i%d = 0; i%d < %lld; i%d++)\n", d, d,
                                 (long long)blk->shape[d], d);
@@ -1358,26 +1378,6 @@ static void nbx_tile_array(char *buf, size_t cap, int16_t src, const int *how) {
 /* Tiled folds of one output per row: this many rows' values kept for one fold. */
 #define NBX_FOLD_GROUP 4
 
-/* One step of a reduction's left fold, "a = a (op) t;", as the kernel combines. */
-static void nbx_fold_comb(char *buf, size_t cap, int red_op, nb_dtype d, const char *a,
-                          const char *t) {
-    const char *T = nbx_ctype(d), *U = nbx_utype(d);
-    if (red_op == NBI_OP_SUM) {
-        if (nbx_is_float(d)) {
-            snprintf(buf, cap, "%s = %s + %s;", a, a, t);
-        } else {
-            snprintf(buf, cap, "%s = (%s)((%s)%s + (%s)%s);", a, T, U, a, U, t);
-        }
-        return;
-    }
-    const char *cmp = red_op == NBI_OP_MAX ? ">" : "<";
-    if (nbx_is_float(d)) {
-        snprintf(buf, cap, "%s = (%s %s %s || %s != %s) ? %s : %s;", a, t, cmp, a, t, t, t, a);
-    } else {
-        snprintf(buf, cap, "%s = %s %s %s ? %s : %s;", a, t, cmp, a, t, a);
-    }
-}
-
 static void nbx_emit_tiled_worker(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
                                   const nbi_fprog *p, int32_t t) {
     const nb_var *v = &e->nodes[ins->node];
@@ -1755,7 +1755,7 @@ static void nbx_emit_tiled_worker(nbi_sbuf *s, const nbi_exec *e, const nbi_inst
             nbi_sbuf_printf(s,
                             "        for (i64 j = 0; j < n; j++) {\n"
                             "            %s t = R%d[j];\n"
-                            "            if (pos == 0) acc = t;\n            else %s\n"
+                            "            if (pos == 0) acc = t;\n            else { %s }\n"
                             "            if (++pos == %lld) { o[row++] = acc; pos = 0; }\n"
                             "        }\n",
                             TO, (int)last, comb, (long long)p->red_n);
