@@ -1281,6 +1281,10 @@ static void nbx_emit_big(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, i
  * as the interpreter, which runs the same instructions over its own tiles. Rows split
  * across the pool's threads in whole outputs. */
 #define NBX_TILE 512
+/* At most this many bytes of local arrays in a tiled worker (nbx_tiled_ok). */
+#define NBX_TILE_STACK (160 * 1024)
+/* Tiled folds of one output per row: this many rows' values kept for one fold. */
+#define NBX_FOLD_GROUP 4
 
 typedef struct nbx_tiling {
     int k;           /* the row: dims [k, r) of the map shape */
@@ -1312,10 +1316,24 @@ static bool nbx_tiled_ok(const nb_var *v, const nbi_fprog *p) {
     if (size <= 0 || p->pad_mask != 0 || p->map_rank < 1) {
         return false;
     }
+    /* one row over a large array would run on one thread, where the kernel splits it */
+    nbx_tiling tl;
+    nbx_tiling_of(p, &tl);
+    if (tl.n_outer < 2 && size > 2 * NBX_BIG_CHUNK) {
+        return false;
+    }
+    /* the worker's local arrays (at most: every register, two more per activation, a
+     * gathered copy and a constant's per input, the fold's rows) stay within
+     * NBX_TILE_STACK bytes of stack */
+    int64_t arrays = p->n_instr + 2 * p->n_ext;
     for (int32_t i = 0; i < p->n_instr; i++) {
         if (!nbx_instr_ok(&p->ins[i])) {
             return false;
         }
+        arrays += nbx_instr_vm(&p->ins[i]) ? 2 : 0;
+    }
+    if ((arrays + NBX_FOLD_GROUP) * NBX_TILE * 8 > NBX_TILE_STACK) {
+        return false;
     }
     if (p->red_op != 0) {
         nb_dtype d = v->dtype;
@@ -1374,9 +1392,6 @@ static void nbx_tile_array(char *buf, size_t cap, int16_t src, const int *how) {
         snprintf(buf, cap, "X%d", (int)(-src - 1));
     }
 }
-
-/* Tiled folds of one output per row: this many rows' values kept for one fold. */
-#define NBX_FOLD_GROUP 4
 
 static void nbx_emit_tiled_worker(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins,
                                   const nbi_fprog *p, int32_t t) {
@@ -1477,8 +1492,7 @@ static void nbx_emit_tiled_worker(nbi_sbuf *s, const nbi_exec *e, const nbi_inst
         if (arr[i] && !(whole && i == last)) {
             nbi_sbuf_printf(s, "    %s R%d[%d];\n", nbx_ctype(p->ins[i].dtype), (int)i, NBX_TILE);
         } else if (arr[i]) {
-            nbi_sbuf_printf(s, "    %s RB[%lld];\n", nbx_ctype(p->ins[i].dtype),
-                            (long long)(group * tl.n_in));
+            nbi_sbuf_printf(s, "    %s RB[%lld];\n", TO, (long long)(group * tl.n_in));
         }
         if (nbx_instr_vm(&p->ins[i]) && nbx_vm_index((nbi_op)p->ins[i].op) < 0 &&
             p->ins[i].op != NBI_OP_POW) { /* sigmoid, softplus, gelu: exp(-|.|), log1p */

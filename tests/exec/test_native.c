@@ -314,13 +314,16 @@ static void test_big_same_bits(void **state) {
 /* ---- tiled programs: vector math over more than a few elements, folds, gathers --------- */
 
 /* args: (x f32[16,32,65], b f32[65], s f32[], g f32[32,64], z f32[20,40,100],
- *        y f64[2000,3], c f64[1,3], d f64[2000,1], k i32[100,65], w f32[1200]);
+ *        y f64[2000,3], c f64[1,3], d f64[2000,1], k i32[100,65], w f32[1200],
+ *        m f32[2000,10]);
  * programs the generator writes out tiled: log softmax over rows of 65 (a max and a sum
  * of exps, folded four rows at a time, and a log), a max over rows of x * s (ties of -0
  * and +0, a NaN), sigmoid, softplus and gelu over [32, 64], a max over two axes (an
- * output spans 40 rows of 50), an f64 program over [2000, 3] cut into tiles of 512 with
+ * output spans 40 rows of 100), an f64 program over [2000, 3] cut into tiles of 512 with
  * inputs broadcast along either axis (gathered), an integer sum over rows and a strided
- * slice (gathered along a row of 600 cut into two tiles). */
+ * slice (gathered along a row of 600 cut into two tiles); a program storing an
+ * intermediate and ending in exp, f64 sigmoid, softplus and pow, and a max over rows of 10
+ * folded across tiles (one row of 20000: an output's elements in two tiles). */
 static nb_status body_tiled(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
     nb_ctx *ctx = nb_trace_ctx(tr);
@@ -329,6 +332,7 @@ static nb_status body_tiled(nb_trace *tr, const nb_tree *self, const nb_tree *ar
     nb_var *z = nb_get(tr, args, "[4]"), *y = nb_get(tr, args, "[5]");
     nb_var *c = nb_get(tr, args, "[6]"), *d = nb_get(tr, args, "[7]");
     nb_var *k = nb_get(tr, args, "[8]"), *w = nb_get(tr, args, "[9]");
+    nb_var *m = nb_get(tr, args, "[10]");
     nb_var *ls = nb_log_softmax(nb_add(x, b), -1);
     nb_var *mx = nb_max(nb_mul(x, s), (const int[]){-1}, 1, false);
     nb_var *act = nb_add(nb_sigmoid(g), nb_mul(nb_softplus(g), nb_gelu(g)));
@@ -338,12 +342,17 @@ static nb_status body_tiled(nb_trace *tr, const nb_tree *self, const nb_tree *ar
     nb_var *ws = nb_mul(
         nb_tanh(nb_slice(w, (const int64_t[]){0}, (const int64_t[]){1200}, (const int64_t[]){2})),
         s);
-    nb_var *vs[] = {ls, mx, act, m2, yy, ks, ws};
-    nb_tree *leaves[7];
-    for (int i = 0; i < 7; i++) {
+    nb_var *u = nb_mul(g, nb_add(s, s));
+    nb_var *eu = nb_exp(u);
+    nb_var *y2 = nb_add(nb_mul(nb_sigmoid(y), nb_softplus(y)),
+                        nb_pow(nb_add(nb_square(y), nb_scalar(tr, 1.0)), nb_scalar(tr, 0.75)));
+    nb_var *mm = nb_max(nb_mul(m, s), (const int[]){-1}, 1, false);
+    nb_var *vs[] = {ls, mx, act, m2, yy, ks, ws, u, eu, y2, mm};
+    nb_tree *leaves[11];
+    for (int i = 0; i < 11; i++) {
         leaves[i] = nb_leaf(vs[i]);
     }
-    return nb_tree_tuple(ctx, 7, leaves, out);
+    return nb_tree_tuple(ctx, 11, leaves, out);
 }
 
 static nb_array *tiled_f32(nb_ctx *ctx, int rank, const int64_t *shape, double scale, double freq) {
@@ -362,7 +371,7 @@ static nb_array *tiled_f32(nb_ctx *ctx, int rank, const int64_t *shape, double s
 }
 
 static nb_tree *tiled_args(nb_ctx *ctx) {
-    nb_array *a[10] = {NULL};
+    nb_array *a[11] = {NULL};
     a[0] = tiled_f32(ctx, 3, (const int64_t[]){16, 32, 65}, 4.0, 0.37);
     float *xv = nb_array_data(a[0]);
     for (int j = 0; j < 65; j++) { /* row 0: zeros of both signs, the max a tie */
@@ -396,12 +405,19 @@ static nb_tree *tiled_args(nb_ctx *ctx) {
     nb_array_destroy(a[8]);
     a[8] = k2;
     a[9] = tiled_f32(ctx, 1, (const int64_t[]){1200}, 2.0, 0.05);
-    nb_tree *l[10];
-    for (int i = 0; i < 10; i++) {
+    a[10] = tiled_f32(ctx, 2, (const int64_t[]){2000, 10}, 5.0, 0.7);
+    float *mv = nb_array_data(a[10]);
+    for (int j = 0; j < 10; j++) { /* row 51 straddles tiles 0 and 1 (elements 510-519) */
+        mv[51 * 10 + j] = j < 4 ? -0.0f : j == 9 ? -1.0f : 0.0f; /* first zero -0 */
+        mv[52 * 10 + j] = j == 0 ? 0.0f : -0.0f;                 /* first zero +0 */
+    }
+    mv[53 * 10 + 2] = NAN;
+    nb_tree *l[11];
+    for (int i = 0; i < 11; i++) {
         NBT_OK(ctx, nb_tree_array(a[i], &l[i]));
         nb_array_destroy(a[i]);
     }
-    return nbt_tuple_take(ctx, 10, l);
+    return nbt_tuple_take(ctx, 11, l);
 }
 
 /* NOW: every program above written out tiled, the interpreter's bits for 1 and 2 threads. */
@@ -428,7 +444,7 @@ static void test_tiled_same_bits(void **state) {
             }
             printf("tiled: %d programs written out tiled, %d kernel calls\n", n_tiled, n_kern);
             assert_int_equal(n_kern, 0); /* no program left to the interpreter's kernel */
-            assert_true(n_tiled >= 8);
+            assert_true(n_tiled >= 10);
             assert_non_null(strstr(buf, "vm->f32[0]("));           /* exp over a tile */
             assert_non_null(strstr(buf, "vm->f64[0]("));           /* the f64 one */
             assert_non_null(strstr(buf, "a0 = B[0], a1 = B[65]")); /* four rows' folds */
@@ -457,8 +473,12 @@ static void test_tiled_same_bits(void **state) {
     assert_true(mv[2] == 0.0f && !signbit(mv[2])); /* its last element, +0 */
     assert_true(isnan(mv[3]));
     assert_true(mv[4] == 0.0f && !signbit(mv[4])); /* +0 first, then -0s */
-    assert_same_bits(res[0][0], res[0][1]);        /* 1 thread: written out vs the interpreter */
-    assert_same_bits(res[1][0], res[1][1]);        /* 2 threads: rows split on the pool */
+    const float *m3 = nb_array_data(nb_tree_get_array(nb_tree_child(res[0][1], 10)));
+    assert_true(signbit(m3[51]) && m3[51] == 0.0f); /* folded across two tiles */
+    assert_true(m3[52] == 0.0f && !signbit(m3[52]));
+    assert_true(isnan(m3[53]));
+    assert_same_bits(res[0][0], res[0][1]); /* 1 thread: written out vs the interpreter */
+    assert_same_bits(res[1][0], res[1][1]); /* 2 threads: rows split on the pool */
     assert_same_bits(res[0][1], res[1][1]);
     for (int i = 0; i < 4; i++) {
         nb_tree_destroy(res[i / 2][i % 2]);
