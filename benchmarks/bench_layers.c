@@ -7,7 +7,9 @@
  *     SAME, relu, conv 16->32 3x3 SAME, relu, max pool 2x2 stride 2, Linear 512->64, relu,
  *     Linear 64->10, mean cross-entropy, Adam 1e-3;
  *   - gru: a character model of examples/char_rnn.c's shape: Embedding 65->32, GRU cells
- *     32->128 and 128->128 under nb_scan over 64 steps (every step stored), Linear 128->65,
+ *     32->128 and 128->128, each layer nb_nn_gru over the 64 steps (a bounded scan, every
+ *     step stored; its input side one product before the scan, as the peers' layer-by-layer
+ *     runs), Linear 128->65,
  *     batch 32, mean cross-entropy over the 2,048 positions, Adam 1e-3;
  * each next to its C limit (benchmarks/limits/lim_cnn.c, lim_gru.c: the same step hand-written,
  * BLIS for the products and plain loops for the rest, every activation stored), started from
@@ -179,17 +181,6 @@ static nb_tree *cnn_model(nb_ctx *ctx, const nb_array *key) {
 
 enum { GB = 32, GT = 64, GE = 32, GH = 128, GV = 65 };
 
-static nb_status gru_cell(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
-    nb_var *h1 = nb_get(tr, args, "[0][0]"), *h2 = nb_get(tr, args, "[0][1]");
-    h1 = nb_nn_gru_cell(tr, nb_tree_get(self, "gru1"), nb_get(tr, args, "[1]"), h1);
-    h2 = nb_nn_gru_cell(tr, nb_tree_get(self, "gru2"), h1, h2);
-    nb_tree *carry = NULL;
-    nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(h1), nb_leaf(h2)}, &carry);
-    nb_status st = nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){carry, nb_leaf(h2)}, out);
-    nb_tree_destroy(carry);
-    return st;
-}
-
 /* loss((params, inputs i32[B, T], targets i32[B, T])) */
 static nb_status gru_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
     (void)self;
@@ -197,15 +188,11 @@ static nb_status gru_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args
     nb_var *xs = nb_transpose(nb_nn_embedding(tr, nb_tree_get(p, "emb"), nb_get(tr, args, "[1]")),
                               (int[]){1, 0, 2});
     nb_var *h0 = nb_full(tr, NB_DTYPE_F32, 2, (int64_t[]){GB, GH}, 0.0);
-    nb_tree *carry = NULL;
-    nb_fn *f = NULL;
-    nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(h0), nb_leaf(h0)}, &carry);
-    nb_fn_create(nb_trace_ctx(tr), "cell", gru_cell, p, &f);
-    const nb_tree *r =
-        nb_scan(tr, f, carry, nb_leaf(xs), GT, &(nb_loop_opts){.kind = NB_LOOP_BOUNDED});
-    nb_fn_destroy(f);
-    nb_tree_destroy(carry);
-    nb_var *z = nb_nn_linear(tr, nb_tree_get(p, "out"), nb_get(tr, r, "[1]")); /* [T, B, V] */
+    /* each layer over the whole sequence (as the peers: JAX a lax.scan per layer, PyTorch
+     * nn.GRU), its input side one product before its scan */
+    nb_var *h1 = nb_nn_gru(tr, nb_tree_get(p, "gru1"), xs, h0, NULL);
+    nb_var *h2 = nb_nn_gru(tr, nb_tree_get(p, "gru2"), h1, h0, NULL);
+    nb_var *z = nb_nn_linear(tr, nb_tree_get(p, "out"), h2); /* [T, B, V] */
     nb_var *y = nb_transpose(nb_get(tr, args, "[2]"), NULL);
     return nb_return(ce(tr, z, y, GV), out);
 }

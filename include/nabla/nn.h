@@ -64,6 +64,7 @@
 
 #include "array.h"
 #include "core.h"
+#include "loops.h"
 #include "trace.h"
 #include "tree.h"
 
@@ -344,6 +345,15 @@ NB_API nb_var *nb_nn_multihead_attention(nb_trace *tr, const nb_tree *layer, nb_
                                          nb_var *key_, nb_var *value, nb_var *mask, nb_var *key);
 /* One GRU step: x [..., in], h [..., H] -> h' [..., H]. */
 NB_API nb_var *nb_nn_gru_cell(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *h);
+/* A GRU cell over a sequence (PyTorch's nn.GRU, one layer): xs [T, ..., in], h0 [..., H] ->
+ * every step's state hs [T, ..., H]. nb_scan of the cell's step, with the input side
+ * (W_ih x + bias) of all T steps made before the scan by one matrix product, so its
+ * gradient too is one product after the reverse sweep: the work of a scan of
+ * nb_nn_gru_cell in fewer, larger products. The same values to rounding (each product's
+ * element sums the same terms in the same order; BLIS may pick another kernel for more
+ * rows). opts: the scan's (NULL: NB_LOOP_BOUNDED; NB_LOOP_CHECKPOINTED for long sequences). */
+NB_API nb_var *nb_nn_gru(nb_trace *tr, const nb_tree *layer, nb_var *xs, nb_var *h0,
+                         const nb_loop_opts *opts);
 /* One LSTM step: x [..., in], (h, c) [..., H] -> h' (returned) and c' (*c_out). */
 NB_API nb_var *nb_nn_lstm_cell(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *h, nb_var *c,
                                nb_var **c_out);

@@ -15,6 +15,12 @@
  *         quarters; c' = f * c + i * g; h' = o * tanh(c').
  * x may carry leading batch dims ([.., in] with h [.., H]); the products are then one
  * matrix product each (x W^T).
+ *
+ * nb_nn_gru runs the GRU cell over a sequence (PyTorch's nn.GRU, one layer): the input
+ * side W_ih x + bias of every step is one product over all T steps before nb_scan, whose
+ * step then makes only W_hh h and the gates -- so reverse mode's gradients of W_ih and of
+ * the inputs are one product each after the reverse sweep too, where a scan of
+ * nb_nn_gru_cell makes three small ones per step.
  */
 #include "nn/nn_internal.h"
 
@@ -197,6 +203,94 @@ nb_var *nb_nn_gru_cell(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *h)
     }
     nb_var *nw = nb_tanh(nb_add(nbi_rnn_part(ig, 2, 3), nb_mul(reset, hn)));
     return nb_add(nw, nb_mul(inp, nb_sub(h, nw)));
+}
+
+/* nb_nn_gru's step, nb_nn_gru_cell's arithmetic from the projected input: self = the
+ * layer, args = (h, ig_t) -> (h', h'). */
+static nb_status nbi_gru_seq_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                  nb_tree **out) {
+    nbi_nn_at at;
+    nb_var *h = nb_get(tr, args, "[0]"), *ig = nb_get(tr, args, "[1]");
+    nb_var *whh = NULL, *bn = NULL;
+    int64_t hid = nb_var_dim(h, -1);
+    if (!nbi_nn_begin(&at, tr, "nb_nn_gru", "gru_cell", self) ||
+        !nbi_nn_param(&at, "weight_hh", false, 2, (const int64_t[]){3 * hid, hid}, h, &whh) ||
+        !nbi_nn_param(&at, "bias_n", true, 1, &hid, h, &bn)) {
+        return nb_trace_status(tr);
+    }
+    nb_var *hg = nbi_rnn_mv(whh, h);
+    nb_var *reset = nb_sigmoid(nb_add(nbi_rnn_part(ig, 0, 3), nbi_rnn_part(hg, 0, 3)));
+    nb_var *inp = nb_sigmoid(nb_add(nbi_rnn_part(ig, 1, 3), nbi_rnn_part(hg, 1, 3)));
+    nb_var *hn = nbi_rnn_part(hg, 2, 3);
+    if (bn != NULL) {
+        hn = nb_add(hn, bn);
+    }
+    nb_var *nw = nb_tanh(nb_add(nbi_rnn_part(ig, 2, 3), nb_mul(reset, hn)));
+    nb_var *h2 = nb_add(nw, nb_mul(inp, nb_sub(h, nw)));
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(h2), nb_leaf(h2)}, out);
+}
+
+nb_var *nb_nn_gru(nb_trace *tr, const nb_tree *layer, nb_var *xs, nb_var *h0,
+                  const nb_loop_opts *opts) {
+    nbi_nn_at at;
+    if (!nbi_nn_begin(&at, tr, "nb_nn_gru", "gru_cell", layer)) {
+        return tr != NULL ? tr->poison : NULL;
+    }
+    char w[NB_PATH_MAX + 64], xsig[96], hsig[96];
+    if (!nbi_nn_check_input(&at, xs, 2, NB_MAX_RANK, "[T, ..., input_size]") ||
+        !nbi_nn_check_input(&at, h0, 1, NB_MAX_RANK, "[..., hidden_size]")) {
+        return tr->poison;
+    }
+    int r = nb_var_rank(xs);
+    bool ok = nb_var_rank(h0) == r - 1;
+    for (int a = 1; ok && a < r - 1; a++) {
+        ok = nb_var_dim(xs, a) == nb_var_dim(h0, a - 1);
+    }
+    if (!ok) {
+        return nbi_nn_fail(&at, NB_ERR_SHAPE,
+                           "%s got xs %s and h0 %s; expected xs [T, ..., input_size] (the "
+                           "sequence along axis 0) and h0 [..., hidden_size] with xs's dims "
+                           "after T as its leading (batch) dims",
+                           nbi_nn_where(&at, w, sizeof w), nbi_nn_sig(xsig, sizeof xsig, xs),
+                           nbi_nn_sig(hsig, sizeof hsig, h0));
+    }
+    /* the cell's checks on one step's x: [..., in] */
+    int64_t start[NB_MAX_RANK] = {0}, stop[NB_MAX_RANK];
+    memcpy(stop, nb_var_shape(xs), (size_t)r * sizeof(int64_t));
+    stop[0] = 1;
+    nb_var *x0 = nb_reshape(nb_slice(xs, start, stop, NULL), r - 1, nb_var_shape(xs) + 1);
+    nb_var *wih = NULL, *whh = NULL, *b = NULL, *bn = NULL;
+    if (!nbi_rnn_begin(&at, tr, "nb_nn_gru", "gru_cell", layer, x0, h0, NULL, 3, &wih, &whh, &b,
+                       &bn)) {
+        return tr->poison;
+    }
+    /* the input side of every step: one product over T x batch rows */
+    int64_t in = nb_var_dim(xs, -1), g3 = nb_var_dim(wih, 0), rows = 1;
+    for (int a = 0; a < r - 1; a++) {
+        rows *= nb_var_dim(xs, a);
+    }
+    nb_var *ig = nb_matmul(nb_reshape(xs, 2, (const int64_t[]){rows, in}), nb_transpose(wih, NULL));
+    if (b != NULL) {
+        ig = nb_add(ig, b);
+    }
+    int64_t shape[NB_MAX_RANK];
+    memcpy(shape, nb_var_shape(xs), (size_t)r * sizeof(int64_t));
+    shape[r - 1] = g3;
+    ig = nb_reshape(ig, r, shape);
+    nb_fn *f = NULL;
+    nb_status st = nb_fn_create(nb_trace_ctx(tr), "nb_nn_gru step", nbi_gru_seq_step, layer, &f);
+    if (st != NB_OK) {
+        return nbi_nn_fail(&at, st, "cannot create the scan's step");
+    }
+    nb_loop_opts lo = nb_loop_opts_default();
+    if (opts != NULL) {
+        lo = *opts;
+    } else {
+        lo.kind = NB_LOOP_BOUNDED;
+    }
+    const nb_tree *res = nb_scan(tr, f, nb_leaf(h0), nb_leaf(ig), nb_var_dim(xs, 0), &lo);
+    nb_fn_destroy(f);
+    return nb_get(tr, res, "[1]");
 }
 
 nb_var *nb_nn_lstm_cell(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *h, nb_var *c,

@@ -2424,6 +2424,11 @@ TWALK(nb_nn_lstm_cell) {
     nb_var *c = NULL;
     T_VAR(nb_nn_lstm_cell(TRC(T->tr), TREE(layer), VAR(T->x), VAR(T->x), VAR(T->x), OUT(&c)));
 }
+TWALK(nb_nn_gru) {
+    nb_tree *layer = fx_gru(w);
+    /* xs f32[2,3]: 2 steps of 3; h0 f32[3]; opts may be NULL (a bounded scan) */
+    T_VAR(nb_nn_gru(TRC(T->tr), TREE(layer), VAR(T->x), VAR(T->v), NULL));
+}
 TWALK(nb_nn_apply) {
     nb_tree *layer = fx_lin(w);
     /* key may be NULL (no dropout in a linear layer) */
@@ -2975,6 +2980,7 @@ static const entry k_table[] = {
     TRACED(nb_nn_multihead_attention),
     TRACED(nb_nn_gru_cell),
     TRACED(nb_nn_lstm_cell),
+    TRACED(nb_nn_gru),
     EAGER(nb_nn_linear_init),
     EAGER(nb_nn_mlp_init),
     EAGER(nb_nn_layer_norm_init),
