@@ -1468,6 +1468,26 @@ static nb_status scenario_layers(nb_ctx *ctx) {
     }
     nb_tree_destroy(out);
     nb_tree_destroy(args);
+    out = args = NULL;
+    /* a GRU layer over a sequence of 2 (its scan's step made inside the call) */
+    nb_array *xs3 = NULL;
+    nb_tree *lxs = NULL;
+    if (st == NB_OK) {
+        st = nb_random_normal(key, NB_DTYPE_F32, 3, (int64_t[]){2, 3, 3}, &xs3);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_array(xs3, &lxs);
+    }
+    if (st == NB_OK) {
+        st = nb_tree_tuple(ctx, 4, (nb_tree *[]){ls[8], lxs, lh, ln}, &args);
+    }
+    if (st == NB_OK) {
+        st = nb_eval(ctx, body_layer, NULL, args, &out);
+    }
+    nb_tree_destroy(out);
+    nb_tree_destroy(args);
+    nb_tree_destroy(lxs);
+    nb_array_destroy(xs3);
     nb_tree_destroy(ln);
     nb_tree_destroy(lh);
     nb_tree_destroy(lx);
