@@ -183,6 +183,25 @@ static bool nbx_instr_vm(const nbi_finstr *in) {
  * interpreter's kernel calls it a tile at a time. */
 #define NBX_INLINE_VM_MAX 16
 
+/* Can program p of node v have its trailing reduction (if any) written out: a left fold
+ * from the first element, as the kernel folds -- sum, max or min, float sums only below one
+ * pairwise block, of floats, i32 or i64? */
+static bool nbx_red_ok(const nb_var *v, const nbi_fprog *p) {
+    if (p->red_op == 0) {
+        return true;
+    }
+    nb_dtype d = v->dtype;
+    bool fl = nbx_is_float(d);
+    if (p->red_op == NBI_OP_SUM) {
+        if (fl && p->red_n >= 128) { /* pairwise blocks: the kernel's own path */
+            return false;
+        }
+    } else if (p->red_op != NBI_OP_MAX && p->red_op != NBI_OP_MIN) {
+        return false;
+    }
+    return (fl || d == NB_DTYPE_I32 || d == NB_DTYPE_I64) && p->red_n >= 1;
+}
+
 /* Is fused node v written out inline? */
 static bool nbx_fused_inline(const nb_var *v) {
     const nbi_fprog *p = v->at.callee;
@@ -195,21 +214,7 @@ static bool nbx_fused_inline(const nb_var *v) {
             return false;
         }
     }
-    if (p->red_op != 0) {
-        nb_dtype d = v->dtype;
-        bool fl = nbx_is_float(d);
-        if (p->red_op == NBI_OP_SUM) {
-            if (fl && p->red_n >= 128) { /* pairwise blocks: the kernel's own path */
-                return false;
-            }
-        } else if (p->red_op != NBI_OP_MAX && p->red_op != NBI_OP_MIN) {
-            return false;
-        }
-        if (!fl && d != NB_DTYPE_I32 && d != NB_DTYPE_I64) {
-            return false;
-        }
-    }
-    return true;
+    return nbx_red_ok(v, p);
 }
 
 /* A double as an exact C literal. */
@@ -1332,24 +1337,7 @@ static bool nbx_tiled_ok(const nb_var *v, const nbi_fprog *p) {
         }
         arrays += nbx_instr_vm(&p->ins[i]) ? 2 : 0;
     }
-    if ((arrays + NBX_FOLD_GROUP) * NBX_TILE * 8 > NBX_TILE_STACK) {
-        return false;
-    }
-    if (p->red_op != 0) {
-        nb_dtype d = v->dtype;
-        bool fl = nbx_is_float(d);
-        if (p->red_op == NBI_OP_SUM) {
-            if (fl && p->red_n >= 128) { /* pairwise blocks: the kernel's own path */
-                return false;
-            }
-        } else if (p->red_op != NBI_OP_MAX && p->red_op != NBI_OP_MIN) {
-            return false;
-        }
-        if ((!fl && d != NB_DTYPE_I32 && d != NB_DTYPE_I64) || p->red_n < 1) {
-            return false;
-        }
-    }
-    return true;
+    return (arrays + NBX_FOLD_GROUP) * NBX_TILE * 8 <= NBX_TILE_STACK && nbx_red_ok(v, p);
 }
 
 /* v's program when v is written out tiled: a fused program by nbx_tiled_ok's rule, or a

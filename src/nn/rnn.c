@@ -183,6 +183,19 @@ static bool nbi_rnn_begin(nbi_nn_at *at, nb_trace *tr, const char *fn, const cha
            (g != 3 || nbi_nn_param(at, "bias_n", true, 1, &hid, x, bn));
 }
 
+/* A GRU step from its input side ig = W_ih x + bias: h' from h, W_hh and bias_n (or NULL). */
+static nb_var *nbi_gru_gates(nb_var *ig, nb_var *h, nb_var *whh, nb_var *bn) {
+    nb_var *hg = nbi_rnn_mv(whh, h);
+    nb_var *reset = nb_sigmoid(nb_add(nbi_rnn_part(ig, 0, 3), nbi_rnn_part(hg, 0, 3)));
+    nb_var *inp = nb_sigmoid(nb_add(nbi_rnn_part(ig, 1, 3), nbi_rnn_part(hg, 1, 3)));
+    nb_var *hn = nbi_rnn_part(hg, 2, 3);
+    if (bn != NULL) {
+        hn = nb_add(hn, bn);
+    }
+    nb_var *nw = nb_tanh(nb_add(nbi_rnn_part(ig, 2, 3), nb_mul(reset, hn)));
+    return nb_add(nw, nb_mul(inp, nb_sub(h, nw)));
+}
+
 nb_var *nb_nn_gru_cell(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *h) {
     nbi_nn_at at;
     nb_var *wih = NULL, *whh = NULL, *b = NULL, *bn = NULL;
@@ -194,15 +207,7 @@ nb_var *nb_nn_gru_cell(nb_trace *tr, const nb_tree *layer, nb_var *x, nb_var *h)
     if (b != NULL) {
         ig = nb_add(ig, b);
     }
-    nb_var *hg = nbi_rnn_mv(whh, h);
-    nb_var *reset = nb_sigmoid(nb_add(nbi_rnn_part(ig, 0, 3), nbi_rnn_part(hg, 0, 3)));
-    nb_var *inp = nb_sigmoid(nb_add(nbi_rnn_part(ig, 1, 3), nbi_rnn_part(hg, 1, 3)));
-    nb_var *hn = nbi_rnn_part(hg, 2, 3);
-    if (bn != NULL) {
-        hn = nb_add(hn, bn);
-    }
-    nb_var *nw = nb_tanh(nb_add(nbi_rnn_part(ig, 2, 3), nb_mul(reset, hn)));
-    return nb_add(nw, nb_mul(inp, nb_sub(h, nw)));
+    return nbi_gru_gates(ig, h, whh, bn);
 }
 
 /* nb_nn_gru's step, nb_nn_gru_cell's arithmetic from the projected input: self = the
@@ -218,15 +223,7 @@ static nb_status nbi_gru_seq_step(nb_trace *tr, const nb_tree *self, const nb_tr
         !nbi_nn_param(&at, "bias_n", true, 1, &hid, h, &bn)) {
         return nb_trace_status(tr);
     }
-    nb_var *hg = nbi_rnn_mv(whh, h);
-    nb_var *reset = nb_sigmoid(nb_add(nbi_rnn_part(ig, 0, 3), nbi_rnn_part(hg, 0, 3)));
-    nb_var *inp = nb_sigmoid(nb_add(nbi_rnn_part(ig, 1, 3), nbi_rnn_part(hg, 1, 3)));
-    nb_var *hn = nbi_rnn_part(hg, 2, 3);
-    if (bn != NULL) {
-        hn = nb_add(hn, bn);
-    }
-    nb_var *nw = nb_tanh(nb_add(nbi_rnn_part(ig, 2, 3), nb_mul(reset, hn)));
-    nb_var *h2 = nb_add(nw, nb_mul(inp, nb_sub(h, nw)));
+    nb_var *h2 = nbi_gru_gates(ig, h, whh, bn);
     return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(h2), nb_leaf(h2)}, out);
 }
 
