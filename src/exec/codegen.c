@@ -463,12 +463,18 @@ typedef struct nbx_ctx {
  * inputs and outputs, so every value there is stored and loaded again). */
 static _Thread_local const bool *nbx_promoted;
 
+/* Values written as pointers into their root (nbi_exec's alias_of: a reshape or a
+ * contiguous dynamic slice), named A<node> in the function being written. */
+static _Thread_local const bool *nbx_aliased;
+
 /* The function being written (0: nbx_run, k + 1: nbx_f<k>), which names its workers
  * nbx_w<id>_<instruction>. */
 static _Thread_local int nbx_fn_id;
 
 static void nbx_value(const nbi_exec *e, int32_t node, char *buf, size_t cap) {
-    if (nbx_promoted != NULL && nbx_promoted[node]) {
+    if (nbx_aliased != NULL && nbx_aliased[node]) {
+        snprintf(buf, cap, "A%d", (int)node);
+    } else if (nbx_promoted != NULL && nbx_promoted[node]) {
         snprintf(buf, cap, "((u8 *)L%d)", (int)node);
     } else if (e->param_of[node] >= 0) {
         snprintf(buf, cap, "((u8 *)in[%d])", (int)e->param_of[node]);
@@ -873,6 +879,34 @@ static void nbx_emit_copy(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) 
     }
 }
 
+/* An alias (nbi_exec's alias_of): A<node>, a pointer into its operand -- the same bytes for
+ * a reshape, the block's first element for a dynamic slice (its start indices clamped into
+ * range, as the kernel does; the block is contiguous). */
+static void nbx_emit_alias(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) {
+    const nb_var *v = &e->nodes[ins->node], *x = v->in[0];
+    char xb[96];
+    nbx_value(e, ins->in[0], xb, sizeof xb);
+    if (v->op == NBI_OP_RESHAPE) {
+        nbi_sbuf_printf(s, "    u8 *A%d = %s;\n    (void)A%d;\n", (int)ins->node, xb,
+                        (int)ins->node);
+        return;
+    }
+    nbi_sbuf_printf(s, "    u8 *A%d;\n    {\n        i64 off = 0;\n", (int)ins->node);
+    int64_t st = 1;
+    for (int d = x->rank - 1; d >= 0; d--) {
+        char ib[96];
+        nbx_value(e, ins->in[1 + d], ib, sizeof ib);
+        long long hi = (long long)(x->shape[d] - v->shape[d]);
+        nbi_sbuf_printf(s,
+                        "        { i64 t = (i64)((const %s *)%s)[0]; t = t < 0 ? 0 : t > %lld ? "
+                        "%lld : t; off += t * %lld; }\n",
+                        nbx_ctype(v->in[1 + d]->dtype), ib, hi, hi, (long long)st);
+        st *= x->shape[d];
+    }
+    nbi_sbuf_printf(s, "        A%d = %s + off * %zu;\n    }\n    (void)A%d;\n", (int)ins->node,
+                    xb, nbi_dsize(v->dtype), (int)ins->node);
+}
+
 /* The unsigned type of an element of es bytes (copies move bits). */
 static const char *nbx_bits(size_t es) {
     return es == 1 ? "u8" : es == 4 ? "u32" : "u64";
@@ -1170,8 +1204,9 @@ static const char nbx_prelude[] =
 /* NABLA_NATIVE_CALLS=<mask> (debugging the generator): instructions of the kinds in mask
  * are kernel calls instead of written out -- 1 fused programs, 2 standalone elementwise
  * ops and broadcasts, 4 reductions, 8 slices, 16 copies, 32 other data movement, 128 large
- * flat programs (NBX_BIG), 256 while loops, 512 tiled programs (NBX_TILED); 64 keeps every
- * value in the workspace (no C locals). With 1 alone, every fused program is tiled. */
+ * flat programs (NBX_BIG), 256 while loops, 512 tiled programs (NBX_TILED), 1024 aliases
+ * (a reshape or dynamic slice copied, not a pointer); 64 keeps every value in the
+ * workspace (no C locals). With 1 alone, every fused program is tiled. */
 static unsigned nbx_calls_mask(void) {
     const char *m = getenv("NABLA_NATIVE_CALLS");
     return m != NULL ? (unsigned)strtoul(m, NULL, 0) : 0u;
@@ -2189,6 +2224,18 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
         }
         free(mine);
     }
+    /* aliases: pointers, not copies -- not for the prefix of a body written twice (its
+     * rest would not see the pointer) */
+    bool *aliased = (calls & 1024) ? NULL : calloc(pbytes, 1);
+    for (int32_t t = first; aliased != NULL && t < e->n_instrs; t++) {
+        int32_t node = e->instrs[t].node;
+        if (e->alias_of[node] >= 0 && (fid < 0 || !nbx_has_rest(e) || t >= e->n_pre)) {
+            aliased[node] = true;
+            if (promoted != NULL) {
+                promoted[node] = false;
+            }
+        }
+    }
     nbi_sbuf_puts(s, "const nbx_env *env, const void *const *in, void *const *out,\n"
                      "             const _Bool *direct) {\n"
                      "    u8 *ws = env->ws;\n"
@@ -2202,6 +2249,7 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
         }
     }
     nbx_promoted = promoted;
+    nbx_aliased = aliased;
     /* outputs: in the caller's buffer or the workspace, per run */
     for (int32_t i = 0; i < e->n_outputs; i++) {
         int32_t node = e->outputs[i];
@@ -2217,6 +2265,10 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
         char sig[NBI_SIG_CAP];
         nbi_sbuf_printf(s, "    /* %%%d = %s: %s */\n", (int)v->src, nbi_op_name((nbi_op)v->op),
                         nbi_var_sig(sig, sizeof sig, v));
+        if (aliased != NULL && aliased[ins->node]) {
+            nbx_emit_alias(s, e, ins);
+            continue;
+        }
         nbi_fprog single;
         switch (kind != NULL ? kind[t] : nbx_kind(e, ins, calls | NBX_NO_BIG)) {
         case NBX_FUSED:
@@ -2259,6 +2311,8 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
     }
     nbi_sbuf_puts(s, "}\n");
     nbx_promoted = NULL;
+    nbx_aliased = NULL;
+    free(aliased);
     free(promoted);
     free(kind);
 }

@@ -85,6 +85,16 @@ static size_t nbi_plan_take(nbi_planner *p, size_t size) {
     return b.off;
 }
 
+/* The slots an instruction's input x holds: which 0, its own (none for a view); which 1,
+ * its root's (a view's buffer, an alias's root); -1: none. */
+static int32_t nbi_plan_slot(int32_t x, int which, const int32_t *view_of,
+                             const int32_t *alias_of) {
+    if (which == 0) {
+        return view_of[x] >= 0 ? -1 : x;
+    }
+    return view_of[x] >= 0 ? view_of[x] : alias_of[x];
+}
+
 static void nbi_plan_give(nbi_planner *p, size_t off, size_t size) {
     /* Merge with an adjacent free block where possible; the list never holds more blocks
      * than there are values (cap_free). */
@@ -288,6 +298,12 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
                    nbi_round64((size_t)(g->n_inputs + 1) * sizeof(int64_t)) /* param_bytes */ +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* last use */ +
                    nbi_round64((size_t)n * sizeof(bool)) /* resident */ +
+                   nbi_round64((size_t)n * sizeof(int32_t)) /* view_of */ +
+                   nbi_round64((size_t)n * sizeof(int64_t)) /* view_at */ +
+                   nbi_round64((size_t)n * sizeof(bool)) /* viewed */ +
+                   nbi_round64((size_t)n * sizeof(int32_t)) /* alias_of */ +
+                   nbi_round64((size_t)n * sizeof(int32_t)) /* alias_last */ +
+                   nbi_round64((size_t)n * sizeof(bool)) /* updated */ +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* order */ +
                    nbi_round64((size_t)n * 2 * sizeof(bool)) /* after: dep, moved */ +
                    nbi_round64((size_t)n * sizeof(bool)) /* pre */ +
@@ -322,6 +338,12 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     e->param_bytes = nbi_carve(&p, (size_t)(g->n_inputs + 1) * sizeof(int64_t));
     int32_t *last_use = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     bool *resident = nbi_carve(&p, (size_t)n * sizeof(bool));
+    int32_t *view_of = nbi_carve(&p, (size_t)n * sizeof(int32_t));
+    int64_t *view_at = nbi_carve(&p, (size_t)n * sizeof(int64_t));
+    bool *viewed = nbi_carve(&p, (size_t)n * sizeof(bool));
+    e->alias_of = nbi_carve(&p, (size_t)n * sizeof(int32_t));
+    int32_t *alias_last = nbi_carve(&p, (size_t)n * sizeof(int32_t));
+    bool *updated = nbi_carve(&p, (size_t)n * sizeof(bool));
     int32_t *order = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     bool *after = nbi_carve(&p, (size_t)n * 2 * sizeof(bool));
     bool *pre = nbi_carve(&p, (size_t)n * sizeof(bool));
@@ -402,6 +424,35 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     for (int32_t i = 0; i < g->n_outputs; i++) {
         resident[e->outputs[i]] = false;
     }
+    /* Views: a value a call or loop made, taken from its buffer (call_output), and a reshape
+     * of such a value, are that buffer's bytes at an offset -- not copied out (a loop's tapes
+     * went through a copy of every row between the forward and the reverse sweep). A view
+     * has no instruction; its buffer (the root) lives until the last reader of any of its
+     * views, and no instruction takes over the slot of a root with views or of a view. Not
+     * for outputs, nor views of one (an output may be the caller's buffer). view_of: the
+     * root, -1 (no view), -2 (an output) while this runs. */
+    for (int32_t i = 0; i < n; i++) {
+        view_of[i] = -1;
+    }
+    for (int32_t i = 0; i < e->n_outputs; i++) {
+        view_of[e->outputs[i]] = -2;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = &e->nodes[i];
+        if (view_of[i] != -1 || v->n_in != 1) {
+            continue;
+        }
+        const nb_var *x = v->in[0];
+        if (v->op == NBI_OP_CALL_OUTPUT && view_of[x->id] == -1 &&
+            (x->op == NBI_OP_CALL || x->op == NBI_OP_WHILE || x->op == NBI_OP_LOOP_REVERSE)) {
+            view_of[i] = x->id;
+            view_at[i] = v->at.a[0];
+            viewed[x->id] = true;
+        } else if (v->op == NBI_OP_RESHAPE && view_of[x->id] >= 0) {
+            view_of[i] = view_of[x->id];
+            view_at[i] = view_at[x->id];
+        }
+    }
     /* Instructions: every node with a kernel, in order -- but a dynamic_update_slice into an
      * input waits for that input's other readers where none of them needs its result: then
      * it can write into a donated input in place (a loop's reverse step reads a row of its
@@ -418,7 +469,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     for (int32_t oi = 0; oi < n; oi++) {
         const int32_t i = order[oi];
         const nb_var *v = &e->nodes[i];
-        if (v->op == NBI_OP_PARAM || v->op == NBI_OP_FUSED_OUTPUT || resident[i]) {
+        if (v->op == NBI_OP_PARAM || v->op == NBI_OP_FUSED_OUTPUT || resident[i] ||
+            view_of[i] >= 0) {
             continue; /* fused outputs: made by their fused node's instruction */
         }
         nbi_instr *ins = &e->instrs[n_instr];
@@ -442,6 +494,89 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
         n_instr++;
     }
     e->n_instrs = n_instr;
+    /* Aliases (e->alias_of): a reshape, or a dynamic slice whose block is contiguous, of a
+     * value that no dynamic_update_slice writes into (a tape read row by row, not a
+     * cotangent buffer cleared row by row). A reshape only where the interpreter copies too
+     * (its operand read later, an input, a view) or of an alias; not for outputs. */
+    int32_t *instr_of = rest; /* free since the prefix's partition */
+    for (int32_t t = 0; t < n_instr; t++) {
+        instr_of[e->instrs[t].node] = t;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        e->alias_of[i] = -1;
+        alias_last[i] = -1;
+        if (e->nodes[i].op == NBI_OP_DYN_UPDATE) {
+            updated[e->nodes[i].in[0]->id] = true;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = &e->nodes[i];
+        if (view_of[i] != -1 || resident[i] || v->n_in < 1 || v->size == 0 ||
+            (v->op != NBI_OP_RESHAPE && v->op != NBI_OP_DYN_SLICE) ||
+            e->param_of[i] >= 0) {
+            continue;
+        }
+        const nb_var *x = v->in[0];
+        int32_t root = e->alias_of[x->id] >= 0 ? e->alias_of[x->id]
+                       : view_of[x->id] >= 0   ? view_of[x->id]
+                                               : x->id;
+        bool ok = false;
+        if (v->op == NBI_OP_RESHAPE) {
+            ok = v->n_in == 1 && v->dtype == x->dtype && v->size == x->size &&
+                 (root != x->id || e->param_of[x->id] >= 0 || view_of[x->id] == -2 ||
+                  resident[x->id] || last_use[x->id] != instr_of[i]);
+        } else if (!nbi_dyn_lanes(v) && v->dtype == x->dtype && !updated[x->id] &&
+                   !updated[root]) {
+            int d = 0;
+            while (d < x->rank && v->shape[d] == 1) {
+                d++;
+            }
+            ok = true;
+            for (d = d + 1; d < x->rank; d++) {
+                ok = ok && v->shape[d] == x->shape[d];
+            }
+            for (d = 0; d < x->rank; d++) {
+                nb_dtype it = v->in[1 + d]->dtype;
+                ok = ok && (it == NB_DTYPE_I32 || it == NB_DTYPE_I64);
+            }
+        }
+        if (ok) {
+            e->alias_of[i] = root;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        view_of[i] = view_of[i] < 0 ? -1 : view_of[i];
+    }
+    for (int32_t i = 0; i < n; i++) {
+        int32_t r = e->alias_of[i];
+        if (r >= 0 && last_use[i] > alias_last[r]) {
+            alias_last[r] = last_use[i];
+        }
+    }
+    for (int32_t i = 0; i < g->n_inputs; i++) {
+        e->param_last[i] = -1;
+        e->param_node[i] = -1;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (e->param_of[i] >= 0) {
+            int32_t d = last_use[i] >= 0 ? 2 * last_use[i] : -1;
+            int32_t a = alias_last[i] >= 0 ? 2 * alias_last[i] + 1 : -1;
+            e->param_last[e->param_of[i]] = d > a ? d : a;
+            e->param_node[e->param_of[i]] = i;
+            e->param_bytes[e->param_of[i]] =
+                e->nodes[i].size * (int64_t)nbi_dsize(e->nodes[i].dtype);
+        }
+    }
+    for (int32_t i = 0; i < n; i++) { /* a root lives as long as its views and aliases */
+        if (alias_last[i] > last_use[i]) {
+            last_use[i] = alias_last[i];
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (view_of[i] >= 0 && last_use[i] > last_use[view_of[i]]) {
+            last_use[view_of[i]] = last_use[i];
+        }
+    }
     /* the prefix's values read after it: live to the end (never given back, never taken
      * over in place), so a loop's later steps find them */
     for (int32_t t = 0; t < e->n_pre; t++) {
@@ -455,18 +590,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
             }
         }
     }
-    for (int32_t i = 0; i < g->n_inputs; i++) {
-        e->param_last[i] = -1;
-        e->param_node[i] = -1;
-    }
     for (int32_t i = 0; i < n; i++) {
         e->out_of[i] = -1;
-        if (e->param_of[i] >= 0) {
-            e->param_last[e->param_of[i]] = last_use[i];
-            e->param_node[e->param_of[i]] = i;
-            e->param_bytes[e->param_of[i]] =
-                e->nodes[i].size * (int64_t)nbi_dsize(e->nodes[i].dtype);
-        }
     }
     for (int32_t t = 0; t < n_instr; t++) {
         if (e->out_of[e->instrs[t].node] == -1) {
@@ -534,7 +659,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
                 for (int32_t q = 0; q < m; q++) { /* one output per input's slot */
                     dup = dup || reused[q] == src;
                 }
-                if (!dup && e->param_of[src] < 0 && !resident[src] && e->offset[src] >= 0 &&
+                if (!dup && e->param_of[src] < 0 && !resident[src] && !viewed[src] &&
+                    view_of[src] < 0 && alias_last[src] != t && e->offset[src] >= 0 &&
                     last_use[src] == t && nbi_value_bytes(&e->nodes[src]) == nbi_value_bytes(o) &&
                     nbi_inplace_ok(o, &e->nodes[src])) {
                     reused[m] = src;
@@ -555,18 +681,25 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
                 nbi_plan_give(&pl, (size_t)e->offset[made[m]], nbi_value_bytes(&e->nodes[made[m]]));
             }
         }
-        for (int32_t j = 0; j < ins->n_in; j++) {
-            int32_t src = ins->in[j];
-            bool dup = false;
-            for (int32_t q = 0; q < j; q++) {
-                dup = dup || ins->in[q] == src;
+        /* given back: each input's slot (a view has none) and its root's (a view's, an
+         * alias's), at their last use, once */
+        for (int32_t j = 0; j < 2 * ins->n_in; j++) {
+            int32_t src = nbi_plan_slot(ins->in[j / 2], j % 2, view_of, e->alias_of);
+            bool dup = src < 0;
+            for (int32_t q = 0; q < j && !dup; q++) {
+                dup = nbi_plan_slot(ins->in[q / 2], q % 2, view_of, e->alias_of) == src;
             }
-            for (int32_t q = 0; q < n_made; q++) {
-                dup = dup || reused[q] == src;
+            for (int32_t q = 0; q < n_made && !dup; q++) {
+                dup = reused[q] == src;
             }
             if (!dup && last_use[src] == t && e->offset[src] >= 0 && !resident[src]) {
                 nbi_plan_give(&pl, (size_t)e->offset[src], nbi_value_bytes(&e->nodes[src]));
             }
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (view_of[i] >= 0 && e->offset[view_of[i]] >= 0) {
+            e->offset[i] = e->offset[view_of[i]] + view_at[i];
         }
     }
     nb_status pst = nbi_ctx_pool(ctx, &e->pool); /* threads start here, not while running */
@@ -788,10 +921,10 @@ static void nbi_plan_outputs(const nbi_exec *e, const void *const *inputs, void 
             continue;
         }
         for (int32_t p = e->in_hash[nbi_ptr_bucket(e, ob)]; ok && p >= 0; p = e->in_next[p]) {
-            if (inputs[p] != ob || e->param_last[p] < e->out_instr[i]) {
+            if (inputs[p] != ob || e->param_last[p] < 2 * e->out_instr[i]) {
                 continue; /* another address, or read only before the output is made */
             }
-            ok = e->param_last[p] == e->out_instr[i] &&
+            ok = e->param_last[p] == 2 * e->out_instr[i] &&
                  nbi_inplace_ok(o, &e->nodes[e->param_node[p]]);
         }
         e->out_direct[i] = ok;

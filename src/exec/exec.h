@@ -44,7 +44,14 @@ struct nbi_exec {
     int32_t *out_instr;   /* per output: the instruction that makes it */
     int32_t *out_first;   /* per output: the first output with the same node */
     int32_t *out_of;      /* per node: the first output it is, or -1 */
-    int32_t *param_last;  /* per input: the last instruction reading it, or -1 */
+    /* per input: 2t for the last instruction t reading it, 2t + 1 when that instruction
+     * reads it through an alias (alias_of), or -1 */
+    int32_t *param_last;
+    /* per node: the value whose bytes native code reads it from (a reshape, or a contiguous
+     * dynamic slice, of that value: nbi_native_codegen writes a pointer, not a copy), or -1.
+     * The root is kept (not written over, not taken over in place) until the alias's last
+     * reader. The interpreter still copies. */
+    int32_t *alias_of;
     int64_t *param_bytes; /* per input: its data bytes (0 when unused) */
     int32_t *param_node;  /* per input: its PARAM node, or -1 */
     bool *out_direct;     /* per output, per run: written into the caller's buffer (in ws) */

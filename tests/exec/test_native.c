@@ -715,6 +715,209 @@ static void test_loop_prefix(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* ---- aliases: a reshape or contiguous dynamic slice is a pointer in native code -------- */
+
+#define AW 256 /* h's rows: a tile each when written out (a program gathers hrow per tile) */
+
+/* A loop step over (h [4, AW], acc [AW]) with xs [6, 4, AW] bound: row = xs[i] (a pointer
+ * into the bound tape), hrow = h[min(i, 3)] (a pointer into the carry) read by the new h
+ * alone: the new h must not be written into h's buffer (it would change hrow as it
+ * goes). */
+static nb_status body_alias_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *i = nb_get(tr, args, "[0]"), *h = nb_get(tr, args, "[1][0]"),
+           *acc = nb_get(tr, args, "[1][1]"), *xs = nb_get(tr, self, "xs");
+    nb_var *z = nb_scalar_typed(tr, NB_DTYPE_I32, 0);
+    nb_var *row = nb_reshape(nb_dynamic_slice(xs, (nb_var *[]){i, z, z}, (int64_t[]){1, 4, AW}),
+                             2, (int64_t[]){4, AW});
+    nb_var *hrow = nb_reshape(nb_dynamic_slice(h, (nb_var *[]){i, z}, (int64_t[]){1, AW}), 1,
+                              (int64_t[]){AW});
+    nb_var *h2 = nb_add(nb_add(nb_mul(h, nb_scalar(tr, 0.5)), nb_tanh(row)),
+                        nb_mul(hrow, nb_scalar(tr, 0.1)));
+    nb_var *acc2 = nb_add(nb_mul(acc, nb_scalar(tr, 0.9)), nb_sum(row, (const int[]){0}, 1, false));
+    return nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(h2), nb_leaf(acc2)}, out);
+}
+
+static nb_status body_alias_loop(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_tree *bound = NULL;
+    nb_fn *step = NULL;
+    nb_status st = nb_tree_dict(ctx, 1, (const char *[]){"xs"},
+                                (nb_tree *[]){(nb_tree *)nb_tree_child(args, 0)}, &bound);
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "alias_step", body_alias_step, bound, &step);
+    }
+    nb_tree_destroy(bound);
+    const nb_tree *r =
+        st == NB_OK ? nb_fori_loop(tr, 0, 6, step, nb_tree_child(args, 1), NULL) : NULL;
+    nb_fn_destroy(step);
+    if (r == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
+/* Not in a loop: y = x @ x^T (8 x 8), its reshape [4, 16] read by a product after exp(y)
+ * (which must not take over y's slot), and a [2, 8] block of x at a run-time row (clamped:
+ * -3, 2, 10) read after a product -- aliases of a value and of an input. */
+static nb_status body_alias_flat(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *x = nb_get(tr, args, "[0]"), *k = nb_get(tr, args, "[1]");
+    nb_var *y = nb_matmul(x, nb_transpose(x, NULL));
+    nb_var *flat = nb_reshape(y, 2, (int64_t[]){4, 16});
+    nb_var *e = nb_exp(nb_mul(y, nb_scalar(tr, 0.1)));
+    nb_var *blk = nb_dynamic_slice(
+        x, (nb_var *[]){k, nb_scalar_typed(tr, NB_DTYPE_I32, 0)}, (int64_t[]){2, 8});
+    nb_var *p = nb_matmul(e, nb_transpose(x, NULL));
+    nb_var *q = nb_add(nb_reshape(blk, 1, (int64_t[]){16}), nb_scalar(tr, 1.0));
+    nb_var *s2 = nb_matmul(flat, nb_reshape(x, 2, (int64_t[]){16, 4}));
+    nb_var *r = nb_add(nb_sum(p, NULL, 0, false), nb_sum(s2, NULL, 0, false));
+    return nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(r), nb_leaf(q)}, out);
+}
+
+static double leaf_f64(const nb_tree *t, int64_t child, int64_t i) {
+    const nb_array *a = nb_tree_get_array(nb_tree_child(t, child));
+    assert_non_null(a);
+    return ((const double *)nb_array_data(a))[i];
+}
+
+static void test_alias_same_bits(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    static double xs[6 * 4 * AW], h0[4 * AW], acc0[AW];
+    double x[8 * 8];
+    for (int q = 0; q < 6 * 4 * AW; q++) {
+        xs[q] = 0.7 * sin(0.37 * q);
+    }
+    for (int q = 0; q < 4 * AW; q++) {
+        h0[q] = 0.05 * (q % 9) - 0.2;
+    }
+    for (int q = 0; q < AW; q++) {
+        acc0[q] = 1.0 + 0.1 * q;
+    }
+    for (int q = 0; q < 64; q++) {
+        x[q] = 0.3 * cos(0.7 * q);
+    }
+    /* the loop, against the step written in plain C */
+    nb_array *axs = nbt_arr_f64(ctx, 3, (int64_t[]){6, 4, AW}, xs);
+    nb_array *ah = nbt_arr_f64(ctx, 2, (int64_t[]){4, AW}, h0);
+    nb_array *aacc = nbt_arr_f64(ctx, 1, (int64_t[]){AW}, acc0);
+    nb_tree *lxs = NULL, *lh = NULL, *lacc = NULL;
+    NBT_OK(ctx, nb_tree_array(axs, &lxs));
+    NBT_OK(ctx, nb_tree_array(ah, &lh));
+    NBT_OK(ctx, nb_tree_array(aacc, &lacc));
+    nb_array_destroy(axs);
+    nb_array_destroy(ah);
+    nb_array_destroy(aacc);
+    nb_tree *carry = nbt_tuple_take(ctx, 2, (nb_tree *[]){lh, lacc});
+    nb_tree *args = nbt_tuple_take(ctx, 2, (nb_tree *[]){lxs, carry}), *a = NULL, *b = NULL;
+    char *src = source_of(ctx, body_alias_loop, args);
+    assert_non_null(strstr(src, "u8 *A")); /* the slices are pointers */
+    free(src);
+    nb_fn *off = jit_mode(ctx, body_alias_loop, "alias_loop", NB_NATIVE_OFF);
+    nb_fn *now = jit_mode(ctx, body_alias_loop, "alias_loop_now", NB_NATIVE_NOW);
+    NBT_OK(ctx, nb_fn_call(now, args, &b));
+    assert_int_equal(stats_of(now).tier, 1);
+    NBT_OK(ctx, nb_fn_call(off, args, &a));
+    assert_same_bits(a, b);
+    static double h[4 * AW], acc[AW];
+    memcpy(h, h0, sizeof h);
+    memcpy(acc, acc0, sizeof acc);
+    for (int i = 0; i < 6; i++) {
+        int r = i < 3 ? i : 3;
+        double hrow[AW];
+        for (int c = 0; c < AW; c++) {
+            hrow[c] = h[r * AW + c];
+        }
+        for (int q = 0; q < 4 * AW; q++) {
+            h[q] = h[q] * 0.5 + tanh(xs[i * 4 * AW + q]) + hrow[q % AW] * 0.1;
+        }
+        for (int c = 0; c < AW; c++) {
+            double s = 0;
+            for (int q = 0; q < 4; q++) {
+                s += xs[i * 4 * AW + q * AW + c];
+            }
+            acc[c] = acc[c] * 0.9 + s;
+        }
+    }
+    for (int q = 0; q < 4 * AW; q++) {
+        NBT_NEAR(leaf_f64(b, 0, q), h[q], 1e-14);
+    }
+    for (int c = 0; c < AW; c++) {
+        NBT_NEAR(leaf_f64(b, 1, c), acc[c], 1e-13 * fabs(acc[c]));
+    }
+    nb_tree_destroy(a);
+    nb_tree_destroy(b);
+    nb_tree_destroy(args);
+    nb_fn_destroy(off);
+    nb_fn_destroy(now);
+    /* the flat program at three rows, against plain C */
+    off = jit_mode(ctx, body_alias_flat, "alias_flat", NB_NATIVE_OFF);
+    now = jit_mode(ctx, body_alias_flat, "alias_flat_now", NB_NATIVE_NOW);
+    for (int s = 0; s < 3; s++) {
+        int32_t row = (int32_t[]){-3, 2, 10}[s];
+        nb_array *ax = nbt_arr_f64(ctx, 2, (int64_t[]){8, 8}, x), *ak = NULL;
+        NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_I32, 0, NULL, &row, &ak));
+        nb_tree *lx = NULL, *lk = NULL;
+        NBT_OK(ctx, nb_tree_array(ax, &lx));
+        NBT_OK(ctx, nb_tree_array(ak, &lk));
+        nb_array_destroy(ax);
+        nb_array_destroy(ak);
+        nb_tree *fa = nbt_tuple_take(ctx, 2, (nb_tree *[]){lx, lk});
+        if (s == 0) {
+            src = source_of(ctx, body_alias_flat, fa);
+            assert_non_null(strstr(src, "u8 *A"));
+            free(src);
+        }
+        NBT_OK(ctx, nb_fn_call(now, fa, &b));
+        NBT_OK(ctx, nb_fn_call(off, fa, &a));
+        assert_same_bits(a, b);
+        int r0 = row < 0 ? 0 : row > 6 ? 6 : row;
+        for (int q = 0; q < 16; q++) {
+            NBT_NEAR(leaf_f64(b, 1, q), x[r0 * 8 + q] + 1.0, 0.0);
+        }
+        double sy = 0, y[64];
+        for (int i = 0; i < 8; i++) {
+            for (int j = 0; j < 8; j++) {
+                double d = 0;
+                for (int c = 0; c < 8; c++) {
+                    d += x[i * 8 + c] * x[j * 8 + c];
+                }
+                y[i * 8 + j] = d;
+            }
+        }
+        for (int i = 0; i < 4; i++) { /* y as [4, 16] @ x as [16, 4], summed */
+            for (int j = 0; j < 4; j++) {
+                for (int c = 0; c < 16; c++) {
+                    sy += y[i * 16 + c] * x[c * 4 + j];
+                }
+            }
+        }
+        double sp = 0;
+        for (int i = 0; i < 8; i++) {
+            for (int j = 0; j < 8; j++) {
+                for (int c = 0; c < 8; c++) {
+                    sp += exp(0.1 * y[i * 8 + c]) * x[j * 8 + c];
+                }
+            }
+        }
+        NBT_NEAR(leaf_f64(b, 0, 0), sp + sy, 1e-12 * fabs(sp + sy));
+        nb_tree_destroy(a);
+        nb_tree_destroy(b);
+        nb_tree_destroy(fa);
+    }
+    nb_fn_destroy(off);
+    nb_fn_destroy(now);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* The gradient through a checkpointed loop: the reversal's kernel runs its cond, body and
  * step vjp as functions of the gradient's file; the interpreter's bits and the same
  * schedule (recomputed steps). */
@@ -1091,7 +1294,7 @@ int main(void) {
         cmocka_unit_test(test_reverse_same_bits), cmocka_unit_test(test_reverse_nested),
         cmocka_unit_test(test_loop_shared_body),  cmocka_unit_test(test_auto_swaps_in),
         cmocka_unit_test(test_format_c),          cmocka_unit_test(test_fallback_logged),
-        cmocka_unit_test(test_warm_cache),
+        cmocka_unit_test(test_warm_cache),        cmocka_unit_test(test_alias_same_bits),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
