@@ -1293,8 +1293,32 @@ nb_status nbi_pass_sum_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) 
  * stored once and read back: each copy then fuses into its consumer's chain. Recomputing
  * a few flops per element is cheaper than a round trip of the whole array through memory
  * (Rosenbrock's value_and_grad reads its residuals in three chains). A copy computes the
- * same bits as the original. Runs after CSE, which would merge the copies again. */
+ * same bits as the original. Runs after CSE, which would merge the copies again. Not a
+ * tree with a transcendental op (exp, log, tanh, sigmoid, pow, ...): one costs more than
+ * the round trip (log_softmax's exp, read by its sum and by the gradient, was computed
+ * twice per step). */
 #define NBI_REMAT_MAX 4
+
+static bool nbi_remat_costly(const nb_var *v) {
+    switch ((nbi_op)v->op) {
+    case NBI_OP_EXP:
+    case NBI_OP_EXPM1:
+    case NBI_OP_LOG:
+    case NBI_OP_LOG1P:
+    case NBI_OP_SIN:
+    case NBI_OP_COS:
+    case NBI_OP_TAN:
+    case NBI_OP_TANH:
+    case NBI_OP_SIGMOID:
+    case NBI_OP_GELU:
+    case NBI_OP_SOFTPLUS:
+    case NBI_OP_ERF:
+    case NBI_OP_POW:
+        return true;
+    default:
+        return false;
+    }
+}
 
 typedef struct nbi_remat {
     const nbi_graph *in;
@@ -1329,7 +1353,7 @@ static nb_var *nbi_remat_clone(const nbi_remat *r, const nb_var *u, int depth) {
 }
 
 static int32_t nbi_remat_size(const nbi_remat *r, const nb_var *u) {
-    int32_t n = 1;
+    int32_t n = nbi_remat_costly(u) ? NBI_REMAT_MAX + 1 : 1;
     for (int32_t j = 0; j < u->n_in; j++) {
         if (nbi_remat_absorbed(r, u->in[j], u)) {
             n += nbi_remat_size(r, u->in[j]);

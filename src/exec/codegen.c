@@ -903,8 +903,8 @@ static void nbx_emit_alias(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins)
                         nbx_ctype(v->in[1 + d]->dtype), ib, hi, hi, (long long)st);
         st *= x->shape[d];
     }
-    nbi_sbuf_printf(s, "        A%d = %s + off * %zu;\n    }\n    (void)A%d;\n", (int)ins->node,
-                    xb, nbi_dsize(v->dtype), (int)ins->node);
+    nbi_sbuf_printf(s, "        A%d = %s + off * %zu;\n    }\n    (void)A%d;\n", (int)ins->node, xb,
+                    nbi_dsize(v->dtype), (int)ins->node);
 }
 
 /* The unsigned type of an element of es bytes (copies move bits). */

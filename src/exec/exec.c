@@ -512,8 +512,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     for (int32_t i = 0; i < n; i++) {
         const nb_var *v = &e->nodes[i];
         if (view_of[i] != -1 || resident[i] || v->n_in < 1 || v->size == 0 ||
-            (v->op != NBI_OP_RESHAPE && v->op != NBI_OP_DYN_SLICE) ||
-            e->param_of[i] >= 0) {
+            (v->op != NBI_OP_RESHAPE && v->op != NBI_OP_DYN_SLICE) || e->param_of[i] >= 0) {
             continue;
         }
         const nb_var *x = v->in[0];
@@ -525,8 +524,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
             ok = v->n_in == 1 && v->dtype == x->dtype && v->size == x->size &&
                  (root != x->id || e->param_of[x->id] >= 0 || view_of[x->id] == -2 ||
                   resident[x->id] || last_use[x->id] != instr_of[i]);
-        } else if (!nbi_dyn_lanes(v) && v->dtype == x->dtype && !updated[x->id] &&
-                   !updated[root]) {
+        } else if (!nbi_dyn_lanes(v) && v->dtype == x->dtype && !updated[x->id] && !updated[root]) {
             int d = 0;
             while (d < x->rank && v->shape[d] == 1) {
                 d++;

@@ -40,10 +40,10 @@ struct nbi_exec {
     int32_t n_pre;
     int32_t n_inputs;
     int32_t n_outputs;
-    int32_t *outputs;     /* node index of each output (always a workspace value) */
-    int32_t *out_instr;   /* per output: the instruction that makes it */
-    int32_t *out_first;   /* per output: the first output with the same node */
-    int32_t *out_of;      /* per node: the first output it is, or -1 */
+    int32_t *outputs;   /* node index of each output (always a workspace value) */
+    int32_t *out_instr; /* per output: the instruction that makes it */
+    int32_t *out_first; /* per output: the first output with the same node */
+    int32_t *out_of;    /* per node: the first output it is, or -1 */
     /* per input: 2t for the last instruction t reading it, 2t + 1 when that instruction
      * reads it through an alias (alias_of), or -1 */
     int32_t *param_last;

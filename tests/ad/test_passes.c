@@ -403,10 +403,13 @@ static nb_status body_short_runs(nb_trace *tr, const nb_tree *self, const nb_tre
         if ((i / 3) % 2 == 1) {
             x = nb_cast(x, NB_DTYPE_F32);
         }
-        /* log of negatives: NaN; x * 0 at negative x: -0.0; exp of large: inf */
-        m[i] = nb_add(
-            nb_mul(nb_log(nb_add(x, nb_scalar(tr, 2.5 + 0.125 * (i % 3)))), nb_exp(nb_square(x))),
-            nb_mul(x, nb_scalar(tr, 0.0))); /* a map of its own per reduction */
+        /* log of negatives: NaN; x * 0 at negative x: -0.0; exp of large: inf. Each map its
+         * own exp: a shared one is stored, not recomputed (nbi_pass_remat), and the maps
+         * sharing it would be one program with three reductions after it. */
+        double c = 0.125 * (i % 3);
+        m[i] = nb_add(nb_mul(nb_log(nb_add(x, nb_scalar(tr, 2.5 + c))),
+                             nb_exp(nb_mul(nb_square(x), nb_scalar(tr, 1.0 + c)))),
+                      nb_mul(x, nb_scalar(tr, 0.0))); /* a map of its own per reduction */
     }
     nb_tree *leaves[12];
     for (int i = 0; i < 12; i++) {
@@ -1154,6 +1157,70 @@ static void test_pad_concat(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* log_softmax's exp is read by its sum and by the gradient: computed once and stored (not
+ * recomputed by nbi_pass_remat), with the same value as when it is recomputed. */
+static nb_status body_lsm_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    (void)self;
+    nb_var *x = nb_get(tr, args, "[0]"), *w = nb_get(tr, args, "[1]");
+    return nb_return(nb_sum(nb_mul(nb_log_softmax(x, -1), w), NULL, 0, false), out);
+}
+
+static void test_remat_keeps_exp(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    float xv[6 * 40], wv[6 * 40];
+    for (int i = 0; i < 6 * 40; i++) {
+        xv[i] = 3.0f * sinf(0.7f * (float)i);
+        wv[i] = (float)((i * 7) % 5) - 2.0f;
+    }
+    nb_array *xa = nbt_arr_f32(ctx, 2, (int64_t[]){6, 40}, xv);
+    nb_array *wa = nbt_arr_f32(ctx, 2, (int64_t[]){6, 40}, wv);
+    nb_tree *lx = NULL, *lw = NULL;
+    NBT_OK(ctx, nb_tree_array(xa, &lx));
+    NBT_OK(ctx, nb_tree_array(wa, &lw));
+    nb_array_destroy(xa);
+    nb_array_destroy(wa);
+    nb_tree *args = nbt_tuple_take(ctx, 2, (nb_tree *[]){lx, lw}), *res = NULL;
+    nb_fn *f = NULL, *g = NULL;
+    NBT_OK(ctx, nb_fn_create(ctx, "lsm", body_lsm_loss, NULL, &f));
+    NBT_OK(ctx, nb_value_and_grad(f, NULL, &g));
+    static char ir[32768];
+    NBT_OK(ctx, nb_fn_format_ir(g, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+    int n_exp = 0;
+    for (const char *q = strstr(ir, " exp "); q != NULL; q = strstr(q + 1, " exp ")) {
+        n_exp++;
+    }
+    if (n_exp != 1) {
+        fail_msg("expected one exp in value_and_grad(log_softmax):\n%s", ir);
+    }
+    NBT_OK(ctx, nb_fn_call(g, args, &res));
+    /* d/dx_ij = w_ij - softmax_ij * sum_k w_ik, in double */
+    const nb_array *ga = nb_tree_get_array(nb_tree_child(res, 1));
+    assert_non_null(ga);
+    const float *gv = nb_array_data(ga);
+    for (int r = 0; r < 6; r++) {
+        double m = -INFINITY, s = 0, sw = 0;
+        for (int c = 0; c < 40; c++) {
+            m = fmax(m, xv[r * 40 + c]);
+        }
+        for (int c = 0; c < 40; c++) {
+            s += exp(xv[r * 40 + c] - m);
+            sw += wv[r * 40 + c];
+        }
+        for (int c = 0; c < 40; c++) {
+            double want = wv[r * 40 + c] - exp(xv[r * 40 + c] - m) / s * sw;
+            NBT_NEAR(gv[r * 40 + c], want, 2e-6 * (1 + fabs(want)));
+        }
+    }
+    nb_tree_destroy(res);
+    nb_tree_destroy(args);
+    nb_fn_destroy(f);
+    nb_fn_destroy(g);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_transpose_into_matmul),
@@ -1168,6 +1235,7 @@ int main(void) {
         cmocka_unit_test(test_compile_time_linear),
         cmocka_unit_test(test_fold_uniform),
         cmocka_unit_test(test_pad_concat),
+        cmocka_unit_test(test_remat_keeps_exp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

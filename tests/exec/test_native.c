@@ -729,10 +729,10 @@ static nb_status body_alias_step(nb_trace *tr, const nb_tree *self, const nb_tre
     nb_var *i = nb_get(tr, args, "[0]"), *h = nb_get(tr, args, "[1][0]"),
            *acc = nb_get(tr, args, "[1][1]"), *xs = nb_get(tr, self, "xs");
     nb_var *z = nb_scalar_typed(tr, NB_DTYPE_I32, 0);
-    nb_var *row = nb_reshape(nb_dynamic_slice(xs, (nb_var *[]){i, z, z}, (int64_t[]){1, 4, AW}),
-                             2, (int64_t[]){4, AW});
-    nb_var *hrow = nb_reshape(nb_dynamic_slice(h, (nb_var *[]){i, z}, (int64_t[]){1, AW}), 1,
-                              (int64_t[]){AW});
+    nb_var *row = nb_reshape(nb_dynamic_slice(xs, (nb_var *[]){i, z, z}, (int64_t[]){1, 4, AW}), 2,
+                             (int64_t[]){4, AW});
+    nb_var *hrow =
+        nb_reshape(nb_dynamic_slice(h, (nb_var *[]){i, z}, (int64_t[]){1, AW}), 1, (int64_t[]){AW});
     nb_var *h2 = nb_add(nb_add(nb_mul(h, nb_scalar(tr, 0.5)), nb_tanh(row)),
                         nb_mul(hrow, nb_scalar(tr, 0.1)));
     nb_var *acc2 = nb_add(nb_mul(acc, nb_scalar(tr, 0.9)), nb_sum(row, (const int[]){0}, 1, false));
@@ -772,8 +772,8 @@ static nb_status body_alias_flat(nb_trace *tr, const nb_tree *self, const nb_tre
     nb_var *y = nb_matmul(x, nb_transpose(x, NULL));
     nb_var *flat = nb_reshape(y, 2, (int64_t[]){4, 16});
     nb_var *e = nb_exp(nb_mul(y, nb_scalar(tr, 0.1)));
-    nb_var *blk = nb_dynamic_slice(
-        x, (nb_var *[]){k, nb_scalar_typed(tr, NB_DTYPE_I32, 0)}, (int64_t[]){2, 8});
+    nb_var *blk = nb_dynamic_slice(x, (nb_var *[]){k, nb_scalar_typed(tr, NB_DTYPE_I32, 0)},
+                                   (int64_t[]){2, 8});
     nb_var *p = nb_matmul(e, nb_transpose(x, NULL));
     nb_var *q = nb_add(nb_reshape(blk, 1, (int64_t[]){16}), nb_scalar(tr, 1.0));
     nb_var *s2 = nb_matmul(flat, nb_reshape(x, 2, (int64_t[]){16, 4}));
