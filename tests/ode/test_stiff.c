@@ -353,6 +353,23 @@ static void test_imex(void **state) {
 
 /* ---- the stiff test set against SciPy Radau (rtol 1e-13) -------------------------------- */
 
+/* Diffrax's final-state error (in rtol, test_stiff_set's measure) for problem and method at
+ * rtol 1e-6, from oracle/diffrax_cycles.txt (gen_diffrax_cycles.py); -1: none. */
+static double dfx_cycle_err(const char *problem, const char *method) {
+    FILE *f = fopen(NBT_ORACLE_DIR "/diffrax_cycles.txt", "r");
+    NBT_TRUE(f != NULL);
+    char line[256], name[64], meth[64];
+    double err = -1, x = 0;
+    while (err < 0 && fgets(line, sizeof line, f) != NULL) {
+        if (line[0] != '#' && sscanf(line, "%63s %63s err %lf", name, meth, &x) == 3 &&
+            strcmp(name, problem) == 0 && strcmp(meth, method) == 0) {
+            err = x;
+        }
+    }
+    fclose(f);
+    return err;
+}
+
 /* A record "<problem> <field> v0 v1 ..." of oracle/stiff_ref.txt into v (at most cap);
  * returns the count (0: missing). */
 static int ref_read(const char *problem, const char *field, double *v, int cap) {
@@ -500,9 +517,13 @@ static void test_stiff_set(void **state) {
             int r = (int)leaf_at(sol, "result", 0), steps = (int)leaf_at(sol, "stats.num_steps", 0);
             /* The judgement: within 10 rtol (the issue's "requested accuracy"); on the two
              * limit cycles (vdp, orego) local errors become phase errors that grow with the
-             * time integrated, so there every solver's error is judged within 200 rtol and
-             * rodas5p's within 10 rtol -- SciPy's BDF misses 10 rtol there as well (41x and
-             * 47x at 1e-6, oracle file). ros3p on orego is outside both: it is A-stable but
+             * time integrated. There the six ESDIRK methods are judged against Diffrax's
+             * implementation of the same tableaus with the same controller
+             * (oracle/diffrax_cycles.txt): within 10 rtol or 1.25x Diffrax's own error
+             * (which is 18-21 rtol for KenCarp3/5 on vdp, 59-107 rtol for KenCarp3/4/5 and
+             * 24 for Kvaerno5 on orego: the methods', not this code's); rodas5p within 10
+             * rtol; the BDF and rosenbrock23, which Diffrax lacks, within 200 rtol --
+             * SciPy's BDF misses 10 rtol there as well (41x and 47x at 1e-6, oracle file). ros3p on orego is outside both: it is A-stable but
              * not L-stable, and its embedded second-order estimate misses orego's fast
              * transients (9.9e-2 at rtol 1e-6, 5.4e-4 at 1e-8): use rodas5p there. An
              * independent NumPy ROS3P (oracle/check_ros3p_orego.py, no nabla) gives the same
@@ -513,16 +534,25 @@ static void test_stiff_set(void **state) {
              * stiff_ref.txt); judged within 40 rtol. */
             bool cycle = strcmp(P->name, "vdp") == 0 || strcmp(P->name, "orego") == 0;
             double limit = cycle && solver != NB_ODE_RODAS5P ? 200 : 10;
+            double dfx = cycle ? dfx_cycle_err(P->name, nb_ode_solver_name((nb_ode_solver)solver))
+                               : -1;
+            if (dfx >= 0) {
+                limit = nbt_max(10, 1.25 * dfx);
+            }
             bool known =
                 (strcmp(P->name, "orego") == 0 && solver == NB_ODE_ROS3P) ||
                 (strcmp(P->name, "robertson_long") == 0 && solver == NB_ODE_KENCARP4 &&
                  err <= 12 * rtol) ||
                 (strcmp(P->name, "hires") == 0 && solver == NB_ODE_BDF && err <= 40 * rtol);
             bool ok = r == NB_ODE_SUCCESSFUL && (known || err <= limit * rtol);
+            char peer[48] = "";
+            if (dfx >= 0) {
+                snprintf(peer, sizeof peer, "; Diffrax %.2f rtol", dfx);
+            }
             print_message("%-14s %-12s rtol %.0e: error %.2e (%.2f rtol; max over components "
-                          "%.2e), %d steps, %s%s\n",
+                          "%.2e%s), %d steps, %s%s\n",
                           P->name, nb_ode_solver_name((nb_ode_solver)solver), rtol, err, err / rtol,
-                          maxerr, steps, nb_ode_result_string(r),
+                          maxerr, peer, steps, nb_ode_result_string(r),
                           !ok     ? "  <-- FAILS"
                           : known ? "  (known: see above)"
                                   : "");
