@@ -1050,9 +1050,9 @@ static void nbi_mm_acc_copy(const nbi_kargs *k, size_t off, int64_t rows, int64_
 /* o[i, j] = p[i, j] + c[i, j] over a rows x cols block (row strides ldo, ldp and ldc): the
  * product p plus the accumulator c; o is p (the product made in the output) or c (in
  * place). */
-#define NBI_MM_ADD_FN(name, T)                                                                     \
-    static void name(void *o_, const void *p_, const void *c_, int64_t rows, int64_t cols,         \
-                     int64_t ldo, int64_t ldp, int64_t ldc) {                                      \
+#define NBI_MM_ADD_FN(name, T, ATTR)                                                               \
+    ATTR static void name(void *o_, const void *p_, const void *c_, int64_t rows, int64_t cols,    \
+                          int64_t ldo, int64_t ldp, int64_t ldc) {                                 \
         for (int64_t i = 0; i < rows; i++) {                                                       \
             T *o = (T *)o_ + i * ldo;                                                              \
             const T *p = (const T *)p_ + i * ldp, *c = (const T *)c_ + i * ldc;                    \
@@ -1061,8 +1061,28 @@ static void nbi_mm_acc_copy(const nbi_kargs *k, size_t off, int64_t rows, int64_
             }                                                                                      \
         }                                                                                          \
     }
-NBI_MM_ADD_FN(nbi_mm_add_f32, float)
-NBI_MM_ADD_FN(nbi_mm_add_f64, double)
+NBI_MM_ADD_FN(nbi_mm_add_f32, float, )
+NBI_MM_ADD_FN(nbi_mm_add_f64, double, )
+/* again with 256-bit vectors on CPUs with AVX2 (the same add per element: the same bits) */
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define NBI_MM_ADD_AVX2 1
+NBI_MM_ADD_FN(nbi_mm_add_f32_avx2, float, __attribute__((target("avx2"))))
+NBI_MM_ADD_FN(nbi_mm_add_f64_avx2, double, __attribute__((target("avx2"))))
+#else
+#define NBI_MM_ADD_AVX2 0
+#endif
+
+typedef void (*nbi_mm_add_fn)(void *, const void *, const void *, int64_t, int64_t, int64_t,
+                              int64_t, int64_t);
+
+static nbi_mm_add_fn nbi_mm_add_of(nb_dtype d) {
+#if NBI_MM_ADD_AVX2
+    if (nbi_use_avx2()) {
+        return d == NB_DTYPE_F32 ? nbi_mm_add_f32_avx2 : nbi_mm_add_f64_avx2;
+    }
+#endif
+    return d == NB_DTYPE_F32 ? nbi_mm_add_f32 : nbi_mm_add_f64;
+}
 
 /* Operands reach BLIS row-stored. BLIS's order of summation depends on how its operands
  * are stored, not only on the shapes: its kernels for skinny products (the "sup" path, most
@@ -1182,8 +1202,7 @@ static void nbi_mm_block(const nbi_kargs *k, nbi_mm_fn f, bool blis, nbi_mm_geom
             pg.c_rs = sub->n > 1 || ld == 1 ? sub->n : 2;
         }
         f(&pg, a, b, p, scratch);
-        (d == NB_DTYPE_F32 ? nbi_mm_add_f32 : nbi_mm_add_f64)(o, p, c, sub->m, sub->n, ld, pg.c_rs,
-                                                              ld);
+        nbi_mm_add_of(d)(o, p, c, sub->m, sub->n, ld, pg.c_rs, ld);
     } else if (sub->k == 1 && nb_dtype_is_float(d)) {
         sub->cin = c;
         f(sub, a, b, o, scratch);
