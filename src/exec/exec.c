@@ -25,6 +25,15 @@
  * their values read later in slots of their own to the end: the while kernel runs that
  * prefix at the first step only (nbi_exec_run_step). The same kernels on the same values:
  * the same bits.
+ *
+ * Views and aliases. A call's or loop's output (call_output, and a reshape of one) is not
+ * copied out of the buffer the call wrote: it is a view, a slot inside its root's, with no
+ * instruction, and the root lives until the last reader of any view. A reshape, or a
+ * dynamic slice whose block is contiguous in its operand, keeps its instruction (the
+ * interpreter copies) but is an alias (alias_of): native code reads it through a pointer
+ * into its root, so the root lives until the alias's last reader and no instruction
+ * reading the alias takes over the root's slot in place (param_last marks such a read of
+ * an input, so a donated run does not write that input's buffer there either).
  */
 #include "exec/exec.h"
 #include "exec/native.h"
