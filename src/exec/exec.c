@@ -438,8 +438,10 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
      * went through a copy of every row between the forward and the reverse sweep). A view
      * has no instruction; its buffer (the root) lives until the last reader of any of its
      * views, and no instruction takes over the slot of a root with views or of a view. Not
-     * for outputs, nor views of one (an output may be the caller's buffer). view_of: the
-     * root, -1 (no view), -2 (an output) while this runs. */
+     * for outputs, nor views of one (an output may be the caller's buffer); not with the
+     * debugging checks, which check every instruction's value (a view has none). view_of:
+     * the root, -1 (no view), -2 (an output) while this runs. A view keeps its whole root
+     * (every carry of a loop) until its last reader: memory for copies. */
     for (int32_t i = 0; i < n; i++) {
         view_of[i] = -1;
     }
@@ -448,7 +450,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     }
     for (int32_t i = 0; i < n; i++) {
         const nb_var *v = &e->nodes[i];
-        if (view_of[i] != -1 || v->n_in != 1) {
+        if (view_of[i] != -1 || v->n_in != 1 || debug != 0) {
             continue;
         }
         const nb_var *x = v->in[0];
@@ -505,8 +507,13 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     e->n_instrs = n_instr;
     /* Aliases (e->alias_of): a reshape, or a dynamic slice whose block is contiguous, of a
      * value that no dynamic_update_slice writes into (a tape read row by row, not a
-     * cotangent buffer cleared row by row). A reshape only where the interpreter copies too
-     * (its operand read later, an input, a view) or of an alias; not for outputs. */
+     * cotangent buffer cleared row by row: the update could no longer be made in place). A
+     * reshape only where the interpreter copies too (its operand read later, an input, a
+     * view) or of an alias; not for outputs. The root is the first value that is no alias:
+     * codegen (nbx_gen_fn_ex) must write an alias as a pointer wherever it writes an alias
+     * of it as one -- it does so for every alias after a body's prefix, and a prefix's
+     * values live to the end. The interpreter copies aliases but keeps their roots as long
+     * (the plan is one for both tiers). */
     int32_t *instr_of = rest; /* free since the prefix's partition */
     for (int32_t t = 0; t < n_instr; t++) {
         instr_of[e->instrs[t].node] = t;
@@ -529,11 +536,13 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
                        : view_of[x->id] >= 0   ? view_of[x->id]
                                                : x->id;
         bool ok = false;
-        if (v->op == NBI_OP_RESHAPE) {
+        if (updated[x->id] || updated[root]) {
+            ok = false;
+        } else if (v->op == NBI_OP_RESHAPE) {
             ok = v->n_in == 1 && v->dtype == x->dtype && v->size == x->size &&
                  (root != x->id || e->param_of[x->id] >= 0 || view_of[x->id] == -2 ||
                   resident[x->id] || last_use[x->id] != instr_of[i]);
-        } else if (!nbi_dyn_lanes(v) && v->dtype == x->dtype && !updated[x->id] && !updated[root]) {
+        } else if (!nbi_dyn_lanes(v) && v->dtype == x->dtype) {
             int d = 0;
             while (d < x->rank && v->shape[d] == 1) {
                 d++;

@@ -523,19 +523,19 @@ static void test_stiff_set(void **state) {
              * (which is 18-21 rtol for KenCarp3/5 on vdp, 59-107 rtol for KenCarp3/4/5 and
              * 24 for Kvaerno5 on orego: the methods', not this code's); rodas5p within 10
              * rtol; the BDF and rosenbrock23, which Diffrax lacks, within 200 rtol --
-             * SciPy's BDF misses 10 rtol there as well (41x and 47x at 1e-6, oracle file). ros3p on orego is outside both: it is A-stable but
-             * not L-stable, and its embedded second-order estimate misses orego's fast
-             * transients (9.9e-2 at rtol 1e-6, 5.4e-4 at 1e-8): use rodas5p there. An
-             * independent NumPy ROS3P (oracle/check_ros3p_orego.py, no nabla) gives the same
-             * (4.4e-2 in 7145 steps; nabla 5.7e-2 in 7092): the method's, not this code's.
-             * kencarp4 on robertson_long is another miss (11.7 rtol, measured). The BDF's
+             * SciPy's BDF misses 10 rtol there as well (41x and 47x at 1e-6, oracle file). ros3p on
+             * orego is outside both: it is A-stable but not L-stable, and its embedded second-order
+             * estimate misses orego's fast transients (9.9e-2 at rtol 1e-6, 5.4e-4 at 1e-8): use
+             * rodas5p there. An independent NumPy ROS3P (oracle/check_ros3p_orego.py, no nabla)
+             * gives the same (4.4e-2 in 7145 steps; nabla 5.7e-2 in 7092): the method's, not this
+             * code's. kencarp4 on robertson_long is another miss (11.7 rtol, measured). The BDF's
              * global error on hires is 28 rtol (309 steps): the method's, not this code's --
              * CVODES's BDF gives 27 rtol and SciPy's BDF 38 rtol there (bench_stiff,
              * stiff_ref.txt); judged within 40 rtol. */
             bool cycle = strcmp(P->name, "vdp") == 0 || strcmp(P->name, "orego") == 0;
             double limit = cycle && solver != NB_ODE_RODAS5P ? 200 : 10;
-            double dfx = cycle ? dfx_cycle_err(P->name, nb_ode_solver_name((nb_ode_solver)solver))
-                               : -1;
+            double dfx =
+                cycle ? dfx_cycle_err(P->name, nb_ode_solver_name((nb_ode_solver)solver)) : -1;
             if (dfx >= 0) {
                 limit = nbt_max(10, 1.25 * dfx);
             }
