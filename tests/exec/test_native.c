@@ -918,6 +918,164 @@ static void test_alias_same_bits(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* More aliases in loops, the interpreter's bits: (a) a body whose prefix makes a value and
+ * reshapes it (the reshape is no pointer in the prefix; the rest's slices of it are),
+ * slices of a bound value directly and through a reshape, and a row of a reshape of the
+ * carry; (b) a carry a dynamic_update_slice writes, reshaped and read after the update (no
+ * alias: the update stays in place); (c) nested loops, the inner loop's bound data a row of
+ * the outer carry. */
+static nb_tree *sin_leaf(nb_ctx *ctx, int rank, const int64_t *shape, int64_t n, double sc) {
+    double d[64];
+    for (int64_t q = 0; q < n; q++) {
+        d[q] = sc * sin(0.37 * (double)q + 0.1);
+    }
+    nb_array *a = nbt_arr_f64(ctx, rank, shape, d);
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_array(a, &t));
+    nb_array_destroy(a);
+    return t;
+}
+
+static nb_status alias_a_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    nb_var *i = nb_get(tr, args, "[0]"), *h = nb_get(tr, args, "[1]"), *w = nb_get(tr, self, "w");
+    nb_var *z = nb_scalar_typed(tr, NB_DTYPE_I32, 0);
+    nb_var *w2 = nb_reshape(nb_mul(w, nb_scalar(tr, 1.5)), 1, (int64_t[]){48});
+    nb_var *i8 = nb_mul(i, nb_scalar_typed(tr, NB_DTYPE_I32, 8));
+    nb_var *r1 = nb_dynamic_slice(w2, (nb_var *[]){i8}, (int64_t[]){8});
+    nb_var *r2 =
+        nb_dynamic_slice(nb_reshape(w, 1, (int64_t[]){48}), (nb_var *[]){i8}, (int64_t[]){8});
+    nb_var *r3 =
+        nb_reshape(nb_dynamic_slice(w, (nb_var *[]){i, z}, (int64_t[]){1, 8}), 1, (int64_t[]){8});
+    nb_var *hr = nb_reshape(nb_dynamic_slice(nb_reshape(h, 2, (int64_t[]){2, 4}),
+                                             (nb_var *[]){i, z}, (int64_t[]){1, 4}),
+                            1, (int64_t[]){4});
+    nb_var *hh = nb_concatenate(2, (nb_var *[]){hr, hr}, 0);
+    return nb_return(
+        nb_add(nb_add(nb_mul(h, nb_scalar(tr, 0.5)), nb_tanh(r1)), nb_add(nb_mul(r2, r3), hh)),
+        out);
+}
+
+static nb_status alias_b_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)self;
+    nb_var *i = nb_get(tr, args, "[0]"), *buf = nb_get(tr, args, "[1][0]"),
+           *s = nb_get(tr, args, "[1][1]");
+    nb_var *z = nb_scalar_typed(tr, NB_DTYPE_I32, 0);
+    nb_var *row = nb_reshape(nb_mul(s, nb_scalar(tr, 2.0)), 2, (int64_t[]){1, 8});
+    nb_var *u = nb_dynamic_update_slice(buf, row, (nb_var *[]){i, z});
+    nb_var *a = nb_reshape(buf, 1, (int64_t[]){32});
+    nb_var *s2 = nb_add(nb_mul(s, nb_scalar(tr, 0.5)),
+                        nb_add(nb_slice(a, (int64_t[]){8}, (int64_t[]){16}, NULL),
+                               nb_slice(a, (int64_t[]){0}, (int64_t[]){8}, NULL)));
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(u), nb_leaf(s2)}, out);
+}
+
+static nb_status alias_c_inner(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                               nb_tree **out) {
+    nb_var *x = nb_get(tr, args, "[1]"), *r = nb_get(tr, self, "r");
+    return nb_return(nb_add(nb_mul(x, nb_scalar(tr, 0.9)), nb_sin(r)), out);
+}
+
+static nb_status alias_c_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)self;
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *i = nb_get(tr, args, "[0]"), *h = nb_get(tr, args, "[1][0]"),
+           *acc = nb_get(tr, args, "[1][1]");
+    nb_var *z = nb_scalar_typed(tr, NB_DTYPE_I32, 0);
+    nb_var *row =
+        nb_reshape(nb_dynamic_slice(h, (nb_var *[]){i, z}, (int64_t[]){1, 8}), 1, (int64_t[]){8});
+    nb_tree *bound = NULL;
+    nb_fn *inner = NULL;
+    nb_status st = nb_tree_dict(ctx, 1, (const char *[]){"r"}, (nb_tree *[]){nb_leaf(row)}, &bound);
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "alias_c_inner", alias_c_inner, bound, &inner);
+    }
+    nb_tree_destroy(bound);
+    const nb_tree *r = st == NB_OK ? nb_fori_loop(tr, 0, 3, inner, nb_leaf(acc), NULL) : NULL;
+    nb_fn_destroy(inner);
+    if (r == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    nb_var *h2 = nb_add(nb_mul(h, nb_scalar(tr, 0.5)), nb_scalar(tr, 0.25));
+    return nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(h2), (nb_tree *)r}, out);
+}
+
+/* self: {"step": which step (0 a, 1 b, 2 c)}; args: (bound w or unused, carry) */
+static nb_status alias_loops(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    int64_t which = 0;
+    NBT_OK(ctx, nb_tree_get_int(nb_tree_get(self, "step"), &which));
+    nb_fn_body steps[3] = {alias_a_step, alias_b_step, alias_c_step};
+    nb_tree *bound = NULL;
+    nb_fn *step = NULL;
+    nb_status st = nb_tree_dict(ctx, 1, (const char *[]){"w"},
+                                (nb_tree *[]){(nb_tree *)nb_tree_child(args, 0)}, &bound);
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "alias_step", steps[which], bound, &step);
+    }
+    nb_tree_destroy(bound);
+    const nb_tree *r =
+        st == NB_OK ? nb_fori_loop(tr, 0, which == 0 ? 6 : 4, step, nb_tree_child(args, 1), NULL)
+                    : NULL;
+    nb_fn_destroy(step);
+    if (r == NULL) {
+        return st != NB_OK ? st : nb_trace_status(tr);
+    }
+    *out = nb_tree_retain((nb_tree *)r);
+    return NB_OK;
+}
+
+static void test_alias_loops(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    for (int which = 0; which < 3; which++) {
+        nb_tree *w = sin_leaf(ctx, 2, (int64_t[]){6, 8}, 48, 0.7), *carry = NULL;
+        if (which == 0) {
+            carry = sin_leaf(ctx, 1, (int64_t[]){8}, 8, 0.3);
+        } else {
+            carry = nbt_tuple_take(ctx, 2,
+                                   (nb_tree *[]){sin_leaf(ctx, 2, (int64_t[]){4, 8}, 32, 0.7),
+                                                 sin_leaf(ctx, 1, (int64_t[]){8}, 8, 0.3)});
+        }
+        nb_tree *args = nbt_tuple_take(ctx, 2, (nb_tree *[]){w, carry}), *self = NULL;
+        nb_tree *k = NULL;
+        NBT_OK(ctx, nb_tree_int(ctx, which, &k));
+        NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"step"}, &k, &self));
+        nb_tree_destroy(k);
+        nb_fn *fo = NULL, *fn = NULL, *off = NULL, *now = NULL;
+        NBT_OK(ctx, nb_fn_create(ctx, "alias_loops", alias_loops, self, &fo));
+        NBT_OK(ctx, nb_fn_create(ctx, "alias_loops_now", alias_loops, self, &fn));
+        nb_jit_opts o = nb_jit_opts_default();
+        o.native = NB_NATIVE_OFF;
+        NBT_OK(ctx, nb_jit(fo, &o, &off));
+        o.native = NB_NATIVE_NOW;
+        NBT_OK(ctx, nb_jit(fn, &o, &now));
+        char *src = fn_source(ctx, fn, args);
+        if (which != 1) {
+            assert_non_null(strstr(src, "u8 *A")); /* some slices are pointers */
+        }
+        free(src);
+        nb_tree *a = NULL, *b = NULL;
+        NBT_OK(ctx, nb_fn_call(now, args, &b));
+        assert_int_equal(stats_of(now).tier, 1);
+        NBT_OK(ctx, nb_fn_call(off, args, &a));
+        assert_same_bits(a, b);
+        nb_tree_destroy(a);
+        nb_tree_destroy(b);
+        nb_tree_destroy(args);
+        nb_tree_destroy(self);
+        nb_fn_destroy(fo);
+        nb_fn_destroy(fn);
+        nb_fn_destroy(off);
+        nb_fn_destroy(now);
+    }
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* The gradient through a checkpointed loop: the reversal's kernel runs its cond, body and
  * step vjp as functions of the gradient's file; the interpreter's bits and the same
  * schedule (recomputed steps). */
@@ -1295,6 +1453,7 @@ int main(void) {
         cmocka_unit_test(test_loop_shared_body),  cmocka_unit_test(test_auto_swaps_in),
         cmocka_unit_test(test_format_c),          cmocka_unit_test(test_fallback_logged),
         cmocka_unit_test(test_warm_cache),        cmocka_unit_test(test_alias_same_bits),
+        cmocka_unit_test(test_alias_loops),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
