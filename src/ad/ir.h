@@ -301,6 +301,29 @@ NBI_HIDDEN nb_var *nbi_vmap_unroll(nb_trace *tr, nb_var *node, nb_var *const *bi
  * [B] integer vector with lane b's start on x's axis d, and lane b's block is read or
  * written at its own (clamped) starts. A slice's x and an update's block may have one lane,
  * shared by every lane. The slice's sizes are at.a (at.a[0] = B). */
+/* A transcendental op (a vector-math call per element: exp, log, tanh, sigmoid, pow, ...):
+ * costly to compute again (nbi_pass_remat), written out a tile at a time (codegen.c). */
+static inline bool nbi_op_transcendental(nbi_op op) {
+    switch (op) {
+    case NBI_OP_EXP:
+    case NBI_OP_EXPM1:
+    case NBI_OP_LOG:
+    case NBI_OP_LOG1P:
+    case NBI_OP_SIN:
+    case NBI_OP_COS:
+    case NBI_OP_TAN:
+    case NBI_OP_TANH:
+    case NBI_OP_ERF:
+    case NBI_OP_SIGMOID:
+    case NBI_OP_SOFTPLUS:
+    case NBI_OP_GELU:
+    case NBI_OP_POW:
+        return true;
+    default:
+        return false;
+    }
+}
+
 static inline bool nbi_dyn_lanes(const nb_var *v) {
     return (v->op == NBI_OP_DYN_SLICE || v->op == NBI_OP_DYN_UPDATE) && v->at.axis == 1;
 }

@@ -1299,27 +1299,6 @@ nb_status nbi_pass_sum_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph *out) 
  * twice per step). */
 #define NBI_REMAT_MAX 4
 
-static bool nbi_remat_costly(const nb_var *v) {
-    switch ((nbi_op)v->op) {
-    case NBI_OP_EXP:
-    case NBI_OP_EXPM1:
-    case NBI_OP_LOG:
-    case NBI_OP_LOG1P:
-    case NBI_OP_SIN:
-    case NBI_OP_COS:
-    case NBI_OP_TAN:
-    case NBI_OP_TANH:
-    case NBI_OP_SIGMOID:
-    case NBI_OP_GELU:
-    case NBI_OP_SOFTPLUS:
-    case NBI_OP_ERF:
-    case NBI_OP_POW:
-        return true;
-    default:
-        return false;
-    }
-}
-
 typedef struct nbi_remat {
     const nbi_graph *in;
     nbi_graph *out;
@@ -1353,7 +1332,7 @@ static nb_var *nbi_remat_clone(const nbi_remat *r, const nb_var *u, int depth) {
 }
 
 static int32_t nbi_remat_size(const nbi_remat *r, const nb_var *u) {
-    int32_t n = nbi_remat_costly(u) ? NBI_REMAT_MAX + 1 : 1;
+    int32_t n = nbi_op_transcendental((nbi_op)u->op) ? NBI_REMAT_MAX + 1 : 1;
     for (int32_t j = 0; j < u->n_in; j++) {
         if (nbi_remat_absorbed(r, u->in[j], u)) {
             n += nbi_remat_size(r, u->in[j]);

@@ -174,9 +174,7 @@ static bool nbx_instr_ok(const nbi_finstr *in) {
 /* Does instruction in call a vector-math function (one element at a time when written
  * out: the padded-register path, ~20 ns an element)? */
 static bool nbx_instr_vm(const nbi_finstr *in) {
-    nbi_op op = (nbi_op)in->op;
-    return nbx_vm_index(op) >= 0 || op == NBI_OP_POW || op == NBI_OP_SIGMOID ||
-           op == NBI_OP_SOFTPLUS || op == NBI_OP_GELU;
+    return nbi_op_transcendental((nbi_op)in->op);
 }
 
 /* Programs calling vector math are written out up to this many elements; above, the

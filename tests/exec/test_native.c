@@ -739,26 +739,32 @@ static nb_status body_alias_step(nb_trace *tr, const nb_tree *self, const nb_tre
     return nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(h2), nb_leaf(acc2)}, out);
 }
 
-static nb_status body_alias_loop(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                                 nb_tree **out) {
-    (void)self;
+/* fori_loop(0, n) of body over init args[1], with {key: args[0]} bound as its self */
+static nb_status fori_bound(nb_trace *tr, const nb_tree *args, const char *key, nb_fn_body body,
+                            int64_t n, nb_tree **out) {
     nb_ctx *ctx = nb_trace_ctx(tr);
     nb_tree *bound = NULL;
     nb_fn *step = NULL;
-    nb_status st = nb_tree_dict(ctx, 1, (const char *[]){"xs"},
+    nb_status st = nb_tree_dict(ctx, 1, (const char *[]){key},
                                 (nb_tree *[]){(nb_tree *)nb_tree_child(args, 0)}, &bound);
     if (st == NB_OK) {
-        st = nb_fn_create(ctx, "alias_step", body_alias_step, bound, &step);
+        st = nb_fn_create(ctx, "alias_step", body, bound, &step);
     }
     nb_tree_destroy(bound);
     const nb_tree *r =
-        st == NB_OK ? nb_fori_loop(tr, 0, 6, step, nb_tree_child(args, 1), NULL) : NULL;
+        st == NB_OK ? nb_fori_loop(tr, 0, n, step, nb_tree_child(args, 1), NULL) : NULL;
     nb_fn_destroy(step);
     if (r == NULL) {
         return st != NB_OK ? st : nb_trace_status(tr);
     }
     *out = nb_tree_retain((nb_tree *)r);
     return NB_OK;
+}
+
+static nb_status body_alias_loop(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                                 nb_tree **out) {
+    (void)self;
+    return fori_bound(tr, args, "xs", body_alias_step, 6, out);
 }
 
 /* Not in a loop: y = x @ x^T (8 x 8), its reshape [4, 16] read by a product after exp(y)
@@ -1009,23 +1015,7 @@ static nb_status alias_loops(nb_trace *tr, const nb_tree *self, const nb_tree *a
     int64_t which = 0;
     NBT_OK(ctx, nb_tree_get_int(nb_tree_get(self, "step"), &which));
     nb_fn_body steps[3] = {alias_a_step, alias_b_step, alias_c_step};
-    nb_tree *bound = NULL;
-    nb_fn *step = NULL;
-    nb_status st = nb_tree_dict(ctx, 1, (const char *[]){"w"},
-                                (nb_tree *[]){(nb_tree *)nb_tree_child(args, 0)}, &bound);
-    if (st == NB_OK) {
-        st = nb_fn_create(ctx, "alias_step", steps[which], bound, &step);
-    }
-    nb_tree_destroy(bound);
-    const nb_tree *r =
-        st == NB_OK ? nb_fori_loop(tr, 0, which == 0 ? 6 : 4, step, nb_tree_child(args, 1), NULL)
-                    : NULL;
-    nb_fn_destroy(step);
-    if (r == NULL) {
-        return st != NB_OK ? st : nb_trace_status(tr);
-    }
-    *out = nb_tree_retain((nb_tree *)r);
-    return NB_OK;
+    return fori_bound(tr, args, "w", steps[which], which == 0 ? 6 : 4, out);
 }
 
 static void test_alias_loops(void **state) {
