@@ -13,6 +13,7 @@ packages=(
     pkg-config      # test_install checks nabla.pc; FindSLEEF uses sleef.pc as a hint
     libsleef-dev    # vectorized elementary functions
     libblis-dev     # gemm and friends
+    libblis-serial-dev # the same BLIS built without threads, preferred (cmake/FindBLIS.cmake)
     libcmocka-dev   # unit test framework
     zlib1g-dev      # gzip-compressed data sets
     gnuplot-nox     # benchmark plots

@@ -101,8 +101,9 @@ NB_API const char *nb_status_string(nb_status status);
 NB_API const char *nb_status_name(nb_status status);
 
 /* One line describing the build and the linked math libraries, e.g.
- *     nabla 0.1.0; BLIS 0.9.0 (kernels: zen3); SLEEF 3.5.1 (self-check: ok)
- * (the BLIS kernel set is the one chosen for this CPU at run time; the SLEEF self-check
+ *     nabla 0.1.0; BLIS 0.9.0 (kernels: zen3, single-threaded); SLEEF 3.5.1 (self-check: ok)
+ * (the BLIS kernel set is the one chosen for this CPU at run time, then how the BLIS
+ * library was built: single-threaded, OpenMP or pthreads; the SLEEF self-check
  * evaluates exp through SLEEF's dispatcher against libm). snprintf contract: writes at
  * most cap bytes including the NUL (buf may be NULL when cap is 0), sets *needed (may be
  * NULL) to the full length; returns NB_OK, NB_ERR_TRUNCATED if cut, NB_ERR_MISUSE for a

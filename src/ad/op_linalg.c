@@ -292,7 +292,15 @@ typedef void (*nbi_mm_fn)(const nbi_mm_geom *g, const void *a, const void *b, vo
  * k = 10 input gradients) in f32 and f64: it splits the m and n loops, never k. nabla does
  * not rely on that: its blocks fix the bits (a product cut into column blocks can differ
  * from one whole BLIS call, e.g. 128x784 @ 784x256 in f64, see bench_matmul), and one pool
- * instead of two threading runtimes never oversubscribes the cores. */
+ * instead of two threading runtimes never oversubscribes the cores.
+ *
+ * Which BLIS build: Debian's single-threaded variant where it is installed (libblis-serial-
+ * dev; cmake/FindBLIS.cmake), else the default. The OpenMP build opens a parallel region of
+ * one thread for every call -- a team set up and a futex wake-up system call, ~0.5 us, paid
+ * ~130 times in a character GRU's train step (6 % of it). Both builds run the same kernels
+ * in the same order on one thread: the same bits (the stochastic suite's digest did not
+ * move). With the serial build the test above checks only that a thread request changes
+ * nothing; `nabla --version` names the build. */
 static void nbi_mm_f32(const nbi_mm_geom *g, const void *a, const void *b, void *c, void *scratch) {
     (void)scratch;
     rntm_t rntm = BLIS_RNTM_INITIALIZER;

@@ -31,9 +31,15 @@ nb_status nb_build_info(char *buf, size_t cap, size_t *needed) {
         return NB_ERR_MISUSE;
     }
     nbi_sbuf s = nbi_sbuf_make(buf, cap);
-    nbi_sbuf_printf(&s, "nabla %s; BLIS %s (kernels: %s); SLEEF %d.%d.%d (self-check: %s)",
+    /* the BLIS build's threading: nabla calls BLIS on one thread either way, but an OpenMP
+     * or pthreads build pays for a parallel region per call (cmake/FindBLIS.cmake) */
+    const char *thr = bli_info_get_enable_openmp()     ? "OpenMP"
+                      : bli_info_get_enable_pthreads() ? "pthreads"
+                                                       : "single-threaded";
+    nbi_sbuf_printf(&s, "nabla %s; BLIS %s (kernels: %s, %s); SLEEF %d.%d.%d (self-check: %s)",
                     NB_VERSION_STRING, bli_info_get_version_str(),
-                    bli_arch_string(bli_arch_query_id()), SLEEF_VERSION_MAJOR, SLEEF_VERSION_MINOR,
+                    bli_arch_string(bli_arch_query_id()), thr, SLEEF_VERSION_MAJOR,
+                    SLEEF_VERSION_MINOR,
                     SLEEF_VERSION_PATCHLEVEL, nbi_sleef_selfcheck() ? "ok" : "FAILED");
     return nbi_sbuf_finish(&s, needed);
 }

@@ -1372,7 +1372,8 @@ static void test_matmul_grad_rules_transposed_operands(void **state) {
  * input gradients) in f32 and f64, BLIS run with 1, 2 and 4 threads of its own gives the
  * same bits -- it splits the m and n loops, never k. nabla still runs BLIS with one thread
  * per fixed block; this pins what BLIS 0.9 does, so that an upgrade that changes it shows
- * here. */
+ * here. Linked to Debian's single-threaded BLIS (preferred when installed, FindBLIS.cmake)
+ * the requests for 2 and 4 threads run on one, and the test checks only that. */
 static void test_blis_threads_same_bits(void **state) {
     (void)state;
     const struct {

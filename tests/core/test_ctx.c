@@ -25,6 +25,8 @@ static void test_build_info(void **state) {
     NBT_TRUE(strncmp(buf, "nabla " NB_VERSION_STRING ";", strlen("nabla " NB_VERSION_STRING ";")) ==
              0);
     NBT_TRUE(strstr(buf, "BLIS ") != NULL);
+    NBT_TRUE(strstr(buf, ", single-threaded)") != NULL || strstr(buf, ", OpenMP)") != NULL ||
+             strstr(buf, ", pthreads)") != NULL);
     NBT_TRUE(strstr(buf, "SLEEF 3.") != NULL);
     NBT_TRUE(strstr(buf, "self-check: ok") != NULL);
     char small[8];
