@@ -39,7 +39,7 @@ nb_status nb_build_info(char *buf, size_t cap, size_t *needed) {
     nbi_sbuf_printf(&s, "nabla %s; BLIS %s (kernels: %s, %s); SLEEF %d.%d.%d (self-check: %s)",
                     NB_VERSION_STRING, bli_info_get_version_str(),
                     bli_arch_string(bli_arch_query_id()), thr, SLEEF_VERSION_MAJOR,
-                    SLEEF_VERSION_MINOR,
-                    SLEEF_VERSION_PATCHLEVEL, nbi_sleef_selfcheck() ? "ok" : "FAILED");
+                    SLEEF_VERSION_MINOR, SLEEF_VERSION_PATCHLEVEL,
+                    nbi_sleef_selfcheck() ? "ok" : "FAILED");
     return nbi_sbuf_finish(&s, needed);
 }
