@@ -597,6 +597,22 @@ NBI_HIDDEN void nbi_exec_run_step(const nbi_exec *e, const void *const *inputs,
 NBI_HIDDEN bool nbi_exec_reaches(const nbi_exec *x, const nbi_exec *target, int depth);
 /* The number of e's loop-invariant instructions (tests). */
 NBI_HIDDEN int32_t nbi_exec_n_pre(const nbi_exec *e);
+/* e's debugging checks (NBI_DEBUG_*; 0: none). */
+NBI_HIDDEN unsigned nbi_exec_debug(const nbi_exec *e);
+/* Does while node w's carry leaf i start undefined rather than from its operand? The
+ * tapes of a loop reverse mode runs taped (nbi_while_vjp, src/loops/loop.c): leaf
+ * at.c[2] + r for each bit r of at.c[3..7] (NBI_UNINIT_MAX of them; at.c[2] = 0: none).
+ * Every step writes its own row of such a tape, the loop runs exactly as many steps as
+ * there are rows (a fori or a scan), and nothing reads a row before its step wrote it -- so
+ * the initial zeros are never seen and are not written (1 MB a train step for a character
+ * GRU's 8 tapes). Not with the debugging checks: they look at the tape after each write,
+ * unwritten rows included. */
+#define NBI_UNINIT_MAX 320
+static inline bool nbi_while_uninit(const nb_var *w, int64_t i, const nbi_exec *body) {
+    int64_t r = i - w->at.c[2];
+    return w->at.c[2] > 0 && r >= 0 && r < NBI_UNINIT_MAX &&
+           ((uint64_t)w->at.c[3 + r / 64] >> (r % 64) & 1u) != 0 && nbi_exec_debug(body) == 0;
+}
 /* A run's output plan (nbi_exec_run_raw's, without the run): out_direct for these buffers,
  * and how many outputs the run must copy afterwards (nbi_exec_copy_out). Native code runs
  * a loop's cond and body on the same buffers step after step: planned once per loop. */

@@ -2038,7 +2038,9 @@ static void nbx_emit_loop(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, 
         const nb_var *o = nbi_exec_output(body, (int32_t)i);
         size_t bytes = (size_t)o->size * nbi_dsize(o->dtype);
         const nb_var *init = &e->nodes[ins->in[nc + nb + i]];
-        if (bytes > 0 && nbi_is_zero_fill(init)) {
+        if (bytes > 0 && nbi_while_uninit(v, i, body)) {
+            nbi_sbuf_printf(s, "        /* carry %lld: a tape written row by row */\n", i);
+        } else if (bytes > 0 && nbi_is_zero_fill(init)) {
             /* a carry that starts at zero (a tape, a scan's outputs, an accumulator):
              * written, not copied from the full's buffer (as nbi_k_while) */
             nbi_sbuf_printf(s, "        __builtin_memset(w + %zu, 0, %zu);\n", off, bytes);

@@ -1144,6 +1144,10 @@ int32_t nbi_exec_n_pre(const nbi_exec *e) {
     return e->n_pre;
 }
 
+unsigned nbi_exec_debug(const nbi_exec *e) {
+    return e->debug;
+}
+
 bool nbi_exec_reaches(const nbi_exec *x, const nbi_exec *target, int depth) {
     if (depth >= 16) {
         return true;

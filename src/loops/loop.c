@@ -102,7 +102,9 @@ static void nbi_k_while(const nbi_kargs *k) {
     for (int64_t i = 0; i < ncar; i++) {
         const nb_var *o = nbi_exec_output(body, (int32_t)i);
         size_t bytes = (size_t)o->size * nbi_dsize(o->dtype);
-        if (bytes > 0 && nbi_is_zero_fill(n->in[nc + nb + i])) {
+        if (bytes > 0 && nbi_while_uninit(n, i, body)) {
+            /* a reverse-mode tape every step writes a row of, before any read (ir.h) */
+        } else if (bytes > 0 && nbi_is_zero_fill(n->in[nc + nb + i])) {
             memset(w + off, 0, bytes); /* a tape, a scan's outputs, an accumulator */
         } else if (bytes > 0) {
             memcpy(w + off, k->in[nc + nb + i], bytes);
@@ -2204,6 +2206,19 @@ void nbi_while_vjp(nb_trace *tr, nb_var *w, nb_var *const *cts, nb_var **in_ct) 
     if (w2 != NULL) { /* w's twin: its carry leaves from 1 on are w's (nbi_pass_loop_share) */
         w2->at.c[0] = w->at.a[6];
         w2->at.c[1] = 1;
+        /* the tapes (leaves 1 + ncar on) need no zeros when every row is written before the
+         * reverse sweep reads it: w runs exactly n_max steps (a fori or a scan: known trips),
+         * writing row i at step i (ir.h's nbi_while_uninit). Not a buffer's 1-row tape: never
+         * written, it is read as zeros. */
+        if (w->at.a[7] > 0 && w->at.a[7] == n_max) {
+            w2->at.c[2] = 1 + ncar;
+            for (int64_t r = 0; r < ncar + nres && r < NBI_UNINIT_MAX; r++) {
+                if (r >= ncar || !nbl_is_buf(w, r)) {
+                    w2->at.c[3 + r / 64] =
+                        (int64_t)((uint64_t)w2->at.c[3 + r / 64] | (uint64_t)1 << (r % 64));
+                }
+            }
+        }
     }
     /* backward from step n - 1 down to 0 */
     if (fwd != NULL) {

@@ -1107,6 +1107,172 @@ static void test_reverse_same_bits(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* Reverse mode's tapes start undefined (ir.h's nbi_while_uninit): a bounded scan's taped run
+ * writes each row before the reverse sweep reads it, so the zeros are not written. Checked
+ * through the tiers' reuse of their buffers: a gradient run on inputs that fill every tape
+ * with NaN, then on finite ones -- a row read before its write would carry a NaN over. Both
+ * tiers give a fresh function's bits, the unrolled steps' bits, and the written-out code
+ * has no fill for the tapes; a scan's stacked outputs (buffers, whose 1-row tapes are read
+ * as zeros) keep theirs. */
+#define UT 9 /* steps */
+#define UN 24
+static nb_status uninit_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *w = nb_get(tr, self, "w"), *c = nb_get(tr, args, "[0]"), *x = nb_get(tr, args, "[1]");
+    nb_var *p = nb_reshape(nb_matmul(nb_reshape(c, 2, (int64_t[]){1, UN}), w), 1, (int64_t[]){UN});
+    nb_var *c2 = nb_tanh(nb_add(p, x));
+    nb_var *y = nb_mul(nb_sigmoid(c2), c);
+    return nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(c2), nb_leaf(y)}, out);
+}
+
+/* args = (w [UN, UN], c0 [UN], xs [UT, UN]) -> sum(ys^2) + sum(c_T); self.unrolled: the
+ * steps traced one after another instead of a scan */
+static nb_status uninit_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *c = nb_get(tr, args, "[1]"), *xs = nb_get(tr, args, "[2]");
+    bool unrolled = false;
+    nb_tree_get_bool(nb_tree_get(self, "unrolled"), &unrolled);
+    nb_tree *wl = nb_leaf(nb_get(tr, args, "[0]")), *bound = NULL;
+    nb_status st = nb_tree_dict(ctx, 1, (const char *[]){"w"}, &wl, &bound);
+    nb_fn *step = NULL;
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "uninit_step", uninit_step, bound, &step);
+    }
+    nb_tree_destroy(bound);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_var *loss = NULL;
+    if (unrolled) {
+        nb_var *yl[UT];
+        for (int t = 0; t < UT; t++) {
+            nb_var *x = nb_reshape(nb_slice(xs, (int64_t[]){t, 0}, (int64_t[]){t + 1, UN}, NULL), 1,
+                                   (int64_t[]){UN});
+            nb_tree *a = NULL;
+            const nb_tree *r = NULL;
+            if (nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(c), nb_leaf(x)}, &a) == NB_OK) {
+                r = nb_apply(tr, step, a);
+            }
+            nb_tree_destroy(a);
+            if (r == NULL) {
+                nb_fn_destroy(step);
+                return nb_trace_status(tr);
+            }
+            c = nb_var_of(tr, nb_tree_child(r, 0));
+            yl[t] = nb_var_of(tr, nb_tree_child(r, 1));
+        }
+        nb_var *ys = nb_stack(UT, yl, 0);
+        loss = nb_add(nb_sum(nb_mul(ys, ys), NULL, 0, false), nb_sum(c, NULL, 0, false));
+    } else {
+        nb_loop_opts o = nb_loop_opts_default();
+        o.kind = NB_LOOP_BOUNDED;
+        o.max_steps = UT;
+        const nb_tree *r = nb_scan(tr, step, nb_leaf(c), nb_leaf(xs), UT, &o);
+        if (r == NULL) {
+            nb_fn_destroy(step);
+            return nb_trace_status(tr);
+        }
+        nb_var *ys = nb_var_of(tr, nb_tree_child(r, 1)), *cT = nb_var_of(tr, nb_tree_child(r, 0));
+        loss = nb_add(nb_sum(nb_mul(ys, ys), NULL, 0, false), nb_sum(cT, NULL, 0, false));
+    }
+    nb_fn_destroy(step);
+    return nb_return(loss, out);
+}
+
+static nb_tree *uninit_args(nb_ctx *ctx, double poison) {
+    double w[UN * UN], c0[UN], xs[UT * UN];
+    for (int i = 0; i < UN * UN; i++) {
+        w[i] = 0.3 * sin(0.71 * i + 0.4);
+    }
+    for (int i = 0; i < UN; i++) {
+        c0[i] = 0.4 * cos(1.3 * i);
+    }
+    for (int i = 0; i < UT * UN; i++) {
+        xs[i] = 0.2 * sin(0.17 * i + 1.0);
+    }
+    c0[3] += poison; /* NaN: every step's carry, so every row of every tape, is NaN */
+    nb_array *a[3] = {nbt_arr_f64(ctx, 2, (const int64_t[]){UN, UN}, w),
+                      nbt_arr_f64(ctx, 1, (const int64_t[]){UN}, c0),
+                      nbt_arr_f64(ctx, 2, (const int64_t[]){UT, UN}, xs)};
+    nb_tree *l[3];
+    for (int i = 0; i < 3; i++) {
+        NBT_OK(ctx, nb_tree_array(a[i], &l[i]));
+        nb_array_destroy(a[i]);
+    }
+    nb_tree *t = NULL;
+    NBT_OK(ctx, nb_tree_tuple(ctx, 3, l, &t));
+    for (int i = 0; i < 3; i++) {
+        nb_tree_destroy(l[i]);
+    }
+    return t;
+}
+
+static void test_taped_rows_uninit(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *g[2] = {NULL, NULL};
+    for (int u = 0; u < 2; u++) {
+        nb_tree *fl = NULL, *self = NULL;
+        nb_fn *f = NULL;
+        NBT_OK(ctx, nb_tree_bool(ctx, u == 1, &fl));
+        NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"unrolled"}, &fl, &self));
+        NBT_OK(ctx, nb_fn_create(ctx, "uninit_loss", uninit_loss, self, &f));
+        NBT_OK(ctx, nb_grad(f, NULL, &g[u]));
+        nb_fn_destroy(f);
+        nb_tree_destroy(fl);
+        nb_tree_destroy(self);
+    }
+    nb_tree *bad = uninit_args(ctx, NAN), *good = uninit_args(ctx, 0.0);
+    char *src = fn_source(ctx, g[0], good);
+    /* the carry c and the stored residuals are taped without a fill; ys (a buffer) has its
+     * 1-row tape cleared */
+    const char *mark = "a tape written row by row";
+    int n_marks = 0;
+    for (const char *p = strstr(src, mark); p != NULL; p = strstr(p + 1, mark)) {
+        n_marks++;
+    }
+    assert_true(n_marks >= 1);
+    free(src);
+    nb_tree *ref = NULL, *fresh = NULL;
+    NBT_OK(ctx, nb_fn_call(g[1], good, &ref)); /* unrolled */
+    nb_jit_opts jo = nb_jit_opts_default();
+    for (int mode = 0; mode < 2; mode++) {
+        jo.native = mode == 0 ? NB_NATIVE_OFF : NB_NATIVE_NOW;
+        nb_fn *j = NULL, *j2 = NULL;
+        NBT_OK(ctx, nb_jit(g[0], &jo, &j));
+        NBT_OK(ctx, nb_jit(g[0], &jo, &j2));
+        nb_tree *r0 = NULL, *r1 = NULL, *r2 = NULL;
+        NBT_OK(ctx, nb_fn_call(j, bad, &r0));
+        double w0 = ((const double *)nb_array_data(nb_tree_get_array(r0)))[0]; /* d/dw */
+        assert_true(isnan(w0));                 /* the poisoned run went through NaN everywhere */
+        NBT_OK(ctx, nb_fn_call(j, good, &r1));  /* on the poisoned run's buffers */
+        NBT_OK(ctx, nb_fn_call(j2, good, &r2)); /* its own first run */
+        assert_int_equal(stats_of(j).tier, mode);
+        assert_same_bits(r1, r2);
+        assert_same_bits(r1, ref);
+        if (mode == 0) {
+            fresh = r1;
+        } else {
+            assert_same_bits(r1, fresh);
+            nb_tree_destroy(r1);
+        }
+        nb_tree_destroy(r0);
+        nb_tree_destroy(r2);
+        nb_fn_destroy(j);
+        nb_fn_destroy(j2);
+    }
+    nb_tree_destroy(fresh);
+    nb_tree_destroy(ref);
+    nb_tree_destroy(bad);
+    nb_tree_destroy(good);
+    nb_fn_destroy(g[0]);
+    nb_fn_destroy(g[1]);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* A checkpointed loop over a body that has a checkpointed loop of its own: the outer
  * reversal's functions are listed together (the inner loops' after them), so both
  * reversals run from the file -- no kernel call left -- with the interpreter's bits. */
@@ -1443,7 +1609,7 @@ int main(void) {
         cmocka_unit_test(test_loop_shared_body),  cmocka_unit_test(test_auto_swaps_in),
         cmocka_unit_test(test_format_c),          cmocka_unit_test(test_fallback_logged),
         cmocka_unit_test(test_warm_cache),        cmocka_unit_test(test_alias_same_bits),
-        cmocka_unit_test(test_alias_loops),
+        cmocka_unit_test(test_alias_loops),       cmocka_unit_test(test_taped_rows_uninit),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
