@@ -21,6 +21,7 @@
 
 #define BENCH_NAME "bench_speed"
 #include "bench_common.h"
+#include "bench_gemm.h"
 
 #include <nabla/nabla.h>
 
@@ -277,35 +278,7 @@ static nb_tree *tuple1(nb_ctx *ctx, nb_tree *x) {
 
 /* ---- in-process peers --------------------------------------------------------------------- */
 
-/* The MLP's 8 GEMMs (3 forward, 3 weight gradients, 2 input gradients) in BLIS alone, on
- * buffers of the same shapes, with transposes as strides: µs per set of 8. */
-typedef struct gemm_ud {
-    float *A, *B, *C;
-    rntm_t rntm;
-    int inner;
-} gemm_ud;
-
-static double sample_gemms(void *ud) {
-    gemm_ud *g = ud;
-    const int64_t b = 128, sz[4] = {784, 256, 256, 10};
-    float one = 1, zero = 0;
-    double t0 = bench_now_s();
-    for (int r = 0; r < g->inner; r++) {
-        for (int i = 0; i < 3; i++) { /* forward: [b,in] @ [in,out] */
-            bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, b, sz[i + 1], sz[i], &one, g->A,
-                         sz[i], 1, g->B, sz[i + 1], 1, &zero, g->C, sz[i + 1], 1, NULL, &g->rntm);
-        }
-        for (int i = 0; i < 3; i++) { /* dW = h^T [in,b] @ g [b,out] */
-            bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, sz[i], sz[i + 1], b, &one, g->A, 1,
-                         sz[i], g->B, sz[i + 1], 1, &zero, g->C, sz[i + 1], 1, NULL, &g->rntm);
-        }
-        for (int i = 1; i < 3; i++) { /* dh = g [b,out] @ W^T [out,in] */
-            bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, b, sz[i], sz[i + 1], &one, g->A,
-                         sz[i + 1], 1, g->B, 1, sz[i + 1], &zero, g->C, sz[i], 1, NULL, &g->rntm);
-        }
-    }
-    return (bench_now_s() - t0) / g->inner * 1e6;
-}
+/* The MLP's 8 GEMMs in BLIS alone, on 1 or 2 threads (sample_gemms, gemm_ud): bench_gemm.h */
 
 /* SLEEF's tanhf (the kernel nb_tanh uses) over n floats on 1 or 2 threads, or memcpy */
 typedef struct stream_ud {
@@ -479,8 +452,7 @@ int main(void) {
             BENCH_CHECK(ctx[t], nb_fn_create(ctx[t], "mlp", body_mlp, NULL, &mf[t]));
             BENCH_CHECK(ctx[t], nb_value_and_grad(mf[t], NULL, &mvg[t]));
             cu[t] = (call_ud){ctx[t], mvg[t], margs[t], NULL, 10};
-            gu[t] = (gemm_ud){A, B, C, BLIS_RNTM_INITIALIZER, 10};
-            bli_rntm_set_num_threads(t + 1, &gu[t].rntm);
+            gu[t] = (gemm_ud){A, B, C, t + 1, 10};
             items[t] = (bench_item){.sample = sample_call, .ud = &cu[t]};
             items[2 + t] = (bench_item){.sample = sample_gemms, .ud = &gu[t]};
         }

@@ -21,6 +21,7 @@
  */
 #define BENCH_NAME "bench_train"
 #include "bench_common.h"
+#include "bench_gemm.h"
 
 #include <nabla/nabla.h>
 
@@ -317,36 +318,7 @@ static double model_first_step(model *m) {
 
 /* ---- the in-process peer: BLIS ------------------------------------------------------------ */
 
-/* The MLP's 8 GEMMs (3 forward, 3 weight gradients, 2 input gradients: the first layer's
- * input gradient is not needed) in BLIS alone, on buffers of the same shapes, with
- * transposes as strides: µs per set of 8. */
-typedef struct gemm_ud {
-    float *A, *B, *C;
-    rntm_t rntm;
-    int inner;
-} gemm_ud;
-
-static double sample_gemms(void *ud) {
-    gemm_ud *g = ud;
-    const int64_t b = 128, sz[4] = {784, 256, 256, 10};
-    float one = 1, zero = 0;
-    double t0 = bench_now_s();
-    for (int r = 0; r < g->inner; r++) {
-        for (int i = 0; i < 3; i++) { /* forward: [b,in] @ [in,out] */
-            bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, b, sz[i + 1], sz[i], &one, g->A,
-                         sz[i], 1, g->B, sz[i + 1], 1, &zero, g->C, sz[i + 1], 1, NULL, &g->rntm);
-        }
-        for (int i = 0; i < 3; i++) { /* dW = h^T [in,b] @ g [b,out] */
-            bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, sz[i], sz[i + 1], b, &one, g->A, 1,
-                         sz[i], g->B, sz[i + 1], 1, &zero, g->C, sz[i + 1], 1, NULL, &g->rntm);
-        }
-        for (int i = 1; i < 3; i++) { /* dh = g [b,out] @ W^T [out,in] */
-            bli_sgemm_ex(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, b, sz[i], sz[i + 1], &one, g->A,
-                         sz[i + 1], 1, g->B, 1, sz[i + 1], &zero, g->C, sz[i], 1, NULL, &g->rntm);
-        }
-    }
-    return (bench_now_s() - t0) / g->inner * 1e6;
-}
+/* The MLP's 8 GEMMs in BLIS alone, on 1 or 2 threads (sample_gemms, gemm_ud): bench_gemm.h */
 
 /* ---- the table ---------------------------------------------------------------------------- */
 
@@ -492,8 +464,7 @@ int main(int argc, char **argv) {
             mlp_loss0[t] = model_first_step(&m[t]);
             step[t] = (call_ud){ctx[t], m[t].jstep, m[t].train_args, &m[t].copts, 10, 2, NAN, 1};
             vg[t] = (call_ud){ctx[t], m[t].vg, m[t].vg_args, NULL, 10, -1, NAN, 0};
-            gu[t] = (gemm_ud){A, B, C, BLIS_RNTM_INITIALIZER, 10};
-            bli_rntm_set_num_threads(t + 1, &gu[t].rntm);
+            gu[t] = (gemm_ud){A, B, C, t + 1, 10};
             items[t] = (bench_item){.sample = sample_call, .ud = &step[t]};
             items[2 + t] = (bench_item){.sample = sample_call, .ud = &vg[t]};
             items[4 + t] = (bench_item){.sample = sample_gemms, .ud = &gu[t]};

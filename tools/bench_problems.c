@@ -93,7 +93,7 @@
  * noise floor at lr 0.1 ~255), Adam (0.1) ~50 steps; lotka_volterra_mb 3e-3 (sigma^2 = 2.5e-3),
  * Adam (0.1) ~140 steps. Per step (bench_suite, session 22): ~0.004 ms (logreg_mb), ~0.024 ms
  * (mlp_mb), ~0.1 ms (cnn_mb; 0.17 before session 22's max pool), ~0.047 ms (noisy_quadratic),
- * ~0.1 ms (lotka_volterra_mb), ~1.15 ms (char_gru, session 25: nb_scan over 16 characters).
+ * ~0.1 ms (lotka_volterra_mb), ~1.04 ms (char_gru, session 26: nb_scan over 16 characters).
  */
 #include "bench_problems.h"
 

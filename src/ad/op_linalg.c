@@ -297,7 +297,7 @@ typedef void (*nbi_mm_fn)(const nbi_mm_geom *g, const void *a, const void *b, vo
  * Which BLIS build: Debian's single-threaded variant where it is installed (libblis-serial-
  * dev; cmake/FindBLIS.cmake), else the default. The OpenMP build opens a parallel region of
  * one thread for every call -- a team set up and a futex wake-up system call, ~0.5 us, paid
- * ~130 times in a character GRU's train step (6 % of it). Both builds run the same kernels
+ * ~135 times in a character GRU's train step (8 % of it). Both builds run the same kernels
  * in the same order on one thread: the same bits (the stochastic suite's digest did not
  * move). With the serial build the test above checks only that a thread request changes
  * nothing; `nabla --version` names the build. */
