@@ -10,9 +10,14 @@
 # default OpenMP variant still opens a parallel region of one thread per call -- a team
 # set up and a futex wake-up system call, ~0.5 us on this machine, a fifth of a 32 x 192
 # x 16 product's time. The products are the same (one thread either way). The library is
-# linked by its full path, so its directory goes into the build and install RPATH of
-# whatever links it (the loader would otherwise pick the alternatives' default of the same
-# soname). BLIS_PREFER_SERIAL=OFF, BLIS_ROOT or BLIS_LIBRARY turn the preference off.
+# linked by its full path, so its directory goes into the build RPATH of whatever links it
+# and, through INSTALL_RPATH_USE_LINK_PATH (CMakeLists.txt), into installed libnabla.so's:
+# the loader would otherwise pick the alternatives' default of the same soname (as it does
+# for programs linking libnabla.a through pkg-config's -lblis: the same products, slower).
+# A BLIS pointed at wins over the preference: BLIS_ROOT (variable or environment), a blis.pc
+# found by pkg-config (an upstream install), a libblis under CMAKE_PREFIX_PATH, or
+# BLIS_INCLUDE_DIR / BLIS_LIBRARY set by hand; BLIS_PREFER_SERIAL=OFF turns it off (and a
+# build directory where this module chose the serial build searches again).
 #
 # Imported target
 #   BLIS::blis            the library with its include directory
@@ -32,16 +37,41 @@ endif()
 
 option(BLIS_PREFER_SERIAL "Prefer Debian's single-threaded BLIS variant when installed" ON)
 mark_as_advanced(BLIS_PREFER_SERIAL)
-if(BLIS_PREFER_SERIAL AND NOT BLIS_ROOT AND NOT BLIS_LIBRARY AND NOT BLIS_INCLUDE_DIR
-   AND CMAKE_LIBRARY_ARCHITECTURE)
+set(_blis_pointed OFF)
+if(BLIS_ROOT OR DEFINED ENV{BLIS_ROOT} OR PC_BLIS_FOUND)
+    set(_blis_pointed ON)
+elseif(CMAKE_PREFIX_PATH OR DEFINED ENV{CMAKE_PREFIX_PATH})
+    find_library(_blis_in_prefix NAMES blis blis-mt NO_CACHE
+        PATHS ${CMAKE_PREFIX_PATH} $ENV{CMAKE_PREFIX_PATH} PATH_SUFFIXES lib lib64
+        NO_DEFAULT_PATH)
+    if(_blis_in_prefix)
+        set(_blis_pointed ON)
+    endif()
+endif()
+set(_blis_want default)
+if(BLIS_PREFER_SERIAL AND NOT _blis_pointed AND CMAKE_LIBRARY_ARCHITECTURE)
+    set(_blis_want serial)
+endif()
+# what this module chose earlier (not paths set by hand), if the wish changed: search again
+if(_BLIS_CHOICE AND NOT _BLIS_CHOICE STREQUAL _blis_want)
+    unset(BLIS_INCLUDE_DIR CACHE)
+    unset(BLIS_LIBRARY CACHE)
+    set(_BLIS_CHOICE "" CACHE INTERNAL "")
+endif()
+set(_blis_choosing OFF)
+if(NOT BLIS_LIBRARY AND NOT BLIS_INCLUDE_DIR) # NOTFOUND counts as not set
+    set(_blis_choosing ON)
+endif()
+if(_blis_choosing AND _blis_want STREQUAL "serial")
     find_path(BLIS_SERIAL_INCLUDE_DIR NAMES blis.h
         PATHS "/usr/include/${CMAKE_LIBRARY_ARCHITECTURE}/blis-serial" NO_DEFAULT_PATH)
     find_library(BLIS_SERIAL_LIBRARY NAMES blis
         PATHS "/usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/blis-serial" NO_DEFAULT_PATH)
     mark_as_advanced(BLIS_SERIAL_INCLUDE_DIR BLIS_SERIAL_LIBRARY)
     if(BLIS_SERIAL_INCLUDE_DIR AND BLIS_SERIAL_LIBRARY)
-        set(BLIS_INCLUDE_DIR "${BLIS_SERIAL_INCLUDE_DIR}" CACHE PATH "directory holding blis.h")
-        set(BLIS_LIBRARY "${BLIS_SERIAL_LIBRARY}" CACHE FILEPATH "the BLIS library")
+        set(BLIS_INCLUDE_DIR "${BLIS_SERIAL_INCLUDE_DIR}" CACHE PATH "directory holding blis.h"
+            FORCE)
+        set(BLIS_LIBRARY "${BLIS_SERIAL_LIBRARY}" CACHE FILEPATH "the BLIS library" FORCE)
     endif()
 endif()
 find_path(BLIS_INCLUDE_DIR
@@ -52,6 +82,9 @@ find_library(BLIS_LIBRARY
     NAMES blis blis-mt
     HINTS ${PC_BLIS_LIBDIR} ${PC_BLIS_LIBRARY_DIRS})
 mark_as_advanced(BLIS_INCLUDE_DIR BLIS_LIBRARY)
+if(_blis_choosing)
+    set(_BLIS_CHOICE "${_blis_want}" CACHE INTERNAL "")
+endif()
 
 unset(BLIS_VERSION)
 if(BLIS_INCLUDE_DIR AND EXISTS "${BLIS_INCLUDE_DIR}/blis.h")
