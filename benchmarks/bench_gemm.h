@@ -1,8 +1,8 @@
 /*
  * bench_gemm.h -- the BLIS floor of the 784-256-256-10 MLP's step (bench_speed, bench_train):
  * its 8 GEMMs (3 forward, 3 weight gradients, 2 input gradients: the first layer's is not
- * needed) in BLIS alone, on buffers
- * of the same shapes, with transposes as strides, on 1 or 2 threads.
+ * needed) in BLIS alone, on buffers of the same shapes, with transposes as strides, on 1 or
+ * 2 threads.
  *
  * 2 threads: BLIS's own threads where the BLIS build has them (bli_rntm_set_num_threads).
  * nabla prefers Debian's single-threaded build (cmake/FindBLIS.cmake), which ignores a
