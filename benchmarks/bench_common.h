@@ -1,8 +1,8 @@
 /*
  * bench_common.h -- what the benchmark programs share: the clock, the median of samples,
  * the status check that ends the program, interleaved measurement rounds, the load average,
- * and reading the "key value" lines a peer program prints. Static inline, so each program
- * stays one file and links nothing more.
+ * two halves of a job on two threads, and reading the "key value" lines a peer program prints.
+ * Static inline, so each program stays one file and links nothing more.
  *
  * A program defines BENCH_NAME (its name, for messages) before including this header:
  *
@@ -15,6 +15,8 @@
 #include <nabla/nabla.h>
 
 #include <math.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,20 @@
 #ifndef BENCH_NAME
 #error "define BENCH_NAME (the program's name) before including bench_common.h"
 #endif
+
+/* fn(first) on this thread while fn(second) runs on a new one, both done on return (the
+ * second after the first, here, if no thread can be made): a 2-thread run of a job cut in
+ * two, for in-process peers without threads of their own. */
+static inline void bench_two_halves(void *(*fn)(void *), void *first, void *second) {
+    pthread_t th;
+    bool threaded = pthread_create(&th, NULL, fn, second) == 0;
+    fn(first);
+    if (threaded) {
+        pthread_join(th, NULL);
+    } else {
+        fn(second);
+    }
+}
 
 /* Seconds on the monotonic clock. */
 static inline double bench_now_s(void) {

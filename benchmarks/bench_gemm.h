@@ -18,7 +18,6 @@
 #include "bench_common.h"
 
 #include <blis.h>
-#include <pthread.h>
 #include <stdint.h>
 
 #define BG_OUT (784 * 256) /* the largest output's floats */
@@ -79,15 +78,8 @@ static double sample_gemms(void *ud) {
     double t0 = bench_now_s();
     if (!split) {
         bench_gemm_rows(&parts[0]);
-    } else { /* the second half on a new thread (on this one if none can be made) */
-        pthread_t th;
-        bool threaded = pthread_create(&th, NULL, bench_gemm_rows, &parts[1]) == 0;
-        bench_gemm_rows(&parts[0]);
-        if (threaded) {
-            pthread_join(th, NULL);
-        } else {
-            bench_gemm_rows(&parts[1]);
-        }
+    } else {
+        bench_two_halves(bench_gemm_rows, &parts[0], &parts[1]);
     }
     return (bench_now_s() - t0) / g->inner * 1e6;
 }

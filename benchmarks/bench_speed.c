@@ -311,17 +311,10 @@ static double sample_stream(void *ud) {
         memcpy(s->dst, s->src, (size_t)s->n * sizeof(float));
     } else if (s->threads == 1) {
         s->vm->f32[NBI_VM_TANH](s->dst, s->src, s->n);
-    } else { /* two halves, the second on a new thread (on this one if none can be made) */
+    } else { /* two halves on two threads */
         int64_t h = s->n / 2 / 64 * 64;
         half_job jobs[2] = {{s->vm, s->dst, s->src, h}, {s->vm, s->dst + h, s->src + h, s->n - h}};
-        pthread_t th;
-        bool threaded = pthread_create(&th, NULL, tanh_half, &jobs[1]) == 0;
-        tanh_half(&jobs[0]);
-        if (threaded) {
-            pthread_join(th, NULL);
-        } else {
-            tanh_half(&jobs[1]);
-        }
+        bench_two_halves(tanh_half, &jobs[0], &jobs[1]);
     }
     return (bench_now_s() - t0) / (double)s->n * 1e9;
 }
