@@ -20,9 +20,11 @@
  * Table 2, one Conv2d (bias, 3x3, stride 1, padding 1): forward, and forward + the gradients
  * of sum(conv(x) * r) with respect to x, the weight and the bias, on
  *   a: x [32, 3, 32, 32] -> 16 channels; b: [32, 32, 16, 16] -> 64; c: [8, 64, 28, 28] -> 64;
- * next to the BLIS floor of its im2col formulation: the one product of the forward
- * ([O, C*9] x [C*9, N*H*W]) and the three of forward + backward (with dW = dY cols^T and
- * dcols = W^T dY), called directly on buffers of those shapes.
+ * next to the BLIS floor of its im2col formulation as nabla makes it, one example at a time
+ * (src/ad/op_conv.c: each example's columns stay in cache): the forward's N products
+ * [O, C*9] x [C*9, H*W], and for forward + backward also dW = sum over the examples of
+ * dY_n cols_n^T (accumulated in place) and dcols_n = W^T dY_n, called directly on buffers of
+ * those shapes.
  *
  * Every time is a median of interleaved samples (each a burst of >= 20 ms). Run from the
  * repository root: ./build/benchmarks/bench_layers [--samples S] [--no-peers] [--only ROW N]
@@ -82,9 +84,10 @@ typedef struct runner {
     void (*run)(struct runner *);
     nb_fn *f;
     nb_tree *args, *params, *state, *batch;
-    /* a BLIS floor: up to 3 products */
-    int n_mm;
-    int64_t m[3], n[3], k[3];
+    /* a BLIS floor: up to 3 products, each made for n_ex examples (a, b, c advanced by sa,
+     * sb, sc elements per example; sc == 0: accumulated into one c) */
+    int n_mm, n_ex;
+    int64_t m[3], n[3], k[3], sa[3], sb[3], sc[3];
     int tb[3]; /* b transposed */
     float *a[3], *b[3], *c[3];
     void *lim; /* a C limit: lim_cnn or lim_gru */
@@ -105,11 +108,27 @@ static void run_step(runner *r) {
 static void run_blis(runner *r) {
     float one = 1.0f, zero = 0.0f;
     for (int i = 0; i < r->n_mm; i++) {
-        /* row-major c[m, n] = a[m, k] b[k, n] (b read as its transpose when stored [n, k]) */
-        bli_sgemm(BLIS_NO_TRANSPOSE, r->tb[i] ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, r->m[i],
-                  r->n[i], r->k[i], &one, r->a[i], r->k[i], 1, r->b[i],
-                  r->tb[i] ? r->k[i] : r->n[i], 1, &zero, r->c[i], r->n[i], 1);
+        for (int e = 0; e < r->n_ex; e++) {
+            /* row-major c[m, n] = a[m, k] b[k, n] (b read as its transpose when stored [n, k]) */
+            bli_sgemm(BLIS_NO_TRANSPOSE, r->tb[i] ? BLIS_TRANSPOSE : BLIS_NO_TRANSPOSE, r->m[i],
+                      r->n[i], r->k[i], &one, r->a[i] + e * r->sa[i], r->k[i], 1,
+                      r->b[i] + e * r->sb[i], r->tb[i] ? r->k[i] : r->n[i], 1,
+                      r->sc[i] == 0 && e > 0 ? &one : &zero, r->c[i] + e * r->sc[i], r->n[i], 1);
+        }
     }
+}
+
+/* n floats of small values (the zero page of a calloc would make the reads unrealistic) */
+static float *floor_buf(int64_t n) {
+    float *p = malloc((size_t)n * sizeof(float));
+    if (p == NULL) {
+        fprintf(stderr, BENCH_NAME ": out of memory\n");
+        exit(1);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        p[i] = 0.01f * (float)(i % 7) - 0.03f;
+    }
+    return p;
 }
 
 static void run_lim_cnn(runner *r) {
@@ -522,17 +541,21 @@ int main(int argc, char **argv) {
             u->f = fb ? jg : jf;
             u->args = args;
             runner *fl = &floor_[2 * s + fb];
-            int64_t ck = c->c * 9, l = c->n * c->hw * c->hw;
-            /* forward: y [O, L] = W [O, CK] cols [CK, L]; backward: dW [O, CK] = dY [O, L]
-             * cols^T (cols stored [CK, L]), dcols [CK, L] = W^T [CK, O] dY [O, L] */
+            int64_t ck = c->c * 9, l = c->hw * c->hw;
+            /* per example n: y_n [O, L] = W [O, CK] cols_n [CK, L]; backward: dW [O, CK] +=
+             * dY_n [O, L] cols_n^T (cols stored [CK, L]), dcols_n [CK, L] = W^T [CK, O] dY_n */
             fl->run = run_blis;
             fl->n_mm = fb ? 3 : 1;
+            fl->n_ex = (int)c->n;
             int64_t mm[3] = {c->o, c->o, ck}, nn[3] = {l, ck, l}, kk[3] = {ck, l, c->o};
+            int64_t sa[3] = {0, c->o * l, 0}, sb[3] = {ck * l, ck * l, c->o * l};
+            int64_t sc[3] = {c->o * l, 0, ck * l};
             for (int i = 0; i < fl->n_mm; i++) {
                 fl->m[i] = mm[i], fl->n[i] = nn[i], fl->k[i] = kk[i], fl->tb[i] = i == 1;
-                fl->a[i] = calloc((size_t)(mm[i] * kk[i]), sizeof(float));
-                fl->b[i] = calloc((size_t)(kk[i] * nn[i]), sizeof(float));
-                fl->c[i] = calloc((size_t)(mm[i] * nn[i]), sizeof(float));
+                fl->sa[i] = sa[i], fl->sb[i] = sb[i], fl->sc[i] = sc[i];
+                fl->a[i] = floor_buf(mm[i] * kk[i] + (c->n - 1) * sa[i]);
+                fl->b[i] = floor_buf(kk[i] * nn[i] + (c->n - 1) * sb[i]);
+                fl->c[i] = floor_buf(mm[i] * nn[i] + (c->n - 1) * sc[i]);
             }
         }
         nb_tree_destroy(pair);

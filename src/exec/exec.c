@@ -310,6 +310,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
                    nbi_round64((size_t)n * sizeof(int32_t)) /* view_of */ +
                    nbi_round64((size_t)n * sizeof(int64_t)) /* view_at */ +
                    nbi_round64((size_t)n * sizeof(bool)) /* viewed */ +
+                   nbi_round64((size_t)n * sizeof(bool)) * 2 /* unread, as a carry */ +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* alias_of */ +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* alias_last */ +
                    nbi_round64((size_t)n * sizeof(bool)) /* updated */ +
@@ -350,6 +351,8 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     int32_t *view_of = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     int64_t *view_at = nbi_carve(&p, (size_t)n * sizeof(int64_t));
     bool *viewed = nbi_carve(&p, (size_t)n * sizeof(bool));
+    bool *unread = nbi_carve(&p, (size_t)n * sizeof(bool));
+    bool *unread_carry = nbi_carve(&p, (size_t)n * sizeof(bool));
     e->alias_of = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     int32_t *alias_last = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     bool *updated = nbi_carve(&p, (size_t)n * sizeof(bool));
@@ -464,6 +467,43 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
             view_at[i] = view_at[x->id];
         }
     }
+    /* Unread zero fills: a full of zero bits (not resident, not an output) that only loops
+     * read -- as a carry's initial value, or as bound data their cond or body never reads (a
+     * reverse loop is handed its forward loop's operands) -- is never read: nbi_k_while and
+     * native code's loops clear such a carry themselves, or leave unwritten a tape every step
+     * writes a row of (ir.h's nbi_while_uninit). So it has no instruction (a GRU layer's train
+     * step wrote 5 MB of zeros for nothing). Its pointer, set after the plan, is valid and of
+     * its size, never read: into its first reader's carry that starts from it, else one
+     * workspace slot all such fulls share. Not with the debugging checks. */
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = &e->nodes[i];
+        unread[i] = debug == 0 && !resident[i] && view_of[i] == -1 && v->n_in == 0 && v->size > 0 &&
+                    nbi_is_zero_fill(v);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const nb_var *v = &e->nodes[i];
+        int64_t nc = v->op == NBI_OP_WHILE ? v->at.a[0] : 0,
+                nb = v->op == NBI_OP_WHILE ? v->at.a[1] : 0;
+        for (int32_t j = 0; j < v->n_in; j++) {
+            int32_t x = v->in[j]->id;
+            if (!unread[x]) {
+                continue;
+            }
+            if (v->op != NBI_OP_WHILE) {
+                unread[x] = false;
+            } else if (j >= nc + nb) {
+                unread_carry[x] = true;
+            } else {
+                const nbi_exec *callee = j < nc ? v->at.callee2 : v->at.callee;
+                unread[x] = callee->param_last[j < nc ? j : j - nc] < 0;
+            }
+        }
+    }
+    size_t unread_bytes = 0; /* the shared slot */
+    for (int32_t i = 0; i < n; i++) {
+        size_t b = nbi_value_bytes(&e->nodes[i]);
+        unread_bytes = unread[i] && !unread_carry[i] && b > unread_bytes ? b : unread_bytes;
+    }
     /* Instructions: every node with a kernel, in order -- but a dynamic_update_slice into an
      * input waits for that input's other readers where none of them needs its result: then
      * it can write into a donated input in place (a loop's reverse step reads a row of its
@@ -481,7 +521,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
         const int32_t i = order[oi];
         const nb_var *v = &e->nodes[i];
         if (v->op == NBI_OP_PARAM || v->op == NBI_OP_FUSED_OUTPUT || resident[i] ||
-            view_of[i] >= 0) {
+            view_of[i] >= 0 || unread[i]) {
             continue; /* fused outputs: made by their fused node's instruction */
         }
         nbi_instr *ins = &e->instrs[n_instr];
@@ -652,6 +692,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
             e->offset[i] = (int64_t)nbi_plan_take(&pl, nbi_value_bytes(&e->nodes[i]));
         }
     }
+    int64_t unread_off = unread_bytes > 0 ? (int64_t)nbi_plan_take(&pl, unread_bytes) : -1;
     for (int32_t t = 0; t < n_instr; t++) {
         const nbi_instr *ins = &e->instrs[t];
         const nb_var *v = &e->nodes[ins->node];
@@ -716,6 +757,27 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     for (int32_t i = 0; i < n; i++) {
         if (view_of[i] >= 0 && e->offset[view_of[i]] >= 0) {
             e->offset[i] = e->offset[view_of[i]] + view_at[i];
+        }
+    }
+    for (int32_t t = 0; t < n_instr; t++) { /* the unread zero fills' pointers (above) */
+        const nb_var *w = &e->nodes[e->instrs[t].node];
+        if (w->op != NBI_OP_WHILE) {
+            continue;
+        }
+        const nbi_exec *body = w->at.callee;
+        int64_t first_carry = w->at.a[0] + w->at.a[1];
+        size_t off = 0;
+        for (int64_t c = 0; c < w->at.a[2]; c++) {
+            const nb_var *init = w->in[first_carry + c];
+            if (unread[init->id] && e->offset[init->id] < 0 && e->offset[w->id] >= 0) {
+                e->offset[init->id] = e->offset[w->id] + (int64_t)off;
+            }
+            off += nbi_leaf_bytes(nbi_exec_output(body, (int32_t)c));
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (unread[i] && e->offset[i] < 0) {
+            e->offset[i] = unread_off; /* (never read by a loop's carry: unread_bytes) */
         }
     }
     nb_status pst = nbi_ctx_pool(ctx, &e->pool); /* threads start here, not while running */

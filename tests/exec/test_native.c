@@ -1275,6 +1275,147 @@ static void test_taped_rows_uninit(void **state) {
     nb_ctx_destroy(ctx);
 }
 
+/* A zero full that only loops read as a carry's start is never written (exec.c's unread
+ * zero fills): the gradient of a bounded scan over [ZT, ZN] f32 (128 KB tapes and stacked
+ * outputs, above the resident size) has two in its optimized IR but no instruction for them
+ * in the written-out code (every instruction has a "%id = op: type" comment there); both
+ * tiers still give the bits of the unrolled steps, run after run. */
+#define ZT 16
+#define ZN 2048
+static nb_status zfill_step(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *w = nb_get(tr, self, "w"), *c = nb_get(tr, args, "[0]"), *x = nb_get(tr, args, "[1]");
+    nb_var *c2 = nb_tanh(nb_add(nb_mul(c, w), x));
+    return nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(c2), nb_leaf(nb_mul(c2, c))}, out);
+}
+
+/* args = (w [ZN], c0 [ZN], xs [ZT, ZN]) -> sum(ys^2) + sum(c_T); self.unrolled as above */
+static nb_status zfill_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
+    nb_ctx *ctx = nb_trace_ctx(tr);
+    nb_var *c = nb_get(tr, args, "[1]"), *xs = nb_get(tr, args, "[2]");
+    bool unrolled = false;
+    nb_tree_get_bool(nb_tree_get(self, "unrolled"), &unrolled);
+    nb_tree *wl = nb_leaf(nb_get(tr, args, "[0]")), *bound = NULL;
+    nb_status st = nb_tree_dict(ctx, 1, (const char *[]){"w"}, &wl, &bound);
+    nb_fn *step = NULL;
+    if (st == NB_OK) {
+        st = nb_fn_create(ctx, "zfill_step", zfill_step, bound, &step);
+    }
+    nb_tree_destroy(bound);
+    if (st != NB_OK) {
+        return st;
+    }
+    nb_var *ys = NULL;
+    if (unrolled) {
+        nb_var *yl[ZT];
+        for (int t = 0; t < ZT && c != NULL; t++) {
+            nb_var *x = nb_reshape(nb_slice(xs, (int64_t[]){t, 0}, (int64_t[]){t + 1, ZN}, NULL), 1,
+                                   (int64_t[]){ZN});
+            nb_var *c2 = nb_tanh(nb_add(nb_mul(c, nb_get(tr, args, "[0]")), x));
+            yl[t] = nb_mul(c2, c);
+            c = c2;
+        }
+        ys = nb_stack(ZT, yl, 0);
+    } else {
+        nb_loop_opts o = nb_loop_opts_default();
+        o.kind = NB_LOOP_BOUNDED;
+        o.max_steps = ZT;
+        const nb_tree *r = nb_scan(tr, step, nb_leaf(c), nb_leaf(xs), ZT, &o);
+        if (r == NULL) {
+            nb_fn_destroy(step);
+            return nb_trace_status(tr);
+        }
+        ys = nb_var_of(tr, nb_tree_child(r, 1));
+        c = nb_var_of(tr, nb_tree_child(r, 0));
+    }
+    nb_fn_destroy(step);
+    return nb_return(nb_add(nb_sum(nb_mul(ys, ys), NULL, 0, false), nb_sum(c, NULL, 0, false)),
+                     out);
+}
+
+static void test_unread_zero_fills(void **state) {
+    (void)state;
+    nb_ctx *ctx = nbt_ctx();
+    nb_fn *g[2] = {NULL, NULL};
+    for (int u = 0; u < 2; u++) {
+        nb_tree *fl = NULL, *self = NULL;
+        nb_fn *f = NULL;
+        NBT_OK(ctx, nb_tree_bool(ctx, u == 1, &fl));
+        NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"unrolled"}, &fl, &self));
+        NBT_OK(ctx, nb_fn_create(ctx, "zfill_loss", zfill_loss, self, &f));
+        NBT_OK(ctx, nb_grad(f, NULL, &g[u]));
+        nb_fn_destroy(f);
+        nb_tree_destroy(fl);
+        nb_tree_destroy(self);
+    }
+    static float w[ZN], c0[ZN], xs[ZT * ZN];
+    for (int i = 0; i < ZN; i++) {
+        w[i] = 0.9f * sinf(0.37f * (float)i);
+        c0[i] = 0.5f * cosf(0.11f * (float)i);
+    }
+    for (int i = 0; i < ZT * ZN; i++) {
+        xs[i] = 0.3f * sinf(0.013f * (float)i + 1.0f);
+    }
+    nb_tree *l[3], *args = NULL;
+    const float *data[3] = {w, c0, xs};
+    const int64_t shapes[3][2] = {{ZN, 0}, {ZN, 0}, {ZT, ZN}};
+    for (int i = 0; i < 3; i++) {
+        nb_array *a = NULL;
+        NBT_OK(ctx, nb_array_from_data(ctx, NB_DTYPE_F32, i == 2 ? 2 : 1, shapes[i], data[i], &a));
+        NBT_OK(ctx, nb_tree_array(a, &l[i]));
+        nb_array_destroy(a);
+    }
+    NBT_OK(ctx, nb_tree_tuple(ctx, 3, l, &args));
+    for (int i = 0; i < 3; i++) {
+        nb_tree_destroy(l[i]);
+    }
+    /* the zeros the tapes and ys start from ([ZT, ZN], also bound data of the reverse loop
+     * that its body does not read) and the stacked outputs' 1-row tape's ([1, ZT, ZN]) are
+     * in the optimized IR ... */
+    char shape[2][64], sh[64];
+    snprintf(shape[0], sizeof shape[0], "f32[%d,%d] = full {value=0}", ZT, ZN);
+    snprintf(shape[1], sizeof shape[1], "f32[1,%d,%d] = full {value=0}", ZT, ZN);
+    size_t need = 0;
+    assert_int_equal(nb_fn_format_ir(g[0], args, NB_IR_OPTIMIZED, NULL, 0, &need),
+                     NB_ERR_TRUNCATED);
+    char *ir = malloc(need + 1);
+    assert_non_null(ir);
+    NBT_OK(ctx, nb_fn_format_ir(g[0], args, NB_IR_OPTIMIZED, ir, need + 1, NULL));
+    assert_non_null(strstr(ir, shape[0]));
+    assert_non_null(strstr(ir, shape[1]));
+    free(ir);
+    /* ... without an instruction (written out as a comment line "%id = full: f32[..]") */
+    char *src = fn_source(ctx, g[0], args);
+    snprintf(sh, sizeof sh, "= full: f32[%d,%d]", ZT, ZN);
+    assert_null(strstr(src, sh));
+    snprintf(sh, sizeof sh, "= full: f32[1,%d,%d]", ZT, ZN);
+    assert_null(strstr(src, sh));
+    assert_non_null(strstr(src, "= while: ")); /* (the comments' form) */
+    free(src);
+    nb_tree *ref = NULL;
+    NBT_OK(ctx, nb_fn_call(g[1], args, &ref));
+    nb_jit_opts jo = nb_jit_opts_default();
+    for (int mode = 0; mode < 2; mode++) {
+        jo.native = mode == 0 ? NB_NATIVE_OFF : NB_NATIVE_NOW;
+        nb_fn *j = NULL;
+        NBT_OK(ctx, nb_jit(g[0], &jo, &j));
+        for (int rep = 0; rep < 2; rep++) { /* the second run on the first's buffers */
+            nb_tree *r = NULL;
+            NBT_OK(ctx, nb_fn_call(j, args, &r));
+            assert_int_equal(stats_of(j).tier, mode);
+            assert_same_bits(r, ref);
+            nb_tree_destroy(r);
+        }
+        nb_fn_destroy(j);
+    }
+    nb_tree_destroy(ref);
+    nb_tree_destroy(args);
+    nb_fn_destroy(g[0]);
+    nb_fn_destroy(g[1]);
+    nbt_assert_no_live(ctx);
+    nb_ctx_destroy(ctx);
+}
+
 /* A checkpointed loop over a body that has a checkpointed loop of its own: the outer
  * reversal's functions are listed together (the inner loops' after them), so both
  * reversals run from the file -- no kernel call left -- with the interpreter's bits. */
@@ -1612,6 +1753,7 @@ int main(void) {
         cmocka_unit_test(test_format_c),          cmocka_unit_test(test_fallback_logged),
         cmocka_unit_test(test_warm_cache),        cmocka_unit_test(test_alias_same_bits),
         cmocka_unit_test(test_alias_loops),       cmocka_unit_test(test_taped_rows_uninit),
+        cmocka_unit_test(test_unread_zero_fills),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
