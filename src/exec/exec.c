@@ -314,6 +314,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
                    nbi_round64((size_t)n * sizeof(int32_t)) /* alias_of */ +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* alias_last */ +
                    nbi_round64((size_t)n * sizeof(bool)) /* updated */ +
+                   nbi_round64((size_t)n * sizeof(int32_t)) /* first_update */ +
                    nbi_round64((size_t)n * sizeof(int32_t)) /* order */ +
                    nbi_round64((size_t)n * 2 * sizeof(bool)) /* after: dep, moved */ +
                    nbi_round64((size_t)n * sizeof(bool)) /* pre */ +
@@ -356,6 +357,7 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     e->alias_of = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     int32_t *alias_last = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     bool *updated = nbi_carve(&p, (size_t)n * sizeof(bool));
+    int32_t *first_update = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     int32_t *order = nbi_carve(&p, (size_t)n * sizeof(int32_t));
     bool *after = nbi_carve(&p, (size_t)n * 2 * sizeof(bool));
     bool *pre = nbi_carve(&p, (size_t)n * sizeof(bool));
@@ -547,7 +549,10 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     e->n_instrs = n_instr;
     /* Aliases (e->alias_of): a reshape, or a dynamic slice whose block is contiguous, of a
      * value that no dynamic_update_slice writes into (a tape read row by row, not a
-     * cotangent buffer cleared row by row: the update could no longer be made in place). A
+     * cotangent buffer cleared row by row: the update could no longer be made in place) --
+     * or, a dynamic slice, of one (no alias, no view) every update of which comes after the
+     * slice's last reader (a reverse loop's row of a cotangent buffer read, added to and
+     * written back: the update is made after the row is read, in place as before). A
      * reshape only where the interpreter copies too (its operand read later, an input, a
      * view) or of an alias; not for outputs. The root is the first value that is no alias:
      * codegen (nbx_gen_fn_ex) must write an alias as a pointer wherever it writes an alias
@@ -561,8 +566,13 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
     for (int32_t i = 0; i < n; i++) {
         e->alias_of[i] = -1;
         alias_last[i] = -1;
+        first_update[i] = n_instr;
+    }
+    for (int32_t i = 0; i < n; i++) {
         if (e->nodes[i].op == NBI_OP_DYN_UPDATE) {
-            updated[e->nodes[i].in[0]->id] = true;
+            int32_t x = e->nodes[i].in[0]->id;
+            updated[x] = true;
+            first_update[x] = instr_of[i] < first_update[x] ? instr_of[i] : first_update[x];
         }
     }
     for (int32_t i = 0; i < n; i++) {
@@ -576,7 +586,9 @@ nb_status nbi_exec_compile(nb_ctx *ctx, const nbi_graph *g, unsigned debug, nbi_
                        : view_of[x->id] >= 0   ? view_of[x->id]
                                                : x->id;
         bool ok = false;
-        if (updated[x->id] || updated[root]) {
+        bool read_first = v->op == NBI_OP_DYN_SLICE && root == x->id && view_of[x->id] < 0 &&
+                          last_use[i] < first_update[x->id];
+        if ((updated[x->id] || updated[root]) && !read_first) {
             ok = false;
         } else if (v->op == NBI_OP_RESHAPE) {
             ok = v->n_in == 1 && v->dtype == x->dtype && v->size == x->size &&

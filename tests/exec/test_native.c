@@ -929,9 +929,10 @@ static void test_alias_same_bits(void **state) {
  * slices of a bound value directly and through a reshape, and a row of a reshape of the
  * carry; (b) a carry a dynamic_update_slice writes, reshaped and read after the update (no
  * alias: the update stays in place); (c) nested loops, the inner loop's bound data a row of
- * the outer carry. */
+ * the outer carry; (d) and (e) below. */
 static nb_tree *sin_leaf(nb_ctx *ctx, int rank, const int64_t *shape, int64_t n, double sc) {
-    double d[64];
+    double d[256];
+    assert_true(n <= 256);
     for (int64_t q = 0; q < n; q++) {
         d[q] = sc * sin(0.37 * (double)q + 0.1);
     }
@@ -977,6 +978,39 @@ static nb_status alias_b_step(nb_trace *tr, const nb_tree *self, const nb_tree *
     return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(u), nb_leaf(s2)}, out);
 }
 
+/* (d) a row of the carry read, added to and written back (a reverse loop's cotangent
+ * buffer): every reader of the row comes before the update, so the row is a pointer;
+ * (e) a row read and then cleared, its value read after the clearing: a copy. Rows of
+ * DE_N elements: more than written-out code keeps in locals. */
+#define DE_N 40
+static nb_status alias_de_step(nb_trace *tr, const nb_tree *args, bool clear, nb_tree **out) {
+    nb_var *i = nb_get(tr, args, "[0]"), *buf = nb_get(tr, args, "[1][0]"),
+           *s = nb_get(tr, args, "[1][1]");
+    nb_var *z = nb_scalar_typed(tr, NB_DTYPE_I32, 0);
+    nb_var *row = nb_dynamic_slice(buf, (nb_var *[]){i, z}, (int64_t[]){1, DE_N});
+    nb_var *s8 = nb_reshape(s, 2, (int64_t[]){1, DE_N});
+    nb_var *upd = clear ? nb_full(tr, NB_DTYPE_F64, 2, (int64_t[]){1, DE_N}, 0.0)
+                        : nb_add(nb_mul(row, nb_scalar(tr, 0.5)), s8);
+    nb_var *u = nb_dynamic_update_slice(buf, upd, (nb_var *[]){i, z});
+    nb_var *s2 = nb_mul(s, nb_scalar(tr, 0.5));
+    if (clear) {
+        s2 = nb_add(s2, nb_reshape(nb_exp(row), 1, (int64_t[]){DE_N}));
+    }
+    return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(u), nb_leaf(s2)}, out);
+}
+
+static nb_status alias_d_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)self;
+    return alias_de_step(tr, args, false, out);
+}
+
+static nb_status alias_e_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)self;
+    return alias_de_step(tr, args, true, out);
+}
+
 static nb_status alias_c_inner(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                                nb_tree **out) {
     nb_var *x = nb_get(tr, args, "[1]"), *r = nb_get(tr, self, "r");
@@ -1008,23 +1042,28 @@ static nb_status alias_c_step(nb_trace *tr, const nb_tree *self, const nb_tree *
     return nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(h2), (nb_tree *)r}, out);
 }
 
-/* self: {"step": which step (0 a, 1 b, 2 c)}; args: (bound w or unused, carry) */
+/* self: {"step": which step (0 a .. 4 e)}; args: (bound w or unused, carry) */
 static nb_status alias_loops(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                              nb_tree **out) {
     nb_ctx *ctx = nb_trace_ctx(tr);
     int64_t which = 0;
     NBT_OK(ctx, nb_tree_get_int(nb_tree_get(self, "step"), &which));
-    nb_fn_body steps[3] = {alias_a_step, alias_b_step, alias_c_step};
+    nb_fn_body steps[5] = {alias_a_step, alias_b_step, alias_c_step, alias_d_step, alias_e_step};
     return fori_bound(tr, args, "w", steps[which], which == 0 ? 6 : 4, out);
 }
 
 static void test_alias_loops(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
-    for (int which = 0; which < 3; which++) {
+    for (int which = 0; which < 5; which++) {
         nb_tree *w = sin_leaf(ctx, 2, (int64_t[]){6, 8}, 48, 0.7), *carry = NULL;
         if (which == 0) {
             carry = sin_leaf(ctx, 1, (int64_t[]){8}, 8, 0.3);
+        } else if (which >= 3) {
+            carry =
+                nbt_tuple_take(ctx, 2,
+                               (nb_tree *[]){sin_leaf(ctx, 2, (int64_t[]){4, DE_N}, 4 * DE_N, 0.7),
+                                             sin_leaf(ctx, 1, (int64_t[]){DE_N}, DE_N, 0.3)});
         } else {
             carry = nbt_tuple_take(ctx, 2,
                                    (nb_tree *[]){sin_leaf(ctx, 2, (int64_t[]){4, 8}, 32, 0.7),
@@ -1044,8 +1083,12 @@ static void test_alias_loops(void **state) {
         o.native = NB_NATIVE_NOW;
         NBT_OK(ctx, nb_jit(fn, &o, &now));
         char *src = fn_source(ctx, fn, args);
-        if (which != 1) {
+        if (which < 3 && which != 1) {
             assert_non_null(strstr(src, "u8 *A")); /* some slices are pointers */
+        } else if (which >= 3) {                   /* (d) the row a pointer, (e) a copy */
+            char mark[64];
+            snprintf(mark, sizeof mark, "= dynamic_slice: f64[1,%d] */\n    u8 *A", DE_N);
+            assert_true((strstr(src, mark) != NULL) == (which == 3));
         }
         free(src);
         nb_tree *a = NULL, *b = NULL;
