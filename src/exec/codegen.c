@@ -469,8 +469,14 @@ static _Thread_local const bool *nbx_aliased;
  * nbx_w<id>_<instruction>. */
 static _Thread_local int nbx_fn_id;
 
+/* Values written where a dynamic_update_slice would copy them (nbx_rows), named D<node>
+ * from the instruction that makes them on. */
+static _Thread_local const bool *nbx_redirect;
+
 static void nbx_value(const nbi_exec *e, int32_t node, char *buf, size_t cap) {
-    if (nbx_aliased != NULL && nbx_aliased[node]) {
+    if (nbx_redirect != NULL && nbx_redirect[node]) {
+        snprintf(buf, cap, "D%d", (int)node);
+    } else if (nbx_aliased != NULL && nbx_aliased[node]) {
         snprintf(buf, cap, "A%d", (int)node);
     } else if (nbx_promoted != NULL && nbx_promoted[node]) {
         snprintf(buf, cap, "((u8 *)L%d)", (int)node);
@@ -1203,8 +1209,9 @@ static const char nbx_prelude[] =
  * are kernel calls instead of written out -- 1 fused programs, 2 standalone elementwise
  * ops and broadcasts, 4 reductions, 8 slices, 16 copies, 32 other data movement, 128 large
  * flat programs (NBX_BIG), 256 while loops, 512 tiled programs (NBX_TILED), 1024 aliases
- * (a reshape or dynamic slice copied, not a pointer); 64 keeps every value in the
- * workspace (no C locals). With 1 alone, every fused program is tiled. */
+ * (a reshape or dynamic slice copied, not a pointer), 2048 rows written in place (a value a
+ * dynamic_update_slice copies made in its slot and copied: nbx_rows); 64 keeps every value
+ * in the workspace (no C locals). With 1 alone, every fused program is tiled. */
 static unsigned nbx_calls_mask(void) {
     const char *m = getenv("NABLA_NATIVE_CALLS");
     return m != NULL ? (unsigned)strtoul(m, NULL, 0) : 0u;
@@ -2088,6 +2095,113 @@ static void nbx_emit_loop(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, 
  * the instructions after e's prefix only (emitted after nbx_f<fid>, whose fused workers it
  * calls). A value the prefix makes and the rest reads is never a local: it must be in the
  * workspace when nbx_f<fid>_r runs. */
+/* Rows written in place. A loop body's taped step makes a value S in a fused program F and
+ * copies it (through a reshape R) into a row of its tape with a dynamic_update_slice U of an
+ * input T that nothing else reads, into the body's output, which the loop makes T's own
+ * buffer: then F writes S into that row itself (D<S>: the row when U's output is T's buffer
+ * in this run, else S's slot), and R and U run only when it is not (a copy of 16 KB per gate
+ * and step of a GRU layer saved). S and R read by nothing else, the row contiguous, U's
+ * indices known before F. For instruction t: row_s[t] the S that U = instruction t writes
+ * (-1: none); row_of[S] = t; guard[t]: R or U, run only when S was not written in place. */
+typedef struct nbx_rows {
+    int32_t *row_s, *row_of, *guard;
+} nbx_rows;
+
+static void nbx_rows_plan(const nbi_exec *e, const int *kind, const bool *promoted,
+                          const bool *aliased, int32_t first, nbx_rows *r) {
+    int32_t n = e->n_nodes;
+    int32_t *made = malloc(((size_t)n + 1) * sizeof(int32_t)),
+            *reads = calloc((size_t)n + 1, sizeof(int32_t));
+    for (int32_t i = 0; made != NULL && i < n; i++) {
+        made[i] = -1;
+        r->row_of[i] = -1;
+    }
+    for (int32_t t = 0; made != NULL && reads != NULL && t < e->n_instrs; t++) {
+        const nbi_instr *ins = &e->instrs[t];
+        made[ins->node] = t;
+        for (int32_t k = 0; k < ins->n_store; k++) {
+            if (ins->store[k] >= 0) {
+                made[ins->store[k]] = t;
+            }
+        }
+        for (int32_t j = 0; j < ins->n_in; j++) {
+            reads[ins->in[j]]++;
+        }
+        r->row_s[t] = -1;
+        r->guard[t] = -1;
+    }
+    for (int32_t t = first; made != NULL && reads != NULL && t < e->n_instrs; t++) {
+        const nb_var *u = &e->nodes[e->instrs[t].node];
+        if (u->op != NBI_OP_DYN_UPDATE || nbi_dyn_lanes(u) || kind == NULL ||
+            (kind[t] != NBX_MOVE && kind[t] != NBX_CALL)) {
+            continue;
+        }
+        const nb_var *x = u->in[0], *rv = u->in[1], *sv = rv;
+        int32_t oi = e->out_of[u->id];
+        bool ok = oi >= 0 && e->out_first[oi] == oi && e->param_of[x->id] >= 0 &&
+                  reads[x->id] == 1 && e->out_of[x->id] < 0 && x->dtype == u->dtype &&
+                  rv->dtype == u->dtype && x->size > 0 && rv->size > 0;
+        if (ok && rv->op == NBI_OP_RESHAPE) {
+            sv = rv->in[0];
+            ok = reads[rv->id] == 1 && e->out_of[rv->id] < 0 && sv->dtype == rv->dtype &&
+                 sv->size == rv->size && made[rv->id] >= 0 && !promoted[rv->id];
+        }
+        int32_t tf = ok ? made[sv->id] : -1;
+        ok = ok && tf >= first && tf < t && e->nodes[e->instrs[tf].node].op == NBI_OP_FUSED &&
+             (kind[tf] == NBX_FUSED || kind[tf] == NBX_BIG || kind[tf] == NBX_TILED) &&
+             reads[sv->id] == 1 && e->out_of[sv->id] < 0 && !promoted[sv->id] && !aliased[sv->id] &&
+             r->row_of[sv->id] < 0;
+        int d0 = 0; /* the block: ones, then (from the first dim past them) x's own sizes */
+        while (ok && d0 < x->rank && rv->shape[d0] == 1) {
+            d0++;
+        }
+        for (int d = d0 + 1; ok && d < x->rank; d++) {
+            ok = rv->shape[d] == x->shape[d];
+        }
+        for (int d = 0; ok && d < x->rank; d++) { /* indices known before F */
+            const nb_var *iv = u->in[2 + d];
+            ok = (iv->dtype == NB_DTYPE_I32 || iv->dtype == NB_DTYPE_I64) &&
+                 (e->param_of[iv->id] >= 0 || (made[iv->id] >= 0 && made[iv->id] < tf) ||
+                  (made[iv->id] < 0 && iv->n_in == 0 && e->offset[iv->id] >= 0));
+        }
+        if (!ok) {
+            continue;
+        }
+        r->row_s[t] = sv->id;
+        r->row_of[sv->id] = t;
+        r->guard[t] = t;
+        if (rv != sv && !aliased[rv->id]) {
+            r->guard[made[rv->id]] = t;
+        }
+    }
+    free(made);
+    free(reads);
+}
+
+/* D<S> for the value S that instruction t (U) copies into a row of its first input */
+static void nbx_rows_emit(nbi_sbuf *s, const nbi_exec *e, int32_t t, int32_t sn) {
+    const nb_var *u = &e->nodes[e->instrs[t].node], *x = u->in[0], *blk = u->in[1];
+    char ob[96], xb[96], sb[96], ib[96];
+    nbx_value(e, u->id, ob, sizeof ob);
+    nbx_value(e, x->id, xb, sizeof xb);
+    nbx_value(e, sn, sb, sizeof sb);
+    nbi_sbuf_printf(s, "    u8 *D%d;\n    {\n        i64 off = 0;\n", (int)sn);
+    int64_t st = 1;
+    for (int d = x->rank - 1; d >= 0; d--) {
+        nbx_value(e, u->in[2 + d]->id, ib, sizeof ib);
+        long long hi = (long long)(x->shape[d] - blk->shape[d]);
+        nbi_sbuf_printf(s,
+                        "        { i64 t = (i64)((const %s *)%s)[0]; t = t < 0 ? 0 : t > %lld ? "
+                        "%lld : t; off += t * %lld; }\n",
+                        nbx_ctype(u->in[2 + d]->dtype), ib, hi, hi, (long long)st);
+        st *= x->shape[d];
+    }
+    nbi_sbuf_printf(s,
+                    "        /* into its row of %s's buffer when the output is that buffer */\n"
+                    "        D%d = %s == %s ? %s + off * %zu : %s;\n    }\n",
+                    xb, (int)sn, ob, xb, ob, nbi_dsize(u->dtype), sb);
+}
+
 static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned calls, bool rest);
 
 static void nbx_gen_fn(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned calls) {
@@ -2248,8 +2362,29 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
                             (long long)v->size);
         }
     }
+    /* rows written in place (nbx_rows_plan): not with NABLA_NATIVE_CALLS bit 2048 */
+    size_t ib = ((size_t)e->n_instrs + 1) * sizeof(int32_t);
+    nbx_rows rows = {NULL, NULL, NULL};
+    bool *redirect = NULL;
+    if (!(calls & 2048) && promoted != NULL && aliased != NULL) {
+        rows.row_s = malloc(ib);
+        rows.guard = malloc(ib);
+        rows.row_of = malloc(pbytes * sizeof(int32_t));
+        redirect = calloc(pbytes, 1);
+        if (rows.row_s != NULL && rows.guard != NULL && rows.row_of != NULL && redirect != NULL) {
+            nbx_rows_plan(e, kind, promoted, aliased, first, &rows);
+        } else {
+            free(rows.row_s);
+            free(rows.guard);
+            free(rows.row_of);
+            free(redirect);
+            rows.row_s = rows.guard = rows.row_of = NULL;
+            redirect = NULL;
+        }
+    }
     nbx_promoted = promoted;
     nbx_aliased = aliased;
+    nbx_redirect = redirect;
     /* outputs: in the caller's buffer or the workspace, per run */
     for (int32_t i = 0; i < e->n_outputs; i++) {
         int32_t node = e->outputs[i];
@@ -2268,6 +2403,26 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
         if (aliased != NULL && aliased[ins->node]) {
             nbx_emit_alias(s, e, ins);
             continue;
+        }
+        int32_t made_here[1 + NBI_FUSE_MAX_STORE], n_here = 0;
+        made_here[n_here++] = ins->node;
+        for (int32_t k = 0; k < ins->n_store; k++) {
+            made_here[n_here++] = ins->store[k];
+        }
+        for (int32_t k = 0; redirect != NULL && k < n_here; k++) {
+            int32_t sn = made_here[k];
+            if (sn >= 0 && rows.row_of[sn] >= 0) {
+                nbx_rows_emit(s, e, rows.row_of[sn], sn);
+                redirect[sn] = true;
+            }
+        }
+        int32_t gu = redirect != NULL ? rows.guard[t] : -1;
+        if (gu >= 0) { /* R or U: only when S was not written into its row */
+            char ob[96], xb[96];
+            const nb_var *u = &e->nodes[e->instrs[gu].node];
+            nbx_value(e, u->id, ob, sizeof ob);
+            nbx_value(e, u->in[0]->id, xb, sizeof xb);
+            nbi_sbuf_printf(s, "    if (%s != %s) {\n", ob, xb);
         }
         nbi_fprog single;
         switch (kind != NULL ? kind[t] : nbx_kind(e, ins, calls | NBX_NO_BIG)) {
@@ -2308,10 +2463,18 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
             nbx_emit_call(s, e, ins);
             break;
         }
+        if (gu >= 0) {
+            nbi_sbuf_puts(s, "    }\n");
+        }
     }
     nbi_sbuf_puts(s, "}\n");
     nbx_promoted = NULL;
     nbx_aliased = NULL;
+    nbx_redirect = NULL;
+    free(redirect);
+    free(rows.row_s);
+    free(rows.guard);
+    free(rows.row_of);
     free(aliased);
     free(promoted);
     free(kind);

@@ -1434,6 +1434,9 @@ static void test_unread_zero_fills(void **state) {
     snprintf(sh, sizeof sh, "= full: f32[1,%d,%d]", ZT, ZN);
     assert_null(strstr(src, sh));
     assert_non_null(strstr(src, "= while: ")); /* (the comments' form) */
+    /* the taped run's stored value (tanh's derivative needs c2) is written into its tape's
+     * row by the program that makes it (codegen.c's nbx_rows) */
+    assert_non_null(strstr(src, "into its row of"));
     free(src);
     nb_tree *ref = NULL;
     NBT_OK(ctx, nb_fn_call(g[1], args, &ref));
