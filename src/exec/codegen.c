@@ -2362,17 +2362,20 @@ static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned 
                             (long long)v->size);
         }
     }
-    /* rows written in place (nbx_rows_plan): not with NABLA_NATIVE_CALLS bit 2048 */
+    /* rows written in place (nbx_rows_plan): in loop functions only (a top-level run's
+     * donated output may share its buffer with another input, read between the program and
+     * the update), after a body's loop-invariant prefix (the rest, run at later steps, must
+     * find the same plan); not with NABLA_NATIVE_CALLS bit 2048 */
     size_t ib = ((size_t)e->n_instrs + 1) * sizeof(int32_t);
     nbx_rows rows = {NULL, NULL, NULL};
     bool *redirect = NULL;
-    if (!(calls & 2048) && promoted != NULL && aliased != NULL) {
+    if (!(calls & 2048) && fid >= 0 && promoted != NULL && aliased != NULL) {
         rows.row_s = malloc(ib);
         rows.guard = malloc(ib);
         rows.row_of = malloc(pbytes * sizeof(int32_t));
         redirect = calloc(pbytes, 1);
         if (rows.row_s != NULL && rows.guard != NULL && rows.row_of != NULL && redirect != NULL) {
-            nbx_rows_plan(e, kind, promoted, aliased, first, &rows);
+            nbx_rows_plan(e, kind, promoted, aliased, nbx_has_rest(e) ? e->n_pre : first, &rows);
         } else {
             free(rows.row_s);
             free(rows.guard);

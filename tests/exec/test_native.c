@@ -929,7 +929,7 @@ static void test_alias_same_bits(void **state) {
  * slices of a bound value directly and through a reshape, and a row of a reshape of the
  * carry; (b) a carry a dynamic_update_slice writes, reshaped and read after the update (no
  * alias: the update stays in place); (c) nested loops, the inner loop's bound data a row of
- * the outer carry; (d) and (e) below. */
+ * the outer carry; (d), (e) and (f) below. */
 static nb_tree *sin_leaf(nb_ctx *ctx, int rank, const int64_t *shape, int64_t n, double sc) {
     double d[256];
     assert_true(n <= 256);
@@ -1011,6 +1011,22 @@ static nb_status alias_e_step(nb_trace *tr, const nb_tree *self, const nb_tree *
     return alias_de_step(tr, args, true, out);
 }
 
+/* (f) a row the body's loop-invariant prefix makes (from the bound w only), copied into a
+ * new row of the carry at every step: written in place at the first step would leave the
+ * later steps' copy (the body's rest) without its source */
+static nb_status alias_f_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    nb_var *i = nb_get(tr, args, "[0]"), *buf = nb_get(tr, args, "[1][0]"),
+           *s = nb_get(tr, args, "[1][1]"), *w = nb_get(tr, self, "w");
+    nb_var *z = nb_scalar_typed(tr, NB_DTYPE_I32, 0);
+    nb_var *wr =
+        nb_slice(nb_reshape(w, 1, (int64_t[]){48}), (int64_t[]){0}, (int64_t[]){DE_N}, NULL);
+    nb_var *row = nb_reshape(nb_mul(nb_exp(wr), nb_scalar(tr, 2.0)), 2, (int64_t[]){1, DE_N});
+    nb_var *u = nb_dynamic_update_slice(buf, row, (nb_var *[]){i, z});
+    return nb_tree_tuple(nb_trace_ctx(tr), 2,
+                         (nb_tree *[]){nb_leaf(u), nb_leaf(nb_mul(s, nb_scalar(tr, 0.5)))}, out);
+}
+
 static nb_status alias_c_inner(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                                nb_tree **out) {
     nb_var *x = nb_get(tr, args, "[1]"), *r = nb_get(tr, self, "r");
@@ -1042,20 +1058,21 @@ static nb_status alias_c_step(nb_trace *tr, const nb_tree *self, const nb_tree *
     return nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(h2), (nb_tree *)r}, out);
 }
 
-/* self: {"step": which step (0 a .. 4 e)}; args: (bound w or unused, carry) */
+/* self: {"step": which step (0 a .. 5 f)}; args: (bound w or unused, carry) */
 static nb_status alias_loops(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                              nb_tree **out) {
     nb_ctx *ctx = nb_trace_ctx(tr);
     int64_t which = 0;
     NBT_OK(ctx, nb_tree_get_int(nb_tree_get(self, "step"), &which));
-    nb_fn_body steps[5] = {alias_a_step, alias_b_step, alias_c_step, alias_d_step, alias_e_step};
+    nb_fn_body steps[6] = {alias_a_step, alias_b_step, alias_c_step,
+                           alias_d_step, alias_e_step, alias_f_step};
     return fori_bound(tr, args, "w", steps[which], which == 0 ? 6 : 4, out);
 }
 
 static void test_alias_loops(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
-    for (int which = 0; which < 5; which++) {
+    for (int which = 0; which < 6; which++) {
         nb_tree *w = sin_leaf(ctx, 2, (int64_t[]){6, 8}, 48, 0.7), *carry = NULL;
         if (which == 0) {
             carry = sin_leaf(ctx, 1, (int64_t[]){8}, 8, 0.3);
@@ -1085,7 +1102,7 @@ static void test_alias_loops(void **state) {
         char *src = fn_source(ctx, fn, args);
         if (which < 3 && which != 1) {
             assert_non_null(strstr(src, "u8 *A")); /* some slices are pointers */
-        } else if (which >= 3) {                   /* (d) the row a pointer, (e) a copy */
+        } else if (which == 3 || which == 4) {     /* (d) the row a pointer, (e) a copy */
             char mark[64];
             snprintf(mark, sizeof mark, "= dynamic_slice: f64[1,%d] */\n    u8 *A", DE_N);
             assert_true((strstr(src, mark) != NULL) == (which == 3));
