@@ -2090,11 +2090,6 @@ static void nbx_emit_loop(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, 
                     (int)kc, (int)kc + 1, max_steps, max_steps, each, (int)kc, each, call);
 }
 
-/* Executable e as the function nbx_run (fid -1) or nbx_f<fid>. */
-/* Executable e as the function nbx_run (fid -1) or nbx_f<fid>; with rest, as nbx_f<fid>_r:
- * the instructions after e's prefix only (emitted after nbx_f<fid>, whose fused workers it
- * calls). A value the prefix makes and the rest reads is never a local: it must be in the
- * workspace when nbx_f<fid>_r runs. */
 /* Rows written in place. A loop body's taped step makes a value S in a fused program F and
  * copies it (through a reshape R) into a row of its tape with a dynamic_update_slice U of an
  * input T that nothing else reads, into the body's output, which the loop makes T's own
@@ -2202,6 +2197,11 @@ static void nbx_rows_emit(nbi_sbuf *s, const nbi_exec *e, int32_t t, int32_t sn)
                     xb, (int)sn, ob, xb, ob, nbi_dsize(u->dtype), sb);
 }
 
+/* Executable e as the function nbx_run (fid -1) or nbx_f<fid>. */
+/* Executable e as the function nbx_run (fid -1) or nbx_f<fid>; with rest, as nbx_f<fid>_r:
+ * the instructions after e's prefix only (emitted after nbx_f<fid>, whose fused workers it
+ * calls). A value the prefix makes and the rest reads is never a local: it must be in the
+ * workspace when nbx_f<fid>_r runs. */
 static void nbx_gen_fn_ex(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned calls, bool rest);
 
 static void nbx_gen_fn(const nbi_exec *e, nbi_sbuf *s, int32_t fid, unsigned calls) {
