@@ -883,6 +883,24 @@ static void nbx_emit_copy(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) 
     }
 }
 
+/* `i64 off`, the element offset in x of the block blk of a dynamic slice or update whose
+ * start indices are v's inputs first.. (each clamped into range, as the kernels do) */
+static void nbx_emit_block_off(nbi_sbuf *s, const nbi_exec *e, const nb_var *v, int first,
+                               const nb_var *x, const nb_var *blk) {
+    nbi_sbuf_puts(s, "        i64 off = 0;\n");
+    int64_t st = 1;
+    for (int d = x->rank - 1; d >= 0; d--) {
+        char ib[96];
+        nbx_value(e, v->in[first + d]->id, ib, sizeof ib);
+        long long hi = (long long)(x->shape[d] - blk->shape[d]);
+        nbi_sbuf_printf(s,
+                        "        { i64 t = (i64)((const %s *)%s)[0]; t = t < 0 ? 0 : t > %lld ? "
+                        "%lld : t; off += t * %lld; }\n",
+                        nbx_ctype(v->in[first + d]->dtype), ib, hi, hi, (long long)st);
+        st *= x->shape[d];
+    }
+}
+
 /* An alias (nbi_exec's alias_of): A<node>, a pointer into its operand -- the same bytes for
  * a reshape, the block's first element for a dynamic slice (its start indices clamped into
  * range, as the kernel does; the block is contiguous). */
@@ -895,18 +913,8 @@ static void nbx_emit_alias(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins)
                         (int)ins->node);
         return;
     }
-    nbi_sbuf_printf(s, "    u8 *A%d;\n    {\n        i64 off = 0;\n", (int)ins->node);
-    int64_t st = 1;
-    for (int d = x->rank - 1; d >= 0; d--) {
-        char ib[96];
-        nbx_value(e, ins->in[1 + d], ib, sizeof ib);
-        long long hi = (long long)(x->shape[d] - v->shape[d]);
-        nbi_sbuf_printf(s,
-                        "        { i64 t = (i64)((const %s *)%s)[0]; t = t < 0 ? 0 : t > %lld ? "
-                        "%lld : t; off += t * %lld; }\n",
-                        nbx_ctype(v->in[1 + d]->dtype), ib, hi, hi, (long long)st);
-        st *= x->shape[d];
-    }
+    nbi_sbuf_printf(s, "    u8 *A%d;\n    {\n", (int)ins->node);
+    nbx_emit_block_off(s, e, v, 1, x, v);
     nbi_sbuf_printf(s, "        A%d = %s + off * %zu;\n    }\n    (void)A%d;\n", (int)ins->node, xb,
                     nbi_dsize(v->dtype), (int)ins->node);
 }
@@ -1005,17 +1013,7 @@ static bool nbx_emit_move(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins) 
             nbx_value(e, ins->in[1], ub, sizeof ub);
             nbi_sbuf_printf(s, "        const %s *u = (const %s *)%s;\n", B, B, ub);
         }
-        nbi_sbuf_puts(s, "        i64 off = 0;\n");
-        for (int d = 0; d < x->rank; d++) {
-            char ib[96];
-            nbx_value(e, ins->in[first + d], ib, sizeof ib);
-            long long hi = (long long)(x->shape[d] - blk->shape[d]);
-            nbi_sbuf_printf(
-                s,
-                "        { i64 t = (i64)((const %s *)%s)[0]; t = t < 0 ? 0 : t > %lld ? "
-                "%lld : t; off += t * %lld; }\n",
-                nbx_ctype(v->in[first + d]->dtype), ib, hi, hi, (long long)xst[d]);
-        }
+        nbx_emit_block_off(s, e, v, first, x, blk);
         /* the block's rows: dims [c, rank) are contiguous in both (full from c + 1 on), one
          * copy of run elements each */
         int c = x->rank;
@@ -2176,21 +2174,12 @@ static void nbx_rows_plan(const nbi_exec *e, const int *kind, const bool *promot
 /* D<S> for the value S that instruction t (U) copies into a row of its first input */
 static void nbx_rows_emit(nbi_sbuf *s, const nbi_exec *e, int32_t t, int32_t sn) {
     const nb_var *u = &e->nodes[e->instrs[t].node], *x = u->in[0], *blk = u->in[1];
-    char ob[96], xb[96], sb[96], ib[96];
+    char ob[96], xb[96], sb[96];
     nbx_value(e, u->id, ob, sizeof ob);
     nbx_value(e, x->id, xb, sizeof xb);
     nbx_value(e, sn, sb, sizeof sb);
-    nbi_sbuf_printf(s, "    u8 *D%d;\n    {\n        i64 off = 0;\n", (int)sn);
-    int64_t st = 1;
-    for (int d = x->rank - 1; d >= 0; d--) {
-        nbx_value(e, u->in[2 + d]->id, ib, sizeof ib);
-        long long hi = (long long)(x->shape[d] - blk->shape[d]);
-        nbi_sbuf_printf(s,
-                        "        { i64 t = (i64)((const %s *)%s)[0]; t = t < 0 ? 0 : t > %lld ? "
-                        "%lld : t; off += t * %lld; }\n",
-                        nbx_ctype(u->in[2 + d]->dtype), ib, hi, hi, (long long)st);
-        st *= x->shape[d];
-    }
+    nbi_sbuf_printf(s, "    u8 *D%d;\n    {\n", (int)sn);
+    nbx_emit_block_off(s, e, u, 2, x, blk);
     nbi_sbuf_printf(s,
                     "        /* into its row of %s's buffer when the output is that buffer */\n"
                     "        D%d = %s == %s ? %s + off * %zu : %s;\n    }\n",

@@ -1186,10 +1186,10 @@ static nb_status uninit_step(nb_trace *tr, const nb_tree *self, const nb_tree *a
     return nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(c2), nb_leaf(y)}, out);
 }
 
-/* args = (w [UN, UN], c0 [UN], xs [UT, UN]) -> sum(ys^2) + sum(c_T); self.unrolled: the
- * steps traced one after another instead of a scan */
-static nb_status uninit_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
-                             nb_tree **out) {
+/* args = (w, c0 [n], xs [steps, n]) -> sum(ys^2) + sum(c_T) for the scan of body (bound
+ * {"w": w}; (c, x) -> (c', y)); self.unrolled: the steps traced one after another instead */
+static nb_status scan_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, const char *name,
+                           nb_fn_body body, int steps, int64_t n, nb_tree **out) {
     nb_ctx *ctx = nb_trace_ctx(tr);
     nb_var *c = nb_get(tr, args, "[1]"), *xs = nb_get(tr, args, "[2]");
     bool unrolled = false;
@@ -1198,18 +1198,19 @@ static nb_status uninit_loss(nb_trace *tr, const nb_tree *self, const nb_tree *a
     nb_status st = nb_tree_dict(ctx, 1, (const char *[]){"w"}, &wl, &bound);
     nb_fn *step = NULL;
     if (st == NB_OK) {
-        st = nb_fn_create(ctx, "uninit_step", uninit_step, bound, &step);
+        st = nb_fn_create(ctx, name, body, bound, &step);
     }
     nb_tree_destroy(bound);
     if (st != NB_OK) {
         return st;
     }
-    nb_var *loss = NULL;
+    nb_var *ys = NULL;
     if (unrolled) {
-        nb_var *yl[UT];
-        for (int t = 0; t < UT; t++) {
-            nb_var *x = nb_reshape(nb_slice(xs, (int64_t[]){t, 0}, (int64_t[]){t + 1, UN}, NULL), 1,
-                                   (int64_t[]){UN});
+        nb_var *yl[64];
+        assert_true(steps <= 64);
+        for (int t = 0; t < steps; t++) {
+            nb_var *x = nb_reshape(nb_slice(xs, (int64_t[]){t, 0}, (int64_t[]){t + 1, n}, NULL), 1,
+                                   (int64_t[]){n});
             nb_tree *a = NULL;
             const nb_tree *r = NULL;
             if (nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(c), nb_leaf(x)}, &a) == NB_OK) {
@@ -1223,22 +1224,43 @@ static nb_status uninit_loss(nb_trace *tr, const nb_tree *self, const nb_tree *a
             c = nb_var_of(tr, nb_tree_child(r, 0));
             yl[t] = nb_var_of(tr, nb_tree_child(r, 1));
         }
-        nb_var *ys = nb_stack(UT, yl, 0);
-        loss = nb_add(nb_sum(nb_mul(ys, ys), NULL, 0, false), nb_sum(c, NULL, 0, false));
+        ys = nb_stack(steps, yl, 0);
     } else {
         nb_loop_opts o = nb_loop_opts_default();
         o.kind = NB_LOOP_BOUNDED;
-        o.max_steps = UT;
-        const nb_tree *r = nb_scan(tr, step, nb_leaf(c), nb_leaf(xs), UT, &o);
+        o.max_steps = steps;
+        const nb_tree *r = nb_scan(tr, step, nb_leaf(c), nb_leaf(xs), steps, &o);
         if (r == NULL) {
             nb_fn_destroy(step);
             return nb_trace_status(tr);
         }
-        nb_var *ys = nb_var_of(tr, nb_tree_child(r, 1)), *cT = nb_var_of(tr, nb_tree_child(r, 0));
-        loss = nb_add(nb_sum(nb_mul(ys, ys), NULL, 0, false), nb_sum(cT, NULL, 0, false));
+        ys = nb_var_of(tr, nb_tree_child(r, 1));
+        c = nb_var_of(tr, nb_tree_child(r, 0));
     }
     nb_fn_destroy(step);
-    return nb_return(loss, out);
+    return nb_return(nb_add(nb_sum(nb_mul(ys, ys), NULL, 0, false), nb_sum(c, NULL, 0, false)),
+                     out);
+}
+
+/* args = (w [UN, UN], c0 [UN], xs [UT, UN]) */
+static nb_status uninit_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                             nb_tree **out) {
+    return scan_loss(tr, self, args, "uninit_step", uninit_step, UT, UN, out);
+}
+
+/* The gradients (w.r.t. args[0]) of loss as a scan (g[0]) and unrolled (g[1]) */
+static void grad_pair(nb_ctx *ctx, const char *name, nb_fn_body loss, nb_fn **g) {
+    for (int u = 0; u < 2; u++) {
+        nb_tree *fl = NULL, *self = NULL;
+        nb_fn *f = NULL;
+        NBT_OK(ctx, nb_tree_bool(ctx, u == 1, &fl));
+        NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"unrolled"}, &fl, &self));
+        NBT_OK(ctx, nb_fn_create(ctx, name, loss, self, &f));
+        NBT_OK(ctx, nb_grad(f, NULL, &g[u]));
+        nb_fn_destroy(f);
+        nb_tree_destroy(fl);
+        nb_tree_destroy(self);
+    }
 }
 
 static nb_tree *uninit_args(nb_ctx *ctx, double poison) {
@@ -1275,17 +1297,7 @@ static void test_taped_rows_uninit(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
     nb_fn *g[2] = {NULL, NULL};
-    for (int u = 0; u < 2; u++) {
-        nb_tree *fl = NULL, *self = NULL;
-        nb_fn *f = NULL;
-        NBT_OK(ctx, nb_tree_bool(ctx, u == 1, &fl));
-        NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"unrolled"}, &fl, &self));
-        NBT_OK(ctx, nb_fn_create(ctx, "uninit_loss", uninit_loss, self, &f));
-        NBT_OK(ctx, nb_grad(f, NULL, &g[u]));
-        nb_fn_destroy(f);
-        nb_tree_destroy(fl);
-        nb_tree_destroy(self);
-    }
+    grad_pair(ctx, "uninit_loss", uninit_loss, g);
     nb_tree *bad = uninit_args(ctx, NAN), *good = uninit_args(ctx, 0.0);
     char *src = fn_source(ctx, g[0], good);
     /* the carry c and the stored residuals are taped without a fill; ys (a buffer) has its
@@ -1349,65 +1361,16 @@ static nb_status zfill_step(nb_trace *tr, const nb_tree *self, const nb_tree *ar
     return nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(c2), nb_leaf(nb_mul(c2, c))}, out);
 }
 
-/* args = (w [ZN], c0 [ZN], xs [ZT, ZN]) -> sum(ys^2) + sum(c_T); self.unrolled as above */
+/* args = (w [ZN], c0 [ZN], xs [ZT, ZN]) */
 static nb_status zfill_loss(nb_trace *tr, const nb_tree *self, const nb_tree *args, nb_tree **out) {
-    nb_ctx *ctx = nb_trace_ctx(tr);
-    nb_var *c = nb_get(tr, args, "[1]"), *xs = nb_get(tr, args, "[2]");
-    bool unrolled = false;
-    nb_tree_get_bool(nb_tree_get(self, "unrolled"), &unrolled);
-    nb_tree *wl = nb_leaf(nb_get(tr, args, "[0]")), *bound = NULL;
-    nb_status st = nb_tree_dict(ctx, 1, (const char *[]){"w"}, &wl, &bound);
-    nb_fn *step = NULL;
-    if (st == NB_OK) {
-        st = nb_fn_create(ctx, "zfill_step", zfill_step, bound, &step);
-    }
-    nb_tree_destroy(bound);
-    if (st != NB_OK) {
-        return st;
-    }
-    nb_var *ys = NULL;
-    if (unrolled) {
-        nb_var *yl[ZT];
-        for (int t = 0; t < ZT && c != NULL; t++) {
-            nb_var *x = nb_reshape(nb_slice(xs, (int64_t[]){t, 0}, (int64_t[]){t + 1, ZN}, NULL), 1,
-                                   (int64_t[]){ZN});
-            nb_var *c2 = nb_tanh(nb_add(nb_mul(c, nb_get(tr, args, "[0]")), x));
-            yl[t] = nb_mul(c2, c);
-            c = c2;
-        }
-        ys = nb_stack(ZT, yl, 0);
-    } else {
-        nb_loop_opts o = nb_loop_opts_default();
-        o.kind = NB_LOOP_BOUNDED;
-        o.max_steps = ZT;
-        const nb_tree *r = nb_scan(tr, step, nb_leaf(c), nb_leaf(xs), ZT, &o);
-        if (r == NULL) {
-            nb_fn_destroy(step);
-            return nb_trace_status(tr);
-        }
-        ys = nb_var_of(tr, nb_tree_child(r, 1));
-        c = nb_var_of(tr, nb_tree_child(r, 0));
-    }
-    nb_fn_destroy(step);
-    return nb_return(nb_add(nb_sum(nb_mul(ys, ys), NULL, 0, false), nb_sum(c, NULL, 0, false)),
-                     out);
+    return scan_loss(tr, self, args, "zfill_step", zfill_step, ZT, ZN, out);
 }
 
 static void test_unread_zero_fills(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
     nb_fn *g[2] = {NULL, NULL};
-    for (int u = 0; u < 2; u++) {
-        nb_tree *fl = NULL, *self = NULL;
-        nb_fn *f = NULL;
-        NBT_OK(ctx, nb_tree_bool(ctx, u == 1, &fl));
-        NBT_OK(ctx, nb_tree_dict(ctx, 1, (const char *[]){"unrolled"}, &fl, &self));
-        NBT_OK(ctx, nb_fn_create(ctx, "zfill_loss", zfill_loss, self, &f));
-        NBT_OK(ctx, nb_grad(f, NULL, &g[u]));
-        nb_fn_destroy(f);
-        nb_tree_destroy(fl);
-        nb_tree_destroy(self);
-    }
+    grad_pair(ctx, "zfill_loss", zfill_loss, g);
     static float w[ZN], c0[ZN], xs[ZT * ZN];
     for (int i = 0; i < ZN; i++) {
         w[i] = 0.9f * sinf(0.37f * (float)i);
