@@ -857,47 +857,77 @@ static void nbi_mm_small_f64(const nbi_mm_geom *g, const void *a, const void *b,
 /* The same loops with 256-bit vectors where the CPU has AVX2. */
 #if defined(__x86_64__) || defined(__i386__)
 #define NBI_MM_AVX2 1
-/* nbi_mm_pack_f32x4 with 8x8 blocks of 256-bit vectors (8 loads, 24 shuffles and 8 stores
- * per block), then that function for the columns left over. */
+#if NBI_MM_SHUF
+/* One 8x8 block of nbi_mm_pack_f32x8 (s column-stored): pk[r + i, q + j] = s[r + i + (q + j) cs]
+ * for i, j < 8, from 8 loads, 24 shuffles and 8 stores of 256-bit vectors. */
+__attribute__((target("avx2"), always_inline)) static inline void
+nbi_mm_t8x8(float *restrict pk, int64_t ldp, const float *restrict s, int64_t cs, int64_t r,
+            int64_t q) {
+    const float *sq = s + q * cs;
+    nbi_f32x8 x[8], t[8], u[8]; /* x[i] = s[r..r+7, q+i] */
+    NBI_UNROLL
+    for (int i = 0; i < 8; i++) {
+        memcpy(&x[i], sq + i * cs + r, sizeof x[i]);
+    }
+    NBI_UNROLL
+    for (int i = 0; i < 8; i += 2) { /* interleave pairs within 128-bit halves */
+        t[i] = __builtin_shufflevector(x[i], x[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[i + 1] = __builtin_shufflevector(x[i], x[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    NBI_UNROLL
+    for (int i = 0; i < 8; i += 4) { /* then pairs of pairs */
+        u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
+        u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
+        u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+    NBI_UNROLL
+    for (int i = 0; i < 4; i++) { /* then the halves: rows r+i and r+i+4 */
+        nbi_f32x8 lo = __builtin_shufflevector(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
+        nbi_f32x8 hi = __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
+        memcpy(pk + (r + i) * ldp + q, &lo, sizeof lo);
+        memcpy(pk + (r + i + 4) * ldp + q, &hi, sizeof hi);
+    }
+}
+
+/* Elements of a copy from which nbi_mm_pack_f32x8 goes along the copy's rows (more than
+ * a quarter of a 1 MB L2). Down its columns, each 8-column stripe writes 32 bytes to every
+ * row: with rows a power-of-2 multiple of 4 KB apart (2048 floats: a GRU's 64 x 32 steps)
+ * those land in one L1 set and are evicted before the stripe beside them fills the rest of
+ * the line -- 8 GB/s for a 384 x 2048 copy, where along the rows (8 rows, each written
+ * left to right) it is 15 GB/s. Small copies are faster down the columns. The same
+ * values either way. */
+#define NBI_MM_PACK_ROWWISE (64 * 1024)
+#endif
+
+/* nbi_mm_pack_f32x4 with 8x8 blocks of 256-bit vectors (nbi_mm_t8x8), then that function
+ * for the columns left over. */
 NBI_MM_PACK_ATTR __attribute__((target("avx2"))) void
 nbi_mm_pack_f32x8(float *restrict pk, int64_t ldp, const float *restrict s, int64_t rs, int64_t cs,
                   int64_t rows, int64_t cols) {
     int64_t q = 0;
 #if NBI_MM_SHUF
-    for (; rs == 1 && q + 8 <= cols; q += 8) {
-        const float *sq = s + q * cs;
-        int64_t r = 0;
-        for (; r + 8 <= rows; r += 8) {
-            nbi_f32x8 x[8], t[8], u[8]; /* x[i] = s[r..r+7, q+i] */
-            NBI_UNROLL
-            for (int i = 0; i < 8; i++) {
-                memcpy(&x[i], sq + i * cs + r, sizeof x[i]);
+    if (rs == 1 && cols >= 8) {
+        int64_t q8 = cols - cols % 8, r8 = rows - rows % 8;
+        if (rows * cols >= NBI_MM_PACK_ROWWISE) {
+            for (int64_t r = 0; r < r8; r += 8) {
+                for (int64_t j = 0; j < q8; j += 8) {
+                    nbi_mm_t8x8(pk, ldp, s, cs, r, j);
+                }
             }
-            NBI_UNROLL
-            for (int i = 0; i < 8; i += 2) { /* interleave pairs within 128-bit halves */
-                t[i] = __builtin_shufflevector(x[i], x[i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
-                t[i + 1] = __builtin_shufflevector(x[i], x[i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
-            }
-            NBI_UNROLL
-            for (int i = 0; i < 8; i += 4) { /* then pairs of pairs */
-                u[i] = __builtin_shufflevector(t[i], t[i + 2], 0, 1, 8, 9, 4, 5, 12, 13);
-                u[i + 1] = __builtin_shufflevector(t[i], t[i + 2], 2, 3, 10, 11, 6, 7, 14, 15);
-                u[i + 2] = __builtin_shufflevector(t[i + 1], t[i + 3], 0, 1, 8, 9, 4, 5, 12, 13);
-                u[i + 3] = __builtin_shufflevector(t[i + 1], t[i + 3], 2, 3, 10, 11, 6, 7, 14, 15);
-            }
-            NBI_UNROLL
-            for (int i = 0; i < 4; i++) { /* then the halves: rows r+i and r+i+4 */
-                nbi_f32x8 lo = __builtin_shufflevector(u[i], u[i + 4], 0, 1, 2, 3, 8, 9, 10, 11);
-                nbi_f32x8 hi = __builtin_shufflevector(u[i], u[i + 4], 4, 5, 6, 7, 12, 13, 14, 15);
-                memcpy(pk + (r + i) * ldp + q, &lo, sizeof lo);
-                memcpy(pk + (r + i + 4) * ldp + q, &hi, sizeof hi);
+        } else {
+            for (int64_t j = 0; j < q8; j += 8) {
+                for (int64_t r = 0; r < r8; r += 8) {
+                    nbi_mm_t8x8(pk, ldp, s, cs, r, j);
+                }
             }
         }
-        for (; r < rows; r++) {
-            for (int i = 0; i < 8; i++) {
-                pk[r * ldp + q + i] = sq[i * cs + r];
+        for (int64_t r = r8; r < rows; r++) {
+            for (int64_t j = 0; j < q8; j++) {
+                pk[r * ldp + j] = s[r + j * cs];
             }
         }
+        q = q8;
     }
 #endif
     nbi_mm_pack_f32x4(pk + q, ldp, s + q * cs, rs, cs, rows, cols - q);

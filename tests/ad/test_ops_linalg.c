@@ -1531,14 +1531,17 @@ static nb_tree *tmm_leaf(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shap
  * materialised transpose (the ops run one by one), for BLIS's products of every kind --
  * gemm of skinny and large shapes, several column blocks, gemv both ways, batches, with and
  * without an accumulator. BLIS sums differently over column-stored operands; nabla copies
- * them row-major first. (Found by fuzz_programs: 2 x 32771 @ 32771 x 2, f32, an ulp.) */
+ * them row-major first. (Found by fuzz_programs: 2 x 32771 @ 32771 x 2, f32, an ulp.) The
+ * copies of 64K elements and more go along their rows (nbi_mm_pack_f32x8): 389 x 2051 @
+ * 2051 x 37 has rows and columns left over past the 8 x 8 blocks in both operands. */
 static void test_matmul_transposed_same_bits(void **state) {
     (void)state;
     static const struct {
         int rank;
         int64_t bat, m, k, n;
-    } S[] = {{2, 1, 2, 32771, 2}, {2, 1, 64, 128, 10}, {2, 1, 128, 784, 256}, {2, 1, 10, 256, 300},
-             {2, 1, 600, 300, 1}, {2, 1, 1, 300, 700}, {3, 3, 40, 500, 60},   {2, 1, 1100, 40, 20}};
+    } S[] = {{2, 1, 2, 32771, 2},  {2, 1, 64, 128, 10},  {2, 1, 128, 784, 256},
+             {2, 1, 10, 256, 300}, {2, 1, 600, 300, 1},  {2, 1, 1, 300, 700},
+             {3, 3, 40, 500, 60},  {2, 1, 1100, 40, 20}, {2, 1, 389, 2051, 37}};
     nb_ctx_opts co = nb_ctx_opts_default();
     co.n_threads = 2;
     nb_ctx *ctx = NULL;
@@ -1614,7 +1617,7 @@ static void test_matmul_transposed_same_bits(void **state) {
             }
         }
     }
-    NBT_EQ_I64(checked, 8 * 2 * 7);
+    NBT_EQ_I64(checked, 9 * 2 * 7);
     nb_fn_destroy(swap);
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
