@@ -2090,7 +2090,8 @@ static void nbx_emit_loop(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, 
 
 /* Rows written in place. A loop body's taped step makes a value S in a fused program F and
  * copies it (through a reshape R) into a row of its tape with a dynamic_update_slice U of an
- * input T that nothing else reads, into the body's output, which the loop makes T's own
+ * input T that nothing else reads (but F, through a pointer into that row:
+ * nbx_rows_reads_ok), into the body's output, which the loop makes T's own
  * buffer: then F writes S into that row itself (D<S>: the row when U's output is T's buffer
  * in this run, else S's slot), and R and U run only when it is not (a copy of 16 KB per gate
  * and step of a GRU layer saved). S and R read by nothing else, the row contiguous, U's
@@ -2099,6 +2100,64 @@ static void nbx_emit_loop(nbi_sbuf *s, const nbi_exec *e, const nbi_instr *ins, 
 typedef struct nbx_rows {
     int32_t *row_s, *row_of, *guard;
 } nbx_rows;
+
+/* Besides U, may T's other readers stay? Each must be a pointer into U's own block (an
+ * aliased dynamic slice with U's start nodes and block shape) that F alone reads, as a
+ * plain input of its elementwise program -- no reduction, no view (a slice or broadcast of
+ * it read at other indices) -- so F reads each element of the row before it writes it:
+ * a row read, added to and written back (a reverse loop's cotangent of a scan's input,
+ * nbl_accumulate: 48 KB a step of a GRU layer). reads: T's readers, U included. */
+static bool nbx_rows_reads_ok(const nbi_exec *e, const int *kind, const bool *aliased,
+                              const int32_t *reads, const nb_var *u, int32_t tf, const nb_var *sv) {
+    const nb_var *x = u->in[0], *blk = u->in[1], *f = &e->nodes[e->instrs[tf].node];
+    int32_t others = reads[x->id] - 1;
+    if (others == 0) {
+        return true;
+    }
+    nbi_fprog prog; /* F's program: a fused one's, or a single op's (NBX_SINGLE, NBX_BIG) */
+    const nbi_fprog *p = &prog;
+    if (kind[tf] == NBX_FUSED) {
+        p = f->at.callee;
+    } else if (!(kind[tf] == NBX_BIG && nbx_big_program(f, &prog)) &&
+               !(kind[tf] == NBX_SINGLE && nbx_single_program(f, &prog))) {
+        return false;
+    }
+    if (!nbx_prog_flat(f, p)) { /* every input at the element's own index, or one value */
+        return false;
+    }
+    for (int32_t j = 0; j < e->n_instrs && others >= 0; j++) {
+        const nbi_instr *in = &e->instrs[j];
+        const nb_var *sl = &e->nodes[in->node];
+        bool reads_x = false;
+        for (int32_t k = 0; k < in->n_in; k++) {
+            reads_x = reads_x || in->in[k] == x->id;
+        }
+        if (!reads_x || sl == u) {
+            continue;
+        }
+        bool ok = sl->op == NBI_OP_DYN_SLICE && aliased[sl->id] && sl->in[0] == x &&
+                  sl->n_in == 1 + x->rank && sl->rank == blk->rank && sl->size == sv->size &&
+                  reads[sl->id] == 1 && e->out_of[sl->id] < 0;
+        for (int d = 0; ok && d < x->rank; d++) {
+            ok = sl->in[1 + d] == u->in[2 + d] && sl->shape[d] == blk->shape[d];
+        }
+        /* a flat program's input of its full size, not a view (a broadcast view of one of
+         * its elements is flat too): read at the element's own index */
+        bool by_f = false;
+        for (int32_t k = 0; ok && k < f->n_in && k < p->n_ext; k++) {
+            if (f->in[k] == sl) {
+                by_f = true;
+                ok = ((p->view_mask >> k) & 1u) == 0 &&
+                     nbi_shape_size(p->map_rank, p->map_shape) == sl->size;
+            }
+        }
+        if (!ok || !by_f) {
+            return false;
+        }
+        others--;
+    }
+    return others == 0;
+}
 
 static void nbx_rows_plan(const nbi_exec *e, const int *kind, const bool *promoted,
                           const bool *aliased, int32_t first, nbx_rows *r) {
@@ -2132,18 +2191,20 @@ static void nbx_rows_plan(const nbi_exec *e, const int *kind, const bool *promot
         const nb_var *x = u->in[0], *rv = u->in[1], *sv = rv;
         int32_t oi = e->out_of[u->id];
         bool ok = oi >= 0 && e->out_first[oi] == oi && e->param_of[x->id] >= 0 &&
-                  reads[x->id] == 1 && e->out_of[x->id] < 0 && x->dtype == u->dtype &&
-                  rv->dtype == u->dtype && x->size > 0 && rv->size > 0;
+                  e->out_of[x->id] < 0 && x->dtype == u->dtype && rv->dtype == u->dtype &&
+                  x->size > 0 && rv->size > 0;
         if (ok && rv->op == NBI_OP_RESHAPE) {
             sv = rv->in[0];
             ok = reads[rv->id] == 1 && e->out_of[rv->id] < 0 && sv->dtype == rv->dtype &&
                  sv->size == rv->size && made[rv->id] >= 0 && !promoted[rv->id];
         }
         int32_t tf = ok ? made[sv->id] : -1;
-        ok = ok && tf >= first && tf < t && e->nodes[e->instrs[tf].node].op == NBI_OP_FUSED &&
-             (kind[tf] == NBX_FUSED || kind[tf] == NBX_BIG || kind[tf] == NBX_TILED) &&
+        ok = ok && tf >= first && tf < t &&
+             ((e->nodes[e->instrs[tf].node].op == NBI_OP_FUSED &&
+               (kind[tf] == NBX_FUSED || kind[tf] == NBX_BIG || kind[tf] == NBX_TILED)) ||
+              (sv->id == e->instrs[tf].node && (kind[tf] == NBX_BIG || kind[tf] == NBX_SINGLE))) &&
              reads[sv->id] == 1 && e->out_of[sv->id] < 0 && !promoted[sv->id] && !aliased[sv->id] &&
-             r->row_of[sv->id] < 0;
+             r->row_of[sv->id] < 0 && nbx_rows_reads_ok(e, kind, aliased, reads, u, tf, sv);
         int d0 = 0; /* the block: ones, then (from the first dim past them) x's own sizes */
         while (ok && d0 < x->rank && rv->shape[d0] == 1) {
             d0++;

@@ -999,6 +999,25 @@ static nb_status alias_de_step(nb_trace *tr, const nb_tree *args, bool clear, nb
     return nb_tree_tuple(nb_trace_ctx(tr), 2, (nb_tree *[]){nb_leaf(u), nb_leaf(s2)}, out);
 }
 
+/* (g) a row whose update is the row shifted by one (a padded slice, which the fused
+ * program reads as a view of the row) plus s: the program reads the row at other indices
+ * than it writes, so the update is not made in the row itself (an element would change
+ * before the next one read it) */
+static nb_status alias_g_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
+                              nb_tree **out) {
+    (void)self;
+    nb_var *i = nb_get(tr, args, "[0]"), *buf = nb_get(tr, args, "[1][0]"),
+           *s = nb_get(tr, args, "[1][1]");
+    nb_var *z = nb_scalar_typed(tr, NB_DTYPE_I32, 0);
+    nb_var *row = nb_dynamic_slice(buf, (nb_var *[]){i, z}, (int64_t[]){1, DE_N});
+    nb_var *prev = nb_pad(nb_slice(row, (int64_t[]){0, 0}, (int64_t[]){1, DE_N - 1}, NULL),
+                          (int64_t[]){0, 1}, (int64_t[]){0, 0}, 0.0);
+    nb_var *upd = nb_add(prev, nb_reshape(s, 2, (int64_t[]){1, DE_N}));
+    nb_var *u = nb_dynamic_update_slice(buf, upd, (nb_var *[]){i, z});
+    return nb_tree_tuple(nb_trace_ctx(tr), 2,
+                         (nb_tree *[]){nb_leaf(u), nb_leaf(nb_mul(s, nb_scalar(tr, 0.5)))}, out);
+}
+
 static nb_status alias_d_step(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                               nb_tree **out) {
     (void)self;
@@ -1058,21 +1077,21 @@ static nb_status alias_c_step(nb_trace *tr, const nb_tree *self, const nb_tree *
     return nb_tree_tuple(ctx, 2, (nb_tree *[]){nb_leaf(h2), (nb_tree *)r}, out);
 }
 
-/* self: {"step": which step (0 a .. 5 f)}; args: (bound w or unused, carry) */
+/* self: {"step": which step (0 a .. 6 g)}; args: (bound w or unused, carry) */
 static nb_status alias_loops(nb_trace *tr, const nb_tree *self, const nb_tree *args,
                              nb_tree **out) {
     nb_ctx *ctx = nb_trace_ctx(tr);
     int64_t which = 0;
     NBT_OK(ctx, nb_tree_get_int(nb_tree_get(self, "step"), &which));
-    nb_fn_body steps[6] = {alias_a_step, alias_b_step, alias_c_step,
-                           alias_d_step, alias_e_step, alias_f_step};
+    nb_fn_body steps[7] = {alias_a_step, alias_b_step, alias_c_step, alias_d_step,
+                           alias_e_step, alias_f_step, alias_g_step};
     return fori_bound(tr, args, "w", steps[which], which == 0 ? 6 : 4, out);
 }
 
 static void test_alias_loops(void **state) {
     (void)state;
     nb_ctx *ctx = nbt_ctx();
-    for (int which = 0; which < 6; which++) {
+    for (int which = 0; which < 7; which++) {
         nb_tree *w = sin_leaf(ctx, 2, (int64_t[]){6, 8}, 48, 0.7), *carry = NULL;
         if (which == 0) {
             carry = sin_leaf(ctx, 1, (int64_t[]){8}, 8, 0.3);
@@ -1106,6 +1125,10 @@ static void test_alias_loops(void **state) {
             char mark[64];
             snprintf(mark, sizeof mark, "= dynamic_slice: f64[1,%d] */\n    u8 *A", DE_N);
             assert_true((strstr(src, mark) != NULL) == (which == 3));
+        }
+        /* (d): the update made in the row it reads (nbx_rows_reads_ok); (g): not */
+        if (which == 3 || which == 6) {
+            assert_true((strstr(src, "into its row of") != NULL) == (which == 3));
         }
         free(src);
         nb_tree *a = NULL, *b = NULL;
