@@ -3,7 +3,8 @@
  * the composition they replaced in nn's max pool: the windows cut into columns (im2col,
  * padding -inf), argmax over each column and take_along_axis, whose gradient is a masked
  * sum and col2im. Inputs full of ties (values in {-1, 0, 1, 2}), with NaNs and -infs, over
- * 1-d, 2-d and 3-d windows with strides, overlap, padding and windows of padding alone;
+ * 1-d, 2-d and 3-d windows with strides, overlap, padding, windows of padding alone and
+ * windows all inside the plane;
  * f32 and f64; forward values and the gradient (integer cotangents, so the overlapping
  * windows' sums are exact in any order) bit for bit, at 1 and 2 threads. Plus the tap-table
  * path's limit (a plane too large for the table takes the row path: the same bits).
@@ -26,6 +27,10 @@ static const pgeom GEOMS[] = {
     {3, {1, 2, 4, 5, 6}, {2, 2, 3}, {2, 1, 2}, {0, 1, 1}, {1, 0, 1}}, /* 3-d */
     {2, {2, 2, 3, 3}, {2, 2}, {1, 1}, {2, 2}, {2, 2}},                /* windows of padding */
     {2, {1, 2, 40, 70}, {3, 3}, {1, 1}, {1, 1}, {1, 1}},              /* too large a table */
+    /* windows inside the plane (f32: 4 windows of a row at a time, nbi_pool_argmax_dense) */
+    {2, {2, 3, 6, 11}, {3, 2}, {1, 1}, {0, 0}, {0, 0}}, /* stride 1, a row's last 2 alone */
+    {2, {2, 3, 8, 9}, {2, 2}, {2, 2}, {0, 0}, {0, 0}},  /* stride 2, the plane's end near */
+    {1, {2, 3, 20}, {3}, {3}, {0}, {0}},                /* stride 3 */
 };
 
 static const pgeom *g_geom;
