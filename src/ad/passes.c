@@ -657,10 +657,19 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
                 map[i] = nbi_copy_node(out, v, map);
             }
         } else if (v->op == NBI_OP_MATMUL) {
+            int64_t batch = 1;
+            for (int d = 0; d + 2 < v->rank; d++) {
+                batch *= v->shape[d];
+            }
             for (int j = 0; j < 2; j++) {
                 nb_var *src = map[v->in[j]->id];
-                /* matmul(transpose(w)) = matmul(w) with w read through swapped strides */
-                if (nbi_is_matrix_transpose(src) && !inv[v->in[j]->id]) {
+                /* matmul(transpose(w)) = matmul(w) with w read through swapped strides --
+                 * but not a matrix that every product of a batch shares (a convolution's
+                 * weight, transposed for its input gradient): transposed once, where folded
+                 * it would be copied row-major for each product (nbi_mm_pack, 64 times for a
+                 * batch of 64; the same bits either way) */
+                bool shared = batch > 1 && nbi_is_matrix_transpose(src) && src->rank == 2;
+                if (nbi_is_matrix_transpose(src) && !inv[v->in[j]->id] && !shared) {
                     ins[j] = src->in[0];
                     proto.at.axes[j] = !proto.at.axes[j];
                 } else {
