@@ -1533,15 +1533,19 @@ static nb_tree *tmm_leaf(nb_ctx *ctx, nb_dtype dt, int rank, const int64_t *shap
  * without an accumulator. BLIS sums differently over column-stored operands; nabla copies
  * them row-major first. (Found by fuzz_programs: 2 x 32771 @ 32771 x 2, f32, an ulp.) The
  * copies of 64K elements and more go along their rows (nbi_mm_pack_f32x8): 389 x 2051 @
- * 2051 x 37 has rows and columns left over past the 8 x 8 blocks in both operands. */
+ * 2051 x 37 has rows and columns left over past the 8 x 8 blocks in both operands. A
+ * transposed matrix that a batch's products share is not folded (made once, not copied for
+ * each product): the same bits too. */
 static void test_matmul_transposed_same_bits(void **state) {
     (void)state;
     static const struct {
         int rank;
         int64_t bat, m, k, n;
-    } S[] = {{2, 1, 2, 32771, 2},  {2, 1, 64, 128, 10},  {2, 1, 128, 784, 256},
-             {2, 1, 10, 256, 300}, {2, 1, 600, 300, 1},  {2, 1, 1, 300, 700},
-             {3, 3, 40, 500, 60},  {2, 1, 1100, 40, 20}, {2, 1, 389, 2051, 37}};
+        int shared; /* a one matrix for the whole batch (rank 2) */
+    } S[] = {{2, 1, 2, 32771, 2, 0},  {2, 1, 64, 128, 10, 0},  {2, 1, 128, 784, 256, 0},
+             {2, 1, 10, 256, 300, 0}, {2, 1, 600, 300, 1, 0},  {2, 1, 1, 300, 700, 0},
+             {3, 3, 40, 500, 60, 0},  {2, 1, 1100, 40, 20, 0}, {2, 1, 389, 2051, 37, 0},
+             {3, 5, 144, 32, 64, 1}};
     nb_ctx_opts co = nb_ctx_opts_default();
     co.n_threads = 2;
     nb_ctx *ctx = NULL;
@@ -1555,14 +1559,15 @@ static void test_matmul_transposed_same_bits(void **state) {
                 nb_dtype dt = d ? NB_DTYPE_F64 : NB_DTYPE_F32;
                 int ta = t & 1, tb = (t >> 1) & 1, acc = (t >> 2) & 1, r = S[q].rank;
                 int64_t m = S[q].m, k = S[q].k, n = S[q].n, sa[3], sb[3], sc[3];
+                int ra = S[q].shared ? 2 : r;
                 sa[0] = sb[0] = sc[0] = S[q].bat;
-                sa[r - 2] = ta ? k : m;
-                sa[r - 1] = ta ? m : k;
+                sa[ra - 2] = ta ? k : m;
+                sa[ra - 1] = ta ? m : k;
                 sb[r - 2] = tb ? n : k;
                 sb[r - 1] = tb ? k : n;
                 sc[r - 2] = m;
                 sc[r - 1] = n;
-                nb_tree *la = tmm_leaf(ctx, dt, r, sa, 2 * q + 1),
+                nb_tree *la = tmm_leaf(ctx, dt, ra, sa, 2 * q + 1),
                         *lb = tmm_leaf(ctx, dt, r, sb, 2 * q + 2),
                         *lc = tmm_leaf(ctx, dt, r, sc, 7);
                 nb_tree *self = NULL, *iv[3] = {NULL, NULL, NULL};
@@ -1576,6 +1581,12 @@ static void test_matmul_transposed_same_bits(void **state) {
                 nb_tree *args = NULL, *jout = NULL, *ea = NULL, *eb = NULL;
                 NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){la, lb, lc}, &args));
                 NBT_OK(ctx, nb_fn_call(jf, args, &jout));
+                if (S[q].shared && ta) { /* made once, not folded into each product */
+                    static char ir[1 << 14];
+                    NBT_OK(ctx, nb_fn_format_ir(jf, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
+                    NBT_TRUE(strstr(ir, "= transpose") != NULL);
+                    NBT_TRUE(strstr(ir, "transposed=[a") == NULL);
+                }
                 /* op by op: the transposes made first, then the product of plain operands */
                 nb_tree *xa = la, *xb = lb;
                 if (ta) {
@@ -1617,7 +1628,7 @@ static void test_matmul_transposed_same_bits(void **state) {
             }
         }
     }
-    NBT_EQ_I64(checked, 9 * 2 * 7);
+    NBT_EQ_I64(checked, 10 * 2 * 7);
     nb_fn_destroy(swap);
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
