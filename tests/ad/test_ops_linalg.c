@@ -1541,11 +1541,11 @@ static void test_matmul_transposed_same_bits(void **state) {
     static const struct {
         int rank;
         int64_t bat, m, k, n;
-        int shared; /* a one matrix for the whole batch (rank 2) */
+        int shared; /* bit 0: a one matrix for the whole batch (rank 2); bit 1: b */
     } S[] = {{2, 1, 2, 32771, 2, 0},  {2, 1, 64, 128, 10, 0},  {2, 1, 128, 784, 256, 0},
              {2, 1, 10, 256, 300, 0}, {2, 1, 600, 300, 1, 0},  {2, 1, 1, 300, 700, 0},
              {3, 3, 40, 500, 60, 0},  {2, 1, 1100, 40, 20, 0}, {2, 1, 389, 2051, 37, 0},
-             {3, 5, 144, 32, 64, 1}};
+             {3, 5, 144, 32, 64, 1},  {3, 5, 64, 32, 144, 2}};
     nb_ctx_opts co = nb_ctx_opts_default();
     co.n_threads = 2;
     nb_ctx *ctx = NULL;
@@ -1559,16 +1559,16 @@ static void test_matmul_transposed_same_bits(void **state) {
                 nb_dtype dt = d ? NB_DTYPE_F64 : NB_DTYPE_F32;
                 int ta = t & 1, tb = (t >> 1) & 1, acc = (t >> 2) & 1, r = S[q].rank;
                 int64_t m = S[q].m, k = S[q].k, n = S[q].n, sa[3], sb[3], sc[3];
-                int ra = S[q].shared ? 2 : r;
+                int ra = S[q].shared & 1 ? 2 : r, rb = S[q].shared & 2 ? 2 : r;
                 sa[0] = sb[0] = sc[0] = S[q].bat;
                 sa[ra - 2] = ta ? k : m;
                 sa[ra - 1] = ta ? m : k;
-                sb[r - 2] = tb ? n : k;
-                sb[r - 1] = tb ? k : n;
+                sb[rb - 2] = tb ? n : k;
+                sb[rb - 1] = tb ? k : n;
                 sc[r - 2] = m;
                 sc[r - 1] = n;
                 nb_tree *la = tmm_leaf(ctx, dt, ra, sa, 2 * q + 1),
-                        *lb = tmm_leaf(ctx, dt, r, sb, 2 * q + 2),
+                        *lb = tmm_leaf(ctx, dt, rb, sb, 2 * q + 2),
                         *lc = tmm_leaf(ctx, dt, r, sc, 7);
                 nb_tree *self = NULL, *iv[3] = {NULL, NULL, NULL};
                 NBT_OK(ctx, nb_tree_int(ctx, ta, &iv[0]));
@@ -1581,11 +1581,12 @@ static void test_matmul_transposed_same_bits(void **state) {
                 nb_tree *args = NULL, *jout = NULL, *ea = NULL, *eb = NULL;
                 NBT_OK(ctx, nb_tree_tuple(ctx, 3, (nb_tree *[]){la, lb, lc}, &args));
                 NBT_OK(ctx, nb_fn_call(jf, args, &jout));
-                if (S[q].shared && ta) { /* made once, not folded into each product */
+                if ((S[q].shared & 1 && ta) || (S[q].shared & 2 && tb)) {
+                    /* made once, not folded into each product */
                     static char ir[1 << 14];
                     NBT_OK(ctx, nb_fn_format_ir(jf, args, NB_IR_OPTIMIZED, ir, sizeof ir, NULL));
                     NBT_TRUE(strstr(ir, "= transpose") != NULL);
-                    NBT_TRUE(strstr(ir, "transposed=[a") == NULL);
+                    NBT_TRUE(strstr(ir, S[q].shared & 1 ? "transposed=[a" : "b]") == NULL);
                 }
                 /* op by op: the transposes made first, then the product of plain operands */
                 nb_tree *xa = la, *xb = lb;
@@ -1628,7 +1629,7 @@ static void test_matmul_transposed_same_bits(void **state) {
             }
         }
     }
-    NBT_EQ_I64(checked, 10 * 2 * 7);
+    NBT_EQ_I64(checked, 11 * 2 * 7);
     nb_fn_destroy(swap);
     nbt_assert_no_live(ctx);
     nb_ctx_destroy(ctx);
