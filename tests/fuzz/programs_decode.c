@@ -104,6 +104,46 @@ static bool nbp_p_float(const nbp_prog *P, const nbp_val *v, const void *ud) {
     (void)P, (void)ud;
     return nbp_is_float(v->dt);
 }
+
+/* Would the optimizer take a sum of value v over its rows (axis 0 of rank 2) as the row sum
+ * of a product (src/ad/passes.c, "sums of products over their rows"; docs/semantics.md
+ * section 9): a product, maybe under adds and subs, which the rewrite splits, and ops the
+ * optimizer can drop (x * 1, x / 1, x - 0, x + -0, neg(neg(x)), a reshape back)? The
+ * jitted program then sums in another order than the op run alone -- the same to rounding,
+ * not the same bits -- so R1 cannot hold, and the decoder sums such a value over its last
+ * axis instead. Conservative: any of these ops on the way counts, at any operand. */
+static bool nbp_rowsum_product(const nbp_prog *P, int v, int depth) {
+    if (v < 0 || v >= P->n_vals || depth > 8) {
+        return false;
+    }
+    int oi = P->vals[v].op;
+    if (oi < 0 || oi >= P->n_ops) {
+        return false;
+    }
+    const nbp_op *op = &P->ops[oi];
+    switch (op->code) {
+    case NBP_MATMUL:
+    case NBP_DOT:
+        return P->vals[v].rank == 2;
+    case NBP_ADD:
+    case NBP_SUB:
+    case NBP_MUL:
+    case NBP_DIV:
+    case NBP_NEG:
+    case NBP_SCALAR_BIN:
+    case NBP_RESHAPE:
+    case NBP_TRANSPOSE:
+    case NBP_CAST:
+        for (int j = 0; j < op->n_in; j++) {
+            if (nbp_rowsum_product(P, op->in[j], depth + 1)) {
+                return true;
+            }
+        }
+        return false;
+    default:
+        return false;
+    }
+}
 static bool nbp_p_numeric(const nbp_prog *P, const nbp_val *v, const void *ud) {
     (void)P, (void)ud;
     return v->dt != NB_DTYPE_BOOL;
@@ -388,6 +428,10 @@ static bool nbp_decode_fields(nbp_prog *P, nbp_op *op) {
             n++;
         }
         p[0] = n;
+        if ((op->code == NBP_SUM || op->code == NBP_MEAN) && A->rank == 2 && n == 1 &&
+            (p[1] == 0 || p[1] == -2) && nbp_rowsum_product(P, a, 0)) {
+            p[1] = (fl & 4) ? -1 : 1; /* not the row sum of a product (R1) */
+        }
         return true;
     }
     case NBP_F_ARG:
