@@ -610,12 +610,12 @@ typedef struct nbi_pgeo {
 static size_t nbi_pool_slice(const nbi_pgeo *pg);
 
 /* planes of at most this many windows, with at most NBI_POOL_TAB_MAX taps in all, use a tap
- * table (nbi_pool_argmax_tab) */
+ * table (nbi_pool_argmax_tab) -- but dense ones (nbi_pool_argmax_dense) need none */
 #define NBI_POOL_TAB_MAX_L 1024
 #define NBI_POOL_TAB_MAX 8192
 
 static bool nbi_pool_use_table(const nbi_pgeo *pg) {
-    return pg->L <= NBI_POOL_TAB_MAX_L && pg->L * pg->g.K <= NBI_POOL_TAB_MAX;
+    return !pg->dense && pg->L <= NBI_POOL_TAB_MAX_L && pg->L * pg->g.K <= NBI_POOL_TAB_MAX;
 }
 
 /* the worker's slice of the scratch: its window row, then (nbi_pool_use_table) its table */
@@ -625,7 +625,7 @@ static int64_t *nbi_pool_scratch(const nbi_pgeo *pg, int worker) {
 
 /* The tap table after the window row w, filled; NULL when the plane is too large for one. */
 static int64_t *nbi_pool_table(const nbi_pgeo *pg, int64_t *w) {
-    if (!nbi_pool_use_table(pg) || pg->dense) {
+    if (!nbi_pool_use_table(pg)) {
         return NULL;
     }
     const nbi_cgeo *g = &pg->g;

@@ -668,7 +668,7 @@ nb_status nbi_pass_transpose_matmul(nb_ctx *ctx, const nbi_graph *in, nbi_graph 
                  * weight, transposed for its input gradient): transposed once, where folded
                  * it would be copied row-major for each product (nbi_mm_pack, 64 times for a
                  * batch of 64; the same bits either way) */
-                bool shared = batch > 1 && nbi_is_matrix_transpose(src) && src->rank == 2;
+                bool shared = batch > 1 && src->rank == 2;
                 if (nbi_is_matrix_transpose(src) && !inv[v->in[j]->id] && !shared) {
                     ins[j] = src->in[0];
                     proto.at.axes[j] = !proto.at.axes[j];
